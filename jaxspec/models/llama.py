@@ -60,7 +60,7 @@ def init_params(config: ModelConfig, key: jax.Array, scale: float = 0.02) -> dic
     dtype = config.jnp_dtype
     d, f = config.hidden_size, config.intermediate_size
     q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
-    keys = iter(jax.random.split(key, 8 * config.num_layers + 4))
+    keys = iter(jax.random.split(key, 14 * config.num_layers + 4))
 
     def normal(shape, std=scale):
         return (std * jax.random.normal(next(keys), shape, jnp.float32)).astype(dtype)

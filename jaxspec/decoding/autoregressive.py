@@ -1,0 +1,175 @@
+"""Batched autoregressive decoding with ragged prompts: chunked prefill + one jit-compiled loop.
+
+Prompts of different lengths share a batch: they are right-padded, prefilled together (each
+row's cache length is then set to its own prompt length, so padding is never attended), and
+decoded in one ``lax.while_loop`` that stops when every row has emitted a stop token or the
+token limit. No host round-trip per token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxspec.config import ModelConfig
+from jaxspec.decoding.sampling import SamplingConfig, sample_token
+from jaxspec.models.cache import KVCache, check_room, init_cache
+from jaxspec.models.llama import _forward
+
+PAD_OUTPUT = -1  # marks positions after a row stopped
+
+
+@dataclasses.dataclass
+class GenerationResult:
+    tokens: np.ndarray  # [B, N] int32, PAD_OUTPUT after the row stopped
+    num_generated: np.ndarray  # [B]
+    prompt_lengths: np.ndarray  # [B]
+    timings: Dict[str, float]
+
+    def rows(self) -> List[List[int]]:
+        return [row[:n].tolist() for row, n in zip(self.tokens, self.num_generated)]
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Generated tokens (all rows) per second of decoding (prefill and compile excluded)."""
+        return float(self.num_generated.sum()) / max(self.timings["decode_s"], 1e-9)
+
+
+def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int = 0) -> Tuple[np.ndarray, np.ndarray]:
+    """Right-pad token lists into ``[B, T_max]`` int32 and return them with their lengths."""
+    if not prompts:
+        raise ValueError("no prompts given")
+    lengths = np.asarray([len(p) for p in prompts], np.int32)
+    if lengths.min() < 1:
+        raise ValueError(f"every prompt needs at least one token; lengths {lengths.tolist()}")
+    tokens = np.full((len(prompts), int(lengths.max())), pad_id, np.int32)
+    for row, prompt in enumerate(prompts):
+        tokens[row, : len(prompt)] = np.asarray(prompt, np.int32)
+    return tokens, lengths
+
+
+def choose_prefill_chunk(config: ModelConfig, batch: int, capacity: int, prompt_len: int,
+                         score_bytes_budget: int = 512 << 20) -> int:
+    """Largest power-of-two chunk whose float32 score tensor ``[B, Hq, C, S + C]`` fits the budget."""
+    chunk = 16
+    while chunk < 2048 and chunk < prompt_len and batch * config.num_heads * (2 * chunk) * (
+            capacity + 2 * chunk) * 4 <= score_bytes_budget:
+        chunk *= 2
+    return chunk
+
+
+def _prefill_chunk_fn(params, tokens, cache, last_index, *, config):
+    """One prefill chunk; returns the new cache and the logits at ``last_index [B]`` (clipped)."""
+    steps = tokens.shape[1]
+    where = jnp.clip(last_index, 0, steps - 1)[:, None]
+    out = _forward(params, tokens, cache, config=config, output_positions=where)
+    return out.cache, out.logits[:, 0]
+
+
+_prefill_chunk = jax.jit(_prefill_chunk_fn, static_argnames=("config",), donate_argnames=("cache",))
+
+
+def prefill(params, config: ModelConfig, tokens: np.ndarray, prompt_lengths: np.ndarray, cache: KVCache,
+            chunk: Optional[int] = None) -> Tuple[KVCache, jax.Array]:
+    """Write right-padded prompts ``[B, T]`` into an empty ``cache`` chunk by chunk.
+
+    Returns the cache with ``lengths = prompt_lengths`` and the logits ``[B, V]`` at each row's
+    last prompt token.
+    """
+    batch, total = tokens.shape
+    check_room(np.asarray(prompt_lengths), cache.capacity, 0, "prefill")
+    if int(np.max(prompt_lengths)) > cache.capacity:
+        raise ValueError(f"prompt of {int(np.max(prompt_lengths))} tokens longer than capacity {cache.capacity}")
+    chunk = chunk or choose_prefill_chunk(config, batch, cache.capacity, total)
+    padded = int(np.ceil(total / chunk) * chunk)
+    tokens = np.pad(tokens, ((0, 0), (0, padded - total)))
+    last = jnp.asarray(np.asarray(prompt_lengths) - 1, jnp.int32)
+    start_lengths = jnp.asarray(np.asarray(cache.lengths))  # a copy: the cache buffers are donated below
+    last_logits = None
+    for start in range(0, padded, chunk):
+        cache, logits = _prefill_chunk(params, jnp.asarray(tokens[:, start:start + chunk]), cache,
+                                       last - start, config=config)
+        in_chunk = ((last >= start) & (last < start + chunk))[:, None]
+        last_logits = logits if last_logits is None else jnp.where(in_chunk, logits, last_logits)
+    return cache.with_lengths(start_lengths + jnp.asarray(prompt_lengths, jnp.int32)), last_logits
+
+
+def _decode_loop_fn(params, cache, first_logits, key, *, config, sampling, max_new_tokens, stop_tokens):
+    batch = cache.batch_size
+    stop = jnp.asarray(stop_tokens if stop_tokens else (-2,), jnp.int32)
+    key, sub = jax.random.split(key)
+    token = sample_token(first_logits, sub, sampling)
+    out = jnp.full((batch, max_new_tokens), PAD_OUTPUT, jnp.int32).at[:, 0].set(token)
+    done = jnp.isin(token, stop)
+
+    def cond(state):
+        step, _, _, _, done, _ = state
+        return (step < max_new_tokens) & ~jnp.all(done)
+
+    def body(state):
+        step, cache, out, token, done, key = state
+        result = _forward(params, token[:, None], cache, config=config)
+        key, sub = jax.random.split(key)
+        new = sample_token(result.logits[:, 0], sub, sampling)
+        new = jnp.where(done, PAD_OUTPUT, new)
+        out = jax.lax.dynamic_update_slice(out, new[:, None], (0, step))
+        done = done | jnp.isin(new, stop)
+        return step + 1, result.cache, out, jnp.maximum(new, 0), done, key
+
+    state = (jnp.int32(1), cache, out, token, done, key)
+    _, cache, out, _, _, _ = jax.lax.while_loop(cond, body, state)
+    return out, cache
+
+
+_decode_loop = jax.jit(_decode_loop_fn, static_argnames=("config", "sampling", "max_new_tokens", "stop_tokens"),
+                       donate_argnames=("cache",))
+
+
+def generate(params, config: ModelConfig, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+             sampling: SamplingConfig = SamplingConfig(), stop_tokens: Sequence[int] = (), seed: int = 0,
+             capacity: Optional[int] = None, headroom: int = 0, prefill_chunk: Optional[int] = None,
+             warmup: bool = False) -> GenerationResult:
+    """Decode ``max_new_tokens`` tokens after each prompt (a batch of ragged token lists).
+
+    ``capacity`` defaults to the longest prompt + ``max_new_tokens`` + ``headroom``. With
+    ``warmup=True`` the compiled loop runs once before the timed run, so ``timings`` hold
+    steady-state numbers (``compile_s`` reports the first call).
+    """
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
+    tokens, lengths = pad_prompts(prompts)
+    bad = [int(t) for t in np.unique(tokens) if not 0 <= t < config.vocab_size]
+    if bad:
+        raise ValueError(f"token ids {bad[:5]} outside the vocabulary [0, {config.vocab_size})")
+    needed = int(lengths.max()) + max_new_tokens + headroom
+    capacity = capacity or needed
+    check_room(lengths, capacity, max_new_tokens + headroom, "prompt + generation")
+    stop_tokens = tuple(sorted({int(t) for t in stop_tokens}))
+
+    def run():
+        timings = {}
+        cache = init_cache(config, len(prompts), capacity)
+        start = time.perf_counter()
+        cache, first_logits = prefill(params, config, tokens, lengths, cache, prefill_chunk)
+        first_logits.block_until_ready()
+        timings["prefill_s"] = time.perf_counter() - start
+        start = time.perf_counter()
+        out, _ = _decode_loop(params, cache, first_logits, jax.random.PRNGKey(seed), config=config,
+                              sampling=sampling, max_new_tokens=max_new_tokens, stop_tokens=stop_tokens)
+        out = np.asarray(out)
+        timings["decode_s"] = time.perf_counter() - start
+        return out, timings
+
+    compile_start = time.perf_counter()
+    out, timings = run()
+    if warmup:
+        first_total = time.perf_counter() - compile_start
+        out, timings = run()
+        timings["compile_s"] = max(first_total - timings["prefill_s"] - timings["decode_s"], 0.0)
+    num_generated = (out != PAD_OUTPUT).sum(axis=1)
+    return GenerationResult(tokens=out, num_generated=num_generated, prompt_lengths=lengths, timings=timings)
