@@ -379,3 +379,39 @@ def _progress(items, description, enabled):
         return tqdm(items, desc=description, leave=False, file=sys.stderr)
     except ImportError:
         return items
+
+
+# ---------------------------------------------------------------------------- from a transformers model
+def params_from_state_dict(items, config: ModelConfig, to_array=np.asarray) -> dict:
+    """Map ``(name, tensor)`` pairs of a transformers Llama/Qwen2 model to our params pytree.
+
+    ``to_array`` converts a tensor (e.g. ``jax.dlpack.from_dlpack`` to stay on the GPU).
+    """
+    flat = {}
+    for name, tensor in items:
+        mapped = _hf_name_to_ours(name)
+        if mapped is None:
+            continue
+        ours, transpose = mapped
+        array = to_array(tensor)
+        flat[ours] = array.T if transpose else array
+    if config.tie_word_embeddings:
+        flat.pop("lm_head", None)
+    return _nest(flat, config)
+
+
+def hf_config_dict(config: ModelConfig) -> dict:
+    """A transformers ``config.json`` dict for ``config`` (to build a reference model)."""
+    out = {
+        "model_type": config.model_type, "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size, "num_hidden_layers": config.num_layers,
+        "num_attention_heads": config.num_heads, "num_key_value_heads": config.num_kv_heads,
+        "head_dim": config.head_dim, "rope_theta": config.rope_theta, "rms_norm_eps": config.rms_norm_eps,
+        "tie_word_embeddings": config.tie_word_embeddings, "max_position_embeddings": config.max_position_embeddings,
+        "hidden_act": "silu",
+    }
+    if config.model_type == "llama":
+        out["attention_bias"] = config.attention_bias
+    if config.rope_scaling:
+        out["rope_scaling"] = dict(config.rope_scaling)
+    return out

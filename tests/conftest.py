@@ -1,0 +1,160 @@
+"""Shared fixtures: tiny random Hugging Face models of each family, saved once per session.
+
+* ``JAX_PLATFORMS`` defaults to ``cpu`` (set before JAX is imported) so the suite never
+  grabs an accelerator by accident; x64 stays off (the library runs in float32/bfloat16).
+* ``tiny_models`` builds three tiny ``transformers`` models (seeded, weights perturbed with
+  N(0, 0.05) noise so norms/biases are not trivial), saves them as Hugging Face folders and
+  loads each with :func:`jaxspec.models.loading.load_hf_folder` in float32:
+
+  - ``llama``: tied embeddings, GQA 4 query / 2 KV heads, 3 layers;
+  - ``qwen2``: q/k/v bias, untied head, rope_theta 1e6;
+  - ``llama31``: Llama-3.1 llama3 RoPE scaling (factor 8, low 1, high 4, original 8192,
+    rope_theta 500000, max_position_embeddings 131072), untied head.
+
+* Opt-in markers (registered in ``pyproject.toml``): ``qwen`` runs only with
+  ``JAXSPEC_QWEN_TESTS=1``, ``network`` only with ``JAXSPEC_NETWORK_TESTS=1``, ``gpu`` only
+  when ``jax.default_backend() == "gpu"``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+TINY_VOCAB = 128
+TINY_FAMILIES = ("llama", "qwen2", "llama31")
+
+
+# ---------------------------------------------------------------------------- opt-in markers
+def pytest_collection_modifyitems(config, items):
+    qwen_on = os.environ.get("JAXSPEC_QWEN_TESTS") == "1"
+    network_on = os.environ.get("JAXSPEC_NETWORK_TESTS") == "1"
+    gpu_on = None  # computed lazily: importing jax only if some test is marked gpu
+    skip_qwen = pytest.mark.skip(reason="needs the real Qwen2.5-Coder weights; opt in with JAXSPEC_QWEN_TESTS=1")
+    skip_network = pytest.mark.skip(reason="fetches from the package registry; opt in with JAXSPEC_NETWORK_TESTS=1")
+    skip_gpu = pytest.mark.skip(reason="needs a GPU (jax.default_backend() != 'gpu')")
+    for item in items:
+        if "qwen" in item.keywords and not qwen_on:
+            item.add_marker(skip_qwen)
+        if "network" in item.keywords and not network_on:
+            item.add_marker(skip_network)
+        if "gpu" in item.keywords:
+            if gpu_on is None:
+                import jax
+
+                gpu_on = jax.default_backend() == "gpu"
+            if not gpu_on:
+                item.add_marker(skip_gpu)
+
+
+# ---------------------------------------------------------------------------- tiny HF models
+@dataclasses.dataclass
+class TinyModel:
+    """A tiny transformers model, its saved folder and our float32 load of it."""
+
+    family: str
+    folder: pathlib.Path
+    hf_model: object  # transformers *ForCausalLM, float32, eval mode
+    config: object  # jaxspec ModelConfig (dtype float32)
+    params: dict  # jaxspec params (float32)
+
+    def hf_logits(self, tokens, position_ids=None) -> np.ndarray:
+        """Full (no cache) transformers forward: ``tokens [B, T]`` -> float32 logits ``[B, T, V]``."""
+        import torch
+
+        with torch.no_grad():
+            kwargs = {}
+            if position_ids is not None:
+                kwargs["position_ids"] = torch.as_tensor(np.asarray(position_ids), dtype=torch.long)
+            out = self.hf_model(input_ids=torch.as_tensor(np.asarray(tokens), dtype=torch.long), use_cache=False,
+                                **kwargs)
+        return out.logits.float().numpy()
+
+
+def _hf_config(family: str):
+    from transformers import LlamaConfig, Qwen2Config
+
+    common = dict(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                  num_key_value_heads=2, rms_norm_eps=1e-6, bos_token_id=1, eos_token_id=2)
+    if family == "llama":
+        return LlamaConfig(**common, num_hidden_layers=3, tie_word_embeddings=True, rope_theta=10000.0,
+                           max_position_embeddings=2048)
+    if family == "qwen2":
+        return Qwen2Config(**common, num_hidden_layers=2, tie_word_embeddings=False, rope_theta=1e6,
+                           max_position_embeddings=32768, use_sliding_window=False)
+    if family == "llama31":
+        return LlamaConfig(**common, num_hidden_layers=2, tie_word_embeddings=False, rope_theta=500000.0,
+                           max_position_embeddings=131072,
+                           rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                                             high_freq_factor=4.0, original_max_position_embeddings=8192))
+    raise ValueError(family)
+
+
+def build_tiny_hf_model(family: str, seed: int = 0):
+    """A seeded tiny transformers model (float32, eager attention) with perturbed weights."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    config = _hf_config(family)
+    config._attn_implementation = "eager"
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager")
+    generator = torch.Generator().manual_seed(seed + 1000)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(0.05 * torch.randn(param.shape, generator=generator, dtype=param.dtype))
+    model.eval()
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory):
+    """``{family: TinyModel}`` for ``llama``, ``qwen2`` and ``llama31`` (built lazily, once)."""
+    from jaxspec.models.loading import load_hf_folder
+
+    root = tmp_path_factory.mktemp("tiny_hf")
+
+    class _Lazy(dict):
+        def __missing__(self, family):
+            model = build_tiny_hf_model(family, seed=TINY_FAMILIES.index(family))
+            folder = root / family
+            model.save_pretrained(str(folder))
+            loaded = load_hf_folder(folder, dtype="float32", with_tokenizer=False)
+            tiny = TinyModel(family, folder, model, loaded.config, loaded.params)
+            self[family] = tiny
+            return tiny
+
+    return _Lazy()
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tiny_models) -> TinyModel:
+    return tiny_models["llama"]
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2(tiny_models) -> TinyModel:
+    return tiny_models["qwen2"]
+
+
+@pytest.fixture(scope="session")
+def tiny_llama31(tiny_models) -> TinyModel:
+    return tiny_models["llama31"]
+
+
+def max_rel_error(ours, reference) -> float:
+    """``max|ours - reference| / max|reference|`` (the parity metric)."""
+    ours = np.asarray(ours, np.float64)
+    reference = np.asarray(reference, np.float64)
+    return float(np.max(np.abs(ours - reference)) / np.max(np.abs(reference)))
+
+
+@pytest.fixture(scope="session")
+def rel_error():
+    return max_rel_error
