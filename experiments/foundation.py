@@ -367,6 +367,60 @@ def cmd_bench_decode(args) -> Dict[str, Any]:
     return writer.data
 
 
+def cmd_bench_skip(args) -> Dict[str, Any]:
+    """Cost of the dynamic skip mask (lax.cond per sub-layer, no recompile) vs static masks (recompile)."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxspec.config import preset
+    from jaxspec.models.cache import KVCache
+    from jaxspec.models.llama import _forward, freeze_skip_mask, init_params
+
+    writer = ResultWriter(args.out, "bench-skip", _config_of(args))
+    config = preset(args.shape, **({"num_layers": args.layers} if args.layers else {}))
+    params = init_params(config, jax.random.PRNGKey(0))
+    layers = config.num_layers
+    capacity = args.context + 64
+    shape = (args.batch, config.num_kv_heads, capacity, config.head_dim)
+    fill = jax.jit(lambda k: jax.random.normal(k, shape, jnp.float32).astype(config.jnp_dtype))
+    keys = jax.random.split(jax.random.PRNGKey(1), 2 * layers)
+    cache = KVCache(keys=tuple(fill(keys[i]) for i in range(layers)),
+                    values=tuple(fill(keys[layers + i]) for i in range(layers)),
+                    lengths=jnp.full((args.batch,), args.context, jnp.int32))
+    tokens = jnp.zeros((args.batch, args.steps), jnp.int32)
+    none = np.zeros((layers, 2), bool)
+    half_mlp = none.copy()
+    half_mlp[1:-1:2, 1] = True
+    half_attn = none.copy()
+    half_attn[1:-1:2, 0] = True
+    masks = {"no_skip": none, "every_other_mlp": half_mlp, "every_other_attention": half_attn}
+    dynamic = jax.jit(lambda p, t, c, m: _forward(p, t, c, config=config, skip_mask=m).logits)
+    plain = jax.jit(lambda p, t, c: _forward(p, t, c, config=config).logits)
+    rows = []
+    start = time.perf_counter()
+    plain(params, tokens, cache).block_until_ready()
+    rows.append({"variant": "no mask argument", "mask": "-", "compile_s": time.perf_counter() - start,
+                 "ms": median_time(lambda: plain(params, tokens, cache).block_until_ready(),
+                                   args.repeats)["median_s"] * 1e3})
+    for name, mask in masks.items():
+        start = time.perf_counter()
+        dynamic(params, tokens, cache, jnp.asarray(mask)).block_until_ready()
+        first = time.perf_counter() - start
+        t = median_time(lambda: dynamic(params, tokens, cache, jnp.asarray(mask)).block_until_ready(), args.repeats)
+        rows.append({"variant": "dynamic (lax.cond)", "mask": name, "compile_s": first, "ms": t["median_s"] * 1e3})
+        frozen = freeze_skip_mask(mask)
+        static = jax.jit(lambda p, t_, c, _m=frozen: _forward(p, t_, c, config=config, skip_mask=_m).logits)
+        start = time.perf_counter()
+        static(params, tokens, cache).block_until_ready()
+        first = time.perf_counter() - start
+        t = median_time(lambda: static(params, tokens, cache).block_until_ready(), args.repeats)
+        rows.append({"variant": "static (recompile)", "mask": name, "compile_s": first, "ms": t["median_s"] * 1e3})
+    writer.add(f"{args.shape}/ctx{args.context}/b{args.batch}/T{args.steps}", rows)
+    print_table(rows, title=f"skip-mask variants, one forward of {args.steps} token(s), {args.shape}, "
+                            f"context {args.context}, batch {args.batch}")
+    return writer.data
+
+
 def _config_of(args) -> Dict[str, Any]:
     return {k: v for k, v in sorted(vars(args).items()) if k not in ("func", "out")}
 
@@ -404,3 +458,12 @@ def register(subparsers) -> None:
     bench.add_argument("--repeats", type=int, default=5)
     bench.add_argument("--copy-gib", type=float, default=4.0)
     bench.set_defaults(func=cmd_bench_decode)
+
+    skip = subparsers.add_parser("bench-skip", help="dynamic (no recompile) vs static skip masks: step time, compile")
+    skip.add_argument("--shape", default="qwen2.5-7b-shape")
+    skip.add_argument("--layers", type=int, default=0)
+    skip.add_argument("--context", type=int, default=8192)
+    skip.add_argument("--batch", type=int, default=16)
+    skip.add_argument("--steps", type=int, default=1, help="tokens per forward (gamma + 1 for verification)")
+    skip.add_argument("--repeats", type=int, default=20)
+    skip.set_defaults(func=cmd_bench_skip)

@@ -65,13 +65,20 @@ class TinyModel:
     params: dict  # jaxspec params (float32)
 
     def hf_logits(self, tokens, position_ids=None) -> np.ndarray:
-        """Full (no cache) transformers forward: ``tokens [B, T]`` -> float32 logits ``[B, T, V]``."""
+        """Full (no cache) transformers forward: ``tokens [B, T]`` -> float32 logits ``[B, T, V]``.
+
+        ``position_ids [B, T]`` may be arbitrary (non-contiguous) RoPE positions; attention stays
+        plain causal over the ``T`` tokens.
+        """
         import torch
 
         with torch.no_grad():
             kwargs = {}
             if position_ids is not None:
                 kwargs["position_ids"] = torch.as_tensor(np.asarray(position_ids), dtype=torch.long)
+                # An explicit all-ones mask: without it transformers reads non-contiguous position_ids as
+                # packed sequences and blocks attention across the jumps.
+                kwargs["attention_mask"] = torch.ones(np.shape(tokens), dtype=torch.long)
             out = self.hf_model(input_ids=torch.as_tensor(np.asarray(tokens), dtype=torch.long), use_cache=False,
                                 **kwargs)
         return out.logits.float().numpy()
