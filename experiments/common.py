@@ -17,8 +17,11 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 
 def git_commit() -> Dict[str, Any]:
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                                timeout=10).stdout.strip()
+        result = subprocess.run(["git", "rev-parse", "--verify", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                                timeout=10)
+        commit = result.stdout.strip() if result.returncode == 0 else ""
+        if not commit:  # a copied tree without usable git metadata (e.g. the GPU machine)
+            return {"commit": os.environ.get("JAXSPEC_COMMIT", "unknown"), "dirty": None}
         dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
                                     capture_output=True, text=True, timeout=10).stdout.strip())
         return {"commit": commit or os.environ.get("JAXSPEC_COMMIT", "unknown"), "dirty": dirty}

@@ -1,0 +1,74 @@
+"""Markdown tables for the README, computed from the committed JSON under experiments/results/.
+
+``python -m experiments.tables`` prints every table; the README's numbers come from here.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+RESULTS = pathlib.Path(__file__).resolve().parent / "results"
+
+
+def _load(name):
+    path = RESULTS / name
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def foundation_tables() -> str:
+    lines = []
+    decode = _load("bench_decode_7b_h200.json")
+    generate = _load("generate_smollm2_b16_h200.json")
+    bandwidth = decode["cases"]["copy_bandwidth"]["bandwidth_Bps"] if decode else None
+    lines.append("| model | context | batch | ms / step | tokens/s | bytes / step (weights + KV) | floor ms "
+                 "| fraction of floor |")
+    lines.append("|---|---|---|---|---|---|---|---|")
+    if generate:
+        res = generate["results"]
+        cfg = res["model_config"]
+        steps = max(res["num_generated"])
+        per_step = res["timings"]["decode_s"] / steps
+        batch = len(res["tokens"])
+        context = sum(res["prompt_tokens"]) / batch + steps / 2
+        weights = 2 * (cfg["vocab_size"] * cfg["hidden_size"] + cfg["num_layers"] * (
+            cfg["hidden_size"] * cfg["head_dim"] * (cfg["num_heads"] * 2 + cfg["num_kv_heads"] * 2)
+            + 3 * cfg["hidden_size"] * cfg["intermediate_size"]))
+        kv = 2 * cfg["num_layers"] * batch * cfg["num_kv_heads"] * context * cfg["head_dim"] * 2
+        floor = (weights + kv) / bandwidth
+        lines.append(f"| SmolLM2-135M (real weights, bf16, real prefill) | {context:.0f} (mean) | {batch} "
+                     f"| {per_step * 1e3:.2f} | {res['tokens_per_s']:.0f} | {(weights + kv) / 1e9:.2f} GB "
+                     f"| {floor * 1e3:.2f} | {floor / per_step:.2f} |")
+    if decode:
+        for key, case in decode["cases"].items():
+            if key == "copy_bandwidth":
+                continue
+            row = case["row"]
+            lines.append(f"| Qwen2.5-7B shape (random weights, bf16, random KV) | {row['context']} | {row['batch']} "
+                         f"| {row['ms_per_step']:.2f} | {row['tokens_per_s']:.0f} | {row['GB_per_step']:.1f} GB "
+                         f"| {row['floor_ms']:.2f} | {row['fraction_of_floor']:.2f} |")
+        lines.append("")
+        lines.append(f"Copy bandwidth measured in the same run: {bandwidth / 1e12:.2f} TB/s "
+                     f"(`y = x * 1.0001` over 4 GiB, bytes read + written).")
+    parity_rows = []
+    for name in ("parity_smollm2_cpu.json", "parity_smollm2_h200.json", "parity_random_7b_h200.json"):
+        data = _load(name)
+        if data:
+            r = data["results"]
+            parity_rows.append(f"| {r['model']} | {data['environment']['devices'][0]} | {r['prompt_tokens']} + "
+                               f"{r['decode_steps']} decode | {r['prefill_rel_err']:.2e} | {r['max_rel_err']:.2e} "
+                               f"| {r['argmax_agreement_decode']:.2f} |")
+    if parity_rows:
+        lines += ["", "| parity (float32) | device | tokens | prefill rel. err | max rel. err | greedy agreement |",
+                  "|---|---|---|---|---|---|", *parity_rows]
+    skip = _load("bench_skip_7b_h200.json")
+    if skip:
+        for key, rows in skip["cases"].items():
+            lines += ["", f"Skip-mask variants ({key}):", "", "| variant | mask | first call s (compile) | ms / forward |",
+                      "|---|---|---|---|"]
+            lines += [f"| {r['variant']} | {r['mask']} | {r['compile_s']:.2f} | {r['ms']:.2f} |" for r in rows]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(foundation_tables())
