@@ -195,3 +195,33 @@ def test_ragged_rows_write_at_their_own_offsets(llama):
         # row 0's stale padding slots 5, 6 are not touched (row 0 wrote 3, 4 only)
         np.testing.assert_array_equal(keys[0, :, 5:7], before[0, :, 5:7])
         assert not np.allclose(keys[0, :, 3:5], before[0, :, 3:5])  # the padding was really overwritten
+
+
+def test_prefill_into_partly_filled_cache_checks_its_room(llama):
+    """``prefill`` must count the rows' current lengths: 6 held + 7 prompt tokens do not fit in 10.
+
+    (Library bug at the time of writing: ``prefill`` checks only ``prompt_lengths <= capacity``, so
+    this call silently drops 3 prompt tokens and returns lengths 13 > capacity 10.)
+    """
+    config = llama.config
+    cache = _run(llama, _tokens(11, 1, 6), init_cache(config, 1, 10)).cache
+    before = [np.asarray(k).copy() for k in cache.keys]
+    prompt = np.asarray(_tokens(12, 1, 7))
+    with pytest.raises(CacheOverflowError) as info:
+        autoregressive.prefill(llama.params, config, prompt, np.array([7]), cache, chunk=4)
+    assert "row 0" in str(info.value) and "capacity 10" in str(info.value)
+    # raised before any work: the (donated) buffers are still alive and unchanged
+    for layer, keys in enumerate(before):
+        np.testing.assert_array_equal(np.asarray(cache.keys[layer]), keys)
+
+
+def test_prefill_into_partly_filled_cache_that_fits(llama):
+    """Prefill continuing a cached prefix (6 + 7 tokens in 16 slots) equals one full forward."""
+    config = llama.config
+    first, second = _tokens(11, 1, 6), _tokens(12, 1, 7)
+    cache = _run(llama, first, init_cache(config, 1, 16)).cache
+    cache, last_logits = autoregressive.prefill(llama.params, config, np.asarray(second), np.array([7]), cache,
+                                                chunk=4)
+    np.testing.assert_array_equal(np.asarray(cache.lengths), [13])
+    full = _run(llama, jnp.concatenate([first, second], axis=1), init_cache(config, 1, 16))
+    np.testing.assert_allclose(np.asarray(last_logits[0]), np.asarray(full.logits[0, -1]), rtol=RTOL, atol=ATOL)

@@ -93,13 +93,15 @@ def test_hf_folder_round_trip(tiny_models, family):
     assert default.params["final_norm"].dtype == jnp.float32
 
 
-def test_orbax_round_trip(tiny_qwen2, tmp_path):
-    original = LoadedModel(tiny_qwen2.config, tiny_qwen2.params, None, str(tiny_qwen2.folder), {"format": "hf"})
+@pytest.mark.parametrize("family", ["qwen2", "llama31"])  # biases; llama3 rope_scaling through JSON
+def test_orbax_round_trip(tiny_models, tmp_path, family):
+    tiny = tiny_models[family]
+    original = LoadedModel(tiny.config, tiny.params, None, str(tiny.folder), {"format": "hf"})
     folder = save_checkpoint(tmp_path / "ckpt", original)
     restored = load_checkpoint(folder)
-    assert restored.config == tiny_qwen2.config
-    assert restored.info["source"] == str(tiny_qwen2.folder)  # provenance of the original load is kept
-    flat_original = jax.tree_util.tree_leaves_with_path(tiny_qwen2.params)
+    assert restored.config == tiny.config
+    assert restored.info["source"] == str(tiny.folder)  # provenance of the original load is kept
+    flat_original = jax.tree_util.tree_leaves_with_path(tiny.params)
     flat_restored = dict(jax.tree_util.tree_leaves_with_path(restored.params))
     assert len(flat_original) == len(flat_restored)
     for path, value in flat_original:
@@ -110,6 +112,25 @@ def test_orbax_round_trip(tiny_qwen2, tmp_path):
     assert as_bf16.config.dtype == "bfloat16"
     assert as_bf16.params["layers"][1]["wv"].dtype == jnp.bfloat16
     assert as_bf16.params["layers"][1]["mlp_norm"].dtype == jnp.float32
+    # saving again over an existing checkpoint replaces it
+    save_checkpoint(folder, original)
+    assert load_checkpoint(folder).config == tiny.config
+
+
+def test_save_checkpoint_does_not_delete_an_unrelated_folder(tiny_qwen2, tmp_path):
+    """Saving into an existing folder that is not a jaxspec checkpoint must refuse, not wipe it.
+
+    (Library bug at the time of writing: ``save_checkpoint`` runs ``shutil.rmtree(folder)`` on any
+    existing folder, so ``save_checkpoint("~/work", model)`` deletes the user's files.)
+    """
+    folder = tmp_path / "my_project"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("precious")
+    original = LoadedModel(tiny_qwen2.config, tiny_qwen2.params, None, "x", {})
+    with pytest.raises((CheckpointError, FileExistsError)) as info:
+        save_checkpoint(folder, original)
+    assert str(folder) in str(info.value)
+    assert (folder / "notes.txt").read_text() == "precious"
 
 
 def test_orbax_corrupt_marker_raises(tiny_qwen2, tmp_path):
@@ -169,6 +190,23 @@ def test_unknown_architecture_raises_listing_supported(tiny_llama, tmp_path):
     assert "'gpt2'" in message
     for supported in ("llama", "qwen2"):
         assert supported in message
+
+
+def test_mistral_sliding_window_is_not_silently_ignored(tiny_llama, tmp_path):
+    """A Mistral config with a sliding window shorter than its context must be refused (as Qwen2's is).
+
+    (Library bug at the time of writing: ``ModelConfig.from_hf_dict`` accepts ``model_type="mistral"``
+    with ``sliding_window=4096`` and silently attends to the full context, so outputs beyond 4096
+    tokens differ from the model's.)
+    """
+    folder = _copy_folder(tiny_llama.folder, tmp_path / "model")
+    _edit_config(folder, model_type="mistral", sliding_window=4, max_position_embeddings=2048,
+                 architectures=["MistralForCausalLM"])
+    with pytest.raises(ValueError, match="sliding_window"):
+        load_hf_folder(folder, with_tokenizer=False)
+    # no window (Mistral v0.2+ writes null) is the plain Llama path and loads
+    _edit_config(folder, sliding_window=None)
+    assert load_hf_folder(folder, with_tokenizer=False).config.model_type == "mistral"
 
 
 def test_unknown_model_name_lists_known_names():

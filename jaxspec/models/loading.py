@@ -266,14 +266,28 @@ def load_gguf(path, dtype: str = "bfloat16", with_tokenizer: bool = True, progre
 
 
 def load_gguf_tokenizer(path):
-    """The tokenizer embedded in a GGUF file (built by transformers once, then cached beside it)."""
+    """The tokenizer embedded in a GGUF file (built once, then cached beside the file).
+
+    Byte-level BPE tokenizers are built with the ``tokenizers`` library
+    (:mod:`jaxspec.models.gguf_tokenizer`, no torch needed); other kinds go through
+    transformers' GGUF support, which needs torch.
+    """
     from transformers import AutoTokenizer
 
+    from jaxspec.models.gguf_tokenizer import tokenizer_from_gguf
+
     path = pathlib.Path(path)
-    cached = path.parent / f"{path.stem}.tokenizer"
+    cached = path.parent / f"{path.stem}.jaxspec-tokenizer"
     if (cached / "tokenizer_config.json").exists():
         return AutoTokenizer.from_pretrained(str(cached))
-    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    try:
+        tokenizer = tokenizer_from_gguf(path)
+    except NotImplementedError as err:
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        except ModuleNotFoundError as missing:
+            raise CheckpointError(f"{path}: {err} tokenizers need transformers' GGUF reader, which needs torch "
+                                  f"(pip install 'jaxspec[parity]'): {missing}") from missing
     try:
         tokenizer.save_pretrained(str(cached))
     except OSError:
