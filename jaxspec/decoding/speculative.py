@@ -1,0 +1,355 @@
+"""Speculative decoding engine: batched, ragged, lossless (greedy and rejection sampling).
+
+One round: the draft policy proposes ``gamma`` tokens; the target verifies ``gamma + 1`` rows
+(``[pending, d_1 .. d_gamma]``) in one forward, attending to the history the verify policy
+allows; each row accepts its own prefix plus one correction/bonus token; the caches are rolled
+back by setting their lengths (no copies). Rows that emit a stop token or reach their limit
+stop while the others go on. All rounds run in one ``lax.while_loop`` (no host round-trip per
+token or per round); ``profile=True`` instead runs the three phases as separate jitted calls
+per round to measure the draft / verify / other split.
+
+Acceptance:
+
+* greedy: accept the longest prefix with ``d_i == argmax p_{i-1}``, then ``argmax p_n``;
+* sampling: accept ``d_i`` with probability ``min(1, p(d_i) / q(d_i))``; at the first rejection
+  draw from ``norm(max(0, p - q))``; if all are accepted draw the bonus token from ``p_gamma``
+  (``p``, ``q``: target and draft distributions after temperature and top-p);
+* fixed acceptance (systems benchmarks only): the number accepted is drawn from a given
+  distribution over ``0..gamma`` regardless of the tokens; every output says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Dict, NamedTuple, Optional, Sequence, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxspec.config import ModelConfig
+from jaxspec.decoding.autoregressive import PAD_OUTPUT, pad_prompts, prefill
+from jaxspec.decoding.policies import DenseVerify, Proposal
+from jaxspec.decoding.sampling import SamplingConfig, sample_token, sampling_probs
+from jaxspec.models.cache import KVCache, check_room, init_cache
+from jaxspec.models.llama import _forward
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    gamma: int = 4
+    sampling: SamplingConfig = SamplingConfig()
+    max_new_tokens: int = 64
+    stop_tokens: Tuple[int, ...] = ()
+    # Systems benchmarks: probabilities of accepting 0..gamma draft tokens per round (None = real acceptance).
+    fixed_acceptance: Optional[Tuple[float, ...]] = None
+
+    def __post_init__(self):
+        if not isinstance(self.gamma, int) or self.gamma < 1:
+            raise ValueError(f"gamma={self.gamma!r} must be an integer >= 1")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={self.max_new_tokens} must be >= 1")
+        if self.fixed_acceptance is not None:
+            probs = np.asarray(self.fixed_acceptance, float)
+            if probs.shape != (self.gamma + 1,) or (probs < 0).any() or not np.isclose(probs.sum(), 1.0):
+                raise ValueError(f"fixed_acceptance must be {self.gamma + 1} probabilities (accept 0..gamma) "
+                                 f"summing to 1; got {self.fixed_acceptance}")
+
+
+def acceptance_from_tau(tau: float, gamma: int) -> Tuple[float, ...]:
+    """Distribution of accepted draft tokens (0..gamma) for an i.i.d. per-token acceptance rate
+    alpha whose expected tokens per round ``(1 - alpha^(gamma+1)) / (1 - alpha)`` equals ``tau``."""
+    if not 1.0 <= tau <= gamma + 1:
+        raise ValueError(f"tau={tau} must lie in [1, gamma + 1 = {gamma + 1}]")
+    lo, hi = 0.0, 1.0
+    for _ in range(100):
+        alpha = (lo + hi) / 2
+        expected = sum(alpha ** i for i in range(gamma + 1))
+        lo, hi = (alpha, hi) if expected < tau else (lo, alpha)
+    alpha = (lo + hi) / 2
+    probs = [(alpha ** n) * (1 - alpha) for n in range(gamma)] + [alpha ** gamma]
+    return tuple(float(p) for p in probs)
+
+
+# ---------------------------------------------------------------------------- acceptance
+def greedy_accept(target_logits, draft_tokens):
+    """``target_logits [B, g+1, V]``, ``draft_tokens [B, g]`` -> (accepted [B], next token [B])."""
+    choice = jnp.argmax(target_logits, axis=-1).astype(jnp.int32)  # [B, g+1]
+    match = (draft_tokens == choice[:, :-1]).astype(jnp.int32)
+    accepted = jnp.sum(jnp.cumprod(match, axis=1), axis=1)
+    return accepted, jnp.take_along_axis(choice, accepted[:, None], axis=1)[:, 0]
+
+
+def rejection_accept(target_logits, draft_tokens, draft_probs, sampling: SamplingConfig, key):
+    """Standard speculative rejection sampling (distribution preserving)."""
+    gamma = draft_tokens.shape[1]
+    p = sampling_probs(target_logits, sampling)  # [B, g+1, V]
+    p_draft = jnp.take_along_axis(p[:, :-1], draft_tokens[..., None], axis=-1)[..., 0]
+    q_draft = jnp.take_along_axis(draft_probs, draft_tokens[..., None], axis=-1)[..., 0]
+    key_accept, key_resample = jax.random.split(key)
+    u = jax.random.uniform(key_accept, p_draft.shape)
+    ok = (u * q_draft < p_draft).astype(jnp.int32)  # u < p/q without dividing by a zero q
+    accepted = jnp.sum(jnp.cumprod(ok, axis=1), axis=1)
+    p_at = jnp.take_along_axis(p, accepted[:, None, None], axis=1)[:, 0]  # [B, V]
+    q_pad = jnp.concatenate([draft_probs, jnp.zeros_like(draft_probs[:, :1])], axis=1)
+    q_at = jnp.take_along_axis(q_pad, accepted[:, None, None], axis=1)[:, 0]
+    residual = jnp.maximum(p_at - q_at, 0.0)
+    total = jnp.sum(residual, axis=-1, keepdims=True)
+    # all accepted: q_at is zero so the residual is p_gamma; p == q exactly: fall back to p
+    residual = jnp.where(total > 0, residual / jnp.where(total > 0, total, 1.0), p_at)
+    next_token = jax.random.categorical(key_resample, jnp.log(residual), axis=-1).astype(jnp.int32)
+    del gamma
+    return accepted, next_token
+
+
+# ---------------------------------------------------------------------------- loop state
+class LoopState(NamedTuple):
+    round: jax.Array  # scalar int32
+    target_cache: KVCache
+    draft_state: Any
+    verify_state: Any
+    out: jax.Array  # [B, N + gamma + 1] int32
+    num_out: jax.Array  # [B]
+    committed: jax.Array  # [B] prompt + generated
+    pending: jax.Array  # [B]
+    previous: jax.Array  # [B]
+    done: jax.Array  # [B] bool
+    key: jax.Array
+    active_rounds: jax.Array  # [B]
+    accepted_histogram: jax.Array  # [gamma + 1] counts of rounds (active rows) accepting n drafts
+
+
+def _draft_phase(target_params, draft_params, state: LoopState, *, target_config, draft_policy, engine):
+    key, sub = jax.random.split(state.key)
+    proposal = draft_policy.propose(draft_params, state.draft_state, state.target_cache, state.pending,
+                                    state.previous, state.committed, gamma=engine.gamma, sampling=engine.sampling,
+                                    key=sub)
+    return proposal, key
+
+
+def _verify_phase(target_params, state: LoopState, proposal: Proposal, *, target_config, verify_policy, engine):
+    indices = verify_policy.verify_indices(state.verify_state, proposal.target_cache, state.committed,
+                                           proposal.signals)
+    cache = proposal.target_cache.with_lengths(state.committed - 1)
+    rows = jnp.concatenate([state.pending[:, None], proposal.tokens], axis=1)
+    result = _forward(target_params, rows, cache, config=target_config, verify_indices=indices)
+    return result.logits, result.cache
+
+
+def _commit_phase(state: LoopState, proposal: Proposal, target_logits, target_cache, key, *, engine):
+    gamma = engine.gamma
+    key, k_accept, k_fixed = jax.random.split(key, 3)
+    if engine.fixed_acceptance is not None:
+        accepted = jax.random.categorical(k_fixed, jnp.log(jnp.asarray(engine.fixed_acceptance)),
+                                          shape=state.pending.shape).astype(jnp.int32)
+        next_token = jnp.take_along_axis(jnp.argmax(target_logits, -1).astype(jnp.int32), accepted[:, None], 1)[:, 0]
+    elif engine.sampling.greedy:
+        accepted, next_token = greedy_accept(target_logits, proposal.tokens)
+    else:
+        accepted, next_token = rejection_accept(target_logits, proposal.tokens, proposal.probs, engine.sampling,
+                                                k_accept)
+    steps = jnp.arange(gamma + 1)
+    block = jnp.where(steps[None, :] < accepted[:, None], jnp.pad(proposal.tokens, ((0, 0), (0, 1))),
+                      next_token[:, None])  # [B, g+1]: d_1..d_n, next, (ignored)
+    count = accepted + 1
+    stop = jnp.asarray(engine.stop_tokens if engine.stop_tokens else (-2,), jnp.int32)
+    is_stop = jnp.isin(block, stop) & (steps[None, :] < count[:, None])
+    first_stop = jnp.where(is_stop.any(axis=1), jnp.argmax(is_stop, axis=1), gamma + 1)
+    count = jnp.minimum(count, first_stop + 1)
+    count = jnp.minimum(count, engine.max_new_tokens - state.num_out)
+    active = ~state.done
+    count = jnp.where(active, count, 0)
+    slots = jnp.where(steps[None, :] < count[:, None], state.num_out[:, None] + steps[None, :], state.out.shape[1])
+    out = state.out.at[jnp.arange(block.shape[0])[:, None], slots].set(block, mode="drop")
+    num_out = state.num_out + count
+    done = state.done | is_stop.any(axis=1) & (first_stop < count) | (num_out >= engine.max_new_tokens)
+    last = jnp.take_along_axis(block, jnp.maximum(count - 1, 0)[:, None], axis=1)[:, 0]
+    before_last = jnp.where(count >= 2, jnp.take_along_axis(block, jnp.maximum(count - 2, 0)[:, None], 1)[:, 0],
+                            state.pending)
+    pending = jnp.where(count > 0, last, state.pending)
+    previous = jnp.where(count > 0, before_last, state.previous)
+    histogram = state.accepted_histogram + jnp.sum(
+        jax.nn.one_hot(accepted, gamma + 1, dtype=jnp.int32) * active[:, None].astype(jnp.int32), axis=0)
+    return LoopState(round=state.round + 1, target_cache=target_cache.with_lengths(state.committed - 1 + count),
+                     draft_state=proposal.state, verify_state=state.verify_state, out=out, num_out=num_out,
+                     committed=state.committed + count, pending=pending, previous=previous, done=done, key=key,
+                     active_rounds=state.active_rounds + active.astype(jnp.int32), accepted_histogram=histogram)
+
+
+def _round(target_params, draft_params, state, *, target_config, draft_policy, verify_policy, engine):
+    proposal, key = _draft_phase(target_params, draft_params, state, target_config=target_config,
+                                 draft_policy=draft_policy, engine=engine)
+    logits, cache = _verify_phase(target_params, state, proposal, target_config=target_config,
+                                  verify_policy=verify_policy, engine=engine)
+    return _commit_phase(state, proposal, logits, cache, key, engine=engine)
+
+
+def _loop_fn(target_params, draft_params, state, *, target_config, draft_policy, verify_policy, engine):
+    def cond(s):
+        return (s.round < engine.max_new_tokens) & ~jnp.all(s.done)
+
+    def body(s):
+        return _round(target_params, draft_params, s, target_config=target_config, draft_policy=draft_policy,
+                      verify_policy=verify_policy, engine=engine)
+
+    return jax.lax.while_loop(cond, body, state)
+
+
+_STATIC = ("target_config", "draft_policy", "verify_policy", "engine")
+_loop = jax.jit(_loop_fn, static_argnames=_STATIC, donate_argnames=("state",))
+_draft_jit = jax.jit(_draft_phase, static_argnames=("target_config", "draft_policy", "engine"))
+_verify_jit = jax.jit(_verify_phase, static_argnames=("target_config", "verify_policy", "engine"))
+_commit_jit = jax.jit(_commit_phase, static_argnames=("engine",))
+
+
+# ---------------------------------------------------------------------------- driver
+@dataclasses.dataclass
+class SpeculativeResult:
+    tokens: np.ndarray  # [B, N], PAD_OUTPUT after a row stopped
+    num_generated: np.ndarray
+    prompt_lengths: np.ndarray
+    metrics: Dict[str, Any]
+    timings: Dict[str, float]
+
+    def rows(self):
+        return [row[:n].tolist() for row, n in zip(self.tokens, self.num_generated)]
+
+    @property
+    def tokens_per_s(self) -> float:
+        return float(self.num_generated.sum()) / max(self.timings["decode_s"], 1e-9)
+
+
+def check_compatible(target_config: ModelConfig, draft_config: ModelConfig, target_tokenizer=None,
+                     draft_tokenizer=None) -> None:
+    """Draft and target must share the vocabulary (and the tokenizer, when both are given)."""
+    if target_config.vocab_size != draft_config.vocab_size:
+        raise ValueError(f"draft vocabulary size {draft_config.vocab_size} != target vocabulary size "
+                         f"{target_config.vocab_size}: speculative decoding needs one shared vocabulary")
+    if target_tokenizer is not None and draft_tokenizer is not None:
+        if target_tokenizer.get_vocab() != draft_tokenizer.get_vocab():
+            raise ValueError("draft and target tokenizers differ (different token -> id maps): speculative "
+                             "decoding needs one shared tokenizer")
+
+
+def speculative_generate(target_params, target_config: ModelConfig, prompts: Sequence[Sequence[int]], *,
+                         draft_policy, draft_params=None, draft_state=None, verify_policy=DenseVerify(),
+                         verify_state=None, engine: EngineConfig = EngineConfig(), seed: int = 0,
+                         capacity: Optional[int] = None, warmup: bool = False, profile: bool = False,
+                         prompt_tokens: Optional[Tuple[np.ndarray, np.ndarray]] = None) -> SpeculativeResult:
+    """Generate with speculative decoding. ``draft_state`` is built by ``draft_policy.prefill``
+    unless given (e.g. ``SelfDraft.initial_state(mask)``).
+
+    ``prompt_tokens=(tokens, lengths)`` skips the prompt list (e.g. a cache filled elsewhere is
+    not supported; the prompt is always prefilled). ``profile=True`` also measures the draft /
+    verify / other split with per-phase jitted calls (one host sync per phase per round).
+    """
+    draft_config = getattr(draft_policy, "config", target_config)
+    check_compatible(target_config, draft_config)
+    tokens, lengths = prompt_tokens if prompt_tokens is not None else pad_prompts(prompts)
+    bad = [int(t) for t in np.unique(tokens) if not 0 <= t < target_config.vocab_size]
+    if bad:
+        raise ValueError(f"token ids {bad[:5]} outside the vocabulary [0, {target_config.vocab_size})")
+    gamma = engine.gamma
+    needed = int(lengths.max()) + engine.max_new_tokens + gamma + 2
+    capacity = capacity or needed
+    check_room(lengths, capacity, engine.max_new_tokens + gamma + 2,
+               f"prompt + {engine.max_new_tokens} new tokens + a draft of gamma={gamma} (+2 headroom)")
+    batch = len(lengths)
+    draft_params = target_params if draft_params is None else draft_params
+
+    def initial_state():
+        target_cache = init_cache(target_config, batch, capacity)
+        target_cache, first_logits = prefill(target_params, target_config, tokens, lengths, target_cache)
+        state_d = draft_state if draft_state is not None else draft_policy.prefill(draft_params, tokens, lengths,
+                                                                                   capacity)
+        key = jax.random.PRNGKey(seed)
+        key, sub = jax.random.split(key)
+        first = sample_token(first_logits, sub, engine.sampling)
+        out = jnp.full((batch, engine.max_new_tokens + gamma + 1), PAD_OUTPUT, jnp.int32).at[:, 0].set(first)
+        stop = jnp.asarray(engine.stop_tokens if engine.stop_tokens else (-2,), jnp.int32)
+        lengths_j = jnp.asarray(lengths, jnp.int32)
+        previous = jnp.asarray(tokens[np.arange(batch), lengths - 1], jnp.int32)
+        return LoopState(round=jnp.int32(0), target_cache=target_cache, draft_state=state_d,
+                         verify_state=verify_state, out=out, num_out=jnp.ones((batch,), jnp.int32),
+                         committed=lengths_j + 1, pending=first, previous=previous,
+                         done=jnp.isin(first, stop) | (engine.max_new_tokens <= 1), key=key,
+                         active_rounds=jnp.zeros((batch,), jnp.int32),
+                         accepted_histogram=jnp.zeros((gamma + 1,), jnp.int32))
+
+    static = dict(target_config=target_config, draft_policy=draft_policy, verify_policy=verify_policy, engine=engine)
+
+    def run():
+        start = time.perf_counter()
+        state = initial_state()
+        jax.block_until_ready(state)
+        prefill_s = time.perf_counter() - start
+        start = time.perf_counter()
+        final = _loop(target_params, draft_params, state, **static)
+        jax.block_until_ready(final)
+        return final, {"prefill_s": prefill_s, "decode_s": time.perf_counter() - start}
+
+    first_start = time.perf_counter()
+    final, timings = run()
+    if warmup:
+        first_total = time.perf_counter() - first_start
+        final, timings = run()
+        timings["compile_s"] = max(first_total - timings["prefill_s"] - timings["decode_s"], 0.0)
+    out = np.asarray(final.out)[:, : engine.max_new_tokens]
+    num_generated = (out != PAD_OUTPUT).sum(axis=1)
+    metrics = _metrics(final, gamma, engine)
+    if profile:
+        timings.update(_profile(target_params, draft_params, initial_state(), static))
+    return SpeculativeResult(tokens=out, num_generated=num_generated, prompt_lengths=np.asarray(lengths),
+                             metrics=metrics, timings=timings)
+
+
+def _metrics(final: LoopState, gamma: int, engine: EngineConfig) -> Dict[str, Any]:
+    histogram = np.asarray(final.accepted_histogram, np.int64)
+    row_rounds = int(np.asarray(final.active_rounds).sum())
+    # tokens committed by rounds (the first generated token comes from the prefill)
+    committed_in_rounds = int((np.asarray(final.num_out) - 1).sum())
+    reached = np.array([histogram[i:].sum() for i in range(gamma + 1)])  # rounds with >= i accepted
+    per_position = [float(reached[i + 1] / reached[i]) if reached[i] else None for i in range(gamma)]
+    return {
+        "rounds": int(final.round),
+        "row_rounds": row_rounds,
+        "tau": committed_in_rounds / row_rounds if row_rounds else None,
+        "tau_untruncated": float((histogram * (np.arange(gamma + 1) + 1)).sum() / max(histogram.sum(), 1)),
+        "accepted_histogram": histogram.tolist(),
+        "acceptance_rate_per_position": per_position,  # P(d_i accepted | d_1..d_{i-1} accepted)
+        "acceptance_rate": float((histogram * np.arange(gamma + 1)).sum() / max(histogram.sum() * gamma, 1)),
+        "gamma": gamma,
+        "fixed_acceptance": engine.fixed_acceptance,
+        "acceptance_mode": "fixed (systems benchmark: tokens are not the model's output)"
+        if engine.fixed_acceptance is not None else ("greedy" if engine.sampling.greedy else "rejection sampling"),
+    }
+
+
+def _profile(target_params, draft_params, state, static) -> Dict[str, float]:
+    """Draft / verify / other time from per-phase jitted calls (one warm-up round first)."""
+    engine = static["engine"]
+    phase_static = {k: static[k] for k in ("target_config", "draft_policy", "engine")}
+    verify_static = {k: static[k] for k in ("target_config", "verify_policy", "engine")}
+    totals = {"draft_s": 0.0, "verify_s": 0.0, "other_s": 0.0}
+    rounds = 0
+    first = True
+    while int(state.round) < engine.max_new_tokens and not bool(jnp.all(state.done)):
+        t0 = time.perf_counter()
+        proposal, key = _draft_jit(target_params, draft_params, state, **phase_static)
+        jax.block_until_ready(proposal)
+        t1 = time.perf_counter()
+        logits, cache = _verify_jit(target_params, state, proposal, **verify_static)
+        jax.block_until_ready(logits)
+        t2 = time.perf_counter()
+        state = _commit_jit(state, proposal, logits, cache, key, engine=engine)
+        jax.block_until_ready(state)
+        t3 = time.perf_counter()
+        if first:  # compile round
+            first = False
+            continue
+        totals["draft_s"] += t1 - t0
+        totals["verify_s"] += t2 - t1
+        totals["other_s"] += t3 - t2
+        rounds += 1
+    return {f"profile_{k}": v for k, v in totals.items()} | {"profile_rounds": rounds}
