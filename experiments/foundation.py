@@ -85,7 +85,15 @@ def add_generate_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-file", help="JSONL ({\"prompt\": ...} per line) or JSON list: one row per prompt")
     parser.add_argument("--batch", type=int, default=1, help="replicate a single prompt into this many rows")
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--method", default="ar", choices=["ar"], help="decoding method")
+    parser.add_argument("--method", default="ar", choices=["ar", "sd"], help="ar = autoregressive, sd = speculative")
+    parser.add_argument("--draft", help="sd: draft model source (same tokenizer as --model)")
+    parser.add_argument("--draft-skip", help="sd: self-draft skipping sub-layers, e.g. 'mlp:odd' or 'attn:4-9;mlp:12'")
+    parser.add_argument("--gamma", type=int, default=4, help="sd: draft tokens per round")
+    parser.add_argument("--compare-ar", action="store_true", help="sd: also run autoregressive decoding, same prompts")
+    parser.add_argument("--profile", action="store_true", help="sd: measure the draft/verify/other split")
+    parser.add_argument("--fixed-tau", type=float, default=None,
+                        help="sd: systems benchmark — accept a fixed-distribution number of tokens per round "
+                             "with this mean tokens/round (outputs are labelled; tokens are not the model's)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
@@ -95,39 +103,79 @@ def add_generate_args(parser: argparse.ArgumentParser) -> None:
 
 
 def run_generate(args) -> Dict[str, Any]:
-    from jaxspec.decoding.autoregressive import generate
     from jaxspec.decoding.sampling import SamplingConfig
 
     sampling = SamplingConfig(temperature=args.temperature, top_p=args.top_p)  # validates before loading
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens={args.max_new_tokens} must be >= 1")
+    method = getattr(args, "method", "ar")
+    if method == "sd":
+        if bool(getattr(args, "draft", None)) == bool(getattr(args, "draft_skip", None)):
+            raise ValueError("--method sd needs exactly one of --draft SOURCE or --draft-skip SPEC")
+        if args.gamma < 1:
+            raise ValueError(f"--gamma={args.gamma} must be >= 1")
     texts = read_prompts(args)
     if len(texts) == 1 and args.batch > 1:
         texts = texts * args.batch
     model = _load(args.model, args.dtype)
     if model.tokenizer is None:
         raise ValueError(f"{args.model} has no tokenizer; generate needs one to encode prompts")
+    draft = None
+    if method == "sd" and args.draft:
+        from jaxspec.decoding.speculative import check_compatible
+
+        draft = _load(args.draft, args.dtype)
+        check_compatible(model.config, draft.config, model.tokenizer, draft.tokenizer)
     prompts = [_encode(model.tokenizer, t, chat=not args.no_chat) for t in texts]
     capacity_limit = model.config.max_position_embeddings
     longest = max(len(p) for p in prompts)
     if longest + args.max_new_tokens > capacity_limit:
         raise ValueError(f"prompt of {longest} tokens + {args.max_new_tokens} new tokens exceeds the model's context "
                          f"{capacity_limit} (max_position_embeddings of {args.model})")
-    result = generate(model.params, model.config, prompts, args.max_new_tokens, sampling=sampling,
-                      stop_tokens=_stop_tokens(model.tokenizer), seed=args.seed, warmup=not args.no_warmup)
+    stops = _stop_tokens(model.tokenizer)
+    out: Dict[str, Any] = {"method": method, "model": model.source, "model_config": model.config.to_dict(),
+                           "prompt_tokens": [len(p) for p in prompts]}
+    ar_result = None
+    if method == "ar" or getattr(args, "compare_ar", False):
+        from jaxspec.decoding.autoregressive import generate
+
+        ar_result = generate(model.params, model.config, prompts, args.max_new_tokens, sampling=sampling,
+                             stop_tokens=stops, seed=args.seed, warmup=not args.no_warmup)
+    if method == "ar":
+        result = ar_result
+    else:
+        from jaxspec.decoding.policies import SelfDraft, SeparateDraft, describe_skip_mask, parse_skip_spec
+        from jaxspec.decoding.speculative import EngineConfig, acceptance_from_tau, speculative_generate
+
+        fixed = acceptance_from_tau(args.fixed_tau, args.gamma) if args.fixed_tau else None
+        engine = EngineConfig(gamma=args.gamma, sampling=sampling, max_new_tokens=args.max_new_tokens,
+                              stop_tokens=tuple(stops), fixed_acceptance=fixed)
+        if draft is not None:
+            policy, draft_params, draft_state = SeparateDraft(draft.config), draft.params, None
+            out["draft"] = {"source": draft.source, "config": draft.config.to_dict()}
+        else:
+            mask = parse_skip_spec(args.draft_skip, model.config.num_layers)
+            policy = SelfDraft(model.config)
+            draft_params, draft_state = None, policy.initial_state(mask)
+            out["draft"] = {"self_draft_skip": args.draft_skip, "skipped": describe_skip_mask(mask)}
+        result = speculative_generate(model.params, model.config, prompts, draft_policy=policy,
+                                      draft_params=draft_params, draft_state=draft_state, engine=engine,
+                                      seed=args.seed, warmup=not args.no_warmup, profile=args.profile)
+        out["metrics"] = result.metrics
+        out["gamma"] = args.gamma
+        if ar_result is not None:
+            out["ar_tokens_per_s"] = ar_result.tokens_per_s
+            out["speedup_vs_ar"] = result.tokens_per_s / ar_result.tokens_per_s
+            out["ar_timings"] = ar_result.timings
+            out["identical_to_ar"] = result.rows() == ar_result.rows()
     rows = result.rows()
-    texts_out = [model.tokenizer.decode(r, skip_special_tokens=True) for r in rows]
-    out = {
-        "method": args.method,
-        "model": model.source,
-        "model_config": model.config.to_dict(),
-        "prompt_tokens": [len(p) for p in prompts],
+    out.update({
         "tokens": rows,
-        "text": texts_out,
+        "text": [model.tokenizer.decode(r, skip_special_tokens=True) for r in rows],
         "num_generated": result.num_generated.tolist(),
         "tokens_per_s": result.tokens_per_s,
         "timings": result.timings,
-    }
+    })
     return out
 
 
@@ -136,9 +184,22 @@ def report_generate(out: Dict[str, Any]) -> None:
         print(f"--- row {i} ({out['prompt_tokens'][i]} prompt tokens, {out['num_generated'][i]} generated)")
         print(text)
     t = out["timings"]
-    print_table([{"method": out["method"], "rows": len(out["tokens"]), "prefill_s": t["prefill_s"],
-                  "decode_s": t["decode_s"], "tokens_per_s": out["tokens_per_s"],
-                  "compile_s": t.get("compile_s", float("nan"))}])
+    row = {"method": out["method"], "rows": len(out["tokens"]), "prefill_s": t["prefill_s"], "decode_s": t["decode_s"],
+           "tokens_per_s": out["tokens_per_s"], "compile_s": t.get("compile_s", float("nan"))}
+    if "metrics" in out:
+        m = out["metrics"]
+        row.update(gamma=out["gamma"], tau=m["tau"], acceptance=m["acceptance_rate"], rounds=m["rounds"])
+        if "speedup_vs_ar" in out:
+            row.update(ar_tokens_per_s=out["ar_tokens_per_s"], speedup=out["speedup_vs_ar"],
+                       identical_to_ar=out["identical_to_ar"])
+        if "profile_draft_s" in t:
+            total = t["profile_draft_s"] + t["profile_verify_s"] + t["profile_other_s"]
+            row.update(draft_frac=t["profile_draft_s"] / total, verify_frac=t["profile_verify_s"] / total,
+                       other_frac=t["profile_other_s"] / total)
+        if m["fixed_acceptance"] is not None:
+            print("NOTE: fixed-acceptance mode — acceptance is drawn from a fixed distribution; tokens are not the "
+                  "model's output and only the timing is meaningful")
+    print_table([row])
 
 
 def cmd_generate(args) -> Dict[str, Any]:

@@ -211,6 +211,7 @@ class SpeculativeResult:
     prompt_lengths: np.ndarray
     metrics: Dict[str, Any]
     timings: Dict[str, float]
+    final_state: Any = None  # the LoopState after the last round (caches, counters)
 
     def rows(self):
         return [row[:n].tolist() for row, n in zip(self.tokens, self.num_generated)]
@@ -261,8 +262,9 @@ def speculative_generate(target_params, target_config: ModelConfig, prompts: Seq
     def initial_state():
         target_cache = init_cache(target_config, batch, capacity)
         target_cache, first_logits = prefill(target_params, target_config, tokens, lengths, target_cache)
-        state_d = draft_state if draft_state is not None else draft_policy.prefill(draft_params, tokens, lengths,
-                                                                                   capacity)
+        # copies: the loop donates its state, and a warm-up run must not consume the caller's arrays
+        state_d = jax.tree.map(jnp.copy, draft_state) if draft_state is not None else draft_policy.prefill(
+            draft_params, tokens, lengths, capacity)
         key = jax.random.PRNGKey(seed)
         key, sub = jax.random.split(key)
         first = sample_token(first_logits, sub, engine.sampling)
@@ -271,7 +273,7 @@ def speculative_generate(target_params, target_config: ModelConfig, prompts: Seq
         lengths_j = jnp.asarray(lengths, jnp.int32)
         previous = jnp.asarray(tokens[np.arange(batch), lengths - 1], jnp.int32)
         return LoopState(round=jnp.int32(0), target_cache=target_cache, draft_state=state_d,
-                         verify_state=verify_state, out=out, num_out=jnp.ones((batch,), jnp.int32),
+                         verify_state=jax.tree.map(jnp.copy, verify_state), out=out, num_out=jnp.ones((batch,), jnp.int32),
                          committed=lengths_j + 1, pending=first, previous=previous,
                          done=jnp.isin(first, stop) | (engine.max_new_tokens <= 1), key=key,
                          active_rounds=jnp.zeros((batch,), jnp.int32),
@@ -301,7 +303,7 @@ def speculative_generate(target_params, target_config: ModelConfig, prompts: Seq
     if profile:
         timings.update(_profile(target_params, draft_params, initial_state(), static))
     return SpeculativeResult(tokens=out, num_generated=num_generated, prompt_lengths=np.asarray(lengths),
-                             metrics=metrics, timings=timings)
+                             metrics=metrics, timings=timings, final_state=final)
 
 
 def _metrics(final: LoopState, gamma: int, engine: EngineConfig) -> Dict[str, Any]:

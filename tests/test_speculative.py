@@ -1,0 +1,185 @@
+"""Speculative engine: lossless greedy decoding, distribution-preserving sampling, rollback, stops."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxspec.config import ModelConfig
+from jaxspec.decoding.autoregressive import generate, prefill
+from jaxspec.decoding.policies import SelfDraft, SeparateDraft, parse_skip_spec
+from jaxspec.decoding.sampling import SamplingConfig, sampling_probs
+from jaxspec.decoding.speculative import (EngineConfig, acceptance_from_tau, check_compatible,
+                                          rejection_accept, speculative_generate)
+from jaxspec.models.cache import CacheOverflowError, init_cache
+from jaxspec.models.llama import _forward, init_params
+
+TARGET = ModelConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=4, num_heads=4, num_kv_heads=2,
+                     head_dim=16, dtype="float32")
+DRAFT = TARGET.replace(num_layers=2)
+PROMPTS = [np.random.RandomState(0).randint(0, 97, n).tolist() for n in (5, 17, 40)]
+
+
+@pytest.fixture(scope="module")
+def models():
+    return init_params(TARGET, jax.random.PRNGKey(0), scale=0.2), init_params(DRAFT, jax.random.PRNGKey(5), scale=0.2)
+
+
+@pytest.fixture(scope="module")
+def ar_tokens(models):
+    return generate(models[0], TARGET, PROMPTS, 20).rows()
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 5])
+@pytest.mark.parametrize("draft", ["target", "random", "skip"])
+def test_greedy_speculative_equals_autoregressive(models, ar_tokens, gamma, draft):
+    target_params, draft_params = models
+    if draft == "target":  # the target as its own draft: everything is accepted
+        kwargs = dict(draft_policy=SeparateDraft(TARGET), draft_params=target_params)
+    elif draft == "random":  # a random-weight draft: almost nothing is accepted
+        kwargs = dict(draft_policy=SeparateDraft(DRAFT), draft_params=draft_params)
+    else:
+        policy = SelfDraft(TARGET)
+        kwargs = dict(draft_policy=policy, draft_state=policy.initial_state(parse_skip_spec("mlp:odd", 4)))
+    result = speculative_generate(target_params, TARGET, PROMPTS, engine=EngineConfig(gamma=gamma, max_new_tokens=20),
+                                  **kwargs)
+    assert result.rows() == ar_tokens
+    rates = result.metrics["acceptance_rate_per_position"]
+    if draft == "target":
+        assert result.metrics["acceptance_rate"] == 1.0
+    if draft == "random":
+        assert result.metrics["acceptance_rate"] < 0.2
+        assert rates[0] is not None
+
+
+def test_rollback_leaves_caches_equal_to_never_drafting(models):
+    target_params, draft_params = models
+    result = speculative_generate(target_params, TARGET, PROMPTS, draft_policy=SeparateDraft(DRAFT),
+                                  draft_params=draft_params, engine=EngineConfig(gamma=4, max_new_tokens=12))
+    state = result.final_state
+    assert result.metrics["acceptance_rate"] < 0.5  # many drafts were rejected and rolled back
+    committed = np.asarray(state.committed)
+    for row, prompt in enumerate(PROMPTS):
+        sequence = prompt + result.rows()[row]
+        assert len(sequence) == committed[row]
+        for params, config, cache, valid in ((target_params, TARGET, state.target_cache, committed[row] - 1),
+                                             (draft_params, DRAFT, state.draft_state, committed[row] - 2)):
+            fresh = init_cache(config, 1, 128)
+            fresh = _forward(params, jnp.asarray([sequence[:valid]]), fresh, config=config).cache
+            for layer in range(config.num_layers):
+                np.testing.assert_allclose(np.asarray(cache.keys[layer][row, :, :valid]),
+                                           np.asarray(fresh.keys[layer][0, :, :valid]), rtol=1e-4, atol=1e-5)
+                np.testing.assert_allclose(np.asarray(cache.values[layer][row, :, :valid]),
+                                           np.asarray(fresh.values[layer][0, :, :valid]), rtol=1e-4, atol=1e-5)
+    assert int(state.target_cache.lengths[0]) == committed[0] - 1
+
+
+def test_stop_token_inside_accepted_block(models, ar_tokens):
+    target_params, _ = models
+    stop = ar_tokens[0][6]  # a token of row 0's greedy output, mid-sequence
+    expected = generate(target_params, TARGET, PROMPTS, 20, stop_tokens=(stop,)).rows()
+    result = speculative_generate(target_params, TARGET, PROMPTS, draft_policy=SeparateDraft(TARGET),
+                                  draft_params=target_params,
+                                  engine=EngineConfig(gamma=5, max_new_tokens=20, stop_tokens=(stop,)))
+    assert result.rows() == expected
+    first = ar_tokens[0].index(stop)
+    assert result.rows()[0] == ar_tokens[0][: first + 1]
+    assert (result.tokens[0, first + 1:] == -1).all()
+    assert result.metrics["acceptance_rate"] == 1.0  # the stop came inside a fully accepted block
+
+
+def _chi_square(counts, probs):
+    expected = probs * counts.sum()
+    keep = expected > 0
+    if counts[~keep].sum():  # sampled a token of probability zero: certainly not this distribution
+        return 0.0
+    stat = float(((counts[keep] - expected[keep]) ** 2 / expected[keep]).sum())
+    from scipy import stats
+
+    return stats.chi2.sf(stat, keep.sum() - 1)
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.8])
+def test_rejection_sampling_preserves_target_distribution(top_p):
+    """First committed token ~ p_0 and, when all drafts are accepted, the bonus ~ p_gamma."""
+    vocab, gamma, rows = 6, 3, 120_000
+    sampling = SamplingConfig(temperature=1.0, top_p=top_p)
+    keys = jax.random.split(jax.random.PRNGKey(0), 4)
+    target_logits = jnp.broadcast_to(2.0 * jax.random.normal(keys[0], (1, gamma + 1, vocab)), (rows, gamma + 1, vocab))
+    draft_logits = 2.0 * jax.random.normal(keys[1], (1, gamma, vocab))
+    q = jnp.broadcast_to(sampling_probs(draft_logits, sampling), (rows, gamma, vocab))
+    drafts = jax.random.categorical(keys[2], jnp.log(q), axis=-1).astype(jnp.int32)
+    accepted, next_token = rejection_accept(target_logits, drafts, q, sampling, keys[3])
+    first = np.where(np.asarray(accepted) > 0, np.asarray(drafts[:, 0]), np.asarray(next_token))
+    p = np.asarray(sampling_probs(target_logits[0], sampling))
+    assert _chi_square(np.bincount(first, minlength=vocab), p[0]) > 1e-3
+    # a wrong rule (e.g. always keeping the draft) must fail the same test
+    assert _chi_square(np.bincount(np.asarray(drafts[:, 0]), minlength=vocab), p[0]) < 1e-6
+
+
+def test_sampled_speculative_decoding_matches_target_end_to_end():
+    """Tiny-vocabulary model: the joint of generated tokens 2 and 3 under speculative decoding
+    (random draft, gamma 2) matches the target's own conditional distributions."""
+    config = ModelConfig(vocab_size=5, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=2,
+                         num_kv_heads=1, head_dim=16, dtype="float32")
+    params = init_params(config, jax.random.PRNGKey(1), scale=0.5)
+    draft_params = init_params(config, jax.random.PRNGKey(2), scale=0.5)
+    rows = 3000
+    prompt = [1, 2, 3]
+    sampling = SamplingConfig(temperature=1.0)
+    result = speculative_generate(params, config, [prompt] * rows, draft_policy=SeparateDraft(config),
+                                  draft_params=draft_params,
+                                  engine=EngineConfig(gamma=2, max_new_tokens=3, sampling=sampling), seed=3)
+    tokens = result.tokens
+    assert 0 < result.metrics["acceptance_rate"] < 1
+    # exact distribution of (t2, t3) given t1, from full forwards of every prefix
+    counts = np.zeros((5, 5, 5))
+    np.add.at(counts, (tokens[:, 0], tokens[:, 1], tokens[:, 2]), 1)
+    prefixes = np.array([[*prompt, a, b] for a in range(5) for b in range(5)])
+    cache = init_cache(config, len(prefixes), 16)
+    logits = np.asarray(_forward(params, jnp.asarray(prefixes), cache, config=config).logits)
+    probs = np.asarray(jax.nn.softmax(jnp.asarray(logits), axis=-1))
+    for t1 in range(5):
+        n = counts[t1].sum()
+        if n < 200:
+            continue
+        p2 = probs[t1 * 5, 3]  # after prompt + t1
+        joint = np.array([[p2[b] * probs[t1 * 5 + b, 4, c] for c in range(5)] for b in range(5)])
+        assert _chi_square(counts[t1].reshape(-1), joint.reshape(-1)) > 1e-3
+
+
+def test_fixed_acceptance_mode_is_labelled_and_follows_distribution(models):
+    target_params, draft_params = models
+    fixed = acceptance_from_tau(2.5, 4)
+    assert abs(sum((n + 1) * p for n, p in enumerate(fixed)) - 2.5) < 1e-6
+    result = speculative_generate(target_params, TARGET, [PROMPTS[0]] * 8, draft_policy=SeparateDraft(DRAFT),
+                                  draft_params=draft_params,
+                                  engine=EngineConfig(gamma=4, max_new_tokens=40, fixed_acceptance=fixed))
+    assert "fixed" in result.metrics["acceptance_mode"]
+    assert abs(result.metrics["tau_untruncated"] - 2.5) < 0.5
+    assert (result.num_generated == 40).all()
+
+
+def test_bad_input_errors(models):
+    target_params, draft_params = models
+    with pytest.raises(ValueError, match="gamma"):
+        EngineConfig(gamma=0)
+    with pytest.raises(ValueError, match="vocabulary size 50"):
+        check_compatible(TARGET, DRAFT.replace(vocab_size=50))
+    with pytest.raises(CacheOverflowError, match="gamma=4"):
+        speculative_generate(target_params, TARGET, PROMPTS, draft_policy=SeparateDraft(DRAFT),
+                             draft_params=draft_params, engine=EngineConfig(gamma=4, max_new_tokens=20), capacity=50)
+    with pytest.raises(ValueError, match="out of range"):
+        parse_skip_spec("mlp:3-9", 4)
+    with pytest.raises(ValueError, match="fixed_acceptance"):
+        EngineConfig(gamma=2, fixed_acceptance=(0.5, 0.5))
+
+    class FakeTokenizer:
+        def __init__(self, vocab):
+            self.vocab = vocab
+
+        def get_vocab(self):
+            return self.vocab
+
+    with pytest.raises(ValueError, match="tokenizers differ"):
+        check_compatible(TARGET, DRAFT, FakeTokenizer({"a": 0}), FakeTokenizer({"b": 0}))
