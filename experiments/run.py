@@ -9,9 +9,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from experiments import foundation
+from experiments import foundation, speculative
 
-EXPERIMENT_MODULES = (foundation,)
+EXPERIMENT_MODULES = (foundation, speculative)
 
 
 def build_parser() -> argparse.ArgumentParser:

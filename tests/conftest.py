@@ -110,7 +110,6 @@ def build_tiny_hf_model(family: str, seed: int = 0):
 
     torch.manual_seed(seed)
     config = _hf_config(family)
-    config._attn_implementation = "eager"
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager")
     generator = torch.Generator().manual_seed(seed + 1000)
     with torch.no_grad():
@@ -123,8 +122,13 @@ def build_tiny_hf_model(family: str, seed: int = 0):
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory):
     """``{family: TinyModel}`` for ``llama``, ``qwen2`` and ``llama31`` (built lazily, once)."""
+    import torch
+
     from jaxspec.models.loading import load_hf_folder
 
+    # One torch thread: tiny models gain nothing from more, and torch's OpenMP workers spin-waiting
+    # next to XLA's CPU threads made each tiny forward ~100x slower on 2 cores.
+    torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("tiny_hf")
 
     class _Lazy(dict):

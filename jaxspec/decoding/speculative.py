@@ -203,6 +203,39 @@ _verify_jit = jax.jit(_verify_phase, static_argnames=("target_config", "verify_p
 _commit_jit = jax.jit(_commit_phase, static_argnames=("engine",))
 
 
+def loop_state_from_caches(target_cache: KVCache, draft_state, pending, previous, engine: EngineConfig, seed: int = 0,
+                           verify_state=None) -> LoopState:
+    """A loop state for caches that already hold each row's history (e.g. filled for a benchmark).
+
+    ``target_cache.lengths`` must equal ``committed - 1`` (the pending token is not in it).
+    """
+    batch = target_cache.batch_size
+    out = jnp.full((batch, engine.max_new_tokens + engine.gamma + 1), PAD_OUTPUT, jnp.int32).at[:, 0].set(pending)
+    return LoopState(round=jnp.int32(0), target_cache=target_cache, draft_state=draft_state,
+                     verify_state=verify_state, out=out, num_out=jnp.ones((batch,), jnp.int32),
+                     committed=target_cache.lengths + 1, pending=jnp.array(pending, jnp.int32, copy=True),
+                     previous=jnp.array(previous, jnp.int32, copy=True), done=jnp.zeros((batch,), bool),
+                     key=jax.random.PRNGKey(seed), active_rounds=jnp.zeros((batch,), jnp.int32),
+                     accepted_histogram=jnp.zeros((engine.gamma + 1,), jnp.int32))
+
+
+def run_loop(target_params, draft_params, state: LoopState, *, target_config, draft_policy, verify_policy, engine):
+    """All rounds in one jitted ``while_loop`` (donates ``state``)."""
+    return _loop(target_params, draft_params, state, target_config=target_config, draft_policy=draft_policy,
+                 verify_policy=verify_policy, engine=engine)
+
+
+def profile_phases(target_params, draft_params, state: LoopState, *, target_config, draft_policy, verify_policy,
+                   engine) -> Dict[str, float]:
+    """Draft / verify / other seconds summed over rounds (per-phase jitted calls; first round excluded)."""
+    return _profile(target_params, draft_params, state, dict(target_config=target_config, draft_policy=draft_policy,
+                                                             verify_policy=verify_policy, engine=engine))
+
+
+def summarize(final: LoopState, engine: EngineConfig) -> Dict[str, Any]:
+    return _metrics(final, engine.gamma, engine)
+
+
 # ---------------------------------------------------------------------------- driver
 @dataclasses.dataclass
 class SpeculativeResult:
