@@ -120,19 +120,19 @@ class LoopState(NamedTuple):
     accepted_histogram: jax.Array  # [gamma + 1] counts of rounds (active rows) accepting n drafts
 
 
-def _draft_phase(target_params, draft_params, state: LoopState, *, target_config, draft_policy, engine):
-    key, sub = jax.random.split(state.key)
-    proposal = draft_policy.propose(draft_params, state.draft_state, state.target_cache, state.pending,
-                                    state.previous, state.committed, gamma=engine.gamma, sampling=engine.sampling,
-                                    key=sub)
+def _draft_phase(target_params, draft_params, draft_state, target_cache, pending, previous, committed, key, *,
+                 target_config, draft_policy, engine):
+    key, sub = jax.random.split(key)
+    proposal = draft_policy.propose(draft_params, draft_state, target_cache, pending, previous, committed,
+                                    gamma=engine.gamma, sampling=engine.sampling, key=sub)
     return proposal, key
 
 
-def _verify_phase(target_params, state: LoopState, proposal: Proposal, *, target_config, verify_policy, engine):
-    indices = verify_policy.verify_indices(state.verify_state, proposal.target_cache, state.committed,
-                                           proposal.signals)
-    cache = proposal.target_cache.with_lengths(state.committed - 1)
-    rows = jnp.concatenate([state.pending[:, None], proposal.tokens], axis=1)
+def _verify_phase(target_params, target_cache, verify_state, committed, pending, draft_tokens, signals, *,
+                  target_config, verify_policy, engine):
+    indices = verify_policy.verify_indices(verify_state, target_cache, committed, signals)
+    cache = target_cache.with_lengths(committed - 1)
+    rows = jnp.concatenate([pending[:, None], draft_tokens], axis=1)
     result = _forward(target_params, rows, cache, config=target_config, verify_indices=indices)
     return result.logits, result.cache
 
@@ -178,9 +178,11 @@ def _commit_phase(state: LoopState, proposal: Proposal, target_logits, target_ca
 
 
 def _round(target_params, draft_params, state, *, target_config, draft_policy, verify_policy, engine):
-    proposal, key = _draft_phase(target_params, draft_params, state, target_config=target_config,
+    proposal, key = _draft_phase(target_params, draft_params, state.draft_state, state.target_cache, state.pending,
+                                 state.previous, state.committed, state.key, target_config=target_config,
                                  draft_policy=draft_policy, engine=engine)
-    logits, cache = _verify_phase(target_params, state, proposal, target_config=target_config,
+    logits, cache = _verify_phase(target_params, proposal.target_cache, state.verify_state, state.committed,
+                                  state.pending, proposal.tokens, proposal.signals, target_config=target_config,
                                   verify_policy=verify_policy, engine=engine)
     return _commit_phase(state, proposal, logits, cache, key, engine=engine)
 
@@ -198,8 +200,11 @@ def _loop_fn(target_params, draft_params, state, *, target_config, draft_policy,
 
 _STATIC = ("target_config", "draft_policy", "verify_policy", "engine")
 _loop = jax.jit(_loop_fn, static_argnames=_STATIC, donate_argnames=("state",))
-_draft_jit = jax.jit(_draft_phase, static_argnames=("target_config", "draft_policy", "engine"))
-_verify_jit = jax.jit(_verify_phase, static_argnames=("target_config", "verify_policy", "engine"))
+# per-phase versions for profiling: the caches are donated, as inside the fused loop, so no phase pays for a copy
+_draft_jit = jax.jit(_draft_phase, static_argnames=("target_config", "draft_policy", "engine"),
+                     donate_argnames=("draft_state", "target_cache"))
+_verify_jit = jax.jit(_verify_phase, static_argnames=("target_config", "verify_policy", "engine"),
+                      donate_argnames=("target_cache",))
 _commit_jit = jax.jit(_commit_phase, static_argnames=("engine",))
 
 
@@ -371,13 +376,16 @@ def _profile(target_params, draft_params, state, static) -> Dict[str, float]:
     first = True
     while int(state.round) < engine.max_new_tokens and not bool(jnp.all(state.done)):
         t0 = time.perf_counter()
-        proposal, key = _draft_jit(target_params, draft_params, state, **phase_static)
+        proposal, key = _draft_jit(target_params, draft_params, state.draft_state, state.target_cache, state.pending,
+                                   state.previous, state.committed, state.key, **phase_static)
         jax.block_until_ready(proposal)
         t1 = time.perf_counter()
-        logits, cache = _verify_jit(target_params, state, proposal, **verify_static)
+        logits, cache = _verify_jit(target_params, proposal.target_cache, state.verify_state, state.committed,
+                                    state.pending, proposal.tokens, proposal.signals, **verify_static)
         jax.block_until_ready(logits)
         t2 = time.perf_counter()
-        state = _commit_jit(state, proposal, logits, cache, key, engine=engine)
+        state = _commit_jit(state._replace(target_cache=None, draft_state=None), proposal._replace(target_cache=None),
+                            logits, cache, key, engine=engine)
         jax.block_until_ready(state)
         t3 = time.perf_counter()
         if first:  # compile round
