@@ -151,6 +151,10 @@ class ModelConfig:
         rope_scaling = tuple(sorted((k, _hashable(v)) for k, v in scaling.items())) if scaling else None
         if model_type == "qwen2" and hf.get("use_sliding_window"):
             raise ValueError("Qwen2 with use_sliding_window=True is not supported")
+        window = hf.get("sliding_window")
+        if model_type == "mistral" and window is not None and window < int(hf.get("max_position_embeddings", 0)):
+            raise ValueError(f"Mistral sliding_window={window} is not supported (jaxspec attends to the full context); "
+                             "only configs with sliding_window null or >= max_position_embeddings load")
         return cls(
             vocab_size=int(hf["vocab_size"]),
             hidden_size=hidden,

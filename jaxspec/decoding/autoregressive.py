@@ -78,13 +78,13 @@ def prefill(params, config: ModelConfig, tokens: np.ndarray, prompt_lengths: np.
             chunk: Optional[int] = None) -> Tuple[KVCache, jax.Array]:
     """Write right-padded prompts ``[B, T]`` into an empty ``cache`` chunk by chunk.
 
-    Returns the cache with ``lengths = prompt_lengths`` and the logits ``[B, V]`` at each row's
-    last prompt token.
+    Returns the cache with ``lengths = start lengths + prompt_lengths`` and the logits ``[B, V]``
+    at each row's last prompt token. Raises :class:`CacheOverflowError` before writing anything
+    if a row's prompt does not fit.
     """
     batch, total = tokens.shape
-    check_room(np.asarray(prompt_lengths), cache.capacity, 0, "prefill")
-    if int(np.max(prompt_lengths)) > cache.capacity:
-        raise ValueError(f"prompt of {int(np.max(prompt_lengths))} tokens longer than capacity {cache.capacity}")
+    # rows may already hold tokens (a continued prompt): each row needs room for its own prompt
+    check_room(np.asarray(jax.device_get(cache.lengths)) + np.asarray(prompt_lengths), cache.capacity, 0, "prefill")
     chunk = chunk or choose_prefill_chunk(config, batch, cache.capacity, total)
     padded = int(np.ceil(total / chunk) * chunk)
     tokens = np.pad(tokens, ((0, 0), (0, padded - total)))
@@ -147,7 +147,7 @@ def generate(params, config: ModelConfig, prompts: Sequence[Sequence[int]], max_
     if bad:
         raise ValueError(f"token ids {bad[:5]} outside the vocabulary [0, {config.vocab_size})")
     needed = int(lengths.max()) + max_new_tokens + headroom
-    capacity = capacity or needed
+    capacity = needed if capacity is None else capacity
     check_room(lengths, capacity, max_new_tokens + headroom, "prompt + generation")
     stop_tokens = tuple(sorted({int(t) for t in stop_tokens}))
 

@@ -205,7 +205,7 @@ _draft_jit = jax.jit(_draft_phase, static_argnames=("target_config", "draft_poli
                      donate_argnames=("draft_state", "target_cache"))
 _verify_jit = jax.jit(_verify_phase, static_argnames=("target_config", "verify_policy", "engine"),
                       donate_argnames=("target_cache",))
-_commit_jit = jax.jit(_commit_phase, static_argnames=("engine",))
+_commit_jit = jax.jit(_commit_phase, static_argnames=("engine",), donate_argnames=("proposal", "target_cache"))
 
 
 def loop_state_from_caches(target_cache: KVCache, draft_state, pending, previous, engine: EngineConfig, seed: int = 0,

@@ -302,7 +302,12 @@ def save_checkpoint(folder, model: LoadedModel) -> pathlib.Path:
 
     folder = pathlib.Path(folder).absolute()
     if folder.exists():
-        shutil.rmtree(folder)
+        entries = {p.name for p in folder.iterdir()}
+        ours = (folder / ORBAX_MARKER).exists() or entries <= {"params", "tokenizer"}
+        if not ours:
+            raise CheckpointError(f"{folder}: exists and is not a jaxspec checkpoint (holds {sorted(entries)[:5]}); "
+                                  "refusing to overwrite it — choose an empty or new folder")
+        shutil.rmtree(folder)  # an earlier (possibly interrupted) jaxspec save
     folder.mkdir(parents=True)
     checkpointer = ocp.StandardCheckpointer()
     checkpointer.save(folder / "params", _flatten(model.params))
@@ -343,7 +348,10 @@ def load_checkpoint(folder, dtype: Optional[str] = None, with_tokenizer: bool = 
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(str(folder / "tokenizer"))
-    return LoadedModel(config, params, tokenizer, str(folder), {"format": "orbax", **meta.get("info", {})})
+    info = dict(meta.get("info", {}))
+    info["original_format"] = info.pop("format", None)
+    info["format"] = "orbax"
+    return LoadedModel(config, params, tokenizer, str(folder), info)
 
 
 # ---------------------------------------------------------------------------- one entry point
@@ -363,13 +371,15 @@ def load_model(source: str, dtype: str = "bfloat16", with_tokenizer: bool = True
                 return model
             except CheckpointError as err:
                 print(f"[jaxspec] converted cache {converted} unusable ({err}); converting again", file=sys.stderr)
-        model = load_gguf(gguf_path, dtype="float32", with_tokenizer=True, progress=progress)
+        model = load_gguf(gguf_path, dtype="float32", with_tokenizer=True, progress=progress)  # cached with it
         model.source = str(source)
         model.config = model.config.replace(name=str(source))
         if use_converted_cache:
             save_checkpoint(converted, model)
         model.config = model.config.replace(dtype=dtype)
         model.params = cast_params(model.params, model.config)
+        if not with_tokenizer:
+            model.tokenizer = None
         return model
     if path.is_file() and path.suffix == ".gguf":
         return load_gguf(path, dtype=dtype, with_tokenizer=with_tokenizer, progress=progress)
