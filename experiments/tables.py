@@ -70,5 +70,43 @@ def foundation_tables() -> str:
     return "\n".join(lines)
 
 
+def speculative_tables() -> str:
+    lines = []
+    smol = _load("sd_smollm2_selfdraft_b16_h200.json")
+    if smol:
+        r = smol["results"]
+        m, t = r["metrics"], r["timings"]
+        total = t["profile_draft_s"] + t["profile_verify_s"] + t["profile_other_s"]
+        lines += ["| run | batch | gamma | tau | acceptance | SD tok/s | AR tok/s | speed-up | identical to AR "
+                  "| draft / verify / other |", "|---|---|---|---|---|---|---|---|---|---|",
+                  f"| SmolLM2-135M, self-draft skipping {r['draft']['skipped']}, {r['prompt_tokens'][0]}-token prompt, "
+                  f"{max(r['num_generated'])} new tokens, greedy | {len(r['tokens'])} | {r['gamma']} | {m['tau']:.2f} "
+                  f"| {m['acceptance_rate']:.2f} | {r['tokens_per_s']:.0f} | {r['ar_tokens_per_s']:.0f} "
+                  f"| {r['speedup_vs_ar']:.2f} | {r['identical_to_ar']} | {t['profile_draft_s'] / total:.0%} / "
+                  f"{t['profile_verify_s'] / total:.0%} / {t['profile_other_s'] / total:.0%} |"]
+    bench = _load("bench_sd_7b_h200.json")
+    if bench:
+        acc = bench["acceptance"]
+        lines += ["", f"Fixed acceptance: tau = {acc['tau']:.2f} tokens/round from `{acc['source']}`; "
+                      f"{acc['mode']}.", "",
+                  "| context | batch | AR tok/s | SD tok/s | speed-up | roofline speed-up | SD ms/round | AR ms/step "
+                  "| draft / verify / other (profile) |", "|---|---|---|---|---|---|---|---|---|"]
+        cases = sorted(((k, v) for k, v in bench["cases"].items() if k != "copy_bandwidth"),
+                       key=lambda kv: (kv[1]["row"]["context"], kv[1]["row"]["batch"]))
+        for _, v in cases:
+            row, m = v["row"], v["metrics"]
+            split = ""
+            if "draft_frac" in row:
+                split = f"{row['draft_frac']:.0%} / {row['verify_frac']:.0%} / {row['other_frac']:.0%}"
+            lines.append(f"| {row['context']} | {row['batch']} | {row['ar_tok_s']:.0f} | {row['sd_tok_s']:.0f} "
+                         f"| {row['speedup']:.2f} | {row['roofline_speedup']:.2f} "
+                         f"| {v['sd_timing']['median_s'] / m['rounds'] * 1e3:.1f} "
+                         f"| {v['ar_timing']['median_s'] / bench['config']['new_tokens'] * 1e3:.1f} "
+                         f"| {split} |")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
     print(foundation_tables())
+    print()
+    print(speculative_tables())
