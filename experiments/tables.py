@@ -89,20 +89,30 @@ def speculative_tables() -> str:
         acc = bench["acceptance"]
         lines += ["", f"Fixed acceptance: tau = {acc['tau']:.2f} tokens/round from `{acc['source']}`; "
                       f"{acc['mode']}.", "",
-                  "| context | batch | AR tok/s | SD tok/s | speed-up | roofline speed-up | SD ms/round | AR ms/step "
-                  "| draft / verify / other (profile) |", "|---|---|---|---|---|---|---|---|---|"]
+                  "| context | batch | AR tok/s | SD tok/s | speed-up | roofline speed-up | SD ms/round | AR ms/step |",
+                  "|---|---|---|---|---|---|---|---|"]
         cases = sorted(((k, v) for k, v in bench["cases"].items() if k != "copy_bandwidth"),
                        key=lambda kv: (kv[1]["row"]["context"], kv[1]["row"]["batch"]))
         for _, v in cases:
             row, m = v["row"], v["metrics"]
-            split = ""
-            if "draft_frac" in row:
-                split = f"{row['draft_frac']:.0%} / {row['verify_frac']:.0%} / {row['other_frac']:.0%}"
             lines.append(f"| {row['context']} | {row['batch']} | {row['ar_tok_s']:.0f} | {row['sd_tok_s']:.0f} "
                          f"| {row['speedup']:.2f} | {row['roofline_speedup']:.2f} "
                          f"| {v['sd_timing']['median_s'] / m['rounds'] * 1e3:.1f} "
-                         f"| {v['ar_timing']['median_s'] / bench['config']['new_tokens'] * 1e3:.1f} "
-                         f"| {split} |")
+                         f"| {v['ar_timing']['median_s'] / bench['config']['new_tokens'] * 1e3:.1f} |")
+    split = _load("bench_sd_7b_32k_profile_h200.json")
+    if split:
+        lines += ["", "| context | batch | fused loop ms/round | profiled draft ms | verify ms | other ms "
+                      "| AR ms/step (same run) |", "|---|---|---|---|---|---|---|"]
+        for key, v in split["cases"].items():
+            if key == "copy_bandwidth":
+                continue
+            p, row = v["profile"], v["row"]
+            rounds = p["profile_rounds"]
+            lines.append(f"| {row['context']} | {row['batch']} "
+                         f"| {v['sd_timing']['median_s'] / v['metrics']['rounds'] * 1e3:.1f} "
+                         f"| {p['profile_draft_s'] / rounds * 1e3:.1f} | {p['profile_verify_s'] / rounds * 1e3:.1f} "
+                         f"| {p['profile_other_s'] / rounds * 1e3:.1f} "
+                         f"| {v['ar_timing']['median_s'] / split['config']['new_tokens'] * 1e3:.1f} |")
     return "\n".join(lines)
 
 
