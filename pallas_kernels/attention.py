@@ -1,0 +1,198 @@
+"""Pallas kernels: dense (flash-decoding) and sparse (gathered) history attention.
+
+Both return flash-decoding partials (see :mod:`pallas_kernels.reference`) so the history part
+and the new-token part of a verification step merge exactly, outside the kernel.
+
+Layout (the one the KV cache already has): ``k_cache, v_cache [B, Hkv, S, D]``. Queries are
+packed per KV group: ``q [B, Hkv, M, D]`` with ``M = G * T`` rows (G query heads sharing the KV
+head, T query rows) padded to a power of two >= 16, already scaled by ``1/sqrt(D)``.
+
+* **Dense**: grid ``(B, Hkv, splits)``; each program walks its share of the sequence in blocks
+  of ``block_k`` rows with an online softmax (``lax.fori_loop`` inside the program: grid
+  programs run in parallel on GPU, so nothing accumulates across the grid), and stops at the
+  row's length, so ragged rows skip the work past their end. Split partials merge outside.
+* **Sparse**: grid ``(B, Hkv, K / chunk)``; each program gathers ``chunk`` selected rows straight
+  from the cache (``k_ref[idx, :]``: per-row pointer offsets; no gathered copy of the cache is
+  materialised) and returns one partial. Entries < 0 are masked; callers clean the index set
+  first (:func:`pallas_kernels.reference.clean_indices`).
+
+The K/V BlockSpecs cover a whole ``[S, D]`` slab (on Triton a block is only a base pointer);
+every array a kernel touches has a power-of-two size. On CPU the kernels run with
+``interpret=True``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from pallas_kernels.reference import NEG_INF, Partial, merge_partials
+
+
+def _pow2_at_least(n: int, floor: int = 16) -> int:
+    return max(floor, 1 << (max(n, 1) - 1).bit_length())
+
+
+def _compiler_params(num_warps, num_stages, interpret):
+    if interpret:
+        return None
+    from jax.experimental.pallas import triton as plgpu
+
+    return plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+
+
+# ---------------------------------------------------------------------------- dense
+def _dense_kernel(lengths_ref, q_ref, k_ref, v_ref, acc_ref, l_ref, m_ref, *, block_k, blocks_per_split,
+                  total_blocks):
+    split = pl.program_id(2)
+    length = lengths_ref[0]
+    q = q_ref[...]  # [M, D]
+    rows = q.shape[0]
+    first_block = split * blocks_per_split
+    end_block = jnp.minimum(jnp.minimum(first_block + blocks_per_split, total_blocks), pl.cdiv(length, block_k))
+    offsets = jnp.arange(block_k)
+
+    def body(block, carry):
+        acc, l_prev, m_prev = carry
+        start = block * block_k
+        k = k_ref[pl.ds(start, block_k), :]
+        v = v_ref[pl.ds(start, block_k), :]
+        scores = jnp.dot(q, k.T, preferred_element_type=jnp.float32)  # [M, block_k]
+        valid = (start + offsets < length)[None, :]
+        scores = jnp.where(valid, scores, NEG_INF)
+        m_next = jnp.maximum(m_prev, jnp.max(scores, axis=1))
+        correction = jnp.exp(m_prev - m_next)
+        p = jnp.where(valid, jnp.exp(scores - m_next[:, None]), 0.0)
+        l_next = l_prev * correction + jnp.sum(p, axis=1)
+        acc = acc * correction[:, None] + jnp.dot(p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+        return acc, l_next, m_next
+
+    init = (jnp.zeros((rows, q.shape[1]), jnp.float32), jnp.zeros((rows,), jnp.float32),
+            jnp.full((rows,), NEG_INF, jnp.float32))
+    acc, l, m = jax.lax.fori_loop(first_block, jnp.maximum(end_block, first_block), body, init)
+    acc_ref[...] = acc
+    l_ref[...] = l
+    m_ref[...] = m
+
+
+@functools.partial(jax.jit, static_argnames=("block_k", "num_splits", "num_warps", "num_stages", "interpret"))
+def dense_history_partials(q, k_cache, v_cache, lengths, *, block_k: int = 64, num_splits: int = 0,
+                           num_warps: int = 4, num_stages: int = 2, interpret: bool = False) -> Partial:
+    """Per-split partials ``acc [B, Hkv, splits, M, D], l/m [B, Hkv, splits, M]`` of ``q`` over
+    cache positions ``< lengths[b]``. ``num_splits = 0`` picks enough splits to fill the chip."""
+    batch, kv_heads, rows, dim = q.shape
+    seq = k_cache.shape[2]
+    if rows & (rows - 1) or rows < 16:
+        raise ValueError(f"packed query rows M={rows} must be a power of two >= 16 (pad with pack_queries)")
+    if seq % block_k:
+        raise ValueError(f"cache capacity S={seq} must be a multiple of block_k={block_k} "
+                         f"(init_cache rounds capacity up when the attention backend is pallas)")
+    total_blocks = seq // block_k
+    if num_splits <= 0:  # ~4 programs per SM on a 132-SM H200, at least 4 blocks per split
+        wanted = max(1, (4 * 132) // max(batch * kv_heads, 1))
+        num_splits = max(1, min(wanted, total_blocks // 4 or 1))
+    blocks_per_split = math.ceil(total_blocks / num_splits)
+    num_splits = math.ceil(total_blocks / blocks_per_split)
+    kernel = functools.partial(_dense_kernel, block_k=block_k, blocks_per_split=blocks_per_split,
+                               total_blocks=total_blocks)
+    out_shape = (jax.ShapeDtypeStruct((batch, kv_heads, num_splits, rows, dim), jnp.float32),
+                 jax.ShapeDtypeStruct((batch, kv_heads, num_splits, rows), jnp.float32),
+                 jax.ShapeDtypeStruct((batch, kv_heads, num_splits, rows), jnp.float32))
+    return pl.pallas_call(
+        kernel,
+        grid=(batch, kv_heads, num_splits),
+        in_specs=[
+            pl.BlockSpec((None, 1), lambda b, h, s: (b, 0)),
+            pl.BlockSpec((None, None, rows, dim), lambda b, h, s: (b, h, 0, 0)),
+            pl.BlockSpec((None, None, seq, dim), lambda b, h, s: (b, h, 0, 0)),
+            pl.BlockSpec((None, None, seq, dim), lambda b, h, s: (b, h, 0, 0)),
+        ],
+        out_specs=[
+            pl.BlockSpec((None, None, None, rows, dim), lambda b, h, s: (b, h, s, 0, 0)),
+            pl.BlockSpec((None, None, None, rows), lambda b, h, s: (b, h, s, 0)),
+            pl.BlockSpec((None, None, None, rows), lambda b, h, s: (b, h, s, 0)),
+        ],
+        out_shape=out_shape,
+        compiler_params=_compiler_params(num_warps, num_stages, interpret),
+        interpret=interpret,
+        name="jaxspec_dense_history_attention",
+    )(lengths.astype(jnp.int32).reshape(batch, 1), q, k_cache, v_cache)
+
+
+# ---------------------------------------------------------------------------- sparse
+def _sparse_kernel(idx_ref, q_ref, k_ref, v_ref, acc_ref, l_ref, m_ref):
+    idx = idx_ref[...]  # [chunk]
+    valid = idx >= 0
+    safe = jnp.where(valid, idx, 0)
+    k = k_ref[safe, :]  # gathered rows [chunk, D]
+    v = v_ref[safe, :]
+    q = q_ref[...]
+    scores = jnp.dot(q, k.T, preferred_element_type=jnp.float32)  # [M, chunk]
+    scores = jnp.where(valid[None, :], scores, NEG_INF)
+    m = jnp.max(scores, axis=1)
+    p = jnp.where(valid[None, :], jnp.exp(scores - m[:, None]), 0.0)
+    acc_ref[...] = jnp.dot(p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    l_ref[...] = jnp.sum(p, axis=1)
+    m_ref[...] = m
+
+
+@functools.partial(jax.jit, static_argnames=("chunk", "num_warps", "num_stages", "interpret"))
+def sparse_history_partials(q, k_cache, v_cache, indices, *, chunk: int = 64, num_warps: int = 4,
+                            num_stages: int = 2, interpret: bool = False) -> Partial:
+    """Per-chunk partials of ``q`` over the cache rows ``indices [B, K]`` (entries < 0 ignored;
+    ``K`` a multiple of ``chunk``): ``acc [B, Hkv, K/chunk, M, D]``, ``l/m [B, Hkv, K/chunk, M]``."""
+    batch, kv_heads, rows, dim = q.shape
+    seq = k_cache.shape[2]
+    budget = indices.shape[1]
+    if rows & (rows - 1) or rows < 16:
+        raise ValueError(f"packed query rows M={rows} must be a power of two >= 16 (pad with pack_queries)")
+    if chunk & (chunk - 1) or chunk < 16:
+        raise ValueError(f"chunk={chunk} must be a power of two >= 16")
+    if budget % chunk:
+        raise ValueError(f"budget K={budget} must be a multiple of chunk={chunk}; pad the index set with -1")
+    chunks = budget // chunk
+    out_shape = (jax.ShapeDtypeStruct((batch, kv_heads, chunks, rows, dim), jnp.float32),
+                 jax.ShapeDtypeStruct((batch, kv_heads, chunks, rows), jnp.float32),
+                 jax.ShapeDtypeStruct((batch, kv_heads, chunks, rows), jnp.float32))
+    return pl.pallas_call(
+        _sparse_kernel,
+        grid=(batch, kv_heads, chunks),
+        in_specs=[
+            pl.BlockSpec((None, chunk), lambda b, h, c: (b, c)),
+            pl.BlockSpec((None, None, rows, dim), lambda b, h, c: (b, h, 0, 0)),
+            pl.BlockSpec((None, None, seq, dim), lambda b, h, c: (b, h, 0, 0)),
+            pl.BlockSpec((None, None, seq, dim), lambda b, h, c: (b, h, 0, 0)),
+        ],
+        out_specs=[
+            pl.BlockSpec((None, None, None, rows, dim), lambda b, h, c: (b, h, c, 0, 0)),
+            pl.BlockSpec((None, None, None, rows), lambda b, h, c: (b, h, c, 0)),
+            pl.BlockSpec((None, None, None, rows), lambda b, h, c: (b, h, c, 0)),
+        ],
+        out_shape=out_shape,
+        compiler_params=_compiler_params(num_warps, num_stages, interpret),
+        interpret=interpret,
+        name="jaxspec_sparse_history_attention",
+    )(indices.astype(jnp.int32), q, k_cache, v_cache)
+
+
+# ---------------------------------------------------------------------------- packing helpers
+def pack_queries(q: jax.Array, num_kv_heads: int, scale: float) -> jax.Array:
+    """``q [B, T, Hq, D]`` -> ``[B, Hkv, M, D]`` with rows ``g * T + t`` (G heads per KV group),
+    scaled, zero-padded to a power of two ``M >= 16``."""
+    batch, steps, heads, dim = q.shape
+    groups = heads // num_kv_heads
+    packed = (q.astype(jnp.float32) * scale).astype(q.dtype)
+    packed = packed.reshape(batch, steps, num_kv_heads, groups, dim).transpose(0, 2, 3, 1, 4)
+    packed = packed.reshape(batch, num_kv_heads, groups * steps, dim)
+    rows = _pow2_at_least(groups * steps)
+    return jnp.pad(packed, ((0, 0), (0, 0), (0, rows - groups * steps), (0, 0)))
+
+
+def merged_history(partials: Partial, used_rows: int) -> Partial:
+    """Merge stacked split/chunk partials (axis 2) and drop the padding rows."""
+    acc, l, m = merge_partials(partials, axis=2)
+    return acc[..., :used_rows, :], l[..., :used_rows], m[..., :used_rows]
