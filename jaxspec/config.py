@@ -18,6 +18,9 @@ import numpy as np
 #: Hugging Face ``model_type`` values that the one Llama-family code path serves.
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
 
+#: History-attention implementations (see ModelConfig.attention_backend).
+ATTENTION_BACKENDS = ("xla", "pallas", "pallas-interpret")
+
 #: RoPE scaling types we implement (``None`` / "default" means plain RoPE).
 SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear")
 
@@ -46,6 +49,9 @@ class ModelConfig:
     model_type: str = "llama"
     name: str = "custom"
     dtype: str = "bfloat16"  # parameter and activation dtype; norms, softmax and logits are f32
+    # history attention: "xla" (jnp reference), "pallas" (GPU kernels), "pallas-interpret" (the
+    # same kernels interpreted on any platform: slow, for tests)
+    attention_backend: str = "xla"
 
     def __post_init__(self):
         if self.model_type not in SUPPORTED_MODEL_TYPES:
@@ -65,6 +71,8 @@ class ModelConfig:
             raise ValueError(f"head_dim={self.head_dim} must be even for rotate-half RoPE")
         if self.dtype not in ("bfloat16", "float32", "float16"):
             raise ValueError(f"dtype={self.dtype!r}; valid: 'bfloat16', 'float32', 'float16'")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention_backend={self.attention_backend!r}; valid: {ATTENTION_BACKENDS}")
         rope_type = self.rope_type
         if rope_type not in SUPPORTED_ROPE_TYPES:
             raise ValueError(f"unsupported rope scaling type {rope_type!r}; supported: {SUPPORTED_ROPE_TYPES}")

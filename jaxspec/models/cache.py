@@ -25,6 +25,10 @@ import numpy as np
 from jaxspec.config import ModelConfig
 
 
+#: Capacity granularity for the Pallas attention backends (their largest KV block).
+CAPACITY_MULTIPLE = 64
+
+
 class CacheOverflowError(ValueError):
     """A write would go past the KV cache capacity."""
 
@@ -70,6 +74,8 @@ def init_cache(config: ModelConfig, batch_size: int, capacity: int, dtype=None, 
     """
     if batch_size <= 0 or capacity <= 0:
         raise ValueError(f"batch_size={batch_size} and capacity={capacity} must be positive")
+    if config.attention_backend != "xla":  # the Pallas kernels walk the cache in blocks of 64 rows
+        capacity = -(-capacity // CAPACITY_MULTIPLE) * CAPACITY_MULTIPLE
     dtype = dtype or config.jnp_dtype
     shape = (batch_size, config.num_kv_heads, capacity, config.head_dim)
     keys = tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers))

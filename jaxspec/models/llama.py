@@ -141,7 +141,7 @@ def duplicate_mask(indices: jax.Array) -> jax.Array:
     return jnp.take_along_axis(dup_sorted, inverse, axis=-1)
 
 
-def attention(config: ModelConfig, q, k_new, v_new, cache_k, cache_v, lengths, verify_indices, probe_local):
+def _attention_xla(config: ModelConfig, q, k_new, v_new, cache_k, cache_v, lengths, verify_indices, probe_local):
     """Attention of ``T`` new query rows over the history plus the new tokens.
 
     q ``[B, T, Hq, D]``; k_new/v_new ``[B, T, Hkv, D]``; cache_k/v ``[B, Hkv, S, D]``;
@@ -182,6 +182,70 @@ def attention(config: ModelConfig, q, k_new, v_new, cache_k, cache_v, lengths, v
         flat = p_hist.reshape(batch, num_heads, steps, hist_len)  # head h = kv * G + g
         probe_probs = flat[:, jnp.asarray(probe_local)]
     return out, probe_probs
+
+
+def _attention_pallas(config: ModelConfig, q, k_new, v_new, cache_k, cache_v, lengths, verify_indices, probe_local):
+    """Same contract as :func:`_attention_xla`, with the history part computed by the Pallas
+    kernels and merged exactly with the new-token part (flash-decoding partials)."""
+    from pallas_kernels.attention import (dense_history_partials, merged_history, pack_queries,
+                                          sparse_history_partials)
+    from pallas_kernels.reference import clean_indices, merge_partials, normalize, partial_from_scores
+
+    interpret = config.attention_backend == "pallas-interpret"
+    if not interpret and jax.default_backend() != "gpu":
+        raise ValueError(f"attention_backend='pallas' lowers through Triton and needs a GPU; this platform is "
+                         f"{jax.default_backend()!r}. Use 'xla' (reference) or 'pallas-interpret' (slow, for tests)")
+    batch, steps, num_heads, dim = q.shape
+    groups, kv_heads = config.queries_per_kv, config.num_kv_heads
+    scale = 1.0 / np.sqrt(dim)
+    used = groups * steps
+    packed = pack_queries(q, kv_heads, scale)  # [B, Hkv, M, D], rows g * T + t
+    if verify_indices is None:
+        history = dense_history_partials(packed, cache_k, cache_v, lengths, interpret=interpret)
+        hist_valid, hist_keys = None, cache_k
+    else:
+        idx = clean_indices(verify_indices, lengths)
+        pad = (-idx.shape[1]) % 64
+        idx_padded = jnp.pad(idx, ((0, 0), (0, pad)), constant_values=-1)
+        history = sparse_history_partials(packed, cache_k, cache_v, idx_padded, chunk=64, interpret=interpret)
+        hist_valid = idx >= 0
+        hist_keys = jnp.take_along_axis(cache_k, jnp.where(hist_valid, idx, 0)[:, None, :, None], axis=2) \
+            if probe_local else None
+    history = merged_history(history, used)
+    qg = packed[:, :, :used].reshape(batch, kv_heads, groups, steps, dim)
+    kn = k_new.transpose(0, 2, 1, 3)  # [B, Hkv, T, D]
+    vn = v_new.transpose(0, 2, 1, 3)
+    scores_new = jnp.einsum("bkgtd,bkud->bkgtu", qg, kn, preferred_element_type=jnp.float32)
+    causal = jnp.tril(jnp.ones((steps, steps), bool))
+    new_part = partial_from_scores(scores_new.reshape(batch, kv_heads, used, steps),
+                                   jnp.tile(causal, (groups, 1))[None, None], vn)
+    total = merge_partials([history, new_part])
+    out = normalize(total, q.dtype).reshape(batch, kv_heads, groups, steps, dim)
+    out = out.transpose(0, 3, 1, 2, 4).reshape(batch, steps, num_heads, dim)
+    probe_probs = None
+    if probe_local:  # exact probabilities of the probe heads, normalised by the merged (m, l)
+        _, l_total, m_total = total
+        probs = []
+        for head in probe_local:
+            group, g = divmod(head, groups)
+            rows = slice(g * steps, (g + 1) * steps)
+            keys = hist_keys[:, group]
+            s_hist = jnp.einsum("btd,bsd->bts", qg[:, group, g], keys, preferred_element_type=jnp.float32)
+            if verify_indices is None:
+                valid = (jnp.arange(keys.shape[1])[None, :] < lengths[:, None])[:, None, :]
+            else:
+                valid = hist_valid[:, None, :]
+            p = jnp.exp(s_hist - m_total[:, group, rows, None]) / l_total[:, group, rows, None]
+            probs.append(jnp.where(valid, p, 0.0))
+        probe_probs = jnp.stack(probs, axis=1)
+    return out, probe_probs
+
+
+def attention(config: ModelConfig, q, k_new, v_new, cache_k, cache_v, lengths, verify_indices, probe_local):
+    """History + new-token attention with the configured backend (``config.attention_backend``)."""
+    if config.attention_backend == "xla":
+        return _attention_xla(config, q, k_new, v_new, cache_k, cache_v, lengths, verify_indices, probe_local)
+    return _attention_pallas(config, q, k_new, v_new, cache_k, cache_v, lengths, verify_indices, probe_local)
 
 
 def mlp_block(layer, h, config):
