@@ -23,8 +23,10 @@ import jax.numpy as jnp
 
 
 def order_preserving_keys(scores: jax.Array) -> jax.Array:
-    """float32 -> uint32 with the same order (larger float, larger key)."""
-    bits = jax.lax.bitcast_convert_type(scores.astype(jnp.float32), jnp.uint32)
+    """float32 -> uint32 with the same order (larger float, larger key; -0.0 and +0.0 tie)."""
+    scores = scores.astype(jnp.float32)
+    scores = jnp.where(scores == 0, jnp.float32(0), scores)  # -0.0 -> +0.0
+    bits = jax.lax.bitcast_convert_type(scores, jnp.uint32)
     negative = (bits >> 31) == 1
     return jnp.where(negative, ~bits, bits | jnp.uint32(0x80000000))
 

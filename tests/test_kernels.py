@@ -1,0 +1,186 @@
+"""Pallas kernels vs their jnp references (interpret mode on CPU; compiled on a GPU)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxspec.config import ModelConfig
+from jaxspec.models.cache import init_cache
+from jaxspec.models.llama import forward, init_params
+from pallas_kernels.attention import dense_history_partials, pack_queries, sparse_history_partials
+from pallas_kernels.reference import (NEG_INF, clean_indices, dense_history_reference, merge_partials, normalize,
+                                      sparse_history_reference)
+from pallas_kernels.selection import select_top_k, srh_scores
+
+INTERPRET = jax.default_backend() != "gpu"
+
+
+def _rel(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)
+
+
+def _inputs(seed, batch=3, kv_heads=2, rows=16, dim=32, seq=320, dtype=jnp.float32):
+    keys = jax.random.split(jax.random.PRNGKey(seed), 3)
+    q = (0.3 * jax.random.normal(keys[0], (batch, kv_heads, rows, dim))).astype(dtype)
+    k = jax.random.normal(keys[1], (batch, kv_heads, seq, dim)).astype(dtype)
+    v = jax.random.normal(keys[2], (batch, kv_heads, seq, dim)).astype(dtype)
+    return q, k, v
+
+
+def _check(partial, reference, tol):
+    acc, l, m = partial
+    ref_acc, ref_l, ref_m = reference
+    assert not np.isnan(np.asarray(acc)).any()
+    empty = np.asarray(ref_l) == 0
+    np.testing.assert_array_equal(np.asarray(l) == 0, empty)  # same rows are empty
+    assert _rel(normalize(partial), normalize(reference)) < tol
+    np.testing.assert_allclose(np.where(empty, 0, m), np.where(empty, 0, ref_m), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype,tol", [(jnp.float32, 1e-5), (jnp.bfloat16, 2e-2)])
+@pytest.mark.parametrize("block_k,splits", [(32, 3), (64, 2), (16, 7)])
+def test_dense_kernel_matches_reference(dtype, tol, block_k, splits):
+    """Ragged lengths (one empty row, lengths not divisible by the block), >= 3 blocks."""
+    q, k, v = _inputs(block_k + splits, dtype=dtype)
+    lengths = jnp.array([0, 100, 317], jnp.int32)
+    partials = dense_history_partials(q, k, v, lengths, block_k=block_k, num_splits=splits, interpret=INTERPRET)
+    assert partials[0].shape[2] >= 2
+    _check(merge_partials(partials, axis=2), dense_history_reference(q, k, v, lengths), tol)
+
+
+def test_dense_kernel_rejects_bad_shapes():
+    q, k, v = _inputs(0, rows=16)
+    with pytest.raises(ValueError, match="multiple of block_k"):
+        dense_history_partials(q, k[:, :, :300], v[:, :, :300], jnp.array([1, 2, 3]), block_k=64,
+                               interpret=INTERPRET)
+    with pytest.raises(ValueError, match="power of two"):
+        dense_history_partials(q[:, :, :12], k, v, jnp.array([1, 2, 3]), interpret=INTERPRET)
+
+
+@pytest.mark.parametrize("dtype,tol", [(jnp.float32, 1e-5), (jnp.bfloat16, 2e-2)])
+def test_sparse_kernel_matches_reference_with_padding_and_duplicates(dtype, tol):
+    q, k, v = _inputs(7, dtype=dtype)
+    lengths = jnp.array([0, 100, 317], jnp.int32)
+    rng = np.random.RandomState(1)
+    raw = rng.randint(-5, 330, (3, 128)).astype(np.int32)
+    raw[1, 5] = raw[1, 4]  # duplicate
+    raw[2, :40] = 7  # many duplicates
+    raw[2, 100:] = -1  # padding
+    indices = clean_indices(jnp.asarray(raw), lengths)
+    assert (np.asarray(indices)[0] == -1).all()  # an empty history selects nothing
+    partials = sparse_history_partials(q, k, v, indices, chunk=32, interpret=INTERPRET)
+    reference = sparse_history_reference(q, k, v, indices)
+    _check(merge_partials(partials, axis=2), reference, tol)
+    # the cleaned set equals the deduplicated valid set: compare against the dense reference on it
+    row = 2
+    chosen = sorted(set(int(i) for i in raw[row] if 0 <= i < 317))
+    mask_len = jnp.zeros((3,), jnp.int32)
+    dense_on_subset = sparse_history_reference(q, k, v, jnp.asarray(
+        [[-1] * 128, [-1] * 128, chosen + [-1] * (128 - len(chosen))], jnp.int32))
+    assert _rel(normalize(reference)[row], normalize(dense_on_subset)[row]) < 1e-6
+    del mask_len
+
+
+def test_partials_merge_exactly():
+    """History split in two disjoint parts merges to the whole (the sink/window/top-k/new merge)."""
+    q, k, v = _inputs(3)
+    lengths = jnp.array([320, 320, 320], jnp.int32)
+    idx = jnp.broadcast_to(jnp.arange(320, dtype=jnp.int32), (3, 320))
+    first = sparse_history_partials(q, k, v, jnp.where(idx < 100, idx, -1), chunk=64, interpret=INTERPRET)
+    second = sparse_history_partials(q, k, v, jnp.where(idx >= 100, idx, -1), chunk=64, interpret=INTERPRET)
+    merged = merge_partials([merge_partials(first, axis=2), merge_partials(second, axis=2)])
+    assert _rel(normalize(merged), normalize(dense_history_reference(q, k, v, lengths))) < 1e-5
+
+
+def _top_k_reference(scores, lengths, k, sinks, window):
+    out = []
+    for row, length in zip(scores, lengths):
+        pos = np.arange(len(row))
+        valid = pos < length
+        protected = valid & ((pos < sinks) | (pos >= length - window))
+        candidates = np.nonzero(valid & ~protected)[0]
+        order = np.lexsort((candidates, -row[candidates]))[: max(k - protected.sum(), 0)]
+        chosen = np.sort(np.concatenate([np.nonzero(protected)[0], candidates[order]]))
+        out.append(np.pad(chosen, (0, k - len(chosen)), constant_values=-1))
+    return np.array(out)
+
+
+@pytest.mark.parametrize("k,sinks,window", [(128, 4, 32), (64, 0, 0), (256, 4, 64)])
+def test_selection_equals_exact_top_k(k, sinks, window):
+    rng = np.random.RandomState(k)
+    scores = rng.randn(5, 1000).astype(np.float32)
+    scores[:, ::7] = scores[:, 3:4]  # ties across positions
+    scores[1] = np.round(scores[1], 1)  # heavy ties
+    scores[4] = 0.0  # all equal
+    lengths = np.array([1000, 513, 60, 3, 700])
+    got = np.asarray(select_top_k(jnp.asarray(scores), jnp.asarray(lengths), k=k, sinks=sinks, window=window))
+    expected = _top_k_reference(scores, lengths, k, sinks, window)
+    np.testing.assert_array_equal(got, expected)
+    assert ((got < lengths[:, None]) | (got == -1)).all()  # never padding
+    short = lengths <= k
+    for row in np.nonzero(short)[0]:  # fewer valid positions than k: dense
+        assert sorted(got[row][got[row] >= 0]) == list(range(lengths[row]))
+
+
+def test_selection_errors():
+    with pytest.raises(ValueError, match="exceed the budget"):
+        select_top_k(jnp.zeros((1, 100)), jnp.array([50]), k=16, sinks=8, window=16)
+    with pytest.raises(ValueError, match="larger than the cache"):
+        select_top_k(jnp.zeros((1, 100)), jnp.array([50]), k=128)
+
+
+def test_srh_scores_sum_softmax_mass():
+    q, k, _ = _inputs(5, kv_heads=2, rows=16)
+    queries = q[:, :, :4].reshape(3, 4, 2, 32)  # 4 heads x 2 rows
+    lengths = jnp.array([10, 200, 320])
+    groups = (0, 0, 1, 1)
+    scores = np.asarray(srh_scores(queries, k, lengths, groups))
+    np.testing.assert_allclose(scores.sum(axis=1), 8.0, rtol=1e-5)  # 4 heads x 2 rows, each sums to 1
+    assert (scores[0, 10:] == 0).all()
+    expected = np.zeros((3, 320))
+    for h, g in enumerate(groups):
+        s = np.einsum("brd,bsd->brs", np.asarray(queries[:, h]), np.asarray(k[:, g]))
+        s = np.where(np.arange(320)[None, None] < np.asarray(lengths)[:, None, None], s, -np.inf)
+        p = np.exp(s - s.max(-1, keepdims=True))
+        expected += (p / p.sum(-1, keepdims=True)).sum(1)
+    np.testing.assert_allclose(scores, expected, rtol=1e-4, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    config = ModelConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=6,
+                         num_kv_heads=2, head_dim=16, dtype="float32")
+    return config, init_params(config, jax.random.PRNGKey(0), scale=0.2)
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_model_pallas_backend_matches_xla(tiny, sparse):
+    config, params = tiny
+    pallas = config.replace(attention_backend="pallas" if not INTERPRET else "pallas-interpret")
+    rng = np.random.RandomState(0)
+    prompt = jnp.asarray(rng.randint(0, 97, (3, 70)))
+    lengths = jnp.array([70, 33, 5])
+    results = []
+    for cfg in (config, pallas):
+        cache = init_cache(cfg, 3, 128)
+        cache = forward(params, prompt, cache, config=cfg).cache.with_lengths(lengths)
+        rows = jnp.asarray(rng.randint(0, 97, (3, 5)))
+        indices = jnp.asarray(np.random.RandomState(1).randint(-3, 80, (3, 40))) if sparse else None
+        results.append(forward(params, jnp.asarray(np.random.RandomState(2).randint(0, 97, (3, 5))), cache,
+                               config=cfg, verify_indices=indices, probe_heads=((1, 4),)))
+    assert _rel(results[1].logits, results[0].logits) < 1e-5
+    probs_x = np.asarray(results[0].probes.history_probs)
+    probs_p = np.asarray(results[1].probes.history_probs)[..., : probs_x.shape[-1]]
+    np.testing.assert_allclose(probs_p, probs_x, atol=1e-6)
+
+
+def test_pallas_backend_refuses_cpu_without_interpret(tiny):
+    config, params = tiny
+    if not INTERPRET:
+        pytest.skip("on a GPU the compiled backend is valid")
+    cache = init_cache(config, 1, 64)
+    with pytest.raises(ValueError, match="needs a GPU"):
+        forward(params, jnp.zeros((1, 2), jnp.int32), cache, config=config.replace(attention_backend="pallas"))
+    assert NEG_INF < -1e29
