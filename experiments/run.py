@@ -9,9 +9,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from experiments import foundation, speculative
+from experiments import foundation, kernels, speculative
 
-EXPERIMENT_MODULES = (foundation, speculative)
+EXPERIMENT_MODULES = (foundation, speculative, kernels)
 
 
 def build_parser() -> argparse.ArgumentParser:
