@@ -64,14 +64,14 @@ def cmd_bench_sd(args) -> Dict[str, Any]:
     if not writer.has("copy_bandwidth"):
         writer.add("copy_bandwidth", copy_bandwidth(args.copy_gib))
     bandwidth = writer.get("copy_bandwidth")["bandwidth_Bps"]
-    target_config = preset(args.target_shape)
+    target_config = preset(args.target_shape, attention_backend=args.attention_backend)
     target_params = init_params(target_config, jax.random.PRNGKey(0))
     if args.draft_skip:
         draft_policy = SelfDraft(target_config)
         draft_config, draft_params = target_config, target_params
         mask = parse_skip_spec(args.draft_skip, target_config.num_layers)
     else:
-        draft_config = preset(args.draft_shape)
+        draft_config = preset(args.draft_shape, attention_backend=args.attention_backend)
         draft_params = init_params(draft_config, jax.random.PRNGKey(1))
         draft_policy = SeparateDraft(draft_config)
     fixed = acceptance_from_tau(tau["tau"], args.gamma)
@@ -85,7 +85,7 @@ def cmd_bench_sd(args) -> Dict[str, Any]:
             if writer.has(key):
                 rows.append(writer.get(key)["row"])
                 continue
-            capacity = context + args.new_tokens + 2 * args.gamma + 8
+            capacity = -(-(context + args.new_tokens + 2 * args.gamma + 8) // 64) * 64  # Pallas blocks of 64
             target_cache = _random_cache(target_config, batch, capacity, context, 2)
             if args.draft_skip:
                 draft_state = {"skip_mask": jnp.asarray(mask)}
@@ -178,5 +178,7 @@ def register(subparsers) -> None:
     bench.add_argument("--new-tokens", type=int, default=64)
     bench.add_argument("--repeats", type=int, default=3)
     bench.add_argument("--profile", action="store_true", help="also measure the draft/verify/other split")
+    bench.add_argument("--attention-backend", default="xla", choices=["xla", "pallas", "pallas-interpret"],
+                       help="history attention of both models")
     bench.add_argument("--copy-gib", type=float, default=4.0)
     bench.set_defaults(func=cmd_bench_sd)
