@@ -374,7 +374,7 @@ def cmd_bench_decode(args) -> Dict[str, Any]:
     from jaxspec.config import preset
     from jaxspec.decoding.autoregressive import _decode_loop
     from jaxspec.decoding.sampling import SamplingConfig
-    from jaxspec.models.cache import KVCache
+    from jaxspec.models.cache import random_cache
     from jaxspec.models.llama import init_params, param_bytes
 
     writer = ResultWriter(args.out, "bench-decode", _config_of(args))
@@ -391,13 +391,7 @@ def cmd_bench_decode(args) -> Dict[str, Any]:
             if writer.has(key):
                 rows.append(writer.get(key)["row"])
                 continue
-            capacity = context + args.new_tokens + 64
-            shape = (batch, config.num_kv_heads, capacity, config.head_dim)
-            rng = jax.random.split(jax.random.PRNGKey(1), 2 * config.num_layers)
-            fill = jax.jit(lambda k: jax.random.normal(k, shape, jnp.float32).astype(config.jnp_dtype))
-            cache = KVCache(keys=tuple(fill(rng[i]) for i in range(config.num_layers)),
-                            values=tuple(fill(rng[config.num_layers + i]) for i in range(config.num_layers)),
-                            lengths=jnp.full((batch,), context, jnp.int32))
+            cache = random_cache(config, batch, context + args.new_tokens + 64, context, seed=1)
             logits = jax.random.normal(jax.random.PRNGKey(2), (batch, config.vocab_size), jnp.float32)
             compile_start = time.perf_counter()
             compiled = _decode_loop.lower(params, cache, logits, jax.random.PRNGKey(3), config=config,
@@ -434,20 +428,14 @@ def cmd_bench_skip(args) -> Dict[str, Any]:
     import jax.numpy as jnp
 
     from jaxspec.config import preset
-    from jaxspec.models.cache import KVCache
+    from jaxspec.models.cache import random_cache
     from jaxspec.models.llama import _forward, freeze_skip_mask, init_params
 
     writer = ResultWriter(args.out, "bench-skip", _config_of(args))
     config = preset(args.shape, **({"num_layers": args.layers} if args.layers else {}))
     params = init_params(config, jax.random.PRNGKey(0))
     layers = config.num_layers
-    capacity = args.context + 64
-    shape = (args.batch, config.num_kv_heads, capacity, config.head_dim)
-    fill = jax.jit(lambda k: jax.random.normal(k, shape, jnp.float32).astype(config.jnp_dtype))
-    keys = jax.random.split(jax.random.PRNGKey(1), 2 * layers)
-    cache = KVCache(keys=tuple(fill(keys[i]) for i in range(layers)),
-                    values=tuple(fill(keys[layers + i]) for i in range(layers)),
-                    lengths=jnp.full((args.batch,), args.context, jnp.int32))
+    cache = random_cache(config, args.batch, args.context + 64, args.context, seed=1)
     tokens = jnp.zeros((args.batch, args.steps), jnp.int32)
     none = np.zeros((layers, 2), bool)
     half_mlp = none.copy()

@@ -20,20 +20,6 @@ from experiments.common import ResultWriter, median_time, print_table
 from experiments.foundation import _config_of, copy_bandwidth, decode_bytes_per_step
 
 
-def _random_cache(config, batch, capacity, length, seed):
-    import jax
-    import jax.numpy as jnp
-
-    from jaxspec.models.cache import KVCache
-
-    shape = (batch, config.num_kv_heads, capacity, config.head_dim)
-    fill = jax.jit(lambda k: jax.random.normal(k, shape, jnp.float32).astype(config.jnp_dtype))
-    keys = jax.random.split(jax.random.PRNGKey(seed), 2 * config.num_layers)
-    return KVCache(keys=tuple(fill(keys[i]) for i in range(config.num_layers)),
-                   values=tuple(fill(keys[config.num_layers + i]) for i in range(config.num_layers)),
-                   lengths=jnp.full((batch,), length, jnp.int32))
-
-
 def _tau(args) -> Dict[str, Any]:
     if args.tau_from:
         data = json.loads(open(args.tau_from).read())
@@ -55,6 +41,7 @@ def cmd_bench_sd(args) -> Dict[str, Any]:
     from jaxspec.decoding.sampling import SamplingConfig
     from jaxspec.decoding.speculative import (EngineConfig, acceptance_from_tau, loop_state_from_caches,
                                               profile_phases, run_loop, summarize)
+    from jaxspec.models.cache import random_cache
     from jaxspec.models.llama import init_params, param_bytes
 
     tau = _tau(args)
@@ -86,11 +73,11 @@ def cmd_bench_sd(args) -> Dict[str, Any]:
                 rows.append(writer.get(key)["row"])
                 continue
             capacity = -(-(context + args.new_tokens + 2 * args.gamma + 8) // 64) * 64  # Pallas blocks of 64
-            target_cache = _random_cache(target_config, batch, capacity, context, 2)
+            target_cache = random_cache(target_config, batch, capacity, context, 2)
             if args.draft_skip:
                 draft_state = {"skip_mask": jnp.asarray(mask)}
             else:
-                draft_state = _random_cache(draft_config, batch, capacity, context - 1, 3)
+                draft_state = random_cache(draft_config, batch, capacity, context - 1, 3)
             pending = jnp.full((batch,), 11, jnp.int32)
             logits = jax.random.normal(jax.random.PRNGKey(4), (batch, target_config.vocab_size), jnp.float32)
             holder = {"cache": target_cache, "draft": draft_state}

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.config import ModelConfig
-from jaxspec.decoding.autoregressive import PAD_OUTPUT, pad_prompts, prefill
+from jaxspec.decoding.autoregressive import PAD_OUTPUT, pad_prompts, prefill, run_with_warmup
 from jaxspec.decoding.policies import DenseVerify, Proposal
 from jaxspec.decoding.sampling import SamplingConfig, sample_token, sampling_probs
 from jaxspec.models.cache import KVCache, check_room, init_cache
@@ -329,12 +329,7 @@ def speculative_generate(target_params, target_config: ModelConfig, prompts: Seq
         jax.block_until_ready(final)
         return final, {"prefill_s": prefill_s, "decode_s": time.perf_counter() - start}
 
-    first_start = time.perf_counter()
-    final, timings = run()
-    if warmup:
-        first_total = time.perf_counter() - first_start
-        final, timings = run()
-        timings["compile_s"] = max(first_total - timings["prefill_s"] - timings["decode_s"], 0.0)
+    final, timings = run_with_warmup(run, warmup)
     out = np.asarray(final.out)[:, : engine.max_new_tokens]
     num_generated = (out != PAD_OUTPUT).sum(axis=1)
     metrics = _metrics(final, gamma, engine)

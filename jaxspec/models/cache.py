@@ -67,13 +67,21 @@ class KVCache:
         return sum(int(k.size) * k.dtype.itemsize for k in self.keys + self.values)
 
 
-def init_cache(config: ModelConfig, batch_size: int, capacity: int, dtype=None, lengths=None) -> KVCache:
+def init_cache(config: ModelConfig, batch_size: int, capacity: int, dtype=None, lengths=None, *, mesh=None,
+               rules=None) -> KVCache:
     """An empty cache of ``capacity`` slots per row for ``batch_size`` rows.
 
     Leave headroom: ``capacity`` should be at least prompt + new tokens + (gamma + 1).
+    With a ``mesh`` (``jax.sharding.Mesh``) the buffers are allocated already sharded (batch
+    over ``data``, KV heads over ``tensor``; ``rules``: a ``jaxspec.parallel.ShardingRules``),
+    never whole on one device.
     """
     if batch_size <= 0 or capacity <= 0:
         raise ValueError(f"batch_size={batch_size} and capacity={capacity} must be positive")
+    if mesh is not None:
+        from jaxspec.parallel.sharding import allocate_cache
+
+        return allocate_cache(config, batch_size, capacity, mesh, rules, dtype=dtype, lengths=lengths)
     if config.attention_backend != "xla":  # the Pallas kernels walk the cache in blocks of 64 rows
         capacity = -(-capacity // CAPACITY_MULTIPLE) * CAPACITY_MULTIPLE
     dtype = dtype or config.jnp_dtype
@@ -114,12 +122,33 @@ def write_positions(lengths: jax.Array, num_new: int, capacity: int, enabled=Tru
 
 
 def scatter_rows(buffer: jax.Array, new: jax.Array, slots: jax.Array) -> jax.Array:
-    """Write ``new [B, H, T, D]`` into ``buffer [B, H, S, D]`` at ``slots [B, T]`` (out of range: dropped)."""
-    batch, heads = buffer.shape[0], buffer.shape[1]
-    b_index = jnp.arange(batch)[:, None, None]
-    h_index = jnp.arange(heads)[None, :, None]
-    return buffer.at[b_index, h_index, slots[:, None, :]].set(new.astype(buffer.dtype), mode="drop")
+    """Write ``new [B, H, T, D]`` into ``buffer [B, H, S, D]`` at ``slots [B, T]`` (out of range: dropped).
+
+    Written as a per-(row, head) scatter under ``vmap``: the scatter then carries batch/head
+    *batching* dimensions, which the SPMD partitioner splits like the cache (no gather of the
+    new K/V when the cache is sharded over batch or heads); on one device XLA lowers it to the
+    same in-place scatter as explicit ``(b, h, slot)`` indices.
+    """
+    def write_one(rows, new_rows, row_slots):  # [S, D], [T, D], [T]
+        return rows.at[row_slots].set(new_rows, mode="drop")
+
+    per_head = jax.vmap(write_one, in_axes=(0, 0, None))
+    return jax.vmap(per_head, in_axes=(0, 0, 0))(buffer, new.astype(buffer.dtype), slots)
 
 
 def stack_lengths(lengths: Sequence[int]) -> jax.Array:
     return jnp.asarray(np.asarray(lengths, np.int32))
+
+
+def random_cache(config: ModelConfig, batch_size: int, capacity: int, length, seed: int = 0) -> KVCache:
+    """A cache filled with random K/V up to ``length`` (for systems benchmarks with random weights:
+    decode cost does not depend on the values, and a random-weight prefill would measure nothing)."""
+    if config.attention_backend != "xla":
+        capacity = -(-capacity // CAPACITY_MULTIPLE) * CAPACITY_MULTIPLE
+    shape = (batch_size, config.num_kv_heads, capacity, config.head_dim)
+    fill = jax.jit(lambda key: jax.random.normal(key, shape, jnp.float32).astype(config.jnp_dtype))
+    keys = jax.random.split(jax.random.PRNGKey(seed), 2 * config.num_layers)
+    lengths = jnp.broadcast_to(jnp.asarray(length, jnp.int32), (batch_size,))
+    return KVCache(keys=tuple(fill(keys[i]) for i in range(config.num_layers)),
+                   values=tuple(fill(keys[config.num_layers + i]) for i in range(config.num_layers)),
+                   lengths=lengths)
