@@ -1,0 +1,23 @@
+"""KnapSpec: self-speculative decoding with sub-layer selection as a 0/1 knapsack (SPEC section 4).
+
+* :mod:`~jaxspec.knapspec.latency` -- per-sub-layer latency model ``t_mlp = c1``,
+  ``t_attn(n) = c2 n + c3``: profiler in our own stack, least-squares fit, JSON save/load;
+* :mod:`~jaxspec.knapspec.dp` -- the knapsack DP (``lax.scan`` over sub-layers, vectorised over
+  budgets, branch-parallel attention), its Python-loop reference and an exhaustive search;
+* :mod:`~jaxspec.knapspec.planner` -- TPT (and TPL) and the (skip set, gamma) grid search;
+* :mod:`~jaxspec.knapspec.policy` -- the engine draft policy (dynamic skip mask, early exit),
+  the re-planning schedule and the :func:`knapspec_generate` driver.
+"""
+
+from jaxspec.knapspec.dp import (Candidates, boundary_states, knapsack_brute_force, knapsack_dp,
+                                 knapsack_dp_reference, knapsack_weights, skip_budget)
+from jaxspec.knapspec.latency import (LatencyModel, LatencyProfile, effective_context, fit_latency, load_or_profile,
+                                      profile_latency)
+from jaxspec.knapspec.planner import Plan, choose_plan, expected_tokens, tpt
+from jaxspec.knapspec.policy import (KnapSpecConfig, KnapSpecDraft, KnapSpecSchedule, knapspec_generate,
+                                     plan_skip_set, reference_window)
+
+__all__ = ["Candidates", "KnapSpecConfig", "KnapSpecDraft", "KnapSpecSchedule", "LatencyModel", "LatencyProfile",
+           "Plan", "boundary_states", "choose_plan", "effective_context", "expected_tokens", "fit_latency",
+           "knapsack_brute_force", "knapsack_dp", "knapsack_dp_reference", "knapsack_weights", "knapspec_generate",
+           "load_or_profile", "plan_skip_set", "profile_latency", "reference_window", "skip_budget", "tpt"]

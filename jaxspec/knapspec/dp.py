@@ -1,0 +1,486 @@
+"""KnapSpec knapsack DP over sub-layers (SPEC 4.3, defaults of the official code).
+
+Items are the ``2L`` sub-layers (Attention, MLP of each layer). Integer weights: the heavier
+of ``(t_attn(n), t_mlp)`` over the lighter, rounded (Python ``round``), capped at 5; the
+lighter weighs 1. Skip budget ``floor((w_attn + w_mlp) * L / 2)``; slots ``j = 0 .. budget``
+hold the *exact* skipped weight.
+
+Reference: the target's residual stream ``x_0 .. x_2L`` at the ``2L + 1`` sub-layer boundaries
+for ``r`` committed tokens (``x_0`` the embeddings, ``x_{2l+1}`` after Attention ``l``,
+``x_{2l+2}`` after MLP ``l``). State ``g[i][j]``: the best candidate hidden state (for all
+``r`` tokens) after sub-layer ``i`` with skipped weight ``j``; its value is
+``v[i][j] = sum_tokens cos(g[i][j], x_i)`` (the cosine at depth ``i`` only, as in the
+official code). Transition for sub-layer ``i`` (weight ``w_i``)::
+
+    execute: candidate f_i(g[i-1][j])  -> slot j
+    skip:    candidate g[i-1][j]       -> slot j + w_i     (not for layers 0 and L-1)
+
+A candidate whose *mean* cosine is ``< tau`` is pruned; each slot keeps the candidate of
+highest value (execute first; a skip replaces it only if strictly better). Layer 0 is always
+executed, so the DP starts at boundary 2 with ``g[2][0] = x_2``. Every surviving final slot
+is backtracked to an ``[L, 2]`` skip mask (column 0 Attention, column 1 MLP).
+
+The DP is a heuristic: it keeps one state per (depth, weight), so it is exact only when the
+objective has optimal substructure (a prefix that is better at depth ``i`` stays better after
+any common suffix, at every later depth) -- see ``tests/test_knapspec.py`` for an instance
+where that holds and the DP equals exhaustive search over all skip sets.
+
+Implementations (same semantics, same result):
+
+* :func:`dp_scan` -- ``jax.lax.scan`` over layers (two sub-layer transitions per step),
+  vectorised over all ``J = budget + 1`` slots: the sub-layer is applied to all ``J`` states
+  as one batch. For the model (:func:`knapsack_dp`) the attention is *branch-parallel*: every
+  branch's ``r`` query rows attend to the true full-model prefix KV cache of that layer
+  (``prefix_len`` valid slots) plus the branch's own new K/V, causally -- exactly
+  :func:`jaxspec.models.llama.attention_block`, ``vmap``-ed over branches (the cache is shared,
+  not copied); ``branch_chunk`` bounds memory with ``lax.map(batch_size=...)``.
+* :func:`dp_loop` -- a plain Python loop over sub-layers and budgets, one candidate state at a
+  time (the official algorithm's structure): the reference the scan is tested against.
+* :func:`brute_force` -- depth-first enumeration of every skip set (same fixed edge layers,
+  same pruning at every depth, same budget): the exact optimum per skipped weight.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxspec.config import ModelConfig
+from jaxspec.models.cache import KVCache
+from jaxspec.models.llama import attention_block, mlp_block, rms_norm, rope_tables
+
+#: Default pruning threshold on the mean cosine (official code: sim_threshold = 0.5).
+DEFAULT_TAU = 0.5
+#: Cap of the integer weight ratio (official code: 5).
+WEIGHT_CAP = 5
+_EPS = 1e-12  # torch.nn.functional.normalize's eps
+
+
+# ---------------------------------------------------------------------------- weights
+def knapsack_weights(t_attn: float, t_mlp: float, cap: int = WEIGHT_CAP) -> Tuple[int, int]:
+    """``(w_attn, w_mlp)``: heavier / lighter rounded (Python ``round``) and capped; lighter = 1."""
+    t_attn = max(float(t_attn), 1e-30)
+    t_mlp = max(float(t_mlp), 1e-30)
+    if t_attn > t_mlp:
+        return max(1, min(int(round(t_attn / t_mlp)), cap)), 1
+    return 1, max(1, min(int(round(t_mlp / t_attn)), cap))
+
+
+def skip_budget(w_attn: int, w_mlp: int, num_layers: int) -> int:
+    """``floor((w_attn + w_mlp) * L / 2)``."""
+    return (int(w_attn) + int(w_mlp)) * int(num_layers) // 2
+
+
+# ---------------------------------------------------------------------------- value
+def cos_sum(states, target, token_mask):
+    """Sum over tokens of ``cos(states, target)``.
+
+    ``states [..., *T, H]``, ``target [*T, H]``, ``token_mask [*T]`` (1 = a reference token,
+    0 = padding) -> ``[...]`` float32 (the leading dims of ``states`` are kept).
+    """
+    s = states.astype(jnp.float32)
+    t = target.astype(jnp.float32)
+    dot = jnp.sum(s * t, axis=-1)
+    ns = jnp.sqrt(jnp.sum(s * s, axis=-1))
+    nt = jnp.sqrt(jnp.sum(t * t, axis=-1))
+    cos = dot / (jnp.maximum(ns, _EPS) * jnp.maximum(nt, _EPS))
+    mask = jnp.asarray(token_mask, jnp.float32)
+    lead = cos.ndim - mask.ndim
+    return jnp.sum(cos * mask, axis=tuple(range(lead, cos.ndim)))
+
+
+# ---------------------------------------------------------------------------- trace
+@dataclasses.dataclass
+class DPTrace:
+    """Per scanned layer ``k`` (model layer ``first_layer + k``) and sub-layer ``c`` (0 attn, 1 mlp):
+    ``values[k, c, j]`` (sum of cosines, ``-inf`` where the slot is empty), ``skipped[k, c, j]``
+    (the slot's state came from the skip transition) and ``valid[k, c, j]``."""
+
+    values: np.ndarray  # [n, 2, J] float
+    skipped: np.ndarray  # [n, 2, J] bool
+    valid: np.ndarray  # [n, 2, J] bool
+    first_layer: int = 1
+
+    @property
+    def final_valid(self) -> np.ndarray:
+        return self.valid[-1, 1]
+
+    @property
+    def final_values(self) -> np.ndarray:
+        return self.values[-1, 1]
+
+
+def _transition(g, valid, executed, target, token_mask, denom, *, w: int, skip_allowed, budget: int, tau: float):
+    """One sub-layer of the DP for all slots at once. ``g``/``executed`` ``[J, ...]``."""
+    num_slots = budget + 1
+    exec_val = cos_sum(executed, target, token_mask)
+    exec_ok = valid & (exec_val / denom >= tau)
+    if w <= budget:
+        prev_val = cos_sum(g, target, token_mask)  # a skipped sub-layer leaves the state unchanged
+        skip_val = jnp.concatenate([jnp.full((w,), -jnp.inf, prev_val.dtype), prev_val[: num_slots - w]])
+        skip_src = jnp.concatenate([jnp.zeros((w,), bool), valid[: num_slots - w]])
+        skip_state = jnp.concatenate([g[:w], g[: num_slots - w]], axis=0)
+        skip_ok = skip_allowed & skip_src & (skip_val / denom >= tau)
+    else:
+        skip_val = jnp.full_like(exec_val, -jnp.inf)
+        skip_state = g
+        skip_ok = jnp.zeros_like(exec_ok)
+    choose_skip = skip_ok & (~exec_ok | (skip_val > exec_val))
+    new_valid = exec_ok | skip_ok
+    pick = choose_skip.reshape((-1,) + (1,) * (g.ndim - 1))
+    new_g = jnp.where(pick, skip_state, executed)
+    new_val = jnp.where(choose_skip, skip_val, jnp.where(exec_ok, exec_val, -jnp.inf))
+    return new_g, new_valid, new_val, choose_skip
+
+
+def dp_scan(apply_attn: Callable, apply_mlp: Callable, layer_xs, g0, targets, can_skip, token_mask, *,
+            w_attn: int, w_mlp: int, budget: int, tau: float = DEFAULT_TAU):
+    """The DP as a ``lax.scan`` over ``n`` layers, vectorised over the ``J = budget + 1`` slots.
+
+    ``apply_attn(layer_x, g [J, *T, H]) -> [J, *T, H]`` (likewise ``apply_mlp``) apply one
+    sub-layer to all slot states at once; ``layer_xs`` is a pytree with leading axis ``n`` (one
+    entry per scanned layer); ``g0 [*T, H]`` the state before the first scanned layer (slot 0);
+    ``targets [n, 2, *T, H]`` the reference states after each scanned sub-layer;
+    ``can_skip [n]`` bool; ``token_mask [*T]``.
+
+    Returns ``(values [n, 2, J], skipped [n, 2, J], valid [n, 2, J], final states [J, *T, H])``
+    (traceable: call it inside ``jit``).
+    """
+    num_slots = budget + 1
+    g = jnp.broadcast_to(g0[None], (num_slots,) + g0.shape)  # empty slots hold finite copies
+    valid = jnp.arange(num_slots) == 0
+    denom = jnp.maximum(jnp.sum(jnp.asarray(token_mask, jnp.float32)), 1.0)
+    step = functools.partial(_transition, token_mask=token_mask, denom=denom, budget=budget, tau=tau)
+
+    def body(carry, xs):
+        g, valid = carry
+        layer_x, target, skip_ok = xs
+        g1, v1, val1, ch1 = step(g, valid, apply_attn(layer_x, g), target[0], w=w_attn, skip_allowed=skip_ok)
+        g2, v2, val2, ch2 = step(g1, v1, apply_mlp(layer_x, g1), target[1], w=w_mlp, skip_allowed=skip_ok)
+        return (g2, v2), (jnp.stack([val1, val2]), jnp.stack([ch1, ch2]), jnp.stack([v1, v2]))
+
+    (g, valid), (values, skipped, valids) = jax.lax.scan(body, (g, valid), (layer_xs, targets, can_skip))
+    return values, skipped, valids, g
+
+
+def dp_loop(apply_single: Callable, layers: Sequence[Any], g0, targets, can_skip, token_mask, *, w_attn: int,
+            w_mlp: int, budget: int, tau: float = DEFAULT_TAU, first_layer: int = 1):
+    """Reference: the same DP as a Python loop over sub-layers and budgets, one state at a time.
+
+    ``apply_single(kind, layer_x, h [*T, H])`` with ``kind`` 0 (Attention) or 1 (MLP);
+    ``layers[k]`` the per-layer argument, ``targets[k][c]`` the reference state.
+    Returns ``(DPTrace, {slot: final state})``.
+    """
+    n = len(layers)
+    num_slots = budget + 1
+    values = np.full((n, 2, num_slots), -np.inf)
+    skipped = np.zeros((n, 2, num_slots), bool)
+    valid = np.zeros((n, 2, num_slots), bool)
+    denom = max(float(np.sum(np.asarray(token_mask, np.float32))), 1.0)
+    g = {0: g0}
+    for k in range(n):
+        for col, w in ((0, w_attn), (1, w_mlp)):
+            target = targets[k][col]
+            new, best, came_from_skip = {}, {}, {}
+            for j in sorted(g):  # execute (mandatory)
+                state = apply_single(col, layers[k], g[j])
+                value = float(cos_sum(state, target, token_mask))
+                if value / denom >= tau and value > best.get(j, -np.inf):
+                    new[j], best[j], came_from_skip[j] = state, value, False
+            if bool(can_skip[k]):
+                for j in sorted(g):  # skip
+                    to = j + w
+                    if to > budget:
+                        continue
+                    value = float(cos_sum(g[j], target, token_mask))
+                    if value / denom >= tau and value > best.get(to, -np.inf):
+                        new[to], best[to], came_from_skip[to] = g[j], value, True
+            g = new
+            for j in new:
+                values[k, col, j] = best[j]
+                skipped[k, col, j] = came_from_skip[j]
+                valid[k, col, j] = True
+    return DPTrace(values, skipped, valid, first_layer), g
+
+
+Skips = Tuple[Tuple[int, int], ...]
+
+
+def brute_force(apply_single: Callable, layers: Sequence[Any], g0, targets, can_skip, token_mask, *, w_attn: int,
+                w_mlp: int, budget: int, tau: float = DEFAULT_TAU) -> Dict[int, Tuple[float, Skips]]:
+    """Exhaustive search over every skip set of the skippable sub-layers (``can_skip``), with the
+    DP's constraints: a path is pruned as soon as its mean cosine at some depth is ``< tau``, and
+    its skipped weight must stay ``<= budget``. Returns ``{weight: (best final value, skipped
+    (layer index, column) pairs)}`` (first found wins ties; execution is explored first)."""
+    n = len(layers)
+    denom = max(float(np.sum(np.asarray(token_mask, np.float32))), 1.0)
+    weights = (w_attn, w_mlp)
+    best: Dict[int, Tuple[float, Skips]] = {}
+
+    def visit(k, h, weight, skips, value):
+        if k == 2 * n:
+            if value > best.get(weight, (-np.inf,))[0]:
+                best[weight] = (value, skips)
+            return
+        layer, col = divmod(k, 2)
+        target = targets[layer][col]
+        state = apply_single(col, layers[layer], h)
+        v = float(cos_sum(state, target, token_mask))
+        if v / denom >= tau:
+            visit(k + 1, state, weight, skips, v)
+        if bool(can_skip[layer]) and weight + weights[col] <= budget:
+            v = float(cos_sum(h, target, token_mask))
+            if v / denom >= tau:
+                visit(k + 1, h, weight + weights[col], skips + ((layer, col),), v)
+
+    if n == 0:
+        return {0: (float(cos_sum(g0, g0, token_mask)), ())}
+    visit(0, g0, 0, (), -np.inf)
+    return best
+
+
+def backtrack(trace: DPTrace, num_layers: int, w_attn: int, w_mlp: int) -> Tuple[np.ndarray, np.ndarray]:
+    """Masks ``[C, L, 2]`` (True = skip) of the surviving final slots, and those slots ``[C]``."""
+    weights = (w_attn, w_mlp)
+    slots = np.nonzero(trace.final_valid)[0]
+    masks = np.zeros((len(slots), num_layers, 2), bool)
+    n = trace.values.shape[0]
+    for c, slot in enumerate(slots):
+        j = int(slot)
+        for k in range(2 * n - 1, -1, -1):
+            layer, col = divmod(k, 2)
+            if not trace.valid[layer, col, j]:
+                raise AssertionError(f"backtrack reached an empty slot (layer {layer}, column {col}, j={j})")
+            if trace.skipped[layer, col, j]:
+                masks[c, trace.first_layer + layer, col] = True
+                j -= weights[col]
+        if j != 0:
+            raise AssertionError(f"backtrack of slot {slot} ended at weight {j}, not 0")
+    return masks, slots
+
+
+# ---------------------------------------------------------------------------- model plumbing
+def _rope(config: ModelConfig, prefix_len, steps: int):
+    positions = prefix_len[:, None].astype(jnp.int32) + jnp.arange(steps, dtype=jnp.int32)[None, :]
+    return rope_tables(config, positions)
+
+
+def _boundary_states_fn(params, tokens, cache: KVCache, prefix_len, *, config: ModelConfig):
+    cos, sin = _rope(config, prefix_len, tokens.shape[1])
+    h = params["embed"][tokens].astype(config.jnp_dtype)
+    states = [h]
+    for i, layer in enumerate(params["layers"]):
+        h = attention_block(layer, h, config, cos, sin, cache.keys[i], cache.values[i], prefix_len, None, ())[0]
+        states.append(h)
+        h = mlp_block(layer, h, config)
+        states.append(h)
+    return jnp.stack(states)
+
+
+_boundary_states = jax.jit(_boundary_states_fn, static_argnames=("config",))
+
+
+def boundary_states(params, config: ModelConfig, tokens, cache: KVCache, prefix_len) -> jax.Array:
+    """The target's residual stream ``[2L + 1, B, r, H]`` for ``tokens [B, r]`` at positions
+    ``prefix_len[b] + 0 .. r-1``, attending to the first ``prefix_len[b]`` cache slots of each row
+    plus themselves (causally). Nothing is written to the cache."""
+    return _boundary_states(params, jnp.asarray(tokens, jnp.int32), cache, jnp.asarray(prefix_len, jnp.int32),
+                            config=_dp_config(config))
+
+
+def _dp_config(config: ModelConfig) -> ModelConfig:
+    # the DP vmaps attention over branches: use the jnp reference attention (the Pallas kernels
+    # are not written for a batched query axis)
+    return config if config.attention_backend == "xla" else config.replace(attention_backend="xla")
+
+
+def _head_argmax(params, config: ModelConfig, states):
+    final = rms_norm(states, params["final_norm"], config.rms_norm_eps)
+    head = params["embed"].T if config.tie_word_embeddings else params["lm_head"]
+    logits = jnp.einsum("...d,dv->...v", final, head, preferred_element_type=jnp.float32)
+    return jnp.argmax(logits, axis=-1)
+
+
+def _alpha(params, config, final_states, teacher_state, token_mask, chunk: int):
+    """Greedy agreement of each candidate's final state with the target's, over the masked tokens."""
+    teacher = _head_argmax(params, config, teacher_state)
+    mask = jnp.asarray(token_mask, jnp.float32)
+    denom = jnp.maximum(jnp.sum(mask), 1.0)
+
+    def one(state):
+        return jnp.sum((_head_argmax(params, config, state) == teacher) * mask) / denom
+
+    return jax.lax.map(one, final_states, batch_size=chunk)
+
+
+def _model_sublayers(config: ModelConfig, prefix_len, steps: int, branch_chunk: Optional[int]):
+    """Sub-layer functions of the model for the DP: single state and all-slots versions."""
+    cos, sin = _rope(config, prefix_len, steps)
+
+    def attn(layer_x, h):
+        layer, cache_k, cache_v = layer_x
+        return attention_block(layer, h, config, cos, sin, cache_k, cache_v, prefix_len, None, ())[0]
+
+    def mlp(layer_x, h):
+        return mlp_block(layer_x[0], h, config)
+
+    def attn_all(layer_x, g):  # branch-parallel: every branch attends to the shared prefix cache
+        fn = functools.partial(attn, layer_x)
+        if branch_chunk:
+            return jax.lax.map(fn, g, batch_size=branch_chunk)
+        return jax.vmap(fn)(g)
+
+    def mlp_all(layer_x, g):
+        return mlp(layer_x, g.reshape((-1,) + g.shape[2:])).reshape(g.shape)
+
+    return attn, mlp, attn_all, mlp_all
+
+
+def _knapsack_dp_fn(params, cache: KVCache, prefix_len, states, token_mask, *, config, w_attn, w_mlp, budget, tau,
+                    branch_chunk, alpha_chunk):
+    num_layers = config.num_layers
+    _, _, attn_all, mlp_all = _model_sublayers(config, prefix_len, states.shape[2], branch_chunk)
+    layers = params["layers"][1:]
+    layer_xs = (jax.tree.map(lambda *xs: jnp.stack(xs), *layers), jnp.stack(cache.keys[1:]),
+                jnp.stack(cache.values[1:]))
+    targets = states[3:].reshape((num_layers - 1, 2) + states.shape[1:])
+    can_skip = jnp.arange(1, num_layers) < num_layers - 1
+    values, skipped, valid, final = dp_scan(attn_all, mlp_all, layer_xs, states[2], targets, can_skip, token_mask,
+                                            w_attn=w_attn, w_mlp=w_mlp, budget=budget, tau=tau)
+    alpha = _alpha(params, config, final, states[-1], token_mask, alpha_chunk)
+    return values, skipped, valid, alpha, final
+
+
+_knapsack_dp = jax.jit(_knapsack_dp_fn, static_argnames=("config", "w_attn", "w_mlp", "budget", "tau",
+                                                          "branch_chunk", "alpha_chunk"))
+
+
+@dataclasses.dataclass
+class Candidates:
+    """The DP's output: one candidate skip set per surviving final slot (ascending skipped weight)."""
+
+    masks: np.ndarray  # [C, L, 2] bool, True = skip (column 0 Attention, column 1 MLP)
+    weights: np.ndarray  # [C] skipped weight j of each candidate
+    cosine: np.ndarray  # [C] mean cosine with the target's final state
+    alpha: np.ndarray  # [C] greedy-token agreement with the target on the reference tokens
+    w_attn: int
+    w_mlp: int
+    budget: int
+    trace: Optional[DPTrace] = None
+    final_states: Any = None  # [C, B, r, H] (kept only when asked)
+
+    def __len__(self) -> int:
+        return len(self.weights)
+
+
+def _trivial_candidates(params, config, states, token_mask, w_attn, w_mlp, budget) -> Candidates:
+    return Candidates(masks=np.zeros((1, config.num_layers, 2), bool), weights=np.zeros(1, int),
+                      cosine=np.ones(1), alpha=np.ones(1), w_attn=w_attn, w_mlp=w_mlp, budget=budget)
+
+
+def knapsack_dp(params, config: ModelConfig, cache: KVCache, prefix_len, states, token_mask=None, *, w_attn: int,
+                w_mlp: int, budget: Optional[int] = None, tau: float = DEFAULT_TAU, branch_chunk: Optional[int] = None,
+                alpha_chunk: int = 8, keep_states: bool = False) -> Candidates:
+    """Run the jit-compiled, scan-vectorised DP on the model.
+
+    ``cache``: the target cache whose first ``prefix_len[b]`` slots of row ``b`` hold the
+    full-model K/V of the prefix (later slots are ignored); ``states [2L+1, B, r, H]`` from
+    :func:`boundary_states` for the reference tokens at positions ``prefix_len + 0..r-1``;
+    ``token_mask [B, r]`` (default all ones) marks real reference tokens (padding = 0).
+    """
+    config = _dp_config(config)
+    budget = skip_budget(w_attn, w_mlp, config.num_layers) if budget is None else int(budget)
+    token_mask = jnp.ones(states.shape[1:3], jnp.float32) if token_mask is None else jnp.asarray(token_mask,
+                                                                                                  jnp.float32)
+    if config.num_layers < 2:
+        return _trivial_candidates(params, config, states, token_mask, w_attn, w_mlp, budget)
+    values, skipped, valid, alpha, final = _knapsack_dp(
+        params, cache, jnp.asarray(prefix_len, jnp.int32), states, token_mask, config=config, w_attn=int(w_attn),
+        w_mlp=int(w_mlp), budget=budget, tau=float(tau), branch_chunk=branch_chunk, alpha_chunk=alpha_chunk)
+    trace = DPTrace(np.asarray(values, np.float64), np.asarray(skipped), np.asarray(valid), first_layer=1)
+    masks, slots = backtrack(trace, config.num_layers, w_attn, w_mlp)
+    denom = max(float(np.asarray(token_mask).sum()), 1.0)
+    return Candidates(masks=masks, weights=slots, cosine=trace.final_values[slots] / denom,
+                      alpha=np.asarray(alpha, np.float64)[slots], w_attn=int(w_attn), w_mlp=int(w_mlp), budget=budget,
+                      trace=trace, final_states=np.asarray(final)[slots] if keep_states else None)
+
+
+# ---------------------------------------------------------------------------- references on the model
+@functools.partial(jax.jit, static_argnames=("config", "kind"))
+def _apply_single_jit(layer_x, h, prefix_len, *, config, kind):
+    attn, mlp, _, _ = _model_sublayers(config, prefix_len, h.shape[1], None)
+    return attn(layer_x, h) if kind == 0 else mlp(layer_x, h)
+
+
+def _model_problem(params, config, cache, prefix_len, states):
+    """Arguments of the generic :func:`dp_loop` / :func:`brute_force` for the model."""
+    prefix_len = jnp.asarray(prefix_len, jnp.int32)
+    layers = [(params["layers"][i], cache.keys[i], cache.values[i]) for i in range(1, config.num_layers)]
+    targets = [(states[2 * i + 1], states[2 * i + 2]) for i in range(1, config.num_layers)]
+    can_skip = [i < config.num_layers - 1 for i in range(1, config.num_layers)]
+
+    def apply_single(kind, layer_x, h):
+        return _apply_single_jit(layer_x, h, prefix_len, config=config, kind=kind)
+
+    return apply_single, layers, targets, can_skip
+
+
+def knapsack_dp_reference(params, config: ModelConfig, cache: KVCache, prefix_len, states, token_mask=None, *,
+                          w_attn: int, w_mlp: int, budget: Optional[int] = None,
+                          tau: float = DEFAULT_TAU) -> Candidates:
+    """The same DP with the Python loop of :func:`dp_loop` (unbatched ``attention_block`` per
+    candidate): the reference for :func:`knapsack_dp`."""
+    config = _dp_config(config)
+    budget = skip_budget(w_attn, w_mlp, config.num_layers) if budget is None else int(budget)
+    token_mask = jnp.ones(states.shape[1:3], jnp.float32) if token_mask is None else jnp.asarray(token_mask,
+                                                                                                  jnp.float32)
+    if config.num_layers < 2:
+        return _trivial_candidates(params, config, states, token_mask, w_attn, w_mlp, budget)
+    apply_single, layers, targets, can_skip = _model_problem(params, config, cache, prefix_len, states)
+    trace, final = dp_loop(apply_single, layers, states[2], targets, can_skip, token_mask, w_attn=w_attn,
+                           w_mlp=w_mlp, budget=budget, tau=tau)
+    masks, slots = backtrack(trace, config.num_layers, w_attn, w_mlp)
+    denom = max(float(np.asarray(token_mask).sum()), 1.0)
+    teacher = _head_argmax(params, config, states[-1])
+    alpha = [float(jnp.sum((_head_argmax(params, config, final[int(j)]) == teacher) * token_mask)) / denom
+             for j in slots]
+    return Candidates(masks=masks, weights=slots, cosine=trace.final_values[slots] / denom,
+                      alpha=np.asarray(alpha), w_attn=int(w_attn), w_mlp=int(w_mlp), budget=budget, trace=trace,
+                      final_states=np.stack([np.asarray(final[int(j)]) for j in slots]))
+
+
+def knapsack_brute_force(params, config: ModelConfig, cache: KVCache, prefix_len, states, token_mask=None, *,
+                         w_attn: int, w_mlp: int, budget: Optional[int] = None,
+                         tau: float = DEFAULT_TAU) -> Dict[int, Tuple[float, np.ndarray]]:
+    """Exhaustive search on the model (tiny models only: ``4^(L-2)`` skip sets):
+    ``{skipped weight: (best mean final cosine, [L, 2] mask)}``."""
+    config = _dp_config(config)
+    budget = skip_budget(w_attn, w_mlp, config.num_layers) if budget is None else int(budget)
+    token_mask = jnp.ones(states.shape[1:3], jnp.float32) if token_mask is None else jnp.asarray(token_mask,
+                                                                                                  jnp.float32)
+    apply_single, layers, targets, can_skip = _model_problem(params, config, cache, prefix_len, states)
+    found = brute_force(apply_single, layers, states[2], targets, can_skip, token_mask, w_attn=w_attn, w_mlp=w_mlp,
+                        budget=budget, tau=tau)
+    denom = max(float(np.asarray(token_mask).sum()), 1.0)
+    out = {}
+    for weight, (value, skips) in found.items():
+        mask = np.zeros((config.num_layers, 2), bool)
+        for layer, col in skips:
+            mask[1 + layer, col] = True
+        out[weight] = (value / denom, mask)
+    return out
+
+
+def knapsack_exhaustive_count(num_layers: int) -> int:
+    """Skip sets brute force enumerates (edge layers fixed): ``4^(L-2)``."""
+    return 4 ** max(num_layers - 2, 0)
+
+
+__all__ = ["DEFAULT_TAU", "WEIGHT_CAP", "Candidates", "DPTrace", "backtrack", "boundary_states", "brute_force",
+           "cos_sum", "dp_loop", "dp_scan", "knapsack_brute_force", "knapsack_dp", "knapsack_dp_reference",
+           "knapsack_weights", "skip_budget", "knapsack_exhaustive_count"]

@@ -1,0 +1,136 @@
+"""KnapSpec stage 2: grid search over (candidate skip set S, gamma) maximising TPT (SPEC 4.2).
+
+``TPT(S, g) = E[tokens | alpha_S, g] / (g * t_draft(S) + t_target)`` with
+``E[tokens] = (1 - a^(g+1)) / (1 - a)`` (``g + 1`` when ``a = 1``; ``g = 0`` is plain decoding:
+one token per target step, ``TPT = 1 / t_target``), ``t_draft(S) = n_attn(S) t_attn(n) +
+n_mlp(S) t_mlp`` (executed sub-layers) and ``t_target = L (t_attn(n) + t_mlp)`` (verifying
+``g + 1`` tokens costs about one decode step).
+
+Objectives (``objective=``):
+
+* ``"tpt"`` (default, KnapSpec): the above;
+* ``"tpl"`` (the paper's tokens-per-layer ablation, the objective of earlier self-speculative
+  methods): the same expression with every sub-layer costing 1, i.e.
+  ``E[tokens] / (g * executed sub-layers + 2L)`` -- hardware- and context-agnostic.
+
+The full model (no skipped sub-layer) is excluded unless it is the only candidate. Ties go to
+the first candidate (ascending skipped weight) and the smallest gamma, as in the official code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence, Tuple, Union
+
+import numpy as np
+
+from jaxspec.knapspec.latency import LatencyModel
+
+OBJECTIVES = ("tpt", "tpl")
+#: The official grid: gamma in 0..17.
+GAMMA_GRID = tuple(range(18))
+
+
+def expected_tokens(alpha, gamma):
+    """``(1 - a^(g+1)) / (1 - a)``, with the ``a -> 1`` limit ``g + 1`` (array-friendly)."""
+    a = np.asarray(alpha, np.float64)
+    g = np.asarray(gamma, np.float64)
+    one = a >= 1.0
+    safe = np.where(one, 0.5, a)
+    geometric = (1.0 - safe ** (g + 1.0)) / (1.0 - safe)
+    return np.where(one, g + 1.0, geometric)
+
+
+def executed_counts(mask) -> Tuple[np.ndarray, np.ndarray]:
+    """Executed Attention and MLP sub-layers of ``[..., L, 2]`` skip masks."""
+    mask = np.asarray(mask, bool)
+    return (~mask[..., 0]).sum(-1), (~mask[..., 1]).sum(-1)
+
+
+def draft_time(mask, t_attn: float, t_mlp: float):
+    n_attn, n_mlp = executed_counts(mask)
+    return n_attn * float(t_attn) + n_mlp * float(t_mlp)
+
+
+def target_time(num_layers: int, t_attn: float, t_mlp: float) -> float:
+    return float(num_layers) * (float(t_attn) + float(t_mlp))
+
+
+def tpt(alpha, gamma, t_draft, t_target):
+    """Tokens per unit time of one round (broadcasting over arrays)."""
+    return expected_tokens(alpha, gamma) / (np.asarray(gamma, np.float64) * np.asarray(t_draft, np.float64)
+                                            + np.asarray(t_target, np.float64))
+
+
+@dataclasses.dataclass
+class Plan:
+    mask: np.ndarray  # [L, 2] bool, True = skip
+    gamma: int  # the TPT-optimal draft length (0 = plain decoding predicted best)
+    score: float  # objective value at (mask, gamma)
+    index: int  # candidate index
+    alpha: float
+    objective: str
+    n: float  # context length t_attn was evaluated at
+    t_attn: float
+    t_mlp: float
+    table: np.ndarray  # [C, G] objective of every (candidate, gamma); -inf for excluded candidates
+    gammas: Tuple[int, ...]
+
+    @property
+    def predicted_tpt(self) -> float:
+        """TPT of the chosen (mask, gamma) under the latency model (whatever the objective)."""
+        num_layers = self.mask.shape[0]
+        return float(tpt(self.alpha, self.gamma, draft_time(self.mask, self.t_attn, self.t_mlp),
+                         target_time(num_layers, self.t_attn, self.t_mlp)))
+
+    def summary(self) -> dict:
+        mask = np.asarray(self.mask, bool)
+        return {"gamma": int(self.gamma), "score": float(self.score), "objective": self.objective,
+                "alpha": float(self.alpha), "n": float(self.n), "index": int(self.index),
+                "skip_attn": np.nonzero(mask[:, 0])[0].tolist(), "skip_mlp": np.nonzero(mask[:, 1])[0].tolist(),
+                "predicted_tpt": self.predicted_tpt}
+
+
+def objective_table(masks, alphas, t_attn: float, t_mlp: float, gammas: Sequence[int] = GAMMA_GRID,
+                    objective: str = "tpt") -> np.ndarray:
+    """``[C, G]`` objective of every (candidate, gamma)."""
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective={objective!r}; valid: {OBJECTIVES}")
+    masks = np.asarray(masks, bool)
+    num_layers = masks.shape[1]
+    if objective == "tpl":
+        t_attn = t_mlp = 1.0
+    g = np.asarray(gammas, np.float64)[None, :]
+    t_d = draft_time(masks, t_attn, t_mlp)[:, None]
+    t_t = target_time(num_layers, t_attn, t_mlp)
+    return tpt(np.asarray(alphas, np.float64)[:, None], g, t_d, t_t)
+
+
+def choose_plan(masks, alphas, latency: Union[LatencyModel, Tuple[float, float]], n: float = 0.0, *,
+                gammas: Sequence[int] = GAMMA_GRID, objective: str = "tpt", exclude_full: bool = True) -> Plan:
+    """Grid search over (candidate, gamma). ``latency`` is a :class:`LatencyModel` (evaluated at
+    context ``n``) or explicit ``(t_attn, t_mlp)``."""
+    masks = np.asarray(masks, bool)
+    alphas = np.asarray(alphas, np.float64).reshape(-1)
+    if masks.ndim != 3 or masks.shape[2] != 2 or masks.shape[0] != alphas.shape[0] or masks.shape[0] == 0:
+        raise ValueError(f"masks must be [C, L, 2] with C = len(alphas) > 0; got {masks.shape} and {alphas.shape}")
+    gammas = tuple(int(g) for g in gammas)
+    if not gammas or min(gammas) < 0:
+        raise ValueError(f"gammas must be non-negative integers; got {gammas}")
+    if isinstance(latency, LatencyModel):
+        t_attn, t_mlp = latency.t_attn(n), latency.t_mlp()
+    else:
+        t_attn, t_mlp = (float(x) for x in latency)
+    table = objective_table(masks, alphas, t_attn, t_mlp, gammas, objective)
+    is_full = ~masks.any(axis=(1, 2))
+    if exclude_full and not is_full.all():
+        table = np.where(is_full[:, None], -np.inf, table)
+    flat = int(np.argmax(table))  # first maximum: candidate-major, then gamma
+    index, g_index = divmod(flat, len(gammas))
+    return Plan(mask=masks[index], gamma=gammas[g_index], score=float(table[index, g_index]), index=index,
+                alpha=float(alphas[index]), objective=objective, n=float(n), t_attn=float(t_attn), t_mlp=float(t_mlp),
+                table=table, gammas=gammas)
+
+
+__all__ = ["GAMMA_GRID", "OBJECTIVES", "Plan", "choose_plan", "draft_time", "executed_counts", "expected_tokens",
+           "objective_table", "target_time", "tpt"]
