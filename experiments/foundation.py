@@ -117,6 +117,11 @@ def run_generate(args) -> Dict[str, Any]:
     texts = read_prompts(args)
     if len(texts) == 1 and args.batch > 1:
         texts = texts * args.batch
+    mesh = None
+    if getattr(args, "mesh", None):
+        from jaxspec.parallel import parse_mesh
+
+        mesh = parse_mesh(args.mesh)  # checks data x tensor against the device count before loading
     model = _load(args.model, args.dtype)
     if model.tokenizer is None:
         raise ValueError(f"{args.model} has no tokenizer; generate needs one to encode prompts")
@@ -135,12 +140,15 @@ def run_generate(args) -> Dict[str, Any]:
     stops = _stop_tokens(model.tokenizer)
     out: Dict[str, Any] = {"method": method, "model": model.source, "model_config": model.config.to_dict(),
                            "prompt_tokens": [len(p) for p in prompts]}
+    if mesh is not None:
+        out["mesh"] = _check_memory_plan(model, draft, mesh, len(prompts),
+                                         longest + args.max_new_tokens + (args.gamma + 2 if method == "sd" else 0))
     ar_result = None
     if method == "ar" or getattr(args, "compare_ar", False):
         from jaxspec.decoding.autoregressive import generate
 
         ar_result = generate(model.params, model.config, prompts, args.max_new_tokens, sampling=sampling,
-                             stop_tokens=stops, seed=args.seed, warmup=not args.no_warmup)
+                             stop_tokens=stops, seed=args.seed, warmup=not args.no_warmup, mesh=mesh)
     if method == "ar":
         result = ar_result
     else:
@@ -160,7 +168,7 @@ def run_generate(args) -> Dict[str, Any]:
             out["draft"] = {"self_draft_skip": args.draft_skip, "skipped": describe_skip_mask(mask)}
         result = speculative_generate(model.params, model.config, prompts, draft_policy=policy,
                                       draft_params=draft_params, draft_state=draft_state, engine=engine,
-                                      seed=args.seed, warmup=not args.no_warmup, profile=args.profile)
+                                      seed=args.seed, warmup=not args.no_warmup, profile=args.profile, mesh=mesh)
         out["metrics"] = result.metrics
         out["gamma"] = args.gamma
         if ar_result is not None:
@@ -177,6 +185,21 @@ def run_generate(args) -> Dict[str, Any]:
         "timings": result.timings,
     })
     return out
+
+
+def _check_memory_plan(model, draft, mesh, batch: int, capacity: int) -> Dict[str, Any]:
+    """Per-device bytes of weights and caches on ``mesh``; raises before any cache is allocated if
+    they exceed the device memory (where the backend reports it)."""
+    from jaxspec.parallel import device_memory_bytes, mesh_shape, plan_memory
+
+    plan = plan_memory(model.config, context=capacity, batch=batch, mesh=mesh,
+                       draft_config=draft.config if draft is not None else None)
+    device_bytes = device_memory_bytes(mesh.devices.flat[0])
+    print(plan.describe() + (f"; device memory {device_bytes / 2**30:.2f} GiB" if device_bytes else ""),
+          file=sys.stderr)
+    if device_bytes:
+        plan.check(device_bytes)
+    return {"shape": mesh_shape(mesh), "memory_plan": plan.as_dict(), "device_bytes": device_bytes}
 
 
 def report_generate(out: Dict[str, Any]) -> None:
@@ -497,6 +520,8 @@ def register(subparsers) -> None:
     gen = subparsers.add_parser("generate", help="decode with a method; JSON fields tokens, tokens_per_s")
     add_generate_args(gen)
     gen.set_defaults(func=cmd_generate)
+    cmd_generate.supports_mesh = True
+    cmd_demo.supports_mesh = True
 
     bench = subparsers.add_parser("bench-decode", help="autoregressive decode throughput vs the bandwidth floor")
     bench.add_argument("--shape", default="qwen2.5-7b-shape")

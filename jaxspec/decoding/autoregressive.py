@@ -20,6 +20,7 @@ from jaxspec.config import ModelConfig
 from jaxspec.decoding.sampling import SamplingConfig, sample_token
 from jaxspec.models.cache import KVCache, check_room, init_cache
 from jaxspec.models.llama import _forward
+from jaxspec.parallel.sharding import ACTIVATION_AXES, constrain, resolve_placement, use_mesh
 
 PAD_OUTPUT = -1  # marks positions after a row stopped
 
@@ -117,6 +118,7 @@ def _decode_loop_fn(params, cache, first_logits, key, *, config, sampling, max_n
     key, sub = jax.random.split(key)
     token = sample_token(first_logits, sub, sampling)
     out = jnp.full((batch, max_new_tokens), PAD_OUTPUT, jnp.int32).at[:, 0].set(token)
+    out = constrain(out, ACTIVATION_AXES["output_tokens"])  # under a mesh: replicated, host-readable
     done = jnp.isin(token, stop)
 
     def cond(state):
@@ -145,12 +147,16 @@ _decode_loop = jax.jit(_decode_loop_fn, static_argnames=("config", "sampling", "
 def generate(params, config: ModelConfig, prompts: Sequence[Sequence[int]], max_new_tokens: int,
              sampling: SamplingConfig = SamplingConfig(), stop_tokens: Sequence[int] = (), seed: int = 0,
              capacity: Optional[int] = None, headroom: int = 0, prefill_chunk: Optional[int] = None,
-             warmup: bool = False) -> GenerationResult:
+             warmup: bool = False, mesh=None, rules=None) -> GenerationResult:
     """Decode ``max_new_tokens`` tokens after each prompt (a batch of ragged token lists).
 
     ``capacity`` defaults to the longest prompt + ``max_new_tokens`` + ``headroom``. With
     ``warmup=True`` the compiled loop runs once before the timed run, so ``timings`` hold
     steady-state numbers (``compile_s`` reports the first call).
+
+    Multi-device: params placed with ``jaxspec.parallel.shard_params`` are used where they
+    are (the cache is allocated sharded like them); or pass ``mesh`` (and ``rules``) to place
+    them here. The number of prompts must divide by the mesh's ``data`` axis.
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
@@ -162,10 +168,11 @@ def generate(params, config: ModelConfig, prompts: Sequence[Sequence[int]], max_
     capacity = needed if capacity is None else capacity
     check_room(lengths, capacity, max_new_tokens + headroom, "prompt + generation")
     stop_tokens = tuple(sorted({int(t) for t in stop_tokens}))
+    params, mesh, rules = resolve_placement(params, config, mesh, rules)
 
     def run():
         timings = {}
-        cache = init_cache(config, len(prompts), capacity)
+        cache = init_cache(config, len(prompts), capacity, mesh=mesh, rules=rules)
         start = time.perf_counter()
         cache, first_logits = prefill(params, config, tokens, lengths, cache, prefill_chunk)
         first_logits.block_until_ready()
@@ -177,6 +184,7 @@ def generate(params, config: ModelConfig, prompts: Sequence[Sequence[int]], max_
         timings["decode_s"] = time.perf_counter() - start
         return out, timings
 
-    out, timings = run_with_warmup(run, warmup)
+    with use_mesh(mesh):
+        out, timings = run_with_warmup(run, warmup)
     num_generated = (out != PAD_OUTPUT).sum(axis=1)
     return GenerationResult(tokens=out, num_generated=num_generated, prompt_lengths=lengths, timings=timings)

@@ -39,6 +39,7 @@ from jaxspec.config import ModelConfig
 from jaxspec.decoding.sampling import SamplingConfig, sample_token, sampling_probs
 from jaxspec.models.cache import KVCache, init_cache
 from jaxspec.models.llama import _forward
+from jaxspec.parallel.sharding import placement_of
 
 
 class Proposal(NamedTuple):
@@ -87,7 +88,8 @@ class SeparateDraft:
     def prefill(self, draft_params, tokens, prompt_lengths, capacity):
         from jaxspec.decoding.autoregressive import prefill
 
-        cache = init_cache(self.config, tokens.shape[0], capacity)
+        mesh, rules = placement_of(draft_params)  # on a mesh, the draft cache is sharded like its weights
+        cache = init_cache(self.config, tokens.shape[0], capacity, mesh=mesh, rules=rules)
         cache, _ = prefill(draft_params, self.config, tokens, prompt_lengths, cache)
         return cache
 

@@ -34,6 +34,8 @@ from jaxspec.decoding.policies import DenseVerify, Proposal
 from jaxspec.decoding.sampling import SamplingConfig, sample_token, sampling_probs
 from jaxspec.models.cache import KVCache, check_room, init_cache
 from jaxspec.models.llama import _forward
+from jaxspec.parallel.sharding import (ACTIVATION_AXES, CACHE_LENGTHS_AXES, constrain, mesh_of, resolve_placement,
+                                       shard_params, use_mesh)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,7 +197,11 @@ def _loop_fn(target_params, draft_params, state, *, target_config, draft_policy,
         return _round(target_params, draft_params, s, target_config=target_config, draft_policy=draft_policy,
                       verify_policy=verify_policy, engine=engine)
 
-    return jax.lax.while_loop(cond, body, state)
+    final = jax.lax.while_loop(cond, body, state)
+    # under a mesh, the per-row results the host reads come back replicated (readable on every host)
+    return final._replace(out=constrain(final.out, ACTIVATION_AXES["output_tokens"]),
+                          num_out=constrain(final.num_out, CACHE_LENGTHS_AXES),
+                          active_rounds=constrain(final.active_rounds, CACHE_LENGTHS_AXES))
 
 
 _STATIC = ("target_config", "draft_policy", "verify_policy", "engine")
@@ -275,9 +281,15 @@ def speculative_generate(target_params, target_config: ModelConfig, prompts: Seq
                          draft_policy, draft_params=None, draft_state=None, verify_policy=DenseVerify(),
                          verify_state=None, engine: EngineConfig = EngineConfig(), seed: int = 0,
                          capacity: Optional[int] = None, warmup: bool = False, profile: bool = False,
-                         prompt_tokens: Optional[Tuple[np.ndarray, np.ndarray]] = None) -> SpeculativeResult:
+                         prompt_tokens: Optional[Tuple[np.ndarray, np.ndarray]] = None, mesh=None, rules=None,
+                         draft_rules=None) -> SpeculativeResult:
     """Generate with speculative decoding. ``draft_state`` is built by ``draft_policy.prefill``
     unless given (e.g. ``SelfDraft.initial_state(mask)``).
+
+    Multi-device: as :func:`~jaxspec.decoding.autoregressive.generate` -- target params placed
+    with ``jaxspec.parallel.shard_params`` (or ``mesh``/``rules`` here); a separate draft is
+    placed on the same mesh with ``draft_rules`` (default: the target's rules) unless it
+    already lives on a mesh; each cache is sharded like its model's weights.
 
     ``prompt_tokens=(tokens, lengths)`` skips the prompt list (e.g. a cache filled elsewhere is
     not supported; the prompt is always prefilled). ``profile=True`` also measures the draft /
@@ -295,10 +307,14 @@ def speculative_generate(target_params, target_config: ModelConfig, prompts: Seq
     check_room(lengths, capacity, engine.max_new_tokens + gamma + 2,
                f"prompt + {engine.max_new_tokens} new tokens + a draft of gamma={gamma} (+2 headroom)")
     batch = len(lengths)
+    explicit_mesh = mesh is not None
+    target_params, mesh, rules = resolve_placement(target_params, target_config, mesh, rules)
+    if mesh is not None and draft_params is not None and (explicit_mesh or mesh_of(draft_params) is None):
+        draft_params = shard_params(draft_params, draft_config, mesh, draft_rules or rules)
     draft_params = target_params if draft_params is None else draft_params
 
     def initial_state():
-        target_cache = init_cache(target_config, batch, capacity)
+        target_cache = init_cache(target_config, batch, capacity, mesh=mesh, rules=rules)
         target_cache, first_logits = prefill(target_params, target_config, tokens, lengths, target_cache)
         # copies: the loop donates its state, and a warm-up run must not consume the caller's arrays
         state_d = jax.tree.map(jnp.copy, draft_state) if draft_state is not None else draft_policy.prefill(
@@ -329,12 +345,13 @@ def speculative_generate(target_params, target_config: ModelConfig, prompts: Seq
         jax.block_until_ready(final)
         return final, {"prefill_s": prefill_s, "decode_s": time.perf_counter() - start}
 
-    final, timings = run_with_warmup(run, warmup)
-    out = np.asarray(final.out)[:, : engine.max_new_tokens]
-    num_generated = (out != PAD_OUTPUT).sum(axis=1)
-    metrics = _metrics(final, gamma, engine)
-    if profile:
-        timings.update(_profile(target_params, draft_params, initial_state(), static))
+    with use_mesh(mesh):
+        final, timings = run_with_warmup(run, warmup)
+        out = np.asarray(final.out)[:, : engine.max_new_tokens]
+        num_generated = (out != PAD_OUTPUT).sum(axis=1)
+        metrics = _metrics(final, gamma, engine)
+        if profile:
+            timings.update(_profile(target_params, draft_params, initial_state(), static))
     return SpeculativeResult(tokens=out, num_generated=num_generated, prompt_lengths=np.asarray(lengths),
                              metrics=metrics, timings=timings, final_state=final)
 

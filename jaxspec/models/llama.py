@@ -200,14 +200,19 @@ def _attention_pallas(config: ModelConfig, q, k_new, v_new, cache_k, cache_v, le
     scale = 1.0 / np.sqrt(dim)
     used = groups * steps
     packed = pack_queries(q, kv_heads, scale)  # [B, Hkv, M, D], rows g * T + t
+    # under a mesh, each device runs the kernel on its own [B/data, Hkv/tensor, S, D] cache blocks
+    from jaxspec.parallel.sharding import per_device_kernel
+
     if verify_indices is None:
-        history = dense_history_partials(packed, cache_k, cache_v, lengths, interpret=interpret)
+        history = per_device_kernel(functools.partial(dense_history_partials, interpret=interpret),
+                                    packed, cache_k, cache_v, lengths)
         hist_valid, hist_keys = None, cache_k
     else:
         idx = clean_indices(verify_indices, lengths)
         pad = (-idx.shape[1]) % 64
         idx_padded = jnp.pad(idx, ((0, 0), (0, pad)), constant_values=-1)
-        history = sparse_history_partials(packed, cache_k, cache_v, idx_padded, chunk=64, interpret=interpret)
+        history = per_device_kernel(functools.partial(sparse_history_partials, chunk=64, interpret=interpret),
+                                    packed, cache_k, cache_v, idx_padded)
         hist_valid = idx >= 0
         hist_keys = jnp.take_along_axis(cache_k, jnp.where(hist_valid, idx, 0)[:, None, :, None], axis=2) \
             if probe_local else None

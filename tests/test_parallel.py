@@ -1,0 +1,314 @@
+"""Multi-device: the same functions on a (data, tensor) mesh give the single-device results.
+
+The sharded checks need 8 devices, and the rest of the suite runs with 1: they run in ONE
+subprocess (``XLA_FLAGS=--xla_force_host_platform_device_count=8 JAX_PLATFORMS=cpu``) that
+executes this file as a script, prints a summary table and a JSON line, and the tests below
+assert on it. Meshes (data, tensor): (1, 8), (2, 4), (8, 1). Per mesh: forward (prefill and a
+sparse-verification step: logits allclose in float32, caches equal), greedy autoregressive
+``generate`` (tokens identical), greedy ``speculative_generate`` with ``SeparateDraft`` (tokens
+and acceptance identical) and ``select_top_k`` (indices identical). On (2, 4) also: a
+``SelfDraft``, the explicit ``mesh=`` argument, the Pallas backend (interpret mode) under the
+mesh, no all-gather in the compiled forward, and the divisibility errors.
+
+The memory planner and the argument parsing run in-process (no devices needed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+import pytest
+
+MESHES = ((1, 8), (2, 4), (8, 1))
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+
+# ---------------------------------------------------------------------------- the 8-device worker
+def _worker() -> dict:  # runs in the subprocess
+    import re
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from jaxspec.config import ModelConfig
+    from jaxspec.decoding.autoregressive import generate
+    from jaxspec.decoding.policies import SelfDraft, SeparateDraft, parse_skip_spec
+    from jaxspec.decoding.speculative import EngineConfig, speculative_generate
+    from jaxspec.models.cache import init_cache
+    from jaxspec.models.llama import forward, init_params
+    from jaxspec.parallel import make_mesh, shard_cache, shard_params, use_mesh
+    from pallas_kernels.selection import select_top_k
+
+    assert jax.device_count() == 8, jax.devices()
+    # GQA 16 query / 8 KV heads, MLP hidden 64, untied (vocab-sharded) head; the draft has a tied head
+    target = ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=64, num_layers=2, num_heads=16,
+                         num_kv_heads=8, head_dim=8, attention_bias=True, dtype="float32", name="tiny-tp8")
+    draft = target.replace(num_layers=1, tie_word_embeddings=True, name="tiny-tp8-draft")
+    params = init_params(target, jax.random.PRNGKey(0), scale=0.3)
+    draft_params = init_params(draft, jax.random.PRNGKey(1), scale=0.3)
+    rng = np.random.RandomState(0)
+    prompts = [rng.randint(0, 128, n).tolist() for n in (3, 9, 5, 7, 10, 4, 8, 6)]  # batch 8, ragged
+    tokens = jnp.asarray(rng.randint(0, 128, (8, 12)), jnp.int32)
+    step_tokens = jnp.asarray(rng.randint(0, 128, (8, 4)), jnp.int32)
+    indices = jnp.asarray(rng.randint(-2, 14, (8, 6)), jnp.int32)  # padding, out of range, duplicates
+    scores = jnp.asarray(np.round(rng.randn(8, 256), 1), jnp.float32)  # many ties
+    score_lengths = jnp.asarray([0, 256, 3, 40, 100, 255, 17, 64], jnp.int32)
+    engine = EngineConfig(gamma=3, max_new_tokens=10)
+    self_policy = SelfDraft(target)
+    self_state = self_policy.initial_state(parse_skip_spec("mlp:1", target.num_layers))
+
+    def forward_pair(p, cache, config=target):
+        first = forward(p, tokens, cache, config=config)
+        second = forward(p, step_tokens, first.cache, config=config, verify_indices=indices)
+        return first, second
+
+    # single-device references
+    reference = {}
+    reference["forward"] = forward_pair(params, init_cache(target, 8, 64))
+    reference["ar"] = generate(params, target, prompts, 10).rows()
+    sd = speculative_generate(params, target, prompts, draft_policy=SeparateDraft(draft), draft_params=draft_params,
+                              engine=engine)
+    reference["sd"] = (sd.rows(), sd.metrics["accepted_histogram"])
+    reference["topk"] = np.asarray(select_top_k(scores, score_lengths, k=32, sinks=2, window=4))
+    assert reference["sd"][0] == reference["ar"]
+
+    results = []
+
+    def record(mesh_shape, case, ok, detail="", seconds=0.0):
+        results.append({"mesh": list(mesh_shape), "case": case, "ok": bool(ok), "detail": str(detail),
+                        "seconds": round(seconds, 2)})
+
+    def max_diff(a, b):
+        return float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+
+    def collectives(hlo):
+        return {name: len(re.findall(name + r"(-start)?\(", hlo)) for name in ("all-gather", "all-reduce")}
+
+    for shape in MESHES:
+        mesh = make_mesh(*shape)
+        sharded = shard_params(params, target, mesh)
+        start = time.perf_counter()
+        cache = shard_cache(init_cache(target, 8, 64), mesh)
+        first, second = forward_pair(sharded, cache)
+        ref_first, ref_second = reference["forward"]
+        diff = max(max_diff(first.logits, ref_first.logits), max_diff(second.logits, ref_second.logits))
+        cache_diff = max(max_diff(a, b) for a, b in zip(second.cache.keys + second.cache.values,
+                                                         ref_second.cache.keys + ref_second.cache.values))
+        layout = tuple(second.cache.keys[0].sharding.spec) + (None, None)
+        expected = ("data" if shape[0] > 1 else None, "tensor" if shape[1] > 1 else None)
+        scale = float(np.max(np.abs(np.asarray(ref_second.logits))))
+        ok = (np.allclose(first.logits, ref_first.logits, rtol=1e-5, atol=1e-5 * scale)
+              and np.allclose(second.logits, ref_second.logits, rtol=1e-5, atol=1e-5 * scale)
+              and cache_diff < 1e-4 and layout[:2] == expected)
+        record(shape, "forward (prefill + sparse verify)", ok, f"max |dlogits| {diff:.1e} (max |logit| {scale:.1f}), "
+                                                             f"cache {cache_diff:.1e}, cache spec {layout[:2]}",
+               time.perf_counter() - start)
+
+        start = time.perf_counter()
+        rows = generate(sharded, target, prompts, 10).rows()
+        record(shape, "greedy AR generate", rows == reference["ar"], "", time.perf_counter() - start)
+
+        start = time.perf_counter()
+        result = speculative_generate(sharded, target, prompts, draft_policy=SeparateDraft(draft),
+                                      draft_params=draft_params, engine=engine)
+        same = (result.rows(), result.metrics["accepted_histogram"]) == reference["sd"]
+        draft_spec = result.final_state.draft_state.keys[0].sharding.spec
+        record(shape, "greedy SD, SeparateDraft", same, f"draft cache spec {draft_spec}", time.perf_counter() - start)
+
+        start = time.perf_counter()
+        placed = jax.device_put(scores, NamedSharding(mesh, PartitionSpec("data")))
+        chosen = select_top_k(placed, jax.device_put(score_lengths, NamedSharding(mesh, PartitionSpec("data"))),
+                              k=32, sinks=2, window=4)
+        record(shape, "select_top_k", np.array_equal(np.asarray(chosen), reference["topk"]), "",
+               time.perf_counter() - start)
+
+        if shape != (2, 4):
+            continue
+        start = time.perf_counter()
+        result = speculative_generate(sharded, target, prompts, draft_policy=self_policy, draft_state=self_state,
+                                      engine=engine)
+        record(shape, "greedy SD, SelfDraft", result.rows() == reference["ar"], "", time.perf_counter() - start)
+
+        start = time.perf_counter()
+        rows = generate(params, target, prompts, 10, mesh=mesh).rows()  # unplaced params, explicit mesh
+        record(shape, "generate(mesh=...) places params", rows == reference["ar"], "", time.perf_counter() - start)
+
+        start = time.perf_counter()
+        counts = collectives(forward.lower(sharded, step_tokens, second.cache, config=target).compile().as_text())
+        record(shape, "forward: no all-gather (cache never gathered)", counts["all-gather"] == 0, counts,
+               time.perf_counter() - start)
+
+        start = time.perf_counter()
+        kernels = target.replace(attention_backend="pallas-interpret")
+        with use_mesh(mesh):
+            kernel_first, kernel_second = forward_pair(sharded, cache, config=kernels)
+            counts = collectives(forward.lower(sharded, step_tokens, kernel_first.cache,
+                                               config=kernels).compile().as_text())
+        diff = max(max_diff(kernel_first.logits, ref_first.logits), max_diff(kernel_second.logits, ref_second.logits))
+        record(shape, "pallas-interpret forward in shard_map (dense + sparse)", diff < 1e-4 and
+               counts["all-gather"] == 0, f"max |dlogits| {diff:.1e}, {counts}", time.perf_counter() - start)
+
+        errors = []
+        try:
+            shard_params(init_params(target.replace(num_heads=12, num_kv_heads=4), jax.random.PRNGKey(0)),
+                         target.replace(num_heads=12, num_kv_heads=4), make_mesh(1, 8))
+        except ValueError as err:
+            errors.append(str(err))
+        try:
+            generate(sharded, target, prompts[:6], 4, mesh=make_mesh(8, 1))
+        except ValueError as err:
+            errors.append(str(err))
+        ok = (len(errors) == 2 and "num_heads=12" in errors[0] and "'tensor' of size 8" in errors[0]
+              and "batch=6" in errors[1] and "'data' of size 8" in errors[1])
+        record(shape, "clear errors (heads / batch not divisible)", ok, " | ".join(errors))
+    return {"results": results, "devices": jax.device_count(), "jax": jax.__version__}
+
+
+def _print_summary(summary: dict) -> None:
+    print(f"{'mesh (data, tensor)':<20} {'check':<55} {'ok':<5} {'s':>6}  detail")
+    for row in summary["results"]:
+        mesh = f"({row['mesh'][0]}, {row['mesh'][1]})"
+        print(f"{mesh:<20} {row['case']:<55} {str(row['ok']):<5} {row['seconds']:>6.2f}  {row['detail'][:110]}")
+
+
+# ---------------------------------------------------------------------------- pytest side
+@pytest.fixture(scope="module")
+def sharded_summary():
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu",
+               PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, str(pathlib.Path(__file__).resolve()), "--worker"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+    elapsed = time.perf_counter() - start
+    print(proc.stdout)
+    if proc.returncode != 0:
+        pytest.fail(f"8-device worker failed (exit {proc.returncode}) after {elapsed:.0f} s:\n{proc.stdout[-4000:]}\n"
+                    f"{proc.stderr[-6000:]}")
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("SUMMARY ")][-1]
+    summary = json.loads(line[len("SUMMARY "):])
+    summary["elapsed_s"] = elapsed
+    return summary
+
+
+def test_sharded_results_equal_single_device(sharded_summary):
+    rows = sharded_summary["results"]
+    assert sharded_summary["devices"] == 8
+    cases = {(tuple(r["mesh"]), r["case"]) for r in rows}
+    for mesh in MESHES:  # every core case ran on every mesh
+        for case in ("forward (prefill + sparse verify)", "greedy AR generate", "greedy SD, SeparateDraft",
+                     "select_top_k"):
+            assert (mesh, case) in cases
+    failed = [f"{r['mesh']} {r['case']}: {r['detail']}" for r in rows if not r["ok"]]
+    assert not failed, "\n".join(failed)
+
+
+# ---------------------------------------------------------------------------- in-process (1 device)
+def test_rules_table_and_logical_axes():
+    from jaxspec.config import ModelConfig
+    from jaxspec.models.llama import init_params
+    from jaxspec.parallel import RULES, ShardingRules, param_logical_axes
+    from jax.sharding import PartitionSpec as P
+    import jax
+
+    assert RULES.spec(("batch", "kv_heads", "sequence", "head_dim")) == P("data", "tensor", None, None)
+    assert RULES.spec(("embed", "mlp")) == P(None, "tensor")
+    config = ModelConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=4,
+                         num_kv_heads=2, head_dim=4, attention_bias=True)
+    axes = param_logical_axes(init_params(config, jax.random.PRNGKey(0)))
+    assert axes["layers"][0]["wo"] == ("q_heads", "embed") and axes["layers"][0]["bk"] == ("kv_heads",)
+    assert axes["lm_head"] == ("embed", "vocab") and axes["embed"] == ("vocab_in", "embed")
+    with pytest.raises(ValueError, match="valid mesh axes"):
+        ShardingRules(mlp="model")
+    with pytest.raises(ValueError, match="unknown logical axis 'heads'"):
+        RULES.spec(("heads",))
+
+
+def test_parse_mesh_and_divisibility_errors():
+    from jaxspec.config import preset
+    from jaxspec.parallel import check_divisible, make_mesh, parse_mesh_shape
+
+    assert parse_mesh_shape("data=2,tensor=4") == {"data": 2, "tensor": 4}
+    assert parse_mesh_shape("tensor=8") == {"data": 1, "tensor": 8}
+    for bad, message in (("data=2,tensr=4", "bad mesh item 'tensr=4'"), ("data=0", "must be >= 1"),
+                         ("data=2,data=2", "given twice"), ("", "empty mesh spec")):
+        with pytest.raises(ValueError, match=message):
+            parse_mesh_shape(bad)
+    with pytest.raises(ValueError, match=r"data=2 x tensor=4 = 8 devices, but 1 device"):
+        make_mesh(2, 4)
+    with pytest.raises(ValueError, match=r"num_heads=28 of 'qwen2.5-7b-shape' is not divisible by the mesh axis "
+                                         r"'tensor' of size 8"):
+        check_divisible(preset("qwen2.5-7b-shape"), {"data": 1, "tensor": 8})
+    with pytest.raises(ValueError, match=r"num_kv_heads=4 .* 'tensor' of size 7"):
+        check_divisible(preset("qwen2.5-7b-shape"), {"data": 1, "tensor": 7})  # 28 q heads split, 4 KV heads do not
+    with pytest.raises(ValueError, match=r"num_heads=14 .* 'tensor' of size 4"):
+        check_divisible(preset("qwen2.5-0.5b-shape"), {"data": 1, "tensor": 4})
+
+
+def test_cli_refuses_mesh_where_unsupported(capsys):
+    from experiments.run import main
+
+    assert main(["bench-decode", "--mesh", "data=2"]) == 2
+    assert "--mesh is not supported by 'bench-decode'" in capsys.readouterr().err
+    assert main(["generate", "--prompt", "x", "--mesh", "data=2,tensr=4"]) == 2
+    assert "bad mesh item" in capsys.readouterr().err
+
+
+def test_memory_plan_qwen72b_32k_batch16_on_4_devices():
+    from jaxspec.config import preset
+    from jaxspec.parallel import MemoryPlanError, plan_memory
+
+    config = preset("qwen2.5-72b-shape")  # 80 layers, d 8192, F 29568, 64 q / 8 KV heads of 128, V 152064, bf16
+    plan = plan_memory(config, context=32768, batch=16, mesh="tensor=4")
+    # by hand, per layer (bf16): wq, wo 8192*8192; wk, wv 8192*1024; 3 MLP 8192*29568; biases 8192 + 2*1024:
+    # 877,668,352 elements * 2 B = 1,755,336,704 B, all split over 4 devices; + 2 float32 norms (65,536 B) whole
+    per_layer = 1_755_336_704 // 4 + 65_536
+    embed = 152064 * 8192 * 2  # replicated
+    lm_head = 152064 * 8192 * 2 // 4  # vocab-sharded
+    assert plan.weights == 80 * per_layer + embed + lm_head + 8192 * 4 == 38_226_280_448
+    # KV: 2 (K, V) * 80 layers * 16 rows * 8/4 KV heads * 32768 slots * 128 * 2 B, + lengths 16 * 4 B
+    assert plan.target_cache == 2 * 80 * 16 * 2 * 32768 * 128 * 2 + 64 == 42_949_673_024
+    assert plan.total == 81_175_953_472
+    plan.check(141 * 10**9)  # fits an H200
+    with pytest.raises(MemoryPlanError, match=r"needs 75.60 GiB .* > device memory 74.51 GiB"):
+        plan.check(80 * 10**9)  # not an 80 GB card
+    with pytest.raises(MemoryPlanError, match="reserve 70.00 GiB"):
+        plan.check(141 * 10**9, reserve_bytes=70 * 2**30)
+    # data parallelism splits the cache rows but not the weights
+    both = plan_memory(config, context=32768, batch=16, mesh={"data": 2, "tensor": 4})
+    assert both.weights == plan.weights and both.target_cache == (plan.target_cache - 64) // 2 + 64
+
+
+def test_memory_plan_with_draft_and_budget():
+    from jaxspec.config import preset
+    from jaxspec.parallel import ShardingRules, plan_memory
+
+    target, draft = preset("qwen2.5-7b-shape"), preset("qwen2.5-0.5b-shape")
+    plan = plan_memory(target, context=8192, batch=8, mesh=(2, 2), draft_config=draft, draft_budget=1024)
+    # draft KV: 2 * 24 layers * 8/2 rows * 2/2 KV heads * 1024 slots * 64 * 2 B + 8 * 4 B lengths
+    assert plan.draft_cache == 2 * 24 * 4 * 1 * 1024 * 64 * 2 + 32
+    assert plan.target_cache == 2 * 28 * 4 * 2 * 8192 * 128 * 2 + 32
+    # draft, tied head (no lm_head): embedding whole, every layer matrix split over tensor=2
+    per_layer = (896 * 896 * 2 + 896 * 128 * 2 + 3 * 896 * 4864 + 896 + 2 * 128) * 2 // 2 + 2 * 896 * 4
+    assert plan.draft_weights == 24 * per_layer + 151936 * 896 * 2 + 896 * 4
+    assert plan.total == plan.weights + plan.target_cache + plan.draft_weights + plan.draft_cache
+    # a draft whose heads do not split over tensor=4 needs replicated-head rules
+    with pytest.raises(ValueError, match="num_heads=14"):
+        plan_memory(target, context=8192, batch=8, mesh=(1, 4), draft_config=draft)
+    replicated = ShardingRules(q_heads=None, kv_heads=None, mlp=None, vocab=None)
+    plan = plan_memory(target, context=8192, batch=8, mesh=(1, 4), draft_config=draft, draft_rules=replicated)
+    assert plan.draft_cache == 2 * 24 * 8 * 2 * 8192 * 64 * 2 + 32
+
+
+if __name__ == "__main__" and "--worker" in sys.argv:
+    began = time.perf_counter()
+    summary = _worker()
+    _print_summary(summary)
+    print(f"worker total {time.perf_counter() - began:.1f} s")
+    print("SUMMARY " + json.dumps(summary), flush=True)
