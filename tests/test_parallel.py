@@ -7,7 +7,7 @@ assert on it. Meshes (data, tensor): (1, 8), (2, 4), (8, 1). Per mesh: forward (
 sparse-verification step: logits allclose in float32, caches equal), greedy autoregressive
 ``generate`` (tokens identical), greedy ``speculative_generate`` with ``SeparateDraft`` (tokens
 and acceptance identical) and ``select_top_k`` (indices identical). On (2, 4) also: a
-``SelfDraft``, the explicit ``mesh=`` argument, the Pallas backend (interpret mode) under the
+``SelfDraft``, the KnapSpec DP (candidates, cosine values, alpha), the explicit ``mesh=`` argument, the Pallas backend (interpret mode) under the
 mesh, no all-gather in the compiled forward, and the divisibility errors.
 
 The memory planner and the argument parsing run in-process (no devices needed).
@@ -78,6 +78,21 @@ def _worker() -> dict:  # runs in the subprocess
     reference["sd"] = (sd.rows(), sd.metrics["accepted_histogram"])
     reference["topk"] = np.asarray(select_top_k(scores, score_lengths, k=32, sinks=2, window=4))
     assert reference["sd"][0] == reference["ar"]
+    # KnapSpec DP (4 layers so that layers 1..2 can be skipped): prefix of 6 tokens, 4 reference tokens
+    from jaxspec.knapspec.dp import boundary_states, knapsack_dp
+
+    dp_config = target.replace(num_layers=4, name="tiny-tp8-dp")
+    dp_params = init_params(dp_config, jax.random.PRNGKey(2), scale=0.3)
+    dp_prefix = jnp.asarray(rng.randint(0, 128, (8, 6)), jnp.int32)
+    dp_tokens = jnp.asarray(rng.randint(0, 128, (8, 4)), jnp.int32)
+    prefix_len = jnp.full((8,), 6, jnp.int32)
+
+    def run_dp(p, cache):
+        cache = forward(p, dp_prefix, cache, config=dp_config).cache
+        states = boundary_states(p, dp_config, dp_tokens, cache, prefix_len)
+        return knapsack_dp(p, dp_config, cache, prefix_len, states, w_attn=1, w_mlp=1)
+
+    reference["dp"] = run_dp(dp_params, init_cache(dp_config, 8, 16))
 
     results = []
 
@@ -131,6 +146,14 @@ def _worker() -> dict:  # runs in the subprocess
 
         if shape != (2, 4):
             continue
+        start = time.perf_counter()
+        dp = run_dp(shard_params(dp_params, dp_config, mesh), shard_cache(init_cache(dp_config, 8, 16), mesh))
+        ref_dp = reference["dp"]
+        ok = (np.array_equal(dp.masks, ref_dp.masks) and np.array_equal(dp.weights, ref_dp.weights)
+              and np.allclose(dp.cosine, ref_dp.cosine, atol=1e-5) and np.allclose(dp.alpha, ref_dp.alpha))
+        record(shape, "KnapSpec DP (candidates, cosine, alpha)", ok, f"{len(dp)} candidates, max |dcos| "
+               f"{max_diff(dp.cosine, ref_dp.cosine):.1e}", time.perf_counter() - start)
+
         start = time.perf_counter()
         result = speculative_generate(sharded, target, prompts, draft_policy=self_policy, draft_state=self_state,
                                       engine=engine)
