@@ -51,7 +51,8 @@ def foundation_tables() -> str:
         lines.append(f"Copy bandwidth measured in the same run: {bandwidth / 1e12:.2f} TB/s "
                      f"(`y = x * 1.0001` over 4 GiB, bytes read + written).")
     parity_rows = []
-    for name in ("parity_smollm2_cpu.json", "parity_smollm2_h200.json", "parity_random_7b_h200.json"):
+    for name in ("parity_smollm2_cpu.json", "parity_smollm2_h200.json", "parity_random_7b_h200.json",
+                 "parity_qwen0.5b_cpu.json"):
         data = _load(name)
         if data:
             r = data["results"]
