@@ -23,6 +23,10 @@ SUPPORTED_PRE_TOKENIZERS = ("default", "gpt2", "smollm", "qwen2", "deepseek-r1-q
 CONTROL_TOKEN, USER_DEFINED_TOKEN = 3, 4
 
 
+class UnsupportedGGUFTokenizer(ValueError):
+    """The GGUF's tokenizer is not byte-level BPE: the caller falls back to transformers."""
+
+
 def _field(reader, key, default=None):
     field = reader.fields.get(key)
     if field is None:
@@ -64,7 +68,7 @@ def tokenizer_from_gguf(path):
     reader = gguf.GGUFReader(str(path))
     kind = _field(reader, "tokenizer.ggml.model")
     if kind != "gpt2":
-        raise NotImplementedError(f"tokenizer.ggml.model={kind!r}")
+        raise UnsupportedGGUFTokenizer(f"tokenizer.ggml.model={kind!r}")
     tokens = _field(reader, "tokenizer.ggml.tokens")
     merges = _field(reader, "tokenizer.ggml.merges") or []
     token_types = _field(reader, "tokenizer.ggml.token_type") or [1] * len(tokens)

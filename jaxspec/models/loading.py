@@ -274,7 +274,7 @@ def load_gguf_tokenizer(path):
     """
     from transformers import AutoTokenizer
 
-    from jaxspec.models.gguf_tokenizer import tokenizer_from_gguf
+    from jaxspec.models.gguf_tokenizer import UnsupportedGGUFTokenizer, tokenizer_from_gguf
 
     path = pathlib.Path(path)
     cached = path.parent / f"{path.stem}.jaxspec-tokenizer"
@@ -282,7 +282,7 @@ def load_gguf_tokenizer(path):
         return AutoTokenizer.from_pretrained(str(cached))
     try:
         tokenizer = tokenizer_from_gguf(path)
-    except NotImplementedError as err:
+    except UnsupportedGGUFTokenizer as err:
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
         except ModuleNotFoundError as missing:
