@@ -11,9 +11,15 @@ from typing import Any, Dict, List
 
 import numpy as np
 
+from experiments import self_spec
 from experiments.common import REPO, ResultWriter, median_time, print_table
 
 DEFAULT_MODEL = "smollm2-135m"
+#: ``generate --method NAME`` beyond ar/sd: NAME -> runner(args, model, prompts, sampling, stops, out) returning a
+#: result with rows(), num_generated, tokens_per_s, timings and metrics (it fills ``out`` with its own fields; an
+#: optional ``runner.validate(args)`` runs before loading). A new method: one entry here, its options in
+#: add_generate_args.
+METHOD_RUNNERS = dict(self_spec.METHOD_RUNNERS)
 DEMO_PROMPT_FILE = REPO / "experiments" / "prompts" / "long_demo.txt"
 
 
@@ -85,7 +91,9 @@ def add_generate_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-file", help="JSONL ({\"prompt\": ...} per line) or JSON list: one row per prompt")
     parser.add_argument("--batch", type=int, default=1, help="replicate a single prompt into this many rows")
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--method", default="ar", choices=["ar", "sd"], help="ar = autoregressive, sd = speculative")
+    parser.add_argument("--method", default="ar", choices=["ar", "sd", *METHOD_RUNNERS],
+                        help="ar = autoregressive, sd = speculative; knapspec, clasp, static-skip = layer-skipping "
+                             "self-speculation (KnapSpec and its baselines)")
     parser.add_argument("--draft", help="sd: draft model source (same tokenizer as --model)")
     parser.add_argument("--draft-skip", help="sd: self-draft skipping sub-layers, e.g. 'mlp:odd' or 'attn:4-9;mlp:12'")
     parser.add_argument("--gamma", type=int, default=4, help="sd: draft tokens per round")
@@ -100,6 +108,7 @@ def add_generate_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--no-chat", action="store_true", help="do not wrap the prompt in the chat template")
     parser.add_argument("--no-warmup", action="store_true", help="time the first (compiling) run")
+    self_spec.add_self_spec_args(parser)
 
 
 def run_generate(args) -> Dict[str, Any]:
@@ -114,6 +123,8 @@ def run_generate(args) -> Dict[str, Any]:
             raise ValueError("--method sd needs exactly one of --draft SOURCE or --draft-skip SPEC")
         if args.gamma < 1:
             raise ValueError(f"--gamma={args.gamma} must be >= 1")
+    if hasattr(METHOD_RUNNERS.get(method), "validate"):
+        METHOD_RUNNERS[method].validate(args)
     texts = read_prompts(args)
     if len(texts) == 1 and args.batch > 1:
         texts = texts * args.batch
@@ -151,6 +162,8 @@ def run_generate(args) -> Dict[str, Any]:
                              stop_tokens=stops, seed=args.seed, warmup=not args.no_warmup, mesh=mesh)
     if method == "ar":
         result = ar_result
+    elif method in METHOD_RUNNERS:
+        result = METHOD_RUNNERS[method](args, model, prompts, sampling, stops, out)
     else:
         from jaxspec.decoding.policies import SelfDraft, SeparateDraft, describe_skip_mask, parse_skip_spec
         from jaxspec.decoding.speculative import EngineConfig, acceptance_from_tau, speculative_generate
@@ -169,8 +182,9 @@ def run_generate(args) -> Dict[str, Any]:
         result = speculative_generate(model.params, model.config, prompts, draft_policy=policy,
                                       draft_params=draft_params, draft_state=draft_state, engine=engine,
                                       seed=args.seed, warmup=not args.no_warmup, profile=args.profile, mesh=mesh)
+    if method != "ar":  # fields every speculative method shares
         out["metrics"] = result.metrics
-        out["gamma"] = args.gamma
+        out.setdefault("gamma", args.gamma)
         if ar_result is not None:
             out["ar_tokens_per_s"] = ar_result.tokens_per_s
             out["speedup_vs_ar"] = result.tokens_per_s / ar_result.tokens_per_s
@@ -222,6 +236,11 @@ def report_generate(out: Dict[str, Any]) -> None:
         if m["fixed_acceptance"] is not None:
             print("NOTE: fixed-acceptance mode — acceptance is drawn from a fixed distribution; tokens are not the "
                   "model's output and only the timing is meaningful")
+    if "knapspec" in out:
+        k = out["knapspec"]
+        row.update(plan_frac=k["plan_fraction_of_decode"], ar_tokens=k["ar_tokens"])
+        if k["plan_history"]:
+            print_table(self_spec.plan_table_rows(out), title=f"{k['planner']} plans")
     print_table([row])
 
 

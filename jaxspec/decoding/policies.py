@@ -18,11 +18,24 @@ Draft policy contract::
 distributions they were drawn from (needed by rejection sampling), ``proposal.state`` the new
 draft state, ``proposal.target_cache`` the target cache (self-drafts write their KV into it,
 beyond the committed length, where verification overwrites it), ``proposal.signals`` anything
-a verify policy wants (e.g. Dustin's lookahead attention); ``None`` here.
+a verify policy wants (e.g. Dustin's lookahead attention); ``None`` here. Optionally
+``proposal.num_drafted [B]``: how many of the ``gamma`` tokens are real drafts (e.g. after an
+early exit); the engine accepts at most that many and counts only those in its metrics.
 
 Verify policy contract::
 
     indices = policy.verify_indices(state, target_cache, committed, signals)   # [B, K] or None (dense)
+
+Optional verify-policy hooks (used by Dustin; absent on :class:`DenseVerify`)::
+
+    policy.probe_heads   # static ((layer, query_head), ...) probed in the verification forward
+    state = policy.prefill(target_params, target_cache, tokens, prompt_lengths)   # host level; when no
+                         # verify_state is given (target_cache holds the prompts)
+    state = policy.update(state, probes, num_committed, committed)                # traced, after each commit
+
+``probes`` are the verification forward's :class:`~jaxspec.models.llama.Probes` (rows
+``[pending, d_1 .. d_gamma]``); ``num_committed [B]`` the tokens committed this round (0 for
+finished rows): row ``num_committed - 1`` is the last token now in the target cache.
 """
 
 from __future__ import annotations
@@ -48,6 +61,9 @@ class Proposal(NamedTuple):
     state: Any
     target_cache: KVCache
     signals: Any = None
+    # [B] int32: real drafted tokens per row (the rest of ``tokens`` are fillers, never accepted nor
+    # counted as drafted); None = all ``gamma``
+    num_drafted: Optional[jax.Array] = None
 
 
 def _draft_loop(step_fn, first_logits, state, gamma: int, sampling: SamplingConfig, key):

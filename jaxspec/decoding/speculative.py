@@ -16,6 +16,12 @@ Acceptance:
   (``p``, ``q``: target and draft distributions after temperature and top-p);
 * fixed acceptance (systems benchmarks only): the number accepted is drawn from a given
   distribution over ``0..gamma`` regardless of the tokens; every output says so.
+
+A draft policy may set ``Proposal.num_drafted [B]`` (real drafts per row, e.g. after an early
+exit; the rest are fillers): at most that many are accepted (sampling: standard rejection
+sampling with that draft length) and ``acceptance_rate`` divides by the tokens really drafted
+(``LoopState.draft_counts``). ``run_loop(..., max_rounds=n)`` returns to the host after at most
+``n`` more rounds (a traced bound: no recompile per value), e.g. to re-plan between chunks.
 """
 
 from __future__ import annotations
@@ -75,23 +81,34 @@ def acceptance_from_tau(tau: float, gamma: int) -> Tuple[float, ...]:
 
 
 # ---------------------------------------------------------------------------- acceptance
-def greedy_accept(target_logits, draft_tokens):
-    """``target_logits [B, g+1, V]``, ``draft_tokens [B, g]`` -> (accepted [B], next token [B])."""
+def greedy_accept(target_logits, draft_tokens, num_drafted=None):
+    """``target_logits [B, g+1, V]``, ``draft_tokens [B, g]`` -> (accepted [B], next token [B]).
+    ``num_drafted [B]``: only the first ``num_drafted`` tokens of a row may be accepted."""
     choice = jnp.argmax(target_logits, axis=-1).astype(jnp.int32)  # [B, g+1]
     match = (draft_tokens == choice[:, :-1]).astype(jnp.int32)
+    if num_drafted is not None:
+        match = match * (jnp.arange(match.shape[1])[None, :] < num_drafted[:, None])
     accepted = jnp.sum(jnp.cumprod(match, axis=1), axis=1)
     return accepted, jnp.take_along_axis(choice, accepted[:, None], axis=1)[:, 0]
 
 
-def rejection_accept(target_logits, draft_tokens, draft_probs, sampling: SamplingConfig, key):
-    """Standard speculative rejection sampling (distribution preserving)."""
+def rejection_accept(target_logits, draft_tokens, draft_probs, sampling: SamplingConfig, key, num_drafted=None):
+    """Standard speculative rejection sampling (distribution preserving). ``num_drafted [B]``: a row
+    drafted only its first ``num_drafted`` tokens (standard rejection sampling with that draft length:
+    the later positions are never accepted and, when every real draft is accepted, the next token is
+    drawn from ``p`` at position ``num_drafted``)."""
     gamma = draft_tokens.shape[1]
+    if num_drafted is not None:
+        real = jnp.arange(gamma)[None, :] < num_drafted[:, None]
+        draft_probs = jnp.where(real[..., None], draft_probs, 0.0)
     p = sampling_probs(target_logits, sampling)  # [B, g+1, V]
     p_draft = jnp.take_along_axis(p[:, :-1], draft_tokens[..., None], axis=-1)[..., 0]
     q_draft = jnp.take_along_axis(draft_probs, draft_tokens[..., None], axis=-1)[..., 0]
     key_accept, key_resample = jax.random.split(key)
     u = jax.random.uniform(key_accept, p_draft.shape)
     ok = (u * q_draft < p_draft).astype(jnp.int32)  # u < p/q without dividing by a zero q
+    if num_drafted is not None:
+        ok = ok * real
     accepted = jnp.sum(jnp.cumprod(ok, axis=1), axis=1)
     p_at = jnp.take_along_axis(p, accepted[:, None, None], axis=1)[:, 0]  # [B, V]
     q_pad = jnp.concatenate([draft_probs, jnp.zeros_like(draft_probs[:, :1])], axis=1)
@@ -120,6 +137,14 @@ class LoopState(NamedTuple):
     key: jax.Array
     active_rounds: jax.Array  # [B]
     accepted_histogram: jax.Array  # [gamma + 1] counts of rounds (active rows) accepting n drafts
+    # {"drafted_histogram": [gamma + 1] rounds (active rows) with n real drafts, "attempts": [gamma]
+    # rounds where draft position i was drafted and d_1..d_i accepted}; None = not tracked (all gamma)
+    draft_counts: Any = None
+
+
+def init_draft_counts(gamma: int) -> Dict[str, jax.Array]:
+    """Zeroed ``LoopState.draft_counts`` for draft length ``gamma``."""
+    return {"drafted_histogram": jnp.zeros((gamma + 1,), jnp.int32), "attempts": jnp.zeros((gamma,), jnp.int32)}
 
 
 def _draft_phase(target_params, draft_params, draft_state, target_cache, pending, previous, committed, key, *,
@@ -135,22 +160,27 @@ def _verify_phase(target_params, target_cache, verify_state, committed, pending,
     indices = verify_policy.verify_indices(verify_state, target_cache, committed, signals)
     cache = target_cache.with_lengths(committed - 1)
     rows = jnp.concatenate([pending[:, None], draft_tokens], axis=1)
-    result = _forward(target_params, rows, cache, config=target_config, verify_indices=indices)
-    return result.logits, result.cache
+    # a verify policy may ask for probe outputs of the verification (e.g. Dustin's target signal)
+    result = _forward(target_params, rows, cache, config=target_config, verify_indices=indices,
+                      probe_heads=tuple(getattr(verify_policy, "probe_heads", ())))
+    return result.logits, result.cache, result.probes
 
 
 def _commit_phase(state: LoopState, proposal: Proposal, target_logits, target_cache, key, *, engine):
     gamma = engine.gamma
+    num_drafted = proposal.num_drafted  # None: every row drafted gamma tokens
     key, k_accept, k_fixed = jax.random.split(key, 3)
     if engine.fixed_acceptance is not None:
         accepted = jax.random.categorical(k_fixed, jnp.log(jnp.asarray(engine.fixed_acceptance)),
                                           shape=state.pending.shape).astype(jnp.int32)
+        if num_drafted is not None:
+            accepted = jnp.minimum(accepted, num_drafted)
         next_token = jnp.take_along_axis(jnp.argmax(target_logits, -1).astype(jnp.int32), accepted[:, None], 1)[:, 0]
     elif engine.sampling.greedy:
-        accepted, next_token = greedy_accept(target_logits, proposal.tokens)
+        accepted, next_token = greedy_accept(target_logits, proposal.tokens, num_drafted)
     else:
         accepted, next_token = rejection_accept(target_logits, proposal.tokens, proposal.probs, engine.sampling,
-                                                k_accept)
+                                                k_accept, num_drafted)
     steps = jnp.arange(gamma + 1)
     block = jnp.where(steps[None, :] < accepted[:, None], jnp.pad(proposal.tokens, ((0, 0), (0, 1))),
                       next_token[:, None])  # [B, g+1]: d_1..d_n, next, (ignored)
@@ -173,25 +203,52 @@ def _commit_phase(state: LoopState, proposal: Proposal, target_logits, target_ca
     previous = jnp.where(count > 0, before_last, state.previous)
     histogram = state.accepted_histogram + jnp.sum(
         jax.nn.one_hot(accepted, gamma + 1, dtype=jnp.int32) * active[:, None].astype(jnp.int32), axis=0)
+    draft_counts = state.draft_counts
+    if draft_counts is not None:
+        drafted = jnp.full_like(accepted, gamma) if num_drafted is None else jnp.minimum(num_drafted, gamma)
+        live = active[:, None].astype(jnp.int32)
+        position = jnp.arange(gamma)[None, :]
+        tried = (position <= accepted[:, None]) & (position < drafted[:, None])  # d_{i+1} drafted, d_1..d_i accepted
+        draft_counts = {
+            "drafted_histogram": draft_counts["drafted_histogram"] + jnp.sum(
+                jax.nn.one_hot(drafted, gamma + 1, dtype=jnp.int32) * live, axis=0),
+            "attempts": draft_counts["attempts"] + jnp.sum(tried.astype(jnp.int32) * live, axis=0)}
     return LoopState(round=state.round + 1, target_cache=target_cache.with_lengths(state.committed - 1 + count),
                      draft_state=proposal.state, verify_state=state.verify_state, out=out, num_out=num_out,
                      committed=state.committed + count, pending=pending, previous=previous, done=done, key=key,
-                     active_rounds=state.active_rounds + active.astype(jnp.int32), accepted_histogram=histogram)
+                     active_rounds=state.active_rounds + active.astype(jnp.int32), accepted_histogram=histogram,
+                     draft_counts=draft_counts)
 
 
 def _round(target_params, draft_params, state, *, target_config, draft_policy, verify_policy, engine):
     proposal, key = _draft_phase(target_params, draft_params, state.draft_state, state.target_cache, state.pending,
                                  state.previous, state.committed, state.key, target_config=target_config,
                                  draft_policy=draft_policy, engine=engine)
-    logits, cache = _verify_phase(target_params, proposal.target_cache, state.verify_state, state.committed,
-                                  state.pending, proposal.tokens, proposal.signals, target_config=target_config,
-                                  verify_policy=verify_policy, engine=engine)
-    return _commit_phase(state, proposal, logits, cache, key, engine=engine)
+    logits, cache, probes = _verify_phase(target_params, proposal.target_cache, state.verify_state, state.committed,
+                                          state.pending, proposal.tokens, proposal.signals,
+                                          target_config=target_config, verify_policy=verify_policy, engine=engine)
+    new = _commit_phase(state, proposal, logits, cache, key, engine=engine)
+    return _update_verify_state(state, new, probes, verify_policy=verify_policy)
 
 
-def _loop_fn(target_params, draft_params, state, *, target_config, draft_policy, verify_policy, engine):
+def _update_verify_state(before: LoopState, after: LoopState, probes, *, verify_policy):
+    """Optional hook: ``verify_policy.update(verify_state, probes, num_committed [B], committed [B])``
+    -> the next ``verify_state`` (``num_committed``: tokens committed this round, 0 for finished
+    rows; verification row ``num_committed - 1`` is the last token now in the target cache)."""
+    if not hasattr(verify_policy, "update"):
+        return after
+    return after._replace(verify_state=verify_policy.update(after.verify_state, probes,
+                                                            after.committed - before.committed, after.committed))
+
+
+def _loop_fn(target_params, draft_params, state, max_rounds=None, *, target_config, draft_policy, verify_policy,
+             engine):
+    # max_rounds (traced scalar, no recompile per value): stop after that many more rounds
+    limit = engine.max_new_tokens if max_rounds is None else jnp.minimum(state.round + max_rounds,
+                                                                         engine.max_new_tokens)
+
     def cond(s):
-        return (s.round < engine.max_new_tokens) & ~jnp.all(s.done)
+        return (s.round < limit) & ~jnp.all(s.done)
 
     def body(s):
         return _round(target_params, draft_params, s, target_config=target_config, draft_policy=draft_policy,
@@ -212,6 +269,7 @@ _draft_jit = jax.jit(_draft_phase, static_argnames=("target_config", "draft_poli
 _verify_jit = jax.jit(_verify_phase, static_argnames=("target_config", "verify_policy", "engine"),
                       donate_argnames=("target_cache",))
 _commit_jit = jax.jit(_commit_phase, static_argnames=("engine",), donate_argnames=("proposal", "target_cache"))
+_update_jit = jax.jit(_update_verify_state, static_argnames=("verify_policy",), donate_argnames=("after",))
 
 
 def loop_state_from_caches(target_cache: KVCache, draft_state, pending, previous, engine: EngineConfig, seed: int = 0,
@@ -227,12 +285,17 @@ def loop_state_from_caches(target_cache: KVCache, draft_state, pending, previous
                      committed=target_cache.lengths + 1, pending=jnp.array(pending, jnp.int32, copy=True),
                      previous=jnp.array(previous, jnp.int32, copy=True), done=jnp.zeros((batch,), bool),
                      key=jax.random.PRNGKey(seed), active_rounds=jnp.zeros((batch,), jnp.int32),
-                     accepted_histogram=jnp.zeros((engine.gamma + 1,), jnp.int32))
+                     accepted_histogram=jnp.zeros((engine.gamma + 1,), jnp.int32),
+                     draft_counts=init_draft_counts(engine.gamma))
 
 
-def run_loop(target_params, draft_params, state: LoopState, *, target_config, draft_policy, verify_policy, engine):
-    """All rounds in one jitted ``while_loop`` (donates ``state``)."""
-    return _loop(target_params, draft_params, state, target_config=target_config, draft_policy=draft_policy,
+def run_loop(target_params, draft_params, state: LoopState, *, target_config, draft_policy, verify_policy, engine,
+             max_rounds: Optional[int] = None):
+    """All rounds in one jitted ``while_loop`` (donates ``state``). ``max_rounds``: stop after at most
+    that many rounds (fewer if every row finishes; ``state.round`` keeps counting), e.g. to return
+    to the host every planning interval; a traced value, so no recompile per value."""
+    limit = None if max_rounds is None else jnp.int32(max_rounds)
+    return _loop(target_params, draft_params, state, limit, target_config=target_config, draft_policy=draft_policy,
                  verify_policy=verify_policy, engine=engine)
 
 
@@ -326,12 +389,15 @@ def speculative_generate(target_params, target_config: ModelConfig, prompts: Seq
         stop = jnp.asarray(engine.stop_tokens if engine.stop_tokens else (-2,), jnp.int32)
         lengths_j = jnp.asarray(lengths, jnp.int32)
         previous = jnp.asarray(tokens[np.arange(batch), lengths - 1], jnp.int32)
+        state_v = jax.tree.map(jnp.copy, verify_state)
+        if state_v is None and hasattr(verify_policy, "prefill"):  # e.g. Dustin: the last prompt token's query
+            state_v = verify_policy.prefill(target_params, target_cache, tokens, lengths)
         return LoopState(round=jnp.int32(0), target_cache=target_cache, draft_state=state_d,
-                         verify_state=jax.tree.map(jnp.copy, verify_state), out=out, num_out=jnp.ones((batch,), jnp.int32),
+                         verify_state=state_v, out=out, num_out=jnp.ones((batch,), jnp.int32),
                          committed=lengths_j + 1, pending=first, previous=previous,
                          done=jnp.isin(first, stop) | (engine.max_new_tokens <= 1), key=key,
                          active_rounds=jnp.zeros((batch,), jnp.int32),
-                         accepted_histogram=jnp.zeros((gamma + 1,), jnp.int32))
+                         accepted_histogram=jnp.zeros((gamma + 1,), jnp.int32), draft_counts=init_draft_counts(gamma))
 
     static = dict(target_config=target_config, draft_policy=draft_policy, verify_policy=verify_policy, engine=engine)
 
@@ -362,15 +428,24 @@ def _metrics(final: LoopState, gamma: int, engine: EngineConfig) -> Dict[str, An
     # tokens committed by rounds (the first generated token comes from the prefill)
     committed_in_rounds = int((np.asarray(final.num_out) - 1).sum())
     reached = np.array([histogram[i:].sum() for i in range(gamma + 1)])  # rounds with >= i accepted
-    per_position = [float(reached[i + 1] / reached[i]) if reached[i] else None for i in range(gamma)]
-    return {
+    attempts, drafted_tokens = reached[:gamma], histogram.sum() * gamma  # every round drafts gamma tokens
+    counts = getattr(final, "draft_counts", None)
+    extra = {}
+    if counts is not None:  # only real drafts count (e.g. none after an early exit)
+        drafted_histogram = np.asarray(counts["drafted_histogram"], np.int64)
+        attempts = np.asarray(counts["attempts"], np.int64)
+        drafted_tokens = int((drafted_histogram * np.arange(gamma + 1)).sum())
+        extra = {"drafted_tokens": drafted_tokens, "drafted_histogram": drafted_histogram.tolist(),
+                 "mean_drafted": drafted_tokens / max(int(drafted_histogram.sum()), 1)}
+    per_position = [float(reached[i + 1] / attempts[i]) if attempts[i] else None for i in range(gamma)]
+    return extra | {
         "rounds": int(final.round),
         "row_rounds": row_rounds,
         "tau": committed_in_rounds / row_rounds if row_rounds else None,
         "tau_untruncated": float((histogram * (np.arange(gamma + 1) + 1)).sum() / max(histogram.sum(), 1)),
         "accepted_histogram": histogram.tolist(),
         "acceptance_rate_per_position": per_position,  # P(d_i accepted | d_1..d_{i-1} accepted)
-        "acceptance_rate": float((histogram * np.arange(gamma + 1)).sum() / max(histogram.sum() * gamma, 1)),
+        "acceptance_rate": float((histogram * np.arange(gamma + 1)).sum() / max(drafted_tokens, 1)),
         "gamma": gamma,
         "fixed_acceptance": engine.fixed_acceptance,
         "acceptance_mode": "fixed (systems benchmark: tokens are not the model's output)"
@@ -392,12 +467,15 @@ def _profile(target_params, draft_params, state, static) -> Dict[str, float]:
                                    state.previous, state.committed, state.key, **phase_static)
         jax.block_until_ready(proposal)
         t1 = time.perf_counter()
-        logits, cache = _verify_jit(target_params, proposal.target_cache, state.verify_state, state.committed,
-                                    state.pending, proposal.tokens, proposal.signals, **verify_static)
+        logits, cache, probes = _verify_jit(target_params, proposal.target_cache, state.verify_state,
+                                            state.committed, state.pending, proposal.tokens, proposal.signals,
+                                            **verify_static)
         jax.block_until_ready(logits)
         t2 = time.perf_counter()
-        state = _commit_jit(state._replace(target_cache=None, draft_state=None), proposal._replace(target_cache=None),
-                            logits, cache, key, engine=engine)
+        before = state._replace(target_cache=None, draft_state=None)
+        state = _commit_jit(before, proposal._replace(target_cache=None), logits, cache, key, engine=engine)
+        if hasattr(static["verify_policy"], "update"):
+            state = _update_jit(before, state, probes, verify_policy=static["verify_policy"])
         jax.block_until_ready(state)
         t3 = time.perf_counter()
         if first:  # compile round

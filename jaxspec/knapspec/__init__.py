@@ -14,10 +14,11 @@ from jaxspec.knapspec.dp import (Candidates, boundary_states, knapsack_brute_for
 from jaxspec.knapspec.latency import (LatencyModel, LatencyProfile, effective_context, fit_latency, load_or_profile,
                                       profile_latency)
 from jaxspec.knapspec.planner import Plan, choose_plan, expected_tokens, tpt
-from jaxspec.knapspec.policy import (KnapSpecConfig, KnapSpecDraft, KnapSpecSchedule, knapspec_generate,
-                                     plan_skip_set, reference_window)
+from jaxspec.knapspec.policy import (KnapSpecConfig, KnapSpecDraft, KnapSpecPlanner, KnapSpecSchedule, PlanRecord,
+                                     knapspec_generate, plan_skip_set, reference_window)
 
-__all__ = ["Candidates", "KnapSpecConfig", "KnapSpecDraft", "KnapSpecSchedule", "LatencyModel", "LatencyProfile",
-           "Plan", "boundary_states", "choose_plan", "effective_context", "expected_tokens", "fit_latency",
-           "knapsack_brute_force", "knapsack_dp", "knapsack_dp_reference", "knapsack_weights", "knapspec_generate",
-           "load_or_profile", "plan_skip_set", "profile_latency", "reference_window", "skip_budget", "tpt"]
+__all__ = ["Candidates", "KnapSpecConfig", "KnapSpecDraft", "KnapSpecPlanner", "KnapSpecSchedule", "LatencyModel",
+           "LatencyProfile", "Plan", "PlanRecord", "boundary_states", "choose_plan", "effective_context",
+           "expected_tokens", "fit_latency", "knapsack_brute_force", "knapsack_dp", "knapsack_dp_reference",
+           "knapsack_weights", "knapspec_generate", "load_or_profile", "plan_skip_set", "profile_latency",
+           "reference_window", "skip_budget", "tpt"]

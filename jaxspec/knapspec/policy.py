@@ -2,48 +2,55 @@
 
 * :class:`KnapSpecDraft` -- a draft policy (the engine contract of
   :mod:`jaxspec.decoding.policies`): the target with the sub-layers of ``state["skip_mask"]``
-  ``[L, 2]`` skipped (a dynamic mask: a new plan needs no recompile), drafting up to the
-  engine's ``gamma`` (= gamma_max, 10 by default) tokens with **early exit**: the draft loop is a
-  ``lax.while_loop`` that stops once every row has drafted a token whose probability is below
-  ``early_exit`` (0.7; the token itself is kept, as in the official code). The engine's
-  proposal has a static length ``gamma``, so the remaining positions are filled with the last
-  drafted token, with a one-hot draft distribution: the acceptance rules stay exact (greedy: a
-  filler is accepted only if it *is* the target's argmax; sampling: a deterministic draw from a
-  one-hot ``q`` is a valid draw, so rejection sampling still preserves the target
-  distribution). The draft compute stops at the exit; the verification still runs
-  ``gamma + 1`` rows (see "Engine changes" below). ``state["draft_steps"]`` counts the draft
-  forwards actually run.
+  ``[L, 2]`` skipped (a dynamic mask: a new plan needs no recompile), drafting up to
+  ``min(engine gamma, state["gamma_cap"])`` tokens (the cap is the plan's gamma*, a dynamic
+  value) with **early exit**: the draft loop is a ``lax.while_loop`` that stops once every row
+  has drafted a token whose probability is below ``early_exit`` (0.7; the token itself is
+  kept, as in the official code). The engine's proposal has a static length ``gamma``, so the
+  remaining positions are filled with the last drafted token (one-hot draft distribution) and
+  ``Proposal.num_drafted`` tells the engine how many are real: fillers are never accepted and
+  never counted as drafted (``acceptance_rate`` = accepted / really drafted tokens).
+  ``state["draft_steps"]`` counts the draft forwards actually run.
 * :class:`KnapSpecSchedule` -- when to re-plan: before the first plan the draft is the full
   model; the DP runs after round ``plan_round`` (6) of every ``plan_interval`` (64) rounds
   (rounds 6, 70, 134, ...), on the tokens committed in the last ``reference_rounds`` (5) rounds,
   with ``t_attn`` at the *current* context length (official code: accumulate at
   ``step % 64 in 2..6``, optimise at ``step % 64 == 6``).
 * :func:`knapspec_generate` -- the host-level driver: prefill, then the engine's jitted
-  ``while_loop`` run in chunks between schedule events (the loop is bounded by presetting its
-  ``round`` counter; the true count is restored), and at each plan event: reference states
+  ``while_loop`` run in chunks between schedule events (``run_loop(..., max_rounds=)``), and at
+  each plan event a *planner* (:class:`KnapSpecPlanner`: reference states
   (:func:`~jaxspec.knapspec.dp.boundary_states`), DP (:func:`~jaxspec.knapspec.dp.knapsack_dp`),
-  grid search (:func:`~jaxspec.knapspec.planner.choose_plan`), new mask into the draft state.
+  grid search (:func:`~jaxspec.knapspec.planner.choose_plan`); CLaSp and the static skip set of
+  :mod:`jaxspec.baselines` plug in here) sets the new mask and gamma.
+
+Per-plan gamma (``KnapSpecConfig.honor_gamma``, default on; off = the official code, which
+reports gamma* but always drafts up to gamma_max):
+
+* gamma* >= 1: drafting is capped at gamma* (dynamic, no recompile) and the verification runs
+  ``b + 1`` rows, ``b`` the smallest of ``gamma_buckets`` (plus gamma_max) >= gamma*. Each
+  bucket is a static engine gamma, compiled lazily the first time a plan picks it (one
+  compile per bucket per model). Why buckets and not always ``gamma_max + 1`` verification
+  rows: on a CPU (or any compute-bound setting) 11 verification rows cost about 2x 3 rows
+  (SmolLM2-135M, 1k context: 54 ms vs 24 ms), which the TPT model -- verification = one
+  decode step -- does not account for; on a memory-bound GPU the extra rows are nearly free,
+  so ``gamma_buckets=()`` (a single compile, verify ``gamma_max + 1`` rows) is the choice there.
+  Only ``accepted_histogram`` / ``draft_counts`` have a gamma-sized shape in the loop state;
+  they are folded into host totals at a bucket change.
+* gamma* = 0 (plain decoding predicted best): the interval until the next plan
+  (``plan_interval`` steps, each counted as one round of the schedule) runs the jitted
+  autoregressive loop of :mod:`jaxspec.decoding.autoregressive` on the same cache (no draft,
+  no verification), so a plan can never make decoding slower than AR beyond the planning
+  cost. The next plan then uses the last ``ar_reference_tokens`` committed tokens as its
+  reference (an AR interval has no draft rounds to take a reference from). The interval
+  bypasses the verify policy: a verify policy whose state follows the committed tokens
+  (``update`` hook, e.g. Dustin) is not updated during it.
 
 Batch > 1 (beyond the official batch-1 code): one skip set for the whole batch; the DP's
 value and alpha pool every row's reference tokens (each row attends to its own prefix); the
 early exit is batch-level (the loop ends when every row has exited; rows that exited earlier
-keep drafting meanwhile, which costs nothing extra in a batched forward).
-
-Engine changes that would make this exact-to-paper and cheaper (not made here):
-
-1. ``Proposal.num_drafted [B]`` (or a batch scalar) and, in ``_commit_phase``,
-   ``accepted = min(accepted, num_drafted)``; metrics counting drafted tokens per row -- so
-   filler positions are never accepted nor counted as rejections (today they are verified and
-   can be accepted when correct, which is lossless but skews ``acceptance_rate``).
-2. Verification over ``num_drafted + 1`` rows instead of ``gamma + 1``: needs bucketed static
-   lengths (e.g. verify with ``lax.switch`` over a few gamma buckets) since shapes are static.
-3. A round limit argument to ``run_loop`` (e.g. ``max_rounds``) or a host callback every
-   ``plan_interval`` rounds, instead of presetting ``LoopState.round``.
-4. Per-plan gamma: the grid search's gamma* is reported but, as in the official code, drafting
-   always uses gamma_max with early exit. gamma* = 0 (plain decoding predicted best) would need
-   an AR fallback round in the engine.
+keep drafting meanwhile, which costs nothing extra in a batched forward, and those tokens are
+real drafts: ``num_drafted`` is the loop's count for every row).
 """
-
 from __future__ import annotations
 
 import dataclasses
@@ -55,15 +62,19 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.config import ModelConfig
-from jaxspec.decoding.autoregressive import PAD_OUTPUT, pad_prompts, prefill
+from jaxspec.decoding.autoregressive import PAD_OUTPUT, _decode_loop_fn, pad_prompts, prefill
 from jaxspec.decoding.policies import DenseVerify, Proposal
 from jaxspec.decoding.sampling import SamplingConfig, sample_token, sampling_probs
-from jaxspec.decoding.speculative import EngineConfig, LoopState, SpeculativeResult, run_loop, summarize
+from jaxspec.decoding.speculative import (EngineConfig, LoopState, SpeculativeResult, init_draft_counts, run_loop,
+                                          summarize)
 from jaxspec.knapspec.dp import DEFAULT_TAU, WEIGHT_CAP, Candidates, boundary_states, knapsack_dp, knapsack_weights
 from jaxspec.knapspec.latency import LatencyModel, effective_context
 from jaxspec.knapspec.planner import GAMMA_GRID, Plan, choose_plan
 from jaxspec.models.cache import check_room, init_cache
 from jaxspec.models.llama import _forward
+
+#: ``gamma_cap`` meaning "no cap" (the engine's gamma)
+NO_GAMMA_CAP = 2 ** 30
 
 
 # ---------------------------------------------------------------------------- draft policy
@@ -79,13 +90,17 @@ class KnapSpecDraft:
         if self.early_exit is not None and not 0.0 <= self.early_exit <= 1.0:
             raise ValueError(f"early_exit={self.early_exit} must be a probability in [0, 1] or None")
 
-    def initial_state(self, skip_mask=None) -> dict:
-        """``skip_mask`` ``[L, 2]`` (default: the full model, the draft before the first plan)."""
+    def initial_state(self, skip_mask=None, gamma_cap: Optional[int] = None) -> dict:
+        """``skip_mask`` ``[L, 2]`` (default: the full model, the draft before the first plan);
+        ``gamma_cap``: draft at most this many tokens per round (default: the engine's gamma)."""
         shape = (self.config.num_layers, 2)
         mask = jnp.zeros(shape, bool) if skip_mask is None else jnp.asarray(skip_mask, bool)
         if mask.shape != shape:
             raise ValueError(f"skip mask shape {mask.shape}; expected {shape}")
-        return {"skip_mask": mask, "draft_steps": jnp.zeros((), jnp.int32)}
+        if gamma_cap is not None and int(gamma_cap) < 1:
+            raise ValueError(f"gamma_cap={gamma_cap} must be >= 1 (gamma* = 0 is plain decoding, not a draft)")
+        cap = NO_GAMMA_CAP if gamma_cap is None else int(gamma_cap)
+        return {"skip_mask": mask, "draft_steps": jnp.zeros((), jnp.int32), "gamma_cap": jnp.int32(cap)}
 
     def prefill(self, draft_params, tokens, prompt_lengths, capacity):
         raise TypeError("KnapSpecDraft reads the target cache: build its state with initial_state(skip_mask)")
@@ -101,6 +116,7 @@ class KnapSpecDraft:
         mask = state["skip_mask"]
         batch = pending.shape[0]
         vocab = self.config.vocab_size
+        limit = jnp.clip(state.get("gamma_cap", gamma), 1, gamma)  # the planned gamma (dynamic: no recompile)
         threshold = -1.0 if self.early_exit is None else float(self.early_exit)
         cache = target_cache.with_lengths(committed - 1)
         out = _forward(draft_params, pending[:, None], cache, config=self.config, skip_mask=mask)
@@ -115,7 +131,7 @@ class KnapSpecDraft:
 
         def cond(carry):
             i, _, _, _, confident = carry
-            return (i < gamma) & jnp.any(confident)
+            return (i < limit) & jnp.any(confident)
 
         def body(carry):
             i, cache, tokens, probs, confident = carry
@@ -136,8 +152,9 @@ class KnapSpecDraft:
         tokens = jnp.where(real, tokens, filler)
         if probs is not None:
             probs = jnp.where(real[..., None], probs, jax.nn.one_hot(filler, vocab, dtype=jnp.float32))
-        new_state = {"skip_mask": mask, "draft_steps": state["draft_steps"] + drafted}
-        return Proposal(tokens, probs, new_state, cache)
+        new_state = dict(state, draft_steps=state["draft_steps"] + drafted)
+        # the fillers are not drafts: the engine never accepts them and does not count them
+        return Proposal(tokens, probs, new_state, cache, num_drafted=jnp.full((batch,), drafted, jnp.int32))
 
 
 # ---------------------------------------------------------------------------- schedule
@@ -158,6 +175,11 @@ class KnapSpecConfig:
     branch_chunk: Optional[int] = None  # DP: branches per attention batch (None = all at once)
     max_reference_tokens: Optional[int] = None  # cap r per row (the latest tokens); None = all
     token_bucket: int = 16  # pad r up to a multiple of this (fewer DP recompiles)
+    honor_gamma: bool = True  # False: the official code (draft up to gamma_max whatever gamma*, never AR)
+    # static engine gammas (verification rows - 1) a planned gamma is rounded up to; gamma_max is always one
+    gamma_buckets: Optional[Tuple[int, ...]] = (1, 2, 3, 4, 6, 8)
+    ar_reference_tokens: int = 32  # the DP reference after an interval of plain decoding
+    coupled: bool = False  # ablation: whole layers (Attention + MLP together) instead of sub-layers
 
     def __post_init__(self):
         if not 1 <= self.reference_rounds <= self.plan_round:
@@ -166,6 +188,30 @@ class KnapSpecConfig:
             raise ValueError(f"need reference_rounds ({self.reference_rounds}) <= plan_interval ({self.plan_interval})")
         if self.gamma_max < 1:
             raise ValueError(f"gamma_max={self.gamma_max} must be >= 1")
+        if any(int(b) < 1 for b in (self.gamma_buckets or ())):
+            raise ValueError(f"gamma_buckets={self.gamma_buckets} must be integers >= 1")
+        if self.ar_reference_tokens < 1:
+            raise ValueError(f"ar_reference_tokens={self.ar_reference_tokens} must be >= 1")
+
+    @property
+    def buckets(self) -> Tuple[int, ...]:
+        """Engine gammas in use: the buckets below gamma_max, and gamma_max."""
+        return tuple(sorted({int(b) for b in (self.gamma_buckets or ()) if b < self.gamma_max} | {self.gamma_max}))
+
+    def bucket_for(self, gamma: int) -> int:
+        """The engine gamma (verification rows - 1) a plan drafting ``gamma`` tokens runs with."""
+        return next(b for b in self.buckets if b >= min(int(gamma), self.gamma_max))
+
+    @property
+    def plan_gammas(self) -> Tuple[int, ...]:
+        """The grid search's gammas: all of ``gammas`` (official), or those <= gamma_max when the
+        plan's gamma is honoured (a larger one could not be drafted)."""
+        if not self.honor_gamma:
+            return tuple(self.gammas)
+        grid = tuple(g for g in self.gammas if g <= self.gamma_max)
+        if not grid:
+            raise ValueError(f"no gamma in {self.gammas} is <= gamma_max={self.gamma_max}")
+        return grid
 
     @property
     def schedule(self) -> "KnapSpecSchedule":
@@ -202,15 +248,24 @@ class KnapSpecSchedule:
 class PlanRecord:
     round: int
     plan: Plan
-    candidates: Candidates
+    candidates: Optional[Candidates]
     reference_tokens: int  # total over rows
     weights: Tuple[int, int]
     seconds: float
+    gamma_used: int = -1  # tokens drafted per round under this plan (0 = plain decoding)
+    verify_rows: int = 0  # rows per verification (engine gamma + 1; 1 = plain decoding)
+    context_length: float = 0.0  # mean committed tokens per row when planning
+    planner: str = "knapspec"
 
     def summary(self) -> dict:
         out = self.plan.summary()
+        mask = np.asarray(self.plan.mask, bool)
         out.update(round=self.round, reference_tokens=self.reference_tokens, w_attn=self.weights[0],
-                   w_mlp=self.weights[1], candidates=len(self.candidates), seconds=self.seconds)
+                   w_mlp=self.weights[1], candidates=len(self.candidates) if self.candidates is not None else 0,
+                   seconds=self.seconds, planner=self.planner, gamma_star=int(self.plan.gamma),
+                   gamma_used=int(self.gamma_used), mode="ar" if self.gamma_used == 0 else "speculative",
+                   verify_rows=int(self.verify_rows), context_length=float(self.context_length),
+                   n_skip_attn=int(mask[:, 0].sum()), n_skip_mlp=int(mask[:, 1].sum()))
         return out
 
 
@@ -247,49 +302,149 @@ def plan_skip_set(target_params, config: ModelConfig, cache, tokens, token_mask,
     states = boundary_states(target_params, config, tokens, cache, prefix_len)
     candidates = knapsack_dp(target_params, config, cache, prefix_len, states, token_mask, w_attn=w_attn, w_mlp=w_mlp,
                              tau=knapspec.tau, branch_chunk=knapspec.branch_chunk)
-    plan = choose_plan(candidates.masks, candidates.alpha, latency, n, gammas=knapspec.gammas,
+    plan = choose_plan(candidates.masks, candidates.alpha, latency, n, gammas=knapspec.plan_gammas,
                        objective=knapspec.objective, exclude_full=knapspec.exclude_full)
     return plan, candidates, (w_attn, w_mlp)
 
 
+@dataclasses.dataclass(frozen=True)
+class KnapSpecPlanner:
+    """The KnapSpec planner: DP over sub-layers (or whole layers with ``knapspec.coupled``) and the
+    (candidate, gamma) grid search under ``knapspec.objective`` (TPT, or the TPL ablation).
+
+    A planner is any object with ``name`` and ``plan(target_params, config, cache, tokens,
+    token_mask, prefix_len, n) -> (Plan, Candidates or None, (w_attn, w_mlp))``."""
+
+    latency: LatencyModel
+    knapspec: KnapSpecConfig = KnapSpecConfig()
+
+    @property
+    def name(self) -> str:
+        return "knapspec" + ("-coupled" if self.knapspec.coupled else "") + (
+            "" if self.knapspec.objective == "tpt" else f"-{self.knapspec.objective}")
+
+    def plan(self, target_params, config, cache, tokens, token_mask, prefix_len, n):
+        if self.knapspec.coupled:
+            from jaxspec.baselines.clasp import plan_coupled_skip_set
+
+            return plan_coupled_skip_set(target_params, config, cache, tokens, token_mask, prefix_len, self.latency,
+                                         n, self.knapspec)
+        return plan_skip_set(target_params, config, cache, tokens, token_mask, prefix_len, self.latency, n,
+                             self.knapspec)
+
+
+# ---------------------------------------------------------------------------- plain-decoding interval
+def _ar_interval_fn(params, state: LoopState, *, config: ModelConfig, engine: EngineConfig, steps: int):
+    """``steps`` plain autoregressive steps from the engine state, on the same cache: the pending
+    token is fed, then :mod:`jaxspec.decoding.autoregressive`'s decode loop runs; each active row
+    commits its tokens up to a stop token or its limit. Returns (state, tokens committed [B])."""
+    batch = state.pending.shape[0]
+    active = ~state.done
+    first = _forward(params, state.pending[:, None], state.target_cache.with_lengths(state.committed - 1),
+                     config=config)
+    logits = first.logits[:, 0]
+    if engine.stop_tokens:  # finished rows emit a stop token at once, so the loop can end early (dropped anyway)
+        stop_hot = jax.nn.one_hot(engine.stop_tokens[0], logits.shape[-1], dtype=bool)
+        logits = jnp.where(state.done[:, None], jnp.where(stop_hot[None, :], 0.0, -1e30), logits)
+    key, sub = jax.random.split(state.key)
+    tokens, cache = _decode_loop_fn(params, first.cache, logits, sub, config=config, sampling=engine.sampling,
+                                    max_new_tokens=steps, stop_tokens=tuple(sorted(set(engine.stop_tokens))))
+    position = jnp.arange(steps)[None, :]
+    stop = jnp.asarray(engine.stop_tokens if engine.stop_tokens else (-2,), jnp.int32)
+    is_stop = jnp.isin(tokens, stop)
+    first_stop = jnp.where(is_stop.any(axis=1), jnp.argmax(is_stop, axis=1), steps)
+    count = jnp.minimum(jnp.minimum(first_stop + 1, steps), engine.max_new_tokens - state.num_out)
+    count = jnp.where(active, jnp.maximum(count, 0), 0)
+    slots = jnp.where(position < count[:, None], state.num_out[:, None] + position, state.out.shape[1])
+    out = state.out.at[jnp.arange(batch)[:, None], slots].set(tokens, mode="drop")
+    num_out = state.num_out + count
+    done = state.done | (is_stop.any(axis=1) & (first_stop < count)) | (num_out >= engine.max_new_tokens)
+    last = jnp.take_along_axis(tokens, jnp.maximum(count - 1, 0)[:, None], axis=1)[:, 0]
+    before_last = jnp.where(count >= 2, jnp.take_along_axis(tokens, jnp.maximum(count - 2, 0)[:, None], 1)[:, 0],
+                            state.pending)
+    committed = state.committed + count
+    state = state._replace(target_cache=cache.with_lengths(committed - 1), out=out, num_out=num_out,
+                           committed=committed, pending=jnp.where(count > 0, last, state.pending),
+                           previous=jnp.where(count > 0, before_last, state.previous), done=done, key=key)
+    return state, count
+
+
+_ar_interval = jax.jit(_ar_interval_fn, static_argnames=("config", "engine", "steps"), donate_argnames=("state",))
+
+
 # ---------------------------------------------------------------------------- driver
-def _run_rounds(target_params, state: LoopState, rounds: int, true_round: int, static: dict):
-    """Run at most ``rounds`` engine rounds (fewer if every row finishes)."""
-    limit = static["engine"].max_new_tokens
-    start = max(limit - int(rounds), 0)
-    state = state._replace(round=jnp.int32(start))
-    state = run_loop(target_params, target_params, state, **static)
-    done = int(state.round) - start
-    return state, true_round + done
+class _Totals:
+    """Host-side acceptance counters over engine-gamma buckets (and plain-decoding intervals)."""
+
+    def __init__(self, gamma_max: int):
+        self.histogram = np.zeros(gamma_max + 1, np.int64)
+        self.drafted_histogram = np.zeros(gamma_max + 1, np.int64)
+        self.attempts = np.zeros(gamma_max, np.int64)
+        self.ar_steps = 0
+        self.ar_tokens = 0
+        self.ar_intervals = 0
+        self.buckets_used = set()
+
+    def add(self, state: LoopState) -> None:
+        histogram = np.asarray(state.accepted_histogram, np.int64)
+        self.histogram[: len(histogram)] += histogram
+        if state.draft_counts is not None:
+            drafted = np.asarray(state.draft_counts["drafted_histogram"], np.int64)
+            attempts = np.asarray(state.draft_counts["attempts"], np.int64)
+            self.drafted_histogram[: len(drafted)] += drafted
+            self.attempts[: len(attempts)] += attempts
 
 
 def knapspec_generate(target_params, target_config: ModelConfig, prompts: Sequence[Sequence[int]], *,
-                      latency: LatencyModel, knapspec: KnapSpecConfig = KnapSpecConfig(),
+                      latency: Optional[LatencyModel] = None, knapspec: KnapSpecConfig = KnapSpecConfig(),
                       engine: Optional[EngineConfig] = None, max_new_tokens: int = 64,
-                      sampling: SamplingConfig = SamplingConfig(), verify_policy=DenseVerify(), verify_state=None,
-                      seed: int = 0, capacity: Optional[int] = None, context_n: Optional[float] = None,
-                      warmup: bool = False) -> SpeculativeResult:
+                      sampling: SamplingConfig = SamplingConfig(), stop_tokens: Sequence[int] = (),
+                      verify_policy=DenseVerify(), verify_state=None, seed: int = 0, capacity: Optional[int] = None,
+                      context_n: Optional[float] = None, warmup: bool = False, planner=None,
+                      initial_plan: Optional[Tuple[np.ndarray, int]] = None, replan: bool = True) -> SpeculativeResult:
     """Greedy or sampled speculative generation with KnapSpec self-drafting.
 
     ``engine`` defaults to ``EngineConfig(gamma=knapspec.gamma_max, sampling=sampling,
-    max_new_tokens=max_new_tokens)``; its ``gamma`` is gamma_max. ``context_n`` overrides the
-    context length ``t_attn`` is evaluated at (default: :func:`effective_context`).
-    ``metrics["knapspec_plans"]`` lists every plan; ``metrics["draft_steps"]`` counts draft
-    forwards actually run (early exit).
+    max_new_tokens=max_new_tokens, stop_tokens=stop_tokens)``; its ``gamma`` is gamma_max (the
+    loop state is sized for it; smaller gamma buckets run with copies of it). ``context_n``
+    overrides the context length ``t_attn`` is evaluated at (default: :func:`effective_context`).
+    ``planner`` (default ``KnapSpecPlanner(latency, knapspec)``) chooses each plan;
+    ``initial_plan=(mask [L, 2], gamma)`` replaces the full-model draft before the first plan
+    (gamma 0: plain decoding); ``replan=False`` keeps it for the whole run (a static skip set).
+
+    ``metrics["knapspec_plans"]`` lists every plan (skipped sub-layers, gamma* and the gamma
+    used, context length, predicted TPT, seconds); ``metrics["draft_steps"]`` counts draft
+    forwards actually run (early exit); ``metrics["ar_steps"]`` / ``["ar_tokens"]`` the plain
+    decoding steps and the tokens they committed; ``metrics["tau"]`` counts speculative rounds
+    only. ``timings["plan_s"]`` is the planning time inside ``decode_s``.
     """
     if engine is None:
-        engine = EngineConfig(gamma=knapspec.gamma_max, sampling=sampling, max_new_tokens=max_new_tokens)
+        engine = EngineConfig(gamma=knapspec.gamma_max, sampling=sampling, max_new_tokens=max_new_tokens,
+                              stop_tokens=tuple(int(t) for t in stop_tokens))
+    if engine.gamma != knapspec.gamma_max:
+        raise ValueError(f"engine gamma {engine.gamma} must equal knapspec.gamma_max {knapspec.gamma_max}")
+    if engine.fixed_acceptance is not None:
+        raise ValueError("knapspec_generate does not support fixed-acceptance mode")
+    if planner is None and replan:
+        if latency is None:
+            raise ValueError("knapspec_generate needs a latency model (or a planner, or replan=False)")
+        planner = KnapSpecPlanner(latency, knapspec)
     policy = KnapSpecDraft(target_config, early_exit=knapspec.early_exit)
     tokens, lengths = pad_prompts(prompts)
     bad = [int(t) for t in np.unique(tokens) if not 0 <= t < target_config.vocab_size]
     if bad:
         raise ValueError(f"token ids {bad[:5]} outside the vocabulary [0, {target_config.vocab_size})")
-    gamma = engine.gamma
-    capacity = capacity or int(lengths.max()) + engine.max_new_tokens + gamma + 2
-    check_room(lengths, capacity, engine.max_new_tokens + gamma + 2,
-               f"prompt + {engine.max_new_tokens} new tokens + a draft of gamma={gamma} (+2 headroom)")
+    gamma_max = engine.gamma
+    capacity = capacity or int(lengths.max()) + engine.max_new_tokens + gamma_max + 2
+    check_room(lengths, capacity, engine.max_new_tokens + gamma_max + 2,
+               f"prompt + {engine.max_new_tokens} new tokens + a draft of gamma={gamma_max} (+2 headroom)")
     batch = len(lengths)
-    static = dict(target_config=target_config, draft_policy=policy, verify_policy=verify_policy, engine=engine)
+    engines = {}
+
+    def engine_for(bucket: int) -> EngineConfig:
+        if bucket not in engines:
+            engines[bucket] = engine if bucket == gamma_max else dataclasses.replace(engine, gamma=bucket)
+        return engines[bucket]
 
     def initial_state():  # as speculative_generate's
         cache = init_cache(target_config, batch, capacity)
@@ -297,7 +452,7 @@ def knapspec_generate(target_params, target_config: ModelConfig, prompts: Sequen
         key = jax.random.PRNGKey(seed)
         key, sub = jax.random.split(key)
         first = sample_token(first_logits, sub, engine.sampling)
-        out = jnp.full((batch, engine.max_new_tokens + gamma + 1), PAD_OUTPUT, jnp.int32).at[:, 0].set(first)
+        out = jnp.full((batch, engine.max_new_tokens + gamma_max + 1), PAD_OUTPUT, jnp.int32).at[:, 0].set(first)
         stop = jnp.asarray(engine.stop_tokens if engine.stop_tokens else (-2,), jnp.int32)
         return LoopState(round=jnp.int32(0), target_cache=cache, draft_state=policy.initial_state(),
                          verify_state=jax.tree.map(jnp.copy, verify_state), out=out,
@@ -305,7 +460,8 @@ def knapspec_generate(target_params, target_config: ModelConfig, prompts: Sequen
                          pending=first, previous=jnp.asarray(tokens[np.arange(batch), lengths - 1], jnp.int32),
                          done=jnp.isin(first, stop) | (engine.max_new_tokens <= 1), key=key,
                          active_rounds=jnp.zeros((batch,), jnp.int32),
-                         accepted_histogram=jnp.zeros((gamma + 1,), jnp.int32))
+                         accepted_histogram=jnp.zeros((gamma_max + 1,), jnp.int32),
+                         draft_counts=init_draft_counts(gamma_max))
 
     def run():
         start = time.perf_counter()
@@ -313,51 +469,111 @@ def knapspec_generate(target_params, target_config: ModelConfig, prompts: Sequen
         jax.block_until_ready(state)
         timings = {"prefill_s": time.perf_counter() - start, "plan_s": 0.0}
         start = time.perf_counter()
+        totals = _Totals(gamma_max)
         records: List[PlanRecord] = []
+        current = {"gamma": gamma_max, "bucket": gamma_max}
+
+        def apply_plan(state, mask, gamma):
+            """Switch to a plan: (mask, gamma); gamma 0 = plain decoding until the next plan."""
+            gamma = min(max(int(gamma), 0), gamma_max)
+            bucket = knapspec.bucket_for(gamma) if gamma > 0 else current["bucket"]
+            if bucket != current["bucket"]:  # fold the gamma-sized counters into the host totals
+                totals.add(state)
+                state = state._replace(accepted_histogram=jnp.zeros((bucket + 1,), jnp.int32),
+                                       draft_counts=init_draft_counts(bucket))
+            draft_state = dict(state.draft_state, skip_mask=jnp.asarray(mask, bool),
+                               gamma_cap=jnp.int32(max(gamma, 1)))
+            current.update(gamma=gamma, bucket=bucket)
+            return state._replace(draft_state=draft_state)
+
+        def advance(state, rounds: Optional[int]):
+            """Run ``rounds`` schedule rounds (None: to the end) under the current plan."""
+            if current["gamma"] == 0:
+                remaining = np.asarray(engine.max_new_tokens - state.num_out)[~np.asarray(state.done)]
+                steps = int(remaining.max(initial=0))
+                steps = steps if rounds is None else min(int(rounds), steps)
+                if steps <= 0:
+                    return state, 0
+                state, count = _ar_interval(target_params, state, config=target_config, engine=engine, steps=steps)
+                totals.ar_steps += steps
+                totals.ar_tokens += int(jnp.sum(count))
+                totals.ar_intervals += 1
+                return state, steps
+            before = int(state.round)
+            totals.buckets_used.add(current["bucket"])
+            state = run_loop(target_params, target_params, state, target_config=target_config, draft_policy=policy,
+                             verify_policy=verify_policy, engine=engine_for(current["bucket"]), max_rounds=rounds)
+            return state, int(state.round) - before
+
+        def finished(state) -> bool:
+            return bool(jnp.all(state.done))
+
+        if initial_plan is not None:
+            mask, gamma = initial_plan
+            state = apply_plan(state, mask, gamma if knapspec.honor_gamma else gamma_max)
         true_round, mark = 0, None
-        for kind, at in knapspec.schedule.events():
-            if bool(jnp.all(state.done)) or true_round >= engine.max_new_tokens:
+        for kind, at in (knapspec.schedule.events() if replan else iter(())):
+            if finished(state):
                 break
+            if kind == "mark" and current["gamma"] == 0:
+                continue  # plain decoding: the reference is taken when planning
             if at > true_round:
-                state, true_round = _run_rounds(target_params, state, at - true_round, true_round, static)
+                state, done_rounds = advance(state, at - true_round)
+                true_round += done_rounds
                 if true_round < at:  # every row finished
                     break
             if kind == "mark":
                 mark = np.asarray(state.target_cache.lengths)
                 continue
+            if finished(state):
+                break
             plan_start = time.perf_counter()
             cache_lengths = np.asarray(state.target_cache.lengths)
+            if current["gamma"] == 0 or mark is None:
+                mark = np.maximum(cache_lengths - knapspec.ar_reference_tokens, 0)
             window = reference_window(tokens, lengths, np.asarray(state.out), np.asarray(state.num_out),
                                       cache_lengths, mark, knapspec.max_reference_tokens, knapspec.token_bucket)
+            mark = None
             if window is not None:
                 ref_tokens, token_mask, prefix = window
                 n = context_n if context_n is not None else effective_context(target_config, cache_lengths,
                                                                                state.target_cache.capacity)
-                plan, candidates, weights = plan_skip_set(target_params, target_config, state.target_cache,
-                                                          jnp.asarray(ref_tokens), jnp.asarray(token_mask),
-                                                          jnp.asarray(prefix), latency, n, knapspec)
-                draft_state = dict(state.draft_state, skip_mask=jnp.asarray(plan.mask, bool))
-                state = state._replace(draft_state=draft_state)
+                plan, candidates, weights = planner.plan(target_params, target_config, state.target_cache,
+                                                         jnp.asarray(ref_tokens), jnp.asarray(token_mask),
+                                                         jnp.asarray(prefix), n)
+                state = apply_plan(state, plan.mask, plan.gamma if knapspec.honor_gamma else gamma_max)
                 records.append(PlanRecord(true_round, plan, candidates, int(token_mask.sum()), weights,
-                                          time.perf_counter() - plan_start))
+                                          time.perf_counter() - plan_start, gamma_used=current["gamma"],
+                                          verify_rows=current["bucket"] + 1 if current["gamma"] else 1,
+                                          context_length=float(np.mean(cache_lengths + 1)),
+                                          planner=getattr(planner, "name", type(planner).__name__)))
             timings["plan_s"] += time.perf_counter() - plan_start
-        if not bool(jnp.all(state.done)) and true_round < engine.max_new_tokens:
-            state, true_round = _run_rounds(target_params, state, engine.max_new_tokens - true_round, true_round,
-                                            static)
-        state = state._replace(round=jnp.int32(true_round))
+        if not finished(state):
+            state, done_rounds = advance(state, None)
+            true_round += done_rounds
         jax.block_until_ready(state)
         timings["decode_s"] = time.perf_counter() - start
-        return state, timings, records
+        timings["plan_fraction"] = timings["plan_s"] / max(timings["decode_s"], 1e-9)
+        totals.add(state)
+        return state, timings, records, totals, true_round
 
     first_start = time.perf_counter()
-    final, timings, records = run()
+    final, timings, records, totals, schedule_rounds = run()
     if warmup:
         first_total = time.perf_counter() - first_start
-        final, timings, records = run()
+        final, timings, records, totals, schedule_rounds = run()
         timings["compile_s"] = max(first_total - timings["prefill_s"] - timings["decode_s"], 0.0)
     out = np.asarray(final.out)[:, : engine.max_new_tokens]
     num_generated = (out != PAD_OUTPUT).sum(axis=1)
-    metrics = summarize(final, engine)
+    merged = final._replace(accepted_histogram=totals.histogram,
+                            draft_counts={"drafted_histogram": totals.drafted_histogram, "attempts": totals.attempts})
+    metrics = summarize(merged, engine)
+    row_rounds = metrics["row_rounds"]
+    speculative_tokens = int((np.asarray(final.num_out) - 1).sum()) - totals.ar_tokens
+    metrics["tau"] = speculative_tokens / row_rounds if row_rounds else None  # speculative rounds only
+    metrics.update(ar_steps=totals.ar_steps, ar_tokens=totals.ar_tokens, ar_intervals=totals.ar_intervals,
+                   schedule_rounds=schedule_rounds, gamma_buckets_used=sorted(totals.buckets_used),
+                   honor_gamma=knapspec.honor_gamma)
     metrics["knapspec_plans"] = [r.summary() for r in records]
     metrics["draft_steps"] = int(final.draft_state["draft_steps"])
     metrics["final_skip_mask"] = np.asarray(final.draft_state["skip_mask"]).tolist()
@@ -365,5 +581,5 @@ def knapspec_generate(target_params, target_config: ModelConfig, prompts: Sequen
                              metrics=metrics, timings=timings, final_state=final)
 
 
-__all__ = ["KnapSpecConfig", "KnapSpecDraft", "KnapSpecSchedule", "PlanRecord", "knapspec_generate",
-           "plan_skip_set", "reference_window"]
+__all__ = ["KnapSpecConfig", "KnapSpecDraft", "KnapSpecPlanner", "KnapSpecSchedule", "NO_GAMMA_CAP", "PlanRecord",
+           "knapspec_generate", "plan_skip_set", "reference_window"]

@@ -1,0 +1,206 @@
+"""``generate --method knapspec | clasp | static-skip``: layer-skipping self-speculation (SPEC 4).
+
+Registered in :data:`experiments.foundation.METHOD_RUNNERS`; each runner takes
+``(args, model, prompts, sampling, stops, out)``, fills ``out`` with its own fields and returns
+a :class:`~jaxspec.decoding.speculative.SpeculativeResult` (the ``generate`` command adds the
+fields every speculative method shares: ``metrics``, ``gamma``, the AR comparison, tokens,
+text, ``tokens_per_s``, ``timings``).
+
+Own fields (``out["knapspec"]``): the KnapSpec config, the latency profile used (file, device,
+fit, measured now or loaded), the plan history (round, context length, skipped Attention vs
+MLP sub-layers, gamma* and the gamma used, predicted TPT, alpha, seconds) and the planning time
+as a fraction of the decode time (planning runs inside the timed decode).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import pathlib
+import sys
+from typing import Any, Dict, List
+
+import numpy as np
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+DEFAULT_CALIBRATION_FILE = REPO / "experiments" / "prompts" / "long_demo.txt"
+SELF_SPEC_METHODS = ("knapspec", "clasp", "static-skip")
+
+
+def add_self_spec_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("knapspec / clasp / static-skip (layer-skipping self-speculation)")
+    group.add_argument("--latency-profile", default=None, metavar="FILE",
+                       help="sub-layer latency profile (JSON); measured now and saved there if missing or made on "
+                            "another device/model/batch (default: a file in the jaxspec cache folder)")
+    group.add_argument("--knapspec-objective", default="tpt", choices=["tpt", "tpl"],
+                       help="grid-search objective: tokens per time (KnapSpec) or tokens per layer (ablation)")
+    group.add_argument("--knapspec-coupled", action="store_true",
+                       help="ablation: skip whole layers (Attention + MLP together) instead of sub-layers")
+    group.add_argument("--knapspec-gamma-max", type=int, default=10, help="longest draft (early exit below it)")
+    group.add_argument("--knapspec-early-exit", type=float, default=0.7,
+                       help="stop drafting once a token's probability is below this (<= 0: never)")
+    group.add_argument("--knapspec-interval", type=int, default=64, help="re-plan every this many rounds")
+    group.add_argument("--knapspec-gamma-buckets", default="1,2,3,4,6,8",
+                       help="static verification lengths a planned gamma is rounded up to (gamma-max is always "
+                            "one); '' = always verify gamma-max + 1 rows (one compile; the GPU choice)")
+    group.add_argument("--knapspec-official-gamma", action="store_true",
+                       help="as the official code: always draft up to gamma-max with early exit (gamma* is only "
+                            "reported; gamma* = 0 does not switch to plain decoding)")
+    group.add_argument("--clasp-skip-count", type=int, default=None,
+                       help="clasp: whole layers to skip (default by size: 4 ~1B, 8 3-8B, 10 14B, 20 32-70B)")
+    group.add_argument("--static-skip-file", default=None, metavar="FILE",
+                       help="static-skip: the offline skip set (JSON); calibrated and saved there if missing")
+    group.add_argument("--calibration-file", default=str(DEFAULT_CALIBRATION_FILE),
+                       help="static-skip: calibration text (its first --calibration-tokens tokens)")
+    group.add_argument("--calibration-tokens", type=int, default=512)
+    group.add_argument("--calibration-reference-tokens", type=int, default=64,
+                       help="static-skip: the DP's reference = the last this many calibration tokens")
+
+
+def _buckets(text: str):
+    text = (text or "").strip()
+    if not text:
+        return ()
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError as err:
+        raise ValueError(f"--knapspec-gamma-buckets={text!r}: expected comma-separated integers") from err
+
+
+def knapspec_config_from_args(args):
+    from jaxspec.knapspec.policy import KnapSpecConfig
+
+    early = args.knapspec_early_exit
+    return KnapSpecConfig(gamma_max=args.knapspec_gamma_max, early_exit=None if early <= 0 else early,
+                          plan_interval=args.knapspec_interval, objective=args.knapspec_objective,
+                          coupled=args.knapspec_coupled, honor_gamma=not args.knapspec_official_gamma,
+                          gamma_buckets=_buckets(args.knapspec_gamma_buckets))
+
+
+def validate(args) -> None:
+    """Checks before any model loads."""
+    if getattr(args, "mesh", None):
+        raise ValueError(f"--method {args.method} runs on one device; drop --mesh")
+    if args.knapspec_interval < 6:
+        raise ValueError(f"--knapspec-interval={args.knapspec_interval} must be >= 6 (the DP runs at round 6)")
+    if args.profile or args.fixed_tau:
+        raise ValueError(f"--profile and --fixed-tau are sd options; --method {args.method} does not take them")
+    knapspec_config_from_args(args)  # validates the knobs
+
+
+def default_profile_path(config, batch: int) -> pathlib.Path:
+    from jaxspec.knapspec.latency import _config_fields, device_name
+    from jaxspec.models.registry import cache_dir
+
+    digest = hashlib.sha1(json.dumps(_config_fields(config), sort_keys=True).encode()).hexdigest()[:10]
+    device = "".join(c if c.isalnum() else "-" for c in device_name())
+    return cache_dir() / "latency" / f"{config.name}-{digest}-b{batch}-{device}.json"
+
+
+def profile_contexts(n_max: int) -> List[int]:
+    """Context lengths to profile: six points up to the evaluated context (at least 1024)."""
+    top = max(int(n_max), 1024)
+    return sorted({int(x) for x in np.linspace(max(64, top // 16), top, 6).round()})
+
+
+def load_latency(args, config, batch: int, n_max: int):
+    """(LatencyProfile, info): the saved profile if it matches, else measured now (with a message)."""
+    from jaxspec.knapspec.latency import LatencyProfile, device_name, load_or_profile, profile_latency
+
+    path = pathlib.Path(args.latency_profile) if args.latency_profile else default_profile_path(config, batch)
+    measured = []
+
+    def profile_fn(cfg, b, **kwargs):
+        contexts = profile_contexts(n_max)
+        print(f"profiling sub-layer latency of {cfg.name} on {device_name()} (batch {b}, contexts {contexts}); "
+              f"saving to {path} ...", file=sys.stderr, flush=True)
+        profile = profile_latency(cfg, b, contexts, **kwargs)
+        measured.append(True)
+        m = profile.model
+        print(f"latency profile: t_mlp = {m.c1 * 1e6:.1f} us, t_attn(n) = {m.c2 * 1e9:.3f} ns * n + "
+              f"{m.c3 * 1e6:.1f} us", file=sys.stderr, flush=True)
+        return profile
+
+    profile: LatencyProfile = load_or_profile(path, config, batch, profile_fn=profile_fn)
+    info = {"path": str(path), "measured_now": bool(measured), "device": profile.device, "batch": profile.batch,
+            "contexts": profile.contexts, "fit": profile.model.as_dict()}
+    return profile, info
+
+
+def _plan_history(plans: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    keys = ("round", "context_length", "n", "n_skip_attn", "n_skip_mlp", "skip_attn", "skip_mlp", "gamma_star",
+            "gamma_used", "mode", "verify_rows", "alpha", "predicted_tpt", "objective", "seconds", "planner")
+    return [{k: p.get(k) for k in keys} for p in plans]
+
+
+def run_self_spec(args, model, prompts, sampling, stops, out):
+    """The runner of ``--method knapspec | clasp | static-skip``."""
+    from jaxspec.decoding.speculative import EngineConfig
+    from jaxspec.knapspec.latency import effective_context
+    from jaxspec.knapspec.policy import knapspec_generate
+
+    method = args.method
+    config = model.config
+    knapspec = knapspec_config_from_args(args)
+    gamma_max = knapspec.gamma_max
+    batch = len(prompts)
+    lengths = [len(p) for p in prompts]
+    capacity = max(lengths) + args.max_new_tokens + gamma_max + 2
+    # the context t_attn is evaluated at: the cache capacity for the xla backend (it reads every slot)
+    n_max = capacity if config.attention_backend == "xla" else max(lengths) + args.max_new_tokens
+    profile, latency_info = load_latency(args, config, batch, n_max)
+    latency = profile.model
+    engine = EngineConfig(gamma=gamma_max, sampling=sampling, max_new_tokens=args.max_new_tokens,
+                          stop_tokens=tuple(stops))
+    common = dict(engine=engine, seed=args.seed, warmup=not args.no_warmup, capacity=capacity)
+    extra: Dict[str, Any] = {}
+    if method == "knapspec":
+        result = knapspec_generate(model.params, config, prompts, latency=latency, knapspec=knapspec, **common)
+        planner = "knapspec" + ("-coupled" if knapspec.coupled else "") + (
+            "" if knapspec.objective == "tpt" else "-" + knapspec.objective)
+    elif method == "clasp":
+        from jaxspec.baselines.clasp import clasp_generate
+
+        result = clasp_generate(model.params, config, prompts, skip_count=args.clasp_skip_count, knapspec=knapspec,
+                                latency=latency, **common)
+        planner = "clasp"
+        extra["clasp_skip_count"] = result.metrics["clasp_skip_count"]
+    elif method == "static-skip":
+        from jaxspec.baselines.static_skip import load_or_calibrate, static_skip_generate
+
+        text = pathlib.Path(args.calibration_file).read_text()
+        calibration = list(model.tokenizer(text)["input_ids"])[: args.calibration_tokens]
+        n = effective_context(config, [max(lengths)], capacity)
+        plan, loaded = load_or_calibrate(args.static_skip_file, model.params, config, calibration, latency=latency,
+                                         knapspec=knapspec, reference_tokens=args.calibration_reference_tokens,
+                                         context_n=n)
+        print(f"static skip set ({'loaded from ' + args.static_skip_file if loaded else 'calibrated now'}): "
+              f"{plan.summary()}", file=sys.stderr)
+        result = static_skip_generate(model.params, config, prompts, plan=plan, knapspec=knapspec, **common)
+        planner = "static (" + plan.source.get("planner", "?") + ", offline)"
+        extra["static_skip"] = dict(plan.summary(), file=args.static_skip_file, loaded=loaded,
+                                    calibration_file=args.calibration_file)
+    else:
+        raise ValueError(f"unknown self-speculative method {method!r}")
+    timings = result.timings
+    out["gamma"] = gamma_max
+    out["knapspec"] = {
+        "method": method, "planner": planner, "config": dataclasses.asdict(knapspec), "latency_profile": latency_info,
+        "plan_history": _plan_history(result.metrics["knapspec_plans"]),
+        "plan_s": timings.get("plan_s", 0.0), "plan_fraction_of_decode": timings.get("plan_fraction", 0.0),
+        "ar_steps": result.metrics["ar_steps"], "ar_tokens": result.metrics["ar_tokens"],
+        "draft_steps": result.metrics["draft_steps"], **extra}
+    return result
+
+
+def plan_table_rows(out: Dict[str, Any]) -> List[Dict[str, Any]]:
+    return [{"round": p["round"], "context": p["context_length"], "skip_attn": p["n_skip_attn"],
+             "skip_mlp": p["n_skip_mlp"], "gamma*": p["gamma_star"], "gamma": p["gamma_used"],
+             "pred_TPT": p["predicted_tpt"], "alpha": p["alpha"], "plan_s": p["seconds"]}
+            for p in out["knapspec"]["plan_history"]]
+
+
+run_self_spec.validate = validate
+METHOD_RUNNERS = {name: run_self_spec for name in SELF_SPEC_METHODS}

@@ -1,0 +1,313 @@
+"""Quest verification: query-aware page selection per layer, query head and query row (SPEC 3.6).
+
+Quest (Tang et al. 2024; official ``quest_attention.py`` evaluation code), for one decode query
+``q`` of one head at one layer:
+
+* the keys are split into pages of ``page_size`` (16) consecutive positions from position 0;
+* each page keeps per-channel bounds ``M = max_i K[i]`` and ``m = min_i K[i]`` over its (valid)
+  keys; its score is ``sum_d max(q_d * M_d, q_d * m_d)`` -- an upper bound of ``q . k`` for every
+  key ``k`` of the page (:func:`page_scores`);
+* the top ``min(max(3, budget // page_size), #pages)`` pages are attended, the others masked
+  (``min_pages`` = 3 as in the official code);
+* the first ``dense_layers`` (2) layers attend densely.
+
+Queries and keys are the post-RoPE ones; GQA: keys are shared by the query heads of a group
+(the official code repeats the KV heads), each **query head** selects its own pages.
+
+**What the engine allows, and what we chose.** The engine's verify policy returns *one* index
+set per sequence for all layers and heads, computed before the verification forward -- but
+Quest's set depends on the layer, the head and the query itself, and the queries of the
+verified rows only exist inside the verification forward. Rather than approximating (e.g. one
+union set from the previous round's queries), we implement the exact rule in a model-level
+forward, :func:`quest_verify_forward`, built from the llama building blocks layer by layer:
+layers ``< dense_layers`` run ``attention_block`` densely; every later layer computes its
+queries, scores the pages of the committed history with each verified row's own query (every
+one of the ``gamma + 1`` rows is treated as a Quest decode query: its own top pages), and
+attends to those pages plus the ``gamma + 1`` new tokens, causally among themselves (the
+engine's rule for every verify policy; Quest's decode query likewise sees its own key).
+Pages partition the committed history ``[0, committed - 1)``; the partial last page is bounded
+over its valid keys only; padding is never attended. When the budget covers every history page
+the forward equals the dense one.
+
+The attention of a Quest layer is the dense jnp reference masked to the selected pages (like the
+``xla`` backend of ``forward``), and the page bounds are recomputed from the cache in every
+forward (Quest maintains them per page as keys arrive: the same values). Exact Quest numerics,
+not Quest's speed: a paged sparse kernel reading only the bounds and the selected pages would
+be needed for timings.
+
+:func:`quest_speculative_generate` runs the engine's rounds with this verification: the engine's
+own draft and commit phases (``speculative._draft_phase`` / ``_commit_phase``) around
+:func:`quest_verify_forward`, in one jitted ``while_loop``. :class:`QuestVerify` carries the
+settings; its ``verify_indices`` raises, so it cannot silently run dense in the stock engine.
+
+Engine change that would let Quest (and any per-layer method) run in ``speculative_generate``
+itself: in ``_verify_phase``, if the verify policy defines
+``verify_forward(target_params, rows, cache, committed, signals, *, config, state)``, call it
+instead of ``_forward(..., verify_indices=...)`` (``QuestVerify.verify_forward`` already has
+that signature).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxspec.config import ModelConfig
+from jaxspec.decoding import speculative
+from jaxspec.decoding.autoregressive import PAD_OUTPUT, pad_prompts, prefill, run_with_warmup
+from jaxspec.decoding.sampling import sample_token
+from jaxspec.models.cache import KVCache, check_room, init_cache, scatter_rows, write_positions
+from jaxspec.models.llama import (ForwardOutput, apply_rope, attention_block, mlp_block, rms_norm,
+                                  rope_tables)
+
+
+# ---------------------------------------------------------------------------- page scores
+def page_bounds(keys: jax.Array, lengths: jax.Array, page_size: int):
+    """Per-page channel bounds of ``keys [B, H, S, D]`` over the valid positions ``< lengths [B]``.
+
+    Returns ``(k_max, k_min) [B, H, P, D]`` float32 (``P = ceil(S / page_size)``; 0 on pages with
+    no valid key) and ``page_valid [B, P]`` (the page holds at least one valid key).
+    """
+    batch, heads, seq, dim = keys.shape
+    pages = -(-seq // page_size)
+    pad = pages * page_size - seq
+    keys = jnp.pad(keys.astype(jnp.float32), ((0, 0), (0, 0), (0, pad), (0, 0)))
+    valid = jnp.arange(pages * page_size)[None, :] < lengths[:, None]  # [B, P * ps]
+    v = valid[:, None, :, None]
+    k_max = jnp.where(v, keys, -jnp.inf).reshape(batch, heads, pages, page_size, dim).max(axis=3)
+    k_min = jnp.where(v, keys, jnp.inf).reshape(batch, heads, pages, page_size, dim).min(axis=3)
+    page_valid = valid.reshape(batch, pages, page_size).any(axis=2)
+    pv = page_valid[:, None, :, None]
+    return jnp.where(pv, k_max, 0.0), jnp.where(pv, k_min, 0.0), page_valid
+
+
+def page_scores(q: jax.Array, k_max: jax.Array, k_min: jax.Array, page_valid: jax.Array) -> jax.Array:
+    """Quest page scores ``sum_d max(q_d M_d, q_d m_d)`` (float32; ``-inf`` on empty pages).
+
+    ``q [B, Hkv, G, T, D]`` (query head ``kv * G + g``, row ``t``); bounds ``[B, Hkv, P, D]``.
+    Returns ``[B, Hkv, G, T, P]``. Per channel exactly one of ``max(q, 0) M`` and ``min(q, 0) m`` is
+    non-zero, so the two contractions equal the per-channel maximum.
+    """
+    q = q.astype(jnp.float32)
+    hi = jnp.einsum("bkgtd,bkpd->bkgtp", jnp.maximum(q, 0.0), k_max)
+    lo = jnp.einsum("bkgtd,bkpd->bkgtp", jnp.minimum(q, 0.0), k_min)
+    return jnp.where(page_valid[:, None, None, None, :], hi + lo, -jnp.inf)
+
+
+def pages_to_select(budget: int, page_size: int, min_pages: int = 3) -> int:
+    """Pages attended per query: ``max(min_pages, budget // page_size)`` (official Quest)."""
+    return max(min_pages, budget // page_size)
+
+
+def select_pages(scores: jax.Array, page_valid: jax.Array, num_pages: int) -> jax.Array:
+    """Boolean ``[..., P]``: the top ``num_pages`` valid pages by ``scores [B, Hkv, G, T, P]``
+    (ties: lower page). Fewer valid pages: all of them."""
+    pages = scores.shape[-1]
+    take = min(num_pages, pages)
+    _, top = jax.lax.top_k(scores, take)
+    chosen = jnp.put_along_axis(jnp.zeros(scores.shape, bool), top, True, axis=-1, inplace=False)
+    return chosen & page_valid[:, None, None, None, :]
+
+
+def quest_mask(q: jax.Array, keys: jax.Array, lengths: jax.Array, *, budget: int, page_size: int = 16,
+               min_pages: int = 3) -> jax.Array:
+    """History mask ``[B, Hkv, G, T, S]`` of Quest for queries ``q [B, Hkv, G, T, D]`` over
+    ``keys [B, Hkv, S, D]`` with ``lengths [B]`` valid positions."""
+    seq = keys.shape[2]
+    k_max, k_min, page_valid = page_bounds(keys, lengths, page_size)
+    scores = page_scores(q, k_max, k_min, page_valid)
+    chosen = select_pages(scores, page_valid, pages_to_select(budget, page_size, min_pages))
+    per_position = jnp.repeat(chosen, page_size, axis=-1)[..., :seq]
+    valid = jnp.arange(seq)[None, :] < lengths[:, None]
+    return per_position & valid[:, None, None, None, :]
+
+
+# ---------------------------------------------------------------------------- forward
+def _quest_attention(config: ModelConfig, q, k_new, v_new, cache_k, cache_v, lengths, *, budget, page_size,
+                     min_pages):
+    """``_attention_xla`` with the history restricted to each (query head, row)'s Quest pages."""
+    batch, steps, num_heads, dim = q.shape
+    groups = config.queries_per_kv
+    scale = 1.0 / np.sqrt(dim)
+    qg = q.reshape(batch, steps, config.num_kv_heads, groups, dim).transpose(0, 2, 3, 1, 4)  # [B,Hkv,G,T,D]
+    mask = quest_mask(qg, cache_k, lengths, budget=budget, page_size=page_size, min_pages=min_pages)
+    scores_hist = jnp.einsum("bkgtd,bksd->bkgts", qg, cache_k, preferred_element_type=jnp.float32) * scale
+    scores_hist = jnp.where(mask, scores_hist, -jnp.inf)
+    kn = k_new.transpose(0, 2, 1, 3)
+    vn = v_new.transpose(0, 2, 1, 3)
+    scores_new = jnp.einsum("bkgtd,bkud->bkgtu", qg, kn, preferred_element_type=jnp.float32) * scale
+    scores_new = jnp.where(jnp.tril(jnp.ones((steps, steps), bool)), scores_new, -jnp.inf)
+    probs = jax.nn.softmax(jnp.concatenate([scores_hist, scores_new], axis=-1), axis=-1)
+    hist_len = cache_k.shape[2]
+    out = jnp.einsum("bkgts,bksd->bkgtd", probs[..., :hist_len].astype(q.dtype), cache_v,
+                     preferred_element_type=jnp.float32)
+    out = out + jnp.einsum("bkgtu,bkud->bkgtd", probs[..., hist_len:].astype(q.dtype), vn,
+                           preferred_element_type=jnp.float32)
+    return out.astype(q.dtype).transpose(0, 3, 1, 2, 4).reshape(batch, steps, num_heads, dim)
+
+
+def _quest_attention_block(layer, h, config, cos, sin, cache_k, cache_v, lengths, **quest):
+    """``attention_block`` (same projections, bias and RoPE) with Quest attention."""
+    batch, steps, _ = h.shape
+    x = rms_norm(h, layer["attn_norm"], config.rms_norm_eps)
+    q = jnp.einsum("btd,dq->btq", x, layer["wq"])
+    k = jnp.einsum("btd,dk->btk", x, layer["wk"])
+    v = jnp.einsum("btd,dk->btk", x, layer["wv"])
+    if config.attention_bias:
+        q, k, v = q + layer["bq"], k + layer["bk"], v + layer["bv"]
+    q = apply_rope(q.reshape(batch, steps, config.num_heads, config.head_dim), cos, sin)
+    k = apply_rope(k.reshape(batch, steps, config.num_kv_heads, config.head_dim), cos, sin)
+    v = v.reshape(batch, steps, config.num_kv_heads, config.head_dim)
+    out = _quest_attention(config, q, k, v, cache_k, cache_v, lengths, **quest)
+    h = h + jnp.einsum("btq,qd->btd", out.reshape(batch, steps, -1), layer["wo"])
+    return h, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+
+
+def quest_verify_forward(params, tokens, cache: KVCache, *, config: ModelConfig, budget: int, page_size: int = 16,
+                         dense_layers: int = 2, min_pages: int = 3) -> ForwardOutput:
+    """The target forward of ``tokens [B, T]`` with Quest attention in layers ``>= dense_layers``.
+
+    Same contract as ``llama.forward`` without options: writes the ``T`` tokens' K/V at
+    ``cache.lengths ..`` and returns the logits ``[B, T, V]`` and the advanced cache. Traceable
+    (call it inside ``jax.jit``).
+    """
+    batch, steps = tokens.shape
+    lengths = cache.lengths
+    positions = lengths[:, None] + jnp.arange(steps, dtype=jnp.int32)[None, :]
+    cos, sin = rope_tables(config, positions)
+    h = params["embed"][tokens].astype(config.jnp_dtype)
+    slots = write_positions(lengths, steps, cache.capacity)
+    keys, values = list(cache.keys), list(cache.values)
+    quest = dict(budget=budget, page_size=page_size, min_pages=min_pages)
+    for i, layer in enumerate(params["layers"]):
+        if i < dense_layers:
+            h, k_new, v_new, _, _ = attention_block(layer, h, config, cos, sin, cache.keys[i], cache.values[i],
+                                                    lengths, None, ())
+        else:
+            h, k_new, v_new = _quest_attention_block(layer, h, config, cos, sin, cache.keys[i], cache.values[i],
+                                                     lengths, **quest)
+        keys[i] = scatter_rows(cache.keys[i], k_new, slots)
+        values[i] = scatter_rows(cache.values[i], v_new, slots)
+        h = mlp_block(layer, h, config)
+    final = rms_norm(h, params["final_norm"], config.rms_norm_eps)
+    head = params["embed"].T if config.tie_word_embeddings else params["lm_head"]
+    logits = jnp.einsum("btd,dv->btv", final, head, preferred_element_type=jnp.float32)
+    return ForwardOutput(logits=logits, cache=KVCache(keys=tuple(keys), values=tuple(values), lengths=lengths + steps),
+                         probes=None)
+
+
+@dataclasses.dataclass(frozen=True)
+class QuestVerify:
+    """Quest verification settings (token ``budget`` per query head, pages of ``page_size``)."""
+
+    budget: int = 1024
+    page_size: int = 16
+    dense_layers: int = 2
+    min_pages: int = 3
+    name: str = "quest"
+
+    def __post_init__(self):
+        if self.budget < 1 or self.page_size < 1 or self.dense_layers < 0 or self.min_pages < 1:
+            raise ValueError(f"bad Quest settings {self}")
+
+    @property
+    def num_pages(self) -> int:
+        return pages_to_select(self.budget, self.page_size, self.min_pages)
+
+    def verify_indices(self, state, target_cache, committed, signals):
+        raise NotImplementedError(
+            "Quest selects per layer, query head and query row; the engine's verify_indices is one set per "
+            "sequence. Use jaxspec.baselines.quest.quest_speculative_generate (or QuestVerify.verify_forward).")
+
+    def verify_forward(self, target_params, rows, cache, committed, signals, *, config, state=None):
+        """The verification forward (the hook signature proposed for the engine)."""
+        return quest_verify_forward(target_params, rows, cache, config=config, budget=self.budget,
+                                    page_size=self.page_size, dense_layers=self.dense_layers,
+                                    min_pages=self.min_pages)
+
+
+# ---------------------------------------------------------------------------- engine rounds
+def _round(target_params, draft_params, state, *, target_config, draft_policy, verify_policy, engine):
+    proposal, key = speculative._draft_phase(
+        target_params, draft_params, state.draft_state, state.target_cache, state.pending, state.previous,
+        state.committed, state.key, target_config=target_config, draft_policy=draft_policy, engine=engine)
+    cache = proposal.target_cache.with_lengths(state.committed - 1)
+    rows = jnp.concatenate([state.pending[:, None], proposal.tokens], axis=1)
+    result = verify_policy.verify_forward(target_params, rows, cache, state.committed, proposal.signals,
+                                          config=target_config, state=state.verify_state)
+    return speculative._commit_phase(state, proposal, result.logits, result.cache, key, engine=engine)
+
+
+def _loop_fn(target_params, draft_params, state, *, target_config, draft_policy, verify_policy, engine):
+    def cond(s):
+        return (s.round < engine.max_new_tokens) & ~jnp.all(s.done)
+
+    def body(s):
+        return _round(target_params, draft_params, s, target_config=target_config, draft_policy=draft_policy,
+                      verify_policy=verify_policy, engine=engine)
+
+    return jax.lax.while_loop(cond, body, state)
+
+
+_loop = jax.jit(_loop_fn, static_argnames=("target_config", "draft_policy", "verify_policy", "engine"),
+                donate_argnames=("state",))
+
+
+def quest_speculative_generate(target_params, target_config: ModelConfig, prompts: Sequence[Sequence[int]], *,
+                               draft_policy, verify_policy: QuestVerify = QuestVerify(), draft_params=None,
+                               draft_state=None, engine: speculative.EngineConfig = speculative.EngineConfig(),
+                               seed: int = 0, capacity: Optional[int] = None,
+                               warmup: bool = False) -> speculative.SpeculativeResult:
+    """``speculative_generate`` with Quest verification (single device; same prefill, first token,
+    keys, acceptance and metrics as the engine, so a budget covering the history reproduces
+    ``speculative_generate`` with ``DenseVerify``). ``verify_policy``: anything with ``verify_forward``
+    (the verify-policy ``prefill``/``update``/``probe_heads`` hooks are not used here)."""
+    draft_config = getattr(draft_policy, "config", target_config)
+    speculative.check_compatible(target_config, draft_config)
+    tokens, lengths = pad_prompts(prompts)
+    gamma = engine.gamma
+    capacity = capacity or int(lengths.max()) + engine.max_new_tokens + gamma + 2
+    check_room(lengths, capacity, engine.max_new_tokens + gamma + 2,
+               f"prompt + {engine.max_new_tokens} new tokens + a draft of gamma={gamma} (+2 headroom)")
+    batch = len(lengths)
+    draft_params = target_params if draft_params is None else draft_params
+
+    def initial_state():  # as speculative_generate's
+        target_cache = init_cache(target_config, batch, capacity)
+        target_cache, first_logits = prefill(target_params, target_config, tokens, lengths, target_cache)
+        state_d = jax.tree.map(jnp.copy, draft_state) if draft_state is not None else draft_policy.prefill(
+            draft_params, tokens, lengths, capacity)
+        key, sub = jax.random.split(jax.random.PRNGKey(seed))
+        first = sample_token(first_logits, sub, engine.sampling)
+        out = jnp.full((batch, engine.max_new_tokens + gamma + 1), PAD_OUTPUT, jnp.int32).at[:, 0].set(first)
+        stop = jnp.asarray(engine.stop_tokens if engine.stop_tokens else (-2,), jnp.int32)
+        return speculative.LoopState(
+            round=jnp.int32(0), target_cache=target_cache, draft_state=state_d, verify_state=None, out=out,
+            num_out=jnp.ones((batch,), jnp.int32), committed=jnp.asarray(lengths, jnp.int32) + 1, pending=first,
+            previous=jnp.asarray(tokens[np.arange(batch), lengths - 1], jnp.int32),
+            done=jnp.isin(first, stop) | (engine.max_new_tokens <= 1), key=key,
+            active_rounds=jnp.zeros((batch,), jnp.int32), accepted_histogram=jnp.zeros((gamma + 1,), jnp.int32),
+            draft_counts=speculative.init_draft_counts(gamma))
+
+    def run():
+        start = time.perf_counter()
+        state = initial_state()
+        jax.block_until_ready(state)
+        prefill_s = time.perf_counter() - start
+        start = time.perf_counter()
+        final = _loop(target_params, draft_params, state, target_config=target_config, draft_policy=draft_policy,
+                      verify_policy=verify_policy, engine=engine)
+        jax.block_until_ready(final)
+        return final, {"prefill_s": prefill_s, "decode_s": time.perf_counter() - start}
+
+    final, timings = run_with_warmup(run, warmup)
+    out = np.asarray(final.out)[:, : engine.max_new_tokens]
+    return speculative.SpeculativeResult(tokens=out, num_generated=(out != PAD_OUTPUT).sum(axis=1),
+                                         prompt_lengths=np.asarray(lengths),
+                                         metrics=speculative.summarize(final, engine), timings=timings,
+                                         final_state=final)

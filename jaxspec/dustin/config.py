@@ -1,0 +1,161 @@
+"""``DustinConfig``: every choice of Dustin's sparse verification (SPEC 3) as a config value.
+
+A frozen (hashable) dataclass, so it is a static argument of the jitted engine loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Tuple
+
+#: KV budgets with static shapes (SPEC 3.2). Any other budget is refused.
+SUPPORTED_BUDGETS = (128, 256, 512, 1024, 2048)
+#: Dustin-H (hybrid), Dustin-T (target signal only), Dustin-D (draft signal only), SPEC 3.6.
+MODES = ("hybrid", "target", "draft")
+
+
+class BudgetError(ValueError):
+    """A KV budget outside :data:`SUPPORTED_BUDGETS`."""
+
+
+def check_budget(budget) -> int:
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget not in SUPPORTED_BUDGETS:
+        raise BudgetError(f"KV budget k={budget!r} is not supported: Dustin budgets are static shapes, one of "
+                          f"{', '.join(map(str, SUPPORTED_BUDGETS))}")
+    return budget
+
+
+def default_window(budget: int) -> int:
+    """SPEC 3.2 (choice): w = 64 for k >= 256, 32 for k = 128."""
+    return 64 if budget >= 256 else 32
+
+
+@dataclasses.dataclass(frozen=True)
+class DustinConfig:
+    """Sparse-verification settings for one target–draft pair and one budget.
+
+    Attributes:
+      budget: k, history positions the verifier attends to (one of :data:`SUPPORTED_BUDGETS`).
+      sinks: s, protected prefix (attention sinks), part of k. SPEC: 4.
+      window: w, protected most recent history positions, part of k; ``None`` = SPEC default
+        (64 for k >= 256, 32 for k = 128).
+      m: positions filled from the draft signal (hybrid mode); ``None`` = half of ``k - s - w``.
+        Offline profiling (Algorithm 1) chooses it.
+      target_layer, target_heads: the target SRH layer and its query heads (SPEC: 4 heads).
+      draft_layers, draft_heads: the draft SRH layers and, per layer, its query heads.
+      mode: ``"hybrid"`` (Dustin-H), ``"target"`` (Dustin-T: m = 0) or ``"draft"``
+        (Dustin-D: m = k - s - w).
+    """
+
+    budget: int = 512
+    sinks: int = 4
+    window: Optional[int] = None
+    m: Optional[int] = None
+    target_layer: int = 0
+    target_heads: Tuple[int, ...] = (0, 1, 2, 3)
+    draft_layers: Tuple[int, ...] = ()
+    draft_heads: Tuple[Tuple[int, ...], ...] = ()
+    mode: str = "hybrid"
+
+    def __post_init__(self):
+        check_budget(self.budget)
+        object.__setattr__(self, "target_heads", tuple(int(h) for h in self.target_heads))
+        object.__setattr__(self, "draft_layers", tuple(int(x) for x in self.draft_layers))
+        object.__setattr__(self, "draft_heads", tuple(tuple(int(h) for h in hs) for hs in self.draft_heads))
+        if self.mode not in MODES:
+            raise ValueError(f"mode={self.mode!r}; valid: {MODES} (Dustin-H, Dustin-T, Dustin-D)")
+        if not isinstance(self.sinks, int) or self.sinks < 0:
+            raise ValueError(f"sinks={self.sinks!r} must be an integer >= 0")
+        if self.window is not None and (not isinstance(self.window, int) or self.window < 0):
+            raise ValueError(f"window={self.window!r} must be None (SPEC default) or an integer >= 0")
+        if self.free_budget < 0:
+            raise ValueError(f"sinks={self.sinks} + window={self.window_size} exceed the budget k={self.budget}")
+        if self.m is not None and not (isinstance(self.m, int) and 0 <= self.m <= self.free_budget):
+            raise ValueError(f"m={self.m!r} must lie in 0..k - s - w = {self.free_budget}")
+        if len(self.draft_heads) != len(self.draft_layers):
+            raise ValueError(f"draft_heads has {len(self.draft_heads)} entries for {len(self.draft_layers)} "
+                             f"draft_layers: one tuple of query heads per draft layer")
+        if len(set(self.draft_layers)) != len(self.draft_layers):
+            raise ValueError(f"draft_layers {self.draft_layers} repeat a layer")
+        if any(len(hs) == 0 for hs in self.draft_heads):
+            raise ValueError("every draft layer needs at least one SRH query head")
+        if self.mode != "draft" and not self.target_heads:
+            raise ValueError(f"mode={self.mode!r} uses the target signal: target_heads must not be empty")
+        if self.mode == "draft" and not self.draft_layers:
+            raise ValueError("mode='draft' uses the draft signal: give draft_layers and draft_heads")
+
+    # ------------------------------------------------------------------ derived values
+    @property
+    def window_size(self) -> int:
+        return default_window(self.budget) if self.window is None else self.window
+
+    @property
+    def free_budget(self) -> int:
+        """k - s - w: the positions chosen by the signals."""
+        return self.budget - self.sinks - self.window_size
+
+    @property
+    def effective_m(self) -> int:
+        """Positions taken by the draft signal in this mode."""
+        if self.mode == "target" or not self.draft_layers:
+            return 0
+        if self.mode == "draft":
+            return self.free_budget
+        return self.free_budget // 2 if self.m is None else self.m
+
+    @property
+    def uses_target_signal(self) -> bool:
+        return self.effective_m < self.free_budget
+
+    @property
+    def uses_draft_signal(self) -> bool:
+        return self.effective_m > 0
+
+    @property
+    def target_probe_heads(self) -> Tuple[Tuple[int, int], ...]:
+        return tuple((self.target_layer, h) for h in self.target_heads)
+
+    @property
+    def draft_probe_heads(self) -> Tuple[Tuple[int, int], ...]:
+        return tuple((layer, h) for layer, hs in zip(self.draft_layers, self.draft_heads) for h in hs)
+
+    def replace(self, **changes) -> "DustinConfig":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return {"budget": self.budget, "sinks": self.sinks, "window": self.window, "m": self.m,
+                "target_layer": self.target_layer, "target_heads": list(self.target_heads),
+                "draft_layers": list(self.draft_layers), "draft_heads": [list(h) for h in self.draft_heads],
+                "mode": self.mode}
+
+    @classmethod
+    def from_dict(cls, data) -> "DustinConfig":
+        if not isinstance(data, dict):
+            raise ValueError(f"a Dustin config must be a JSON object, got {type(data).__name__}")
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ValueError(f"unknown Dustin config fields {unknown}; known: {sorted(names)}")
+        data = dict(data)
+        for key in ("target_heads", "draft_layers"):
+            if key in data:
+                data[key] = tuple(data[key])
+        if "draft_heads" in data:
+            data["draft_heads"] = tuple(tuple(h) for h in data["draft_heads"])
+        return cls(**data)
+
+    def check_models(self, target_config=None, draft_config=None) -> None:
+        """Raise if a layer or head is out of range for the given model configs."""
+        def check(config, layer, heads, what):
+            if not 0 <= layer < config.num_layers:
+                raise ValueError(f"{what} layer {layer} out of range: the model has layers 0..{config.num_layers - 1}")
+            bad = [h for h in heads if not 0 <= h < config.num_heads]
+            if bad:
+                raise ValueError(f"{what} heads {bad} out of range: the model has query heads "
+                                 f"0..{config.num_heads - 1}")
+
+        if target_config is not None and self.uses_target_signal:
+            check(target_config, self.target_layer, self.target_heads, "target SRH")
+        if draft_config is not None and self.uses_draft_signal:
+            for layer, heads in zip(self.draft_layers, self.draft_heads):
+                check(draft_config, layer, heads, "draft SRH")

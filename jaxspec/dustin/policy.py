@@ -1,0 +1,215 @@
+"""Dustin as engine policies (the contract of :mod:`jaxspec.decoding.policies`).
+
+* :class:`DustinDraft` -- :class:`~jaxspec.decoding.policies.SeparateDraft` that also probes the
+  draft SRH heads: ``Proposal.signals`` is a :class:`~jaxspec.dustin.signals.DraftSignals` with
+  the queries ``[B, P, gamma, D]`` of the gamma drafting steps (the forwards of ``pending,
+  d_1 .. d_{gamma-1}``, the steps that produce ``d_1 .. d_gamma``; no extra forward) and the
+  draft's key caches of the SRH layers.
+* :class:`DustinSelfDraft` -- the same for a self-draft (:class:`SelfDraft`): the draft SRH
+  layers are target layers the skip mask executes, their history keys the target cache's.
+* :class:`DustinVerify` -- the verify policy. Each round it computes ``s_T`` from the query
+  of the last committed token (kept in its state), ``s_D`` from the draft signals, and selects
+  ``I_verify`` (:mod:`jaxspec.dustin.selection`). It asks the engine for the target SRH queries
+  of the verification (``probe_heads``) and keeps, in ``update``, the one of the last token
+  now in the target cache; ``prefill`` computes it for the last prompt token (SPEC 3.1).
+
+Dustin-T (``mode="target"``) works with any draft policy (no signals needed); Dustin-H and
+Dustin-D need one of the Dustin drafts above. ``speculative_generate`` calls ``prefill`` itself
+when no ``verify_state`` is given; with ``loop_state_from_caches`` pass
+``verify_state=policy.prefill(target_params, cache, tokens, lengths)`` (``cache`` holding the prompts).
+
+Cost notes: the probed forwards also return the probe heads' history probabilities (unused
+here; on the XLA path a slice of what attention computes anyway, on the Pallas path one extra
+``[P, rows, S]`` score pass per probed head).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxspec.config import ModelConfig
+from jaxspec.decoding.policies import Proposal, SelfDraft, SeparateDraft, _draft_loop
+from jaxspec.dustin.config import DustinConfig
+from jaxspec.dustin.selection import select_for_config
+from jaxspec.dustin.signals import DraftSignals, draft_signal, target_signal
+from jaxspec.models.llama import _forward
+
+
+def _probe_heads(layers, heads) -> Tuple[Tuple[int, int], ...]:
+    return tuple((int(layer), int(h)) for layer, hs in zip(layers, heads) for h in hs)
+
+
+def _drafting_queries(first, step_forward, first_logits_row, cache, gamma, sampling, key):
+    """Run the draft loop collecting the probe queries of every drafting step.
+
+    ``first``: the probes of the first draft forward (its last row is ``pending``);
+    ``step_forward(cache, token) -> ForwardOutput``.
+    """
+    q0 = first.probes.queries[:, :, first_logits_row]  # [B, P, D]
+    batch, heads, dim = q0.shape
+    buffer = jnp.zeros((batch, heads, gamma, dim), jnp.float32).at[:, :, 0].set(q0)
+
+    def step(carry, token):
+        cache, buffer, index = carry
+        result = step_forward(cache, token)
+        buffer = jax.lax.dynamic_update_slice(buffer, result.probes.queries[:, :, :1], (0, 0, index, 0))
+        return result.logits[:, 0], (result.cache, buffer, index + 1)
+
+    tokens, probs, (cache, buffer, _) = _draft_loop(step, first.logits[:, first_logits_row], (cache, buffer, 1),
+                                                    gamma, sampling, key)
+    return tokens, probs, cache, buffer
+
+
+@dataclasses.dataclass(frozen=True)
+class DustinDraft(SeparateDraft):
+    """A separate draft model that returns Dustin's lookahead signals (see the module doc)."""
+
+    name: str = "dustin-draft"
+    layers: Tuple[int, ...] = ()
+    heads: Tuple[Tuple[int, ...], ...] = ()
+
+    @classmethod
+    def from_config(cls, draft_config: ModelConfig, dustin: DustinConfig) -> "DustinDraft":
+        dustin.check_models(draft_config=draft_config)
+        return cls(config=draft_config, layers=dustin.draft_layers, heads=dustin.draft_heads)
+
+    @property
+    def probe_heads(self):
+        return _probe_heads(self.layers, self.heads)
+
+    def propose(self, draft_params, state, target_cache, pending, previous, committed, *, gamma, sampling, key):
+        probe = self.probe_heads
+        if not probe:
+            return super().propose(draft_params, state, target_cache, pending, previous, committed, gamma=gamma,
+                                   sampling=sampling, key=key)
+        cache = state.with_lengths(committed - 2)
+        first = _forward(draft_params, jnp.stack([previous, pending], axis=1), cache, config=self.config,
+                         probe_heads=probe)
+
+        def step_forward(cache, token):
+            return _forward(draft_params, token[:, None], cache, config=self.config, probe_heads=probe)
+
+        tokens, probs, cache, queries = _drafting_queries(first, step_forward, 1, first.cache, gamma, sampling, key)
+        signals = DraftSignals(queries=queries, keys=tuple(cache.keys[layer] for layer in self.layers))
+        return Proposal(tokens, probs, cache, target_cache, signals=signals)
+
+
+@dataclasses.dataclass(frozen=True)
+class DustinSelfDraft(SelfDraft):
+    """A self-draft (the target with sub-layers skipped) that returns Dustin's lookahead signals.
+    The draft SRH layers must be layers whose attention the skip mask executes."""
+
+    name: str = "dustin-self-draft"
+    layers: Tuple[int, ...] = ()
+    heads: Tuple[Tuple[int, ...], ...] = ()
+
+    @classmethod
+    def from_config(cls, target_config: ModelConfig, dustin: DustinConfig) -> "DustinSelfDraft":
+        dustin.check_models(draft_config=target_config)
+        return cls(config=target_config, layers=dustin.draft_layers, heads=dustin.draft_heads)
+
+    @property
+    def probe_heads(self):
+        return _probe_heads(self.layers, self.heads)
+
+    def propose(self, draft_params, state, target_cache, pending, previous, committed, *, gamma, sampling, key):
+        probe = self.probe_heads
+        if not probe:
+            return super().propose(draft_params, state, target_cache, pending, previous, committed, gamma=gamma,
+                                   sampling=sampling, key=key)
+        mask = state["skip_mask"]
+        cache = target_cache.with_lengths(committed - 1)
+        first = _forward(draft_params, pending[:, None], cache, config=self.config, skip_mask=mask, probe_heads=probe)
+
+        def step_forward(cache, token):
+            return _forward(draft_params, token[:, None], cache, config=self.config, skip_mask=mask,
+                            probe_heads=probe)
+
+        tokens, probs, cache, queries = _drafting_queries(first, step_forward, 0, first.cache, gamma, sampling, key)
+        signals = DraftSignals(queries=queries, keys=tuple(cache.keys[layer] for layer in self.layers))
+        return Proposal(tokens, probs, state, cache, signals=signals)
+
+
+def _last_prompt_query_fn(params, tokens, cache, *, config, probe_heads):
+    return _forward(params, tokens, cache, config=config, probe_heads=probe_heads).probes.queries[:, :, 0]
+
+
+_last_prompt_query = jax.jit(_last_prompt_query_fn, static_argnames=("config", "probe_heads"))
+
+
+@dataclasses.dataclass(frozen=True)
+class DustinVerify:
+    """Sparse verification on ``I_verify`` chosen from Dustin's signals (see the module doc).
+
+    ``draft_config``: the draft model's config (its GQA grouping scores ``s_D``); ``None`` for a
+    self-draft (the target's). State: ``{"query": [B, P_T, D]}`` float32, the target SRH queries of
+    the last committed token.
+    """
+
+    dustin: DustinConfig
+    target_config: ModelConfig
+    draft_config: Optional[ModelConfig] = None
+    name: str = "dustin"
+
+    def __post_init__(self):
+        self.dustin.check_models(self.target_config, self.draft_config or self.target_config)
+
+    @property
+    def probe_heads(self) -> Tuple[Tuple[int, int], ...]:
+        return self.dustin.target_probe_heads if self.dustin.uses_target_signal else ()
+
+    def prefill(self, target_params, target_cache, tokens, prompt_lengths) -> dict:
+        """The state after prefill: the target SRH queries of each row's last prompt token
+        (a one-token forward that rewrites that token's K/V with the same values; the cache
+        passed in is not modified)."""
+        batch = target_cache.batch_size
+        if not self.probe_heads:
+            return {"query": jnp.zeros((batch, 0, self.target_config.head_dim), jnp.float32)}
+        lengths = np.asarray(prompt_lengths, np.int32)
+        last = np.asarray(tokens)[np.arange(batch), lengths - 1]
+        return {"query": _last_prompt_query(target_params, jnp.asarray(last[:, None], jnp.int32),
+                                            target_cache.with_lengths(jnp.asarray(lengths - 1)),
+                                            config=self.target_config, probe_heads=self.probe_heads)}
+
+    def scores(self, state, target_cache, committed, signals):
+        """``(s_D, s_T)`` ``[B, S]`` for this round (``None`` where the mode does not use one)."""
+        cfg = self.dustin
+        lengths = (committed - 1).astype(jnp.int32)
+        s_target = s_draft = None
+        if cfg.uses_target_signal:
+            s_target = target_signal(state["query"], target_cache.keys[cfg.target_layer], lengths, cfg.target_heads,
+                                     self.target_config.queries_per_kv)
+        if cfg.uses_draft_signal:
+            if not isinstance(signals, DraftSignals):
+                raise TypeError(f"DustinVerify(mode={cfg.mode!r}, m={cfg.effective_m}) needs the draft lookahead "
+                                f"signal: use DustinDraft / DustinSelfDraft as the draft policy (got signals "
+                                f"{type(signals).__name__})")
+            draft_qpk = (self.draft_config or self.target_config).queries_per_kv
+            s_draft = draft_signal(signals, lengths, cfg.draft_heads, draft_qpk, target_cache.capacity)
+        return s_draft, s_target
+
+    def verify_indices(self, state, target_cache, committed, signals):
+        s_draft, s_target = self.scores(state, target_cache, committed, signals)
+        return select_for_config(self.dustin, s_draft, s_target, committed - 1)
+
+    def update(self, state, probes, num_committed, committed):
+        if not self.probe_heads:
+            return state
+        row = jnp.maximum(num_committed - 1, 0)[:, None, None, None]
+        query = jnp.take_along_axis(probes.queries, row, axis=2)[:, :, 0]  # [B, P, D]
+        return {"query": jnp.where((num_committed > 0)[:, None, None], query, state["query"])}
+
+
+def dustin_policies(dustin: DustinConfig, target_config: ModelConfig, draft_config: Optional[ModelConfig] = None):
+    """``(draft_policy, verify_policy)`` for a separate draft (``draft_config``) or, with
+    ``draft_config=None``, a self-draft (give its state with ``SelfDraft.initial_state(mask)``)."""
+    if draft_config is None:
+        draft = DustinSelfDraft.from_config(target_config, dustin)
+    else:
+        draft = DustinDraft.from_config(draft_config, dustin)
+    return draft, DustinVerify(dustin, target_config, draft_config)

@@ -1,0 +1,498 @@
+"""Offline profiling of one target–draft pair (SPEC 3.4): calibration rounds, Algorithm 1, the profile.
+
+1. :func:`collect_calibration` runs greedy speculative decoding with **full-KV** verification
+   on calibration prompts. Every round (and active row) it records, over the history positions:
+   the ARR recall weights of the full-KV verification (:mod:`jaxspec.dustin.arr`), the target
+   signal ``s_T`` of **every** target layer (that layer's SRHs, query of the last committed
+   token) and the draft signal ``s_D`` of **every** draft layer (that layer's SRHs, the gamma
+   drafting steps). Any selection's ARR is then a dot product with the recall weights.
+2. :func:`algorithm1` (greedy): (a) the target layer whose target-only selection has the best
+   ARR; (b) draft layers added one at a time, each time the one giving the best hybrid ARR,
+   while it improves by at least ``min_gain`` (0.1 pp) and at most ``max_draft_layers`` (4);
+   the hybrid ARR of a layer set is its best over m (choice: the paper does not say which m
+   step (b) uses); (c) m by an exhaustive sweep over ``0 .. k - s - w`` (:func:`sweep_m`,
+   vectorised and exact; ties: the smallest m).
+3. :class:`DustinProfile` -- per-budget :class:`DustinConfig` plus provenance (models, data,
+   date, SRHs, search trace), saved to / loaded from JSON with clear errors.
+4. :func:`profile_pair` -- the whole pipeline from a calibration :class:`~jaxspec.data.TaskSuite`
+   (refused unless its tasks are calibration-split, and checked disjoint from an evaluation
+   suite when one is given).
+
+Sweep (exact): in a row with protected set P and free budget R, the union for a given m is
+``P + Dtop(m) + Fill(m)`` where Fill(m) is the first ``R - m`` positions in ``s_T`` order not in
+Dtop(m). Fill(m) lies within the first R positions of the ``s_T`` order, so one ``[M+1, R]``
+matrix per row evaluates every m at once (``M = k - s - w``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import functools
+import json
+import math
+import pathlib
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxspec.config import ModelConfig
+from jaxspec.decoding.autoregressive import pad_prompts, prefill
+from jaxspec.decoding.speculative import EngineConfig, _commit_phase, _draft_phase, loop_state_from_caches
+from jaxspec.dustin.arr import all_heads, recall_of_indices, recall_weights
+from jaxspec.dustin.config import SUPPORTED_BUDGETS, DustinConfig, check_budget, default_window
+from jaxspec.dustin.policy import DustinDraft, DustinSelfDraft, _last_prompt_query
+from jaxspec.dustin.selection import select_verify_indices
+from jaxspec.dustin.signals import _fit_width, head_scores, target_signal
+from jaxspec.models.cache import init_cache
+from jaxspec.models.llama import _forward
+
+PROFILE_FORMAT = 1
+
+
+class ProfileError(ValueError):
+    """A Dustin profile file is missing, corrupt, or does not fit the request."""
+
+
+# ---------------------------------------------------------------------------- calibration rounds
+@dataclasses.dataclass
+class CalibrationRecords:
+    """One item per (round, active row) of the calibration decoding.
+
+    ``weights [N, S]``: ARR recall weights; ``target_scores [L_T, N, S]``: ``s_T`` per target
+    layer with ``target_heads[l]``; ``draft_scores [L_D, N, S]``: ``s_D`` per draft layer with
+    ``draft_heads[l]``; ``lengths [N]``: history positions.
+    """
+
+    weights: np.ndarray
+    target_scores: np.ndarray
+    draft_scores: np.ndarray
+    lengths: np.ndarray
+    target_heads: Tuple[Tuple[int, ...], ...]
+    draft_heads: Tuple[Tuple[int, ...], ...]
+    gamma: int
+
+    @property
+    def num_items(self) -> int:
+        return int(self.lengths.shape[0])
+
+
+def _heads_tuple(heads) -> Tuple[Tuple[int, ...], ...]:
+    return tuple(tuple(int(h) for h in hs) for hs in heads)
+
+
+def _calibration_round_fn(target_params, draft_params, state, *, target_config, draft_config, draft_policy, engine,
+                          target_heads):
+    proposal, key = _draft_phase(target_params, draft_params, state.draft_state, state.target_cache, state.pending,
+                                 state.previous, state.committed, state.key, target_config=target_config,
+                                 draft_policy=draft_policy, engine=engine)
+    lengths = state.committed - 1
+    cache = proposal.target_cache.with_lengths(lengths)
+    rows = jnp.concatenate([state.pending[:, None], proposal.tokens], axis=1)
+    out = _forward(target_params, rows, cache, config=target_config, probe_heads=all_heads(target_config))
+    weights = recall_weights(out.probes.history_probs, lengths)
+    num_heads = target_config.num_heads
+    query = state.verify_state["query"]  # [B, L*H, D]: every head of the last committed token
+    s_target = jnp.stack([
+        target_signal(query[:, [layer * num_heads + h for h in heads]], cache.keys[layer], lengths, heads,
+                      target_config.queries_per_kv)
+        for layer, heads in enumerate(target_heads)])
+    signals = proposal.signals
+    s_draft, start = [], 0
+    for layer_keys, heads in zip(signals.keys, draft_policy.heads):
+        part = signals.queries[:, start:start + len(heads)]
+        start += len(heads)
+        scores = head_scores(part, layer_keys, lengths, heads, draft_config.queries_per_kv)
+        s_draft.append(_fit_width(scores, cache.capacity))
+    active = ~state.done
+    new = _commit_phase(state, proposal, out.logits, out.cache, key, engine=engine)
+    num_committed = new.committed - state.committed
+    row = jnp.maximum(num_committed - 1, 0)[:, None, None, None]
+    last = jnp.take_along_axis(out.probes.queries, row, axis=2)[:, :, 0]
+    new = new._replace(verify_state={"query": jnp.where((num_committed > 0)[:, None, None], last, query)})
+    return new, (weights, s_target, jnp.stack(s_draft), lengths, active)
+
+
+_calibration_round = jax.jit(_calibration_round_fn, static_argnames=(
+    "target_config", "draft_config", "draft_policy", "engine", "target_heads"))
+
+
+def collect_calibration(target_params, target_config: ModelConfig, draft_params, draft_config: Optional[ModelConfig],
+                        prompts: Sequence[Sequence[int]], *, target_heads, draft_heads, gamma: int = 4,
+                        max_new_tokens: int = 32, batch_size: int = 4, self_draft_mask=None,
+                        draft_layers: Optional[Sequence[int]] = None) -> CalibrationRecords:
+    """Greedy SD with full-KV verification on ``prompts``; records per round (see the module doc).
+
+    ``target_heads``: per target layer its SRH heads (e.g. ``SRHResult.top_heads()``);
+    ``draft_heads``: per candidate draft layer its SRH heads (layers ``draft_layers``, default
+    ``0 .. len(draft_heads) - 1``). A self-draft: ``draft_config=None`` and ``self_draft_mask``
+    (``[L, 2]``; the candidate draft layers must execute their attention).
+    """
+    target_heads = _heads_tuple(target_heads)
+    draft_heads = _heads_tuple(draft_heads)
+    if len(target_heads) != target_config.num_layers:
+        raise ValueError(f"target_heads has {len(target_heads)} layers; the target has {target_config.num_layers}")
+    layers = tuple(range(len(draft_heads))) if draft_layers is None else tuple(int(x) for x in draft_layers)
+    if not draft_heads or len(layers) != len(draft_heads):
+        raise ValueError("give SRH heads for every candidate draft layer (draft_heads, draft_layers)")
+    engine = EngineConfig(gamma=gamma, max_new_tokens=max_new_tokens)
+    if draft_config is None:
+        if self_draft_mask is None:
+            raise ValueError("a self-draft calibration needs self_draft_mask")
+        policy = DustinSelfDraft(config=target_config, layers=layers, heads=draft_heads)
+        draft_params, draft_cfg = target_params, target_config
+    else:
+        policy = DustinDraft(config=draft_config, layers=layers, heads=draft_heads)
+        draft_cfg = draft_config
+    items: List[Tuple[np.ndarray, ...]] = []
+    for start in range(0, len(prompts), batch_size):
+        tokens, lengths = pad_prompts(prompts[start:start + batch_size])
+        batch = len(lengths)
+        capacity = int(lengths.max()) + max_new_tokens + gamma + 2
+        cache = init_cache(target_config, batch, capacity)
+        cache, first_logits = prefill(target_params, target_config, tokens, lengths, cache)
+        draft_state = (policy.initial_state(self_draft_mask) if draft_config is None
+                       else policy.prefill(draft_params, tokens, lengths, capacity))
+        last = tokens[np.arange(batch), lengths - 1]
+        query = _last_prompt_query(target_params, jnp.asarray(last[:, None], jnp.int32),
+                                   cache.with_lengths(jnp.asarray(lengths - 1)), config=target_config,
+                                   probe_heads=all_heads(target_config))
+        first = jnp.argmax(first_logits, axis=-1).astype(jnp.int32)
+        state = loop_state_from_caches(cache, draft_state, first, jnp.asarray(last, jnp.int32), engine,
+                                       verify_state={"query": query})
+        while int(state.round) < max_new_tokens and not bool(jnp.all(state.done)):
+            state, record = _calibration_round(target_params, draft_params, state, target_config=target_config,
+                                               draft_config=draft_cfg, draft_policy=policy, engine=engine,
+                                               target_heads=target_heads)
+            weights, s_target, s_draft, hist, active = (np.asarray(x) for x in record)
+            keep = np.nonzero(active)[0]
+            if keep.size:
+                items.append((weights[keep], s_target[:, keep], s_draft[:, keep], hist[keep]))
+    if not items:
+        raise ValueError("calibration produced no rounds")
+    width = max(item[0].shape[1] for item in items)
+
+    def pad(x):
+        return np.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, width - x.shape[-1])])
+
+    return CalibrationRecords(
+        weights=np.concatenate([pad(i[0]) for i in items]).astype(np.float32),
+        target_scores=np.concatenate([pad(i[1]) for i in items], axis=1).astype(np.float32),
+        draft_scores=np.concatenate([pad(i[2]) for i in items], axis=1).astype(np.float32),
+        lengths=np.concatenate([i[3] for i in items]).astype(np.int32),
+        target_heads=target_heads, draft_heads=draft_heads, gamma=gamma)
+
+
+# ---------------------------------------------------------------------------- ARR of selections
+def _pad_to(x: np.ndarray, width: int) -> np.ndarray:
+    return x if x.shape[-1] >= width else np.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, width - x.shape[-1])])
+
+
+def selection_arr(weights, s_draft, s_target, lengths, *, k: int, sinks: int, window: int, m: int,
+                  chunk: int = 256) -> float:
+    """Mean ARR over items of the exact selection (:func:`select_verify_indices`) with this m."""
+    width = max(k, weights.shape[1])
+    total = 0.0
+    for start in range(0, len(lengths), chunk):
+        part = slice(start, start + chunk)
+        w = jnp.asarray(_pad_to(weights[part], width))
+        d = None if s_draft is None or m == 0 else jnp.asarray(_pad_to(s_draft[part], width))
+        t = None if s_target is None else jnp.asarray(_pad_to(s_target[part], width))
+        indices = select_verify_indices(d, t, jnp.asarray(lengths[part]), k=k, sinks=sinks, window=window, m=m)
+        total += float(jnp.sum(recall_of_indices(w, indices)))
+    return total / len(lengths)
+
+
+def _sweep_row(w, s_draft, s_target, length, *, k, sinks, window):
+    """ARR of every m in ``0 .. k - s - w`` for one row (``[M + 1]``); see the module doc."""
+    seq = w.shape[0]
+    free = k - sinks - window
+    pos = jnp.arange(seq)
+    valid = pos < length
+    protected = valid & ((pos < sinks) | (pos >= length - window))
+    cand = valid & ~protected
+    budget = k - jnp.sum(protected)  # R: positions left for the signals
+    num_cand = jnp.sum(cand)
+    w = jnp.where(valid, w, 0.0)
+    w_protected = jnp.sum(jnp.where(protected, w, 0.0))
+    w_cand = jnp.where(cand, w, 0.0)
+    order_d = jnp.argsort(jnp.where(cand, -s_draft, jnp.inf), stable=True)  # score desc, position asc
+    rank_d = jnp.zeros(seq, jnp.int32).at[order_d].set(jnp.arange(seq, dtype=jnp.int32))
+    order_t = jnp.argsort(jnp.where(cand, -s_target, jnp.inf), stable=True)[:free]
+    prefix_d = jnp.concatenate([jnp.zeros(1), jnp.cumsum(w_cand[order_d][:free])])  # [M+1]
+    m = jnp.arange(free + 1)[:, None]
+    eligible = cand[order_t][None, :] & (rank_d[order_t][None, :] >= m)  # [M+1, M]
+    quota = budget - jnp.minimum(m, num_cand)
+    fill = eligible & (jnp.cumsum(eligible.astype(jnp.int32), axis=1) <= quota)
+    return w_protected + prefix_d + jnp.sum(jnp.where(fill, w_cand[order_t][None, :], 0.0), axis=1)
+
+
+@functools.partial(jax.jit, static_argnames=("k", "sinks", "window"))
+def _sweep_chunk(w, s_draft, s_target, lengths, *, k, sinks, window):
+    return jax.vmap(functools.partial(_sweep_row, k=k, sinks=sinks, window=window))(w, s_draft, s_target, lengths)
+
+
+def sweep_m(weights, s_draft, s_target, lengths, *, k: int, sinks: int, window: int, chunk: int = 16) -> np.ndarray:
+    """Mean ARR (over items) of the selection for every m in ``0 .. k - s - w``: ``[k - s - w + 1]``.
+
+    Exact: entry m equals :func:`selection_arr` with that m (tests check it)."""
+    free = k - sinks - window
+    if free < 0:
+        raise ValueError(f"sinks={sinks} + window={window} exceed the budget k={k}")
+    width = max(k, weights.shape[1])
+    total = np.zeros(free + 1, np.float64)
+    for start in range(0, len(lengths), chunk):
+        part = slice(start, start + chunk)
+        arrs = _sweep_chunk(jnp.asarray(_pad_to(weights[part], width)), jnp.asarray(_pad_to(s_draft[part], width)),
+                            jnp.asarray(_pad_to(s_target[part], width)), jnp.asarray(lengths[part]),
+                            k=k, sinks=sinks, window=window)
+        total += np.asarray(arrs, np.float64).sum(axis=0)
+    return total / len(lengths)
+
+
+def best_m(arr_by_m: Sequence[float]) -> Tuple[int, float]:
+    """``(m, ARR)`` maximising the ARR curve (ties: the smallest m)."""
+    curve = np.asarray(arr_by_m, np.float64)
+    index = int(np.argmax(curve))
+    return index, float(curve[index])
+
+
+# ---------------------------------------------------------------------------- Algorithm 1
+@dataclasses.dataclass
+class SearchResult:
+    config: DustinConfig
+    arr: float  # ARR of the chosen config on the calibration records
+    target_layer_arr: List[float]  # (a): target-only ARR per target layer
+    steps: List[dict]  # (b): per greedy step the candidates' ARR and the choice
+    m_curve: List[float]  # (c): ARR for m = 0 .. k - s - w
+
+    def to_dict(self) -> dict:
+        return {"config": self.config.to_dict(), "arr": self.arr,
+                "target_layer_arr": [None if math.isnan(x) else x for x in self.target_layer_arr],
+                "steps": self.steps, "m_curve": [round(float(x), 6) for x in self.m_curve]}
+
+
+def algorithm1(records: CalibrationRecords, budget: int, *, sinks: int = 4, window: Optional[int] = None,
+               max_draft_layers: int = 4, min_gain: float = 0.001, draft_layers: Optional[Sequence[int]] = None,
+               target_layers: Optional[Sequence[int]] = None, layer_search_m: Optional[int] = None) -> SearchResult:
+    """Greedy target layer, greedy draft layers, exhaustive m (see the module doc).
+
+    ``draft_layers``: the model layer ids of ``records.draft_scores`` rows (default 0..L_D-1);
+    ``target_layers``: which target layers to consider (default all); ``min_gain`` in ARR units
+    (0.001 = 0.1 percentage points); ``layer_search_m``: the m at which step (b) compares draft
+    layer sets (``None``, the default: each set at its best m).
+    """
+    check_budget(budget)
+    window = default_window(budget) if window is None else window
+    free = budget - sinks - window
+    if free < 0:
+        raise ValueError(f"sinks={sinks} + window={window} exceed the budget k={budget}")
+    draft_ids = list(range(records.draft_scores.shape[0])) if draft_layers is None else [int(x) for x in draft_layers]
+    candidates_t = list(range(records.target_scores.shape[0])) if target_layers is None else list(target_layers)
+    common = dict(k=budget, sinks=sinks, window=window)
+    # (a) target layer
+    per_layer = [selection_arr(records.weights, None, records.target_scores[layer], records.lengths, m=0, **common)
+                 if layer in candidates_t else float("nan") for layer in range(records.target_scores.shape[0])]
+    target_layer = int(np.nanargmax(per_layer))
+    s_target = records.target_scores[target_layer]
+    current, chosen, steps = per_layer[target_layer], [], []
+    curve = np.full(free + 1, current)
+    # (b) draft layers
+    while len(chosen) < max_draft_layers:
+        trials = {}
+        for index in range(len(draft_ids)):
+            if index in chosen:
+                continue
+            s_draft = records.draft_scores[chosen + [index]].sum(axis=0)
+            arr_curve = sweep_m(records.weights, s_draft, s_target, records.lengths, **common)
+            score = best_m(arr_curve)[1] if layer_search_m is None else float(arr_curve[min(layer_search_m, free)])
+            trials[index] = (score, arr_curve)
+        if not trials:
+            break
+        pick = max(trials, key=lambda i: (trials[i][0], -i))
+        gain = trials[pick][0] - current
+        steps.append({"candidates": {str(draft_ids[i]): round(v[0], 6) for i, v in trials.items()},
+                      "best": draft_ids[pick], "gain": gain, "added": gain >= min_gain})
+        if gain < min_gain:
+            break
+        chosen.append(pick)
+        current, curve = trials[pick]
+    # (c) m
+    m, arr = best_m(curve) if chosen else (0, current)
+    config = DustinConfig(budget=budget, sinks=sinks, window=window, m=m, target_layer=target_layer,
+                          target_heads=records.target_heads[target_layer],
+                          draft_layers=tuple(draft_ids[i] for i in chosen),
+                          draft_heads=tuple(records.draft_heads[i] for i in chosen), mode="hybrid")
+    return SearchResult(config=config, arr=float(arr), target_layer_arr=[float(x) for x in per_layer], steps=steps,
+                        m_curve=[float(x) for x in curve])
+
+
+# ---------------------------------------------------------------------------- profile
+@dataclasses.dataclass
+class DustinProfile:
+    """The result of profiling one target–draft pair: a config per budget and its provenance."""
+
+    configs: Dict[int, DustinConfig]
+    target: Dict[str, Any]  # name, source, shape
+    draft: Dict[str, Any]
+    data: Dict[str, Any]  # calibration data description (split, task ids, source, fingerprints)
+    created: str  # ISO 8601 UTC
+    gamma: int = 4
+    srh: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    search: Dict[str, Any] = dataclasses.field(default_factory=dict)  # per budget: SearchResult.to_dict()
+
+    def config(self, budget: int, mode: str = "hybrid") -> DustinConfig:
+        """The profiled config for ``budget`` (``mode``: hybrid / target / draft ablation)."""
+        check_budget(budget)
+        if budget not in self.configs:
+            raise ProfileError(f"this profile has no config for k={budget}; profiled budgets: {sorted(self.configs)}")
+        return self.configs[budget].replace(mode=mode) if mode != "hybrid" else self.configs[budget]
+
+    def to_dict(self) -> dict:
+        return {"format": PROFILE_FORMAT, "kind": "jaxspec.dustin.profile", "created": self.created,
+                "target": self.target, "draft": self.draft, "data": self.data, "gamma": self.gamma,
+                "configs": {str(k): c.to_dict() for k, c in sorted(self.configs.items())},
+                "srh": self.srh, "search": self.search}
+
+    def save(self, path) -> None:
+        path = pathlib.Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=1, allow_nan=False), encoding="utf-8")
+        tmp.replace(path)
+
+    @classmethod
+    def from_dict(cls, data, where: str = "profile") -> "DustinProfile":
+        if not isinstance(data, dict):
+            raise ProfileError(f"{where}: not a Dustin profile (a JSON object is expected, got {type(data).__name__})")
+        if data.get("kind") != "jaxspec.dustin.profile":
+            raise ProfileError(f"{where}: not a Dustin profile (kind={data.get('kind')!r})")
+        if data.get("format") != PROFILE_FORMAT:
+            raise ProfileError(f"{where}: profile format {data.get('format')!r} is not supported "
+                               f"(this code reads format {PROFILE_FORMAT})")
+        missing = [key for key in ("created", "target", "draft", "data", "configs") if key not in data]
+        if missing:
+            raise ProfileError(f"{where}: the profile lacks {missing}")
+        if not isinstance(data["configs"], dict) or not data["configs"]:
+            raise ProfileError(f"{where}: 'configs' must map budgets to configs")
+        configs = {}
+        for key, value in data["configs"].items():
+            try:
+                budget = int(key)
+            except ValueError:
+                raise ProfileError(f"{where}: budget key {key!r} is not an integer") from None
+            if budget not in SUPPORTED_BUDGETS:
+                raise ProfileError(f"{where}: budget {budget} is not supported (one of "
+                                   f"{', '.join(map(str, SUPPORTED_BUDGETS))})")
+            try:
+                config = DustinConfig.from_dict(value)
+            except (ValueError, TypeError) as error:
+                raise ProfileError(f"{where}: bad config for k={budget}: {error}") from error
+            if config.budget != budget:
+                raise ProfileError(f"{where}: the config under k={budget} has budget {config.budget}")
+            configs[budget] = config
+        for key in ("target", "draft", "data"):
+            if not isinstance(data[key], dict):
+                raise ProfileError(f"{where}: {key!r} must be an object")
+        return cls(configs=configs, target=data["target"], draft=data["draft"], data=data["data"],
+                   created=str(data["created"]), gamma=int(data.get("gamma", 4)), srh=data.get("srh", {}),
+                   search=data.get("search", {}))
+
+    @classmethod
+    def load(cls, path) -> "DustinProfile":
+        path = pathlib.Path(path)
+        if not path.is_file():
+            raise ProfileError(f"Dustin profile {str(path)!r} does not exist")
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise ProfileError(f"{path}: corrupt Dustin profile (not valid JSON: {error})") from error
+        return cls.from_dict(data, where=str(path))
+
+    def check_models(self, target_config: ModelConfig, draft_config: Optional[ModelConfig] = None) -> None:
+        """Raise :class:`ProfileError` if the models do not match the profiled shapes."""
+        for what, info, config in (("target", self.target, target_config), ("draft", self.draft, draft_config)):
+            if config is None:
+                continue
+            for field in ("num_layers", "num_heads", "num_kv_heads"):
+                if field in info and info[field] != getattr(config, field):
+                    raise ProfileError(f"the profile's {what} has {field}={info[field]}, the given model "
+                                       f"{getattr(config, field)}: profile {info.get('name')!r} is for another model")
+
+
+def model_info(config: ModelConfig, name: str = "", source: str = "") -> dict:
+    return {"name": name or config.name, "source": source, "num_layers": config.num_layers,
+            "num_heads": config.num_heads, "num_kv_heads": config.num_kv_heads, "head_dim": config.head_dim,
+            "model_type": config.model_type}
+
+
+def check_calibration_data(calibration, evaluation=None) -> None:
+    """Calibration tasks must come from the calibration split and share nothing with evaluation."""
+    bad = [t.task_id for t in calibration if getattr(t, "split", None) != "calibration"]
+    if bad:
+        raise ValueError(f"calibration tasks must come from the calibration split (jaxspec.data.build_splits); "
+                         f"{len(bad)} do not, e.g. {bad[:3]}")
+    if evaluation is not None:
+        shared_prompts = {t.prompt for t in calibration} & {t.prompt for t in evaluation}
+        shared_seeds = {t.seed for t in calibration} & {t.seed for t in evaluation}
+        shared_hay = ({t.haystack_sha256 for t in calibration if t.haystack_sha256}
+                      & {t.haystack_sha256 for t in evaluation if t.haystack_sha256})
+        if shared_prompts or shared_seeds or shared_hay:
+            raise ValueError("calibration and evaluation data overlap (prompts, seeds or haystack)")
+
+
+def profile_pair(target_params, target_config: ModelConfig, draft_params, draft_config: Optional[ModelConfig],
+                 calibration,
+                 tokenizer, *, budgets: Sequence[int] = (512,), evaluation=None, target_name: str = "",
+                 target_source: str = "", draft_name: str = "", draft_source: str = "", prefix_ids: Sequence[int] = (),
+                 gamma: int = 4, max_new_tokens: int = 32, heads_per_layer: int = 4, recall_threshold: float = 0.5,
+                 srh_max_new_tokens: Optional[int] = None, batch_size: int = 4, sinks: int = 4,
+                 max_draft_layers: int = 4, min_gain: float = 0.001, layer_search_m: Optional[int] = None,
+                 self_draft_mask=None) -> Tuple[DustinProfile, CalibrationRecords]:
+    """SRHs of both models on the calibration needle tasks, calibration rounds on the same prompts,
+    Algorithm 1 per budget. Returns the profile and the records (for further sweeps).
+
+    A self-draft: ``draft_params=None``, ``draft_config=None`` and ``self_draft_mask`` ``[L, 2]``."""
+    from jaxspec.dustin.srh import cases_from_tasks, identify_srh
+
+    for budget in budgets:
+        check_budget(budget)
+    tasks = list(calibration)
+    check_calibration_data(tasks, evaluation)
+    cases = cases_from_tasks(tasks, tokenizer, prefix_ids=prefix_ids)
+    srh_t = identify_srh(target_params, target_config, cases, max_new_tokens=srh_max_new_tokens,
+                         recall_threshold=recall_threshold, batch_size=batch_size)
+    if draft_config is None:  # self-draft: the target with the mask's sub-layers skipped
+        if self_draft_mask is None:
+            raise ValueError("a self-draft profile needs self_draft_mask (draft_config=None)")
+        srh_d = identify_srh(target_params, target_config, cases, max_new_tokens=srh_max_new_tokens,
+                             recall_threshold=recall_threshold, batch_size=batch_size, skip_mask=self_draft_mask)
+    else:
+        srh_d = identify_srh(draft_params, draft_config, cases, max_new_tokens=srh_max_new_tokens,
+                             recall_threshold=recall_threshold, batch_size=batch_size)
+    target_heads, draft_heads = srh_t.top_heads(heads_per_layer), srh_d.top_heads(heads_per_layer)
+    records = collect_calibration(target_params, target_config, draft_params, draft_config,
+                                  [c.tokens for c in cases], target_heads=target_heads, draft_heads=draft_heads,
+                                  gamma=gamma, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                                  self_draft_mask=self_draft_mask)
+    results = {b: algorithm1(records, b, sinks=sinks, max_draft_layers=max_draft_layers, min_gain=min_gain,
+                             layer_search_m=layer_search_m) for b in budgets}
+    data = {"split": "calibration", "num_tasks": len(tasks), "task_ids": [t.task_id for t in tasks],
+            "sources": sorted({t.source for t in tasks}),
+            "haystack_sha256": sorted({t.haystack_sha256 for t in tasks if t.haystack_sha256}),
+            "context_tokens": sorted({t.context_tokens for t in tasks}), "rounds_items": records.num_items,
+            "max_new_tokens": max_new_tokens, "disjoint_from_evaluation_checked": evaluation is not None}
+    profile = DustinProfile(
+        configs={b: r.config for b, r in results.items()},
+        target=model_info(target_config, target_name, target_source),
+        draft=(model_info(draft_config, draft_name, draft_source) if draft_config is not None else
+               {**model_info(target_config, draft_name or f"{target_config.name} (self-draft)", target_source),
+                "self_draft_mask": np.asarray(self_draft_mask, bool).astype(int).tolist()}), data=data,
+        created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), gamma=gamma,
+        srh={"target": {"top_heads": [list(h) for h in target_heads], **srh_t.to_dict()},
+             "draft": {"top_heads": [list(h) for h in draft_heads], **srh_d.to_dict()},
+             "recall_threshold": recall_threshold, "heads_per_layer": heads_per_layer},
+        search={str(b): r.to_dict() for b, r in results.items()})
+    return profile, records

@@ -1,0 +1,83 @@
+"""Dustin's two scoring signals over history positions (SPEC 3.1), from probe queries + cache keys.
+
+* target historical ``s_T [B, S]``: the post-RoPE query of the **last committed token** at the
+  target SRH layer (its SRH query heads) against every history key of that layer;
+* draft lookahead ``s_D [B, S]``: the draft's queries of the gamma drafting steps at each draft
+  SRH layer's SRH heads against the draft's history keys of that layer.
+
+Each (head, query row) contributes a softmax over the **valid history keys** (positions
+``< lengths``), and the signal is the sum over its heads, rows and layers (SPEC: summed within
+each signal; the two signals are never added -- selection is by rank). GQA: an SRH is a query
+head and reads its KV group's keys (``head // queries_per_kv``). The scoring itself is
+:func:`pallas_kernels.selection.srh_scores` (each KV head read once per layer).
+
+For ``s_T`` the query of the last committed token sees exactly the history (its own key is the
+last history key), so the softmax over the history is the softmax the target computed. The
+draft rows also see the drafted tokens; ``s_D`` normalises over the history only.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pallas_kernels.selection import srh_scores
+
+
+class DraftSignals(NamedTuple):
+    """What a Dustin draft policy hands the verify policy (``Proposal.signals``).
+
+    ``queries [B, P, gamma, D]`` float32 post-RoPE queries of the draft SRH heads (in the order
+    of ``DustinConfig.draft_probe_heads``) at the gamma drafting steps; ``keys``: per draft SRH
+    layer (order of ``DustinConfig.draft_layers``) the draft's key cache ``[B, Hkv, S, D]``.
+    """
+
+    queries: jax.Array
+    keys: Tuple[jax.Array, ...]
+
+
+def _fit_width(scores: jax.Array, width: int) -> jax.Array:
+    seq = scores.shape[1]
+    if seq == width:
+        return scores
+    if seq > width:
+        return scores[:, :width]
+    return jnp.pad(scores, ((0, 0), (0, width - seq)))
+
+
+def head_scores(queries: jax.Array, keys: jax.Array, lengths: jax.Array, heads: Sequence[int],
+                queries_per_kv: int) -> jax.Array:
+    """``queries [B, P, R, D]`` (unscaled, post-RoPE) of query ``heads`` of one layer against that
+    layer's ``keys [B, Hkv, S, D]``: softmax over the valid keys per (head, row), summed -> ``[B, S]``."""
+    dim = queries.shape[-1]
+    groups = tuple(int(h) // queries_per_kv for h in heads)
+    scaled = queries.astype(jnp.float32) * jnp.float32(1.0 / np.sqrt(dim))
+    return srh_scores(scaled, keys, lengths.astype(jnp.int32), groups)
+
+
+def target_signal(query: jax.Array, keys: jax.Array, lengths: jax.Array, heads: Sequence[int],
+                  queries_per_kv: int) -> jax.Array:
+    """``s_T [B, S]``: ``query [B, P, D]`` of the last committed token at the target SRH layer's
+    heads against its ``keys [B, Hkv, S, D]``, ``lengths [B]`` history positions."""
+    return head_scores(query[:, :, None, :], keys, lengths, heads, queries_per_kv)
+
+
+def draft_signal(signals: DraftSignals, lengths: jax.Array, layer_heads: Sequence[Sequence[int]],
+                 queries_per_kv: int, width: int) -> jax.Array:
+    """``s_D [B, width]``: the draft SRH queries against the draft history keys of their layers,
+    summed over layers, heads and rows; ``width`` is the target cache's ``S`` (padded/cut)."""
+    total = None
+    start = 0
+    for layer_keys, heads in zip(signals.keys, layer_heads):
+        part = signals.queries[:, start:start + len(heads)]
+        start += len(heads)
+        scores = head_scores(part, layer_keys, lengths, heads, queries_per_kv)
+        total = scores if total is None else total + scores
+    if total is None:
+        raise ValueError("no draft SRH layers: the draft signal is empty")
+    if start != signals.queries.shape[1]:
+        raise ValueError(f"draft signals carry {signals.queries.shape[1]} query heads, the config names {start}")
+    return _fit_width(total, width)

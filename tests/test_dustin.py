@@ -1,0 +1,492 @@
+"""Dustin (SPEC 3): selection vs a numpy reference, signals, ARR, SRH identification, the m sweep and
+Algorithm 1, profiles, and sparse verification through the speculative engine (tiny random models)."""
+
+import dataclasses
+import json
+import random
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxspec.config import ModelConfig
+from jaxspec.decoding.autoregressive import generate
+from jaxspec.decoding.policies import SelfDraft, SeparateDraft, parse_skip_spec
+from jaxspec.decoding.speculative import EngineConfig, speculative_generate
+from jaxspec.dustin import (BudgetError, DraftSignals, DustinConfig, DustinVerify, draft_signal, dustin_policies,
+                            select_verify_indices, target_signal)
+from jaxspec.dustin.arr import all_heads, round_arr, round_recall_weights
+from jaxspec.dustin.search import (CalibrationRecords, DustinProfile, ProfileError, algorithm1, best_m,
+                                   check_calibration_data, profile_pair, selection_arr, sweep_m)
+from jaxspec.dustin.srh import NeedleCase, identify_srh
+from jaxspec.models.cache import init_cache
+from jaxspec.models.llama import _forward, init_params
+
+TARGET = ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4, num_kv_heads=2,
+                     head_dim=16, dtype="float32")
+DRAFT = TARGET.replace(num_layers=2, hidden_size=32, intermediate_size=64, head_dim=8)
+
+
+@pytest.fixture(scope="module")
+def models():
+    return init_params(TARGET, jax.random.PRNGKey(0), scale=0.2), init_params(DRAFT, jax.random.PRNGKey(5), scale=0.2)
+
+
+# ---------------------------------------------------------------------------- numpy references
+def _top(scores, pool, count):
+    """``count`` positions of ``pool`` with the largest scores (ties: lower position)."""
+    pool = np.asarray(pool, int)
+    order = np.lexsort((pool, -scores[pool]))
+    return pool[order[:max(count, 0)]]
+
+
+def _reference_selection(s_draft, s_target, length, k, sinks, window, m):
+    positions = np.arange(length)
+    protected = positions[(positions < sinks) | (positions >= length - window)]
+    rest = np.setdiff1d(positions, protected)
+    budget = k - len(protected)
+    from_draft = _top(s_draft, rest, min(m, budget)) if m else np.zeros(0, int)
+    rest = np.setdiff1d(rest, from_draft)
+    from_target = _top(s_target, rest, budget - len(from_draft))
+    chosen = np.sort(np.concatenate([protected, from_draft, from_target]))
+    return np.pad(chosen, (0, k - len(chosen)), constant_values=-1)
+
+
+def _softmax(x, axis=-1):
+    x = x - x.max(axis=axis, keepdims=True)
+    e = np.exp(x)
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+# ---------------------------------------------------------------------------- config
+def test_config_defaults_and_errors():
+    assert DustinConfig(budget=128).window_size == 32 and DustinConfig(budget=256).window_size == 64
+    cfg = DustinConfig(budget=512, draft_layers=(1,), draft_heads=((0, 1),))
+    assert cfg.free_budget == 512 - 4 - 64 and cfg.effective_m == cfg.free_budget // 2
+    assert cfg.replace(mode="target").effective_m == 0
+    assert cfg.replace(mode="draft").effective_m == cfg.free_budget
+    for bad in (100, 64, 4096, 512.0, True):
+        with pytest.raises(BudgetError, match="not supported"):
+            DustinConfig(budget=bad)
+    with pytest.raises(ValueError, match="m=999"):
+        DustinConfig(budget=512, m=999)
+    with pytest.raises(ValueError, match="mode"):
+        DustinConfig(mode="both")
+    with pytest.raises(ValueError, match="one tuple of query heads per draft layer"):
+        DustinConfig(draft_layers=(0, 1), draft_heads=((0,),))
+    with pytest.raises(ValueError, match="draft signal"):
+        DustinConfig(mode="draft")
+    with pytest.raises(ValueError, match="out of range"):
+        DustinVerify(DustinConfig(target_layer=5), TARGET)
+    assert DustinConfig.from_dict(cfg.to_dict()) == cfg
+
+
+# ---------------------------------------------------------------------------- selection
+@pytest.mark.parametrize("k,m", [(128, 0), (128, 40), (128, 92), (256, 0), (256, 17), (256, 188)])
+def test_selection_matches_numpy_reference(k, m):
+    rng = np.random.RandomState(k + m)
+    batch, seq = 7, 700
+    s_draft = rng.rand(batch, seq).astype(np.float32)
+    s_target = rng.rand(batch, seq).astype(np.float32)
+    s_draft[:, ::5] = s_draft[:, 2:3]  # ties
+    s_target[1] = np.round(s_target[1], 1)  # heavy ties
+    s_target[2] = 0.0
+    s_draft[3] = s_target[3]  # both signals agree: the target fill takes the next best
+    window = 32 if k == 128 else 64
+    lengths = np.array([700, 500, k + 1, k, 40, 3, 4 + window + 5])
+    got = np.asarray(select_verify_indices(jnp.asarray(s_draft), jnp.asarray(s_target), jnp.asarray(lengths), k=k,
+                                           sinks=4, window=window, m=m))
+    for row in range(batch):
+        expected = _reference_selection(s_draft[row], s_target[row], lengths[row], k, 4, window, m)
+        np.testing.assert_array_equal(got[row], expected, err_msg=f"row {row}")
+        chosen = got[row][got[row] >= 0]
+        assert (chosen < lengths[row]).all() and len(set(chosen)) == len(chosen)  # never padding, no duplicates
+        assert (np.diff(chosen) > 0).all() and (got[row][len(chosen):] == -1).all()  # sorted, -1 only at the end
+        if lengths[row] <= k:  # dense
+            np.testing.assert_array_equal(chosen, np.arange(lengths[row]))
+        else:
+            assert len(chosen) == k
+            assert set(range(4)) <= set(chosen) and set(range(lengths[row] - window, lengths[row])) <= set(chosen)
+
+
+def test_selection_budget_beyond_capacity_is_dense():
+    scores = jnp.asarray(np.random.RandomState(0).rand(2, 100).astype(np.float32))
+    got = np.asarray(select_verify_indices(scores, scores, jnp.array([100, 37]), k=128, sinks=4, window=32, m=10))
+    assert got.shape == (2, 128)
+    np.testing.assert_array_equal(got[0, :100], np.arange(100))
+    np.testing.assert_array_equal(got[1, :37], np.arange(37))
+    assert (got[0, 100:] == -1).all() and (got[1, 37:] == -1).all()
+
+
+# ---------------------------------------------------------------------------- signals
+def test_signals_match_bruteforce_gqa():
+    rng = np.random.RandomState(1)
+    batch, kv_heads, seq, dim, rows = 2, 2, 50, 8, 3
+    keys = [rng.randn(batch, kv_heads, seq, dim).astype(np.float32) for _ in range(2)]
+    lengths = np.array([50, 21])
+    heads, qpk = (0, 3), 2  # head 0 -> KV 0, head 3 -> KV 1
+
+    def reference(q, k, heads):  # q [B, P, R, D]
+        out = np.zeros((batch, seq))
+        for b in range(batch):
+            n = lengths[b]
+            for p, h in enumerate(heads):
+                s = q[b, p] @ k[b, h // qpk, :n].T / np.sqrt(dim)
+                out[b, :n] += _softmax(s).sum(0)
+        return out
+
+    q_t = rng.randn(batch, 2, dim).astype(np.float32)
+    got = np.asarray(target_signal(jnp.asarray(q_t), jnp.asarray(keys[0]), jnp.asarray(lengths), heads, qpk))
+    np.testing.assert_allclose(got, reference(q_t[:, :, None], keys[0], heads), rtol=1e-5, atol=1e-6)
+    q_d = rng.randn(batch, 3, rows, dim).astype(np.float32)  # layer a: heads (0, 3); layer b: head (1,)
+    signals = DraftSignals(queries=jnp.asarray(q_d), keys=(jnp.asarray(keys[0]), jnp.asarray(keys[1])))
+    got = np.asarray(draft_signal(signals, jnp.asarray(lengths), ((0, 3), (1,)), qpk, width=64))
+    expected = reference(q_d[:, :2], keys[0], (0, 3)) + reference(q_d[:, 2:], keys[1], (1,))
+    assert got.shape == (batch, 64) and (got[:, seq:] == 0).all()
+    np.testing.assert_allclose(got[:, :seq], expected, rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------- ARR
+def test_arr_full_set_is_one_and_matches_bruteforce(models):
+    params, _ = models
+    rng = np.random.RandomState(2)
+    lengths = np.array([150, 90])
+    cache = init_cache(TARGET, 2, 200)
+    cache = _forward(params, jnp.asarray(rng.randint(0, 128, (2, 150))), cache, config=TARGET).cache
+    cache = cache.with_lengths(jnp.asarray(lengths))
+    rows = jnp.asarray(rng.randint(0, 128, (2, 5)))
+    everything = jnp.asarray(np.stack([np.r_[np.arange(n), -np.ones(150 - n, int)] for n in lengths]))
+    np.testing.assert_allclose(np.asarray(round_arr(params, TARGET, rows, cache, everything)), 1.0, rtol=1e-5)
+    subset = np.stack([np.r_[np.sort(rng.choice(n, 40, replace=False)), [-1, -1]] for n in lengths])
+    got = np.asarray(round_arr(params, TARGET, rows, cache, jnp.asarray(subset)))
+    # brute force: every head's attention from its probe query and the keys the forward wrote
+    out = _forward(params, rows, cache, config=TARGET, probe_heads=all_heads(TARGET))
+    queries = np.asarray(out.probes.queries)  # [B, L*H, T, D]
+    expected = np.zeros(2)
+    for b, n in enumerate(lengths):
+        ratios = []
+        for p, (layer, head) in enumerate(all_heads(TARGET)):
+            keys = np.asarray(out.cache.keys[layer])[b, head // TARGET.queries_per_kv]
+            for t in range(5):
+                probs = _softmax(queries[b, p, t] @ keys[:n + t + 1].T / np.sqrt(TARGET.head_dim))
+                chosen = subset[b][subset[b] >= 0]
+                ratios.append(probs[chosen].sum() / probs[:n].sum())
+        expected[b] = np.mean(ratios)
+    np.testing.assert_allclose(got, expected, rtol=1e-4)
+    assert (got < 1).all()
+    weights = np.asarray(round_recall_weights(params, TARGET, rows, cache))
+    np.testing.assert_allclose(weights.sum(1), 1.0, rtol=1e-5)
+    assert (weights[1, 90:] == 0).all()
+
+
+# ---------------------------------------------------------------------------- m sweep and Algorithm 1
+def _random_records(seed, items=5, seq=300):
+    rng = np.random.RandomState(seed)
+    weights = rng.exponential(size=(items, seq)).astype(np.float32) ** 3
+    lengths = np.array([300, 250, 200, 120, 161][:items])
+    weights[np.arange(seq)[None] >= lengths[:, None]] = 0
+    weights /= weights.sum(1, keepdims=True)
+    noisy = lambda: (weights + rng.exponential(size=weights.shape) * weights.mean()).astype(np.float32)  # noqa: E731
+    return weights, noisy(), noisy(), lengths
+
+
+def test_sweep_equals_selection_for_every_m():
+    weights, s_draft, s_target, lengths = _random_records(0)
+    s_target[0, :200:3] = s_target[0, 1]  # ties
+    k, sinks, window = 128, 4, 32
+    curve = sweep_m(weights, s_draft, s_target, lengths, k=k, sinks=sinks, window=window)
+    assert curve.shape == (k - sinks - window + 1,)
+    reference = [np.mean([weights[i][[p for p in _reference_selection(s_draft[i], s_target[i], lengths[i], k, sinks,
+                                                                       window, m) if p >= 0]].sum()
+                          for i in range(len(lengths))]) for m in range(len(curve))]
+    np.testing.assert_allclose(curve, reference, rtol=1e-5, atol=1e-6)
+    for m in (0, 31, len(curve) - 1):  # and the jitted selection itself
+        assert abs(selection_arr(weights, s_draft, s_target, lengths, k=k, sinks=sinks, window=window, m=m)
+                   - curve[m]) < 1e-5
+
+
+def _synthetic_records(items=4, seq=400, a=20, b=50):
+    """Weights on a set A (found only by a draft signal) and a set B (found only by the target
+    signal); everything else weightless. The ARR surface in m is flat-topped on [a, free - b]."""
+    rng = np.random.RandomState(3)
+    weights = np.zeros((items, seq), np.float32)
+    good_d = np.zeros((items, seq), np.float32)
+    good_t = np.zeros((items, seq), np.float32)
+    for i in range(items):
+        middle = rng.permutation(np.arange(10, seq - 40))
+        set_a, set_b = middle[:a], middle[a:a + b]
+        weights[i, set_a] = 1.0 + rng.rand(a)
+        weights[i, set_b] = 1.0 + rng.rand(b)
+        good_d[i] = rng.rand(seq) * 0.1
+        good_t[i] = rng.rand(seq) * 0.1
+        good_d[i, set_a] = 10 + weights[i, set_a]
+        good_t[i, set_b] = 10 + weights[i, set_b]
+        good_d[i, set_b] = -1.0  # each signal ranks the other's set last
+        good_t[i, set_a] = -1.0
+    weights /= weights.sum(1, keepdims=True)
+    lengths = np.full(items, seq)
+    return weights, good_d, good_t, lengths
+
+
+def test_sweep_finds_optimum_of_synthetic_surface():
+    weights, s_draft, s_target, lengths = _synthetic_records()
+    curve = sweep_m(weights, s_draft, s_target, lengths, k=128, sinks=4, window=32)
+    m, arr = best_m(curve)
+    assert m == 20 and arr == pytest.approx(1.0, abs=1e-5)  # all of A and B fit once m >= |A| = 20
+    assert curve[19] < arr and curve[92 - 50] == pytest.approx(arr) and curve[92 - 49] < arr
+    assert best_m([0.1, 0.5, 0.3, 0.5]) == (1, 0.5)  # ties: smallest m
+
+
+def test_algorithm1_on_synthetic_signals():
+    weights, good_d, good_t, lengths = _synthetic_records()
+    rng = np.random.RandomState(4)
+    noise = lambda: rng.rand(*weights.shape).astype(np.float32)  # noqa: E731
+    records = CalibrationRecords(
+        weights=weights, target_scores=np.stack([noise(), good_t, noise()]),
+        draft_scores=np.stack([noise(), good_d, noise() + good_d * 0.01, noise()]), lengths=lengths,
+        target_heads=((0, 1), (2, 3), (1, 2)), draft_heads=((0,), (1,), (2,), (3,)), gamma=4)
+    result = algorithm1(records, 128, draft_layers=(5, 6, 7, 8))
+    cfg = result.config
+    assert cfg.target_layer == 1 and cfg.target_heads == (2, 3)
+    assert cfg.draft_layers[0] == 6 and cfg.draft_heads[0] == (1,)
+    assert cfg.m == 20 and result.arr == pytest.approx(1.0, abs=1e-5)
+    assert np.argmax(result.target_layer_arr) == 1
+    assert result.steps[0]["added"] and result.steps[-1]["gain"] < 0.001 or len(cfg.draft_layers) == 4
+    assert result.arr >= max(result.target_layer_arr)
+
+
+# ---------------------------------------------------------------------------- profiles
+def _profile():
+    cfg = DustinConfig(budget=256, m=30, target_layer=1, target_heads=(0, 1, 2, 3), draft_layers=(0,),
+                       draft_heads=((1, 2, 3, 0),))
+    return DustinProfile(configs={256: cfg, 128: cfg.replace(budget=128, m=10)},
+                         target={"name": "tiny-target", "source": "random", "num_layers": 2, "num_heads": 4,
+                                 "num_kv_heads": 2},
+                         draft={"name": "tiny-draft", "source": "random"}, data={"split": "calibration"},
+                         created="2026-01-01T00:00:00+00:00", gamma=4)
+
+
+def test_profile_round_trip(tmp_path):
+    profile = _profile()
+    path = tmp_path / "sub" / "profile.json"
+    profile.save(path)
+    loaded = DustinProfile.load(path)
+    assert loaded.configs == profile.configs and loaded.target == profile.target and loaded.created == profile.created
+    assert loaded.config(256) == profile.configs[256]
+    assert loaded.config(256, mode="target").effective_m == 0
+    loaded.check_models(TARGET)
+    with pytest.raises(ProfileError, match="num_layers"):
+        loaded.check_models(TARGET.replace(num_layers=3))
+
+
+def test_profile_errors(tmp_path):
+    profile = _profile()
+    with pytest.raises(BudgetError, match="not supported"):
+        profile.config(300)
+    with pytest.raises(ProfileError, match="no config for k=512"):
+        profile.config(512)
+    with pytest.raises(ProfileError, match="does not exist"):
+        DustinProfile.load(tmp_path / "missing.json")
+    good = profile.to_dict()
+    cases = {
+        "truncated": json.dumps(good)[:50],
+        "not_object": "[1, 2]",
+        "kind": json.dumps({**good, "kind": "other"}),
+        "format": json.dumps({**good, "format": 99}),
+        "missing": json.dumps({k: v for k, v in good.items() if k != "configs"}),
+        "budget": json.dumps({**good, "configs": {"300": good["configs"]["256"]}}),
+        "budget_key": json.dumps({**good, "configs": {"big": good["configs"]["256"]}}),
+        "bad_m": json.dumps({**good, "configs": {"256": {**good["configs"]["256"], "m": 10_000}}}),
+        "unknown_field": json.dumps({**good, "configs": {"256": {**good["configs"]["256"], "x": 1}}}),
+        "mismatch": json.dumps({**good, "configs": {"512": good["configs"]["256"]}}),
+    }
+    messages = {"truncated": "not valid JSON", "not_object": "JSON object", "kind": "not a Dustin profile",
+                "format": "format 99", "missing": "lacks", "budget": "300 is not supported",
+                "budget_key": "not an integer", "bad_m": "m=10000", "unknown_field": "unknown",
+                "mismatch": "budget 256"}
+    for name, text in cases.items():
+        path = tmp_path / f"{name}.json"
+        path.write_text(text)
+        with pytest.raises(ProfileError, match=messages[name]):
+            DustinProfile.load(path)
+    (tmp_path / "binary.json").write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(ProfileError, match="corrupt"):
+        DustinProfile.load(tmp_path / "binary.json")
+
+
+# ---------------------------------------------------------------------------- SRH identification
+def test_srh_identification(models):
+    params, _ = models
+    rng = np.random.RandomState(5)
+    prompts = [rng.randint(3, 128, n).tolist() for n in (60, 45)]
+    probe = [NeedleCase(tokens=tuple(p), needle_span=(0, 1), answer_ids=(999,)) for p in prompts + prompts[1:]]
+    continuation = identify_srh(params, TARGET, probe, max_new_tokens=6, batch_size=2).generated  # greedy outputs
+    cases = [NeedleCase(tokens=tuple(prompts[0]), needle_span=(10, 20), answer_ids=tuple(continuation[0][:3])),
+             NeedleCase(tokens=tuple(prompts[1]), needle_span=(30, 34), answer_ids=tuple(continuation[1][:2])),
+             NeedleCase(tokens=tuple(prompts[1]), needle_span=(5, 9), answer_ids=(999, 998))]  # never emitted
+    result = identify_srh(params, TARGET, cases, max_new_tokens=6, batch_size=2)
+    assert result.kept.tolist() == [True, True, False] and result.recall[2] == 0.0
+    assert result.generated == continuation
+    # brute force: attention on the needle span at the steps that emit an answer token
+    expected = np.zeros((TARGET.num_layers, TARGET.num_heads))
+    sequences = np.zeros((2, 65), np.int32)
+    for row, (case, emitted) in enumerate(zip(cases[:2], result.generated[:2])):
+        sequence = list(case.tokens) + emitted[:-1]
+        sequences[row, :len(sequence)] = sequence
+    out = _forward(params, jnp.asarray(sequences), init_cache(TARGET, 2, 80), config=TARGET,
+                   probe_heads=all_heads(TARGET))
+    for row, (case, emitted) in enumerate(zip(cases[:2], result.generated[:2])):
+        queries = np.asarray(out.probes.queries)[row]
+        for i, token in enumerate(emitted):
+            if token not in case.answer_ids:
+                continue
+            pos = len(case.tokens) - 1 + i
+            for p, (layer, head) in enumerate(all_heads(TARGET)):
+                keys = np.asarray(out.cache.keys[layer])[row, head // TARGET.queries_per_kv, :pos + 1]
+                probs = _softmax(queries[p, pos] @ keys.T / np.sqrt(TARGET.head_dim))
+                expected[layer, head] += probs[slice(*case.needle_span)].sum()
+    np.testing.assert_allclose(result.scores, expected, rtol=1e-4, atol=1e-6)
+    top = result.top_heads(2)
+    assert len(top) == TARGET.num_layers and all(len(h) == 2 for h in top)
+    assert all(expected[layer, list(h)].min() >= np.delete(expected[layer], list(h)).max()
+               for layer, h in enumerate(top))
+    with pytest.raises(ValueError, match="recall threshold"):
+        dataclasses.replace(result, kept=np.zeros(3, bool)).top_heads()
+
+
+# ---------------------------------------------------------------------------- engine
+PROMPTS = [np.random.RandomState(7).randint(0, 128, n).tolist() for n in (220, 150, 40)]
+
+
+@pytest.fixture(scope="module")
+def dense_run(models):
+    target_params, draft_params = models
+    engine = EngineConfig(gamma=3, max_new_tokens=16)
+    classic = speculative_generate(target_params, TARGET, PROMPTS, draft_policy=SeparateDraft(DRAFT),
+                                   draft_params=draft_params, engine=engine)
+    ar = generate(target_params, TARGET, PROMPTS, 16).rows()
+    assert classic.rows() == ar
+    return engine, classic.rows()
+
+
+def _dustin_config(budget, mode="hybrid", m=None):
+    return DustinConfig(budget=budget, m=m, target_layer=1, target_heads=(0, 1, 2, 3), draft_layers=(0, 1),
+                        draft_heads=((0, 1, 2, 3), (1, 3)), mode=mode)
+
+
+def test_dustin_budget_beyond_context_equals_dense(models, dense_run):
+    target_params, draft_params = models
+    engine, dense_rows = dense_run
+    draft, verify = dustin_policies(_dustin_config(512, m=100), TARGET, DRAFT)
+    result = speculative_generate(target_params, TARGET, PROMPTS, draft_policy=draft, draft_params=draft_params,
+                                  verify_policy=verify, engine=engine)
+    assert result.rows() == dense_rows  # k >= context: exactly dense verification (and AR)
+    # the verify state holds the target SRH queries of the last token in the target cache
+    state = result.final_state
+    in_cache = np.asarray(state.committed) - 1
+    sequences = np.zeros((3, in_cache.max()), np.int32)  # right-padded: padding never precedes a real token
+    for row, prompt in enumerate(PROMPTS):
+        sequences[row, :in_cache[row]] = (prompt + result.rows()[row])[:in_cache[row]]
+    fresh = _forward(target_params, jnp.asarray(sequences), init_cache(TARGET, 3, 256), config=TARGET,
+                     probe_heads=verify.probe_heads)
+    expected = np.asarray(fresh.probes.queries)[np.arange(3), :, in_cache - 1]
+    np.testing.assert_allclose(np.asarray(state.verify_state["query"]), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_dustin_sparse_end_to_end(models, dense_run):
+    target_params, draft_params = models
+    engine, dense_rows = dense_run
+    draft, verify = dustin_policies(_dustin_config(128, m=30), TARGET, DRAFT)
+    result = speculative_generate(target_params, TARGET, PROMPTS, draft_policy=draft, draft_params=draft_params,
+                                  verify_policy=verify, engine=engine)
+    rows = result.rows()
+    assert [len(r) for r in rows] == [16, 16, 16] and all(0 <= t < 128 for r in rows for t in r)
+    assert rows[2] == dense_rows[2]  # a 40-token prompt stays within k = 128: dense
+    assert result.metrics["rounds"] > 0
+    # the same round's indices through the policy API: k positions, sinks and window included
+    cache = init_cache(TARGET, 1, 256)
+    cache = _forward(target_params, jnp.asarray([PROMPTS[0]]), cache, config=TARGET).cache
+    state = verify.prefill(target_params, cache, np.asarray([PROMPTS[0]]), np.array([220]))
+    signals = DraftSignals(queries=jnp.ones((1, 6, 3, DRAFT.head_dim)),
+                           keys=(jnp.ones((1, 2, 256, DRAFT.head_dim)),) * 2)
+    indices = np.asarray(verify.verify_indices(state, cache.with_lengths(jnp.array([219])), jnp.array([220]),
+                                               signals))[0]
+    assert len(set(indices)) == 128 and {0, 1, 2, 3} <= set(indices) and set(range(219 - 32, 219)) <= set(indices)
+    # the ablations through the same API: Dustin-T ignores the draft, Dustin-D the target query
+    for mode, ignored in (("target", dict(signals=None)), ("draft", dict(state={}))):
+        ablation = DustinVerify(_dustin_config(128, mode=mode), TARGET, DRAFT)
+        args = dict(state=state, target_cache=cache.with_lengths(jnp.array([219])), committed=jnp.array([220]),
+                    signals=signals) | ignored
+        chosen = np.asarray(ablation.verify_indices(**args))[0]
+        assert len(set(chosen)) == 128 and (chosen >= 0).all()
+    assert DustinVerify(_dustin_config(128, mode="draft"), TARGET, DRAFT).probe_heads == ()
+
+
+def test_dustin_target_only_and_self_draft(models, dense_run):
+    target_params, _ = models
+    engine, dense_rows = dense_run
+    verify = DustinVerify(_dustin_config(128, mode="target"), TARGET)
+    assert verify.probe_heads == ((1, 0), (1, 1), (1, 2), (1, 3))
+    skip = parse_skip_spec("mlp:1", 2)
+    # Dustin-T with a plain self-draft (no signals needed) and Dustin-H with the Dustin self-draft
+    policy = SelfDraft(TARGET)
+    result = speculative_generate(target_params, TARGET, PROMPTS, draft_policy=policy,
+                                  draft_state=policy.initial_state(skip), verify_policy=verify, engine=engine)
+    assert [len(r) for r in result.rows()] == [16, 16, 16] and result.rows()[2] == dense_rows[2]
+    draft, hybrid = dustin_policies(_dustin_config(512, m=60).replace(draft_heads=((0, 1), (2,))), TARGET)
+    result = speculative_generate(target_params, TARGET, PROMPTS, draft_policy=draft,
+                                  draft_state=draft.initial_state(skip), verify_policy=hybrid, engine=engine)
+    assert result.rows() == dense_rows
+    with pytest.raises(TypeError, match="draft lookahead signal"):
+        speculative_generate(target_params, TARGET, PROMPTS[2:], draft_policy=policy,
+                             draft_state=policy.initial_state(skip),
+                             verify_policy=DustinVerify(_dustin_config(128), TARGET), engine=engine)
+
+
+# ---------------------------------------------------------------------------- profiling pipeline
+class CharTokenizer:
+    """One token per ASCII character (vocabulary 128)."""
+
+    def encode(self, text):
+        return [ord(c) for c in text]
+
+    def decode(self, ids):
+        return "".join(chr(i) for i in ids)
+
+
+def _documents(count=4, paragraphs=80):
+    words = "river meadow lantern harbour willow granite orchard velvet ember thistle cobalt saffron".split()
+    rng = random.Random(0)
+    return ["\n\n".join(" ".join(rng.choice(words) for _ in range(rng.randint(6, 14))).capitalize() + f" d{d}p{p}."
+                        for p in range(paragraphs)) for d in range(count)]
+
+
+def test_profile_pipeline_calibration_split(models, tmp_path):
+    from jaxspec.data import build_splits
+
+    target_params, draft_params = models
+    calibration, evaluation = build_splits(CharTokenizer(), _documents(), kinds=("passkey",), context_lengths=(400,),
+                                           depths=(0.3, 0.7))
+    with pytest.raises(ValueError, match="calibration split"):
+        check_calibration_data(list(evaluation))
+    profile, records = profile_pair(target_params, TARGET, draft_params, DRAFT, calibration, CharTokenizer(),
+                                    budgets=(128, 256), evaluation=evaluation, target_name="tiny-target",
+                                    target_source="random", draft_name="tiny-draft", draft_source="random",
+                                    gamma=3, max_new_tokens=6, recall_threshold=-1.0, srh_max_new_tokens=4)
+    assert records.num_items > 0 and records.target_scores.shape[0] == TARGET.num_layers
+    np.testing.assert_allclose(records.weights.sum(1), 1.0, rtol=1e-4)
+    assert profile.data["split"] == "calibration" and profile.data["disjoint_from_evaluation_checked"]
+    assert profile.target["name"] == "tiny-target" and profile.created
+    for budget in (128, 256):
+        cfg = profile.config(budget)
+        search = profile.search[str(budget)]
+        # the recorded ARR is the ARR of the chosen config's exact selection on the calibration records
+        s_draft = records.draft_scores[list(cfg.draft_layers)].sum(0) if cfg.draft_layers else None
+        arr = selection_arr(records.weights, s_draft, records.target_scores[cfg.target_layer], records.lengths,
+                            k=budget, sinks=cfg.sinks, window=cfg.window_size, m=cfg.effective_m)
+        assert arr == pytest.approx(search["arr"], abs=1e-5)
+        assert search["arr"] >= max(search["target_layer_arr"]) - 1e-9
+    path = tmp_path / "profile.json"
+    profile.save(path)
+    assert DustinProfile.load(path).configs == profile.configs

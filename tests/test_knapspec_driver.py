@@ -1,0 +1,380 @@
+"""KnapSpec driver and baselines: num_drafted clamping, max_rounds, per-plan gamma (buckets and the
+plain-decoding fallback), CLaSp, the static skip set, the coupled DP, and the ``generate`` CLI."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxspec.config import ModelConfig
+from jaxspec.decoding.autoregressive import generate
+from jaxspec.decoding.sampling import SamplingConfig, sampling_probs
+from jaxspec.decoding.speculative import (EngineConfig, rejection_accept, run_loop, speculative_generate,
+                                          summarize)
+from jaxspec.knapspec import dp, latency
+from jaxspec.knapspec.planner import Plan
+from jaxspec.knapspec.policy import KnapSpecConfig, KnapSpecDraft, knapspec_generate
+from jaxspec.models.cache import init_cache
+from jaxspec.models.llama import forward, init_params
+
+TARGET = ModelConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=5, num_heads=4, num_kv_heads=2,
+                     head_dim=16, dtype="float32")
+PROMPTS = [np.random.RandomState(0).randint(0, 97, n).tolist() for n in (5, 17, 40)]
+NEW = 30
+LATENCY = latency.LatencyModel(c1=1.0, c2=0.01, c3=0.5)
+# re-plan every 4 rounds (at 2, 6, 10, ...) on the last 2 rounds; buckets 1, 2, 3 and gamma_max 5
+KNAP = KnapSpecConfig(gamma_max=5, plan_interval=4, plan_round=2, reference_rounds=2, gamma_buckets=(1, 2, 3))
+
+
+@pytest.fixture(scope="module")
+def params():
+    return init_params(TARGET, jax.random.PRNGKey(0), scale=0.2)
+
+
+@pytest.fixture(scope="module")
+def ar_rows(params):
+    return generate(params, TARGET, PROMPTS, NEW).rows()
+
+
+class ScriptedPlanner:
+    """Returns a scripted sequence of gammas (and masks skipping one sub-layer)."""
+
+    name = "scripted"
+
+    def __init__(self, gammas):
+        self.gammas, self.calls = list(gammas), 0
+
+    def plan(self, params, config, cache, tokens, token_mask, prefix_len, n):
+        gamma = self.gammas[self.calls % len(self.gammas)]
+        self.calls += 1
+        mask = np.zeros((config.num_layers, 2), bool)
+        mask[1 + self.calls % (config.num_layers - 2), self.calls % 2] = True
+        plan = Plan(mask=mask, gamma=gamma, score=0.0, index=0, alpha=0.5, objective="scripted", n=float(n),
+                    t_attn=1.0, t_mlp=1.0, table=np.zeros((1, 1)), gammas=(gamma,))
+        return plan, None, (1, 1)
+
+
+# ---------------------------------------------------------------------------- engine: num_drafted, max_rounds
+class _NoCount(KnapSpecDraft):
+    """KnapSpecDraft without ``num_drafted``: fillers are verified like drafts (the old behaviour)."""
+
+    def propose(self, *args, **kwargs):
+        return super().propose(*args, **kwargs)._replace(num_drafted=None)
+
+
+def test_num_drafted_keeps_greedy_output_and_counts_only_drafts(params, ar_rows):
+    """A full-model draft that exits after one token (threshold 1.0), gamma 4: the 3 fillers repeat
+    the draft. With num_drafted the engine never accepts a filler and the acceptance rate is over
+    real drafts (1 per round, always accepted: rate 1); without it, fillers the target happens to
+    repeat are accepted and every round counts 4 drafts. Greedy output is AR's either way."""
+    engine = EngineConfig(gamma=4, max_new_tokens=NEW)
+    results = {}
+    for name, cls in (("clamped", KnapSpecDraft), ("unclamped", _NoCount)):
+        policy = cls(TARGET, early_exit=1.0)
+        results[name] = speculative_generate(params, TARGET, PROMPTS, draft_policy=policy,
+                                             draft_state=policy.initial_state(), engine=engine)
+        assert results[name].rows() == ar_rows
+    clamped, unclamped = results["clamped"].metrics, results["unclamped"].metrics
+    assert clamped["accepted_histogram"][2:] == [0, 0, 0]
+    assert clamped["drafted_tokens"] == clamped["row_rounds"] == clamped["drafted_histogram"][1]
+    assert clamped["acceptance_rate"] == 1.0 and clamped["mean_drafted"] == 1.0
+    assert clamped["acceptance_rate_per_position"] == [1.0, None, None, None]
+    assert unclamped["drafted_tokens"] == 4 * unclamped["row_rounds"]
+    assert unclamped["acceptance_rate"] < 0.5
+
+
+def test_other_policies_metrics_unchanged(params, ar_rows):
+    """Policies without num_drafted: drafted = gamma per round, as before."""
+    from jaxspec.decoding.policies import SelfDraft, parse_skip_spec
+
+    policy = SelfDraft(TARGET)
+    result = speculative_generate(params, TARGET, PROMPTS, draft_policy=policy,
+                                  draft_state=policy.initial_state(parse_skip_spec("mlp:odd", 5)),
+                                  engine=EngineConfig(gamma=3, max_new_tokens=NEW))
+    m = result.metrics
+    hist = np.asarray(m["accepted_histogram"])
+    assert result.rows() == ar_rows
+    assert m["drafted_tokens"] == 3 * m["row_rounds"] == 3 * hist.sum()
+    assert m["acceptance_rate"] == pytest.approx((hist * np.arange(4)).sum() / (3 * hist.sum()))
+
+
+def test_rejection_sampling_with_num_drafted_is_standard_sd():
+    """gamma 3 but only d_1 drafted (fillers carry an arbitrary q): never more than one accepted,
+    the first committed token ~ p_0 and, after an accepted d_1, the next token ~ p_1 (the bonus
+    of a one-token draft), not a residual against the filler's q."""
+    from tests.test_speculative import _chi_square
+
+    vocab, gamma, rows = 6, 3, 120_000
+    sampling = SamplingConfig(temperature=1.0)
+    keys = jax.random.split(jax.random.PRNGKey(0), 4)
+    target_logits = jnp.broadcast_to(2.0 * jax.random.normal(keys[0], (1, gamma + 1, vocab)), (rows, gamma + 1, vocab))
+    q = jnp.broadcast_to(sampling_probs(2.0 * jax.random.normal(keys[1], (1, gamma, vocab)), sampling),
+                         (rows, gamma, vocab))
+    drafts = jax.random.categorical(keys[2], jnp.log(q), axis=-1).astype(jnp.int32)
+    num_drafted = jnp.ones((rows,), jnp.int32)
+    accepted, next_token = rejection_accept(target_logits, drafts, q, sampling, keys[3], num_drafted)
+    accepted, next_token = np.asarray(accepted), np.asarray(next_token)
+    assert accepted.max() == 1 and accepted.min() == 0
+    p = np.asarray(sampling_probs(target_logits[0], sampling))
+    first = np.where(accepted > 0, np.asarray(drafts[:, 0]), next_token)
+    assert _chi_square(np.bincount(first, minlength=vocab), p[0]) > 1e-3
+    bonus = next_token[accepted == 1]
+    assert _chi_square(np.bincount(bonus, minlength=vocab), p[1]) > 1e-3
+    residual = np.maximum(p[1] - np.asarray(q[0, 1]), 0)
+    assert _chi_square(np.bincount(bonus, minlength=vocab), residual / residual.sum()) < 1e-6
+
+
+def test_run_loop_max_rounds(params, ar_rows):
+    """max_rounds bounds a call (a traced value: no recompile) and continuing gives the same output."""
+    from jaxspec.decoding.autoregressive import pad_prompts, prefill
+    from jaxspec.decoding.policies import DenseVerify, SelfDraft, parse_skip_spec
+    from jaxspec.decoding.speculative import _loop, loop_state_from_caches
+
+    policy = SelfDraft(TARGET)
+    engine = EngineConfig(gamma=2, max_new_tokens=NEW)
+    result = speculative_generate(params, TARGET, PROMPTS, draft_policy=policy,
+                                  draft_state=policy.initial_state(parse_skip_spec("attn:2", 5)), engine=engine)
+    tokens, lengths = pad_prompts(PROMPTS)
+    cache = init_cache(TARGET, 3, int(lengths.max()) + NEW + 8)
+    cache, logits = prefill(params, TARGET, tokens, lengths, cache)
+    first = jnp.argmax(logits, -1).astype(jnp.int32)
+    previous = jnp.asarray(tokens[np.arange(3), lengths - 1])
+    state = loop_state_from_caches(cache, policy.initial_state(parse_skip_spec("attn:2", 5)), first, previous, engine)
+    static = dict(target_config=TARGET, draft_policy=policy, verify_policy=DenseVerify(), engine=engine)
+    state = run_loop(params, params, state, max_rounds=3, **static)
+    assert int(state.round) == 3
+    compiled = _loop._cache_size()
+    while not bool(jnp.all(state.done)):
+        before = int(state.round)
+        state = run_loop(params, params, state, max_rounds=5, **static)
+        assert int(state.round) - before <= 5
+    assert _loop._cache_size() == compiled  # one compile for every max_rounds value
+    out = np.asarray(state.out)[:, :NEW]
+    assert [row[row >= 0].tolist() for row in out] == ar_rows == result.rows()
+    assert summarize(state, engine)["rounds"] == int(state.round)
+
+
+# ---------------------------------------------------------------------------- per-plan gamma
+def test_scripted_gammas_buckets_and_plain_decoding_equal_ar(params, ar_rows):
+    """Plans with gamma 3, 0, 5, 1, 0, 2: drafting capped at the plan's gamma, verification in the
+    bucket's rows (3 -> 3, 5 -> 5, 1 -> 1, 2 -> 2), gamma 0 runs the plain decoding loop for the
+    interval; the greedy output is AR's throughout."""
+    result = knapspec_generate(params, TARGET, PROMPTS, knapspec=KNAP, max_new_tokens=NEW,
+                               planner=ScriptedPlanner([3, 0, 5, 1, 0, 2]))
+    assert result.rows() == ar_rows
+    m = result.metrics
+    plans = m["knapspec_plans"]
+    assert [p["round"] for p in plans][:6] == [2, 6, 10, 14, 18, 22]
+    assert [p["gamma_used"] for p in plans][:6] == [3, 0, 5, 1, 0, 2]
+    assert [p["verify_rows"] for p in plans][:6] == [4, 1, 6, 2, 1, 3]
+    assert [p["mode"] for p in plans][:2] == ["speculative", "ar"]
+    assert m["ar_tokens"] > 0 and m["ar_steps"] >= 4 and m["ar_intervals"] >= 1
+    assert set(m["gamma_buckets_used"]) >= {3, 5}
+    assert max(np.nonzero(m["drafted_histogram"])[0]) <= 5
+    assert m["drafted_tokens"] == int(np.dot(m["drafted_histogram"], np.arange(6)))
+    generated = int((result.num_generated - 1).sum())
+    assert m["tau"] == pytest.approx((generated - m["ar_tokens"]) / m["row_rounds"])
+    assert m["schedule_rounds"] >= m["rounds"] + 4
+
+
+def test_gamma_zero_plan_runs_plain_decoding(params, ar_rows):
+    """A plan with gamma* = 0 for the whole run (static, no re-planning): no draft forward, no
+    speculative round, every token from the autoregressive loop; also with stop tokens."""
+    mask = np.zeros((TARGET.num_layers, 2), bool)
+    mask[2, 0] = True
+    result = knapspec_generate(params, TARGET, PROMPTS, knapspec=KNAP, max_new_tokens=NEW, initial_plan=(mask, 0),
+                               replan=False)
+    assert result.rows() == ar_rows
+    m = result.metrics
+    assert m["rounds"] == 0 and m["draft_steps"] == 0 and m["row_rounds"] == 0
+    assert m["ar_tokens"] == int((result.num_generated - 1).sum()) and m["ar_intervals"] == 1
+    # stop tokens: rows end at different times; interleave gamma 0 and drafting
+    stop = ar_rows[0][7]
+    expected = generate(params, TARGET, PROMPTS, NEW, stop_tokens=[stop]).rows()
+    assert len({len(r) for r in expected}) > 1
+    result = knapspec_generate(params, TARGET, PROMPTS, knapspec=KNAP, max_new_tokens=NEW, stop_tokens=(stop,),
+                               planner=ScriptedPlanner([0, 2]))
+    assert result.rows() == expected
+
+
+def test_planned_gamma_zero_switches_to_ar_with_the_real_planner(params, ar_rows):
+    """The KnapSpec planner on a random model (alpha ~ 0.5, expensive draft): gamma* = 0, so after
+    the first plan every interval is plain decoding, re-planned on the last AR tokens."""
+    result = knapspec_generate(params, TARGET, PROMPTS, latency=LATENCY, knapspec=KNAP, max_new_tokens=NEW)
+    assert result.rows() == ar_rows
+    plans = result.metrics["knapspec_plans"]
+    assert plans and all(p["gamma_star"] == 0 and p["mode"] == "ar" for p in plans)
+    assert all(p["reference_tokens"] > 0 for p in plans)
+    assert result.metrics["rounds"] == KNAP.plan_round  # speculative rounds only before the first plan
+    official = knapspec_generate(params, TARGET, PROMPTS, latency=LATENCY, max_new_tokens=NEW,
+                                 knapspec=KnapSpecConfig(gamma_max=5, plan_interval=4, plan_round=2,
+                                                         reference_rounds=2, honor_gamma=False))
+    assert official.rows() == ar_rows
+    assert official.metrics["ar_tokens"] == 0
+    assert all(p["gamma_used"] == 5 for p in official.metrics["knapspec_plans"])
+
+
+def test_sampled_knapspec_with_plain_intervals_runs(params):
+    result = knapspec_generate(params, TARGET, PROMPTS, knapspec=KNAP, max_new_tokens=NEW,
+                               sampling=SamplingConfig(temperature=1.0), planner=ScriptedPlanner([2, 0]))
+    assert (result.num_generated == NEW).all()
+    assert ((result.tokens >= 0) & (result.tokens < TARGET.vocab_size)).all()
+
+
+# ---------------------------------------------------------------------------- baselines
+def test_clasp_static_and_ablations_equal_ar(params, ar_rows):
+    import dataclasses
+
+    from jaxspec.baselines.clasp import clasp_generate, clasp_skip_count
+    from jaxspec.baselines.static_skip import StaticSkipPlan, calibrate_static_skip, static_skip_generate
+
+    assert clasp_skip_count(TARGET) == 3  # 4 for a <= 1B model, capped at L - 2
+    result = clasp_generate(params, TARGET, PROMPTS, knapspec=KNAP, latency=LATENCY, max_new_tokens=NEW,
+                            skip_count=2)
+    assert result.rows() == ar_rows
+    for p in result.metrics["knapspec_plans"]:
+        assert p["skip_attn"] == p["skip_mlp"] and len(p["skip_attn"]) == 2 and p["gamma_used"] == 5
+        assert 0 not in p["skip_attn"] and 4 not in p["skip_attn"]
+    calibration = np.random.RandomState(3).randint(0, 97, 80).tolist()
+    plan = calibrate_static_skip(params, TARGET, calibration, latency=LATENCY, knapspec=KNAP, reference_tokens=32)
+    assert plan.mask.any() and plan.source["reference_tokens"] == 32
+    assert StaticSkipPlan.from_json(plan.to_json()).mask.tolist() == plan.mask.tolist()
+    forced = StaticSkipPlan(mask=plan.mask, gamma=3, config=plan.config, source=plan.source)
+    for static in (plan, forced):
+        result = static_skip_generate(params, TARGET, PROMPTS, plan=static, knapspec=KNAP, max_new_tokens=NEW)
+        assert result.rows() == ar_rows and result.metrics["knapspec_plans"] == []
+        assert result.metrics["final_skip_mask"] == plan.mask.tolist()
+    assert result.metrics["rounds"] > 0 and result.metrics["gamma_buckets_used"] == [3]
+    for change in (dict(coupled=True), dict(objective="tpl")):
+        result = knapspec_generate(params, TARGET, PROMPTS, latency=LATENCY, max_new_tokens=NEW,
+                                   knapspec=dataclasses.replace(KNAP, **change))
+        assert result.rows() == ar_rows
+        for p in result.metrics["knapspec_plans"]:
+            assert p["objective"] == change.get("objective", "tpt")
+            if "coupled" in change:
+                assert p["skip_attn"] == p["skip_mlp"]
+
+
+@pytest.fixture(scope="module")
+def coupled_problem(params):
+    batch, prompt, width = 2, 20, 8
+    seq = np.random.RandomState(0).randint(0, TARGET.vocab_size, (batch, prompt + width))
+    cache = forward(params, jnp.asarray(seq), init_cache(TARGET, batch, 64), config=TARGET).cache
+    prefix = jnp.asarray([prompt, prompt - 3], jnp.int32)
+    tokens = jnp.asarray(np.stack([seq[0, prompt:prompt + width], seq[1, prompt - 3:prompt - 3 + width]]))
+    token_mask = np.ones((batch, width), np.float32)
+    token_mask[1, 6:] = 0
+    states = dp.boundary_states(params, TARGET, tokens, cache, prefix)
+    return cache, prefix, tokens, jnp.asarray(token_mask), states
+
+
+@pytest.mark.parametrize("tau", [dp.DEFAULT_TAU, float("-inf")])
+def test_coupled_dp_equals_python_loop_and_is_realised_by_the_forward(params, coupled_problem, tau):
+    """The scan (vectorised over slots, branch-parallel attention) equals a Python loop over layers
+    and slots; each candidate skips whole layers (never 0 or L-1), and running the model with its
+    mask reproduces the DP's cosine and alpha; it never beats exhaustive whole-layer search."""
+    import itertools
+
+    from jaxspec.baselines.clasp import coupled_knapsack_dp, coupled_knapsack_reference
+
+    cache, prefix, tokens, token_mask, states = coupled_problem
+    cands = coupled_knapsack_dp(params, TARGET, cache, prefix, states, token_mask, budget=3, tau=tau)
+    ref = coupled_knapsack_reference(params, TARGET, cache, prefix, states, token_mask, budget=3, tau=tau)
+    assert sorted(ref) == cands.weights.tolist() and cands.weights[0] == 0
+    if tau == float("-inf"):
+        assert cands.weights.tolist() == [0, 1, 2, 3]
+    mask_sum = float(np.asarray(token_mask).sum())
+    teacher = np.argmax(np.asarray(forward(params, tokens, cache.with_lengths(prefix), config=TARGET).logits), -1)
+    for c, j in enumerate(cands.weights):
+        value, mask = ref[int(j)]
+        np.testing.assert_array_equal(cands.masks[c], mask)
+        assert cands.cosine[c] == pytest.approx(value, abs=1e-5)
+        skip = cands.masks[c]
+        assert (skip[:, 0] == skip[:, 1]).all() and skip[:, 0].sum() == j and not skip[0].any() and not skip[-1].any()
+        out = forward(params, tokens, cache.with_lengths(prefix), config=TARGET, skip_mask=jnp.asarray(skip),
+                      return_hidden=True)
+        cos = float(dp.cos_sum(out.hidden, states[-1], token_mask)) / mask_sum
+        assert cos == pytest.approx(cands.cosine[c], abs=1e-5)
+        agree = ((np.argmax(np.asarray(out.logits), -1) == teacher) * np.asarray(token_mask)).sum() / mask_sum
+        assert agree == pytest.approx(cands.alpha[c], abs=1e-6)
+        # exhaustive over whole-layer sets of this size (no pruning): the DP is a heuristic, never better
+        best = -np.inf
+        for layers in itertools.combinations(range(1, TARGET.num_layers - 1), int(j)):
+            trial = np.zeros((TARGET.num_layers, 2), bool)
+            trial[list(layers), :] = True
+            h = forward(params, tokens, cache.with_lengths(prefix), config=TARGET, skip_mask=jnp.asarray(trial),
+                        return_hidden=True).hidden
+            best = max(best, float(dp.cos_sum(h, states[-1], token_mask)) / mask_sum)
+        assert cands.cosine[c] <= best + 1e-5
+
+
+# ---------------------------------------------------------------------------- CLI
+def _tiny_hf_folder_with_tokenizer(tmp_path):
+    """The conftest tiny Llama (vocab 128) saved with a character-level tokenizer (98 tokens)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from tests.conftest import build_tiny_hf_model
+
+    folder = tmp_path / "tiny-llama"
+    build_tiny_hf_model("llama").save_pretrained(str(folder))
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{chr(c): i + 3 for i, c in enumerate(range(32, 127))}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
+                            eos_token="</s>").save_pretrained(str(folder))
+    return folder
+
+
+@pytest.mark.slow
+def test_cli_generate_knapspec_clasp_static(tmp_path, capsys):
+    """``generate --method knapspec`` on a tiny random HF model: profiles the latency on the fly
+    (then reuses the file), equals AR (--compare-ar), reports the plan history and the planning
+    fraction; clasp and static-skip run through the same path."""
+    import torch
+
+    from experiments.run import main
+
+    torch.set_num_threads(1)
+    folder = _tiny_hf_folder_with_tokenizer(tmp_path)
+    profile = tmp_path / "latency.json"
+    calibration = tmp_path / "calib.txt"
+    calibration.write_text("The quick brown fox jumps over the lazy dog. " * 8)
+    base = ["generate", "--model", str(folder), "--prompt", "Once upon a time, in a land far away,",
+            "--max-new-tokens", "48", "--dtype", "float32", "--no-warmup", "--compare-ar",
+            "--latency-profile", str(profile), "--knapspec-interval", "8", "--knapspec-gamma-max", "4"]
+    out_file = tmp_path / "knapspec.json"
+    assert main(base + ["--method", "knapspec", "--out", str(out_file)]) == 0
+    err = capsys.readouterr().err
+    assert "profiling sub-layer latency" in err and profile.exists()
+    results = json.loads(out_file.read_text())["results"]
+    assert results["method"] == "knapspec" and results["identical_to_ar"] is True
+    k = results["knapspec"]
+    assert k["latency_profile"]["measured_now"] is True and k["latency_profile"]["path"] == str(profile)
+    history = k["plan_history"]
+    assert history and [h["round"] for h in history][:2] == [6, 14]
+    for h in history:
+        assert {"context_length", "n_skip_attn", "n_skip_mlp", "gamma_star", "gamma_used", "predicted_tpt"} <= set(h)
+        assert h["n_skip_attn"] + h["n_skip_mlp"] > 0 and h["predicted_tpt"] > 0
+    assert 0 <= k["plan_fraction_of_decode"] < 1 and k["plan_s"] > 0
+    for field in ("metrics", "gamma", "tokens", "text", "num_generated", "tokens_per_s", "timings", "speedup_vs_ar"):
+        assert field in results
+    assert results["metrics"]["knapspec_plans"] and results["gamma"] == 4
+    for method, extra in (("clasp", ["--clasp-skip-count", "1"]),
+                          ("static-skip", ["--calibration-file", str(calibration), "--calibration-tokens", "200",
+                                           "--static-skip-file", str(tmp_path / "static.json")]),
+                          ("knapspec", ["--knapspec-coupled", "--knapspec-objective", "tpl"])):
+        out_file = tmp_path / f"{method}.json"
+        assert main(base + ["--method", method, "--out", str(out_file)] + extra) == 0
+        err = capsys.readouterr().err
+        assert "profiling sub-layer latency" not in err  # the saved profile is reused
+        results = json.loads(out_file.read_text())["results"]
+        assert results["identical_to_ar"] is True and results["knapspec"]["latency_profile"]["measured_now"] is False
+        if method == "clasp":
+            assert all(h["n_skip_attn"] == h["n_skip_mlp"] == 1 for h in results["knapspec"]["plan_history"])
+        if method == "static-skip":
+            assert (tmp_path / "static.json").exists() and results["knapspec"]["static_skip"]["loaded"] is False
+    assert main(base + ["--method", "knapspec", "--knapspec-interval", "3"]) == 2  # validated before loading
