@@ -62,7 +62,7 @@ from jaxspec.decoding import speculative
 from jaxspec.decoding.autoregressive import PAD_OUTPUT, pad_prompts, prefill, run_with_warmup
 from jaxspec.decoding.sampling import sample_token
 from jaxspec.models.cache import KVCache, check_room, init_cache, scatter_rows, write_positions
-from jaxspec.models.llama import (ForwardOutput, apply_rope, attention_block, mlp_block, rms_norm,
+from jaxspec.models.llama import (ForwardOutput, attention_block, mlp_block, project_qkv, rms_norm,
                                   rope_tables)
 
 
@@ -154,15 +154,7 @@ def _quest_attention(config: ModelConfig, q, k_new, v_new, cache_k, cache_v, len
 def _quest_attention_block(layer, h, config, cos, sin, cache_k, cache_v, lengths, **quest):
     """``attention_block`` (same projections, bias and RoPE) with Quest attention."""
     batch, steps, _ = h.shape
-    x = rms_norm(h, layer["attn_norm"], config.rms_norm_eps)
-    q = jnp.einsum("btd,dq->btq", x, layer["wq"])
-    k = jnp.einsum("btd,dk->btk", x, layer["wk"])
-    v = jnp.einsum("btd,dk->btk", x, layer["wv"])
-    if config.attention_bias:
-        q, k, v = q + layer["bq"], k + layer["bk"], v + layer["bv"]
-    q = apply_rope(q.reshape(batch, steps, config.num_heads, config.head_dim), cos, sin)
-    k = apply_rope(k.reshape(batch, steps, config.num_kv_heads, config.head_dim), cos, sin)
-    v = v.reshape(batch, steps, config.num_kv_heads, config.head_dim)
+    q, k, v = project_qkv(layer, h, config, cos, sin)
     out = _quest_attention(config, q, k, v, cache_k, cache_v, lengths, **quest)
     h = h + jnp.einsum("btq,qd->btd", out.reshape(batch, steps, -1), layer["wo"])
     return h, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)

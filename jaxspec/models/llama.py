@@ -261,8 +261,8 @@ def mlp_block(layer, h, config):
     return h + jnp.einsum("btf,fd->btd", act, layer["w_down"])
 
 
-def attention_block(layer, h, config, cos, sin, cache_k, cache_v, lengths, verify_indices, probe_local):
-    """Pre-norm attention sub-layer. Returns (h + attn, k_new, v_new, probe queries, probe probs)."""
+def project_qkv(layer, h, config, cos, sin):
+    """Pre-norm, q/k/v projections (+ bias) and RoPE: ``q [B, T, Hq, D]``, ``k, v [B, T, Hkv, D]``."""
     batch, steps, _ = h.shape
     x = rms_norm(h, layer["attn_norm"], config.rms_norm_eps)
     q = jnp.einsum("btd,dq->btq", x, layer["wq"])
@@ -272,7 +272,13 @@ def attention_block(layer, h, config, cos, sin, cache_k, cache_v, lengths, verif
         q, k, v = q + layer["bq"], k + layer["bk"], v + layer["bv"]
     q = apply_rope(q.reshape(batch, steps, config.num_heads, config.head_dim), cos, sin)
     k = apply_rope(k.reshape(batch, steps, config.num_kv_heads, config.head_dim), cos, sin)
-    v = v.reshape(batch, steps, config.num_kv_heads, config.head_dim)
+    return q, k, v.reshape(batch, steps, config.num_kv_heads, config.head_dim)
+
+
+def attention_block(layer, h, config, cos, sin, cache_k, cache_v, lengths, verify_indices, probe_local):
+    """Pre-norm attention sub-layer. Returns (h + attn, k_new, v_new, probe queries, probe probs)."""
+    batch, steps, _ = h.shape
+    q, k, v = project_qkv(layer, h, config, cos, sin)
     out, probe_probs = attention(config, q, k, v, cache_k, cache_v, lengths, verify_indices, probe_local)
     h = h + jnp.einsum("btq,qd->btd", out.reshape(batch, steps, -1), layer["wo"])
     probe_q = q[:, :, jnp.asarray(probe_local)].astype(jnp.float32).transpose(0, 2, 1, 3) if probe_local else None
