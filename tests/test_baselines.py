@@ -272,7 +272,7 @@ def test_quest_forward_single_head_equals_indexed_forward():
 
 
 def test_quest_verify_policy_refuses_engine_indices():
-    with pytest.raises(NotImplementedError, match="quest_speculative_generate"):
+    with pytest.raises(TypeError, match="quest_speculative_generate"):
         QuestVerify().verify_indices(None, None, None, None)
 
 

@@ -212,7 +212,7 @@ class QuestVerify:
         return pages_to_select(self.budget, self.page_size, self.min_pages)
 
     def verify_indices(self, state, target_cache, committed, signals):
-        raise NotImplementedError(
+        raise TypeError(
             "Quest selects per layer, query head and query row; the engine's verify_indices is one set per "
             "sequence. Use jaxspec.baselines.quest.quest_speculative_generate (or QuestVerify.verify_forward).")
 
