@@ -59,9 +59,8 @@ import numpy as np
 
 from jaxspec.config import ModelConfig
 from jaxspec.decoding import speculative
-from jaxspec.decoding.autoregressive import PAD_OUTPUT, pad_prompts, prefill, run_with_warmup
-from jaxspec.decoding.sampling import sample_token
-from jaxspec.models.cache import KVCache, check_room, init_cache, scatter_rows, write_positions
+from jaxspec.decoding.autoregressive import PAD_OUTPUT, pad_prompts, run_with_warmup
+from jaxspec.models.cache import KVCache, check_room, scatter_rows, write_positions
 from jaxspec.models.llama import (ForwardOutput, attention_block, mlp_block, project_qkv, rms_norm,
                                   rope_tables)
 
@@ -266,25 +265,13 @@ def quest_speculative_generate(target_params, target_config: ModelConfig, prompt
     capacity = capacity or int(lengths.max()) + engine.max_new_tokens + gamma + 2
     check_room(lengths, capacity, engine.max_new_tokens + gamma + 2,
                f"prompt + {engine.max_new_tokens} new tokens + a draft of gamma={gamma} (+2 headroom)")
-    batch = len(lengths)
     draft_params = target_params if draft_params is None else draft_params
 
-    def initial_state():  # as speculative_generate's
-        target_cache = init_cache(target_config, batch, capacity)
-        target_cache, first_logits = prefill(target_params, target_config, tokens, lengths, target_cache)
-        state_d = jax.tree.map(jnp.copy, draft_state) if draft_state is not None else draft_policy.prefill(
-            draft_params, tokens, lengths, capacity)
-        key, sub = jax.random.split(jax.random.PRNGKey(seed))
-        first = sample_token(first_logits, sub, engine.sampling)
-        out = jnp.full((batch, engine.max_new_tokens + gamma + 1), PAD_OUTPUT, jnp.int32).at[:, 0].set(first)
-        stop = jnp.asarray(engine.stop_tokens if engine.stop_tokens else (-2,), jnp.int32)
-        return speculative.LoopState(
-            round=jnp.int32(0), target_cache=target_cache, draft_state=state_d, verify_state=None, out=out,
-            num_out=jnp.ones((batch,), jnp.int32), committed=jnp.asarray(lengths, jnp.int32) + 1, pending=first,
-            previous=jnp.asarray(tokens[np.arange(batch), lengths - 1], jnp.int32),
-            done=jnp.isin(first, stop) | (engine.max_new_tokens <= 1), key=key,
-            active_rounds=jnp.zeros((batch,), jnp.int32), accepted_histogram=jnp.zeros((gamma + 1,), jnp.int32),
-            draft_counts=speculative.init_draft_counts(gamma))
+    def initial_state():  # the engine's own start state (Quest keeps no verify state)
+        return speculative.prefill_loop_state(target_params, target_config, tokens, lengths, capacity,
+                                              draft_policy=draft_policy, draft_params=draft_params,
+                                              draft_state=draft_state, verify_policy=None, verify_state=None,
+                                              engine=engine, seed=seed)
 
     def run():
         start = time.perf_counter()

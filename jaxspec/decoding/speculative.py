@@ -273,20 +273,45 @@ _update_jit = jax.jit(_update_verify_state, static_argnames=("verify_policy",), 
 
 
 def loop_state_from_caches(target_cache: KVCache, draft_state, pending, previous, engine: EngineConfig, seed: int = 0,
-                           verify_state=None) -> LoopState:
+                           verify_state=None, *, key=None, done=None) -> LoopState:
     """A loop state for caches that already hold each row's history (e.g. filled for a benchmark).
 
     ``target_cache.lengths`` must equal ``committed - 1`` (the pending token is not in it).
+    ``key`` defaults to ``PRNGKey(seed)``, ``done`` to no row finished.
     """
     batch = target_cache.batch_size
     out = jnp.full((batch, engine.max_new_tokens + engine.gamma + 1), PAD_OUTPUT, jnp.int32).at[:, 0].set(pending)
     return LoopState(round=jnp.int32(0), target_cache=target_cache, draft_state=draft_state,
                      verify_state=verify_state, out=out, num_out=jnp.ones((batch,), jnp.int32),
                      committed=target_cache.lengths + 1, pending=jnp.array(pending, jnp.int32, copy=True),
-                     previous=jnp.array(previous, jnp.int32, copy=True), done=jnp.zeros((batch,), bool),
-                     key=jax.random.PRNGKey(seed), active_rounds=jnp.zeros((batch,), jnp.int32),
+                     previous=jnp.array(previous, jnp.int32, copy=True),
+                     done=jnp.zeros((batch,), bool) if done is None else done,
+                     key=jax.random.PRNGKey(seed) if key is None else key,
+                     active_rounds=jnp.zeros((batch,), jnp.int32),
                      accepted_histogram=jnp.zeros((engine.gamma + 1,), jnp.int32),
                      draft_counts=init_draft_counts(engine.gamma))
+
+
+def prefill_loop_state(target_params, target_config: ModelConfig, tokens: np.ndarray, lengths: np.ndarray,
+                       capacity: int, *, draft_policy, draft_params, draft_state, verify_policy, verify_state,
+                       engine: EngineConfig, seed: int = 0, mesh=None, rules=None) -> LoopState:
+    """Prefill the target (and the draft policy) with right-padded prompts and sample the first
+    token: the state every speculative run starts its rounds from. Given ``draft_state`` /
+    ``verify_state`` are copied (the loop donates its state; a warm-up run must not consume them)."""
+    batch = len(lengths)
+    target_cache = init_cache(target_config, batch, capacity, mesh=mesh, rules=rules)
+    target_cache, first_logits = prefill(target_params, target_config, tokens, lengths, target_cache)
+    state_d = jax.tree.map(jnp.copy, draft_state) if draft_state is not None else draft_policy.prefill(
+        draft_params, tokens, lengths, capacity)
+    key, sub = jax.random.split(jax.random.PRNGKey(seed))
+    first = sample_token(first_logits, sub, engine.sampling)
+    stop = jnp.asarray(engine.stop_tokens if engine.stop_tokens else (-2,), jnp.int32)
+    previous = jnp.asarray(tokens[np.arange(batch), lengths - 1], jnp.int32)
+    state_v = jax.tree.map(jnp.copy, verify_state)
+    if state_v is None and hasattr(verify_policy, "prefill"):  # e.g. Dustin: the last prompt token's query
+        state_v = verify_policy.prefill(target_params, target_cache, tokens, lengths)
+    return loop_state_from_caches(target_cache, state_d, first, previous, engine, verify_state=state_v, key=key,
+                                  done=jnp.isin(first, stop) | (engine.max_new_tokens <= 1))
 
 
 def run_loop(target_params, draft_params, state: LoopState, *, target_config, draft_policy, verify_policy, engine,
@@ -369,7 +394,6 @@ def speculative_generate(target_params, target_config: ModelConfig, prompts: Seq
     capacity = capacity or needed
     check_room(lengths, capacity, engine.max_new_tokens + gamma + 2,
                f"prompt + {engine.max_new_tokens} new tokens + a draft of gamma={gamma} (+2 headroom)")
-    batch = len(lengths)
     explicit_mesh = mesh is not None
     target_params, mesh, rules = resolve_placement(target_params, target_config, mesh, rules)
     if mesh is not None and draft_params is not None and (explicit_mesh or mesh_of(draft_params) is None):
@@ -377,27 +401,9 @@ def speculative_generate(target_params, target_config: ModelConfig, prompts: Seq
     draft_params = target_params if draft_params is None else draft_params
 
     def initial_state():
-        target_cache = init_cache(target_config, batch, capacity, mesh=mesh, rules=rules)
-        target_cache, first_logits = prefill(target_params, target_config, tokens, lengths, target_cache)
-        # copies: the loop donates its state, and a warm-up run must not consume the caller's arrays
-        state_d = jax.tree.map(jnp.copy, draft_state) if draft_state is not None else draft_policy.prefill(
-            draft_params, tokens, lengths, capacity)
-        key = jax.random.PRNGKey(seed)
-        key, sub = jax.random.split(key)
-        first = sample_token(first_logits, sub, engine.sampling)
-        out = jnp.full((batch, engine.max_new_tokens + gamma + 1), PAD_OUTPUT, jnp.int32).at[:, 0].set(first)
-        stop = jnp.asarray(engine.stop_tokens if engine.stop_tokens else (-2,), jnp.int32)
-        lengths_j = jnp.asarray(lengths, jnp.int32)
-        previous = jnp.asarray(tokens[np.arange(batch), lengths - 1], jnp.int32)
-        state_v = jax.tree.map(jnp.copy, verify_state)
-        if state_v is None and hasattr(verify_policy, "prefill"):  # e.g. Dustin: the last prompt token's query
-            state_v = verify_policy.prefill(target_params, target_cache, tokens, lengths)
-        return LoopState(round=jnp.int32(0), target_cache=target_cache, draft_state=state_d,
-                         verify_state=state_v, out=out, num_out=jnp.ones((batch,), jnp.int32),
-                         committed=lengths_j + 1, pending=first, previous=previous,
-                         done=jnp.isin(first, stop) | (engine.max_new_tokens <= 1), key=key,
-                         active_rounds=jnp.zeros((batch,), jnp.int32),
-                         accepted_histogram=jnp.zeros((gamma + 1,), jnp.int32), draft_counts=init_draft_counts(gamma))
+        return prefill_loop_state(target_params, target_config, tokens, lengths, capacity, draft_policy=draft_policy,
+                                  draft_params=draft_params, draft_state=draft_state, verify_policy=verify_policy,
+                                  verify_state=verify_state, engine=engine, seed=seed, mesh=mesh, rules=rules)
 
     static = dict(target_config=target_config, draft_policy=draft_policy, verify_policy=verify_policy, engine=engine)
 
