@@ -43,6 +43,7 @@ def environment() -> Dict[str, Any]:
         "platform": platform.platform(),
         "host": socket.gethostname(),
         "cpu_count": os.cpu_count(),
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         **git_commit(),
     }
