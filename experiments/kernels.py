@@ -3,12 +3,15 @@
 For each layer shape, context, batch and budget, in one process: our dense Pallas kernel, XLA
 dense (the jnp reference), cuDNN dense (``jax.nn.dot_product_attention(implementation=
 "cudnn")`` on its own [B, S, H, D] layout), our sparse Pallas kernel, XLA gather + dense, and the
-selection step (SRH scoring of 4 heads + exact radix top-k, next to ``lax.top_k``). Every
-variant is first checked against the jnp reference on the same random inputs.
+selection step (SRH scoring of 4 heads in XLA and in a Pallas kernel + exact radix top-k
+variants, next to ``lax.top_k``). Every variant is first checked against the jnp reference on
+the same random inputs. Our sparse kernel is timed in every listed tiling (``--sparse-configs``)
+and reported as the fastest of them, all tilings kept in the JSON.
 
 Timing: each variant runs ``--iters`` times inside one jitted ``fori_loop`` whose iterations
 depend on the previous output (so nothing is hoisted), after a warm-up; the per-call time is
-the median over ``--repeats`` such loops. Bytes moved are the fewest the variant must read
+the median over ``--repeats`` such loops; the loop is unrolled (straight-line, as the model's
+layers run) unless stated. Bytes moved are the fewest the variant must read
 (K and V rows it attends to, once), reported against the copy bandwidth measured in the run.
 """
 
@@ -26,8 +29,12 @@ SHAPES = {"qwen2.5-7b": (28, 4, 128), "qwen2.5-72b": (64, 8, 128)}  # (q heads, 
 LAYERS = {"qwen2.5-7b": 28, "qwen2.5-72b": 80}
 
 
-def loop_time(fn: Callable, args, iters: int, repeats: int) -> Dict[str, float]:
-    """Median seconds per call of ``fn(*args)`` (first arg perturbed each iteration by the last output)."""
+def loop_time(fn: Callable, args, iters: int, repeats: int, unroll: bool = True) -> Dict[str, float]:
+    """Median seconds per call of ``fn(*args)`` (first arg perturbed each iteration by the last output).
+
+    ``unroll=True`` (the default) unrolls the ``iters`` calls into one straight-line program, as
+    the model's unrolled layers run them: a rolled GPU while loop reads its predicate on the host
+    every iteration, which adds microseconds that only the small (sparse) kernels would feel."""
     import jax
     import jax.numpy as jnp
 
@@ -40,7 +47,7 @@ def loop_time(fn: Callable, args, iters: int, repeats: int) -> Dict[str, float]:
             q = q * (1 + 1e-30 * acc).astype(q.dtype)
             return q, acc
 
-        return jax.lax.fori_loop(0, iters, body, (a[0], jnp.float32(0)))[1]
+        return jax.lax.fori_loop(0, iters, body, (a[0], jnp.float32(0)), unroll=unroll)[1]
 
     compiled = jax.jit(run)
     compiled(*args).block_until_ready()
@@ -51,7 +58,22 @@ def loop_time(fn: Callable, args, iters: int, repeats: int) -> Dict[str, float]:
         times.append((time.perf_counter() - start) / iters)
     times.sort()
     return {"median_s": times[len(times) // 2], "min_s": times[0], "max_s": times[-1], "iters": iters,
-            "repeats": repeats}
+            "repeats": repeats, "unrolled": unroll}
+
+
+def _parse_configs(text: str, width: int, types=None):
+    """``"64x1x4,32x2x4"`` -> ``[(64, 1, 4), (32, 2, 4)]`` (``width`` fields each)."""
+    types = types or (int,) * width
+    out = []
+    for item in text.split(","):
+        fields = item.strip().split("x")
+        if len(fields) != width:
+            raise ValueError(f"config {item!r} in {text!r}: expected {width} fields joined by 'x'")
+        try:
+            out.append(tuple(t(f) for t, f in zip(types, fields)))
+        except ValueError as err:
+            raise ValueError(f"config {item!r} in {text!r}: {err}") from err
+    return out
 
 
 def cmd_bench_attention(args) -> Dict[str, Any]:
@@ -61,7 +83,7 @@ def cmd_bench_attention(args) -> Dict[str, Any]:
     from pallas_kernels.attention import dense_history_partials, merged_history, sparse_history_partials
     from pallas_kernels.reference import (dense_history_reference, merge_partials, normalize,
                                           sparse_history_reference)
-    from pallas_kernels.selection import select_top_k, srh_scores
+    from pallas_kernels.selection import select_top_k, srh_scores, srh_scores_pallas
 
     writer = ResultWriter(args.out, "bench-attention", _config_of(args))
     if not writer.has("copy_bandwidth"):
@@ -132,61 +154,112 @@ def cmd_bench_attention(args) -> Dict[str, Any]:
                                       "TBps": kv_bytes / timing["median_s"] / 1e12,
                                       "of_copy_bw": kv_bytes / timing["median_s"] / bandwidth,
                                       "rel_err": errors.get(name, float("nan")), "speedup_vs_fastest_dense": "-"})
-                # selection: 4 SRH heads (target signal, 1 row) + exact radix top-k vs lax.top_k
-                srh_q = (0.1 * jax.random.normal(keys[3], (batch, 4, 1, dim))).astype(jnp.bfloat16)
-                srh_groups = tuple(sorted({0, 1, 2, 3} if kv_heads >= 4 else {0}))[:4]
-                srh_groups = tuple(list(srh_groups) + [srh_groups[-1]] * (4 - len(srh_groups)))
+                # selection, part 1 (independent of k): SRH scoring of 4 heads, 1 query row (the target
+                # signal), in 4 KV groups (the general case) and all in one group (a layout restriction)
+                srh_q = 0.1 * jax.random.normal(keys[3], (batch, 4, 1, dim), jnp.float32)
+                verify_dense = LAYERS[shape] * fastest
+                scoring_best = None
+                for layout, srh_groups in (("4groups", (0, 1, 2, 3)), ("1group", (0, 0, 0, 0))):
+                    srh_groups = tuple(g % kv_heads for g in srh_groups)
+                    srh_bytes = batch * len(set(srh_groups)) * context * dim * 2
+                    ref_scores = srh_scores(srh_q, k, lengths, srh_groups)
+                    variants = [("xla", lambda sq, k_, len_, g=srh_groups: srh_scores(sq, k_, len_, g))]
+                    for block, warps in _parse_configs(args.scoring_configs, 2):
+                        variants.append((f"pallas_b{block}_w{warps}",
+                                         lambda sq, k_, len_, g=srh_groups, block=block, warps=warps: srh_scores_pallas(
+                                             sq, k_, len_, g, block_s=block, num_warps=warps, interpret=interpret)))
+                    timings = {}
+                    for impl, fn in variants:
+                        out = fn(srh_q, k, lengths)
+                        err = float(jnp.linalg.norm(out - ref_scores) / jnp.linalg.norm(ref_scores))
+                        timings[impl] = (loop_time(fn, (srh_q, k, lengths), args.iters, args.repeats)["median_s"], err)
+                    best = min(timings, key=lambda n: timings[n][0])
+                    for impl, (seconds, err) in timings.items():
+                        case_rows.append({"shape": shape, "context": context, "batch": batch,
+                                          "variant": f"scoring_{layout}_{impl}", "k": "-", "us": seconds * 1e6,
+                                          "GB": srh_bytes / 1e9, "TBps": srh_bytes / seconds / 1e12,
+                                          "of_copy_bw": srh_bytes / seconds / bandwidth, "rel_err": err,
+                                          "speedup_vs_fastest_dense": "-",
+                                          "fraction_of_dense_verification": seconds / verify_dense,
+                                          "best_of_layout": impl == best})
+                    if layout == "4groups":
+                        scoring_best = timings[best][0]
+                        scores_fixed = srh_scores(srh_q, k, lengths, srh_groups)
+                    else:
+                        scoring_best_1group = timings[best][0]
                 for budget in [int(b) for b in args.budgets.split(",")]:
                     if budget >= context:
                         continue
                     idx = jnp.sort(jax.random.permutation(jax.random.PRNGKey(budget), context)[:budget])
                     idx = jnp.broadcast_to(idx.astype(jnp.int32), (batch, budget))
                     sparse_ref = normalize(sparse_history_reference(q, k, v, idx))
-
-                    def ours_sparse(q_, k_, v_, idx_):
-                        return merge_partials(sparse_history_partials(q_, k_, v_, idx_, chunk=args.chunk,
-                                                                      interpret=interpret), axis=2)
-
-                    def xla_sparse(q_, k_, v_, idx_):
-                        return sparse_history_reference(q_, k_, v_, idx_)
-
                     sparse_bytes = 2 * batch * kv_heads * budget * dim * 2
-                    for name, fn in (("ours_sparse", ours_sparse), ("xla_gather_dense", xla_sparse)):
-                        out = normalize(fn(q, k, v, idx))
+                    # ours: every listed tiling (chunk x chunks per program x warps) is checked and timed;
+                    # "ours_sparse" is the fastest of them (all are kept in the JSON)
+                    tilings = {}
+                    for chunk, per_program, warps in _parse_configs(args.sparse_configs, 3):
+                        if budget % (chunk * per_program):
+                            continue
+
+                        def ours_sparse(q_, k_, v_, idx_, chunk=chunk, per_program=per_program, warps=warps):
+                            return merge_partials(sparse_history_partials(
+                                q_, k_, v_, idx_, chunk=chunk, chunks_per_program=per_program, num_warps=warps,
+                                interpret=interpret), axis=2)
+
+                        out = normalize(ours_sparse(q, k, v, idx))
                         err = float(jnp.linalg.norm((out - sparse_ref).astype(jnp.float32))
                                     / jnp.linalg.norm(sparse_ref.astype(jnp.float32)))
-                        timing = loop_time(fn, (q, k, v, idx), args.iters, args.repeats)
+                        tilings[f"c{chunk}_p{per_program}_w{warps}"] = (
+                            loop_time(ours_sparse, (q, k, v, idx), args.iters, args.repeats)["median_s"], err)
+                    best_tiling = min(tilings, key=lambda n: tilings[n][0])
+                    out = normalize(sparse_history_reference(q, k, v, idx))
+                    xla_time = loop_time(sparse_history_reference, (q, k, v, idx), args.iters, args.repeats)["median_s"]
+                    for name, (seconds, err), extra in (
+                            ("ours_sparse", tilings[best_tiling], {"tiling": best_tiling,
+                                                                   "tilings_us": {n: t * 1e6 for n, (t, _) in
+                                                                                  tilings.items()}}),
+                            ("xla_gather_dense", (xla_time, 0.0), {})):
                         case_rows.append({"shape": shape, "context": context, "batch": batch, "variant": name,
-                                          "k": budget, "us": timing["median_s"] * 1e6, "GB": sparse_bytes / 1e9,
-                                          "TBps": sparse_bytes / timing["median_s"] / 1e12,
-                                          "of_copy_bw": sparse_bytes / timing["median_s"] / bandwidth,
-                                          "rel_err": err,
-                                          "speedup_vs_fastest_dense": fastest / timing["median_s"]})
+                                          "k": budget, "us": seconds * 1e6, "GB": sparse_bytes / 1e9,
+                                          "TBps": sparse_bytes / seconds / 1e12,
+                                          "of_copy_bw": sparse_bytes / seconds / bandwidth, "rel_err": err,
+                                          "speedup_vs_fastest_dense": fastest / seconds, **extra})
+                    # selection, part 2: exact top-k (radix variants, all equal to lax.top_k's set) vs lax.top_k
+                    reference_set = select_top_k(scores_fixed, lengths, k=budget, sinks=4, window=64)
+                    topk = {}
+                    for bits, hist in _parse_configs(args.topk_configs, 2, types=(int, str)):
+                        def radix(scores, len_, bits=bits, hist=hist):
+                            return select_top_k(scores, len_, k=budget, sinks=4, window=64, bits=bits,
+                                                histogram=hist).astype(jnp.float32)
 
-                    scores_fixed = srh_scores(srh_q.astype(jnp.float32), k, lengths, srh_groups)
-
-                    def scoring(sq, k_, len_):
-                        return srh_scores(sq, k_, len_, srh_groups)
-
-                    def radix(scores, len_):
-                        return select_top_k(scores, len_, k=budget, sinks=4, window=64).astype(jnp.float32)
+                        same = bool(jnp.all(radix(scores_fixed, lengths) == reference_set))
+                        topk[f"radix{bits}_{hist}"] = (
+                            loop_time(radix, (scores_fixed, lengths), args.iters, args.repeats)["median_s"], same)
 
                     def lax_top(scores, len_):
                         return jax.lax.top_k(scores, budget)[1].astype(jnp.float32)
 
-                    verify_dense = LAYERS[shape] * fastest
-                    srh_bytes = batch * len(set(srh_groups)) * context * dim * 2
-                    for name, fn, fn_args, moved in (
-                            ("selection_scoring", scoring, (srh_q.astype(jnp.float32), k, lengths), srh_bytes),
-                            ("selection_radix_top_k", radix, (scores_fixed, lengths), batch * context * 4),
-                            ("selection_lax_top_k", lax_top, (scores_fixed, lengths), batch * context * 4)):
-                        timing = loop_time(fn, fn_args, args.iters, args.repeats)
-                        case_rows.append({"shape": shape, "context": context, "batch": batch, "variant": name,
-                                          "k": budget, "us": timing["median_s"] * 1e6, "GB": moved / 1e9,
-                                          "TBps": moved / timing["median_s"] / 1e12,
-                                          "of_copy_bw": moved / timing["median_s"] / bandwidth,
+                    topk["lax_top_k"] = (loop_time(lax_top, (scores_fixed, lengths), args.iters,
+                                                   args.repeats)["median_s"], None)
+                    exact = {n: t for n, (t, same) in topk.items() if same}
+                    best_topk = min(exact, key=exact.get) if exact else None
+                    for name, (seconds, same) in topk.items():
+                        case_rows.append({"shape": shape, "context": context, "batch": batch,
+                                          "variant": f"topk_{name}", "k": budget, "us": seconds * 1e6,
+                                          "GB": batch * context * 4 / 1e9, "TBps": batch * context * 4 / seconds / 1e12,
+                                          "of_copy_bw": batch * context * 4 / seconds / bandwidth,
                                           "rel_err": float("nan"), "speedup_vs_fastest_dense": "-",
-                                          "fraction_of_dense_verification": timing["median_s"] / verify_dense})
+                                          "same_set_as_reference": same,
+                                          "fraction_of_dense_verification": seconds / verify_dense})
+                    if best_topk is not None:
+                        for layout, scoring_time in (("4groups", scoring_best), ("1group", scoring_best_1group)):
+                            total = scoring_time + exact[best_topk]
+                            case_rows.append({"shape": shape, "context": context, "batch": batch,
+                                              "variant": f"selection_{layout}", "k": budget, "us": total * 1e6,
+                                              "GB": float("nan"), "TBps": float("nan"), "of_copy_bw": float("nan"),
+                                              "rel_err": float("nan"), "speedup_vs_fastest_dense": "-",
+                                              "top_k": best_topk,
+                                              "fraction_of_dense_verification": total / verify_dense})
                 writer.add(key, {"rows": case_rows, "fastest_dense": fastest_name, "errors": errors})
                 rows_out.extend(case_rows)
                 del q, k, v
@@ -203,7 +276,12 @@ def register(subparsers) -> None:
     bench.add_argument("--batches", default="1,8,16")
     bench.add_argument("--budgets", default="256,512,1024,2048")
     bench.add_argument("--gamma", type=int, default=4)
-    bench.add_argument("--chunk", type=int, default=64, help="sparse kernel: selected rows per program")
+    bench.add_argument("--sparse-configs", default="64x1x4,32x2x4,64x2x4,128x1x8,32x4x4",
+                       help="sparse kernel tilings to time, CHUNKxCHUNKS_PER_PROGRAMxWARPS; ours_sparse = the fastest")
+    bench.add_argument("--scoring-configs", default="128x4,256x8",
+                       help="Pallas SRH scoring kernel, BLOCKxWARPS (XLA scoring is always timed too)")
+    bench.add_argument("--topk-configs", default="8xscatter,8xcompare,4xcompare",
+                       help="radix top-k variants, BITSxHISTOGRAM (histogram: scatter | compare)")
     bench.add_argument("--iters", type=int, default=20)
     bench.add_argument("--repeats", type=int, default=5)
     bench.add_argument("--copy-gib", type=float, default=4.0)

@@ -124,27 +124,55 @@ def dense_history_partials(q, k_cache, v_cache, lengths, *, block_k: int = 64, n
 
 
 # ---------------------------------------------------------------------------- sparse
-def _sparse_kernel(idx_ref, q_ref, k_ref, v_ref, acc_ref, l_ref, m_ref):
-    idx = idx_ref[...]  # [chunk]
-    valid = idx >= 0
-    safe = jnp.where(valid, idx, 0)
-    k = k_ref[safe, :]  # gathered rows [chunk, D]
-    v = v_ref[safe, :]
+def _sparse_kernel(idx_ref, q_ref, k_ref, v_ref, acc_ref, l_ref, m_ref, *, chunk, chunks_per_program):
     q = q_ref[...]
-    scores = jnp.dot(q, k.T, preferred_element_type=jnp.float32)  # [M, chunk]
-    scores = jnp.where(valid[None, :], scores, NEG_INF)
-    m = jnp.max(scores, axis=1)
-    p = jnp.where(valid[None, :], jnp.exp(scores - m[:, None]), 0.0)
-    acc_ref[...] = jnp.dot(p.astype(v.dtype), v, preferred_element_type=jnp.float32)
-    l_ref[...] = jnp.sum(p, axis=1)
+    rows = q.shape[0]
+
+    def body(c, carry):
+        acc, l_prev, m_prev = carry
+        idx = idx_ref[pl.ds(c * chunk, chunk)]  # [chunk]
+        valid = idx >= 0
+        safe = jnp.where(valid, idx, 0)
+        k = k_ref[safe, :]  # gathered rows [chunk, D]: per-row pointers, no copy of the cache
+        v = v_ref[safe, :]
+        scores = jnp.dot(q, k.T, preferred_element_type=jnp.float32)  # [M, chunk]
+        scores = jnp.where(valid[None, :], scores, NEG_INF)
+        m_next = jnp.maximum(m_prev, jnp.max(scores, axis=1))
+        correction = jnp.exp(m_prev - m_next)
+        p = jnp.where(valid[None, :], jnp.exp(scores - m_next[:, None]), 0.0)
+        l_next = l_prev * correction + jnp.sum(p, axis=1)
+        acc = acc * correction[:, None] + jnp.dot(p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+        return acc, l_next, m_next
+
+    init = (jnp.zeros((rows, q.shape[1]), jnp.float32), jnp.zeros((rows,), jnp.float32),
+            jnp.full((rows,), NEG_INF, jnp.float32))
+    if chunks_per_program == 1:
+        acc, l, m = body(0, init)
+    else:
+        acc, l, m = jax.lax.fori_loop(0, chunks_per_program, body, init)
+    acc_ref[...] = acc
+    l_ref[...] = l
     m_ref[...] = m
 
 
-@functools.partial(jax.jit, static_argnames=("chunk", "num_warps", "num_stages", "interpret"))
-def sparse_history_partials(q, k_cache, v_cache, indices, *, chunk: int = 64, num_warps: int = 4,
-                            num_stages: int = 2, interpret: bool = False) -> Partial:
-    """Per-chunk partials of ``q`` over the cache rows ``indices [B, K]`` (entries < 0 ignored;
-    ``K`` a multiple of ``chunk``): ``acc [B, Hkv, K/chunk, M, D]``, ``l/m [B, Hkv, K/chunk, M]``."""
+def default_sparse_programs(batch: int, kv_heads: int, budget: int, chunk: int) -> int:
+    """Chunks each program walks: enough programs to fill the chip (~2 per SM of a 132-SM
+    H200), as few partials as that allows (fewer to merge)."""
+    chunks = max(budget // chunk, 1)
+    per_program = 1
+    while (per_program * 2 <= chunks and chunks % (per_program * 2) == 0
+           and batch * kv_heads * chunks // (per_program * 2) >= 2 * 132):
+        per_program *= 2
+    return per_program
+
+
+@functools.partial(jax.jit, static_argnames=("chunk", "chunks_per_program", "num_warps", "num_stages",
+                                             "interpret"))
+def sparse_history_partials(q, k_cache, v_cache, indices, *, chunk: int = 64, chunks_per_program: int = 0,
+                            num_warps: int = 4, num_stages: int = 2, interpret: bool = False) -> Partial:
+    """Per-program partials of ``q`` over the cache rows ``indices [B, K]`` (entries < 0 ignored;
+    ``K`` a multiple of ``chunk``): ``acc [B, Hkv, P, M, D]``, ``l/m [B, Hkv, P, M]`` with
+    ``P = K / (chunk * chunks_per_program)`` (``chunks_per_program = 0``: chosen to fill the chip)."""
     batch, kv_heads, rows, dim = q.shape
     seq = k_cache.shape[2]
     budget = indices.shape[1]
@@ -155,14 +183,21 @@ def sparse_history_partials(q, k_cache, v_cache, indices, *, chunk: int = 64, nu
     if budget % chunk:
         raise ValueError(f"budget K={budget} must be a multiple of chunk={chunk}; pad the index set with -1")
     chunks = budget // chunk
-    out_shape = (jax.ShapeDtypeStruct((batch, kv_heads, chunks, rows, dim), jnp.float32),
-                 jax.ShapeDtypeStruct((batch, kv_heads, chunks, rows), jnp.float32),
-                 jax.ShapeDtypeStruct((batch, kv_heads, chunks, rows), jnp.float32))
+    if chunks_per_program <= 0:
+        chunks_per_program = default_sparse_programs(batch, kv_heads, budget, chunk)
+    if chunks % chunks_per_program:
+        raise ValueError(f"chunks_per_program={chunks_per_program} must divide K/chunk={chunks}")
+    programs = chunks // chunks_per_program
+    span = chunk * chunks_per_program
+    kernel = functools.partial(_sparse_kernel, chunk=chunk, chunks_per_program=chunks_per_program)
+    out_shape = (jax.ShapeDtypeStruct((batch, kv_heads, programs, rows, dim), jnp.float32),
+                 jax.ShapeDtypeStruct((batch, kv_heads, programs, rows), jnp.float32),
+                 jax.ShapeDtypeStruct((batch, kv_heads, programs, rows), jnp.float32))
     return pl.pallas_call(
-        _sparse_kernel,
-        grid=(batch, kv_heads, chunks),
+        kernel,
+        grid=(batch, kv_heads, programs),
         in_specs=[
-            pl.BlockSpec((None, chunk), lambda b, h, c: (b, c)),
+            pl.BlockSpec((None, span), lambda b, h, c: (b, c)),
             pl.BlockSpec((None, None, rows, dim), lambda b, h, c: (b, h, 0, 0)),
             pl.BlockSpec((None, None, seq, dim), lambda b, h, c: (b, h, 0, 0)),
             pl.BlockSpec((None, None, seq, dim), lambda b, h, c: (b, h, 0, 0)),

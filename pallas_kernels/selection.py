@@ -20,6 +20,7 @@ from typing import Sequence
 
 import jax
 import jax.numpy as jnp
+from jax.experimental import pallas as pl
 
 
 def order_preserving_keys(scores: jax.Array) -> jax.Array:
@@ -31,25 +32,40 @@ def order_preserving_keys(scores: jax.Array) -> jax.Array:
     return jnp.where(negative, ~bits, bits | jnp.uint32(0x80000000))
 
 
-def _radix_threshold(keys: jax.Array, candidate: jax.Array, need: jax.Array):
+def _histogram(digit: jax.Array, alive: jax.Array, bins: int, method: str) -> jax.Array:
+    """Per-row counts ``[B, bins]`` of ``digit [B, S]`` among the ``alive`` positions."""
+    if method == "scatter":  # atomics into bins (contended on GPU)
+        rows = jnp.arange(digit.shape[0])[:, None]
+        return jnp.zeros((digit.shape[0], bins), jnp.int32).at[rows, digit].add(alive.astype(jnp.int32))
+    if method == "compare":  # one fused compare-and-reduce, no atomics
+        hit = (digit[:, :, None] == jnp.arange(bins, dtype=digit.dtype)[None, None, :]) & alive[:, :, None]
+        return jnp.sum(hit.astype(jnp.int32), axis=1)
+    raise ValueError(f"histogram method {method!r}: expected 'scatter' or 'compare'")
+
+
+def _radix_threshold(keys: jax.Array, candidate: jax.Array, need: jax.Array, *, bits: int = 8,
+                     histogram: str = "scatter"):
     """Exact ``need``-th largest key among ``candidate`` positions of each row.
 
     ``keys [B, S]`` uint32, ``candidate [B, S]`` bool, ``need [B]`` int32 (>= 1, <= #candidates).
-    Returns (threshold [B] uint32, how many keys equal to the threshold to take [B]).
+    ``32 / bits`` passes, each a histogram of one ``bits``-wide digit among the keys that still
+    share the chosen prefix. Returns (threshold [B] uint32, how many keys equal to it to take [B]).
     """
+    if 32 % bits:
+        raise ValueError(f"radix bits={bits} must divide 32 (valid: 2, 4, 8, 16)")
     batch = keys.shape[0]
+    bins = 1 << bits
     prefix = jnp.zeros((batch,), jnp.uint32)
-    rows = jnp.arange(batch)[:, None]
-    for shift in (24, 16, 8, 0):
-        if shift == 24:
+    for shift in range(32 - bits, -1, -bits):
+        if shift == 32 - bits:
             alive = candidate
         else:
-            alive = candidate & ((keys >> (shift + 8)) == (prefix[:, None] >> (shift + 8)))
-        digit = ((keys >> shift) & 0xFF).astype(jnp.int32)
-        histogram = jnp.zeros((batch, 256), jnp.int32).at[rows, digit].add(alive.astype(jnp.int32))
-        above = jnp.cumsum(histogram[:, ::-1], axis=1)[:, ::-1] - histogram  # count with a larger digit
+            alive = candidate & ((keys >> (shift + bits)) == (prefix[:, None] >> (shift + bits)))
+        digit = ((keys >> shift) & (bins - 1)).astype(jnp.int32)
+        hist = _histogram(digit, alive, bins, histogram)
+        above = jnp.cumsum(hist[:, ::-1], axis=1)[:, ::-1] - hist  # count with a larger digit
         # the digit d with above[d] < need <= above[d] + hist[d]
-        hit = (above < need[:, None]) & (above + histogram >= need[:, None])
+        hit = (above < need[:, None]) & (above + hist >= need[:, None])
         chosen = jnp.argmax(hit, axis=1).astype(jnp.uint32)
         need = need - jnp.take_along_axis(above, chosen[:, None].astype(jnp.int32), axis=1)[:, 0]
         prefix = prefix | (chosen << shift)
@@ -66,12 +82,15 @@ def _compact(chosen: jax.Array, k: int) -> jax.Array:
     return out.at[jnp.arange(batch)[:, None], slot].set(positions, mode="drop")
 
 
-@functools.partial(jax.jit, static_argnames=("k", "sinks", "window"))
-def select_top_k(scores: jax.Array, lengths: jax.Array, *, k: int, sinks: int = 0, window: int = 0) -> jax.Array:
+@functools.partial(jax.jit, static_argnames=("k", "sinks", "window", "bits", "histogram"))
+def select_top_k(scores: jax.Array, lengths: jax.Array, *, k: int, sinks: int = 0, window: int = 0, bits: int = 8,
+                 histogram: str = "scatter") -> jax.Array:
     """Index set ``[B, k]`` (sorted; -1 padding): sinks + window + the top scores among the rest.
 
     Exact: equals a top-k by (score descending, position ascending) over the non-protected
     valid positions. ``scores [B, S]`` float32, ``lengths [B]`` valid history per row.
+    ``bits``/``histogram``: radix digit width and how each pass counts (``scatter``: scatter-add;
+    ``compare``: a fused compare-and-reduce without atomics); all variants give the same set.
     """
     batch, seq = scores.shape
     if sinks + window > k:
@@ -87,7 +106,7 @@ def select_top_k(scores: jax.Array, lengths: jax.Array, *, k: int, sinks: int = 
     available = jnp.sum(candidate, axis=1)
     need = jnp.clip(jnp.minimum(remaining, available), 1, None)  # >= 1 keeps the search defined
     keys = order_preserving_keys(scores)
-    threshold, equal_needed = _radix_threshold(keys, candidate, need)
+    threshold, equal_needed = _radix_threshold(keys, candidate, need, bits=bits, histogram=histogram)
     greater = candidate & (keys > threshold[:, None])
     equal = candidate & (keys == threshold[:, None])
     equal_rank = jnp.cumsum(equal.astype(jnp.int32), axis=1)
@@ -115,4 +134,92 @@ def srh_scores(queries: jax.Array, keys: jax.Array, lengths: jax.Array, kv_group
         scores = jnp.where(valid, scores, -jnp.inf)
         probs = jax.nn.softmax(scores, axis=-1)
         total = total + jnp.sum(jnp.where(valid, probs, 0.0), axis=1)
+    return total
+
+
+# ---------------------------------------------------------------------------- Pallas SRH scoring
+def _srh_logits_kernel(lengths_ref, q_ref, k_ref, o_ref, *, groups, rows, block_s):
+    h = pl.program_id(1)
+    start = pl.program_id(2) * block_s  # read outside pl.when (interpret mode cannot inside)
+    active = functools.reduce(jnp.logical_or, [h == g for g in groups])
+
+    @pl.when(active)
+    def _():
+        length = lengths_ref[0]
+        k = k_ref[...]  # [block_s, D]
+        valid = start + jnp.arange(block_s) < length
+        if rows >= 16:  # tensor cores
+            logits = jnp.dot(q_ref[...], k.T, preferred_element_type=jnp.float32)  # [rows, block_s]
+            o_ref[...] = jnp.where(valid[None, :], logits, NEG_INF)
+        else:  # a few rows: multiply-reduce (tl.dot needs >= 16 rows)
+            kf = k.astype(jnp.float32)
+            for r in range(rows):
+                q = q_ref[r, :].astype(jnp.float32)
+                o_ref[r, :] = jnp.where(valid, jnp.sum(kf * q[None, :], axis=1), NEG_INF)
+
+
+NEG_INF = -1e30
+
+
+def pack_srh_queries(queries: jax.Array, kv_groups: Sequence[int], num_kv_heads: int):
+    """``queries [B, P, R, D]`` of P heads -> ``[B, Hkv, Rg, D]`` (rows of the heads of each KV
+    group, zero-padded to a power of two ``Rg``) and the static real-row mask ``[Hkv, Rg]``."""
+    batch, heads, rows, dim = queries.shape
+    members = {g: [i for i, x in enumerate(kv_groups) if x == g] for g in sorted(set(kv_groups))}
+    per_group = max(len(m) for m in members.values()) * rows
+    padded = 1 << (per_group - 1).bit_length() if per_group > 1 else 1
+    out = jnp.zeros((batch, num_kv_heads, padded, dim), queries.dtype)
+    real = [[False] * padded for _ in range(num_kv_heads)]
+    for g, idx in members.items():
+        block = queries[:, idx].reshape(batch, len(idx) * rows, dim)
+        out = out.at[:, g, :len(idx) * rows].set(block)
+        for r in range(len(idx) * rows):
+            real[g][r] = True
+    return out, tuple(tuple(r) for r in real)
+
+
+@functools.partial(jax.jit, static_argnames=("kv_groups", "block_s", "num_warps", "interpret"))
+def srh_scores_pallas(queries: jax.Array, keys: jax.Array, lengths: jax.Array, kv_groups: Sequence[int], *,
+                      block_s: int = 128, num_warps: int = 4, interpret: bool = False) -> jax.Array:
+    """:func:`srh_scores` with the logits from a Pallas kernel that reads each used KV head's keys
+    once (grid over batch, KV heads, sequence blocks; unused KV heads do nothing); the softmax
+    over positions and the sum over heads and rows run in XLA on the small ``[B, Hkv, Rg, S]``
+    logits. Same result as :func:`srh_scores`."""
+    batch, _, rows, dim = queries.shape
+    kv_heads, seq = keys.shape[1], keys.shape[2]
+    if seq % block_s:
+        raise ValueError(f"cache capacity S={seq} must be a multiple of block_s={block_s}")
+    kv_groups = tuple(int(g) for g in kv_groups)
+    if any(not 0 <= g < kv_heads for g in kv_groups):
+        raise ValueError(f"kv_groups={kv_groups}: every entry must be in [0, {kv_heads})")
+    packed, real = pack_srh_queries(queries.astype(keys.dtype), kv_groups, kv_heads)
+    group_rows = packed.shape[2]
+    used = tuple(sorted(set(kv_groups)))
+    kernel = functools.partial(_srh_logits_kernel, groups=used, rows=group_rows, block_s=block_s)
+    compiler = None
+    if not interpret:
+        from jax.experimental.pallas import triton as plgpu
+
+        compiler = plgpu.CompilerParams(num_warps=num_warps, num_stages=2)
+    logits = pl.pallas_call(
+        kernel,
+        grid=(batch, kv_heads, seq // block_s),
+        in_specs=[
+            pl.BlockSpec((None, 1), lambda b, h, s: (b, 0)),
+            pl.BlockSpec((None, None, group_rows, dim), lambda b, h, s: (b, h, 0, 0)),
+            pl.BlockSpec((None, None, block_s, dim), lambda b, h, s: (b, h, s, 0)),
+        ],
+        out_specs=pl.BlockSpec((None, None, group_rows, block_s), lambda b, h, s: (b, h, 0, s)),
+        out_shape=jax.ShapeDtypeStruct((batch, kv_heads, group_rows, seq), jnp.float32),
+        compiler_params=compiler,
+        interpret=interpret,
+        name="jaxspec_srh_logits",
+    )(lengths.astype(jnp.int32).reshape(batch, 1), packed, keys)
+    valid = (jnp.arange(seq)[None, :] < lengths[:, None])
+    total = jnp.zeros((batch, seq), jnp.float32)
+    for g in used:
+        real_rows = [r for r, ok in enumerate(real[g]) if ok]
+        rows_logits = logits[:, g, :len(real_rows)]  # real rows come first
+        probs = jax.nn.softmax(jnp.where(valid[:, None, :], rows_logits, -jnp.inf), axis=-1)
+        total = total + jnp.sum(jnp.where(valid[:, None, :], probs, 0.0), axis=1)
     return total

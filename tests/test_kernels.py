@@ -11,7 +11,7 @@ from jaxspec.models.llama import forward, init_params
 from pallas_kernels.attention import dense_history_partials, pack_queries, sparse_history_partials
 from pallas_kernels.reference import (NEG_INF, clean_indices, dense_history_reference, merge_partials, normalize,
                                       sparse_history_reference)
-from pallas_kernels.selection import select_top_k, srh_scores
+from pallas_kernels.selection import select_top_k, srh_scores, srh_scores_pallas
 
 INTERPRET = jax.default_backend() != "gpu"
 
@@ -83,6 +83,24 @@ def test_sparse_kernel_matches_reference_with_padding_and_duplicates(dtype, tol)
     del mask_len
 
 
+@pytest.mark.parametrize("chunk,per_program", [(32, 2), (16, 4), (32, 4)])
+def test_sparse_kernel_multi_chunk_programs(chunk, per_program):
+    """Programs that walk several chunks (online softmax across them) equal the reference,
+    also when whole chunks are padding."""
+    q, k, v = _inputs(11, seq=448)
+    lengths = jnp.array([448, 90, 5], jnp.int32)
+    rng = np.random.RandomState(per_program)
+    raw = rng.randint(0, 448, (3, 256)).astype(np.int32)
+    raw[1, 64:] = -1  # a row whose later chunks are all padding
+    indices = clean_indices(jnp.asarray(raw), lengths)
+    partials = sparse_history_partials(q, k, v, indices, chunk=chunk, chunks_per_program=per_program,
+                                       interpret=INTERPRET)
+    assert partials[0].shape[2] == 256 // (chunk * per_program)
+    _check(merge_partials(partials, axis=2), sparse_history_reference(q, k, v, indices), 1e-5)
+    with pytest.raises(ValueError, match="must divide"):
+        sparse_history_partials(q, k, v, indices, chunk=32, chunks_per_program=3, interpret=INTERPRET)
+
+
 def test_partials_merge_exactly():
     """History split in two disjoint parts merges to the whole (the sink/window/top-k/new merge)."""
     q, k, v = _inputs(3)
@@ -107,15 +125,17 @@ def _top_k_reference(scores, lengths, k, sinks, window):
     return np.array(out)
 
 
+@pytest.mark.parametrize("bits,histogram", [(8, "scatter"), (8, "compare"), (4, "compare"), (16, "scatter")])
 @pytest.mark.parametrize("k,sinks,window", [(128, 4, 32), (64, 0, 0), (256, 4, 64)])
-def test_selection_equals_exact_top_k(k, sinks, window):
+def test_selection_equals_exact_top_k(k, sinks, window, bits, histogram):
     rng = np.random.RandomState(k)
     scores = rng.randn(5, 1000).astype(np.float32)
     scores[:, ::7] = scores[:, 3:4]  # ties across positions
     scores[1] = np.round(scores[1], 1)  # heavy ties
     scores[4] = 0.0  # all equal
     lengths = np.array([1000, 513, 60, 3, 700])
-    got = np.asarray(select_top_k(jnp.asarray(scores), jnp.asarray(lengths), k=k, sinks=sinks, window=window))
+    got = np.asarray(select_top_k(jnp.asarray(scores), jnp.asarray(lengths), k=k, sinks=sinks, window=window,
+                                  bits=bits, histogram=histogram))
     expected = _top_k_reference(scores, lengths, k, sinks, window)
     np.testing.assert_array_equal(got, expected)
     assert ((got < lengths[:, None]) | (got == -1)).all()  # never padding
@@ -129,6 +149,10 @@ def test_selection_errors():
         select_top_k(jnp.zeros((1, 100)), jnp.array([50]), k=16, sinks=8, window=16)
     with pytest.raises(ValueError, match="larger than the cache"):
         select_top_k(jnp.zeros((1, 100)), jnp.array([50]), k=128)
+    with pytest.raises(ValueError, match="must divide 32"):
+        select_top_k(jnp.zeros((1, 100)), jnp.array([50]), k=16, bits=5)
+    with pytest.raises(ValueError, match="histogram method"):
+        select_top_k(jnp.zeros((1, 100)), jnp.array([50]), k=16, histogram="sort")
 
 
 def test_srh_scores_sum_softmax_mass():
@@ -184,3 +208,19 @@ def test_pallas_backend_refuses_cpu_without_interpret(tiny):
     with pytest.raises(ValueError, match="needs a GPU"):
         forward(params, jnp.zeros((1, 2), jnp.int32), cache, config=config.replace(attention_backend="pallas"))
     assert NEG_INF < -1e29
+
+
+@pytest.mark.parametrize("groups,rows", [((0, 1, 0, 1), 1), ((1, 1, 1, 1), 1), ((0, 0, 1, 1), 3), ((0, 0, 0, 1), 8)])
+def test_srh_scores_pallas_matches_xla(groups, rows):
+    """The Pallas scoring kernel (multiply-reduce for < 16 rows per KV group, tensor-core dot for
+    >= 16) equals the XLA scoring, with ragged lengths not divisible by the block."""
+    keys = jax.random.split(jax.random.PRNGKey(rows), 2)
+    k = jax.random.normal(keys[0], (3, 2, 384, 32))
+    queries = 0.3 * jax.random.normal(keys[1], (3, 4, rows, 32))
+    lengths = jnp.array([384, 200, 7])
+    expected = np.asarray(srh_scores(queries, k, lengths, groups))
+    got = np.asarray(srh_scores_pallas(queries, k, lengths, groups, block_s=128, interpret=INTERPRET))
+    np.testing.assert_allclose(got, expected, rtol=2e-4, atol=1e-6)
+    assert (got[2, 7:] == 0).all() and (got[1, 200:] == 0).all()  # padding gets no mass
+    with pytest.raises(ValueError, match="kv_groups"):
+        srh_scores_pallas(queries, k, lengths, (0, 1, 2, 0), interpret=INTERPRET)

@@ -1,0 +1,21 @@
+# Issue 4, session 2: kernel tests compiled on the GPU, the variant exploration (7B layer, 32k, b16,
+# k 512), then the full bench-attention sweep for $1 (resumable: a partial result copied to
+# experiments/results/bench_attention_SHAPE_h200.json is continued by the next call).
+set -u
+. experiments/h200/setup.sh >/dev/null
+shape=${1:-qwen2.5-7b}
+budget_s=${2:-560}
+start=$(date +%s)
+if [ ! -f experiments/results/kernel_explore_h200.json ]; then
+  python3 -m pytest -q -x tests/test_kernels.py 2>&1 | tail -3
+  timeout 200 python3 -m experiments.kernel_explore --shapes qwen2.5-7b --out $OUT/kernel_explore_h200.json 2>&1 | grep -v "^ \|^{" | tail -40
+fi
+for s in $shape; do
+  left=$(( budget_s - ($(date +%s) - start) ))
+  [ $left -lt 40 ] && break
+  # resume from the committed partial result of an earlier call
+  [ -f experiments/results/bench_attention_${s}_h200.json ] && cp experiments/results/bench_attention_${s}_h200.json $OUT/bench_attention_$s.json
+  timeout $left python3 -m experiments.run bench-attention --shapes $s --contexts 32768,16384,8192 --batches 16,8,1 \
+    --budgets 512,256,1024,2048 --iters 10 --out $OUT/bench_attention_$s.json 2>&1 | grep -v "^ \|^{" | tail -5
+done
+ls -la $OUT
