@@ -11,7 +11,7 @@ from typing import Any, Dict, List
 
 import numpy as np
 
-from experiments import self_spec
+from experiments import dustin_exp, self_spec
 from experiments.common import REPO, ResultWriter, median_time, print_table
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -20,6 +20,7 @@ DEFAULT_MODEL = "smollm2-135m"
 #: optional ``runner.validate(args)`` runs before loading). A new method: one entry here, its options in
 #: add_generate_args.
 METHOD_RUNNERS = dict(self_spec.METHOD_RUNNERS)
+METHOD_RUNNERS.update(dustin_exp.METHOD_RUNNERS)
 DEMO_PROMPT_FILE = REPO / "experiments" / "prompts" / "long_demo.txt"
 
 
@@ -93,7 +94,8 @@ def add_generate_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--method", default="ar", choices=["ar", "sd", *METHOD_RUNNERS],
                         help="ar = autoregressive, sd = speculative; knapspec, clasp, static-skip = layer-skipping "
-                             "self-speculation (KnapSpec and its baselines)")
+                             "self-speculation (KnapSpec and its baselines); dustin, streaming, snapkv, quest, "
+                             "magicdec = sparse attention with --budget K (Dustin and its baselines)")
     parser.add_argument("--draft", help="sd: draft model source (same tokenizer as --model)")
     parser.add_argument("--draft-skip", help="sd: self-draft skipping sub-layers, e.g. 'mlp:odd' or 'attn:4-9;mlp:12'")
     parser.add_argument("--gamma", type=int, default=4, help="sd: draft tokens per round")
@@ -109,6 +111,7 @@ def add_generate_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-chat", action="store_true", help="do not wrap the prompt in the chat template")
     parser.add_argument("--no-warmup", action="store_true", help="time the first (compiling) run")
     self_spec.add_self_spec_args(parser)
+    dustin_exp.add_dustin_args(parser)
 
 
 def run_generate(args) -> Dict[str, Any]:
