@@ -35,13 +35,47 @@ def test_fit_recovers_synthetic_linear_model():
         latency.fit_latency([5, 5], [1.0, 2.0], [1.0])
 
 
+def test_fit_recovers_synthetic_model_with_per_token_constant():
+    """t_step(n) = L (c2 n + c3 + c1) + c0: the fit recovers c0 from the per-token samples, and the
+    planner's draft/target times use it (a draft that skips everything still pays c0)."""
+    rng = np.random.default_rng(0)
+    n = np.array([512, 1024, 2048, 4096, 8192])
+    c0, c1, c2, c3 = 4.0e-3, 1.8e-4, 6.8e-8, 9.8e-5
+    token_samples = c0 + rng.normal(0.0, 1e-5, 50)
+    fit = latency.fit_latency(n, c2 * n + c3, [c1], token_samples)
+    assert fit.c0 == pytest.approx(c0, rel=1e-2) and fit.c0 == pytest.approx(token_samples.mean(), rel=1e-12)
+    assert fit.t_step(3000, 30) == pytest.approx(30 * (c2 * 3000 + c3 + c1) + fit.c0, rel=1e-9)
+    assert latency.fit_latency(n, c2 * n + c3, [c1]).c0 == 0.0  # SPEC 4.1 without the constant
+    with pytest.raises(ValueError, match="token_times is empty"):
+        latency.fit_latency(n, c2 * n + c3, [c1], [])
+    L = 4
+    everything = np.ones((1, L, 2), bool)
+    assert planner.draft_time(everything, 2.0, 1.0, 0.5)[0] == 0.5
+    assert planner.target_time(L, 2.0, 1.0, 0.5) == L * 3.0 + 0.5
+    # the constant lowers the predicted gain of skipping: with c0 the same candidate at the same
+    # gamma has a lower TPT, and a plan that only paid without c0 falls back to gamma = 0
+    masks = np.zeros((2, L, 2), bool)
+    masks[1, 1:3] = True  # skip the two middle layers entirely (half the sub-layers)
+    alphas = [1.0, 0.7]
+    without = planner.choose_plan(masks, alphas, (1.0, 1.0), gammas=range(6))
+    with_c0 = planner.choose_plan(masks, alphas, (1.0, 1.0, 8.0), gammas=range(6))
+    assert without.index == 1 and without.gamma >= 1  # 0.7 acceptance at half the cost pays
+    assert with_c0.gamma == 0  # the head makes a draft cost (4 + 8) / (8 + 8) of a step: no longer pays
+    assert with_c0.t_token == 8.0 and with_c0.predicted_tpt == pytest.approx(1 / 16.0)
+    model = latency.LatencyModel(c1=1.0, c2=0.0, c3=1.0, c0=8.0)
+    assert planner.choose_plan(masks, alphas, model, n=123.0).gamma == 0
+
+
 def test_profile_save_load_and_reuse(tmp_path):
     config = TINY.replace(num_layers=2, name="tiny-knapspec")
     profile = latency.profile_latency(config, batch=2, contexts=(64, 512), warmup=1, repeats=2)
     assert profile.device == latency.device_name() and profile.batch == 2
     assert len(profile.attn_samples) == 2 and all(len(s) == 2 for s in profile.attn_samples)
-    assert profile.mlp_time > 0 and min(profile.attn_times) > 0
-    assert profile.model == latency.fit_latency(profile.contexts, profile.attn_times, [profile.mlp_time])
+    assert profile.mlp_time > 0 and min(profile.attn_times) > 0 and profile.token_time > 0
+    assert len(profile.token_samples) == 2
+    assert profile.model == latency.fit_latency(profile.contexts, profile.attn_times, [profile.mlp_time],
+                                                [profile.token_time])
+    assert profile.model.t_token() == profile.token_time
     path = tmp_path / "profiles" / "tiny.json"
     profile.save(path)
     loaded = latency.LatencyProfile.load(path)
@@ -61,6 +95,13 @@ def test_profile_save_load_and_reuse(tmp_path):
     other = latency.load_or_profile(path, config, 4, profile_fn=fake_profile)  # batch differs: re-measured
     assert calls == [4] and other.batch == 4 and latency.LatencyProfile.load(path).batch == 4
     assert not latency.LatencyProfile.load(path).matches(config.replace(hidden_size=128), 4)
+    # a format-1 profile (no per-token constant) is not reused: it is measured again
+    old = json.loads(path.read_text())
+    old["format_version"] = 1
+    path.write_text(json.dumps(old))
+    calls.clear()
+    latency.load_or_profile(path, config, 4, profile_fn=fake_profile)
+    assert calls == [4]
 
 
 def dataclass_replace(obj, **changes):

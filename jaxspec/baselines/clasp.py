@@ -50,13 +50,11 @@ def clasp_skip_count(config: ModelConfig) -> int:
 
 
 # ---------------------------------------------------------------------------- coupled DP
-def _coupled_dp_fn(params, cache: KVCache, prefix_len, states, token_mask, *, config, budget, tau, branch_chunk,
-                   alpha_chunk):
+def _coupled_dp_fn(params, stacked, cache: KVCache, prefix_len, states, token_mask, *, config, budget, tau,
+                   branch_chunk, alpha_chunk):
     num_layers = config.num_layers
     _, _, attn_all, mlp_all = dp._model_sublayers(config, prefix_len, states.shape[2], branch_chunk)
-    layers = params["layers"][1:]
-    layer_xs = (jax.tree.map(lambda *xs: jnp.stack(xs), *layers), jnp.stack(cache.keys[1:]),
-                jnp.stack(cache.values[1:]))
+    layer_xs = (stacked, jnp.stack(cache.keys[1:]), jnp.stack(cache.values[1:]))
     targets = states[4::2]  # the state after each layer 1 .. L-1 (boundary 2l + 2)
     can_skip = jnp.arange(1, num_layers) < num_layers - 1
     num_slots = budget + 1
@@ -111,8 +109,9 @@ def coupled_knapsack_dp(params, config: ModelConfig, cache: KVCache, prefix_len,
                                                                                                   jnp.float32)
     if num_layers < 2 or budget < 1:
         return dp._trivial_candidates(params, config, states, token_mask, 1, 1, max(budget, 0))
+    outer = {k: v for k, v in params.items() if k != "layers"}
     values, skipped, valid, alpha, final = _coupled_dp(
-        params, cache, jnp.asarray(prefix_len, jnp.int32), states, token_mask, config=config, budget=budget,
+        outer, dp.stacked_scan_layers(params), cache, jnp.asarray(prefix_len, jnp.int32), states, token_mask, config=config, budget=budget,
         tau=float(tau), branch_chunk=branch_chunk, alpha_chunk=alpha_chunk)
     values, skipped, valid = (np.asarray(x) for x in (values, skipped, valid))
     masks, slots = backtrack_coupled(skipped, valid, num_layers)
@@ -195,14 +194,15 @@ class ClaspPlanner:
             int(np.argmax(candidates.weights))
         mask = candidates.masks[index]
         if self.latency is not None:
-            t_attn, t_mlp = self.latency.t_attn(n), self.latency.t_mlp()
-            table = objective_table(mask[None], [candidates.alpha[index]], t_attn, t_mlp, (self.gamma,))
+            t_attn, t_mlp, t_token = self.latency.t_attn(n), self.latency.t_mlp(), self.latency.t_token()
+            table = objective_table(mask[None], [candidates.alpha[index]], t_attn, t_mlp, (self.gamma,),
+                                    t_token=t_token)
         else:
-            t_attn = t_mlp = float("nan")
+            t_attn = t_mlp = t_token = float("nan")
             table = np.full((1, 1), np.nan)
         plan = Plan(mask=mask, gamma=int(self.gamma), score=float(candidates.cosine[index]), index=index,
                     alpha=float(candidates.alpha[index]), objective="clasp-cosine", n=float(n), t_attn=float(t_attn),
-                    t_mlp=float(t_mlp), table=table, gammas=(int(self.gamma),))
+                    t_mlp=float(t_mlp), table=table, gammas=(int(self.gamma),), t_token=float(t_token))
         return plan, candidates, (1, 1)
 
 

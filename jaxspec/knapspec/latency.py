@@ -1,4 +1,12 @@
-"""KnapSpec latency model (SPEC 4.1): ``t_mlp = c1``, ``t_attn(n) = c2 * n + c3``.
+"""KnapSpec latency model (SPEC 4.1): ``t_mlp = c1``, ``t_attn(n) = c2 * n + c3``, plus a
+per-token constant ``t_token = c0`` (beyond SPEC 4.1, which has no term for it).
+
+``c0`` is the part of every forward (draft or target) that no skip set removes: the embedding
+lookup, the final RMSNorm, the LM head and the greedy argmax. On SmolLM2-135M (49k-token tied
+head, 30 thin layers) it is ~a fifth of a CPU decode step; a model without it overstates what
+skipping saves (``t_draft / t_target`` too small), so the TPT would prefer drafting where it
+does not pay. It is profiled like the sub-layers and enters both ``t_draft`` and ``t_target``
+(:mod:`jaxspec.knapspec.planner`).
 
 The coefficients are fitted by least squares from timings of *one* Attention sub-layer at
 several context lengths ``n`` and of one MLP sub-layer, measured in our own stack
@@ -34,16 +42,19 @@ from jaxspec.config import ModelConfig
 
 #: Context lengths the paper profiles (1k .. 25k); callers usually cap them at the evaluated context.
 DEFAULT_CONTEXTS = tuple(range(1024, 25 * 1024 + 1, 2048))
-FORMAT_VERSION = 1
+#: 2: the per-token constant c0 (format-1 profiles lack it and are re-measured)
+FORMAT_VERSION = 2
 
 
 @dataclasses.dataclass(frozen=True)
 class LatencyModel:
-    """``t_mlp = c1``; ``t_attn(n) = c2 * n + c3`` (seconds per sub-layer, one decode step)."""
+    """``t_mlp = c1``; ``t_attn(n) = c2 * n + c3`` (seconds per sub-layer, one decode step);
+    ``t_token = c0`` (seconds per forward for embeddings + final norm + LM head + argmax)."""
 
     c1: float
     c2: float
     c3: float
+    c0: float = 0.0
 
     def t_mlp(self) -> float:
         return float(self.c1)
@@ -51,13 +62,22 @@ class LatencyModel:
     def t_attn(self, n) -> float:
         return float(self.c2 * float(n) + self.c3)
 
+    def t_token(self) -> float:
+        return float(self.c0)
+
+    def t_step(self, n, num_layers: int) -> float:
+        """Predicted full-model decode step at context ``n``: ``L (t_attn(n) + t_mlp) + t_token``."""
+        return float(num_layers) * (self.t_attn(n) + self.t_mlp()) + self.t_token()
+
     def as_dict(self) -> Dict[str, float]:
-        return {"c1": float(self.c1), "c2": float(self.c2), "c3": float(self.c3)}
+        return {"c1": float(self.c1), "c2": float(self.c2), "c3": float(self.c3), "c0": float(self.c0)}
 
 
-def fit_latency(contexts: Sequence[float], attn_times: Sequence[float], mlp_times: Sequence[float]) -> LatencyModel:
+def fit_latency(contexts: Sequence[float], attn_times: Sequence[float], mlp_times: Sequence[float],
+                token_times: Optional[Sequence[float]] = None) -> LatencyModel:
     """Least-squares fit: ``c2, c3`` of ``t_attn = c2 n + c3`` over (n, t) pairs; ``c1`` the
-    least-squares constant of the MLP times (their mean)."""
+    least-squares constant of the MLP times (their mean); ``c0`` that of the per-token times
+    (their mean; 0 when none are given)."""
     n = np.asarray(contexts, np.float64).reshape(-1)
     t = np.asarray(attn_times, np.float64).reshape(-1)
     if n.shape != t.shape or n.size < 2:
@@ -69,7 +89,13 @@ def fit_latency(contexts: Sequence[float], attn_times: Sequence[float], mlp_time
     mlp = np.asarray(mlp_times, np.float64).reshape(-1)
     if mlp.size < 1:
         raise ValueError("need at least one MLP time")
-    return LatencyModel(c1=float(mlp.mean()), c2=float(c2), c3=float(c3))
+    c0 = 0.0
+    if token_times is not None:
+        token = np.asarray(token_times, np.float64).reshape(-1)
+        if token.size < 1:
+            raise ValueError("token_times is empty; pass None for a model without the per-token constant")
+        c0 = float(token.mean())
+    return LatencyModel(c1=float(mlp.mean()), c2=float(c2), c3=float(c3), c0=c0)
 
 
 @dataclasses.dataclass
@@ -90,6 +116,8 @@ class LatencyProfile:
     model: LatencyModel
     repeats: int = 0
     warmup: int = 0
+    token_time: float = 0.0  # median seconds of embeddings + final norm + LM head + argmax
+    token_samples: List[float] = dataclasses.field(default_factory=list)
 
     def to_json(self) -> str:
         data = dataclasses.asdict(self)
@@ -156,7 +184,8 @@ def _median_time(fn, args, warmup: int, repeats: int) -> List[float]:
 
 def profile_latency(config: ModelConfig, batch: int = 1, contexts: Sequence[int] = DEFAULT_CONTEXTS, *,
                     warmup: int = 3, repeats: int = 10, seed: int = 0) -> LatencyProfile:
-    """Time one Attention sub-layer at each context in ``contexts`` and one MLP sub-layer.
+    """Time one Attention sub-layer at each context in ``contexts``, one MLP sub-layer and the
+    per-token part (embedding lookup of ``batch`` tokens, final RMSNorm, LM head, argmax).
 
     One decode step: ``batch`` sequences, one new query row each, attending to a cache of ``n``
     random keys/values (capacity ``n``, rounded up to 64 for the Pallas backends). Each point
@@ -164,7 +193,7 @@ def profile_latency(config: ModelConfig, batch: int = 1, contexts: Sequence[int]
     (``block_until_ready`` around each call; compile happens in the warm-up).
     """
     from jaxspec.models.cache import init_cache
-    from jaxspec.models.llama import attention_block, init_params, mlp_block, rope_tables
+    from jaxspec.models.llama import attention_block, init_params, mlp_block, rms_norm, rope_tables
 
     if warmup < 1 or repeats < 1:
         raise ValueError(f"warmup={warmup} and repeats={repeats} must be >= 1 (warm-up compiles)")
@@ -186,6 +215,16 @@ def profile_latency(config: ModelConfig, batch: int = 1, contexts: Sequence[int]
 
     mlp_fn = jax.jit(lambda layer, h: mlp_block(layer, h, config))
 
+    @jax.jit
+    def token_fn(outer, tokens, h):
+        # as in the forward (llama._forward); the embedding row is added to the (random) hidden
+        # state so the lookup is not dead code
+        x = h + outer["embed"][tokens].astype(dtype)
+        x = rms_norm(x, outer["final_norm"], config.rms_norm_eps)
+        head = outer["embed"].T if config.tie_word_embeddings else outer["lm_head"]
+        logits = jnp.einsum("btd,dv->btv", x, head, preferred_element_type=jnp.float32)
+        return jnp.argmax(logits, axis=-1)
+
     attn_samples = []
     for n in contexts:
         cache = init_cache(one_layer, batch, n, lengths=jnp.full((batch,), n, jnp.int32))
@@ -195,13 +234,18 @@ def profile_latency(config: ModelConfig, batch: int = 1, contexts: Sequence[int]
         attn_samples.append(_median_time(attn_fn, (layer, h, cache_k, cache_v, cache.lengths), warmup, repeats))
         del cache, cache_k, cache_v
     mlp_samples = _median_time(mlp_fn, (layer, h), warmup, repeats)
+    outer = {k: v for k, v in params.items() if k != "layers"}
+    token_ids = jax.random.randint(jax.random.fold_in(key, 1), (batch, 1), 0, config.vocab_size)
+    token_samples = _median_time(token_fn, (outer, token_ids, h), warmup, repeats)
     attn_times = [statistics.median(s) for s in attn_samples]
     mlp_time = statistics.median(mlp_samples)
-    model = fit_latency(contexts, attn_times, [mlp_time])
+    token_time = statistics.median(token_samples)
+    model = fit_latency(contexts, attn_times, [mlp_time], [token_time])
     return LatencyProfile(device=device_name(), platform=jax.devices()[0].platform, jax_version=jax.__version__,
                           config_name=config.name, config=_config_fields(config), batch=int(batch),
                           contexts=contexts, attn_times=attn_times, mlp_time=mlp_time, attn_samples=attn_samples,
-                          mlp_samples=mlp_samples, model=model, repeats=repeats, warmup=warmup)
+                          mlp_samples=mlp_samples, model=model, repeats=repeats, warmup=warmup,
+                          token_time=token_time, token_samples=token_samples)
 
 
 def load_or_profile(path, config: ModelConfig, batch: int = 1, *, profile_fn: Callable = profile_latency,

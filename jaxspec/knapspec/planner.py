@@ -3,14 +3,16 @@
 ``TPT(S, g) = E[tokens | alpha_S, g] / (g * t_draft(S) + t_target)`` with
 ``E[tokens] = (1 - a^(g+1)) / (1 - a)`` (``g + 1`` when ``a = 1``; ``g = 0`` is plain decoding:
 one token per target step, ``TPT = 1 / t_target``), ``t_draft(S) = n_attn(S) t_attn(n) +
-n_mlp(S) t_mlp`` (executed sub-layers) and ``t_target = L (t_attn(n) + t_mlp)`` (verifying
-``g + 1`` tokens costs about one decode step).
+n_mlp(S) t_mlp + t_token`` (executed sub-layers) and ``t_target = L (t_attn(n) + t_mlp) +
+t_token`` (verifying ``g + 1`` tokens costs about one decode step). ``t_token`` (the latency
+model's ``c0``: embeddings, final norm, LM head) is paid by every forward whatever is skipped;
+SPEC 4.2 has no such term (``t_token = 0`` reproduces it).
 
 Objectives (``objective=``):
 
 * ``"tpt"`` (default, KnapSpec): the above;
 * ``"tpl"`` (the paper's tokens-per-layer ablation, the objective of earlier self-speculative
-  methods): the same expression with every sub-layer costing 1, i.e.
+  methods): the same expression with every sub-layer costing 1 and no per-token term, i.e.
   ``E[tokens] / (g * executed sub-layers + 2L)`` -- hardware- and context-agnostic.
 
 The full model (no skipped sub-layer) is excluded unless it is the only candidate. Ties go to
@@ -47,13 +49,15 @@ def executed_counts(mask) -> Tuple[np.ndarray, np.ndarray]:
     return (~mask[..., 0]).sum(-1), (~mask[..., 1]).sum(-1)
 
 
-def draft_time(mask, t_attn: float, t_mlp: float):
+def draft_time(mask, t_attn: float, t_mlp: float, t_token: float = 0.0):
+    """One draft forward: executed sub-layers plus the per-token constant."""
     n_attn, n_mlp = executed_counts(mask)
-    return n_attn * float(t_attn) + n_mlp * float(t_mlp)
+    return n_attn * float(t_attn) + n_mlp * float(t_mlp) + float(t_token)
 
 
-def target_time(num_layers: int, t_attn: float, t_mlp: float) -> float:
-    return float(num_layers) * (float(t_attn) + float(t_mlp))
+def target_time(num_layers: int, t_attn: float, t_mlp: float, t_token: float = 0.0) -> float:
+    """One target forward (a decode step, or the verification of gamma + 1 tokens)."""
+    return float(num_layers) * (float(t_attn) + float(t_mlp)) + float(t_token)
 
 
 def tpt(alpha, gamma, t_draft, t_target):
@@ -75,24 +79,26 @@ class Plan:
     t_mlp: float
     table: np.ndarray  # [C, G] objective of every (candidate, gamma); -inf for excluded candidates
     gammas: Tuple[int, ...]
+    t_token: float = 0.0
 
     @property
     def predicted_tpt(self) -> float:
         """TPT of the chosen (mask, gamma) under the latency model (whatever the objective)."""
         num_layers = self.mask.shape[0]
-        return float(tpt(self.alpha, self.gamma, draft_time(self.mask, self.t_attn, self.t_mlp),
-                         target_time(num_layers, self.t_attn, self.t_mlp)))
+        return float(tpt(self.alpha, self.gamma, draft_time(self.mask, self.t_attn, self.t_mlp, self.t_token),
+                         target_time(num_layers, self.t_attn, self.t_mlp, self.t_token)))
 
     def summary(self) -> dict:
         mask = np.asarray(self.mask, bool)
         return {"gamma": int(self.gamma), "score": float(self.score), "objective": self.objective,
                 "alpha": float(self.alpha), "n": float(self.n), "index": int(self.index),
+                "t_attn": float(self.t_attn), "t_mlp": float(self.t_mlp), "t_token": float(self.t_token),
                 "skip_attn": np.nonzero(mask[:, 0])[0].tolist(), "skip_mlp": np.nonzero(mask[:, 1])[0].tolist(),
                 "predicted_tpt": self.predicted_tpt}
 
 
 def objective_table(masks, alphas, t_attn: float, t_mlp: float, gammas: Sequence[int] = GAMMA_GRID,
-                    objective: str = "tpt") -> np.ndarray:
+                    objective: str = "tpt", t_token: float = 0.0) -> np.ndarray:
     """``[C, G]`` objective of every (candidate, gamma)."""
     if objective not in OBJECTIVES:
         raise ValueError(f"objective={objective!r}; valid: {OBJECTIVES}")
@@ -100,16 +106,17 @@ def objective_table(masks, alphas, t_attn: float, t_mlp: float, gammas: Sequence
     num_layers = masks.shape[1]
     if objective == "tpl":
         t_attn = t_mlp = 1.0
+        t_token = 0.0
     g = np.asarray(gammas, np.float64)[None, :]
-    t_d = draft_time(masks, t_attn, t_mlp)[:, None]
-    t_t = target_time(num_layers, t_attn, t_mlp)
+    t_d = draft_time(masks, t_attn, t_mlp, t_token)[:, None]
+    t_t = target_time(num_layers, t_attn, t_mlp, t_token)
     return tpt(np.asarray(alphas, np.float64)[:, None], g, t_d, t_t)
 
 
 def choose_plan(masks, alphas, latency: Union[LatencyModel, Tuple[float, float]], n: float = 0.0, *,
                 gammas: Sequence[int] = GAMMA_GRID, objective: str = "tpt", exclude_full: bool = True) -> Plan:
     """Grid search over (candidate, gamma). ``latency`` is a :class:`LatencyModel` (evaluated at
-    context ``n``) or explicit ``(t_attn, t_mlp)``."""
+    context ``n``) or explicit ``(t_attn, t_mlp)`` / ``(t_attn, t_mlp, t_token)``."""
     masks = np.asarray(masks, bool)
     alphas = np.asarray(alphas, np.float64).reshape(-1)
     if masks.ndim != 3 or masks.shape[2] != 2 or masks.shape[0] != alphas.shape[0] or masks.shape[0] == 0:
@@ -118,10 +125,14 @@ def choose_plan(masks, alphas, latency: Union[LatencyModel, Tuple[float, float]]
     if not gammas or min(gammas) < 0:
         raise ValueError(f"gammas must be non-negative integers; got {gammas}")
     if isinstance(latency, LatencyModel):
-        t_attn, t_mlp = latency.t_attn(n), latency.t_mlp()
+        t_attn, t_mlp, t_token = latency.t_attn(n), latency.t_mlp(), latency.t_token()
     else:
-        t_attn, t_mlp = (float(x) for x in latency)
-    table = objective_table(masks, alphas, t_attn, t_mlp, gammas, objective)
+        values = tuple(float(x) for x in latency)
+        if len(values) not in (2, 3):
+            raise ValueError(f"latency must be a LatencyModel, (t_attn, t_mlp) or (t_attn, t_mlp, t_token); "
+                             f"got {latency!r}")
+        t_attn, t_mlp, t_token = values if len(values) == 3 else values + (0.0,)
+    table = objective_table(masks, alphas, t_attn, t_mlp, gammas, objective, t_token)
     is_full = ~masks.any(axis=(1, 2))
     if exclude_full and not is_full.all():
         table = np.where(is_full[:, None], -np.inf, table)
@@ -129,7 +140,7 @@ def choose_plan(masks, alphas, latency: Union[LatencyModel, Tuple[float, float]]
     index, g_index = divmod(flat, len(gammas))
     return Plan(mask=masks[index], gamma=gammas[g_index], score=float(table[index, g_index]), index=index,
                 alpha=float(alphas[index]), objective=objective, n=float(n), t_attn=float(t_attn), t_mlp=float(t_mlp),
-                table=table, gammas=gammas)
+                table=table, gammas=gammas, t_token=float(t_token))
 
 
 __all__ = ["GAMMA_GRID", "OBJECTIVES", "Plan", "choose_plan", "draft_time", "executed_counts", "expected_tokens",
