@@ -121,6 +121,26 @@ def check_self_draft_layers(config, skip_mask) -> None:
                          f"a self-draft's lookahead signal needs layers it executes")
 
 
+def profile_config(profile, budget: int, mode: str):
+    """The profiled config in ``mode``. Dustin-D when Algorithm 1 kept no draft layer (no draft layer
+    improved the hybrid ARR by >= min_gain): the best single draft layer of its step (b) with that
+    layer's SRHs, so the ablation still exists."""
+    config = profile.config(budget)
+    if mode != "draft" or config.draft_layers:
+        return profile.config(budget, mode)
+    if True:
+        steps = profile.search.get(str(budget), {}).get("steps") or []
+        heads = profile.srh.get("draft", {}).get("top_heads")
+        if not steps or heads is None:
+            from jaxspec.dustin.search import ProfileError
+
+            raise ProfileError(f"the profile's k={budget} config has no draft layer and no search trace to take one "
+                               f"from: Dustin-D is not defined for it")
+        layer = int(steps[0]["best"])
+        config = config.replace(draft_layers=(layer,), draft_heads=(tuple(heads[layer]),), mode="draft")
+    return config
+
+
 def dustin_config_for(args, target_config, draft_config, skip_mask) -> Tuple[Any, Dict[str, Any]]:
     """``(DustinConfig, info)`` from ``--dustin-profile`` (checked against the models) or the default."""
     from jaxspec.dustin.search import DustinProfile, ProfileError
@@ -136,7 +156,7 @@ def dustin_config_for(args, target_config, draft_config, skip_mask) -> Tuple[Any
                 raise ProfileError(f"{args.dustin_profile} was profiled for the self-draft skipping "
                                    f"{describe_skip_mask(profiled) if profiled.ndim == 2 else profiled.tolist()}; "
                                    f"--draft-skip {args.draft_skip!r} skips {describe_skip_mask(skip_mask)}")
-        config = profile.config(args.budget, args.dustin_mode)
+        config = profile_config(profile, args.budget, args.dustin_mode)
         info = {"profile": str(args.dustin_profile), "profile_created": profile.created,
                 "profile_target": profile.target.get("name"), "profile_draft": profile.draft.get("name"),
                 "profiled_arr": profile.search.get(str(args.budget), {}).get("arr")}
@@ -219,3 +239,785 @@ def run_sparse(args, model, prompts, sampling, stops, out):
 
 run_sparse.validate = validate
 METHOD_RUNNERS = {name: run_sparse for name in SPARSE_METHODS}
+
+
+# ---------------------------------------------------------------------------- shared helpers
+def _parse_ints(text: str, what: str) -> List[int]:
+    try:
+        values = [int(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{what}={text!r}: expected comma-separated integers") from None
+    if not values:
+        raise ValueError(f"{what} is empty")
+    return values
+
+
+def _parse_floats(text: str, what: str) -> List[float]:
+    try:
+        return [float(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{what}={text!r}: expected comma-separated numbers") from None
+
+
+def _check_budgets(text: str) -> List[int]:
+    from jaxspec.dustin.config import check_budget
+
+    return [check_budget(b) for b in _parse_ints(text, "--budgets")]
+
+
+def _load_pair(args):
+    """(target, draft or None, skip mask or None) from --model and --draft / --draft-skip."""
+    from jaxspec.decoding.policies import parse_skip_spec
+    from jaxspec.decoding.speculative import check_compatible
+
+    from experiments.foundation import _load
+
+    if bool(args.draft) == bool(args.draft_skip):
+        raise ValueError("give exactly one of --draft SOURCE (separate draft) or --draft-skip SPEC (self-draft)")
+    target = _load(args.model, args.dtype)
+    if target.tokenizer is None:
+        raise ValueError(f"{args.model} has no tokenizer; the needle tasks need one")
+    draft = mask = None
+    if args.draft:
+        draft = _load(args.draft, args.dtype)
+        check_compatible(target.config, draft.config, target.tokenizer, draft.tokenizer)
+    else:
+        mask = parse_skip_spec(args.draft_skip, target.config.num_layers)
+    return target, draft, mask
+
+
+def build_task_splits(tokenizer, args, kinds, lengths, depths):
+    """(calibration, evaluation) suites from --source over disjoint haystack parts and seeds."""
+    from jaxspec.data import build_splits
+    from jaxspec.data.corpus import load_haystack
+
+    haystack = load_haystack(args.source, progress=False) if any(k != "kv_retrieval" for k in kinds) else None
+    return build_splits(tokenizer, haystack, kinds=kinds, context_lengths=lengths, depths=depths,
+                        calibration_samples=args.samples, evaluation_samples=args.samples, seed=args.task_seed,
+                        source=args.source)
+
+
+# ---------------------------------------------------------------------------- dustin-profile
+def cmd_dustin_profile(args) -> Dict[str, Any]:
+    """SRH identification + calibration rounds + Algorithm 1 on calibration-split needle tasks."""
+    from jaxspec.decoding.policies import describe_skip_mask
+    from jaxspec.dustin.search import profile_pair
+
+    budgets = _check_budgets(args.budgets)
+    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+    lengths = _parse_ints(args.lengths, "--lengths")
+    depths = _parse_floats(args.depths, "--depths")
+    if not args.profile_file:
+        raise ValueError("give --profile-file FILE: where to save the profile (e.g. experiments/profiles/NAME.json)")
+    writer = ResultWriter(args.out, "dustin-profile", _config_of(args), resume=False)
+    target, draft, mask = _load_pair(args)
+    started = time.perf_counter()
+    calibration, evaluation = build_task_splits(target.tokenizer, args, kinds, lengths, depths)
+    print(f"[dustin-profile] {len(calibration)} calibration tasks ({', '.join(kinds)}; {lengths} tokens), "
+          f"disjoint from {len(evaluation)} evaluation tasks", file=sys.stderr, flush=True)
+    profile, records = profile_pair(
+        target.params, target.config, draft.params if draft else None, draft.config if draft else None,
+        list(calibration), target.tokenizer, budgets=budgets, evaluation=list(evaluation),
+        target_name=args.model, target_source=target.source,
+        draft_name=args.draft or f"{args.model} self-draft ({args.draft_skip})",
+        draft_source=draft.source if draft else target.source, gamma=args.gamma,
+        max_new_tokens=args.max_new_tokens, recall_threshold=args.recall_threshold,
+        srh_max_new_tokens=args.srh_max_new_tokens, batch_size=1, self_draft_mask=mask)
+    if mask is not None:  # a self-draft's SRH layers must execute their attention: drop any that do not
+        for budget in budgets:
+            check_self_draft_layers(profile.configs[budget], mask)
+        profile.draft["self_draft_skip"] = args.draft_skip
+        profile.draft["skipped"] = describe_skip_mask(mask)
+    profile.data.update(source=args.source, task_seed=args.task_seed, kinds=kinds, depths=depths,
+                        command="python -m experiments.run dustin-profile " + " ".join(sys.argv[2:]),
+                        evaluation_task_ids_excluded=len(evaluation), seconds=time.perf_counter() - started)
+    profile.save(args.profile_file)
+    rows = [{"k": b, "target_layer": c.target_layer, "target_heads": list(c.target_heads),
+             "draft_layers": list(c.draft_layers), "m": c.effective_m, "free": c.free_budget,
+             "arr_hybrid": profile.search[str(b)]["arr"],
+             "arr_target_only": max(x for x in profile.search[str(b)]["target_layer_arr"] if x is not None)}
+            for b, c in sorted(profile.configs.items())]
+    print_table(rows, title=f"Dustin profile -> {args.profile_file} ({records.num_items} calibration round-rows, "
+                            f"{time.perf_counter() - started:.0f} s)")
+    srh_recall = {"target": profile.srh["target"]["recall"], "draft": profile.srh["draft"]["recall"]}
+    print(f"needle answer recall per calibration task: {json.dumps(srh_recall)}")
+    writer.set("results", {"profile_file": str(args.profile_file), "rows": rows, "srh_recall": srh_recall})
+    return writer.data
+
+
+def _config_of(args) -> Dict[str, Any]:
+    return {k: v for k, v in sorted(vars(args).items()) if k not in ("func", "out")}
+
+
+# ---------------------------------------------------------------------------- dustin-quality: the machinery
+# Every method of one item starts from the same prefilled caches (copied), and runs the engine's own
+# draft and commit phases (``speculative._draft_jit`` / ``_commit_jit``) around a verification forward
+# whose index set is an *argument* (so Dustin-H/T/D, StreamingLLM, SnapKV and dense share one compiled
+# verification per budget). The greedy tokens equal ``speculative_generate`` with the same policies
+# (the CLI tests check that through ``generate``); only the compile count differs.
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+    """One verification method at one budget (``budget`` None: dense)."""
+
+    name: str  # dense, dustin-h, dustin-t, dustin-d, streaming, snapkv, quest, magicdec
+    budget: Optional[int] = None
+    dustin: Any = None  # DustinConfig for dustin-*
+
+    @property
+    def key(self) -> str:
+        return self.name if self.budget is None else f"{self.name}/k{self.budget}"
+
+
+DUSTIN_MODES = {"dustin-h": "hybrid", "dustin-t": "target", "dustin-d": "draft"}
+ALL_METHODS = ("dustin-h", "dustin-t", "dustin-d", "streaming", "quest", "snapkv", "magicdec")
+
+
+def _jax():
+    import jax
+    import jax.numpy as jnp
+
+    return jax, jnp
+
+
+_JITS: Dict[str, Any] = {}
+
+
+def _jit(name, fn, **kwargs):
+    jax, _ = _jax()
+    if name not in _JITS:
+        _JITS[name] = jax.jit(fn, **kwargs)
+    return _JITS[name]
+
+
+def _verify_forward(params, rows, cache, indices, *, config, probe_heads):
+    from jaxspec.models.llama import _forward
+
+    out = _forward(params, rows, cache, config=config, verify_indices=indices, probe_heads=probe_heads)
+    return out.logits, out.cache, (out.probes.queries if probe_heads else None)
+
+
+def _reference_forward(params, rows, cache, *, config):
+    """Dense verification probing every head: logits, cache, queries, history probabilities."""
+    from jaxspec.dustin.arr import all_heads
+    from jaxspec.models.llama import _forward
+
+    out = _forward(params, rows, cache, config=config, probe_heads=all_heads(config))
+    return out.logits, out.cache, out.probes.queries, out.probes.history_probs
+
+
+def _quest_forward(params, rows, cache, *, config, budget):
+    from jaxspec.baselines.quest import quest_verify_forward
+
+    out = quest_verify_forward(params, rows, cache, config=config, budget=budget)
+    return out.logits, out.cache
+
+
+def _select(method_name, budget, dustin, query, target_keys, committed, draft_q, draft_keys, snap, *, probe_t,
+            probe_d, target_qpk, draft_qpk, capacity, max_generated):
+    """I_verify ``[B, k]`` of one method (traced; ``query [B, P_T, D]`` the target probes ``probe_t``
+    of the last committed token, ``draft_q [B, P_D, gamma, D]`` the draft probes ``probe_d``)."""
+    from jaxspec.baselines.streaming import streaming_indices
+    from jaxspec.dustin.selection import select_for_config
+    from jaxspec.dustin.signals import DraftSignals, draft_signal, target_signal
+
+    _, jnp = _jax()
+    history = (committed - 1).astype(jnp.int32)
+    if method_name == "streaming":
+        return streaming_indices(history, sinks=SINKS, window=budget - SINKS)
+    if method_name == "snapkv":
+        from jaxspec.baselines.snapkv import SnapKVVerify
+
+        return SnapKVVerify(budget=budget, max_generated=max_generated).verify_indices(snap, None, committed, None)
+    cfg = dustin
+    s_target = s_draft = None
+    if cfg.uses_target_signal:
+        rows = [probe_t.index((cfg.target_layer, h)) for h in cfg.target_heads]
+        s_target = target_signal(query[:, rows], target_keys[cfg.target_layer], history, cfg.target_heads, target_qpk)
+    if cfg.uses_draft_signal:
+        rows = [probe_d.index((layer, h)) for layer, hs in zip(cfg.draft_layers, cfg.draft_heads) for h in hs]
+        layers = [layer for layer, _ in probe_d]
+        keys = tuple(draft_keys[sorted(set(layers)).index(layer)] for layer in cfg.draft_layers)
+        s_draft = draft_signal(DraftSignals(queries=draft_q[:, rows], keys=keys), history, cfg.draft_heads,
+                               draft_qpk, capacity)
+    return select_for_config(cfg, s_draft, s_target, history)
+
+
+def _take_last_query(old, queries, num_committed):
+    _, jnp = _jax()
+    row = jnp.maximum(num_committed - 1, 0)[:, None, None, None]
+    query = jnp.take_along_axis(queries, row, axis=2)[:, :, 0]
+    return jnp.where((num_committed > 0)[:, None, None], query, old)
+
+
+def _round_arr(weights, history_probs, queries, keys, lengths, quest_budgets, *, config):
+    """ARR of Quest (per layer/head/row pages; first 2 layers dense = 1) for each budget, one round."""
+    from jaxspec.baselines.quest import quest_mask
+
+    _, jnp = _jax()
+    batch, _, steps, seq = history_probs.shape
+    heads, groups = config.num_heads, config.queries_per_kv
+    valid = (jnp.arange(seq)[None, :] < lengths[:, None])[:, None, None, None, :]
+    out = []
+    for budget in quest_budgets:
+        per_layer = []
+        for layer in range(config.num_layers):
+            if layer < 2:
+                per_layer.append(jnp.ones((batch,), jnp.float32))
+                continue
+            p = history_probs[:, layer * heads:(layer + 1) * heads]  # [B, H, T, S]
+            p = jnp.where(valid[:, 0], p.reshape(batch, heads, steps, seq), 0.0)
+            q = queries[:, layer * heads:(layer + 1) * heads]  # [B, H, T, D]
+            qg = q.reshape(batch, config.num_kv_heads, groups, steps, q.shape[-1])
+            mask = quest_mask(qg, keys[layer], lengths, budget=budget).reshape(batch, heads, steps, seq)
+            total = jnp.sum(p, axis=-1)
+            kept = jnp.sum(jnp.where(mask, p, 0.0), axis=-1)
+            per_layer.append(jnp.mean(kept / jnp.where(total > 0, total, 1.0), axis=(1, 2)))
+        out.append(jnp.mean(jnp.stack(per_layer), axis=0))
+    return jnp.stack(out) if out else jnp.zeros((0, batch))
+
+
+class QualityRunner:
+    """Runs every method on one prefilled item (see the module doc of ``dustin-quality``)."""
+
+    def __init__(self, target, draft, mask, profile, gamma: int, max_new_tokens: int, stops):
+        from jaxspec.decoding.sampling import SamplingConfig
+        from jaxspec.decoding.speculative import EngineConfig
+
+        self.target, self.draft, self.mask, self.profile = target, draft, mask, profile
+        self.tcfg = target.config
+        self.dcfg = draft.config if draft is not None else target.config
+        self.engine = EngineConfig(gamma=gamma, sampling=SamplingConfig(), max_new_tokens=max_new_tokens,
+                                   stop_tokens=tuple(stops))
+        configs = [profile_config(profile, b, mode) for b in profile.configs for mode in ("hybrid", "draft")]
+        t_layers = sorted({c.target_layer for c in configs})
+        d_layers = sorted({layer for c in configs for layer in c.draft_layers})
+        self.probe_t = tuple((layer, h) for layer in t_layers for h in range(self.tcfg.num_heads))
+        self.probe_d = tuple((layer, h) for layer in d_layers for h in range(self.dcfg.num_heads))
+        from jaxspec.dustin.policy import DustinDraft, DustinSelfDraft
+
+        heads = tuple(tuple(range(self.dcfg.num_heads)) for _ in d_layers)
+        if draft is not None:
+            self.draft_policy = DustinDraft(config=self.dcfg, layers=tuple(d_layers), heads=heads)
+        else:
+            self.draft_policy = DustinSelfDraft(config=self.tcfg, layers=tuple(d_layers), heads=heads)
+
+    # -- methods
+    def methods(self, budgets, names) -> List[Method]:
+        out = []
+        for budget in budgets:
+            for name in names:
+                dustin = profile_config(self.profile, budget, DUSTIN_MODES[name]) if name in DUSTIN_MODES else None
+                out.append(Method(name, budget, dustin))
+        return out
+
+    def magicdec_policy(self, budget):
+        from jaxspec.baselines import MagicDecDraft, MagicDecSelfDraft
+
+        if self.draft is not None:
+            return MagicDecDraft(self.dcfg, sinks=SINKS, window=budget - SINKS)
+        return MagicDecSelfDraft(self.tcfg, sinks=SINKS, window=budget - SINKS)
+
+    # -- prefill
+    def prefill(self, tokens: Sequence[int], capacity: int):
+        """Target and draft caches holding ``tokens``; returns a dict (caches, first logits)."""
+        from jaxspec.decoding.autoregressive import prefill
+        from jaxspec.models.cache import init_cache
+
+        _, jnp = _jax()
+        array = np.asarray([tokens], np.int32)
+        lengths = np.asarray([len(tokens)], np.int32)
+        cache = init_cache(self.tcfg, 1, capacity)
+        cache, logits = prefill(self.target.params, self.tcfg, array, lengths, cache)
+        dcache = None
+        if self.draft is not None:
+            dcache = init_cache(self.dcfg, 1, capacity)
+            dcache, _ = prefill(self.draft.params, self.dcfg, array, lengths, dcache)
+        return {"cache": cache, "draft_cache": dcache, "logits": logits, "tokens": list(tokens)}
+
+    def extend(self, base, tokens: Sequence[int]):
+        """``base`` with ``tokens`` appended densely (a continued prefill)."""
+        from jaxspec.decoding.autoregressive import prefill
+
+        jax, jnp = _jax()
+        array = np.asarray([tokens], np.int32)
+        lengths = np.asarray([len(tokens)], np.int32)
+        cache, logits = prefill(self.target.params, self.tcfg, array, lengths, jax.tree.map(jnp.copy, base["cache"]))
+        dcache = None
+        if self.draft is not None:
+            dcache, _ = prefill(self.draft.params, self.dcfg, array, lengths,
+                                jax.tree.map(jnp.copy, base["draft_cache"]))
+        return {"cache": cache, "draft_cache": dcache, "logits": logits, "tokens": base["tokens"] + list(tokens)}
+
+    def _last_query(self, base, probe):
+        from jaxspec.dustin.policy import _last_prompt_query
+
+        _, jnp = _jax()
+        n = len(base["tokens"])
+        if not probe:
+            return jnp.zeros((1, 0, self.tcfg.head_dim), jnp.float32)
+        return _last_prompt_query(self.target.params, jnp.asarray([[base["tokens"][-1]]], jnp.int32),
+                                  base["cache"].with_lengths(jnp.asarray([n - 1], jnp.int32)), config=self.tcfg,
+                                  probe_heads=probe)
+
+    def snap_state(self, base, budget):
+        from jaxspec.baselines import SnapKVVerify
+
+        _, jnp = _jax()
+        policy = SnapKVVerify(self.tcfg, budget=budget, max_generated=self.engine.max_new_tokens + 64)
+        n = len(base["tokens"])
+        return policy.prepare(self.target.params, self.tcfg, np.asarray([base["tokens"]], np.int32),
+                              np.asarray([n], np.int32), cache=base["cache"])
+
+    # -- decoding
+    def decode(self, base, method: Method, *, reference: bool = False, arr_methods: Sequence[Method] = ()):
+        """Greedy speculative decoding of one method from ``base`` (a full-prompt prefill). Returns
+        (tokens, metrics, arr) -- ``arr``: mean ARR per ``arr_methods`` key on this (dense) trajectory
+        when ``reference``."""
+        from jaxspec.decoding import speculative
+        from jaxspec.dustin.arr import all_heads, recall_of_indices, recall_weights
+
+        jax, jnp = _jax()
+        engine, tcfg = self.engine, self.tcfg
+        copy = lambda tree: jax.tree.map(jnp.copy, tree)  # noqa: E731
+        tokens = base["tokens"]
+        n = len(tokens)
+        first = jnp.argmax(base["logits"], axis=-1).astype(jnp.int32)
+        draft_policy = self.magicdec_policy(method.budget) if method.name == "magicdec" else self.draft_policy
+        if self.draft is not None:
+            draft_state = copy(base["draft_cache"])
+        elif method.name == "magicdec":
+            draft_state = {}  # StreamingLLM self-draft without skipping (SPEC 6: the SmolLM2 self-draft)
+        else:
+            draft_state = {"skip_mask": jnp.asarray(self.mask, bool)}
+        probe_t = all_heads(tcfg) if reference else (self.probe_t if method.name.startswith("dustin") else ())
+        query = self._last_query(base, probe_t)
+        state = speculative.loop_state_from_caches(copy(base["cache"]), draft_state, first,
+                                                   jnp.asarray([tokens[-1]], jnp.int32), engine, verify_state=query)
+        stop = set(engine.stop_tokens)
+        if int(first[0]) in stop:
+            state = state._replace(done=jnp.ones((1,), bool))
+        snaps = {}
+        for m in ([method] if method.name == "snapkv" else []) + [m for m in arr_methods if m.name == "snapkv"]:
+            snaps[m.budget] = self.snap_state(base, m.budget)
+        probe_d = self.probe_d if draft_policy is self.draft_policy else ()
+        select_static = dict(probe_t=probe_t, probe_d=probe_d, target_qpk=tcfg.queries_per_kv,
+                             draft_qpk=self.dcfg.queries_per_kv, capacity=state.target_cache.capacity,
+                             max_generated=self.engine.max_new_tokens + 64)
+        arr_sums: Dict[str, float] = {m.key: 0.0 for m in arr_methods}
+        arr_rounds = 0
+        quest_budgets = tuple(sorted({m.budget for m in arr_methods if m.name == "quest"}))
+        while int(state.round) < engine.max_new_tokens and not bool(jnp.all(state.done)):
+            proposal, key = speculative._draft_jit(self.target.params, self.draft.params if self.draft else
+                                                   self.target.params, state.draft_state, state.target_cache,
+                                                   state.pending, state.previous, state.committed, state.key,
+                                                   target_config=tcfg, draft_policy=draft_policy, engine=engine)
+            signals = proposal.signals
+            draft_q = signals.queries if signals is not None else None
+            draft_keys = signals.keys if signals is not None else ()
+            history = state.committed - 1
+            cache = proposal.target_cache.with_lengths(history)
+            rows = jnp.concatenate([state.pending[:, None], proposal.tokens], axis=1)
+            if reference:
+                logits, new_cache, queries, hprobs = _jit(
+                    "reference", _reference_forward, static_argnames=("config",))(
+                    self.target.params, rows, cache, config=tcfg)
+                weights = recall_weights(hprobs, history)
+                for m in arr_methods:
+                    if m.name in ("quest", "magicdec"):
+                        continue
+                    indices = _jit(f"select/{m.key}", _select, static_argnames=(
+                        "method_name", "budget", "dustin", "probe_t", "probe_d", "target_qpk", "draft_qpk",
+                        "capacity", "max_generated"))(
+                        m.name, m.budget, m.dustin, state.verify_state, cache.keys, state.committed, draft_q,
+                        draft_keys, snaps.get(m.budget), **select_static)
+                    arr_sums[m.key] += float(recall_of_indices(weights, indices)[0])
+                if quest_budgets:
+                    quest = _jit("quest_arr", _round_arr, static_argnames=("quest_budgets", "config"))(
+                        weights, hprobs, queries, cache.keys, history, quest_budgets=quest_budgets, config=tcfg)
+                    for i, budget in enumerate(quest_budgets):
+                        arr_sums[f"quest/k{budget}"] += float(quest[i, 0])
+                arr_rounds += 1
+            elif method.name == "quest":
+                logits, new_cache = _jit(f"quest/{method.budget}", _quest_forward,
+                                         static_argnames=("config", "budget"))(
+                    self.target.params, rows, cache, config=tcfg, budget=method.budget)
+                queries = None
+            else:
+                indices = None
+                if method.name not in ("dense", "magicdec"):
+                    indices = _jit(f"select/{method.key}", _select, static_argnames=(
+                        "method_name", "budget", "dustin", "probe_t", "probe_d", "target_qpk", "draft_qpk",
+                        "capacity", "max_generated"))(
+                        method.name, method.budget, method.dustin, state.verify_state, cache.keys, state.committed,
+                        draft_q, draft_keys, snaps.get(method.budget), **select_static)
+                logits, new_cache, queries = _jit("verify", _verify_forward,
+                                                  static_argnames=("config", "probe_heads"))(
+                    self.target.params, rows, cache, indices, config=tcfg, probe_heads=probe_t)
+            before = state
+            state = speculative._commit_jit(state._replace(target_cache=None, draft_state=None),
+                                            proposal._replace(target_cache=None), logits, new_cache, key,
+                                            engine=engine)
+            if probe_t:
+                num = state.committed - before.committed
+                state = state._replace(verify_state=_jit("last_query", _take_last_query)(
+                    before.verify_state, queries, num))
+        out = np.asarray(state.out)[0, :engine.max_new_tokens]
+        generated = [int(t) for t in out if t >= 0]
+        metrics = speculative.summarize(state, engine)
+        arr = {k: v / max(arr_rounds, 1) for k, v in arr_sums.items()} if reference else {}
+        return generated, metrics, arr
+
+    # -- teacher-forced perplexity
+    def draft_chunk_scores(self, base, text: Sequence[int]):
+        """Per chunk of ``gamma + 1`` text tokens, the draft's per-(layer, head) lookahead scores
+        ``[P_D, S]`` (rows ``pending, x_1 .. x_{gamma-1}``; history = the tokens before the chunk)."""
+        from jaxspec.dustin.signals import head_scores
+        from jaxspec.models.llama import _forward
+
+        jax, jnp = _jax()
+        gamma = self.engine.gamma
+        if not self.probe_d:
+            return [None] * (len(text) // (gamma + 1))
+        d_layers = sorted({layer for layer, _ in self.probe_d})
+
+        def fn(params, rows, cache, skip_mask, *, config, probe):
+            out = _forward(params, rows, cache, config=config, probe_heads=probe, skip_mask=skip_mask)
+            q = out.probes.queries[:, :, :gamma]
+            per_head = []
+            for index, (layer, head) in enumerate(probe):
+                per_head.append(head_scores(q[:, index:index + 1], out.cache.keys[layer], cache.lengths, (head,),
+                                            config.queries_per_kv)[0])
+            return jnp.stack(per_head), out.cache
+
+        scorer = _jit("draft_scores", fn, static_argnames=("config", "probe"))
+        cache = jax.tree.map(jnp.copy, base["draft_cache"] if self.draft is not None else base["cache"])
+        params = self.draft.params if self.draft is not None else self.target.params
+        mask = None if self.draft is not None else jnp.asarray(self.mask, bool)
+        scores = []
+        n = len(base["tokens"])
+        for start in range(0, len(text) - gamma, gamma + 1):
+            rows = jnp.asarray([text[start:start + gamma + 1]], jnp.int32)
+            s, new_cache = scorer(params, rows, cache.with_lengths(jnp.asarray([n + start], jnp.int32)), mask,
+                                  config=self.dcfg, probe=self.probe_d)
+            scores.append(s)
+            if self.draft is not None:
+                cache = new_cache
+            else:  # a self-draft reads the (dense) target cache: write the text's dense target KV there
+                cache = _jit("dense_write", _verify_forward, static_argnames=("config", "probe_heads"))(
+                    self.target.params, rows, cache.with_lengths(jnp.asarray([n + start], jnp.int32)), None,
+                    config=self.tcfg, probe_heads=())[1]
+        del d_layers
+        return scores
+
+    def perplexity(self, base, text: Sequence[int], method: Method, draft_scores) -> Dict[str, float]:
+        """Teacher-forced NLL of ``text`` after ``base``: chunks of ``gamma + 1`` tokens verified like a
+        round (every row attends to ``I_verify`` of the method + the chunk, causally); the KV the
+        chunk writes is computed under the method's attention (as in decoding)."""
+        jax, jnp = _jax()
+        gamma = self.engine.gamma
+        tcfg = self.tcfg
+        cache = jax.tree.map(jnp.copy, base["cache"])
+        n = len(base["tokens"])
+        probe_t = self.probe_t if method.name.startswith("dustin") else ()
+        query = self._last_query(base, probe_t)
+        snap = self.snap_state(base, method.budget) if method.name == "snapkv" else None
+        nll, count = 0.0, 0
+        select_static = dict(probe_t=probe_t, probe_d=self.probe_d, target_qpk=tcfg.queries_per_kv,
+                             draft_qpk=self.dcfg.queries_per_kv, capacity=cache.capacity,
+                             max_generated=self.engine.max_new_tokens + 64)
+        for chunk, start in enumerate(range(0, len(text) - gamma, gamma + 1)):
+            rows = jnp.asarray([text[start:start + gamma + 1]], jnp.int32)
+            committed = jnp.asarray([n + start + 1], jnp.int32)  # history = n + start positions
+            cache = cache.with_lengths(committed - 1)
+            queries = None
+            if method.name == "quest":
+                logits, cache = _jit(f"quest/{method.budget}", _quest_forward, static_argnames=("config", "budget"))(
+                    self.target.params, rows, cache, config=tcfg, budget=method.budget)
+            else:
+                indices = None
+                if method.name not in ("dense", "magicdec"):
+                    scores = draft_scores[chunk]
+                    indices = _jit(f"ppl-select/{method.key}", _select_from_scores, static_argnames=(
+                        "method_name", "budget", "dustin", "probe_t", "probe_d", "target_qpk", "draft_qpk",
+                        "capacity", "max_generated"))(
+                        method.name, method.budget, method.dustin, query, cache.keys, committed, scores, snap,
+                        **select_static)
+                logits, cache, queries = _jit("verify", _verify_forward, static_argnames=("config", "probe_heads"))(
+                    self.target.params, rows, cache, indices, config=tcfg, probe_heads=probe_t)
+            targets = text[start + 1:start + gamma + 2]
+            logp = jax.nn.log_softmax(logits[0, :len(targets)], axis=-1)
+            nll -= float(jnp.sum(logp[jnp.arange(len(targets)), jnp.asarray(targets)]))
+            count += len(targets)
+            if probe_t:
+                query = queries[:, :, -1]
+        return {"nll": nll / count, "ppl": float(np.exp(nll / count)), "tokens": count}
+
+
+def _select_from_scores(method_name, budget, dustin, query, target_keys, committed, draft_scores, snap, *, probe_t,
+                        probe_d, target_qpk, draft_qpk, capacity, max_generated):
+    """``_select`` with the draft signal given as per-(layer, head) scores ``[P_D, S]`` (perplexity)."""
+    from jaxspec.baselines.streaming import streaming_indices
+    from jaxspec.dustin.selection import select_for_config
+    from jaxspec.dustin.signals import _fit_width, target_signal
+
+    _, jnp = _jax()
+    history = (committed - 1).astype(jnp.int32)
+    if method_name == "streaming":
+        return streaming_indices(history, sinks=SINKS, window=budget - SINKS)
+    if method_name == "snapkv":
+        from jaxspec.baselines.snapkv import SnapKVVerify
+
+        return SnapKVVerify(budget=budget, max_generated=max_generated).verify_indices(snap, None, committed, None)
+    cfg = dustin
+    s_target = s_draft = None
+    if cfg.uses_target_signal:
+        rows = [probe_t.index((cfg.target_layer, h)) for h in cfg.target_heads]
+        s_target = target_signal(query[:, rows], target_keys[cfg.target_layer], history, cfg.target_heads, target_qpk)
+    if cfg.uses_draft_signal:
+        rows = [probe_d.index((layer, h)) for layer, hs in zip(cfg.draft_layers, cfg.draft_heads) for h in hs]
+        s_draft = _fit_width(jnp.sum(draft_scores[jnp.asarray(rows)], axis=0)[None], capacity)
+    return select_for_config(cfg, s_draft, s_target, history)
+
+
+# ---------------------------------------------------------------------------- dustin-quality
+def _match(tokens, reference) -> Tuple[float, Optional[int]]:
+    """(token match rate over the reference's positions, first divergence index or None)."""
+    total = max(len(reference), 1)
+    same = sum(1 for a, b in zip(tokens, reference) if a == b)
+    first = next((i for i, (a, b) in enumerate(zip(tokens, reference)) if a != b), None)
+    if first is None and len(tokens) != len(reference):
+        first = min(len(tokens), len(reference))
+    return same / total, first
+
+
+def _select_items(evaluation, per_length: Dict[int, int], seed: int):
+    import random
+
+    items = []
+    for length, count in sorted(per_length.items()):
+        pool = [t for t in evaluation if t.context_tokens == length]
+        random.Random(seed * 1000 + length).shuffle(pool)
+        items.extend(pool[:count])
+    return items
+
+
+def cmd_dustin_quality(args) -> Dict[str, Any]:
+    """Every method x budget on a fixed seeded sample of evaluation-split retrieval tasks.
+
+    Per item (one task prompt): the target (and draft) prefill the prompt up to a scored segment
+    of ``--ppl-tokens`` haystack tokens that ends before the question; the segment is then verified
+    chunk by chunk (``gamma + 1`` tokens, teacher forced) with dense attention and with each method
+    (perplexity); the rest of the prompt is prefilled densely; dense greedy speculative decoding
+    (ClassicSD) of ``--max-new-tokens`` gives the reference output, tau and -- probing every head --
+    the ARR of every method's index set on each of its rounds; then every method decodes from the
+    same caches (token match rate and first divergence vs dense, retrieval accuracy, tau).
+    """
+    from jaxspec.dustin.search import DustinProfile
+    from jaxspec.data.tasks import score_answer
+
+    budgets = _check_budgets(args.budgets)
+    names = [m.strip() for m in args.methods.split(",") if m.strip()]
+    bad = [m for m in names if m not in ALL_METHODS]
+    if bad:
+        raise ValueError(f"unknown --methods {bad}; valid: {', '.join(ALL_METHODS)}")
+    per_length = {}
+    for part in args.items.split(","):
+        try:
+            length, count = part.split(":")
+            per_length[int(length)] = int(count)
+        except ValueError:
+            raise ValueError(f"--items {args.items!r}: expected LENGTH:COUNT pairs, e.g. 2048:2,4096:1") from None
+    if not args.dustin_profile:
+        raise ValueError("dustin-quality needs --dustin-profile FILE (from `dustin-profile` for this pair)")
+    profile = DustinProfile.load(args.dustin_profile)
+    missing = [b for b in budgets if b not in profile.configs]
+    if missing:
+        raise ValueError(f"{args.dustin_profile} has no config for k={missing}; profiled: {sorted(profile.configs)}")
+    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+    depths = _parse_floats(args.depths, "--depths")
+    writer = ResultWriter(args.out, "dustin-quality", _config_of(args))
+    target, draft, mask = _load_pair(args)
+    profile.check_models(target.config, draft.config if draft is not None else target.config)
+    if mask is not None and not np.array_equal(np.asarray(profile.draft.get("self_draft_mask"), bool), mask):
+        raise ValueError(f"{args.dustin_profile} was profiled for another self-draft skip set than {args.draft_skip!r}")
+    from experiments.foundation import _stop_tokens
+
+    _, evaluation = build_task_splits(target.tokenizer, args, kinds, sorted(per_length), depths)
+    calib_hay = set(profile.data.get("haystack_sha256", []))
+    overlap = calib_hay & {t.haystack_sha256 for t in evaluation if t.haystack_sha256}
+    if overlap:
+        raise ValueError(f"the evaluation tasks share haystack text with the profile's calibration data: {overlap}")
+    items = _select_items(evaluation, per_length, args.task_seed)
+    runner = QualityRunner(target, draft, mask, profile, args.gamma, args.max_new_tokens, _stop_tokens(target.tokenizer))
+    methods = runner.methods(budgets, names)
+    writer.set("profile", {"file": args.dustin_profile, "created": profile.created, "target": profile.target.get("name"),
+                           "draft": profile.draft.get("name"),
+                           "configs": {str(b): c.to_dict() for b, c in sorted(profile.configs.items())},
+                           "calibration_data": profile.data, "evaluation_haystack_disjoint": True})
+    from jaxspec.data.tasks import _Tokenizer
+
+    tok = _Tokenizer(target.tokenizer)
+    started = time.perf_counter()
+    for number, task in enumerate(items, 1):
+        item = task.task_id
+        keys = [f"{item}/dense"] + [f"{item}/{m.key}" for m in methods]
+        if all(writer.has(k) for k in keys):
+            continue
+        t0 = time.perf_counter()
+        tokens = tok.encode(task.prompt)
+        question = len(tok.encode(task.question)) + 2
+        end = len(tokens) - question
+        start = end - args.ppl_tokens
+        if task.needle_span[1] > start:
+            raise ValueError(f"{item}: the needle {task.needle_span} overlaps the perplexity segment [{start}, {end}); "
+                             f"use depths < 1")
+        capacity = task.context_tokens + args.max_new_tokens + 2 * args.gamma + 64
+        print(f"[dustin-quality] item {number}/{len(items)} {item} ({len(tokens)} tokens): prefill ...",
+              file=sys.stderr, flush=True)
+        base0 = runner.prefill(tokens[:start], capacity)
+        text = tokens[start:end]
+        draft_scores = runner.draft_chunk_scores(base0, text)
+        ppl = {"dense": runner.perplexity(base0, text, Method("dense"), draft_scores)}
+        for m in methods:
+            if m.name != "magicdec" and not writer.has(f"{item}/{m.key}"):
+                ppl[m.key] = runner.perplexity(base0, text, m, draft_scores)
+        print(f"[dustin-quality]   perplexity done ({time.perf_counter() - t0:.0f} s): dense {ppl['dense']['ppl']:.2f}",
+              file=sys.stderr, flush=True)
+        base = runner.extend(base0, tokens[start:])
+        del base0
+        if writer.has(f"{item}/dense"):
+            dense = writer.get(f"{item}/dense")
+        else:
+            generated, metrics, arr = runner.decode(base, Method("dense"), reference=True, arr_methods=methods)
+            text_out = target.tokenizer.decode(generated, skip_special_tokens=True)
+            dense = {"task": item, "kind": task.kind, "context": task.context_tokens, "prompt_tokens": len(tokens),
+                     "tokens": generated, "text": text_out, "accuracy": float(score_answer(task, text_out)),
+                     "tau": metrics["tau"], "ppl": ppl["dense"]["ppl"], "nll": ppl["dense"]["nll"],
+                     "ppl_tokens": ppl["dense"]["tokens"], "arr": arr, "rounds": metrics["rounds"],
+                     "seconds": time.perf_counter() - t0}
+            writer.add(f"{item}/dense", dense)
+        print(f"[dustin-quality]   dense: tau {dense['tau']:.2f}, accuracy {dense['accuracy']:.0f}, "
+              f"{dense['text'][:60]!r} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
+        for m in methods:
+            key = f"{item}/{m.key}"
+            if writer.has(key):
+                continue
+            t1 = time.perf_counter()
+            generated, metrics, _ = runner.decode(base, m)
+            text_out = target.tokenizer.decode(generated, skip_special_tokens=True)
+            rate, first = _match(generated, dense["tokens"])
+            record = {"task": item, "kind": task.kind, "context": task.context_tokens, "method": m.name,
+                      "budget": m.budget, "arr": None if m.name == "magicdec" else dense["arr"].get(m.key),
+                      "match_rate": rate, "first_divergence": first, "accuracy": float(score_answer(task, text_out)),
+                      "tau": metrics["tau"], "tokens": generated, "text": text_out,
+                      "ppl": (ppl[m.key]["ppl"] if m.key in ppl else ppl["dense"]["ppl"]),
+                      "nll": (ppl[m.key]["nll"] if m.key in ppl else ppl["dense"]["nll"]),
+                      "seconds": time.perf_counter() - t1}
+            if m.name == "magicdec":
+                record["note"] = "dense verification: output, accuracy and perplexity equal dense by construction"
+            if m.dustin is not None:
+                record["m"] = m.dustin.effective_m
+            writer.add(key, record)
+            arr_text = "-" if record["arr"] is None else f"{record['arr']:.3f}"
+            print(f"[dustin-quality]   {m.key:16s} ARR {arr_text} match {rate:.2f} first_div {first} acc "
+                  f"{record['accuracy']:.0f} tau {metrics['tau']:.2f} ppl {record['ppl']:.2f} "
+                  f"({time.perf_counter() - t1:.0f} s; total {time.perf_counter() - started:.0f} s)",
+                  file=sys.stderr, flush=True)
+        del base
+    rows = quality_table(writer.data["cases"])
+    print_table(rows, title=f"dustin-quality: mean over items ({len(items)} items)")
+    if args.plot:
+        plot_arr(writer.data["cases"], args.plot, title=f"{args.model} + {args.draft or args.draft_skip}")
+    return writer.data
+
+
+def quality_table(cases: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """Mean per (method, k) over items; dense ClassicSD first."""
+    groups: Dict[Tuple[str, Any], List[dict]] = {}
+    for record in cases.values():
+        name = record.get("method", "dense (ClassicSD)")
+        groups.setdefault((name, record.get("budget")), []).append(record)
+    order = {name: i for i, name in enumerate(("dense (ClassicSD)",) + ALL_METHODS)}
+    rows = []
+    for (name, budget), records in sorted(groups.items(), key=lambda kv: (order.get(kv[0][0], 99), kv[0][1] or 0)):
+        def mean(field):
+            values = [r[field] for r in records if r.get(field) is not None]
+            return float(np.mean(values)) if values else None
+
+        firsts = [r["first_divergence"] for r in records if "first_divergence" in r]
+        rows.append({"method": name, "k": budget if budget is not None else "-", "items": len(records),
+                     "ARR": mean("arr") if name != "dense (ClassicSD)" else 1.0,
+                     "match": mean("match_rate") if firsts else 1.0,
+                     "identical": (sum(f is None for f in firsts) / len(firsts)) if firsts else 1.0,
+                     "first_div": (float(np.mean([f for f in firsts if f is not None]))
+                                   if any(f is not None for f in firsts) else None),
+                     "accuracy": mean("accuracy"), "tau": mean("tau"), "ppl": mean("ppl")})
+    return rows
+
+
+def plot_arr(cases: Dict[str, Any], path: str, title: str = "") -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in quality_table(cases) if r["method"] not in ("dense (ClassicSD)", "magicdec") and r["ARR"]]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name in [m for m in ALL_METHODS if m != "magicdec"]:
+        points = sorted((r["k"], r["ARR"]) for r in rows if r["method"] == name)
+        if points:
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("KV budget k")
+    ax.set_ylabel("ARR (mean over rounds and items)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------------------- registration
+def _pair_args(parser, budgets_default: str) -> None:
+    parser.add_argument("--model", default="smollm2-135m", help="target: registry name, .gguf, HF or orbax folder")
+    parser.add_argument("--draft", default=None, help="separate draft model (same tokenizer)")
+    parser.add_argument("--draft-skip", default=None, help="self-draft skipping sub-layers, e.g. 'mlp:10-12'")
+    parser.add_argument("--budgets", default=budgets_default, help="KV budgets k (each one of 128..2048)")
+    parser.add_argument("--gamma", type=int, default=4)
+    parser.add_argument("--source", default="austen", help="haystack: austen, wikipedia, or a .txt/.jsonl path")
+    parser.add_argument("--task-seed", type=int, default=0, help="seed of the task suites (both splits)")
+    parser.add_argument("--samples", type=int, default=1, help="tasks per (kind, length, depth) in each split")
+    parser.add_argument("--dtype", default="float32", choices=["bfloat16", "float32"],
+                        help="float32 is faster than bfloat16 on CPU")
+
+
+def register(subparsers) -> None:
+    prof = subparsers.add_parser("dustin-profile", help="Dustin offline search: SRHs on calibration needle tasks + "
+                                                        "Algorithm 1; saves the profile (--profile-file)")
+    _pair_args(prof, "128,256,512,1024")
+    prof.add_argument("--profile-file", default=None, metavar="FILE", help="where to save the profile JSON")
+    prof.add_argument("--kinds", default="passkey,needle_qa", help="needle task kinds for SRH identification")
+    prof.add_argument("--lengths", default="2048", help="calibration context lengths (tokens)")
+    prof.add_argument("--depths", default="0.25,0.75")
+    prof.add_argument("--max-new-tokens", type=int, default=16, help="greedy SD rounds' new tokens per calibration "
+                                                                    "prompt (the ARR records)")
+    prof.add_argument("--srh-max-new-tokens", type=int, default=None,
+                      help="decode steps per needle test (default: longest answer + 8)")
+    prof.add_argument("--recall-threshold", type=float, default=0.5)
+    prof.set_defaults(func=cmd_dustin_profile)
+
+    qual = subparsers.add_parser("dustin-quality", help="ARR, agreement with dense, perplexity, retrieval accuracy and "
+                                                        "tau of Dustin-H/T/D and the sparse baselines per budget")
+    _pair_args(qual, "128,256,512,1024")
+    qual.add_argument("--dustin-profile", default=None, metavar="FILE", help="the pair's profile (dustin-profile)")
+    qual.add_argument("--methods", default=",".join(ALL_METHODS))
+    qual.add_argument("--items", default="2048:1,4096:1", help="LENGTH:COUNT evaluation tasks per context length")
+    qual.add_argument("--kinds", default="passkey,needle_qa")
+    qual.add_argument("--depths", default="0.25,0.5,0.75")
+    qual.add_argument("--max-new-tokens", type=int, default=16)
+    qual.add_argument("--ppl-tokens", type=int, default=40, help="teacher-forced haystack tokens for perplexity")
+    qual.add_argument("--plot", default=None, metavar="PNG", help="ARR vs k per method")
+    qual.set_defaults(func=cmd_dustin_quality)

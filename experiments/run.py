@@ -15,9 +15,9 @@ import argparse
 import os
 import sys
 
-from experiments import foundation, kernels, speculative
+from experiments import dustin_exp, foundation, kernels, speculative
 
-EXPERIMENT_MODULES = (foundation, speculative, kernels)
+EXPERIMENT_MODULES = (foundation, speculative, kernels, dustin_exp)
 
 
 def build_parser() -> argparse.ArgumentParser:

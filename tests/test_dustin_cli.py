@@ -94,3 +94,56 @@ def test_generate_bad_input(folders, capsys, extra, message):
     target, _ = folders
     assert main(_base(target, *extra)) == 2
     assert message in capsys.readouterr().err
+
+
+def _haystack(tmp_path):
+    import random
+
+    words = "river meadow lantern harbour willow granite orchard velvet ember thistle cobalt saffron".split()
+    rng = random.Random(0)
+    text = "\n\n".join(" ".join(rng.choice(words) for _ in range(rng.randint(6, 14))).capitalize() + f" p{p}."
+                       for p in range(400))
+    path = tmp_path / "haystack.txt"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.slow
+def test_profile_and_quality_commands(folders, tmp_path, capsys):
+    """`dustin-profile` saves a profile with provenance from calibration tasks; `dustin-quality` loads it,
+    checks it against the models, and writes one record per (item, method, k). With k = 512 above the
+    ~400-token context every index-based method is exactly dense (ARR 1, identical output, same
+    perplexity); with k = 128 the selections are sparse (ARR < 1)."""
+    target, draft = folders
+    haystack = _haystack(tmp_path)
+    profile = tmp_path / "profile.json"
+    common = ["--model", str(target), "--draft", str(draft), "--source", str(haystack), "--gamma", "3"]
+    assert main(["dustin-profile", *common, "--budgets", "128,512", "--lengths", "400", "--kinds", "passkey",
+                 "--depths", "0.3,0.6", "--max-new-tokens", "4", "--srh-max-new-tokens", "3",
+                 "--recall-threshold", "-1", "--profile-file", str(profile), "--out", str(tmp_path / "p.json")]) == 0
+    saved = json.loads(profile.read_text())
+    assert saved["kind"] == "jaxspec.dustin.profile" and sorted(saved["configs"]) == ["128", "512"]
+    assert saved["data"]["split"] == "calibration" and saved["data"]["disjoint_from_evaluation_checked"]
+    assert all(t.startswith("calibration/") for t in saved["data"]["task_ids"])
+    out = tmp_path / "quality.json"
+    argv = ["dustin-quality", *common, "--dustin-profile", str(profile), "--budgets", "128,512", "--items", "400:1",
+            "--kinds", "passkey", "--depths", "0.5", "--max-new-tokens", "6", "--ppl-tokens", "8", "--out", str(out),
+            "--plot", str(tmp_path / "arr.png")]
+    assert main(argv) == 0
+    cases = json.loads(out.read_text())["cases"]
+    item = next(k[:-len("/dense")] for k in cases if k.endswith("/dense"))
+    assert item.startswith("evaluation/passkey/400/")
+    dense = cases[f"{item}/dense"]
+    assert len(cases) == 1 + 2 * 7 and (tmp_path / "arr.png").exists()
+    for method in ("dustin-h", "dustin-t", "dustin-d", "streaming", "snapkv", "quest"):
+        big, small = cases[f"{item}/{method}/k512"], cases[f"{item}/{method}/k128"]
+        assert big["arr"] == pytest.approx(1.0, abs=1e-5), method
+        assert big["match_rate"] == 1.0 and big["first_divergence"] is None and big["tokens"] == dense["tokens"]
+        assert big["ppl"] == pytest.approx(dense["ppl"], rel=1e-4), method
+        assert 0 < small["arr"] < 1, method
+    assert cases[f"{item}/magicdec/k128"]["tokens"] == dense["tokens"]  # dense verification
+    capsys.readouterr()
+    assert main(argv) == 0  # a rerun resumes: nothing left to do
+    assert "[resume] 15 case(s)" in capsys.readouterr().err and len(json.loads(out.read_text())["cases"]) == 15
+    other = tmp_path / "other.json"
+    assert main(argv[:argv.index("--out")] + ["--budgets", "256", "--out", str(other)]) == 2  # not profiled
