@@ -15,7 +15,9 @@ for s in $shape; do
   [ $left -lt 40 ] && break
   # resume from the committed partial result of an earlier call
   [ -f experiments/results/bench_attention_${s}_h200.json ] && cp experiments/results/bench_attention_${s}_h200.json $OUT/bench_attention_$s.json
+  extra=""  # the 72B sweep (second session call) times fewer variants, chosen from the 7B sweep
+  [ $s = qwen2.5-72b ] && extra="--sparse-configs 64x1x4,64x2x4,32x4x4 --scoring-configs 256x8 --topk-configs 8xscatter,4xcompare"
   timeout $left python3 -m experiments.run bench-attention --shapes $s --contexts 32768,16384,8192 --batches 16,8,1 \
-    --budgets 512,256,1024,2048 --iters 10 --out $OUT/bench_attention_$s.json 2>&1 | grep -v "^ \|^{" | tail -5
+    --budgets 512,256,1024,2048 --iters 10 $extra --out $OUT/bench_attention_$s.json 2>&1 | grep -v "^ \|^{" | tail -5
 done
 ls -la $OUT
