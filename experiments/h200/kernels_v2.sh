@@ -13,6 +13,7 @@ fi
 for s in $shape; do
   left=$(( budget_s - ($(date +%s) - start) ))
   [ $left -lt 40 ] && break
+  cap=${CAP_FIRST:-$left}; [ $cap -lt $left ] && left=$cap; unset CAP_FIRST  # optional cap for the first shape
   # resume from the committed partial result of an earlier call
   [ -f experiments/results/bench_attention_${s}_h200.json ] && cp experiments/results/bench_attention_${s}_h200.json $OUT/bench_attention_$s.json
   extra=""  # the 72B sweep (second session call) times fewer variants, chosen from the 7B sweep
