@@ -15,9 +15,9 @@ import argparse
 import os
 import sys
 
-from experiments import dustin_exp, foundation, kernels, speculative
+from experiments import dustin_exp, foundation, kernels, knapspec_exp, speculative
 
-EXPERIMENT_MODULES = (foundation, speculative, kernels, dustin_exp)
+EXPERIMENT_MODULES = (foundation, speculative, kernels, dustin_exp, knapspec_exp)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -401,7 +401,8 @@ def knapspec_generate(target_params, target_config: ModelConfig, prompts: Sequen
                       sampling: SamplingConfig = SamplingConfig(), stop_tokens: Sequence[int] = (),
                       verify_policy=DenseVerify(), verify_state=None, seed: int = 0, capacity: Optional[int] = None,
                       context_n: Optional[float] = None, warmup: bool = False, planner=None,
-                      initial_plan: Optional[Tuple[np.ndarray, int]] = None, replan: bool = True) -> SpeculativeResult:
+                      initial_plan: Optional[Tuple[np.ndarray, int]] = None, replan: bool = True,
+                      prefilled=None) -> SpeculativeResult:
     """Greedy or sampled speculative generation with KnapSpec self-drafting.
 
     ``engine`` defaults to ``EngineConfig(gamma=knapspec.gamma_max, sampling=sampling,
@@ -411,6 +412,10 @@ def knapspec_generate(target_params, target_config: ModelConfig, prompts: Sequen
     ``planner`` (default ``KnapSpecPlanner(latency, knapspec)``) chooses each plan;
     ``initial_plan=(mask [L, 2], gamma)`` replaces the full-model draft before the first plan
     (gamma 0: plain decoding); ``replan=False`` keeps it for the whole run (a static skip set).
+
+    ``prefilled=(cache, first_logits)``: the prompts already prefilled into a cache of
+    ``capacity`` slots (e.g. one prefill shared by several methods in a benchmark); each run
+    works on a copy, so the caller's cache stays valid (``timings["prefill_s"]`` is the copy).
 
     ``metrics["knapspec_plans"]`` lists every plan (skipped sub-layers, gamma* and the gamma
     used, context length, predicted TPT, seconds); ``metrics["draft_steps"]`` counts draft
@@ -446,9 +451,20 @@ def knapspec_generate(target_params, target_config: ModelConfig, prompts: Sequen
             engines[bucket] = engine if bucket == gamma_max else dataclasses.replace(engine, gamma=bucket)
         return engines[bucket]
 
+    if prefilled is not None:
+        if prefilled[0].capacity != capacity or prefilled[0].batch_size != batch:
+            raise ValueError(f"prefilled cache has capacity {prefilled[0].capacity} and batch "
+                             f"{prefilled[0].batch_size}; this run needs {capacity} and {batch}")
+        if not np.array_equal(np.asarray(prefilled[0].lengths), lengths):
+            raise ValueError(f"prefilled cache lengths {np.asarray(prefilled[0].lengths).tolist()} differ from the "
+                             f"prompt lengths {lengths.tolist()}")
+
     def initial_state():  # as speculative_generate's
-        cache = init_cache(target_config, batch, capacity)
-        cache, first_logits = prefill(target_params, target_config, tokens, lengths, cache)
+        if prefilled is not None:  # a copy: the loop donates its state
+            cache, first_logits = jax.tree.map(jnp.copy, tuple(prefilled))
+        else:
+            cache = init_cache(target_config, batch, capacity)
+            cache, first_logits = prefill(target_params, target_config, tokens, lengths, cache)
         key = jax.random.PRNGKey(seed)
         key, sub = jax.random.split(key)
         first = sample_token(first_logits, sub, engine.sampling)

@@ -1,0 +1,701 @@
+"""``python -m experiments.run knapspec``: KnapSpec against AR, CLaSp, a static skip set and its ablations.
+
+For every (task, prompt length, batch) *case* the prompts are prefilled once; every method then
+decodes from a copy of that cache, and each method's run is paired with an autoregressive run
+decoded just before it in the same process (same cache, same capacity, same load), so the
+speed-up compares runs that saw the same machine. Both are greedy and are checked token for
+token (``identical_to_ar``). Each method runs twice (a warm-up that compiles, then the timed
+run); compile time is reported apart.
+
+Methods (``--methods``):
+
+* ``knapspec`` -- the TPT planner (decoupled sub-layers, gamma* honoured: gamma* = 0 runs plain
+  decoding until the next plan);
+* ``knapspec-official`` -- the authors' behaviour: always draft up to gamma_max with early exit,
+  whatever gamma* (their code ignores the planner's gamma);
+* ``knapspec-tpl`` / ``knapspec-coupled`` -- the objective and item ablations;
+* ``clasp`` -- whole-layer DP with a fixed skip count, re-optimised every 64 rounds;
+* ``static-skip`` -- one skip set chosen offline on calibration text (another book), never changed.
+
+Per case also: the DP's candidate skip sets on the case's own text (reference = the first
+generated tokens), ``--candidate-plans`` of them run as fixed plans (no re-planning) to
+correlate the predicted TPT and the DP's acceptance estimate with measured throughput (Pearson),
+and a time split (planning measured; draft / verify / plain-decoding seconds estimated from
+per-forward timings times the counted forwards). ``plan_cost`` cases time the planner with and
+without the stacked-weights reuse on the same reference window.
+
+Real weights (``--model smollm2-135m``, a registry name or a path) summarise a long Austen text
+(``summarize``) or continue a short one for many tokens (``long-generation``); random weights
+(``--model random:PRESET``, e.g. ``random:qwen2.5-7b-shape``; ``--layers N`` for a tiny copy)
+use random prompt tokens: acceptance there means nothing, the latency-driven skip pattern does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import pathlib
+import sys
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from experiments.common import REPO, ResultWriter, print_table
+
+METHODS = ("knapspec", "clasp", "static-skip", "knapspec-tpl", "knapspec-coupled", "knapspec-official")
+TASKS = ("summarize", "long-generation")
+INSTRUCTION = "Summarise the following text in a few paragraphs.\n\n"
+#: prompts come from these books (row b uses book b mod 5); calibration from the sixth
+PROMPT_BOOKS = ("Pride and Prejudice", "Emma", "Sense and Sensibility", "Mansfield Park", "Northanger Abbey")
+CALIBRATION_BOOK = "Persuasion"
+
+
+# ---------------------------------------------------------------------------- arguments
+def _ints(text: str, name: str) -> List[int]:
+    try:
+        values = [int(x) for x in str(text).split(",") if x.strip()]
+    except ValueError as err:
+        raise ValueError(f"--{name}={text!r}: expected comma-separated integers") from err
+    if not values or min(values) < 1:
+        raise ValueError(f"--{name}={text!r}: expected positive integers")
+    return values
+
+
+def _names(text: str, valid: Sequence[str], name: str) -> List[str]:
+    values = [x.strip() for x in str(text).split(",") if x.strip()]
+    bad = [v for v in values if v not in valid]
+    if bad:
+        raise ValueError(f"--{name}: unknown {bad}; valid: {list(valid)}")
+    return values
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("knapspec", help="KnapSpec vs AR, CLaSp, static skip set and ablations (SPEC 4)",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2-135m",
+                   help="real weights (registry name or path) or random:PRESET (random weights, random prompts)")
+    p.add_argument("--layers", type=int, default=None, help="random presets only: override the number of layers")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--tasks", default="summarize", help=f"comma-separated: {', '.join(TASKS)}")
+    p.add_argument("--contexts", default="1024,2048,4096", help="summarize: prompt lengths in tokens")
+    p.add_argument("--max-new-tokens", type=int, default=256, help="summarize: new tokens")
+    p.add_argument("--long-prompt", type=int, default=256, help="long-generation: prompt tokens")
+    p.add_argument("--long-new-tokens", type=int, default=1024, help="long-generation: new tokens")
+    p.add_argument("--batches", default="1", help="comma-separated batch sizes (one skip set per batch)")
+    p.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated: {', '.join(METHODS)}")
+    p.add_argument("--candidate-plans", type=int, default=6,
+                   help="DP candidates run as fixed plans for the TPT / alpha vs throughput correlation (0: none)")
+    p.add_argument("--plan-cost-repeats", type=int, default=3,
+                   help="planner timings with / without the stacked-weights reuse per case (0: skip)")
+    p.add_argument("--device-tag", default=None, help="label in case keys and file names (default: the backend)")
+    p.add_argument("--gamma-max", type=int, default=10)
+    p.add_argument("--gamma-buckets", default="1,2,3,4,6,8",
+                   help="static verification lengths; '' = always gamma-max + 1 rows (the GPU choice)")
+    p.add_argument("--branch-chunk", type=int, default=None,
+                   help="DP branches per attention batch (default: all, or fewer when the scores would pass 4 GB)")
+    p.add_argument("--max-reference-tokens", type=int, default=None, help="cap the DP reference per row")
+    p.add_argument("--clasp-skip-count", type=int, default=None)
+    p.add_argument("--profile-dir", default=None,
+                   help="latency profiles (JSON) are read / written here (default: next to --out)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--plot", default=None, metavar="PNG", help="draw the figure from the results at the end")
+    p.set_defaults(func=cmd_knapspec)
+
+
+def _config_of(args) -> Dict[str, Any]:
+    keys = ("model", "layers", "dtype", "tasks", "contexts", "max_new_tokens", "long_prompt", "long_new_tokens",
+            "batches", "candidate_plans", "gamma_max", "gamma_buckets", "branch_chunk", "max_reference_tokens",
+            "clasp_skip_count", "seed", "device_tag")
+    return {k: getattr(args, k) for k in keys}
+
+
+# ---------------------------------------------------------------------------- model and prompts
+@dataclasses.dataclass
+class Model:
+    params: Any
+    config: Any
+    tokenizer: Any
+    source: str
+    real: bool
+
+
+def load(args) -> Model:
+    import jax
+
+    if args.model.startswith("random:"):
+        from jaxspec.config import preset
+        from jaxspec.models.llama import init_params
+
+        overrides = {"dtype": args.dtype}
+        if args.layers is not None:
+            overrides["num_layers"] = int(args.layers)
+        config = preset(args.model.split(":", 1)[1], **overrides)
+        params = init_params(config, jax.random.PRNGKey(args.seed))
+        return Model(params, config, None, args.model, real=False)
+    if args.layers is not None:
+        raise ValueError("--layers only applies to random:PRESET models")
+    from jaxspec.models.loading import load_model
+
+    model = load_model(args.model, dtype=args.dtype)
+    return Model(model.params, model.config, model.tokenizer, args.model, real=True)
+
+
+def _chat_frame(tokenizer) -> Tuple[List[int], List[int]]:
+    """Token ids before and after the user text (chat template if the tokenizer has one)."""
+    if getattr(tokenizer, "chat_template", None):
+        marker = "@@TEXT@@"
+        text = tokenizer.apply_chat_template([{"role": "user", "content": marker}], add_generation_prompt=True,
+                                             tokenize=False)
+        head, tail = text.split(marker)
+        return list(tokenizer(head)["input_ids"]), list(tokenizer(tail)["input_ids"])
+    return [], list(tokenizer("\n\nSummary:")["input_ids"])
+
+
+_BOOK_IDS: Dict[str, List[int]] = {}
+
+
+def _book_ids(tokenizer, title: str, limit: int) -> List[int]:
+    if title not in _BOOK_IDS or len(_BOOK_IDS[title]) < limit:
+        from jaxspec.data.corpus import austen_books
+
+        text = austen_books(progress=False)[title]
+        # skip the title page; 6 characters a token is ample for English prose
+        _BOOK_IDS[title] = list(tokenizer(text[2000: 2000 + 6 * limit + 1000])["input_ids"])
+    ids = _BOOK_IDS[title]
+    if len(ids) < limit:
+        raise ValueError(f"{title}: only {len(ids)} tokens available, {limit} needed")
+    return ids[:limit]
+
+
+def build_prompts(model: Model, task: str, length: int, batch: int, seed: int) -> List[List[int]]:
+    """``batch`` prompts of exactly ``length`` tokens."""
+    if not model.real:
+        rng = np.random.default_rng(seed + length)
+        return [rng.integers(0, model.config.vocab_size, length).tolist() for _ in range(batch)]
+    head, tail = _chat_frame(model.tokenizer)
+    if task == "summarize":
+        head = head + list(model.tokenizer(INSTRUCTION)["input_ids"])
+    else:
+        head = head + list(model.tokenizer("Continue this story for several pages.\n\n")["input_ids"])
+    room = length - len(head) - len(tail)
+    if room < 16:
+        raise ValueError(f"prompt length {length} leaves {room} tokens for the text")
+    return [head + _book_ids(model.tokenizer, PROMPT_BOOKS[b % len(PROMPT_BOOKS)], room) + tail
+            for b in range(batch)]
+
+
+# ---------------------------------------------------------------------------- measurements
+def pearson(x: Sequence[float], y: Sequence[float]) -> Optional[float]:
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    if x.size < 3 or np.std(x) == 0 or np.std(y) == 0:
+        return None
+    return float(np.corrcoef(x, y)[0, 1])
+
+
+def _copy(tree):
+    import jax
+    import jax.numpy as jnp
+
+    return jax.tree.map(jnp.copy, tree)
+
+
+def ar_run(model: Model, prefilled, max_new_tokens: int) -> Dict[str, Any]:
+    """Greedy autoregressive decoding from a copy of the prefilled cache (compiled beforehand)."""
+    import jax
+
+    from jaxspec.decoding.autoregressive import _decode_loop
+    from jaxspec.decoding.sampling import SamplingConfig
+
+    cache, logits = _copy(prefilled)
+    jax.block_until_ready(cache)
+    start = time.perf_counter()
+    out, _ = _decode_loop(model.params, cache, logits, jax.random.PRNGKey(0), config=model.config,
+                          sampling=SamplingConfig(), max_new_tokens=max_new_tokens, stop_tokens=())
+    out = np.asarray(out)
+    decode_s = time.perf_counter() - start
+    return {"tokens": out, "decode_s": decode_s, "tokens_per_s": out.size / decode_s,
+            "step_s": decode_s / max_new_tokens}
+
+
+_FORWARDS: Dict[Any, Any] = {}
+
+
+def forward_times(model: Model, prefilled, mask, verify_rows: int, repeats: int = 5) -> Dict[str, float]:
+    """Median seconds of one draft forward (1 token, dynamic skip ``mask``) and one verification
+    forward (``verify_rows`` tokens, full model) on the prefilled cache."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxspec.models.llama import _forward
+
+    config = model.config
+    cache = prefilled[0]
+    batch = cache.batch_size
+    if config not in _FORWARDS:
+        _FORWARDS[config] = (jax.jit(lambda p, t, c, m: _forward(p, t, c, config=config, skip_mask=m).logits),
+                             jax.jit(lambda p, t, c: _forward(p, t, c, config=config).logits))
+    draft, verify = _FORWARDS[config]
+    one = jnp.zeros((batch, 1), jnp.int32)
+    rows = jnp.zeros((batch, max(int(verify_rows), 1)), jnp.int32)
+    mask = jnp.asarray(mask, bool)
+
+    def median(fn, *a):
+        jax.block_until_ready(fn(*a))
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            jax.block_until_ready(fn(*a))
+            times.append(time.perf_counter() - start)
+        return float(np.median(times))
+
+    return {"draft_forward_s": median(draft, model.params, one, cache, mask),
+            "verify_forward_s": median(verify, model.params, rows, cache)}
+
+
+def auto_branch_chunk(config, batch: int, capacity: int, reference: int, budget_slots: int,
+                      limit_bytes: float = 4e9) -> Optional[int]:
+    """Branches per attention batch so the DP's float32 scores stay under ``limit_bytes``."""
+    per_branch = 3 * 4 * batch * config.num_heads * reference * capacity
+    if per_branch * budget_slots <= limit_bytes:
+        return None
+    return max(1, int(limit_bytes // per_branch))
+
+
+# ---------------------------------------------------------------------------- one case
+class Case:
+    def __init__(self, args, model: Model, writer: ResultWriter, profile, task: str, context: int,
+                 max_new: int, batch: int, static_plan):
+        from jaxspec.knapspec.dp import skip_budget
+        from jaxspec.knapspec.policy import KnapSpecConfig
+
+        self.args, self.model, self.writer, self.task = args, model, writer, task
+        self.context, self.max_new, self.batch = context, max_new, batch
+        self.latency = profile.model
+        self.static_plan = static_plan
+        self.key = f"{args.device_tag}/{task}/ctx{context}/b{batch}"
+        cfg = model.config
+        self.capacity = context + max_new + args.gamma_max + 2
+        reference = args.max_reference_tokens or 64
+        chunk = args.branch_chunk or auto_branch_chunk(cfg, batch, self.capacity, reference,
+                                                       skip_budget(5, 1, cfg.num_layers) + 1)
+        buckets = tuple(int(x) for x in args.gamma_buckets.split(",") if x.strip())
+        self.knapspec = KnapSpecConfig(gamma_max=args.gamma_max, gamma_buckets=buckets, branch_chunk=chunk,
+                                       max_reference_tokens=args.max_reference_tokens)
+        self.prompts = build_prompts(model, task, context, batch, args.seed)
+        self.prefilled = None
+        self.ar_compiled = False
+        self.last_ar = None
+
+    def prefill(self):
+        if self.prefilled is None:
+            import jax
+
+            from jaxspec.decoding.autoregressive import pad_prompts, prefill
+            from jaxspec.models.cache import init_cache
+
+            start = time.perf_counter()
+            tokens, lengths = pad_prompts(self.prompts)
+            cache = init_cache(self.model.config, self.batch, self.capacity)
+            self.prefilled = prefill(self.model.params, self.model.config, tokens, lengths, cache)
+            jax.block_until_ready(self.prefilled)
+            print(f"[{self.key}] prefilled {self.batch} x {self.context} tokens in "
+                  f"{time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
+        return self.prefilled
+
+    def ar(self) -> Dict[str, Any]:
+        prefilled = self.prefill()
+        if not self.ar_compiled:
+            ar_run(self.model, prefilled, self.max_new)  # compile
+            self.ar_compiled = True
+        self.last_ar = ar_run(self.model, prefilled, self.max_new)
+        return self.last_ar
+
+    def ar_tokens(self) -> np.ndarray:
+        return (self.last_ar if self.last_ar is not None else self.ar())["tokens"]
+
+    def _generate(self, method: str, **kwargs):
+        from jaxspec.baselines.clasp import clasp_generate
+        from jaxspec.baselines.static_skip import static_skip_generate
+        from jaxspec.decoding.speculative import EngineConfig
+        from jaxspec.knapspec.policy import knapspec_generate
+
+        engine = EngineConfig(gamma=self.args.gamma_max, max_new_tokens=self.max_new, stop_tokens=())
+        common = dict(engine=engine, seed=0, warmup=True, capacity=self.capacity, prefilled=self.prefill())
+        ks = self.knapspec
+        if method == "knapspec":
+            return knapspec_generate(self.model.params, self.model.config, self.prompts, latency=self.latency,
+                                     knapspec=ks, **common)
+        if method == "knapspec-official":
+            return knapspec_generate(self.model.params, self.model.config, self.prompts, latency=self.latency,
+                                     knapspec=dataclasses.replace(ks, honor_gamma=False), **common)
+        if method == "knapspec-tpl":
+            return knapspec_generate(self.model.params, self.model.config, self.prompts, latency=self.latency,
+                                     knapspec=dataclasses.replace(ks, objective="tpl"), **common)
+        if method == "knapspec-coupled":
+            return knapspec_generate(self.model.params, self.model.config, self.prompts, latency=self.latency,
+                                     knapspec=dataclasses.replace(ks, coupled=True), **common)
+        if method == "clasp":
+            return clasp_generate(self.model.params, self.model.config, self.prompts,
+                                  skip_count=self.args.clasp_skip_count, knapspec=ks, latency=self.latency, **common)
+        if method == "static-skip":
+            return static_skip_generate(self.model.params, self.model.config, self.prompts, plan=self.static_plan,
+                                        knapspec=ks, **common)
+        if method == "fixed":
+            return knapspec_generate(self.model.params, self.model.config, self.prompts, knapspec=ks,
+                                     replan=False, **common, **kwargs)
+        raise ValueError(f"unknown method {method!r}")
+
+    def run_method(self, method: str, **kwargs) -> Dict[str, Any]:
+        """AR, then the method, on copies of the same prefilled cache."""
+        import os
+
+        load_before = list(os.getloadavg())
+        ar = self.ar()
+        result = self._generate(method, **kwargs)
+        metrics = result.metrics
+        timings = dict(result.timings)
+        rounds = int(metrics["rounds"])
+        plans = metrics["knapspec_plans"]
+        final_mask = np.asarray(metrics["final_skip_mask"], bool)
+        bucket = max(metrics.get("gamma_buckets_used") or [self.args.gamma_max])
+        fwd = forward_times(self.model, self.prefill(), final_mask, bucket + 1)
+        draft_est = metrics["draft_steps"] * fwd["draft_forward_s"]
+        verify_est = rounds * fwd["verify_forward_s"]
+        ar_est = metrics["ar_steps"] * ar["step_s"]
+        plan_s = timings.get("plan_s", 0.0)
+        decode_s = timings["decode_s"]
+        out = {
+            "method": method, "tokens_per_s": result.tokens_per_s, "ar_tokens_per_s": ar["tokens_per_s"],
+            "speedup_vs_ar": result.tokens_per_s / ar["tokens_per_s"],
+            "identical_to_ar": bool(np.array_equal(np.asarray(result.tokens), ar["tokens"])),
+            "tau": metrics["tau"], "acceptance_rate": metrics["acceptance_rate"], "rounds": rounds,
+            "draft_steps": metrics["draft_steps"], "ar_steps": metrics["ar_steps"], "ar_tokens": metrics["ar_tokens"],
+            "gamma_buckets_used": metrics.get("gamma_buckets_used"), "honor_gamma": metrics.get("honor_gamma"),
+            "plans": [{k: p.get(k) for k in ("round", "context_length", "n", "n_skip_attn", "n_skip_mlp",
+                                            "skip_attn", "skip_mlp", "gamma_star", "gamma_used", "mode",
+                                            "alpha", "predicted_tpt", "t_attn", "t_mlp", "t_token", "seconds",
+                                            "reference_tokens", "candidates", "w_attn", "w_mlp", "planner")}
+                      for p in plans],
+            "final_skip": {"n_skip_attn": int(final_mask[:, 0].sum()), "n_skip_mlp": int(final_mask[:, 1].sum())},
+            "timings": timings, "ar_decode_s": ar["decode_s"], "ar_step_s": ar["step_s"],
+            "plan_fraction_of_decode": plan_s / max(decode_s, 1e-9),
+            "time_split_estimate": {
+                "how": "planning measured; draft = draft forwards x one draft forward with the final mask; verify = "
+                       "rounds x one verification forward (largest bucket used); plain decoding = AR-interval "
+                       "steps x AR step; other = the rest",
+                "plan_s": plan_s, "draft_s": draft_est, "verify_s": verify_est, "ar_interval_s": ar_est,
+                "other_s": decode_s - plan_s - draft_est - verify_est - ar_est, **fwd},
+            "predicted_ar_step_s": self.latency.t_step(self.capacity, self.model.config.num_layers),
+            "load_average_before": load_before,
+        }
+        if method == "clasp":
+            out["clasp_skip_count"] = metrics.get("clasp_skip_count")
+        return out
+
+    # ------------------------------------------------------------------------ candidates
+    def candidates(self) -> Dict[str, Any]:
+        """The DP on the case's text: reference = the first 16 AR tokens of each row (at the prompt's end)."""
+        import jax.numpy as jnp
+
+        from jaxspec.knapspec.planner import objective_table
+        from jaxspec.knapspec.policy import plan_skip_set
+
+        prefilled = self.prefill()
+        r = min(16, self.max_new)
+        tokens = jnp.asarray(self.ar_tokens()[:, :r], jnp.int32)
+        token_mask = jnp.ones(tokens.shape, jnp.float32)
+        prefix = jnp.asarray([len(p) for p in self.prompts], jnp.int32)
+        n = float(self.capacity)  # the xla backend reads every slot
+        start = time.perf_counter()
+        plan, cands, weights = plan_skip_set(self.model.params, self.model.config, prefilled[0], tokens, token_mask,
+                                             prefix, self.latency, n, self.knapspec)
+        first = time.perf_counter() - start
+        start = time.perf_counter()
+        plan_skip_set(self.model.params, self.model.config, prefilled[0], tokens, token_mask, prefix, self.latency,
+                      n, self.knapspec)
+        steady = time.perf_counter() - start
+        gammas = tuple(range(1, self.args.gamma_max + 1))
+        table = objective_table(cands.masks, cands.alpha, self.latency.t_attn(n), self.latency.t_mlp(), gammas,
+                                "tpt", self.latency.t_token())
+        rows = []
+        for c in range(len(cands)):
+            g = int(np.argmax(table[c]))
+            rows.append({"index": c, "weight": int(cands.weights[c]), "alpha": float(cands.alpha[c]),
+                         "cosine": float(cands.cosine[c]), "gamma": gammas[g], "predicted_tpt": float(table[c, g]),
+                         "n_skip_attn": int(cands.masks[c, :, 0].sum()), "n_skip_mlp": int(cands.masks[c, :, 1].sum()),
+                         "mask": cands.masks[c].tolist()})
+        return {"plan": plan.summary(), "weights": list(weights), "reference_tokens": r * self.batch,
+                "plan_first_call_s": first, "plan_s": steady, "candidates": rows}
+
+    def plan_cost(self, repeats: int) -> Dict[str, Any]:
+        """Planner seconds (reference states + DP + grid search) without / with the stacked-weights reuse,
+        interleaved, on the reference window of :meth:`candidates`."""
+        import jax
+        import jax.numpy as jnp
+
+        from jaxspec.knapspec.dp import boundary_states, knapsack_dp, knapsack_weights
+        from jaxspec.knapspec.planner import choose_plan
+
+        prefilled = self.prefill()
+        r = min(16, self.max_new)
+        tokens = jnp.asarray(self.ar_tokens()[:, :r], jnp.int32)
+        token_mask = jnp.ones(tokens.shape, jnp.float32)
+        prefix = jnp.asarray([len(p) for p in self.prompts], jnp.int32)
+        n = float(self.capacity)
+        w_attn, w_mlp = knapsack_weights(self.latency.t_attn(n), self.latency.t_mlp())
+        cfg = self.model.config
+
+        def plan(reuse: bool):
+            start = time.perf_counter()
+            states = boundary_states(self.model.params, cfg, tokens, prefilled[0], prefix)
+            cands = knapsack_dp(self.model.params, cfg, prefilled[0], prefix, states, token_mask, w_attn=w_attn,
+                                w_mlp=w_mlp, branch_chunk=self.knapspec.branch_chunk, reuse_stacked=reuse)
+            choose_plan(cands.masks, cands.alpha, self.latency, n, gammas=self.knapspec.plan_gammas)
+            jax.block_until_ready(cands.alpha)
+            return time.perf_counter() - start
+
+        plan(False)
+        plan(True)
+        times = {"restack_each_plan_s": [], "reuse_stacked_s": []}
+        for _ in range(repeats):
+            times["restack_each_plan_s"].append(plan(False))
+            times["reuse_stacked_s"].append(plan(True))
+        return {"reference_tokens": r * self.batch, "w_attn": w_attn, "w_mlp": w_mlp, **times,
+                "median_restack_s": float(np.median(times["restack_each_plan_s"])),
+                "median_reuse_s": float(np.median(times["reuse_stacked_s"]))}
+
+
+# ---------------------------------------------------------------------------- driver
+def _latency_profile(args, model: Model, batch: int, max_capacity: int, profile_dir: pathlib.Path):
+    from jaxspec.knapspec.latency import device_name, load_or_profile, profile_latency
+
+    from experiments.self_spec import profile_contexts
+
+    name = model.source.replace("random:", "random-").replace("/", "_")
+    layers = f"-L{model.config.num_layers}" if not model.real else ""
+    path = profile_dir / f"latency_{name}{layers}_{model.config.dtype}_{args.device_tag}_b{batch}.json"
+
+    def measure(cfg, b, **kwargs):
+        contexts = profile_contexts(max_capacity)
+        print(f"profiling sub-layer latency on {device_name()} (batch {b}, contexts {contexts}) -> {path}",
+              file=sys.stderr, flush=True)
+        return profile_latency(cfg, b, contexts, **kwargs)
+
+    profile = load_or_profile(path, model.config, batch, profile_fn=measure)
+    if max(profile.contexts) < max_capacity:  # saved for shorter contexts: measure again over the full range
+        profile = measure(model.config, batch)
+        profile.save(path)
+    return profile, path
+
+
+def _static_plan(args, model: Model, profile, knapspec, context_n: float):
+    from jaxspec.baselines.static_skip import calibrate_static_skip
+
+    if model.real:
+        calibration = _book_ids(model.tokenizer, CALIBRATION_BOOK, 512)
+    else:
+        calibration = np.random.default_rng(args.seed + 1).integers(0, model.config.vocab_size, 512).tolist()
+    return calibrate_static_skip(model.params, model.config, calibration, latency=profile.model, knapspec=knapspec,
+                                 reference_tokens=64, context_n=context_n)
+
+
+def cmd_knapspec(args) -> Dict[str, Any]:
+    import jax
+
+    tasks = _names(args.tasks, TASKS, "tasks")
+    methods = _names(args.methods, METHODS, "methods")
+    contexts = _ints(args.contexts, "contexts")
+    batches = _ints(args.batches, "batches")
+    args.device_tag = args.device_tag or jax.default_backend()
+    if args.candidate_plans < 0 or args.plan_cost_repeats < 0:
+        raise ValueError("--candidate-plans and --plan-cost-repeats must be >= 0")
+    writer = ResultWriter(args.out, "knapspec", _config_of(args))
+    model = load(args)
+    profile_dir = pathlib.Path(args.profile_dir) if args.profile_dir else (
+        pathlib.Path(args.out).parent if args.out else REPO / "experiments" / "results")
+    cases = []
+    for task in tasks:
+        if task == "summarize":
+            cases += [(task, c, args.max_new_tokens) for c in contexts]
+        else:
+            cases.append((task, args.long_prompt, args.long_new_tokens))
+    max_capacity = max(c + n + args.gamma_max + 2 for _, c, n in cases)
+    for batch in batches:
+        profile, path = _latency_profile(args, model, batch, max_capacity, profile_dir)
+        m = profile.model
+        print(f"latency (batch {batch}): t_mlp = {m.c1 * 1e6:.1f} us, t_attn(n) = {m.c2 * 1e9:.3f} ns * n + "
+              f"{m.c3 * 1e6:.1f} us, t_token = {m.c0 * 1e6:.1f} us", file=sys.stderr, flush=True)
+        writer.set(f"latency_b{batch}", {"path": str(path), "device": profile.device, "fit": m.as_dict(),
+                                         "contexts": profile.contexts, "attn_times": profile.attn_times,
+                                         "mlp_time": profile.mlp_time, "token_time": profile.token_time})
+        static_plan = None
+        for task, context, max_new in cases:
+            case = Case(args, model, writer, profile, task, context, max_new, batch, static_plan)
+            if "static-skip" in methods and static_plan is None:
+                key = f"{args.device_tag}/static_plan/b{batch}"
+                if writer.has(key):
+                    from jaxspec.baselines.static_skip import StaticSkipPlan
+
+                    saved = writer.get(key)
+                    static_plan = StaticSkipPlan(np.asarray(saved["mask"], bool), saved["gamma"], saved["config"],
+                                                 saved["source"])
+                else:
+                    static_plan = _static_plan(args, model, profile, case.knapspec, float(case.capacity))
+                    writer.add(key, {"mask": static_plan.mask.tolist(), "gamma": static_plan.gamma,
+                                     "config": static_plan.config, "source": static_plan.source})
+                print(f"[static skip set] {static_plan.summary()}", file=sys.stderr, flush=True)
+                case.static_plan = static_plan
+            run_case(case, methods)
+    report(writer.data)
+    if args.plot:
+        plot(writer.data, args.plot)
+    return writer.data
+
+
+def run_case(case: Case, methods: Sequence[str]) -> None:
+    writer, key, args = case.writer, case.key, case.args
+    for method in methods:
+        k = f"{key}/{method}"
+        if writer.has(k):
+            continue
+        start = time.perf_counter()
+        out = case.run_method(method)
+        writer.add(k, out)
+        print(f"[{k}] {out['tokens_per_s']:.1f} tok/s vs AR {out['ar_tokens_per_s']:.1f} "
+              f"({out['speedup_vs_ar']:.2f}x), tau {out['tau'] if out['tau'] is None else round(out['tau'], 2)}, "
+              f"plans {[(p['n_skip_attn'], p['n_skip_mlp'], p['gamma_used']) for p in out['plans']]}, planning "
+              f"{100 * out['plan_fraction_of_decode']:.1f} %, identical {out['identical_to_ar']} "
+              f"({time.perf_counter() - start:.0f} s)", file=sys.stderr, flush=True)
+    if args.plan_cost_repeats and not writer.has(f"{key}/plan_cost"):
+        out = case.plan_cost(args.plan_cost_repeats)
+        writer.add(f"{key}/plan_cost", out)
+        print(f"[{key}/plan_cost] restack {out['median_restack_s']:.3f} s, reuse {out['median_reuse_s']:.3f} s",
+              file=sys.stderr, flush=True)
+    if args.candidate_plans:
+        if not writer.has(f"{key}/candidates"):
+            writer.add(f"{key}/candidates", case.candidates())
+        cands = writer.get(f"{key}/candidates")["candidates"]
+        pool = [c for c in cands if c["weight"] > 0] or cands
+        picks = sorted({int(round(i)) for i in np.linspace(0, len(pool) - 1, min(args.candidate_plans, len(pool)))})
+        for i in picks:
+            c = pool[i]
+            k = f"{key}/fixed/w{c['weight']}"
+            if writer.has(k):
+                continue
+            out = case.run_method("fixed", initial_plan=(np.asarray(c["mask"], bool), c["gamma"]))
+            out.update(candidate=c["index"], weight=c["weight"], predicted_tpt=c["predicted_tpt"],
+                       dp_alpha=c["alpha"], gamma=c["gamma"])
+            writer.add(k, out)
+            print(f"[{k}] predicted TPT {c['predicted_tpt']:.1f}, alpha {c['alpha']:.2f} -> "
+                  f"{out['tokens_per_s']:.1f} tok/s", file=sys.stderr, flush=True)
+        fixed = [writer.get(k) for k in writer.data["cases"] if k.startswith(f"{key}/fixed/")]
+        tput = [f["tokens_per_s"] for f in fixed]
+        writer.add(f"{key}/correlation", {
+            "plans": len(fixed),
+            "pearson_predicted_tpt_vs_throughput": pearson([f["predicted_tpt"] for f in fixed], tput),
+            "pearson_dp_alpha_vs_throughput": pearson([f["dp_alpha"] for f in fixed], tput),
+            "pearson_measured_acceptance_vs_throughput": pearson([f["acceptance_rate"] for f in fixed], tput),
+            "pearson_speedup_predicted_vs_measured": pearson(
+                [f["predicted_tpt"] * f["ar_step_s"] for f in fixed], [f["speedup_vs_ar"] for f in fixed])})
+    case.prefilled = None
+
+
+# ---------------------------------------------------------------------------- report and plot
+def _split(key: str):
+    parts = key.split("/")
+    return parts[0], parts[1], int(parts[2][3:]), int(parts[3][1:]), "/".join(parts[4:])
+
+
+def report(data: Dict[str, Any]) -> List[Dict[str, Any]]:
+    rows, corr = [], []
+    for key, v in data["cases"].items():
+        if "/static_plan/" in key:
+            continue
+        tag, task, ctx, batch, what = _split(key)
+        if what == "correlation":
+            corr.append({"case": f"{task} {ctx} b{batch}", "plans": v["plans"],
+                         "r(TPT, tok/s)": v["pearson_predicted_tpt_vs_throughput"],
+                         "r(alpha, tok/s)": v["pearson_dp_alpha_vs_throughput"],
+                         "r(acc, tok/s)": v["pearson_measured_acceptance_vs_throughput"]})
+        elif "tokens_per_s" in v and not what.startswith("fixed/"):
+            split = v["time_split_estimate"]
+            decode = v["timings"]["decode_s"]
+            rows.append({"task": task, "ctx": ctx, "b": batch, "method": what, "tok/s": v["tokens_per_s"],
+                         "AR tok/s": v["ar_tokens_per_s"], "speedup": v["speedup_vs_ar"],
+                         "tau": v["tau"] if v["tau"] is not None else float("nan"),
+                         "acc": v["acceptance_rate"],
+                         "skip A/M": " ".join(f"{p['n_skip_attn']}/{p['n_skip_mlp']}" for p in v["plans"]) or "-",
+                         "gamma": " ".join(str(p["gamma_used"]) for p in v["plans"]) or "-",
+                         "plan %": 100 * v["plan_fraction_of_decode"],
+                         "draft/verify/AR %": "/".join(f"{100 * split[k] / decode:.0f}"
+                                                       for k in ("draft_s", "verify_s", "ar_interval_s")),
+                         "same": v["identical_to_ar"]})
+    print_table(rows, title="KnapSpec and baselines (speed-up vs AR decoded just before, same cache)")
+    if corr:
+        print_table(corr, title="Pearson correlation across fixed candidate plans")
+    return rows
+
+
+def plot(data: Dict[str, Any], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    plans = {}
+    for key, v in data["cases"].items():
+        tag, task, ctx, batch, what = _split(key) if key.count("/") >= 4 else (None,) * 5
+        if what == "knapspec" and v.get("plans"):
+            plans.setdefault((task, batch), []).append((ctx, v["plans"][0]["n_skip_attn"],
+                                                        v["plans"][0]["n_skip_mlp"]))
+    ax = axes[0]
+    for (task, batch), pts in sorted(plans.items()):
+        pts.sort()
+        x = [p[0] for p in pts]
+        ax.plot(x, [p[1] for p in pts], "o-", label=f"Attention ({task}, b{batch})")
+        ax.plot(x, [p[2] for p in pts], "s--", label=f"MLP ({task}, b{batch})")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("prompt tokens")
+    ax.set_ylabel("skipped sub-layers (first plan)")
+    ax.set_title("KnapSpec skip set vs context")
+    ax.legend(fontsize=7)
+    ax = axes[1]
+    for key, v in data["cases"].items():
+        if key.endswith("/correlation"):
+            base = key[: -len("/correlation")]
+            fixed = [f for k, f in data["cases"].items() if k.startswith(base + "/fixed/")]
+            if fixed:
+                r = v["pearson_predicted_tpt_vs_throughput"]
+                label = base.split("/", 1)[1] + (f" (r={r:.2f})" if r is not None else "")
+                ax.scatter([f["predicted_tpt"] for f in fixed], [f["tokens_per_s"] for f in fixed], label=label)
+    ax.set_xlabel("predicted TPT (tokens/s, latency model)")
+    ax.set_ylabel("measured tokens/s (fixed plan)")
+    ax.set_title("Candidate plans: predicted vs measured")
+    ax.legend(fontsize=7)
+    ax = axes[2]
+    methods = [m for m in ("knapspec", "knapspec-official", "clasp", "static-skip", "knapspec-tpl",
+                           "knapspec-coupled")]
+    ctxs = sorted({_split(k)[2] for k in data["cases"] if k.count("/") >= 4 and "/static_plan/" not in k
+                   and _split(k)[1] == "summarize" and _split(k)[3] == 1})
+    width = 0.8 / max(len(methods), 1)
+    for i, method in enumerate(methods):
+        ys = []
+        for c in ctxs:
+            hits = [v for k, v in data["cases"].items() if k.count("/") >= 4 and "/static_plan/" not in k
+                    and _split(k)[1:] == ("summarize", c, 1, method)]
+            ys.append(hits[0]["speedup_vs_ar"] if hits else np.nan)
+        ax.bar(np.arange(len(ctxs)) + i * width, ys, width, label=method)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xticks(np.arange(len(ctxs)) + 0.4 - width / 2)
+    ax.set_xticklabels([str(c) for c in ctxs])
+    ax.set_xlabel("prompt tokens (summarize, batch 1)")
+    ax.set_ylabel("speed-up vs AR (same run)")
+    ax.set_title("Speed-up vs AR")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print(f"figure: {path}", file=sys.stderr)
