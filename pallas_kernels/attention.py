@@ -11,9 +11,10 @@ head, T query rows) padded to a power of two >= 16, already scaled by ``1/sqrt(D
   of ``block_k`` rows with an online softmax (``lax.fori_loop`` inside the program: grid
   programs run in parallel on GPU, so nothing accumulates across the grid), and stops at the
   row's length, so ragged rows skip the work past their end. Split partials merge outside.
-* **Sparse**: grid ``(B, Hkv, K / chunk)``; each program gathers ``chunk`` selected rows straight
-  from the cache (``k_ref[idx, :]``: per-row pointer offsets; no gathered copy of the cache is
-  materialised) and returns one partial. Entries < 0 are masked; callers clean the index set
+* **Sparse**: grid ``(B, Hkv, K / (chunk * chunks_per_program))``; each program walks
+  ``chunks_per_program`` chunks of ``chunk`` selected rows with an online softmax, gathering them
+  straight from the cache (``k_ref[idx, :]``: per-row pointer offsets; no gathered copy of the
+  cache is materialised), and returns one partial. Entries < 0 are masked; callers clean the index set
   first (:func:`pallas_kernels.reference.clean_indices`).
 
 The K/V BlockSpecs cover a whole ``[S, D]`` slab (on Triton a block is only a base pointer);
@@ -155,24 +156,29 @@ def _sparse_kernel(idx_ref, q_ref, k_ref, v_ref, acc_ref, l_ref, m_ref, *, chunk
     m_ref[...] = m
 
 
+#: the sparse tiling the model uses: the most frequent winner of the H200 sweep
+#: (experiments/results/bench_attention_*_h200.json, ``tiling`` of ``ours_sparse``)
+SPARSE_CHUNK = 32
+SPARSE_CHUNKS_PER_PROGRAM = 4
+
+
 def default_sparse_programs(batch: int, kv_heads: int, budget: int, chunk: int) -> int:
-    """Chunks each program walks: enough programs to fill the chip (~2 per SM of a 132-SM
-    H200), as few partials as that allows (fewer to merge)."""
+    """Chunks each program walks: :data:`SPARSE_CHUNKS_PER_PROGRAM`, or the largest power of two
+    below it that divides ``budget / chunk``."""
     chunks = max(budget // chunk, 1)
-    per_program = 1
-    while (per_program * 2 <= chunks and chunks % (per_program * 2) == 0
-           and batch * kv_heads * chunks // (per_program * 2) >= 2 * 132):
-        per_program *= 2
+    per_program = SPARSE_CHUNKS_PER_PROGRAM
+    while per_program > 1 and chunks % per_program:
+        per_program //= 2
     return per_program
 
 
 @functools.partial(jax.jit, static_argnames=("chunk", "chunks_per_program", "num_warps", "num_stages",
                                              "interpret"))
-def sparse_history_partials(q, k_cache, v_cache, indices, *, chunk: int = 64, chunks_per_program: int = 0,
+def sparse_history_partials(q, k_cache, v_cache, indices, *, chunk: int = SPARSE_CHUNK, chunks_per_program: int = 0,
                             num_warps: int = 4, num_stages: int = 2, interpret: bool = False) -> Partial:
     """Per-program partials of ``q`` over the cache rows ``indices [B, K]`` (entries < 0 ignored;
     ``K`` a multiple of ``chunk``): ``acc [B, Hkv, P, M, D]``, ``l/m [B, Hkv, P, M]`` with
-    ``P = K / (chunk * chunks_per_program)`` (``chunks_per_program = 0``: chosen to fill the chip)."""
+    ``P = K / (chunk * chunks_per_program)`` (``chunks_per_program = 0``: :func:`default_sparse_programs`)."""
     batch, kv_heads, rows, dim = q.shape
     seq = k_cache.shape[2]
     budget = indices.shape[1]

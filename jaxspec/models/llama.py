@@ -187,7 +187,7 @@ def _attention_xla(config: ModelConfig, q, k_new, v_new, cache_k, cache_v, lengt
 def _attention_pallas(config: ModelConfig, q, k_new, v_new, cache_k, cache_v, lengths, verify_indices, probe_local):
     """Same contract as :func:`_attention_xla`, with the history part computed by the Pallas
     kernels and merged exactly with the new-token part (flash-decoding partials)."""
-    from pallas_kernels.attention import (dense_history_partials, merged_history, pack_queries,
+    from pallas_kernels.attention import (SPARSE_CHUNK, dense_history_partials, merged_history, pack_queries,
                                           sparse_history_partials)
     from pallas_kernels.reference import clean_indices, merge_partials, normalize, partial_from_scores
 
@@ -209,9 +209,9 @@ def _attention_pallas(config: ModelConfig, q, k_new, v_new, cache_k, cache_v, le
         hist_valid, hist_keys = None, cache_k
     else:
         idx = clean_indices(verify_indices, lengths)
-        pad = (-idx.shape[1]) % 64
+        pad = (-idx.shape[1]) % SPARSE_CHUNK
         idx_padded = jnp.pad(idx, ((0, 0), (0, pad)), constant_values=-1)
-        history = per_device_kernel(functools.partial(sparse_history_partials, chunk=64, interpret=interpret),
+        history = per_device_kernel(functools.partial(sparse_history_partials, chunk=SPARSE_CHUNK, interpret=interpret),
                                     packed, cache_k, cache_v, idx_padded)
         hist_valid = idx >= 0
         hist_keys = jnp.take_along_axis(cache_k, jnp.where(hist_valid, idx, 0)[:, None, :, None], axis=2) \
