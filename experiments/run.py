@@ -15,9 +15,9 @@ import argparse
 import os
 import sys
 
-from experiments import dustin_exp, foundation, kernels, knapspec_exp, speculative
+from experiments import dustin_exp, dustin_speed, foundation, kernels, knapspec_exp, speculative
 
-EXPERIMENT_MODULES = (foundation, speculative, kernels, dustin_exp, knapspec_exp)
+EXPERIMENT_MODULES = (foundation, speculative, kernels, dustin_exp, dustin_speed, knapspec_exp)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,244 @@
+"""``dustin-speed``: AR, ClassicSD, MagicDec and Dustin side by side at paper shapes (issue 5 item 8).
+
+As ``bench-sd``: random weights, caches filled with random K/V up to the context, and
+**fixed-acceptance mode** (accepted counts drawn from the distribution whose mean tokens/round
+is ``--tau``; every row says so), all methods in one process on the same cache buffers, so the
+speed-ups are side by side. Dustin's signals and selection run for real every round (random
+weights make the selected positions meaningless, not their cost).
+
+Per point (context, batch): tokens/s of every method and its speed-up vs AR; for Dustin the
+selection step timed alone (scores + exact top-k on the round's state) and the self-attention
+of one verification dense vs sparse (our Pallas kernels, one layer timed, times the layers);
+the roofline tokens/s of every method from the bytes a round must read at the measured copy
+bandwidth.
+
+SRHs for random weights: the target's 4 heads are spread over 4 KV groups (the expensive layout;
+``--target-heads``), one draft layer with 4 heads (``--draft-layer``, ``--draft-heads``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Dict
+
+import numpy as np
+
+from experiments.common import ResultWriter, median_time, print_table
+from experiments.foundation import _config_of, copy_bandwidth, decode_bytes_per_step
+from experiments.speculative import _tau
+
+METHODS = ("ar", "classic", "magicdec", "dustin")
+
+
+def _ints(text: str):
+    return tuple(int(x) for x in text.split(",") if x.strip())
+
+
+def cmd_dustin_speed(args) -> Dict[str, Any]:
+    import jax
+    import jax.numpy as jnp
+
+    from experiments.kernels import loop_time
+    from jaxspec.baselines.magicdec import MagicDecDraft
+    from jaxspec.config import preset
+    from jaxspec.decoding.autoregressive import _decode_loop
+    from jaxspec.decoding.policies import DenseVerify, SeparateDraft
+    from jaxspec.decoding.sampling import SamplingConfig
+    from jaxspec.decoding.speculative import EngineConfig, acceptance_from_tau, loop_state_from_caches, run_loop, \
+        summarize
+    from jaxspec.dustin.config import DustinConfig, check_budget
+    from jaxspec.dustin.policy import dustin_policies
+    from jaxspec.models.cache import random_cache
+    from jaxspec.models.llama import init_params, param_bytes
+    from pallas_kernels.attention import dense_history_partials, merged_history, pack_queries, \
+        sparse_history_partials
+    from pallas_kernels.reference import merge_partials
+
+    methods = tuple(m for m in args.methods.split(",") if m)
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown or "ar" not in methods:
+        raise ValueError(f"--methods {args.methods!r}: choose from {','.join(METHODS)} (ar is required: the "
+                         f"speed-ups are against it)")
+    budget = check_budget(args.budget)
+    tau = _tau(args)
+    writer = ResultWriter(args.out, "dustin-speed", _config_of(args))
+    writer.set("acceptance", {**tau, "mode": "fixed acceptance (systems benchmark, random weights): accepted "
+                                             "counts drawn from the distribution with this mean tokens/round"})
+    if not writer.has("copy_bandwidth"):
+        writer.add("copy_bandwidth", copy_bandwidth(args.copy_gib))
+    bandwidth = writer.get("copy_bandwidth")["bandwidth_Bps"]
+    backend = args.attention_backend
+    target_config = preset(args.target_shape, attention_backend=backend)
+    draft_config = preset(args.draft_shape, attention_backend=backend)
+    target_params = init_params(target_config, jax.random.PRNGKey(0))
+    draft_params = init_params(draft_config, jax.random.PRNGKey(1))
+    target_heads = _ints(args.target_heads) or tuple(
+        g * target_config.queries_per_kv for g in range(min(4, target_config.num_kv_heads)))
+    draft_layer = args.draft_layer if args.draft_layer >= 0 else draft_config.num_layers // 2
+    dustin = DustinConfig(budget=budget, target_layer=target_config.num_layers // 2, target_heads=target_heads,
+                          draft_layers=(draft_layer,), draft_heads=(_ints(args.draft_heads),), mode="hybrid")
+    writer.set("dustin_config", dustin.to_dict())
+    fixed = acceptance_from_tau(tau["tau"], args.gamma)
+    engine = EngineConfig(gamma=args.gamma, max_new_tokens=args.new_tokens, fixed_acceptance=fixed)
+    target_bytes, draft_bytes = param_bytes(target_params), param_bytes(draft_params)
+    scale = 1.0 / np.sqrt(target_config.head_dim)
+    rows = []
+    for context in _ints(args.contexts):
+        for batch in _ints(args.batches):
+            key = f"ctx{context}/b{batch}"
+            if writer.has(key):
+                rows.extend(writer.get(key)["rows"])
+                continue
+            if budget >= context:
+                raise ValueError(f"--budget {budget} must be smaller than the context {context}")
+            capacity = -(-(context + args.new_tokens + 2 * args.gamma + 8) // 64) * 64
+            holder = {"cache": random_cache(target_config, batch, capacity, context, 2),
+                      "draft": random_cache(draft_config, batch, capacity, context - 1, 3)}
+            pending = jnp.full((batch,), 11, jnp.int32)
+            entry: Dict[str, Any] = {"acceptance": "fixed (see top-level 'acceptance')",
+                                     "cache_fill": "random K/V up to the context (random weights; no prefill)"}
+            # ---- AR
+            logits = jax.random.normal(jax.random.PRNGKey(4), (batch, target_config.vocab_size), jnp.float32)
+            ar = _decode_loop.lower(target_params, holder["cache"], logits, jax.random.PRNGKey(5),
+                                    config=target_config, sampling=SamplingConfig(), max_new_tokens=args.new_tokens,
+                                    stop_tokens=()).compile()
+
+            def run_ar():
+                out, cache = ar(target_params, holder["cache"], logits, jax.random.PRNGKey(5))
+                out.block_until_ready()
+                holder["cache"] = cache.with_lengths(jnp.full((batch,), context, jnp.int32))
+
+            timing = median_time(run_ar, repeats=args.repeats, warmup=1)
+            ar_tps = batch * args.new_tokens / timing["median_s"]
+            entry["ar"] = {"timing": timing, "tok_s": ar_tps}
+            target_step = decode_bytes_per_step(target_config, batch, context, target_bytes)
+            draft_step = decode_bytes_per_step(draft_config, batch, context, draft_bytes)
+            roof_ar = batch / (target_step["total"] / bandwidth)
+            rows_here = [{"context": context, "batch": batch, "method": "ar", "tok_s": ar_tps, "speedup": 1.0,
+                          "tau": 1.0, "roofline_tok_s": roof_ar, "roofline_speedup": 1.0}]
+            # ---- speculative methods
+            for method in methods:
+                if method == "ar":
+                    continue
+                verify_state = None
+                if method == "classic":
+                    draft_policy, verify_policy = SeparateDraft(draft_config), DenseVerify()
+                    round_bytes = args.gamma * draft_step["total"] + target_step["total"]
+                elif method == "magicdec":  # draft reads a StreamingLLM view of the same budget
+                    draft_policy = MagicDecDraft(draft_config, sinks=dustin.sinks, window=budget - dustin.sinks)
+                    verify_policy = DenseVerify()
+                    round_bytes = (args.gamma * decode_bytes_per_step(draft_config, batch, budget, draft_bytes)["total"]
+                                   + target_step["total"])
+                else:
+                    draft_policy, verify_policy = dustin_policies(dustin, target_config, draft_config)
+                    verify_state = {"query": 0.1 * jax.random.normal(
+                        jax.random.PRNGKey(7), (batch, len(verify_policy.probe_heads), target_config.head_dim))}
+                    groups_t = {h // target_config.queries_per_kv for h in dustin.target_heads}
+                    groups_d = {h // draft_config.queries_per_kv for h in dustin.draft_heads[0]}
+                    selection_bytes = 2 * batch * context * (len(groups_t) * target_config.head_dim
+                                                             + len(groups_d) * draft_config.head_dim)
+                    round_bytes = (args.gamma * draft_step["total"]
+                                   + decode_bytes_per_step(target_config, batch, budget, target_bytes)["total"]
+                                   + selection_bytes)
+                static = dict(target_config=target_config, draft_policy=draft_policy, verify_policy=verify_policy,
+                              engine=engine)
+
+                def fresh_state():
+                    cache = holder["cache"].with_lengths(jnp.full((batch,), context, jnp.int32))
+                    vs = None if verify_state is None else jax.tree.map(jnp.copy, verify_state)
+                    return loop_state_from_caches(cache, holder["draft"], pending, pending, engine, seed=6,
+                                                  verify_state=vs)
+
+                start = time.perf_counter()
+                final = run_loop(target_params, draft_params, fresh_state(), **static)
+                jax.block_until_ready(final)
+                compile_s = time.perf_counter() - start
+                holder["cache"], holder["draft"] = final.target_cache, final.draft_state
+                last = {}
+
+                def run_sd():
+                    result = run_loop(target_params, draft_params, fresh_state(), **static)
+                    jax.block_until_ready(result)
+                    holder["cache"], holder["draft"] = result.target_cache, result.draft_state
+                    last["final"] = result
+
+                timing = median_time(run_sd, repeats=args.repeats, warmup=1)
+                metrics = summarize(last["final"], engine)
+                tps = float(np.asarray(last["final"].num_out).sum()) / timing["median_s"]
+                roof = batch * metrics["tau_untruncated"] / (round_bytes / bandwidth)
+                entry[method] = {"timing": timing, "compile_s": compile_s, "metrics": metrics, "tok_s": tps,
+                                 "round_bytes": round_bytes}
+                row = {"context": context, "batch": batch, "method": method, "tok_s": tps, "speedup": tps / ar_tps,
+                       "tau": metrics["tau"], "roofline_tok_s": roof, "roofline_speedup": roof / roof_ar}
+                if method == "dustin":  # the selection step alone, on this point's state
+                    state = fresh_state()
+                    committed = state.committed
+                    proposal_signals = draft_policy.propose(
+                        draft_params, state.draft_state, state.target_cache, state.pending, state.previous, committed,
+                        gamma=args.gamma, sampling=SamplingConfig(), key=jax.random.PRNGKey(8)).signals
+                    select = jax.jit(lambda vs, cache, c, sig: verify_policy.verify_indices(vs, cache, c, sig))
+                    jax.block_until_ready(select(state.verify_state, state.target_cache, committed, proposal_signals))
+                    sel = median_time(lambda: jax.block_until_ready(select(state.verify_state, state.target_cache,
+                                                                           committed, proposal_signals)),
+                                      repeats=max(args.repeats, 10), warmup=2)
+                    entry["dustin"]["selection_timing"] = sel
+                    row["selection_ms"] = sel["median_s"] * 1e3
+                rows_here.append(row)
+                del final, last
+            # ---- self-attention of one verification: dense vs sparse (one layer, times the layers)
+            if backend in ("pallas", "pallas-interpret"):
+                interpret = backend == "pallas-interpret"
+                groups = target_config.queries_per_kv
+                q = jax.random.normal(jax.random.PRNGKey(9), (batch, args.gamma + 1, target_config.num_heads,
+                                                              target_config.head_dim), jnp.bfloat16)
+                packed = pack_queries(q, target_config.num_kv_heads, scale)
+                used = groups * (args.gamma + 1)
+                k_layer, v_layer = holder["cache"].keys[0], holder["cache"].values[0]
+                lengths = jnp.full((batch,), context, jnp.int32)
+                idx = jnp.sort(jax.random.permutation(jax.random.PRNGKey(10), context)[:budget]).astype(jnp.int32)
+                idx = jnp.broadcast_to(idx, (batch, budget))
+                dense_t = loop_time(lambda q_, k_, v_, l_: merged_history(dense_history_partials(q_, k_, v_, l_, interpret=interpret), used),
+                                    (packed, k_layer, v_layer, lengths), 10, 5)["median_s"]
+                sparse_t = loop_time(lambda q_, k_, v_, i_: merge_partials(sparse_history_partials(q_, k_, v_, i_, interpret=interpret),
+                                                                           axis=2),
+                                     (packed, k_layer, v_layer, idx), 10, 5)["median_s"]
+                null_t = loop_time(lambda q_, k_, v_, l_: q_[:, :, :1, :1], (packed, k_layer, v_layer, lengths),
+                                   10, 5)["median_s"]
+                entry["attention"] = {"dense_layer_s": dense_t, "sparse_layer_s": sparse_t, "harness_s": null_t,
+                                      "layers": target_config.num_layers}
+                for row in rows_here:
+                    if row["method"] in ("dustin", "ar"):
+                        row["attn_dense_ms"] = dense_t * target_config.num_layers * 1e3
+                        row["attn_sparse_ms"] = sparse_t * target_config.num_layers * 1e3
+                        row["attn_speedup"] = dense_t / sparse_t
+            entry["rows"] = rows_here
+            writer.add(key, entry)
+            rows.extend(rows_here)
+            del holder
+    print_table(rows, columns=["context", "batch", "method", "tok_s", "speedup", "tau", "roofline_tok_s",
+                               "roofline_speedup", "selection_ms", "attn_dense_ms", "attn_sparse_ms", "attn_speedup"],
+                title=f"{args.target_shape} target + {args.draft_shape} draft, k={budget}, FIXED acceptance "
+                      f"tau={tau['tau']:.2f} ({tau['source']}); copy bandwidth {bandwidth / 1e12:.2f} TB/s")
+    return writer.data
+
+
+def register(subparsers) -> None:
+    bench = subparsers.add_parser("dustin-speed", help="AR / ClassicSD / MagicDec / Dustin speed at paper shapes "
+                                                       "(random weights, fixed acceptance; H200)")
+    bench.add_argument("--target-shape", default="qwen2.5-7b-shape")
+    bench.add_argument("--draft-shape", default="qwen2.5-0.5b-shape")
+    bench.add_argument("--contexts", default="32768,16384,8192")
+    bench.add_argument("--batches", default="16,8")
+    bench.add_argument("--budget", type=int, default=512)
+    bench.add_argument("--methods", default=",".join(METHODS))
+    bench.add_argument("--gamma", type=int, default=4)
+    bench.add_argument("--tau", type=float, default=None, help="mean tokens per round of the fixed acceptance")
+    bench.add_argument("--tau-from", default=None, help="take tau from a generate --method sd JSON")
+    bench.add_argument("--target-heads", default="", help="target SRH query heads (default: one per KV group, 4)")
+    bench.add_argument("--draft-layer", type=int, default=-1, help="draft SRH layer (default: the middle one)")
+    bench.add_argument("--draft-heads", default="0,1,2,3")
+    bench.add_argument("--new-tokens", type=int, default=64)
+    bench.add_argument("--repeats", type=int, default=3)
+    bench.add_argument("--attention-backend", default="pallas", choices=["xla", "pallas", "pallas-interpret"])
+    bench.add_argument("--copy-gib", type=float, default=4.0)
+    bench.set_defaults(func=cmd_dustin_speed)
