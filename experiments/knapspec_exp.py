@@ -375,7 +375,7 @@ class Case:
             "gamma_buckets_used": metrics.get("gamma_buckets_used"), "honor_gamma": metrics.get("honor_gamma"),
             "plans": [{k: p.get(k) for k in ("round", "context_length", "n", "n_skip_attn", "n_skip_mlp",
                                             "skip_attn", "skip_mlp", "gamma_star", "gamma_used", "mode",
-                                            "alpha", "predicted_tpt", "t_attn", "t_mlp", "t_token", "seconds",
+                                            "alpha", "predicted_tpt", "t_attn", "t_mlp", "t_token", "verify_row_cost", "seconds",
                                             "reference_tokens", "candidates", "w_attn", "w_mlp", "planner")}
                       for p in plans],
             "final_skip": {"n_skip_attn": int(final_mask[:, 0].sum()), "n_skip_mlp": int(final_mask[:, 1].sum())},
@@ -418,7 +418,7 @@ class Case:
         steady = time.perf_counter() - start
         gammas = tuple(range(1, self.args.gamma_max + 1))
         table = objective_table(cands.masks, cands.alpha, self.latency.t_attn(n), self.latency.t_mlp(), gammas,
-                                "tpt", self.latency.t_token())
+                                "tpt", self.latency.t_token(), self.latency.v)
         rows = []
         for c in range(len(cands)):
             g = int(np.argmax(table[c]))
@@ -526,10 +526,12 @@ def cmd_knapspec(args) -> Dict[str, Any]:
         profile, path = _latency_profile(args, model, batch, max_capacity, profile_dir)
         m = profile.model
         print(f"latency (batch {batch}): t_mlp = {m.c1 * 1e6:.1f} us, t_attn(n) = {m.c2 * 1e9:.3f} ns * n + "
-              f"{m.c3 * 1e6:.1f} us, t_token = {m.c0 * 1e6:.1f} us", file=sys.stderr, flush=True)
+              f"{m.c3 * 1e6:.1f} us, t_token = {m.c0 * 1e6:.1f} us, verify row cost v = {m.v:.3f}",
+              file=sys.stderr, flush=True)
         writer.set(f"latency_b{batch}", {"path": str(path), "device": profile.device, "fit": m.as_dict(),
                                          "contexts": profile.contexts, "attn_times": profile.attn_times,
-                                         "mlp_time": profile.mlp_time, "token_time": profile.token_time})
+                                         "mlp_time": profile.mlp_time, "token_time": profile.token_time,
+                                         "verify_rows": profile.verify_rows, "verify_times": profile.verify_times})
         static_plan = None
         for task, context, max_new in cases:
             case = Case(args, model, writer, profile, task, context, max_new, batch, static_plan)

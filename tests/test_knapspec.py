@@ -66,6 +66,27 @@ def test_fit_recovers_synthetic_model_with_per_token_constant():
     assert planner.choose_plan(masks, alphas, model, n=123.0).gamma == 0
 
 
+def test_verification_row_cost():
+    """v: verifying g + 1 rows costs (1 + v g) steps; v = 0 is SPEC 4.2 (one step whatever g)."""
+    assert latency.verify_row_cost(10.0, 20.0, 11) == pytest.approx(0.1)
+    assert latency.verify_row_cost(10.0, 9.0, 11) == 0.0  # never negative
+    with pytest.raises(ValueError):
+        latency.verify_row_cost(10.0, 20.0, 1)
+    assert planner.tpt(0.5, 3, 1.0, 4.0, 0.0) == planner.tpt(0.5, 3, 1.0, 4.0)
+    assert planner.tpt(0.5, 3, 1.0, 4.0, 0.2) == pytest.approx(planner.expected_tokens(0.5, 3) / (3 + 4 * 1.6))
+    assert planner.tpt(0.9, 0, 1.0, 4.0, 0.5) == pytest.approx(0.25)  # gamma = 0: one plain step
+    L = 4
+    masks = np.zeros((2, L, 2), bool)
+    masks[1, 1:3] = True
+    cheap_verify = planner.choose_plan(masks, [1.0, 0.8], (1.0, 1.0, 0.0, 0.0), gammas=range(11))
+    costly_verify = planner.choose_plan(masks, [1.0, 0.8], (1.0, 1.0, 0.0, 0.35), gammas=range(11))
+    assert cheap_verify.gamma > costly_verify.gamma >= 0
+    assert costly_verify.verify_row_cost == 0.35
+    assert costly_verify.predicted_tpt == pytest.approx(costly_verify.score)
+    tpl = planner.choose_plan(masks, [1.0, 0.8], (1.0, 1.0, 0.0, 0.35), gammas=range(11), objective="tpl")
+    assert tpl.verify_row_cost == 0.0 and tpl.gamma == cheap_verify.gamma  # TPL counts layers only
+
+
 def test_profile_save_load_and_reuse(tmp_path):
     config = TINY.replace(num_layers=2, name="tiny-knapspec")
     profile = latency.profile_latency(config, batch=2, contexts=(64, 512), warmup=1, repeats=2)
@@ -74,7 +95,9 @@ def test_profile_save_load_and_reuse(tmp_path):
     assert profile.mlp_time > 0 and min(profile.attn_times) > 0 and profile.token_time > 0
     assert len(profile.token_samples) == 2
     assert profile.model == latency.fit_latency(profile.contexts, profile.attn_times, [profile.mlp_time],
-                                                [profile.token_time])
+                                                [profile.token_time], v=profile.model.v)
+    assert profile.verify_rows == 11 and profile.model.v >= 0
+    assert set(profile.verify_times) == {"attn_one", "attn_rows", "mlp_one", "mlp_rows", "token_one", "token_rows"}
     assert profile.model.t_token() == profile.token_time
     path = tmp_path / "profiles" / "tiny.json"
     profile.save(path)

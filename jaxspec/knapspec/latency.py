@@ -8,6 +8,13 @@ skipping saves (``t_draft / t_target`` too small), so the TPT would prefer draft
 does not pay. It is profiled like the sub-layers and enters both ``t_draft`` and ``t_target``
 (:mod:`jaxspec.knapspec.planner`).
 
+A second extension, ``v`` (``verify_row_cost``): the relative extra cost of each verified row
+beyond the first, ``t_verify(g + 1 rows) = t_step (1 + v g)``. SPEC 4.2 takes verification as
+one decode step (``v = 0``), right where a step is memory-bound (a GPU at small batch) and wrong
+where it is compute-bound: on a 2-core CPU SmolLM2 verifies 11 rows in ~2x the time of 3. It
+is profiled from one layer and the head at ``verify_rows`` rows vs one row, at the largest
+profiled context.
+
 The coefficients are fitted by least squares from timings of *one* Attention sub-layer at
 several context lengths ``n`` and of one MLP sub-layer, measured in our own stack
 (:func:`jaxspec.models.llama.attention_block` / :func:`~jaxspec.models.llama.mlp_block`, one
@@ -42,19 +49,21 @@ from jaxspec.config import ModelConfig
 
 #: Context lengths the paper profiles (1k .. 25k); callers usually cap them at the evaluated context.
 DEFAULT_CONTEXTS = tuple(range(1024, 25 * 1024 + 1, 2048))
-#: 2: the per-token constant c0 (format-1 profiles lack it and are re-measured)
-FORMAT_VERSION = 2
+#: 2: the per-token constant c0; 3: the verification row cost v (older profiles are re-measured)
+FORMAT_VERSION = 3
 
 
 @dataclasses.dataclass(frozen=True)
 class LatencyModel:
     """``t_mlp = c1``; ``t_attn(n) = c2 * n + c3`` (seconds per sub-layer, one decode step);
-    ``t_token = c0`` (seconds per forward for embeddings + final norm + LM head + argmax)."""
+    ``t_token = c0`` (seconds per forward for embeddings + final norm + LM head + argmax);
+    ``v``: verifying ``g + 1`` rows costs ``(1 + v g)`` decode steps."""
 
     c1: float
     c2: float
     c3: float
     c0: float = 0.0
+    v: float = 0.0
 
     def t_mlp(self) -> float:
         return float(self.c1)
@@ -70,11 +79,20 @@ class LatencyModel:
         return float(num_layers) * (self.t_attn(n) + self.t_mlp()) + self.t_token()
 
     def as_dict(self) -> Dict[str, float]:
-        return {"c1": float(self.c1), "c2": float(self.c2), "c3": float(self.c3), "c0": float(self.c0)}
+        return {"c1": float(self.c1), "c2": float(self.c2), "c3": float(self.c3), "c0": float(self.c0),
+                "v": float(self.v)}
+
+
+def verify_row_cost(step_one_row: float, step_rows: float, rows: int) -> float:
+    """``v`` from a step of one row and a step of ``rows`` rows: ``(ratio - 1) / (rows - 1)``,
+    clipped at 0 (more rows never cost less)."""
+    if rows < 2 or step_one_row <= 0:
+        raise ValueError(f"need rows >= 2 and a positive one-row time; got rows={rows}, {step_one_row}")
+    return max(0.0, (float(step_rows) / float(step_one_row) - 1.0) / (int(rows) - 1))
 
 
 def fit_latency(contexts: Sequence[float], attn_times: Sequence[float], mlp_times: Sequence[float],
-                token_times: Optional[Sequence[float]] = None) -> LatencyModel:
+                token_times: Optional[Sequence[float]] = None, v: float = 0.0) -> LatencyModel:
     """Least-squares fit: ``c2, c3`` of ``t_attn = c2 n + c3`` over (n, t) pairs; ``c1`` the
     least-squares constant of the MLP times (their mean); ``c0`` that of the per-token times
     (their mean; 0 when none are given)."""
@@ -95,7 +113,7 @@ def fit_latency(contexts: Sequence[float], attn_times: Sequence[float], mlp_time
         if token.size < 1:
             raise ValueError("token_times is empty; pass None for a model without the per-token constant")
         c0 = float(token.mean())
-    return LatencyModel(c1=float(mlp.mean()), c2=float(c2), c3=float(c3), c0=c0)
+    return LatencyModel(c1=float(mlp.mean()), c2=float(c2), c3=float(c3), c0=c0, v=float(v))
 
 
 @dataclasses.dataclass
@@ -118,6 +136,8 @@ class LatencyProfile:
     warmup: int = 0
     token_time: float = 0.0  # median seconds of embeddings + final norm + LM head + argmax
     token_samples: List[float] = dataclasses.field(default_factory=list)
+    verify_rows: int = 0  # rows of the verification timing (0: not measured)
+    verify_times: Dict[str, float] = dataclasses.field(default_factory=dict)  # attn/mlp/token, 1 and R rows
 
     def to_json(self) -> str:
         data = dataclasses.asdict(self)
@@ -183,7 +203,7 @@ def _median_time(fn, args, warmup: int, repeats: int) -> List[float]:
 
 
 def profile_latency(config: ModelConfig, batch: int = 1, contexts: Sequence[int] = DEFAULT_CONTEXTS, *,
-                    warmup: int = 3, repeats: int = 10, seed: int = 0) -> LatencyProfile:
+                    warmup: int = 3, repeats: int = 10, seed: int = 0, verify_rows: int = 11) -> LatencyProfile:
     """Time one Attention sub-layer at each context in ``contexts``, one MLP sub-layer and the
     per-token part (embedding lookup of ``batch`` tokens, final RMSNorm, LM head, argmax).
 
@@ -210,7 +230,7 @@ def profile_latency(config: ModelConfig, batch: int = 1, contexts: Sequence[int]
 
     @jax.jit
     def attn_fn(layer, h, cache_k, cache_v, lengths):
-        cos, sin = rope_tables(config, lengths[:, None])
+        cos, sin = rope_tables(config, lengths[:, None] + jnp.arange(h.shape[1])[None, :])
         return attention_block(layer, h, config, cos, sin, cache_k, cache_v, lengths, None, ())[0]
 
     mlp_fn = jax.jit(lambda layer, h: mlp_block(layer, h, config))
@@ -226,12 +246,21 @@ def profile_latency(config: ModelConfig, batch: int = 1, contexts: Sequence[int]
         return jnp.argmax(logits, axis=-1)
 
     attn_samples = []
+    verify_times: Dict[str, float] = {}
+    rows = int(verify_rows)
+    h_rows = jax.random.normal(jax.random.fold_in(k_h, 1), (batch, max(rows, 1), config.hidden_size),
+                               jnp.float32).astype(dtype)
     for n in contexts:
         cache = init_cache(one_layer, batch, n, lengths=jnp.full((batch,), n, jnp.int32))
         kk, kv = jax.random.split(jax.random.fold_in(k_cache, n))
         cache_k = jax.random.normal(kk, cache.keys[0].shape, jnp.float32).astype(dtype)
         cache_v = jax.random.normal(kv, cache.values[0].shape, jnp.float32).astype(dtype)
         attn_samples.append(_median_time(attn_fn, (layer, h, cache_k, cache_v, cache.lengths), warmup, repeats))
+        if rows >= 2 and n == max(contexts):  # the verification rows at the largest context
+            start_lengths = jnp.full((batch,), n - rows, jnp.int32)
+            verify_times["attn_rows"] = statistics.median(
+                _median_time(attn_fn, (layer, h_rows, cache_k, cache_v, start_lengths), warmup, repeats))
+            verify_times["attn_one"] = statistics.median(attn_samples[-1])
         del cache, cache_k, cache_v
     mlp_samples = _median_time(mlp_fn, (layer, h), warmup, repeats)
     outer = {k: v for k, v in params.items() if k != "layers"}
@@ -240,12 +269,23 @@ def profile_latency(config: ModelConfig, batch: int = 1, contexts: Sequence[int]
     attn_times = [statistics.median(s) for s in attn_samples]
     mlp_time = statistics.median(mlp_samples)
     token_time = statistics.median(token_samples)
-    model = fit_latency(contexts, attn_times, [mlp_time], [token_time])
+    v = 0.0
+    if rows >= 2:
+        verify_times["mlp_rows"] = statistics.median(_median_time(mlp_fn, (layer, h_rows), warmup, repeats))
+        verify_times["token_rows"] = statistics.median(_median_time(
+            token_fn, (outer, jnp.zeros((batch, rows), jnp.int32), h_rows), warmup, repeats))
+        verify_times.update(mlp_one=mlp_time, token_one=token_time)
+        layers = config.num_layers
+        one = layers * (verify_times["attn_one"] + mlp_time) + token_time
+        many = layers * (verify_times["attn_rows"] + verify_times["mlp_rows"]) + verify_times["token_rows"]
+        v = verify_row_cost(one, many, rows)
+    model = fit_latency(contexts, attn_times, [mlp_time], [token_time], v=v)
     return LatencyProfile(device=device_name(), platform=jax.devices()[0].platform, jax_version=jax.__version__,
                           config_name=config.name, config=_config_fields(config), batch=int(batch),
                           contexts=contexts, attn_times=attn_times, mlp_time=mlp_time, attn_samples=attn_samples,
                           mlp_samples=mlp_samples, model=model, repeats=repeats, warmup=warmup,
-                          token_time=token_time, token_samples=token_samples)
+                          token_time=token_time, token_samples=token_samples, verify_rows=rows if rows >= 2 else 0,
+                          verify_times=verify_times)
 
 
 def load_or_profile(path, config: ModelConfig, batch: int = 1, *, profile_fn: Callable = profile_latency,

@@ -6,7 +6,9 @@ one token per target step, ``TPT = 1 / t_target``), ``t_draft(S) = n_attn(S) t_a
 n_mlp(S) t_mlp + t_token`` (executed sub-layers) and ``t_target = L (t_attn(n) + t_mlp) +
 t_token`` (verifying ``g + 1`` tokens costs about one decode step). ``t_token`` (the latency
 model's ``c0``: embeddings, final norm, LM head) is paid by every forward whatever is skipped;
-SPEC 4.2 has no such term (``t_token = 0`` reproduces it).
+SPEC 4.2 has no such term (``t_token = 0`` reproduces it). ``v`` (the latency model's
+verification row cost) makes verification cost ``t_target (1 + v g)`` instead of one step
+(``v = 0``, SPEC 4.2): a compute-bound device pays for every verified row.
 
 Objectives (``objective=``):
 
@@ -60,10 +62,12 @@ def target_time(num_layers: int, t_attn: float, t_mlp: float, t_token: float = 0
     return float(num_layers) * (float(t_attn) + float(t_mlp)) + float(t_token)
 
 
-def tpt(alpha, gamma, t_draft, t_target):
-    """Tokens per unit time of one round (broadcasting over arrays)."""
-    return expected_tokens(alpha, gamma) / (np.asarray(gamma, np.float64) * np.asarray(t_draft, np.float64)
-                                            + np.asarray(t_target, np.float64))
+def tpt(alpha, gamma, t_draft, t_target, v: float = 0.0):
+    """Tokens per unit time of one round (broadcasting over arrays); verifying ``gamma + 1`` rows
+    costs ``t_target (1 + v gamma)``."""
+    g = np.asarray(gamma, np.float64)
+    return expected_tokens(alpha, gamma) / (g * np.asarray(t_draft, np.float64)
+                                            + np.asarray(t_target, np.float64) * (1.0 + float(v) * g))
 
 
 @dataclasses.dataclass
@@ -80,25 +84,27 @@ class Plan:
     table: np.ndarray  # [C, G] objective of every (candidate, gamma); -inf for excluded candidates
     gammas: Tuple[int, ...]
     t_token: float = 0.0
+    verify_row_cost: float = 0.0
 
     @property
     def predicted_tpt(self) -> float:
         """TPT of the chosen (mask, gamma) under the latency model (whatever the objective)."""
         num_layers = self.mask.shape[0]
         return float(tpt(self.alpha, self.gamma, draft_time(self.mask, self.t_attn, self.t_mlp, self.t_token),
-                         target_time(num_layers, self.t_attn, self.t_mlp, self.t_token)))
+                         target_time(num_layers, self.t_attn, self.t_mlp, self.t_token), self.verify_row_cost))
 
     def summary(self) -> dict:
         mask = np.asarray(self.mask, bool)
         return {"gamma": int(self.gamma), "score": float(self.score), "objective": self.objective,
                 "alpha": float(self.alpha), "n": float(self.n), "index": int(self.index),
                 "t_attn": float(self.t_attn), "t_mlp": float(self.t_mlp), "t_token": float(self.t_token),
+                "verify_row_cost": float(self.verify_row_cost),
                 "skip_attn": np.nonzero(mask[:, 0])[0].tolist(), "skip_mlp": np.nonzero(mask[:, 1])[0].tolist(),
                 "predicted_tpt": self.predicted_tpt}
 
 
 def objective_table(masks, alphas, t_attn: float, t_mlp: float, gammas: Sequence[int] = GAMMA_GRID,
-                    objective: str = "tpt", t_token: float = 0.0) -> np.ndarray:
+                    objective: str = "tpt", t_token: float = 0.0, verify_row_cost: float = 0.0) -> np.ndarray:
     """``[C, G]`` objective of every (candidate, gamma)."""
     if objective not in OBJECTIVES:
         raise ValueError(f"objective={objective!r}; valid: {OBJECTIVES}")
@@ -106,17 +112,18 @@ def objective_table(masks, alphas, t_attn: float, t_mlp: float, gammas: Sequence
     num_layers = masks.shape[1]
     if objective == "tpl":
         t_attn = t_mlp = 1.0
-        t_token = 0.0
+        t_token = verify_row_cost = 0.0
     g = np.asarray(gammas, np.float64)[None, :]
     t_d = draft_time(masks, t_attn, t_mlp, t_token)[:, None]
     t_t = target_time(num_layers, t_attn, t_mlp, t_token)
-    return tpt(np.asarray(alphas, np.float64)[:, None], g, t_d, t_t)
+    return tpt(np.asarray(alphas, np.float64)[:, None], g, t_d, t_t, verify_row_cost)
 
 
 def choose_plan(masks, alphas, latency: Union[LatencyModel, Tuple[float, float]], n: float = 0.0, *,
                 gammas: Sequence[int] = GAMMA_GRID, objective: str = "tpt", exclude_full: bool = True) -> Plan:
     """Grid search over (candidate, gamma). ``latency`` is a :class:`LatencyModel` (evaluated at
-    context ``n``) or explicit ``(t_attn, t_mlp)`` / ``(t_attn, t_mlp, t_token)``."""
+    context ``n``) or explicit ``(t_attn, t_mlp)``, ``(t_attn, t_mlp, t_token)`` or
+    ``(t_attn, t_mlp, t_token, v)``."""
     masks = np.asarray(masks, bool)
     alphas = np.asarray(alphas, np.float64).reshape(-1)
     if masks.ndim != 3 or masks.shape[2] != 2 or masks.shape[0] != alphas.shape[0] or masks.shape[0] == 0:
@@ -125,14 +132,13 @@ def choose_plan(masks, alphas, latency: Union[LatencyModel, Tuple[float, float]]
     if not gammas or min(gammas) < 0:
         raise ValueError(f"gammas must be non-negative integers; got {gammas}")
     if isinstance(latency, LatencyModel):
-        t_attn, t_mlp, t_token = latency.t_attn(n), latency.t_mlp(), latency.t_token()
+        t_attn, t_mlp, t_token, v = latency.t_attn(n), latency.t_mlp(), latency.t_token(), latency.v
     else:
         values = tuple(float(x) for x in latency)
-        if len(values) not in (2, 3):
-            raise ValueError(f"latency must be a LatencyModel, (t_attn, t_mlp) or (t_attn, t_mlp, t_token); "
-                             f"got {latency!r}")
-        t_attn, t_mlp, t_token = values if len(values) == 3 else values + (0.0,)
-    table = objective_table(masks, alphas, t_attn, t_mlp, gammas, objective, t_token)
+        if len(values) not in (2, 3, 4):
+            raise ValueError(f"latency must be a LatencyModel or (t_attn, t_mlp[, t_token[, v]]); got {latency!r}")
+        t_attn, t_mlp, t_token, v = values + (0.0,) * (4 - len(values))
+    table = objective_table(masks, alphas, t_attn, t_mlp, gammas, objective, t_token, v)
     is_full = ~masks.any(axis=(1, 2))
     if exclude_full and not is_full.all():
         table = np.where(is_full[:, None], -np.inf, table)
@@ -140,7 +146,8 @@ def choose_plan(masks, alphas, latency: Union[LatencyModel, Tuple[float, float]]
     index, g_index = divmod(flat, len(gammas))
     return Plan(mask=masks[index], gamma=gammas[g_index], score=float(table[index, g_index]), index=index,
                 alpha=float(alphas[index]), objective=objective, n=float(n), t_attn=float(t_attn), t_mlp=float(t_mlp),
-                table=table, gammas=gammas, t_token=float(t_token))
+                table=table, gammas=gammas, t_token=float(t_token),
+                verify_row_cost=float(v) if objective == "tpt" else 0.0)
 
 
 __all__ = ["GAMMA_GRID", "OBJECTIVES", "Plan", "choose_plan", "draft_time", "executed_counts", "expected_tokens",

@@ -1,0 +1,108 @@
+"""The knapspec experiment end to end on a tiny random model, and the pieces it relies on."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from experiments import knapspec_exp
+from experiments.run import main
+from jaxspec.config import preset
+from jaxspec.decoding.autoregressive import generate, pad_prompts, prefill
+from jaxspec.decoding.speculative import EngineConfig
+from jaxspec.knapspec import dp
+from jaxspec.knapspec.latency import LatencyModel
+from jaxspec.knapspec.policy import KnapSpecConfig, knapspec_generate
+from jaxspec.models.cache import init_cache
+from jaxspec.models.llama import init_params
+
+
+def test_pearson():
+    assert knapspec_exp.pearson([1, 2, 3, 4], [2, 4, 6, 8]) == pytest.approx(1.0)
+    assert knapspec_exp.pearson([1, 2, 3, 4], [8, 6, 4, 2]) == pytest.approx(-1.0)
+    assert knapspec_exp.pearson([1, 2, 3], [5, 5, 5]) is None  # no spread: undefined, not 0
+    assert knapspec_exp.pearson([1, 2], [1, 2]) is None  # two points always correlate perfectly
+
+
+def test_auto_branch_chunk_bounds_the_dp_scores():
+    config = preset("qwen2.5-7b-shape")
+    assert knapspec_exp.auto_branch_chunk(config, 1, 2048, 16, 43) is None
+    chunk = knapspec_exp.auto_branch_chunk(config, 16, 32768 + 300, 64, 85)
+    per_branch = 3 * 4 * 16 * config.num_heads * 64 * (32768 + 300)
+    assert chunk >= 1 and (chunk == 1 or chunk * per_branch <= 4e9)
+
+
+def test_stacked_layers_are_reused_only_for_the_same_layer_list():
+    config = preset("smollm2-135m-shape", num_layers=3, vocab_size=64, hidden_size=32, intermediate_size=64,
+                    num_heads=2, num_kv_heads=1, head_dim=16, dtype="float32")
+    params = init_params(config, jax.random.PRNGKey(0))
+    first = dp.stacked_scan_layers(params)
+    assert dp.stacked_scan_layers(params) is first
+    other = dict(params, layers=[jax.tree.map(lambda x: x * 2, layer) for layer in params["layers"]])
+    second = dp.stacked_scan_layers(other)
+    assert second is not first
+    np.testing.assert_allclose(np.asarray(second["wq"]), 2 * np.asarray(first["wq"]))
+    assert dp.stacked_scan_layers(params, reuse=False) is not first
+
+
+def test_prefilled_cache_gives_the_same_tokens_and_is_not_consumed():
+    config = preset("smollm2-135m-shape", num_layers=4, vocab_size=97, hidden_size=32, intermediate_size=64,
+                    num_heads=2, num_kv_heads=1, head_dim=16, dtype="float32")
+    params = init_params(config, jax.random.PRNGKey(1), scale=0.3)
+    prompts = [list(np.random.default_rng(0).integers(0, 97, 40))]
+    ks = KnapSpecConfig(gamma_max=3, plan_interval=8, gamma_buckets=(1, 2))
+    engine = EngineConfig(gamma=3, max_new_tokens=48)
+    capacity = 40 + 48 + 3 + 2
+    latency = LatencyModel(c1=1.0, c2=1e-3, c3=0.5, c0=0.5)
+    tokens, lengths = pad_prompts(prompts)
+    prefilled = prefill(params, config, tokens, lengths, init_cache(config, 1, capacity))
+    keep = jax.tree.map(np.asarray, prefilled)
+    fresh = knapspec_generate(params, config, prompts, latency=latency, knapspec=ks, engine=engine, capacity=capacity)
+    shared = knapspec_generate(params, config, prompts, latency=latency, knapspec=ks, engine=engine,
+                               capacity=capacity, prefilled=prefilled)
+    ar = generate(params, config, prompts, 48)
+    assert shared.rows() == fresh.rows() == ar.rows()
+    assert len(shared.metrics["knapspec_plans"]) >= 1  # the planner ran (rounds 6, 14, ...)
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), b), prefilled, keep)  # still valid
+    with pytest.raises(ValueError, match="capacity"):
+        knapspec_generate(params, config, prompts, latency=latency, knapspec=ks, engine=engine,
+                          capacity=capacity + 1, prefilled=prefilled)
+
+
+def test_experiment_end_to_end_on_a_tiny_random_model(tmp_path, monkeypatch):
+    out = tmp_path / "ks.json"
+    argv = ["knapspec", "--model", "random:smollm2-135m-shape", "--layers", "4", "--contexts", "64",
+            "--max-new-tokens", "40", "--gamma-max", "2", "--gamma-buckets", "1", "--batches", "1",
+            "--methods", "knapspec,static-skip,knapspec-official", "--candidate-plans", "3",
+            "--plan-cost-repeats", "1", "--device-tag", "test", "--out", str(out), "--plot", str(tmp_path / "f.png")]
+    assert main(argv) == 0
+    data = json.loads(out.read_text())
+    cases = data["cases"]
+    assert data["environment"]["load_average"] is not None
+    for method in ("knapspec", "static-skip", "knapspec-official"):
+        case = cases[f"test/summarize/ctx64/b1/{method}"]
+        assert case["identical_to_ar"] is True  # greedy: every method reproduces AR
+        assert case["tokens_per_s"] > 0 and case["ar_tokens_per_s"] > 0
+        split = case["time_split_estimate"]
+        assert split["draft_forward_s"] > 0 and split["verify_forward_s"] > 0
+    knapspec = cases["test/summarize/ctx64/b1/knapspec"]
+    assert knapspec["plans"] and knapspec["plans"][0]["t_token"] > 0  # planned with the per-token constant
+    assert cases["test/summarize/ctx64/b1/knapspec-official"]["honor_gamma"] is False
+    fixed = [k for k in cases if k.startswith("test/summarize/ctx64/b1/fixed/")]
+    assert 1 <= len(fixed) <= 3
+    assert cases["test/summarize/ctx64/b1/correlation"]["plans"] == len(fixed)
+    cost = cases["test/summarize/ctx64/b1/plan_cost"]
+    assert len(cost["restack_each_plan_s"]) == len(cost["reuse_stacked_s"]) == 1
+    assert data["latency_b1"]["fit"]["c0"] > 0
+    assert (tmp_path / "f.png").stat().st_size > 0
+
+    # a rerun with the same --out resumes: nothing is measured again
+    def refuse(*args, **kwargs):
+        raise AssertionError("re-measured a case that is already in the results file")
+
+    monkeypatch.setattr(knapspec_exp.Case, "run_method", refuse)
+    monkeypatch.setattr(knapspec_exp.Case, "plan_cost", refuse)
+    monkeypatch.setattr(knapspec_exp.Case, "candidates", refuse)
+    assert main(argv[:-2]) == 0
