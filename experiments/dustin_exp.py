@@ -927,6 +927,7 @@ def cmd_dustin_quality(args) -> Dict[str, Any]:
         del base
     rows = quality_table(writer.data["cases"])
     print_table(rows, title=f"dustin-quality: mean over items ({len(items)} items)")
+    print(quality_markdown(writer.data["cases"], budgets))
     if args.plot:
         plot_arr(writer.data["cases"], args.plot, title=f"{args.model} + {args.draft or args.draft_skip}")
     return writer.data
@@ -954,6 +955,30 @@ def quality_table(cases: Dict[str, Any]) -> List[Dict[str, Any]]:
                                    if any(f is not None for f in firsts) else None),
                      "accuracy": mean("accuracy"), "tau": mean("tau"), "ppl": mean("ppl")})
     return rows
+
+
+def quality_markdown(cases: Dict[str, Any], budgets: Sequence[int] = (128, 256, 512, 1024)) -> str:
+    """One row per method, one column group per metric, k = 128/256/512/1024 inside each cell."""
+    rows = quality_table(cases)
+    by = {(r["method"], r["k"]): r for r in rows}
+
+    def cell(name, field, fmt):
+        values = [by.get((name, b), {}).get(field) for b in budgets]
+        return " / ".join("-" if v is None else fmt.format(v) for v in values)
+
+    lines = ["| method | ARR | token match vs dense | identical outputs | retrieval accuracy | perplexity | tau |",
+             "|---|---|---|---|---|---|---|"]
+    dense = by.get(("dense (ClassicSD)", "-"))
+    if dense:
+        lines.append(f"| dense (ClassicSD) | 1 | 1 | 1 | {dense['accuracy']:.2f} | {dense['ppl']:.2f} | "
+                     f"{dense['tau']:.2f} |")
+    for name in ALL_METHODS:
+        if not any((name, b) in by for b in budgets):
+            continue
+        lines.append(f"| {name} | {cell(name, 'ARR', '{:.3f}')} | {cell(name, 'match', '{:.2f}')} | "
+                     f"{cell(name, 'identical', '{:.2f}')} | {cell(name, 'accuracy', '{:.2f}')} | "
+                     f"{cell(name, 'ppl', '{:.2f}')} | {cell(name, 'tau', '{:.2f}')} |")
+    return "\n".join(lines)
 
 
 def plot_arr(cases: Dict[str, Any], path: str, title: str = "") -> None:

@@ -47,6 +47,7 @@ def _results(path):
     return json.loads(path.read_text())["results"]
 
 
+@pytest.mark.slow
 def test_generate_sparse_methods(folders, tmp_path):
     """Every sparse method runs through `generate`; with k >= the context each equals dense ClassicSD,
     with k = 128 < context (~360 tokens) the run is sparse and labelled."""

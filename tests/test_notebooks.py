@@ -7,8 +7,12 @@ import pytest
 NOTEBOOKS = pathlib.Path(__file__).resolve().parent.parent / "experiments" / "notebooks"
 
 
+EXPECTED = {"knapspec.ipynb": ("predicted TPT", "t_attn(n)"),
+            "dustin.ipynb": ("ARR at k = 128/256/512/1024", "positions:", "dense  verification")}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["knapspec.ipynb"])
+@pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_notebook_runs(name):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
@@ -19,4 +23,5 @@ def test_notebook_runs(name):
     outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
     assert not [o for o in outputs if o.get("output_type") == "error"]
     text = "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream")
-    assert "predicted TPT" in text and "t_attn(n)" in text
+    missing = [needle for needle in EXPECTED[name] if needle not in text]
+    assert not missing, f"{name}: expected output {missing} not printed"
