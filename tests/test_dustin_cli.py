@@ -2,12 +2,15 @@
 ``dustin-quality`` on tiny random models (CPU, seconds): the CLI paths, their JSON and their errors."""
 
 import json
+import pathlib
 
 import numpy as np
 import pytest
 
 from experiments.run import main
 
+SMOL_PROFILE = str(pathlib.Path(__file__).resolve().parent.parent / "experiments" / "profiles"
+                   / "smollm2-135m_selfdraft_mlp10-12.json")
 PROMPT = "Once upon a time, in a land far away, there lived a curious fox who loved long stories. " * 4
 
 
@@ -90,6 +93,13 @@ def test_generate_sparse_methods(folders, tmp_path):
      "does not exist"),
     (["--method", "quest", "--budget", "128", "--draft-skip", "mlp:1", "--dustin-profile", "x.json"],
      "--dustin-profile is a dustin option"),
+    # the committed SmolLM2 profile: not profiled at k = 2048, and made for another model than the tiny one
+    (["--method", "dustin", "--budget", "2048", "--draft-skip", "mlp:1", "--dustin-profile", SMOL_PROFILE],
+     "no config for k=2048; profiled budgets: [128, 256, 512, 1024]"),
+    (["--method", "dustin", "--budget", "128", "--draft-skip", "mlp:1", "--dustin-profile", SMOL_PROFILE],
+     "is for another model"),
+    (["--method", "dustin", "--budget", "128", "--draft", "x", "--dustin-profile", SMOL_PROFILE],
+     "profiles a self-draft"),
 ])
 def test_generate_bad_input(folders, capsys, extra, message):
     target, _ = folders
