@@ -117,7 +117,105 @@ def speculative_tables() -> str:
     return "\n".join(lines)
 
 
+KERNEL_FILES = ("bench_attention_qwen2.5-7b_h200.json", "bench_attention_qwen2.5-7b_8k_h200.json",
+                "bench_attention_qwen2.5-72b_h200.json")
+
+
+def kernel_cases():
+    """Every bench-attention case of the committed H200 sweep: ``{(shape, context, batch): rows}``."""
+    cases = {}
+    for name in KERNEL_FILES:
+        data = _load(name)
+        if not data:
+            continue
+        for key, case in data["cases"].items():
+            if key == "copy_bandwidth":
+                continue
+            row = case["rows"][0]
+            cases[(row["shape"], row["context"], row["batch"])] = case["rows"]
+    return cases
+
+
+def _pick(rows, variant, k="-"):
+    for row in rows:
+        if row["variant"] == variant and row["k"] == k:
+            return row
+    return None
+
+
+def kernel_tables() -> str:
+    cases = kernel_cases()
+    if not cases:
+        return ""
+    lines = ["| shape | context | batch | ours dense µs (TB/s) | XLA dense µs | cuDNN µs | ours sparse k=512 µs "
+             "| sparse speed-up vs fastest dense (k = 256 / 512 / 1024 / 2048) | XLA gather k=512 µs "
+             "| selection, 4 KV groups: µs (% of dense verification) | selection, 1 KV group |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for (shape, context, batch), rows in sorted(cases.items(), key=lambda kv: (kv[0][0], -kv[0][1], -kv[0][2])):
+        dense, xla, cudnn = _pick(rows, "ours_dense"), _pick(rows, "xla_dense"), _pick(rows, "cudnn_dense")
+        sparse = _pick(rows, "ours_sparse", 512)
+        gather = _pick(rows, "xla_gather_dense", 512)
+        speedups = " / ".join(f"{r['speedup_vs_fastest_dense']:.1f}" if r else "-"
+                              for r in (_pick(rows, "ours_sparse", k) for k in (256, 512, 1024, 2048)))
+        sel4, sel1 = _pick(rows, "selection_4groups", 512), _pick(rows, "selection_1group", 512)
+        lines.append(
+            f"| {shape} | {context // 1024}k | {batch} | {dense['us']:.0f} ({dense['TBps']:.2f}) | {xla['us']:.0f} "
+            f"| {cudnn['us']:.0f} | {sparse['us']:.1f} | {speedups} | {gather['us']:.1f} "
+            f"| {sel4['us']:.0f} ({100 * sel4['fraction_of_dense_verification']:.2f} %) "
+            f"| {sel1['us']:.0f} ({100 * sel1['fraction_of_dense_verification']:.2f} %) |")
+    return "\n".join(lines)
+
+
+def kernel_plot(path) -> None:
+    """Sparse speed-up vs k (32k context) and dense bandwidth by case, from the committed sweep."""
+    import matplotlib
+    import matplotlib.ticker
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = kernel_cases()
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+    for (shape, context, batch), rows in sorted(cases.items()):
+        if context != 32768:
+            continue
+        ks = [k for k in (256, 512, 1024, 2048) if _pick(rows, "ours_sparse", k)]
+        axes[0].plot(ks, [_pick(rows, "ours_sparse", k)["speedup_vs_fastest_dense"] for k in ks], marker="o",
+                     label=f"{shape}, b{batch}")
+        axes[0].plot(ks, [_pick(rows, "ours_sparse", k)["GB"] and
+                          _pick(rows, "ours_dense")["GB"] / _pick(rows, "ours_sparse", k)["GB"] for k in ks],
+                     ls=":", color="gray", lw=0.8)
+    axes[0].axhline(28, color="red", ls="--", lw=1, label="target 28x (k=512, b16)")
+    axes[0].set(xscale="log", yscale="log", xlabel="budget k", ylabel="speed-up vs fastest dense",
+                title="sparse vs dense, 32k context (dotted: byte ratio)")
+    axes[0].set_xticks([256, 512, 1024, 2048], ["256", "512", "1024", "2048"])
+    axes[0].xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    axes[0].legend(fontsize=7, loc="lower left")
+    labels, ours, xla, cudnn = [], [], [], []
+    for (shape, context, batch), rows in sorted(cases.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
+        labels.append(f"{shape.replace('qwen2.5-', '')} {context // 1024}k b{batch}")
+        ours.append(_pick(rows, "ours_dense")["TBps"])
+        xla.append(_pick(rows, "xla_dense")["TBps"])
+        cudnn.append(_pick(rows, "cudnn_dense")["TBps"])
+    x = range(len(labels))
+    axes[1].bar([i - 0.27 for i in x], ours, width=0.27, label="ours (Pallas)")
+    axes[1].bar(list(x), xla, width=0.27, label="XLA")
+    axes[1].bar([i + 0.27 for i in x], cudnn, width=0.27, label="cuDNN")
+    axes[1].axhline(3.0, color="red", ls="--", lw=1, label="target 3.0 TB/s")
+    axes[1].set_xticks(list(x), labels, rotation=70, fontsize=7)
+    axes[1].set(ylabel="TB/s (K+V bytes / time)", title="dense decode attention, gamma+1 = 5 rows")
+    axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 if __name__ == "__main__":
+    import sys
+
     print(foundation_tables())
     print()
     print(speculative_tables())
+    print()
+    print(kernel_tables())
+    if "--plots" in sys.argv:
+        kernel_plot(RESULTS / "bench_attention_h200.png")
