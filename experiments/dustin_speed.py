@@ -68,8 +68,9 @@ def cmd_dustin_speed(args) -> Dict[str, Any]:
         writer.add("copy_bandwidth", copy_bandwidth(args.copy_gib))
     bandwidth = writer.get("copy_bandwidth")["bandwidth_Bps"]
     backend = args.attention_backend
-    target_config = preset(args.target_shape, attention_backend=backend)
-    draft_config = preset(args.draft_shape, attention_backend=backend)
+    layers = {"num_layers": args.layers} if args.layers else {}
+    target_config = preset(args.target_shape, attention_backend=backend, **layers)
+    draft_config = preset(args.draft_shape, attention_backend=backend, **layers)
     target_params = init_params(target_config, jax.random.PRNGKey(0))
     draft_params = init_params(draft_config, jax.random.PRNGKey(1))
     target_heads = _ints(args.target_heads) or tuple(
@@ -241,4 +242,5 @@ def register(subparsers) -> None:
     bench.add_argument("--repeats", type=int, default=3)
     bench.add_argument("--attention-backend", default="pallas", choices=["xla", "pallas", "pallas-interpret"])
     bench.add_argument("--copy-gib", type=float, default=4.0)
+    bench.add_argument("--layers", type=int, default=0, help="override both models' layer count (smoke tests)")
     bench.set_defaults(func=cmd_dustin_speed)

@@ -1,0 +1,40 @@
+"""``dustin-speed`` end to end on a 2-layer model on the CPU (the H200 runs the paper shapes)."""
+
+import json
+
+import pytest
+
+from experiments.run import main
+
+ARGS = ["dustin-speed", "--target-shape", "smollm2-135m-shape", "--draft-shape", "smollm2-135m-shape", "--layers", "2",
+        "--contexts", "320", "--batches", "2", "--budget", "128", "--tau", "2.5", "--new-tokens", "6",
+        "--repeats", "1", "--attention-backend", "xla", "--copy-gib", "0.01", "--draft-heads", "0,1"]
+
+
+@pytest.mark.slow
+def test_dustin_speed_runs_all_methods_and_resumes(tmp_path, capsys):
+    out = tmp_path / "speed.json"
+    assert main(ARGS + ["--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    rows = data["cases"]["ctx320/b2"]["rows"]
+    assert [r["method"] for r in rows] == ["ar", "classic", "magicdec", "dustin"]
+    for row in rows:
+        assert row["tok_s"] > 0 and row["roofline_tok_s"] > 0
+    assert rows[0]["speedup"] == 1.0
+    # fixed acceptance: every speculative method commits the same mean tokens per round
+    taus = {r["method"]: r["tau"] for r in rows[1:]}
+    assert max(taus.values()) - min(taus.values()) < 1.0 and min(taus.values()) > 1.0
+    assert data["cases"]["ctx320/b2"]["dustin"]["selection_timing"]["median_s"] > 0
+    assert "fixed acceptance" in data["acceptance"]["mode"]
+    # a rerun resumes instead of measuring again
+    assert main(ARGS + ["--out", str(out)]) == 0
+    assert json.loads(out.read_text())["cases"]["ctx320/b2"]["rows"] == rows
+
+
+def test_dustin_speed_bad_input(tmp_path, capsys):
+    cases = [(ARGS[:-2] + ["--methods", "dustin"], "ar is required"),
+             ([a if a != "320" else "128" for a in ARGS], "smaller than the context"),
+             ([a if a != "128" else "100" for a in ARGS], "budget")]
+    for i, (argv, message) in enumerate(cases):
+        assert main(argv + ["--out", str(tmp_path / f"{i}.json")]) != 0
+        assert message in capsys.readouterr().err
