@@ -18,6 +18,8 @@ SRHs for random weights: the target's 4 heads are spread over 4 KV groups (the e
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import time
 from typing import Any, Dict
 
@@ -34,25 +36,76 @@ def _ints(text: str):
     return tuple(int(x) for x in text.split(",") if x.strip())
 
 
-def cmd_dustin_speed(args) -> Dict[str, Any]:
+def _overrides(text: str) -> Dict[str, Any]:
+    """``"vocab_size=512,hidden_size=256"`` -> ``{"vocab_size": 512, "hidden_size": 256}`` (ints/floats)."""
+    out: Dict[str, Any] = {}
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--override item {item!r}: expected KEY=VALUE")
+        try:
+            out[name.strip()] = int(value)
+        except ValueError:
+            try:
+                out[name.strip()] = float(value)
+            except ValueError as err:
+                raise ValueError(f"--override {name}={value!r}: expected a number") from err
+    return out
+
+
+def init_params_on(config, key, mesh, rules):
+    """Random params created directly in their sharded layout (a 72B model never exists whole on
+    one device); ``mesh=None``: plain :func:`init_params`."""
+    import jax
+
+    from jaxspec.models.llama import init_params
+    from jaxspec.parallel.sharding import check_divisible, param_shardings
+
+    if mesh is None:
+        return init_params(config, key)
+    check_divisible(config, mesh, rules)
+    abstract = jax.eval_shape(lambda k: init_params(config, k), key)
+    return jax.jit(lambda k: init_params(config, k), out_shardings=param_shardings(abstract, mesh, rules))(key)
+
+
+def allreduce_cost(mesh, rows: int, hidden: int, count: int, iters: int = 10, repeats: int = 5) -> Dict[str, Any]:
+    """Seconds of ``count`` sequential all-reduces of a ``[rows, hidden]`` bf16 activation over the
+    mesh's tensor axis (what one forward's row-parallel matmuls need: 2 per layer)."""
     import jax
     import jax.numpy as jnp
+    from jax.sharding import PartitionSpec as P
 
     from experiments.kernels import loop_time
-    from jaxspec.baselines.magicdec import MagicDecDraft
+
+    tensor = dict(mesh.shape).get("tensor", 1)
+    if tensor == 1:
+        return {"tensor": 1, "seconds": 0.0, "count": count}
+
+    def chain(x):
+        def body(x):
+            for _ in range(count):
+                x = jax.lax.psum(x, "tensor") * (1.0 / tensor)
+            return x
+
+        return jax.shard_map(body, mesh=mesh, in_specs=P(None, None), out_specs=P(None, None), check_vma=False)(x)
+
+    x = jnp.ones((rows, hidden), jnp.bfloat16)
+    timing = loop_time(lambda x_: chain(x_), (x,), iters, repeats)
+    return {"tensor": tensor, "rows": rows, "hidden": hidden, "count": count, "seconds": timing["median_s"],
+            "bytes_each": rows * hidden * 2}
+
+
+def cmd_dustin_speed(args) -> Dict[str, Any]:
+    import jax
+
     from jaxspec.config import preset
-    from jaxspec.decoding.autoregressive import _decode_loop
-    from jaxspec.decoding.policies import DenseVerify, SeparateDraft
-    from jaxspec.decoding.sampling import SamplingConfig
-    from jaxspec.decoding.speculative import EngineConfig, acceptance_from_tau, loop_state_from_caches, run_loop, \
-        summarize
+    from jaxspec.decoding.speculative import EngineConfig, acceptance_from_tau
     from jaxspec.dustin.config import DustinConfig, check_budget
-    from jaxspec.dustin.policy import dustin_policies
     from jaxspec.models.cache import random_cache
-    from jaxspec.models.llama import init_params, param_bytes
-    from pallas_kernels.attention import dense_history_partials, merged_history, pack_queries, \
-        sparse_history_partials
-    from pallas_kernels.reference import merge_partials
+    from jaxspec.models.llama import param_bytes
+    from jaxspec.parallel.sharding import RULES, check_cache_divisible, parse_mesh, use_mesh
 
     methods = tuple(m for m in args.methods.split(",") if m)
     unknown = [m for m in methods if m not in METHODS]
@@ -68,11 +121,22 @@ def cmd_dustin_speed(args) -> Dict[str, Any]:
         writer.add("copy_bandwidth", copy_bandwidth(args.copy_gib))
     bandwidth = writer.get("copy_bandwidth")["bandwidth_Bps"]
     backend = args.attention_backend
-    layers = {"num_layers": args.layers} if args.layers else {}
-    target_config = preset(args.target_shape, attention_backend=backend, **layers)
-    draft_config = preset(args.draft_shape, attention_backend=backend, **layers)
-    target_params = init_params(target_config, jax.random.PRNGKey(0))
-    draft_params = init_params(draft_config, jax.random.PRNGKey(1))
+    overrides = _overrides(args.override)
+    if args.layers:
+        overrides["num_layers"] = args.layers
+    target_config = preset(args.target_shape, attention_backend=backend, **overrides)
+    draft_config = preset(args.draft_shape, attention_backend=backend, **overrides)
+    mesh = parse_mesh(args.mesh) if getattr(args, "mesh", None) else None
+    # target: tensor parallel; draft: replicated over the tensor axis (a 0.5B draft's 2 KV heads do
+    # not split 4 or 8 ways), batch rows over data like the target
+    draft_rules = dataclasses.replace(RULES, q_heads=None, kv_heads=None, mlp=None, vocab=None)
+    target_params = init_params_on(target_config, jax.random.PRNGKey(0), mesh, RULES)
+    draft_params = init_params_on(draft_config, jax.random.PRNGKey(1), mesh, draft_rules)
+    if mesh is not None:
+        from jaxspec.parallel.sharding import mesh_shape
+
+        writer.set("mesh", {"shape": mesh_shape(mesh), "devices": [str(d) for d in mesh.devices.flat],
+                            "draft": "replicated over tensor, rows over data"})
     target_heads = _ints(args.target_heads) or tuple(
         g * target_config.queries_per_kv for g in range(min(4, target_config.num_kv_heads)))
     draft_layer = args.draft_layer if args.draft_layer >= 0 else draft_config.num_layers // 2
@@ -93,134 +157,179 @@ def cmd_dustin_speed(args) -> Dict[str, Any]:
             if budget >= context:
                 raise ValueError(f"--budget {budget} must be smaller than the context {context}")
             capacity = -(-(context + args.new_tokens + 2 * args.gamma + 8) // 64) * 64
-            holder = {"cache": random_cache(target_config, batch, capacity, context, 2),
-                      "draft": random_cache(draft_config, batch, capacity, context - 1, 3)}
-            pending = jnp.full((batch,), 11, jnp.int32)
-            entry: Dict[str, Any] = {"acceptance": "fixed (see top-level 'acceptance')",
-                                     "cache_fill": "random K/V up to the context (random weights; no prefill)"}
-            # ---- AR
-            logits = jax.random.normal(jax.random.PRNGKey(4), (batch, target_config.vocab_size), jnp.float32)
-            ar = _decode_loop.lower(target_params, holder["cache"], logits, jax.random.PRNGKey(5),
-                                    config=target_config, sampling=SamplingConfig(), max_new_tokens=args.new_tokens,
-                                    stop_tokens=()).compile()
+            kv_sharding = draft_kv_sharding = None
+            if mesh is not None:
+                from jaxspec.parallel.sharding import CACHE_KV_AXES
 
-            def run_ar():
-                out, cache = ar(target_params, holder["cache"], logits, jax.random.PRNGKey(5))
-                out.block_until_ready()
-                holder["cache"] = cache.with_lengths(jnp.full((batch,), context, jnp.int32))
-
-            timing = median_time(run_ar, repeats=args.repeats, warmup=1)
-            ar_tps = batch * args.new_tokens / timing["median_s"]
-            entry["ar"] = {"timing": timing, "tok_s": ar_tps}
-            target_step = decode_bytes_per_step(target_config, batch, context, target_bytes)
-            draft_step = decode_bytes_per_step(draft_config, batch, context, draft_bytes)
-            roof_ar = batch / (target_step["total"] / bandwidth)
-            rows_here = [{"context": context, "batch": batch, "method": "ar", "tok_s": ar_tps, "speedup": 1.0,
-                          "tau": 1.0, "roofline_tok_s": roof_ar, "roofline_speedup": 1.0}]
-            # ---- speculative methods
-            for method in methods:
-                if method == "ar":
-                    continue
-                verify_state = None
-                if method == "classic":
-                    draft_policy, verify_policy = SeparateDraft(draft_config), DenseVerify()
-                    round_bytes = args.gamma * draft_step["total"] + target_step["total"]
-                elif method == "magicdec":  # draft reads a StreamingLLM view of the same budget
-                    draft_policy = MagicDecDraft(draft_config, sinks=dustin.sinks, window=budget - dustin.sinks)
-                    verify_policy = DenseVerify()
-                    round_bytes = (args.gamma * decode_bytes_per_step(draft_config, batch, budget, draft_bytes)["total"]
-                                   + target_step["total"])
-                else:
-                    draft_policy, verify_policy = dustin_policies(dustin, target_config, draft_config)
-                    verify_state = {"query": 0.1 * jax.random.normal(
-                        jax.random.PRNGKey(7), (batch, len(verify_policy.probe_heads), target_config.head_dim))}
-                    groups_t = {h // target_config.queries_per_kv for h in dustin.target_heads}
-                    groups_d = {h // draft_config.queries_per_kv for h in dustin.draft_heads[0]}
-                    selection_bytes = 2 * batch * context * (len(groups_t) * target_config.head_dim
-                                                             + len(groups_d) * draft_config.head_dim)
-                    round_bytes = (args.gamma * draft_step["total"]
-                                   + decode_bytes_per_step(target_config, batch, budget, target_bytes)["total"]
-                                   + selection_bytes)
-                static = dict(target_config=target_config, draft_policy=draft_policy, verify_policy=verify_policy,
-                              engine=engine)
-
-                def fresh_state():
-                    cache = holder["cache"].with_lengths(jnp.full((batch,), context, jnp.int32))
-                    vs = None if verify_state is None else jax.tree.map(jnp.copy, verify_state)
-                    return loop_state_from_caches(cache, holder["draft"], pending, pending, engine, seed=6,
-                                                  verify_state=vs)
-
-                start = time.perf_counter()
-                final = run_loop(target_params, draft_params, fresh_state(), **static)
-                jax.block_until_ready(final)
-                compile_s = time.perf_counter() - start
-                holder["cache"], holder["draft"] = final.target_cache, final.draft_state
-                last = {}
-
-                def run_sd():
-                    result = run_loop(target_params, draft_params, fresh_state(), **static)
-                    jax.block_until_ready(result)
-                    holder["cache"], holder["draft"] = result.target_cache, result.draft_state
-                    last["final"] = result
-
-                timing = median_time(run_sd, repeats=args.repeats, warmup=1)
-                metrics = summarize(last["final"], engine)
-                tps = float(np.asarray(last["final"].num_out).sum()) / timing["median_s"]
-                roof = batch * metrics["tau_untruncated"] / (round_bytes / bandwidth)
-                entry[method] = {"timing": timing, "compile_s": compile_s, "metrics": metrics, "tok_s": tps,
-                                 "round_bytes": round_bytes}
-                row = {"context": context, "batch": batch, "method": method, "tok_s": tps, "speedup": tps / ar_tps,
-                       "tau": metrics["tau"], "roofline_tok_s": roof, "roofline_speedup": roof / roof_ar}
-                if method == "dustin":  # the selection step alone, on this point's state
-                    state = fresh_state()
-                    committed = state.committed
-                    proposal_signals = draft_policy.propose(
-                        draft_params, state.draft_state, state.target_cache, state.pending, state.previous, committed,
-                        gamma=args.gamma, sampling=SamplingConfig(), key=jax.random.PRNGKey(8)).signals
-                    select = jax.jit(lambda vs, cache, c, sig: verify_policy.verify_indices(vs, cache, c, sig))
-                    jax.block_until_ready(select(state.verify_state, state.target_cache, committed, proposal_signals))
-                    sel = median_time(lambda: jax.block_until_ready(select(state.verify_state, state.target_cache,
-                                                                           committed, proposal_signals)),
-                                      repeats=max(args.repeats, 10), warmup=2)
-                    entry["dustin"]["selection_timing"] = sel
-                    row["selection_ms"] = sel["median_s"] * 1e3
-                rows_here.append(row)
-                del final, last
-            # ---- self-attention of one verification: dense vs sparse (one layer, times the layers)
-            if backend in ("pallas", "pallas-interpret"):
-                interpret = backend == "pallas-interpret"
-                groups = target_config.queries_per_kv
-                q = jax.random.normal(jax.random.PRNGKey(9), (batch, args.gamma + 1, target_config.num_heads,
-                                                              target_config.head_dim), jnp.bfloat16)
-                packed = pack_queries(q, target_config.num_kv_heads, scale)
-                used = groups * (args.gamma + 1)
-                k_layer, v_layer = holder["cache"].keys[0], holder["cache"].values[0]
-                lengths = jnp.full((batch,), context, jnp.int32)
-                idx = jnp.sort(jax.random.permutation(jax.random.PRNGKey(10), context)[:budget]).astype(jnp.int32)
-                idx = jnp.broadcast_to(idx, (batch, budget))
-                dense_t = loop_time(lambda q_, k_, v_, l_: merged_history(dense_history_partials(q_, k_, v_, l_, interpret=interpret), used),
-                                    (packed, k_layer, v_layer, lengths), 10, 5)["median_s"]
-                sparse_t = loop_time(lambda q_, k_, v_, i_: merge_partials(sparse_history_partials(q_, k_, v_, i_, interpret=interpret),
-                                                                           axis=2),
-                                     (packed, k_layer, v_layer, idx), 10, 5)["median_s"]
-                null_t = loop_time(lambda q_, k_, v_, l_: q_[:, :, :1, :1], (packed, k_layer, v_layer, lengths),
-                                   10, 5)["median_s"]
-                entry["attention"] = {"dense_layer_s": dense_t, "sparse_layer_s": sparse_t, "harness_s": null_t,
-                                      "layers": target_config.num_layers}
-                for row in rows_here:
-                    if row["method"] in ("dustin", "ar"):
-                        row["attn_dense_ms"] = dense_t * target_config.num_layers * 1e3
-                        row["attn_sparse_ms"] = sparse_t * target_config.num_layers * 1e3
-                        row["attn_speedup"] = dense_t / sparse_t
-            entry["rows"] = rows_here
+                check_cache_divisible(batch, target_config.num_kv_heads, mesh, RULES)
+                kv_sharding = RULES.sharding(mesh, CACHE_KV_AXES)
+                draft_kv_sharding = draft_rules.sharding(mesh, CACHE_KV_AXES)
+            with use_mesh(mesh):
+                holder = {"cache": random_cache(target_config, batch, capacity, context, 2, sharding=kv_sharding),
+                          "draft": random_cache(draft_config, batch, capacity, context - 1, 3,
+                                                sharding=draft_kv_sharding)}
+                entry, rows_here = _measure_point(**locals())
             writer.add(key, entry)
             rows.extend(rows_here)
             del holder
     print_table(rows, columns=["context", "batch", "method", "tok_s", "speedup", "tau", "roofline_tok_s",
-                               "roofline_speedup", "selection_ms", "attn_dense_ms", "attn_sparse_ms", "attn_speedup"],
+                               "roofline_speedup", "selection_ms", "attn_dense_ms", "attn_sparse_ms", "attn_speedup",
+                               "allreduce_ms_per_step"],
                 title=f"{args.target_shape} target + {args.draft_shape} draft, k={budget}, FIXED acceptance "
-                      f"tau={tau['tau']:.2f} ({tau['source']}); copy bandwidth {bandwidth / 1e12:.2f} TB/s")
+                      f"tau={tau['tau']:.2f} ({tau['source']}); copy bandwidth {bandwidth / 1e12:.2f} TB/s"
+                      + (f"; mesh {dict(mesh.shape)}" if mesh is not None else ""))
     return writer.data
+
+
+def _measure_point(*, args, context, batch, holder, target_config, draft_config, target_params, draft_params,
+                   dustin, engine, methods, bandwidth, budget, target_bytes, draft_bytes, scale, mesh, **_):
+    import jax
+    import jax.numpy as jnp
+
+    from experiments.kernels import loop_time
+    from jaxspec.baselines.magicdec import MagicDecDraft
+    from jaxspec.decoding.autoregressive import _decode_loop
+    from jaxspec.decoding.policies import DenseVerify, SeparateDraft
+    from jaxspec.decoding.sampling import SamplingConfig
+    from jaxspec.decoding.speculative import loop_state_from_caches, run_loop, summarize
+    from jaxspec.dustin.policy import dustin_policies
+    from pallas_kernels.attention import dense_history_partials, merged_history, pack_queries, \
+        sparse_history_partials
+    from jaxspec.parallel.sharding import per_device_kernel
+    from pallas_kernels.reference import merge_partials
+
+    backend = args.attention_backend
+    pending = jnp.full((batch,), 11, jnp.int32)
+    entry: Dict[str, Any] = {"acceptance": "fixed (see top-level 'acceptance')",
+                             "cache_fill": "random K/V up to the context (random weights; no prefill)"}
+    # ---- AR
+    logits = jax.random.normal(jax.random.PRNGKey(4), (batch, target_config.vocab_size), jnp.float32)
+    ar = _decode_loop.lower(target_params, holder["cache"], logits, jax.random.PRNGKey(5),
+                            config=target_config, sampling=SamplingConfig(), max_new_tokens=args.new_tokens,
+                            stop_tokens=()).compile()
+
+    def run_ar():
+        out, cache = ar(target_params, holder["cache"], logits, jax.random.PRNGKey(5))
+        out.block_until_ready()
+        holder["cache"] = cache.with_lengths(jnp.full((batch,), context, jnp.int32))
+
+    timing = median_time(run_ar, repeats=args.repeats, warmup=1)
+    ar_tps = batch * args.new_tokens / timing["median_s"]
+    entry["ar"] = {"timing": timing, "tok_s": ar_tps}
+    target_step = decode_bytes_per_step(target_config, batch, context, target_bytes)
+    draft_step = decode_bytes_per_step(draft_config, batch, context, draft_bytes)
+    roof_ar = batch / (target_step["total"] / bandwidth)
+    rows_here = [{"context": context, "batch": batch, "method": "ar", "tok_s": ar_tps, "speedup": 1.0,
+                  "tau": 1.0, "roofline_tok_s": roof_ar, "roofline_speedup": 1.0}]
+    # ---- speculative methods
+    for method in methods:
+        if method == "ar":
+            continue
+        verify_state = None
+        if method == "classic":
+            draft_policy, verify_policy = SeparateDraft(draft_config), DenseVerify()
+            round_bytes = args.gamma * draft_step["total"] + target_step["total"]
+        elif method == "magicdec":  # draft reads a StreamingLLM view of the same budget
+            draft_policy = MagicDecDraft(draft_config, sinks=dustin.sinks, window=budget - dustin.sinks)
+            verify_policy = DenseVerify()
+            round_bytes = (args.gamma * decode_bytes_per_step(draft_config, batch, budget, draft_bytes)["total"]
+                           + target_step["total"])
+        else:
+            draft_policy, verify_policy = dustin_policies(dustin, target_config, draft_config)
+            verify_state = {"query": 0.1 * jax.random.normal(
+                jax.random.PRNGKey(7), (batch, len(verify_policy.probe_heads), target_config.head_dim))}
+            groups_t = {h // target_config.queries_per_kv for h in dustin.target_heads}
+            groups_d = {h // draft_config.queries_per_kv for h in dustin.draft_heads[0]}
+            selection_bytes = 2 * batch * context * (len(groups_t) * target_config.head_dim
+                                                     + len(groups_d) * draft_config.head_dim)
+            round_bytes = (args.gamma * draft_step["total"]
+                           + decode_bytes_per_step(target_config, batch, budget, target_bytes)["total"]
+                           + selection_bytes)
+        static = dict(target_config=target_config, draft_policy=draft_policy, verify_policy=verify_policy,
+                      engine=engine)
+
+        def fresh_state():
+            cache = holder["cache"].with_lengths(jnp.full((batch,), context, jnp.int32))
+            vs = None if verify_state is None else jax.tree.map(jnp.copy, verify_state)
+            return loop_state_from_caches(cache, holder["draft"], pending, pending, engine, seed=6,
+                                          verify_state=vs)
+
+        start = time.perf_counter()
+        final = run_loop(target_params, draft_params, fresh_state(), **static)
+        jax.block_until_ready(final)
+        compile_s = time.perf_counter() - start
+        holder["cache"], holder["draft"] = final.target_cache, final.draft_state
+        last = {}
+
+        def run_sd():
+            result = run_loop(target_params, draft_params, fresh_state(), **static)
+            jax.block_until_ready(result)
+            holder["cache"], holder["draft"] = result.target_cache, result.draft_state
+            last["final"] = result
+
+        timing = median_time(run_sd, repeats=args.repeats, warmup=1)
+        metrics = summarize(last["final"], engine)
+        tps = float(np.asarray(last["final"].num_out).sum()) / timing["median_s"]
+        roof = batch * metrics["tau_untruncated"] / (round_bytes / bandwidth)
+        entry[method] = {"timing": timing, "compile_s": compile_s, "metrics": metrics, "tok_s": tps,
+                         "round_bytes": round_bytes}
+        row = {"context": context, "batch": batch, "method": method, "tok_s": tps, "speedup": tps / ar_tps,
+               "tau": metrics["tau"], "roofline_tok_s": roof, "roofline_speedup": roof / roof_ar}
+        if method == "dustin":  # the selection step alone, on this point's state
+            state = fresh_state()
+            committed = state.committed
+            proposal_signals = draft_policy.propose(
+                draft_params, state.draft_state, state.target_cache, state.pending, state.previous, committed,
+                gamma=args.gamma, sampling=SamplingConfig(), key=jax.random.PRNGKey(8)).signals
+            select = jax.jit(lambda vs, cache, c, sig: verify_policy.verify_indices(vs, cache, c, sig))
+            jax.block_until_ready(select(state.verify_state, state.target_cache, committed, proposal_signals))
+            sel = median_time(lambda: jax.block_until_ready(select(state.verify_state, state.target_cache,
+                                                                   committed, proposal_signals)),
+                              repeats=max(args.repeats, 10), warmup=2)
+            entry["dustin"]["selection_timing"] = sel
+            row["selection_ms"] = sel["median_s"] * 1e3
+        rows_here.append(row)
+        del final
+    # ---- self-attention of one verification: dense vs sparse (one layer, times the layers)
+    if backend in ("pallas", "pallas-interpret"):
+        interpret = backend == "pallas-interpret"
+        groups = target_config.queries_per_kv
+        q = jax.random.normal(jax.random.PRNGKey(9), (batch, args.gamma + 1, target_config.num_heads,
+                                                      target_config.head_dim), jnp.bfloat16)
+        packed = pack_queries(q, target_config.num_kv_heads, scale)
+        used = groups * (args.gamma + 1)
+        k_layer, v_layer = holder["cache"].keys[0], holder["cache"].values[0]
+        lengths = jnp.full((batch,), context, jnp.int32)
+        idx = jnp.sort(jax.random.permutation(jax.random.PRNGKey(10), context)[:budget]).astype(jnp.int32)
+        idx = jnp.broadcast_to(idx, (batch, budget))
+        # per device under a mesh (shard_map over batch rows and KV heads), as in the model
+        dense_kernel = functools.partial(dense_history_partials, interpret=interpret)
+        sparse_kernel = functools.partial(sparse_history_partials, interpret=interpret)
+        dense_t = loop_time(lambda q_, k_, v_, l_: merged_history(per_device_kernel(dense_kernel, q_, k_, v_, l_), used),
+                            (packed, k_layer, v_layer, lengths), 10, 5)["median_s"]
+        sparse_t = loop_time(lambda q_, k_, v_, i_: merge_partials(per_device_kernel(sparse_kernel, q_, k_, v_, i_),
+                                                                   axis=2),
+                             (packed, k_layer, v_layer, idx), 10, 5)["median_s"]
+        null_t = loop_time(lambda q_, k_, v_, l_: q_[:, :, :1, :1], (packed, k_layer, v_layer, lengths),
+                           10, 5)["median_s"]
+        entry["attention"] = {"dense_layer_s": dense_t, "sparse_layer_s": sparse_t, "harness_s": null_t,
+                              "layers": target_config.num_layers}
+        for row in rows_here:
+            if row["method"] in ("dustin", "ar"):
+                row["attn_dense_ms"] = dense_t * target_config.num_layers * 1e3
+                row["attn_sparse_ms"] = sparse_t * target_config.num_layers * 1e3
+                row["attn_speedup"] = dense_t / sparse_t
+    if mesh is not None:  # the all-reduces of one AR step and of one verification (2 per layer)
+        hidden = target_config.hidden_size
+        count = 2 * target_config.num_layers
+        ar_cost = allreduce_cost(mesh, batch, hidden, count)
+        verify_cost = allreduce_cost(mesh, batch * (args.gamma + 1), hidden, count)
+        entry["allreduce"] = {"ar_step": ar_cost, "verification": verify_cost}
+        rows_here[0]["allreduce_ms_per_step"] = ar_cost["seconds"] * 1e3
+        for row in rows_here[1:]:
+            row["allreduce_ms_per_step"] = verify_cost["seconds"] * 1e3
+    entry["rows"] = rows_here
+    return entry, rows_here
 
 
 def register(subparsers) -> None:
@@ -243,4 +352,7 @@ def register(subparsers) -> None:
     bench.add_argument("--attention-backend", default="pallas", choices=["xla", "pallas", "pallas-interpret"])
     bench.add_argument("--copy-gib", type=float, default=4.0)
     bench.add_argument("--layers", type=int, default=0, help="override both models' layer count (smoke tests)")
+    bench.add_argument("--override", default="", metavar="KEY=VAL,...",
+                       help="override config fields of both shapes (smoke tests), e.g. vocab_size=512,hidden_size=256")
     bench.set_defaults(func=cmd_dustin_speed)
+    cmd_dustin_speed.supports_mesh = True

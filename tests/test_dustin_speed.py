@@ -38,3 +38,30 @@ def test_dustin_speed_bad_input(tmp_path, capsys):
     for i, (argv, message) in enumerate(cases):
         assert main(argv + ["--out", str(tmp_path / f"{i}.json")]) != 0
         assert message in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_dustin_speed_on_a_mesh(tmp_path):
+    """Issue 8's code path on 8 CPU host devices: tensor-parallel target created sharded, draft
+    replicated over tensor, sharded random caches, Pallas kernels per device (interpret mode),
+    all-reduce cost per step measured."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "mesh.json"
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    argv = ["--mesh", "data=2,tensor=4", "--target-shape", "qwen2.5-7b-shape", "--draft-shape", "qwen2.5-0.5b-shape",
+            "--override", "vocab_size=512,hidden_size=256,intermediate_size=512,num_heads=8,num_kv_heads=4,head_dim=32",
+            "--layers", "2", "--contexts", "256", "--batches", "2", "--budget", "128", "--tau", "2.5",
+            "--new-tokens", "4", "--repeats", "1", "--methods", "ar,dustin", "--attention-backend", "pallas-interpret",
+            "--copy-gib", "0.01", "--draft-heads", "0,1", "--out", str(out)]
+    result = subprocess.run([sys.executable, "-m", "experiments.run", "dustin-speed", *argv], env=env,
+                            capture_output=True, text=True, timeout=1200)
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["mesh"]["shape"] == {"data": 2, "tensor": 4}
+    case = data["cases"]["ctx256/b2"]
+    assert [r["method"] for r in case["rows"]] == ["ar", "dustin"]
+    assert case["allreduce"]["ar_step"]["tensor"] == 4 and case["allreduce"]["ar_step"]["seconds"] > 0
+    assert case["attention"]["dense_layer_s"] > 0 and case["attention"]["sparse_layer_s"] > 0

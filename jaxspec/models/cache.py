@@ -140,13 +140,17 @@ def stack_lengths(lengths: Sequence[int]) -> jax.Array:
     return jnp.asarray(np.asarray(lengths, np.int32))
 
 
-def random_cache(config: ModelConfig, batch_size: int, capacity: int, length, seed: int = 0) -> KVCache:
+def random_cache(config: ModelConfig, batch_size: int, capacity: int, length, seed: int = 0, *,
+                 sharding=None) -> KVCache:
     """A cache filled with random K/V up to ``length`` (for systems benchmarks with random weights:
-    decode cost does not depend on the values, and a random-weight prefill would measure nothing)."""
+    decode cost does not depend on the values, and a random-weight prefill would measure nothing).
+    ``sharding``: a ``NamedSharding`` for each ``[B, Hkv, S, D]`` array, created in place (each
+    device fills only its blocks; a cache larger than one device's memory never exists whole)."""
     if config.attention_backend != "xla":
         capacity = -(-capacity // CAPACITY_MULTIPLE) * CAPACITY_MULTIPLE
     shape = (batch_size, config.num_kv_heads, capacity, config.head_dim)
-    fill = jax.jit(lambda key: jax.random.normal(key, shape, jnp.float32).astype(config.jnp_dtype))
+    fill = jax.jit(lambda key: jax.random.normal(key, shape, jnp.float32).astype(config.jnp_dtype),
+                   out_shardings=sharding)
     keys = jax.random.split(jax.random.PRNGKey(seed), 2 * config.num_layers)
     lengths = jnp.broadcast_to(jnp.asarray(length, jnp.int32), (batch_size,))
     return KVCache(keys=tuple(fill(keys[i]) for i in range(config.num_layers)),
