@@ -125,7 +125,7 @@ def main(argv=None):
         scores = srh_scores(jax.random.normal(keys[5], (batch, 4, 1, dim)) * 0.1, k, lengths,
                             tuple(g % kv_heads for g in (0, 1, 2, 3)))
         base = select_top_k(scores, lengths, k=budget, sinks=4, window=64)
-        for bits, hist in ((8, "scatter"), (8, "compare"), (4, "compare"), (16, "scatter")):
+        for bits, hist in ((8, "scatter"), (8, "compare"), (4, "compare"), (16, "scatter"), (4, "pallas")):
             if args.quick and bits != 8:
                 continue
             timed(p + f"topk_radix{bits}_{hist}",

@@ -280,8 +280,8 @@ def register(subparsers) -> None:
                        help="sparse kernel tilings to time, CHUNKxCHUNKS_PER_PROGRAMxWARPS; ours_sparse = the fastest")
     bench.add_argument("--scoring-configs", default="128x4,256x8",
                        help="Pallas SRH scoring kernel, BLOCKxWARPS (XLA scoring is always timed too)")
-    bench.add_argument("--topk-configs", default="8xscatter,8xcompare,4xcompare",
-                       help="radix top-k variants, BITSxHISTOGRAM (histogram: scatter | compare)")
+    bench.add_argument("--topk-configs", default="8xscatter,4xcompare,4xpallas",
+                       help="radix top-k variants, BITSxHISTOGRAM (histogram: scatter | compare | pallas)")
     bench.add_argument("--iters", type=int, default=20)
     bench.add_argument("--repeats", type=int, default=5)
     bench.add_argument("--copy-gib", type=float, default=4.0)

@@ -90,7 +90,8 @@ def select_top_k(scores: jax.Array, lengths: jax.Array, *, k: int, sinks: int = 
     Exact: equals a top-k by (score descending, position ascending) over the non-protected
     valid positions. ``scores [B, S]`` float32, ``lengths [B]`` valid history per row.
     ``bits``/``histogram``: radix digit width and how each pass counts (``scatter``: scatter-add;
-    ``compare``: a fused compare-and-reduce without atomics); all variants give the same set.
+    ``compare``: a fused compare-and-reduce without atomics; ``pallas``: all eight 4-bit passes
+    in one Pallas kernel, one program per row, ``bits`` ignored); all variants give the same set.
     """
     batch, seq = scores.shape
     if sinks + window > k:
@@ -106,7 +107,10 @@ def select_top_k(scores: jax.Array, lengths: jax.Array, *, k: int, sinks: int = 
     available = jnp.sum(candidate, axis=1)
     need = jnp.clip(jnp.minimum(remaining, available), 1, None)  # >= 1 keeps the search defined
     keys = order_preserving_keys(scores)
-    threshold, equal_needed = _radix_threshold(keys, candidate, need, bits=bits, histogram=histogram)
+    if histogram == "pallas":
+        threshold, equal_needed = radix_threshold_pallas(keys, candidate, need, interpret=jax.default_backend() != "gpu")
+    else:
+        threshold, equal_needed = _radix_threshold(keys, candidate, need, bits=bits, histogram=histogram)
     greater = candidate & (keys > threshold[:, None])
     equal = candidate & (keys == threshold[:, None])
     equal_rank = jnp.cumsum(equal.astype(jnp.int32), axis=1)
@@ -223,3 +227,61 @@ def srh_scores_pallas(queries: jax.Array, keys: jax.Array, lengths: jax.Array, k
         probs = jax.nn.softmax(jnp.where(valid[:, None, :], rows_logits, -jnp.inf), axis=-1)
         total = total + jnp.sum(jnp.where(valid[:, None, :], probs, 0.0), axis=1)
     return total
+
+
+# ---------------------------------------------------------------------------- Pallas radix threshold
+def _radix_kernel(keys_ref, cand_ref, need_ref, thr_ref, left_ref, *, seq, block):
+    bins = jnp.arange(16, dtype=jnp.int32)
+    need = need_ref[0]
+    prefix = jnp.int32(0)
+    for shift in range(28, -1, -4):
+        def body(i, hist, shift=shift, prefix=prefix):
+            x = keys_ref[pl.ds(i * block, block)]  # int32 bit patterns of the uint32 keys
+            alive = cand_ref[pl.ds(i * block, block)] != 0
+            if shift < 28:  # same higher digits as the prefix chosen so far (equal sign extension)
+                alive = alive & ((x >> (shift + 4)) == (prefix >> (shift + 4)))
+            digit = (x >> shift) & 15
+            hit = (digit[:, None] == bins[None, :]) & alive[:, None]
+            return hist + jnp.sum(hit.astype(jnp.int32), axis=0)
+
+        hist = jax.lax.fori_loop(0, seq // block, body, jnp.zeros((16,), jnp.int32))
+        above = jnp.sum(jnp.where(bins[None, :] > bins[:, None], hist[None, :], 0), axis=1)  # larger digits
+        found = (above < need) & (above + hist >= need)
+        chosen = jnp.max(jnp.where(found, bins, -1))
+        need = need - jnp.sum(jnp.where(bins == chosen, above, 0))
+        prefix = prefix | (chosen << shift)
+    thr_ref[...] = jnp.full((1,), prefix, jnp.int32)
+    left_ref[...] = jnp.full((1,), need, jnp.int32)
+
+
+def radix_threshold_pallas(keys: jax.Array, candidate: jax.Array, need: jax.Array, *, block: int = 256,
+                           num_warps: int = 4, interpret: bool = False):
+    """:func:`_radix_threshold` (8 passes of 4-bit digits) in ONE kernel launch: one program per
+    row walks its keys in blocks of ``block``, eight times, keeping the 16-bin histogram in
+    registers (no atomics, no per-pass launches). ``keys [B, S]`` uint32 with ``S`` a multiple
+    of ``block``. Returns (threshold uint32 [B], keys equal to it to take [B])."""
+    batch, seq = keys.shape
+    if seq % block:
+        pad = (-seq) % block  # padded positions are never candidates
+        keys = jnp.pad(keys, ((0, 0), (0, pad)))
+        candidate = jnp.pad(candidate, ((0, 0), (0, pad)))
+        seq += pad
+    compiler = None
+    if not interpret:
+        from jax.experimental.pallas import triton as plgpu
+
+        compiler = plgpu.CompilerParams(num_warps=num_warps, num_stages=1)
+    kernel = functools.partial(_radix_kernel, seq=seq, block=block)
+    threshold, left = pl.pallas_call(
+        kernel,
+        grid=(batch,),
+        in_specs=[pl.BlockSpec((None, seq), lambda b: (b, 0)), pl.BlockSpec((None, seq), lambda b: (b, 0)),
+                  pl.BlockSpec((None, 1), lambda b: (b, 0))],
+        out_specs=[pl.BlockSpec((None, 1), lambda b: (b, 0)), pl.BlockSpec((None, 1), lambda b: (b, 0))],
+        out_shape=(jax.ShapeDtypeStruct((batch, 1), jnp.int32), jax.ShapeDtypeStruct((batch, 1), jnp.int32)),
+        compiler_params=compiler,
+        interpret=interpret,
+        name="jaxspec_radix_threshold",
+    )(jax.lax.bitcast_convert_type(keys, jnp.int32), candidate.astype(jnp.int32),
+      need.astype(jnp.int32).reshape(batch, 1))
+    return jax.lax.bitcast_convert_type(threshold[:, 0], jnp.uint32), left[:, 0]

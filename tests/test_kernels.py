@@ -125,7 +125,8 @@ def _top_k_reference(scores, lengths, k, sinks, window):
     return np.array(out)
 
 
-@pytest.mark.parametrize("bits,histogram", [(8, "scatter"), (8, "compare"), (4, "compare"), (16, "scatter")])
+@pytest.mark.parametrize("bits,histogram", [(8, "scatter"), (8, "compare"), (4, "compare"), (16, "scatter"),
+                                            (4, "pallas")])
 @pytest.mark.parametrize("k,sinks,window", [(128, 4, 32), (64, 0, 0), (256, 4, 64)])
 def test_selection_equals_exact_top_k(k, sinks, window, bits, histogram):
     rng = np.random.RandomState(k)
