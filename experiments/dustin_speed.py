@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import time
 from typing import Any, Dict
 
 import numpy as np
 
 from experiments.common import ResultWriter, median_time, print_table
 from experiments.foundation import _config_of, copy_bandwidth, decode_bytes_per_step
-from experiments.speculative import _tau
+from experiments.speculative import _tau, time_rounds
 
 METHODS = ("ar", "classic", "magicdec", "dustin")
 
@@ -191,7 +190,7 @@ def _measure_point(*, args, context, batch, holder, target_config, draft_config,
     from jaxspec.decoding.autoregressive import _decode_loop
     from jaxspec.decoding.policies import DenseVerify, SeparateDraft
     from jaxspec.decoding.sampling import SamplingConfig
-    from jaxspec.decoding.speculative import loop_state_from_caches, run_loop, summarize
+    from jaxspec.decoding.speculative import loop_state_from_caches, summarize
     from jaxspec.dustin.policy import dustin_policies
     from pallas_kernels.attention import dense_history_partials, merged_history, pack_queries, \
         sparse_history_partials
@@ -254,22 +253,9 @@ def _measure_point(*, args, context, batch, holder, target_config, draft_config,
             return loop_state_from_caches(cache, holder["draft"], pending, pending, engine, seed=6,
                                           verify_state=vs)
 
-        start = time.perf_counter()
-        final = run_loop(target_params, draft_params, fresh_state(), **static)
-        jax.block_until_ready(final)
-        compile_s = time.perf_counter() - start
-        holder["cache"], holder["draft"] = final.target_cache, final.draft_state
-        last = {}
-
-        def run_sd():
-            result = run_loop(target_params, draft_params, fresh_state(), **static)
-            jax.block_until_ready(result)
-            holder["cache"], holder["draft"] = result.target_cache, result.draft_state
-            last["final"] = result
-
-        timing = median_time(run_sd, repeats=args.repeats, warmup=1)
-        metrics = summarize(last["final"], engine)
-        tps = float(np.asarray(last["final"].num_out).sum()) / timing["median_s"]
+        timing, compile_s, final = time_rounds(target_params, draft_params, holder, fresh_state, static, args.repeats)
+        metrics = summarize(final, engine)
+        tps = float(np.asarray(final.num_out).sum()) / timing["median_s"]
         roof = batch * metrics["tau_untruncated"] / (round_bytes / bandwidth)
         entry[method] = {"timing": timing, "compile_s": compile_s, "metrics": metrics, "tok_s": tps,
                          "round_bytes": round_bytes}

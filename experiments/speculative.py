@@ -31,6 +31,34 @@ def _tau(args) -> Dict[str, Any]:
     return {"tau": float(args.tau), "source": "--tau"}
 
 
+def time_rounds(target_params, draft_params, holder, fresh_state, static, repeats: int):
+    """Compile (first run) and time a fused speculative loop on benchmark caches.
+
+    ``holder["cache"]`` / ``holder["draft"]`` are the cache buffers (donated by each run and
+    replaced by its output); ``fresh_state()`` builds the start state from them. Returns
+    ``(timing, compile_s, final_state_of_the_last_run)``.
+    """
+    import jax
+
+    from jaxspec.decoding.speculative import run_loop
+
+    start = time.perf_counter()
+    final = run_loop(target_params, draft_params, fresh_state(), **static)
+    jax.block_until_ready(final)
+    compile_s = time.perf_counter() - start
+    holder["cache"], holder["draft"] = final.target_cache, final.draft_state
+    last = {}
+
+    def run():
+        result = run_loop(target_params, draft_params, fresh_state(), **static)
+        jax.block_until_ready(result)
+        holder["cache"], holder["draft"] = result.target_cache, result.draft_state
+        last["final"] = result
+
+    timing = median_time(run, repeats=repeats, warmup=1)
+    return timing, compile_s, last["final"]
+
+
 def cmd_bench_sd(args) -> Dict[str, Any]:
     import jax
     import jax.numpy as jnp
@@ -40,7 +68,7 @@ def cmd_bench_sd(args) -> Dict[str, Any]:
     from jaxspec.decoding.policies import DenseVerify, SelfDraft, SeparateDraft, parse_skip_spec
     from jaxspec.decoding.sampling import SamplingConfig
     from jaxspec.decoding.speculative import (EngineConfig, acceptance_from_tau, loop_state_from_caches,
-                                              profile_phases, run_loop, summarize)
+                                              profile_phases, summarize)
     from jaxspec.models.cache import random_cache
     from jaxspec.models.llama import init_params, param_bytes
 
@@ -100,22 +128,10 @@ def cmd_bench_sd(args) -> Dict[str, Any]:
                 cache = holder["cache"].with_lengths(jnp.full((batch,), context, jnp.int32))
                 return loop_state_from_caches(cache, holder["draft"], pending, pending, engine, seed=6)
 
-            start = time.perf_counter()
-            final = run_loop(target_params, draft_params, fresh_state(), **static)
-            jax.block_until_ready(final)
-            sd_compile = time.perf_counter() - start
-            holder["cache"], holder["draft"] = final.target_cache, final.draft_state
-            last = {}
-
-            def run_sd():
-                result = run_loop(target_params, draft_params, fresh_state(), **static)
-                jax.block_until_ready(result)
-                holder["cache"], holder["draft"] = result.target_cache, result.draft_state
-                last["final"] = result
-
-            sd_time = median_time(run_sd, repeats=args.repeats, warmup=1)
-            metrics = summarize(last["final"], engine)
-            generated = int(np.asarray(last["final"].num_out).sum())
+            sd_time, sd_compile, final = time_rounds(target_params, draft_params, holder, fresh_state, static,
+                                                     args.repeats)
+            metrics = summarize(final, engine)
+            generated = int(np.asarray(final.num_out).sum())
             ar_tps = batch * args.new_tokens / ar_time["median_s"]
             sd_tps = generated / sd_time["median_s"]
             # roofline: bytes per round (gamma draft steps + one verification) over measured bandwidth
@@ -144,7 +160,7 @@ def cmd_bench_sd(args) -> Dict[str, Any]:
                            other_frac=phases["profile_other_s"] / total)
             writer.add(key, entry)
             rows.append(row)
-            del holder, target_cache, draft_state, final, last
+            del holder, target_cache, draft_state, final
     draft_name = f"self-draft skipping {args.draft_skip}" if args.draft_skip else args.draft_shape
     print_table(rows, title=f"{args.target_shape} target, {draft_name} draft, FIXED acceptance tau={tau['tau']:.2f} "
                             f"({tau['source']}); copy bandwidth {bandwidth / 1e12:.2f} TB/s")
