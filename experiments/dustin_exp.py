@@ -450,31 +450,38 @@ def _take_last_query(old, queries, num_committed):
     return jnp.where((num_committed > 0)[:, None, None], query, old)
 
 
-def _round_arr(weights, history_probs, queries, keys, lengths, quest_budgets, *, config):
-    """ARR of Quest (per layer/head/row pages; first 2 layers dense = 1) for each budget, one round."""
+def _quest_layer_arr(probs, queries, keys, lengths, *, budget, config):
+    """Quest's ARR in one layer, one round: ``probs [B, H, T, S]`` (full-KV history probabilities),
+    ``queries [B, H, T, D]``, ``keys [B, Hkv, S, D]``; mean over heads and rows of the mass on each
+    (head, row)'s own Quest pages. One compile per budget serves every layer (same shapes)."""
     from jaxspec.baselines.quest import quest_mask
 
     _, jnp = _jax()
-    batch, _, steps, seq = history_probs.shape
-    heads, groups = config.num_heads, config.queries_per_kv
-    valid = (jnp.arange(seq)[None, :] < lengths[:, None])[:, None, None, None, :]
+    batch, heads, steps, seq = probs.shape
+    valid = (jnp.arange(seq)[None, :] < lengths[:, None])[:, None, None, :]
+    p = jnp.where(valid, probs, 0.0)
+    qg = queries.reshape(batch, config.num_kv_heads, config.queries_per_kv, steps, queries.shape[-1])
+    mask = quest_mask(qg, keys, lengths, budget=budget).reshape(batch, heads, steps, seq)
+    total = jnp.sum(p, axis=-1)
+    kept = jnp.sum(jnp.where(mask, p, 0.0), axis=-1)
+    return jnp.mean(kept / jnp.where(total > 0, total, 1.0), axis=(1, 2))
+
+
+def _round_arr(weights, history_probs, queries, keys, lengths, quest_budgets, *, config):
+    """ARR of Quest (per layer/head/row pages; the first 2 layers dense count 1) for each budget, one
+    round: ``[len(quest_budgets), B]``."""
+    _, jnp = _jax()
+    heads = config.num_heads
+    fn = _jit("quest_layer_arr", _quest_layer_arr, static_argnames=("budget", "config"))
     out = []
     for budget in quest_budgets:
-        per_layer = []
-        for layer in range(config.num_layers):
-            if layer < 2:
-                per_layer.append(jnp.ones((batch,), jnp.float32))
-                continue
-            p = history_probs[:, layer * heads:(layer + 1) * heads]  # [B, H, T, S]
-            p = jnp.where(valid[:, 0], p.reshape(batch, heads, steps, seq), 0.0)
-            q = queries[:, layer * heads:(layer + 1) * heads]  # [B, H, T, D]
-            qg = q.reshape(batch, config.num_kv_heads, groups, steps, q.shape[-1])
-            mask = quest_mask(qg, keys[layer], lengths, budget=budget).reshape(batch, heads, steps, seq)
-            total = jnp.sum(p, axis=-1)
-            kept = jnp.sum(jnp.where(mask, p, 0.0), axis=-1)
-            per_layer.append(jnp.mean(kept / jnp.where(total > 0, total, 1.0), axis=(1, 2)))
+        per_layer = [jnp.ones((history_probs.shape[0],), jnp.float32)] * min(2, config.num_layers)
+        for layer in range(2, config.num_layers):
+            part = slice(layer * heads, (layer + 1) * heads)
+            per_layer.append(fn(history_probs[:, part], queries[:, part], keys[layer], lengths, budget=budget,
+                                config=config))
         out.append(jnp.mean(jnp.stack(per_layer), axis=0))
-    return jnp.stack(out) if out else jnp.zeros((0, batch))
+    return jnp.stack(out)
 
 
 class QualityRunner:
@@ -633,8 +640,7 @@ class QualityRunner:
                         draft_keys, snaps.get(m.budget), **select_static)
                     arr_sums[m.key] += float(recall_of_indices(weights, indices)[0])
                 if quest_budgets:
-                    quest = _jit("quest_arr", _round_arr, static_argnames=("quest_budgets", "config"))(
-                        weights, hprobs, queries, cache.keys, history, quest_budgets=quest_budgets, config=tcfg)
+                    quest = _round_arr(weights, hprobs, queries, cache.keys, history, quest_budgets, config=tcfg)
                     for i, budget in enumerate(quest_budgets):
                         arr_sums[f"quest/k{budget}"] += float(quest[i, 0])
                 arr_rounds += 1
@@ -791,6 +797,11 @@ def _match(tokens, reference) -> Tuple[float, Optional[int]]:
     return same / total, first
 
 
+def _fmt(value) -> str:
+    """``None`` (e.g. tau of a run whose first token was a stop token: no rounds) as ``-``."""
+    return "-" if value is None else f"{value:.2f}"
+
+
 def _select_items(evaluation, per_length: Dict[int, int], seed: int):
     import random
 
@@ -897,7 +908,7 @@ def cmd_dustin_quality(args) -> Dict[str, Any]:
                      "ppl_tokens": ppl["dense"]["tokens"], "arr": arr, "rounds": metrics["rounds"],
                      "seconds": time.perf_counter() - t0}
             writer.add(f"{item}/dense", dense)
-        print(f"[dustin-quality]   dense: tau {dense['tau']:.2f}, accuracy {dense['accuracy']:.0f}, "
+        print(f"[dustin-quality]   dense: tau {_fmt(dense['tau'])}, accuracy {dense['accuracy']:.0f}, "
               f"{dense['text'][:60]!r} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
         for m in methods:
             key = f"{item}/{m.key}"
@@ -921,7 +932,7 @@ def cmd_dustin_quality(args) -> Dict[str, Any]:
             writer.add(key, record)
             arr_text = "-" if record["arr"] is None else f"{record['arr']:.3f}"
             print(f"[dustin-quality]   {m.key:16s} ARR {arr_text} match {rate:.2f} first_div {first} acc "
-                  f"{record['accuracy']:.0f} tau {metrics['tau']:.2f} ppl {record['ppl']:.2f} "
+                  f"{record['accuracy']:.0f} tau {_fmt(metrics['tau'])} ppl {record['ppl']:.2f} "
                   f"({time.perf_counter() - t1:.0f} s; total {time.perf_counter() - started:.0f} s)",
                   file=sys.stderr, flush=True)
         del base
@@ -935,8 +946,14 @@ def cmd_dustin_quality(args) -> Dict[str, Any]:
 
 def quality_table(cases: Dict[str, Any]) -> List[Dict[str, Any]]:
     """Mean per (method, k) over items; dense ClassicSD first."""
+    # an item whose dense output ends at its first token (a stop token right after the prompt) has no
+    # rounds: no ARR, nothing to agree on -- it counts for perplexity and accuracy only
+    ended = {r["task"] for r in cases.values() if "method" not in r and len(r.get("tokens", [])) <= 1}
+    token_fields = ("arr", "match_rate", "first_divergence", "tau")
     groups: Dict[Tuple[str, Any], List[dict]] = {}
     for record in cases.values():
+        if record.get("task") in ended:
+            record = {k: v for k, v in record.items() if k not in token_fields}
         name = record.get("method", "dense (ClassicSD)")
         groups.setdefault((name, record.get("budget")), []).append(record)
     order = {name: i for i, name in enumerate(("dense (ClassicSD)",) + ALL_METHODS)}
@@ -946,7 +963,7 @@ def quality_table(cases: Dict[str, Any]) -> List[Dict[str, Any]]:
             values = [r[field] for r in records if r.get(field) is not None]
             return float(np.mean(values)) if values else None
 
-        firsts = [r["first_divergence"] for r in records if "first_divergence" in r]
+        firsts = [r["first_divergence"] for r in records if "match_rate" in r]
         rows.append({"method": name, "k": budget if budget is not None else "-", "items": len(records),
                      "ARR": mean("arr") if name != "dense (ClassicSD)" else 1.0,
                      "match": mean("match_rate") if firsts else 1.0,
@@ -970,8 +987,8 @@ def quality_markdown(cases: Dict[str, Any], budgets: Sequence[int] = (128, 256, 
              "|---|---|---|---|---|---|---|"]
     dense = by.get(("dense (ClassicSD)", "-"))
     if dense:
-        lines.append(f"| dense (ClassicSD) | 1 | 1 | 1 | {dense['accuracy']:.2f} | {dense['ppl']:.2f} | "
-                     f"{dense['tau']:.2f} |")
+        lines.append(f"| dense (ClassicSD) | 1 | 1 | 1 | {_fmt(dense['accuracy'])} | {_fmt(dense['ppl'])} | "
+                     f"{_fmt(dense['tau'])} |")
     for name in ALL_METHODS:
         if not any((name, b) in by for b in budgets):
             continue
