@@ -7,6 +7,7 @@ import pytest
 from experiments.run import main
 
 ARGS = ["dustin-speed", "--target-shape", "smollm2-135m-shape", "--draft-shape", "smollm2-135m-shape", "--layers", "2",
+        "--override", "vocab_size=512,hidden_size=128,intermediate_size=256",
         "--contexts", "320", "--batches", "2", "--budget", "128", "--tau", "2.5", "--new-tokens", "6",
         "--repeats", "1", "--attention-backend", "xla", "--copy-gib", "0.01", "--draft-heads", "0,1"]
 
