@@ -13,10 +13,8 @@ null function (the harness's own per-iteration cost).
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 
-import numpy as np
 
 
 def main(argv=None):
@@ -36,8 +34,9 @@ def main(argv=None):
 
     from experiments.common import ResultWriter
     from experiments.kernels import SHAPES, loop_time
-    from pallas_kernels.attention import dense_history_partials, merged_history, sparse_history_partials
-    from pallas_kernels.reference import (dense_history_reference, merge_partials, normalize,
+    from pallas_kernels.attention import (dense_history_partials, merged_history, sparse_attention_fused,
+                                          sparse_history_partials)
+    from pallas_kernels.reference import (dense_history_reference, merge_partials, normalize, partial_from_scores,
                                           sparse_history_reference)
     from pallas_kernels.selection import select_top_k, srh_scores, srh_scores_pallas
 
@@ -107,6 +106,22 @@ def main(argv=None):
             q_, k_, v_, i_, chunk=64, chunks_per_program=1, interpret=interpret), (q, k, v, idx), moved=sparse_bytes)
         timed(p + "sparse_xla_gather", lambda q_, k_, v_, i_: sparse_history_reference(q_, k_, v_, i_),
               (q, k, v, idx), moved=sparse_bytes)
+        # the whole sparse verification attention of a layer (history + causal new tokens):
+        # one fused launch vs partials + the new-token part + the merge in XLA (as the model does now)
+        kn = jax.random.normal(keys[5], (batch, kv_heads, steps, dim), jnp.bfloat16)
+        vn = jax.random.normal(keys[4], (batch, kv_heads, steps, dim), jnp.bfloat16)
+        causal = (jnp.arange(steps)[None, :] <= (jnp.arange(rows) % steps)[:, None])[None, None]
+
+        def unfused(q_, k_, v_, i_):
+            history = merge_partials(sparse_history_partials(q_, k_, v_, i_, interpret=interpret), axis=2)
+            scores = jnp.einsum("bhmd,bhud->bhmu", q_, kn, preferred_element_type=jnp.float32)
+            return normalize(merge_partials([history, partial_from_scores(scores, causal, vn)]))
+
+        layer_ref = unfused(q, k, v, idx)
+        timed(p + "layer_sparse_unfused", unfused, (q, k, v, idx), moved=sparse_bytes)
+        timed(p + "layer_sparse_fused", lambda q_, k_, v_, i_: sparse_attention_fused(
+            q_, k_, v_, i_, kn, vn, steps=steps, interpret=interpret), (q, k, v, idx),
+            check=lambda out: rel(out[:, :, :groups * steps], layer_ref[:, :, :groups * steps]), moved=sparse_bytes)
 
         # selection: SRH scoring (4 heads, 1 row: the target signal; 4 heads x 4 rows: a draft signal)
         for label, srh_groups, srh_rows in (("4groups_r1", (0, 1, 2, 3), 1), ("1group_r1", (0, 0, 0, 0), 1),

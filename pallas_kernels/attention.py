@@ -220,6 +220,80 @@ def sparse_history_partials(q, k_cache, v_cache, indices, *, chunk: int = SPARSE
     )(indices.astype(jnp.int32), q, k_cache, v_cache)
 
 
+# ---------------------------------------------------------------------------- sparse + new tokens, one launch
+def _sparse_fused_kernel(idx_ref, q_ref, k_ref, v_ref, kn_ref, vn_ref, o_ref, *, chunk, chunks, steps):
+    q = q_ref[...]
+    rows = q.shape[0]
+
+    def update(carry, scores, valid, values):
+        acc, l_prev, m_prev = carry
+        scores = jnp.where(valid, scores, NEG_INF)
+        m_next = jnp.maximum(m_prev, jnp.max(scores, axis=1))
+        correction = jnp.exp(m_prev - m_next)
+        p = jnp.where(valid, jnp.exp(scores - m_next[:, None]), 0.0)
+        acc = acc * correction[:, None] + jnp.dot(p.astype(values.dtype), values, preferred_element_type=jnp.float32)
+        return acc, l_prev * correction + jnp.sum(p, axis=1), m_next
+
+    def body(c, carry):
+        idx = idx_ref[pl.ds(c * chunk, chunk)]
+        valid = idx >= 0
+        safe = jnp.where(valid, idx, 0)
+        k = k_ref[safe, :]
+        scores = jnp.dot(q, k.T, preferred_element_type=jnp.float32)
+        return update(carry, scores, valid[None, :], v_ref[safe, :])
+
+    init = (jnp.zeros((rows, q.shape[1]), jnp.float32), jnp.zeros((rows,), jnp.float32),
+            jnp.full((rows,), NEG_INF, jnp.float32))
+    carry = jax.lax.fori_loop(0, chunks, body, init)
+    kn = kn_ref[...]  # [Tp, D]: the verification's own keys, causal among the rows
+    scores = jnp.dot(q, kn.T, preferred_element_type=jnp.float32)  # [M, Tp]
+    new_pos = jnp.arange(kn.shape[0])[None, :]
+    row_step = (jnp.arange(rows) % steps)[:, None]
+    acc, l, _ = update(carry, scores, (new_pos <= row_step) & (new_pos < steps), vn_ref[...])
+    o_ref[...] = (acc / jnp.where(l > 0, l, 1.0)[:, None]).astype(o_ref.dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("steps", "chunk", "num_warps", "num_stages", "interpret"))
+def sparse_attention_fused(q, k_cache, v_cache, indices, k_new, v_new, *, steps: int, chunk: int = SPARSE_CHUNK,
+                           num_warps: int = 4, num_stages: int = 2, interpret: bool = False) -> jax.Array:
+    """The whole sparse verification attention of one layer in ONE launch: ``q [B, Hkv, M, D]``
+    (packed, rows ``g * steps + t``) over the cache rows ``indices [B, K]`` (< 0 ignored) and the
+    ``steps`` new keys ``k_new, v_new [B, Hkv, steps, D]`` (causal among the rows). Returns the
+    normalised output ``[B, Hkv, M, D]`` float32 -- no partials, no merge in XLA. Grid (B, Hkv):
+    one program walks all K indices (fewer programs than :func:`sparse_history_partials`; which
+    is faster is measured by ``experiments.kernel_explore``)."""
+    batch, kv_heads, rows, dim = q.shape
+    seq = k_cache.shape[2]
+    budget = indices.shape[1]
+    if rows & (rows - 1) or rows < 16:
+        raise ValueError(f"packed query rows M={rows} must be a power of two >= 16 (pad with pack_queries)")
+    if budget % chunk:
+        raise ValueError(f"budget K={budget} must be a multiple of chunk={chunk}; pad the index set with -1")
+    if k_new.shape[2] != steps:
+        raise ValueError(f"k_new has {k_new.shape[2]} rows, expected steps={steps}")
+    padded = _pow2_at_least(steps)
+    pad = ((0, 0), (0, 0), (0, padded - steps), (0, 0))
+    k_new, v_new = jnp.pad(k_new, pad), jnp.pad(v_new, pad)
+    kernel = functools.partial(_sparse_fused_kernel, chunk=chunk, chunks=budget // chunk, steps=steps)
+    return pl.pallas_call(
+        kernel,
+        grid=(batch, kv_heads),
+        in_specs=[
+            pl.BlockSpec((None, budget), lambda b, h: (b, 0)),
+            pl.BlockSpec((None, None, rows, dim), lambda b, h: (b, h, 0, 0)),
+            pl.BlockSpec((None, None, seq, dim), lambda b, h: (b, h, 0, 0)),
+            pl.BlockSpec((None, None, seq, dim), lambda b, h: (b, h, 0, 0)),
+            pl.BlockSpec((None, None, padded, dim), lambda b, h: (b, h, 0, 0)),
+            pl.BlockSpec((None, None, padded, dim), lambda b, h: (b, h, 0, 0)),
+        ],
+        out_specs=pl.BlockSpec((None, None, rows, dim), lambda b, h: (b, h, 0, 0)),
+        out_shape=jax.ShapeDtypeStruct((batch, kv_heads, rows, dim), jnp.float32),
+        compiler_params=_compiler_params(num_warps, num_stages, interpret),
+        interpret=interpret,
+        name="jaxspec_sparse_attention_fused",
+    )(indices.astype(jnp.int32), q, k_cache, v_cache, k_new.astype(k_cache.dtype), v_new.astype(v_cache.dtype))
+
+
 # ---------------------------------------------------------------------------- packing helpers
 def pack_queries(q: jax.Array, num_kv_heads: int, scale: float) -> jax.Array:
     """``q [B, T, Hq, D]`` -> ``[B, Hkv, M, D]`` with rows ``g * T + t`` (G heads per KV group),

@@ -8,7 +8,8 @@ import pytest
 from jaxspec.config import ModelConfig
 from jaxspec.models.cache import init_cache
 from jaxspec.models.llama import forward, init_params
-from pallas_kernels.attention import dense_history_partials, pack_queries, sparse_history_partials
+from pallas_kernels.attention import (dense_history_partials, pack_queries, sparse_attention_fused,
+                                      sparse_history_partials)
 from pallas_kernels.reference import (NEG_INF, clean_indices, dense_history_reference, merge_partials, normalize,
                                       sparse_history_reference)
 from pallas_kernels.selection import select_top_k, srh_scores, srh_scores_pallas
@@ -225,3 +226,29 @@ def test_srh_scores_pallas_matches_xla(groups, rows):
     assert (got[2, 7:] == 0).all() and (got[1, 200:] == 0).all()  # padding gets no mass
     with pytest.raises(ValueError, match="kv_groups"):
         srh_scores_pallas(queries, k, lengths, (0, 1, 2, 0), interpret=INTERPRET)
+
+
+def test_sparse_attention_fused_equals_partials_plus_new_tokens():
+    """One-launch sparse verification == sparse partials merged with the causal new-token part."""
+    from pallas_kernels.reference import partial_from_scores
+
+    steps, groups = 3, 4
+    q, k, v = _inputs(13, batch=2, kv_heads=2, rows=16, dim=32, seq=320)
+    q = q.at[:, :, groups * steps:].set(0.0)
+    keys = jax.random.split(jax.random.PRNGKey(14), 2)
+    k_new = jax.random.normal(keys[0], (2, 2, steps, 32))
+    v_new = jax.random.normal(keys[1], (2, 2, steps, 32))
+    lengths = jnp.array([320, 150], jnp.int32)
+    raw = np.random.RandomState(3).randint(0, 320, (2, 128)).astype(np.int32)
+    raw[1, 50:] = -1
+    indices = clean_indices(jnp.asarray(raw), lengths)
+    history = merge_partials(sparse_history_partials(q, k, v, indices, chunk=32, interpret=INTERPRET), axis=2)
+    scores = jnp.einsum("bhmd,bhud->bhmu", q, k_new)
+    causal = (jnp.arange(steps)[None, :] <= (jnp.arange(16) % steps)[:, None])[None, None]
+    new_part = partial_from_scores(scores, causal, v_new)
+    expected = normalize(merge_partials([history, new_part]))
+    got = sparse_attention_fused(q, k, v, indices, k_new, v_new, steps=steps, chunk=32, interpret=INTERPRET)
+    used = groups * steps
+    assert _rel(got[:, :, :used], expected[:, :, :used]) < 1e-5
+    with pytest.raises(ValueError, match="steps"):
+        sparse_attention_fused(q, k, v, indices, k_new, v_new, steps=2, chunk=32, interpret=INTERPRET)
