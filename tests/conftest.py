@@ -169,3 +169,18 @@ def max_rel_error(ours, reference) -> float:
 @pytest.fixture(scope="session")
 def rel_error():
     return max_rel_error
+
+
+# ---------------------------------------------------------------------------- memory between modules
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+    """Drop JAX's compiled executables after each test module: the suite compiles thousands of
+    programs, and keeping all of them alive grows one process by gigabytes (CI machines are
+    small; a compile that runs out of memory inside LLVM can crash instead of raising)."""
+    yield
+    import gc
+    import sys
+
+    if "jax" in sys.modules:
+        sys.modules["jax"].clear_caches()
+    gc.collect()
