@@ -413,13 +413,12 @@ def _quest_forward(params, rows, cache, *, config, budget):
     return out.logits, out.cache
 
 
-def _select(method_name, budget, dustin, query, target_keys, committed, draft_q, draft_keys, snap, *, probe_t,
-            probe_d, target_qpk, draft_qpk, capacity, max_generated):
-    """I_verify ``[B, k]`` of one method (traced; ``query [B, P_T, D]`` the target probes ``probe_t``
-    of the last committed token, ``draft_q [B, P_D, gamma, D]`` the draft probes ``probe_d``)."""
+def _select_with(method_name, budget, dustin, query, target_keys, committed, snap, draft_scores_of, *, probe_t,
+                 target_qpk, max_generated):
+    """I_verify ``[B, k]`` of one method (traced); ``draft_scores_of(cfg, history)`` gives ``s_D``."""
     from jaxspec.baselines.streaming import streaming_indices
     from jaxspec.dustin.selection import select_for_config
-    from jaxspec.dustin.signals import DraftSignals, draft_signal, target_signal
+    from jaxspec.dustin.signals import target_signal
 
     _, jnp = _jax()
     history = (committed - 1).astype(jnp.int32)
@@ -435,12 +434,28 @@ def _select(method_name, budget, dustin, query, target_keys, committed, draft_q,
         rows = [probe_t.index((cfg.target_layer, h)) for h in cfg.target_heads]
         s_target = target_signal(query[:, rows], target_keys[cfg.target_layer], history, cfg.target_heads, target_qpk)
     if cfg.uses_draft_signal:
-        rows = [probe_d.index((layer, h)) for layer, hs in zip(cfg.draft_layers, cfg.draft_heads) for h in hs]
-        layers = [layer for layer, _ in probe_d]
-        keys = tuple(draft_keys[sorted(set(layers)).index(layer)] for layer in cfg.draft_layers)
-        s_draft = draft_signal(DraftSignals(queries=draft_q[:, rows], keys=keys), history, cfg.draft_heads,
-                               draft_qpk, capacity)
+        s_draft = draft_scores_of(cfg, history)
     return select_for_config(cfg, s_draft, s_target, history)
+
+
+def _draft_rows(cfg, probe_d):
+    return [probe_d.index((layer, h)) for layer, hs in zip(cfg.draft_layers, cfg.draft_heads) for h in hs]
+
+
+def _select(method_name, budget, dustin, query, target_keys, committed, draft_q, draft_keys, snap, *, probe_t,
+            probe_d, target_qpk, draft_qpk, capacity, max_generated):
+    """I_verify ``[B, k]`` of one method (traced; ``query [B, P_T, D]`` the target probes ``probe_t``
+    of the last committed token, ``draft_q [B, P_D, gamma, D]`` the draft probes ``probe_d``)."""
+    from jaxspec.dustin.signals import DraftSignals, draft_signal
+
+    def draft_scores_of(cfg, history):
+        layers = sorted({layer for layer, _ in probe_d})
+        keys = tuple(draft_keys[layers.index(layer)] for layer in cfg.draft_layers)
+        return draft_signal(DraftSignals(queries=draft_q[:, _draft_rows(cfg, probe_d)], keys=keys), history,
+                            cfg.draft_heads, draft_qpk, capacity)
+
+    return _select_with(method_name, budget, dustin, query, target_keys, committed, snap, draft_scores_of,
+                        probe_t=probe_t, target_qpk=target_qpk, max_generated=max_generated)
 
 
 def _take_last_query(old, queries, num_committed):
@@ -763,30 +778,18 @@ class QualityRunner:
 def _select_from_scores(method_name, budget, dustin, query, target_keys, committed, draft_scores, snap, *, probe_t,
                         probe_d, target_qpk, draft_qpk, capacity, max_generated):
     """``_select`` with the draft signal given as per-(layer, head) scores ``[P_D, S]`` (perplexity)."""
-    from jaxspec.baselines.streaming import streaming_indices
-    from jaxspec.dustin.selection import select_for_config
-    from jaxspec.dustin.signals import _fit_width, target_signal
+    from jaxspec.dustin.signals import _fit_width
 
     _, jnp = _jax()
-    history = (committed - 1).astype(jnp.int32)
-    if method_name == "streaming":
-        return streaming_indices(history, sinks=SINKS, window=budget - SINKS)
-    if method_name == "snapkv":
-        from jaxspec.baselines.snapkv import SnapKVVerify
 
-        return SnapKVVerify(budget=budget, max_generated=max_generated).verify_indices(snap, None, committed, None)
-    cfg = dustin
-    s_target = s_draft = None
-    if cfg.uses_target_signal:
-        rows = [probe_t.index((cfg.target_layer, h)) for h in cfg.target_heads]
-        s_target = target_signal(query[:, rows], target_keys[cfg.target_layer], history, cfg.target_heads, target_qpk)
-    if cfg.uses_draft_signal:
-        rows = [probe_d.index((layer, h)) for layer, hs in zip(cfg.draft_layers, cfg.draft_heads) for h in hs]
-        s_draft = _fit_width(jnp.sum(draft_scores[jnp.asarray(rows)], axis=0)[None], capacity)
-    return select_for_config(cfg, s_draft, s_target, history)
+    def draft_scores_of(cfg, history):
+        rows = jnp.asarray(_draft_rows(cfg, probe_d))
+        return _fit_width(jnp.sum(draft_scores[rows], axis=0)[None], capacity)
+
+    return _select_with(method_name, budget, dustin, query, target_keys, committed, snap, draft_scores_of,
+                        probe_t=probe_t, target_qpk=target_qpk, max_generated=max_generated)
 
 
-# ---------------------------------------------------------------------------- dustin-quality
 def _match(tokens, reference) -> Tuple[float, Optional[int]]:
     """(token match rate over the reference's positions, first divergence index or None)."""
     total = max(len(reference), 1)
