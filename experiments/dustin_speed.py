@@ -24,9 +24,9 @@ from typing import Any, Dict
 
 import numpy as np
 
-from experiments.common import ResultWriter, median_time, print_table
-from experiments.foundation import _config_of, copy_bandwidth, decode_bytes_per_step
-from experiments.speculative import _tau, time_rounds
+from experiments.common import median_time, print_table
+from experiments.foundation import decode_bytes_per_step
+from experiments.speculative import fixed_acceptance_writer, time_rounds
 
 METHODS = ("ar", "classic", "magicdec", "dustin")
 
@@ -112,13 +112,7 @@ def cmd_dustin_speed(args) -> Dict[str, Any]:
         raise ValueError(f"--methods {args.methods!r}: choose from {','.join(METHODS)} (ar is required: the "
                          f"speed-ups are against it)")
     budget = check_budget(args.budget)
-    tau = _tau(args)
-    writer = ResultWriter(args.out, "dustin-speed", _config_of(args))
-    writer.set("acceptance", {**tau, "mode": "fixed acceptance (systems benchmark, random weights): accepted "
-                                             "counts drawn from the distribution with this mean tokens/round"})
-    if not writer.has("copy_bandwidth"):
-        writer.add("copy_bandwidth", copy_bandwidth(args.copy_gib))
-    bandwidth = writer.get("copy_bandwidth")["bandwidth_Bps"]
+    writer, tau, bandwidth = fixed_acceptance_writer(args, "dustin-speed")
     backend = args.attention_backend
     overrides = _overrides(args.override)
     if args.layers:

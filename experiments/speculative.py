@@ -31,6 +31,18 @@ def _tau(args) -> Dict[str, Any]:
     return {"tau": float(args.tau), "source": "--tau"}
 
 
+def fixed_acceptance_writer(args, experiment: str):
+    """The results file of a fixed-acceptance benchmark: ``(writer, tau record, copy bandwidth B/s)``,
+    the acceptance mode and the measured copy bandwidth recorded once (kept on resume)."""
+    tau = _tau(args)
+    writer = ResultWriter(args.out, experiment, _config_of(args))
+    writer.set("acceptance", {**tau, "mode": "fixed acceptance (systems benchmark, random weights): accepted "
+                                             "counts drawn from the distribution with this mean tokens/round"})
+    if not writer.has("copy_bandwidth"):
+        writer.add("copy_bandwidth", copy_bandwidth(args.copy_gib))
+    return writer, tau, writer.get("copy_bandwidth")["bandwidth_Bps"]
+
+
 def time_rounds(target_params, draft_params, holder, fresh_state, static, repeats: int):
     """Compile (first run) and time a fused speculative loop on benchmark caches.
 
@@ -72,13 +84,7 @@ def cmd_bench_sd(args) -> Dict[str, Any]:
     from jaxspec.models.cache import random_cache
     from jaxspec.models.llama import init_params, param_bytes
 
-    tau = _tau(args)
-    writer = ResultWriter(args.out, "bench-sd", _config_of(args))
-    writer.set("acceptance", {**tau, "mode": "fixed acceptance (systems benchmark, random weights): accepted "
-                                             "counts drawn from the distribution with this mean tokens/round"})
-    if not writer.has("copy_bandwidth"):
-        writer.add("copy_bandwidth", copy_bandwidth(args.copy_gib))
-    bandwidth = writer.get("copy_bandwidth")["bandwidth_Bps"]
+    writer, tau, bandwidth = fixed_acceptance_writer(args, "bench-sd")
     target_config = preset(args.target_shape, attention_backend=args.attention_backend)
     target_params = init_params(target_config, jax.random.PRNGKey(0))
     if args.draft_skip:
