@@ -187,7 +187,7 @@ def run_sparse(args, model, prompts, sampling, stops, out):
                           stop_tokens=tuple(stops), fixed_acceptance=fixed)
     draft = mask = None
     if args.draft:
-        draft = _load(args.draft, args.dtype)
+        draft = _load(args.draft, args.dtype, config.attention_backend)
         check_compatible(config, draft.config, model.tokenizer, draft.tokenizer)
         out["draft"] = {"source": draft.source, "config": draft.config.to_dict()}
     elif args.draft_skip:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import pathlib
 import sys
@@ -25,11 +26,14 @@ DEMO_PROMPT_FILE = REPO / "experiments" / "prompts" / "long_demo.txt"
 
 
 # ---------------------------------------------------------------------------- helpers
-def _load(source: str, dtype: str):
+def _load(source: str, dtype: str, attention_backend: str = "xla"):
     from jaxspec.models.loading import load_model
 
     start = time.perf_counter()
     model = load_model(source, dtype=dtype)
+    if attention_backend != model.config.attention_backend:
+        model = dataclasses.replace(model, config=dataclasses.replace(model.config,
+                                                                      attention_backend=attention_backend))
     print(f"loaded {source} ({model.config.num_layers} layers, {model.config.num_params() / 1e6:.1f} M params, "
           f"{dtype}) in {time.perf_counter() - start:.1f} s", file=sys.stderr)
     return model
@@ -110,6 +114,9 @@ def add_generate_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--no-chat", action="store_true", help="do not wrap the prompt in the chat template")
     parser.add_argument("--no-warmup", action="store_true", help="time the first (compiling) run")
+    parser.add_argument("--attention-backend", default="xla", choices=["xla", "pallas", "pallas-interpret"],
+                        help="history attention of the model (and of a separate draft): XLA reference or our "
+                             "Pallas kernels (pallas needs a GPU; pallas-interpret runs them slowly anywhere)")
     self_spec.add_self_spec_args(parser)
     dustin_exp.add_dustin_args(parser)
 
@@ -136,14 +143,15 @@ def run_generate(args) -> Dict[str, Any]:
         from jaxspec.parallel import parse_mesh
 
         mesh = parse_mesh(args.mesh)  # checks data x tensor against the device count before loading
-    model = _load(args.model, args.dtype)
+    backend = getattr(args, "attention_backend", "xla")
+    model = _load(args.model, args.dtype, backend)
     if model.tokenizer is None:
         raise ValueError(f"{args.model} has no tokenizer; generate needs one to encode prompts")
     draft = None
     if method == "sd" and args.draft:
         from jaxspec.decoding.speculative import check_compatible
 
-        draft = _load(args.draft, args.dtype)
+        draft = _load(args.draft, args.dtype, backend)
         check_compatible(model.config, draft.config, model.tokenizer, draft.tokenizer)
     prompts = [_encode(model.tokenizer, t, chat=not args.no_chat) for t in texts]
     capacity_limit = model.config.max_position_embeddings
@@ -153,6 +161,7 @@ def run_generate(args) -> Dict[str, Any]:
                          f"{capacity_limit} (max_position_embeddings of {args.model})")
     stops = _stop_tokens(model.tokenizer)
     out: Dict[str, Any] = {"method": method, "model": model.source, "model_config": model.config.to_dict(),
+                           "attention_backend": backend,
                            "prompt_tokens": [len(p) for p in prompts]}
     if mesh is not None:
         out["mesh"] = _check_memory_plan(model, draft, mesh, len(prompts),
