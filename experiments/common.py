@@ -24,7 +24,12 @@ def git_commit() -> Dict[str, Any]:
             return {"commit": os.environ.get("JAXSPEC_COMMIT", "unknown"), "dirty": None}
         dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
                                     capture_output=True, text=True, timeout=10).stdout.strip())
-        return {"commit": commit or os.environ.get("JAXSPEC_COMMIT", "unknown"), "dirty": dirty}
+        out = {"commit": commit or os.environ.get("JAXSPEC_COMMIT", "unknown"), "dirty": dirty}
+        if os.environ.get("JAXSPEC_COMMIT") and os.environ["JAXSPEC_COMMIT"] != commit:
+            # a copied tree (the GPU machine) whose git metadata is older than the code it holds:
+            # the commit the working tree was copied at, as recorded by the caller
+            out["tree_commit"] = os.environ["JAXSPEC_COMMIT"]
+        return out
     except (OSError, subprocess.SubprocessError):
         return {"commit": os.environ.get("JAXSPEC_COMMIT", "unknown"), "dirty": None}
 
