@@ -184,7 +184,7 @@ def _measure_point(*, args, context, batch, holder, target_config, draft_config,
     from jaxspec.decoding.autoregressive import _decode_loop
     from jaxspec.decoding.policies import DenseVerify, SeparateDraft
     from jaxspec.decoding.sampling import SamplingConfig
-    from jaxspec.decoding.speculative import loop_state_from_caches, summarize
+    from jaxspec.decoding.speculative import loop_state_from_caches, profile_phases, summarize
     from jaxspec.dustin.policy import dustin_policies
     from pallas_kernels.attention import dense_history_partials, merged_history, pack_queries, \
         sparse_history_partials
@@ -268,6 +268,17 @@ def _measure_point(*, args, context, batch, holder, target_config, draft_config,
                               repeats=max(args.repeats, 10), warmup=2)
             entry["dustin"]["selection_timing"] = sel
             row["selection_ms"] = sel["median_s"] * 1e3
+        if args.profile:  # per-round split from per-phase jitted calls (one host sync per phase)
+            phases, after = profile_phases(target_params, draft_params, fresh_state(), **static, return_state=True)
+            holder["cache"], holder["draft"] = after.target_cache, after.draft_state  # the phases donate them
+            rounds = max(phases["profile_rounds"], 1)
+            entry[method]["profile"] = phases
+            row.update(draft_ms=phases["profile_draft_s"] / rounds * 1e3,
+                       verify_ms=phases["profile_verify_s"] / rounds * 1e3,
+                       other_ms=phases["profile_other_s"] / rounds * 1e3)
+            if "selection_ms" in row:  # the verify phase runs the selection first; split it out
+                row["verification_ms"] = max(row["verify_ms"] - row["selection_ms"], 0.0)
+            del after
         rows_here.append(row)
         del final
     # ---- self-attention of one verification: dense vs sparse (one layer, times the layers)
@@ -331,6 +342,9 @@ def register(subparsers) -> None:
     bench.add_argument("--repeats", type=int, default=3)
     bench.add_argument("--attention-backend", default="pallas", choices=["xla", "pallas", "pallas-interpret"])
     bench.add_argument("--copy-gib", type=float, default=4.0)
+    bench.add_argument("--profile", action="store_true",
+                       help="also split a round into draft / selection / verification / other (per-phase jitted "
+                            "calls with a host sync each, so their sum exceeds the fused loop's round)")
     bench.add_argument("--layers", type=int, default=0, help="override both models' layer count (smoke tests)")
     bench.add_argument("--override", default="", metavar="KEY=VAL,...",
                        help="override config fields of both shapes (smoke tests), e.g. vocab_size=512,hidden_size=256")

@@ -32,6 +32,22 @@ def test_dustin_speed_runs_all_methods_and_resumes(tmp_path, capsys):
     assert json.loads(out.read_text())["cases"]["ctx320/b2"]["rows"] == rows
 
 
+@pytest.mark.slow
+def test_dustin_speed_profile_splits_a_round(tmp_path):
+    out = tmp_path / "speed.json"
+    assert main(ARGS + ["--methods", "ar,classic,dustin", "--profile", "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    rows = {r["method"]: r for r in data["cases"]["ctx320/b2"]["rows"]}
+    for method in ("classic", "dustin"):
+        row = rows[method]
+        assert row["draft_ms"] > 0 and row["verify_ms"] > 0 and row["other_ms"] > 0
+        assert data["cases"]["ctx320/b2"][method]["profile"]["profile_rounds"] >= 1
+    assert "draft_ms" not in rows["ar"]
+    # Dustin's verify phase runs the selection first; the split keeps both parts
+    dustin = rows["dustin"]
+    assert dustin["verification_ms"] == pytest.approx(max(dustin["verify_ms"] - dustin["selection_ms"], 0.0))
+
+
 def test_dustin_speed_bad_input(tmp_path, capsys):
     cases = [(ARGS[:-2] + ["--methods", "dustin"], "ar is required"),
              ([a if a != "320" else "128" for a in ARGS], "smaller than the context"),

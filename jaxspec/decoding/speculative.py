@@ -325,10 +325,15 @@ def run_loop(target_params, draft_params, state: LoopState, *, target_config, dr
 
 
 def profile_phases(target_params, draft_params, state: LoopState, *, target_config, draft_policy, verify_policy,
-                   engine) -> Dict[str, float]:
-    """Draft / verify / other seconds summed over rounds (per-phase jitted calls; first round excluded)."""
-    return _profile(target_params, draft_params, state, dict(target_config=target_config, draft_policy=draft_policy,
-                                                             verify_policy=verify_policy, engine=engine))
+                   engine, return_state: bool = False):
+    """Draft / verify / other seconds summed over rounds (per-phase jitted calls; first round excluded).
+
+    The phases donate the state's caches; ``return_state=True`` also returns the final state
+    (``(seconds, state)``) so a caller can keep using its caches."""
+    totals, final = _profile(target_params, draft_params, state,
+                             dict(target_config=target_config, draft_policy=draft_policy,
+                                  verify_policy=verify_policy, engine=engine))
+    return (totals, final) if return_state else totals
 
 
 def summarize(final: LoopState, engine: EngineConfig) -> Dict[str, Any]:
@@ -423,7 +428,7 @@ def speculative_generate(target_params, target_config: ModelConfig, prompts: Seq
         num_generated = (out != PAD_OUTPUT).sum(axis=1)
         metrics = _metrics(final, gamma, engine)
         if profile:
-            timings.update(_profile(target_params, draft_params, initial_state(), static))
+            timings.update(_profile(target_params, draft_params, initial_state(), static)[0])
     return SpeculativeResult(tokens=out, num_generated=num_generated, prompt_lengths=np.asarray(lengths),
                              metrics=metrics, timings=timings, final_state=final)
 
@@ -459,8 +464,9 @@ def _metrics(final: LoopState, gamma: int, engine: EngineConfig) -> Dict[str, An
     }
 
 
-def _profile(target_params, draft_params, state, static) -> Dict[str, float]:
-    """Draft / verify / other time from per-phase jitted calls (one warm-up round first)."""
+def _profile(target_params, draft_params, state, static) -> Tuple[Dict[str, float], LoopState]:
+    """Draft / verify / other time from per-phase jitted calls (one warm-up round first), and the
+    final state."""
     engine = static["engine"]
     phase_static = {k: static[k] for k in ("target_config", "draft_policy", "engine")}
     verify_static = {k: static[k] for k in ("target_config", "verify_policy", "engine")}
@@ -491,4 +497,4 @@ def _profile(target_params, draft_params, state, static) -> Dict[str, float]:
         totals["verify_s"] += t2 - t1
         totals["other_s"] += t3 - t2
         rounds += 1
-    return {f"profile_{k}": v for k, v in totals.items()} | {"profile_rounds": rounds}
+    return {f"profile_{k}": v for k, v in totals.items()} | {"profile_rounds": rounds}, state
