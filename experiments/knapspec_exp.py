@@ -50,6 +50,8 @@ INSTRUCTION = "Summarise the following text in a few paragraphs.\n\n"
 #: prompts come from these books (row b uses book b mod 5); calibration from the sixth
 PROMPT_BOOKS = ("Pride and Prejudice", "Emma", "Sense and Sensibility", "Mansfield Park", "Northanger Abbey")
 CALIBRATION_BOOK = "Persuasion"
+#: ``--latency-fit`` default (see jaxspec.knapspec.latency)
+DEFAULT_LATENCY_FIT = "isolated"
 
 
 # ---------------------------------------------------------------------------- arguments
@@ -99,6 +101,10 @@ def register(subparsers) -> None:
     p.add_argument("--clasp-skip-count", type=int, default=None)
     p.add_argument("--profile-dir", default=None,
                    help="latency profiles (JSON) are read / written here (default: next to --out)")
+    p.add_argument("--latency-fit", default=DEFAULT_LATENCY_FIT, choices=["isolated", "forward"],
+                   help="latency model: 'forward' = fitted on whole forwards of the model as the engine runs them "
+                        "(full / no-Attention / no-MLP steps, verification of 1..11 rows); 'isolated' = each "
+                        "sub-layer timed alone (launch-bound on a GPU)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--plot", default=None, metavar="PNG", help="draw the figure from the results at the end")
     p.set_defaults(func=cmd_knapspec)
@@ -107,7 +113,7 @@ def register(subparsers) -> None:
 def _config_of(args) -> Dict[str, Any]:
     keys = ("model", "layers", "dtype", "tasks", "contexts", "max_new_tokens", "long_prompt", "long_new_tokens",
             "batches", "candidate_plans", "gamma_max", "gamma_buckets", "branch_chunk", "max_reference_tokens",
-            "clasp_skip_count", "seed", "device_tag")
+            "clasp_skip_count", "seed", "device_tag", "latency_fit")
     return {k: getattr(args, k) for k in keys}
 
 
@@ -273,6 +279,7 @@ class Case:
         self.args, self.model, self.writer, self.task = args, model, writer, task
         self.context, self.max_new, self.batch = context, max_new, batch
         self.latency = profile.model
+        self.latency_method = profile.method
         self.static_plan = static_plan
         self.key = f"{args.device_tag}/{task}/ctx{context}/b{batch}"
         cfg = model.config
@@ -388,11 +395,29 @@ class Case:
                 "plan_s": plan_s, "draft_s": draft_est, "verify_s": verify_est, "ar_interval_s": ar_est,
                 "other_s": decode_s - plan_s - draft_est - verify_est - ar_est, **fwd},
             "predicted_ar_step_s": self.latency.t_step(self.capacity, self.model.config.num_layers),
+            "latency_prediction": self.latency_prediction(final_mask, bucket + 1, metrics, rounds, decode_s - plan_s),
             "load_average_before": load_before,
         }
         if method == "clasp":
             out["clasp_skip_count"] = metrics.get("clasp_skip_count")
         return out
+
+    def latency_prediction(self, mask, verify_rows: int, metrics, rounds: int, measured_s: float) -> Dict[str, Any]:
+        """The latency model's step times at the cache capacity (what the planner used: the xla
+        backend reads every slot) and its decode time for the counted forwards (draft forwards with
+        ``mask``, every round verifying ``verify_rows`` rows, AR-interval steps), vs the measured
+        decode time less planning."""
+        from jaxspec.knapspec.planner import draft_time
+
+        m, L, n = self.latency, self.model.config.num_layers, float(self.capacity)
+        step = m.t_step(n, L)
+        draft = float(draft_time(np.asarray(mask, bool), m.t_attn(n), m.t_mlp(), m.t_token()))
+        verify = step * (1.0 + m.v * (verify_rows - 1))
+        total = metrics["draft_steps"] * draft + rounds * verify + metrics["ar_steps"] * step
+        return {"method": self.latency_method, "n": n, "step_s": step, "draft_step_s": draft,
+                "verify_s": verify, "verify_rows": int(verify_rows), "decode_s": total,
+                "measured_decode_minus_plan_s": measured_s, "ratio_measured_to_predicted": measured_s / total
+                if total > 0 else None}
 
     # ------------------------------------------------------------------------ candidates
     def candidates(self) -> Dict[str, Any]:
@@ -469,21 +494,32 @@ class Case:
 
 # ---------------------------------------------------------------------------- driver
 def _latency_profile(args, model: Model, batch: int, max_capacity: int, profile_dir: pathlib.Path):
-    from jaxspec.knapspec.latency import device_name, load_or_profile, profile_latency
+    from jaxspec.knapspec.latency import (device_name, forward_contexts, load_or_profile, profile_latency,
+                                          profile_latency_forward)
 
     from experiments.self_spec import profile_contexts
 
+    fit = getattr(args, "latency_fit", "isolated")
     name = model.source.replace("random:", "random-").replace("/", "_")
     layers = f"-L{model.config.num_layers}" if not model.real else ""
-    path = profile_dir / f"latency_{name}{layers}_{model.config.dtype}_{args.device_tag}_b{batch}.json"
+    stem = f"latency_{name}{layers}_{model.config.dtype}_{args.device_tag}_b{batch}"
+    path = profile_dir / f"{stem}_{fit}.json"
+    legacy = profile_dir / f"{stem}.json"  # isolated profiles saved before the fit method was in the name
+    if fit == "isolated" and not path.exists() and legacy.exists():
+        path = legacy
 
     def measure(cfg, b, **kwargs):
+        if fit == "forward":
+            contexts = forward_contexts(max_capacity)
+            print(f"profiling whole-forward latency on {device_name()} (batch {b}, contexts {contexts}) -> {path}",
+                  file=sys.stderr, flush=True)
+            return profile_latency_forward(cfg, b, contexts, params=model.params, **kwargs)
         contexts = profile_contexts(max_capacity)
         print(f"profiling sub-layer latency on {device_name()} (batch {b}, contexts {contexts}) -> {path}",
               file=sys.stderr, flush=True)
         return profile_latency(cfg, b, contexts, **kwargs)
 
-    profile = load_or_profile(path, model.config, batch, profile_fn=measure)
+    profile = load_or_profile(path, model.config, batch, profile_fn=measure, method=fit)
     if max(profile.contexts) < max_capacity:  # saved for shorter contexts: measure again over the full range
         profile = measure(model.config, batch)
         profile.save(path)
@@ -525,10 +561,12 @@ def cmd_knapspec(args) -> Dict[str, Any]:
     for batch in batches:
         profile, path = _latency_profile(args, model, batch, max_capacity, profile_dir)
         m = profile.model
-        print(f"latency (batch {batch}): t_mlp = {m.c1 * 1e6:.1f} us, t_attn(n) = {m.c2 * 1e9:.3f} ns * n + "
-              f"{m.c3 * 1e6:.1f} us, t_token = {m.c0 * 1e6:.1f} us, verify row cost v = {m.v:.3f}",
+        print(f"latency (batch {batch}, {profile.method} fit): t_mlp = {m.c1 * 1e6:.1f} us, "
+              f"t_attn(n) = {m.c2 * 1e9:.3f} ns * n + {m.c3 * 1e6:.1f} us, t_token = {m.c0 * 1e6:.1f} us, "
+              f"verify row cost v = {m.v:.3f}",
               file=sys.stderr, flush=True)
         writer.set(f"latency_b{batch}", {"path": str(path), "device": profile.device, "fit": m.as_dict(),
+                                         "method": profile.method, "forward": profile.forward,
                                          "contexts": profile.contexts, "attn_times": profile.attn_times,
                                          "mlp_time": profile.mlp_time, "token_time": profile.token_time,
                                          "verify_rows": profile.verify_rows, "verify_times": profile.verify_times})

@@ -27,6 +27,8 @@ import numpy as np
 REPO = pathlib.Path(__file__).resolve().parent.parent
 DEFAULT_CALIBRATION_FILE = REPO / "experiments" / "prompts" / "long_demo.txt"
 SELF_SPEC_METHODS = ("knapspec", "clasp", "static-skip")
+#: ``--latency-fit`` default (see jaxspec.knapspec.latency)
+DEFAULT_LATENCY_FIT = "isolated"
 
 
 def add_self_spec_args(parser: argparse.ArgumentParser) -> None:
@@ -34,6 +36,9 @@ def add_self_spec_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--latency-profile", default=None, metavar="FILE",
                        help="sub-layer latency profile (JSON); measured now and saved there if missing or made on "
                             "another device/model/batch (default: a file in the jaxspec cache folder)")
+    group.add_argument("--latency-fit", default=DEFAULT_LATENCY_FIT, choices=["isolated", "forward"],
+                       help="latency model: 'forward' = fitted on whole forwards of the model as the engine runs "
+                            "them; 'isolated' = each sub-layer timed alone (the profile file name holds the method)")
     group.add_argument("--knapspec-objective", default="tpt", choices=["tpt", "tpl"],
                        help="grid-search objective: tokens per time (KnapSpec) or tokens per layer (ablation)")
     group.add_argument("--knapspec-coupled", action="store_true",
@@ -90,13 +95,20 @@ def validate(args) -> None:
     knapspec_config_from_args(args)  # validates the knobs
 
 
-def default_profile_path(config, batch: int) -> pathlib.Path:
+def default_profile_path(config, batch: int, fit: str = "isolated") -> pathlib.Path:
+    """``<cache>/latency/<config>-<digest>-b<batch>-<device>-<fit>.json`` (an isolated profile
+    saved before the fit method was in the name is still found)."""
     from jaxspec.knapspec.latency import _config_fields, device_name
     from jaxspec.models.registry import cache_dir
 
     digest = hashlib.sha1(json.dumps(_config_fields(config), sort_keys=True).encode()).hexdigest()[:10]
     device = "".join(c if c.isalnum() else "-" for c in device_name())
-    return cache_dir() / "latency" / f"{config.name}-{digest}-b{batch}-{device}.json"
+    stem = f"{config.name}-{digest}-b{batch}-{device}"
+    path = cache_dir() / "latency" / f"{stem}-{fit}.json"
+    legacy = cache_dir() / "latency" / f"{stem}.json"
+    if fit == "isolated" and not path.exists() and legacy.exists():
+        return legacy
+    return path
 
 
 def profile_contexts(n_max: int) -> List[int]:
@@ -105,27 +117,37 @@ def profile_contexts(n_max: int) -> List[int]:
     return sorted({int(x) for x in np.linspace(max(64, top // 16), top, 6).round()})
 
 
-def load_latency(args, config, batch: int, n_max: int):
-    """(LatencyProfile, info): the saved profile if it matches, else measured now (with a message)."""
-    from jaxspec.knapspec.latency import LatencyProfile, device_name, load_or_profile, profile_latency
+def load_latency(args, config, batch: int, n_max: int, params=None):
+    """(LatencyProfile, info): the saved profile if it matches, else measured now (with a message).
+    ``args.latency_fit``: ``isolated`` (sub-layers alone) or ``forward`` (whole forwards of
+    ``params``, random ones when None)."""
+    from jaxspec.knapspec.latency import (LatencyProfile, device_name, forward_contexts, load_or_profile,
+                                          profile_latency, profile_latency_forward)
 
-    path = pathlib.Path(args.latency_profile) if args.latency_profile else default_profile_path(config, batch)
+    fit = getattr(args, "latency_fit", "isolated")
+    path = pathlib.Path(args.latency_profile) if args.latency_profile else default_profile_path(config, batch, fit)
     measured = []
 
     def profile_fn(cfg, b, **kwargs):
-        contexts = profile_contexts(n_max)
-        print(f"profiling sub-layer latency of {cfg.name} on {device_name()} (batch {b}, contexts {contexts}); "
-              f"saving to {path} ...", file=sys.stderr, flush=True)
-        profile = profile_latency(cfg, b, contexts, **kwargs)
+        if fit == "forward":
+            contexts = forward_contexts(n_max)
+            print(f"profiling whole-forward latency of {cfg.name} on {device_name()} (batch {b}, contexts "
+                  f"{contexts}); saving to {path} ...", file=sys.stderr, flush=True)
+            profile = profile_latency_forward(cfg, b, contexts, params=params, **kwargs)
+        else:
+            contexts = profile_contexts(n_max)
+            print(f"profiling sub-layer latency of {cfg.name} on {device_name()} (batch {b}, contexts {contexts}); "
+                  f"saving to {path} ...", file=sys.stderr, flush=True)
+            profile = profile_latency(cfg, b, contexts, **kwargs)
         measured.append(True)
         m = profile.model
-        print(f"latency profile: t_mlp = {m.c1 * 1e6:.1f} us, t_attn(n) = {m.c2 * 1e9:.3f} ns * n + "
-              f"{m.c3 * 1e6:.1f} us", file=sys.stderr, flush=True)
+        print(f"latency profile ({fit}): t_mlp = {m.c1 * 1e6:.1f} us, t_attn(n) = {m.c2 * 1e9:.3f} ns * n + "
+              f"{m.c3 * 1e6:.1f} us, t_token = {m.c0 * 1e6:.1f} us, v = {m.v:.3f}", file=sys.stderr, flush=True)
         return profile
 
-    profile: LatencyProfile = load_or_profile(path, config, batch, profile_fn=profile_fn)
+    profile: LatencyProfile = load_or_profile(path, config, batch, profile_fn=profile_fn, method=fit)
     info = {"path": str(path), "measured_now": bool(measured), "device": profile.device, "batch": profile.batch,
-            "contexts": profile.contexts, "fit": profile.model.as_dict()}
+            "contexts": profile.contexts, "fit": profile.model.as_dict(), "method": profile.method}
     return profile, info
 
 
@@ -150,7 +172,7 @@ def run_self_spec(args, model, prompts, sampling, stops, out):
     capacity = max(lengths) + args.max_new_tokens + gamma_max + 2
     # the context t_attn is evaluated at: the cache capacity for the xla backend (it reads every slot)
     n_max = capacity if config.attention_backend == "xla" else max(lengths) + args.max_new_tokens
-    profile, latency_info = load_latency(args, config, batch, n_max)
+    profile, latency_info = load_latency(args, config, batch, n_max, params=model.params)
     latency = profile.model
     engine = EngineConfig(gamma=gamma_max, sampling=sampling, max_new_tokens=args.max_new_tokens,
                           stop_tokens=tuple(stops))

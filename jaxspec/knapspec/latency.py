@@ -30,16 +30,44 @@ buffer (``S_max`` slots, masked), so *in the engine* its cost follows the cache 
 the number of valid positions. The profiler allocates a cache of exactly ``n`` slots, so
 ``t_attn(n)`` is the cost of attending to ``n`` positions; evaluate it at
 :func:`effective_context` (capacity for ``xla``, valid length for the Pallas kernels).
+
+Two ways to measure (``method``, the profile's ``method`` field):
+
+* ``"isolated"`` (:func:`profile_latency`, the original): each sub-layer timed alone, one jitted
+  call per sub-layer. Launch-bound on a GPU at small batch (every call pays a dispatch the real
+  decode loop does not) and blind to what a whole forward costs beyond the sum of its parts.
+* ``"forward"`` (:func:`profile_latency_forward`): whole forwards of the real model in the form
+  the engine runs them -- ``_forward`` with the KnapSpec draft's dynamic skip mask, several
+  steps inside one jitted ``fori_loop`` carrying the (donated) cache, so per-step cost is that
+  of a step inside the decode loop, not of a host dispatch. At each profiled context ``n``:
+  ``T_full(n)`` (no sub-layer skipped), ``T_noattn(n)`` (every skippable Attention skipped:
+  layers ``1 .. L-2``; layer 0 and ``L-1`` never are), ``T_nomlp(n)`` (every skippable MLP
+  skipped), and at the largest context ``T_verify(r)``, the full model (no mask, as the
+  verifier) on ``r`` rows. :func:`fit_forward` turns them into the same :class:`LatencyModel`::
+
+      S = L - 2 (skippable sub-layers of each kind)
+      c1 = mean_n (T_full(n) - T_nomlp(n)) / S                  (clamped at 0)
+      t_attn(n) = (T_full(n) - T_noattn(n)) / S  ->  c2 n + c3  (least squares)
+      c0 = mean_n [T_full(n) - L (c1 + c2 n + c3)]             (clamped at 0)
+      T_verify(r) = a + b (r - 1) (least squares)  ->  v = b / t_step(n_verify)   (clamped at 0)
+
+  so ``t_step(n) = T_full(n)`` and a draft that skips everything skippable costs ``T_noattn``
+  / ``T_nomlp``-consistent times, whatever the launch or fusion behaviour of one sub-layer.
+  The unclamped values are kept in the profile (``forward["fit"]``).
+
+Profile files: format 4 adds ``method`` and ``forward``; format-3 files still load (as
+``method="isolated"``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import statistics
 import time
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -49,8 +77,19 @@ from jaxspec.config import ModelConfig
 
 #: Context lengths the paper profiles (1k .. 25k); callers usually cap them at the evaluated context.
 DEFAULT_CONTEXTS = tuple(range(1024, 25 * 1024 + 1, 2048))
-#: 2: the per-token constant c0; 3: the verification row cost v (older profiles are re-measured)
-FORMAT_VERSION = 3
+#: 2: the per-token constant c0; 3: the verification row cost v (older profiles are re-measured);
+#: 4: ``method`` ("isolated" | "forward") and the forward measurements (format 3 still loads)
+FORMAT_VERSION = 4
+READABLE_FORMATS = (3, 4)
+#: how the coefficients were measured: one sub-layer per call, or whole forwards of the model
+FIT_METHODS = ("isolated", "forward")
+#: verification rows (gamma + 1) timed by the forward profiler
+DEFAULT_VERIFY_ROWS = (1, 2, 4, 8, 11)
+
+
+class ProfileFormatError(ValueError):
+    """A latency profile written by an older (unreadable) format: measured again by
+    :func:`load_or_profile`."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,6 +177,8 @@ class LatencyProfile:
     token_samples: List[float] = dataclasses.field(default_factory=list)
     verify_rows: int = 0  # rows of the verification timing (0: not measured)
     verify_times: Dict[str, float] = dataclasses.field(default_factory=dict)  # attn/mlp/token, 1 and R rows
+    method: str = "isolated"  # FIT_METHODS: how the coefficients were measured
+    forward: Dict[str, Any] = dataclasses.field(default_factory=dict)  # method "forward": raw times and fit
 
     def to_json(self) -> str:
         data = dataclasses.asdict(self)
@@ -146,12 +187,38 @@ class LatencyProfile:
         return json.dumps(data, indent=1)
 
     @classmethod
-    def from_json(cls, text: str) -> "LatencyProfile":
-        data = json.loads(text)
+    def from_json(cls, text: str, source: str = "latency profile") -> "LatencyProfile":
+        """Parse a saved profile; every problem is a ``ValueError`` naming the offending value
+        (:class:`ProfileFormatError` for a format this code no longer reads)."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{source}: not valid JSON ({err})") from err
+        if not isinstance(data, dict):
+            raise ValueError(f"{source}: expected a JSON object, got {type(data).__name__}")
         version = data.pop("format_version", None)
-        if version != FORMAT_VERSION:
-            raise ValueError(f"latency profile format {version!r}; this jaxspec reads format {FORMAT_VERSION}")
-        data["model"] = LatencyModel(**data["model"])
+        if version not in READABLE_FORMATS:
+            raise ProfileFormatError(f"{source}: format_version {version!r}; this jaxspec reads formats "
+                                     f"{list(READABLE_FORMATS)} (older profiles are measured again)")
+        method = data.setdefault("method", "isolated")
+        if method not in FIT_METHODS:
+            raise ValueError(f"{source}: method {method!r} is not one of {list(FIT_METHODS)}")
+        fields = {f.name for f in dataclasses.fields(cls)}
+        required = {f.name for f in dataclasses.fields(cls)
+                    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+        missing, unknown = sorted(required - set(data)), sorted(set(data) - fields)
+        if missing or unknown:
+            raise ValueError(f"{source}: missing fields {missing}, unknown fields {unknown}")
+        model = data["model"]
+        names = {f.name for f in dataclasses.fields(LatencyModel)}
+        if not isinstance(model, dict) or not {"c1", "c2", "c3"} <= set(model) or set(model) - names:
+            raise ValueError(f"{source}: model {model!r} must hold c1, c2, c3 (and optionally c0, v)")
+        for key, value in model.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"{source}: model coefficient {key} = {value!r} is not a finite number")
+        if not isinstance(data["batch"], int) or data["batch"] < 1:
+            raise ValueError(f"{source}: batch {data['batch']!r} is not a positive integer")
+        data["model"] = LatencyModel(**{k: float(v) for k, v in model.items()})
         return cls(**data)
 
     def save(self, path) -> None:
@@ -165,7 +232,7 @@ class LatencyProfile:
     @classmethod
     def load(cls, path) -> "LatencyProfile":
         with open(os.fspath(path)) as f:
-            return cls.from_json(f.read())
+            return cls.from_json(f.read(), source=f"latency profile {os.fspath(path)}")
 
     def matches(self, config: ModelConfig, batch: int, device: Optional[str] = None) -> bool:
         """Same device, same model config (all fields) and same batch size."""
@@ -288,15 +355,225 @@ def profile_latency(config: ModelConfig, batch: int = 1, contexts: Sequence[int]
                           verify_times=verify_times)
 
 
-def load_or_profile(path, config: ModelConfig, batch: int = 1, *, profile_fn: Callable = profile_latency,
-                    **profile_kwargs) -> LatencyProfile:
-    """Reuse the profile at ``path`` if it was measured on this device for this config and batch;
-    otherwise measure (``profile_fn(config, batch, **profile_kwargs)``) and save it there."""
+# ---------------------------------------------------------------------------- forward profiler
+def skippable_sublayers(num_layers: int) -> int:
+    """Attention (and MLP) sub-layers a KnapSpec draft may skip: layers ``1 .. L-2``."""
+    return max(0, int(num_layers) - 2)
+
+
+def forward_skip_masks(num_layers: int) -> Dict[str, np.ndarray]:
+    """The ``[L, 2]`` skip masks of the forward profile: ``full`` (nothing skipped), ``noattn``
+    (every skippable Attention), ``nomlp`` (every skippable MLP)."""
+    L = int(num_layers)
+    full = np.zeros((L, 2), bool)
+    noattn, nomlp = full.copy(), full.copy()
+    noattn[1: L - 1, 0] = True
+    nomlp[1: L - 1, 1] = True
+    return {"full": full, "noattn": noattn, "nomlp": nomlp}
+
+
+def fit_forward(contexts: Sequence[float], full: Sequence[float], noattn: Sequence[float],
+                nomlp: Sequence[float], num_layers: int, *, verify_rows: Sequence[int] = (),
+                verify_times: Sequence[float] = (), verify_context: Optional[float] = None
+                ) -> Tuple[LatencyModel, Dict[str, Any]]:
+    """:class:`LatencyModel` from whole-forward times (see the module docstring for the formulas).
+
+    ``full`` / ``noattn`` / ``nomlp``: seconds per decode step at each of ``contexts``;
+    ``verify_times[i]``: seconds of the full model on ``verify_rows[i]`` rows at
+    ``verify_context`` (default: the largest context). Returns ``(model, fit)`` where ``fit``
+    holds the per-context derived sub-layer times, the unclamped ``c1 / c0 / v`` and which were
+    clamped at 0 (noise can make a difference of two measured steps negative)."""
+    L = int(num_layers)
+    S = skippable_sublayers(L)
+    if S < 1:
+        raise ValueError(f"num_layers={L}: a forward fit needs >= 3 layers (layers 0 and L-1 are never skipped)")
+    n = np.asarray(contexts, np.float64).reshape(-1)
+    arrays = {name: np.asarray(x, np.float64).reshape(-1) for name, x in
+              (("full", full), ("noattn", noattn), ("nomlp", nomlp))}
+    for name, x in arrays.items():
+        if x.shape != n.shape:
+            raise ValueError(f"{name}: {x.size} times for {n.size} contexts")
+        if not np.all(np.isfinite(x)) or np.any(x <= 0):
+            raise ValueError(f"{name} times must be positive and finite; got {x.tolist()}")
+    mlp_per_n = (arrays["full"] - arrays["nomlp"]) / S
+    attn_per_n = (arrays["full"] - arrays["noattn"]) / S
+    c1_raw = float(mlp_per_n.mean())
+    c1 = max(0.0, c1_raw)
+    if n.size < 2 or np.unique(n).size < 2:
+        raise ValueError(f"need at least two distinct context lengths to fit t_attn(n) = c2 n + c3; got {n.tolist()}")
+    (c2, c3), *_ = np.linalg.lstsq(np.stack([n, np.ones_like(n)], axis=1), attn_per_n, rcond=None)
+    c2, c3 = float(c2), float(c3)
+    residual = arrays["full"] - L * (c1 + c2 * n + c3)
+    c0_raw = float(residual.mean())
+    c0 = max(0.0, c0_raw)
+    fit: Dict[str, Any] = {"skippable": S, "t_mlp_per_context": mlp_per_n.tolist(),
+                           "t_attn_per_context": attn_per_n.tolist(), "c0_per_context": residual.tolist(),
+                           "c1_raw": c1_raw, "c0_raw": c0_raw, "v_raw": 0.0, "clamped": []}
+    v = 0.0
+    rows = np.asarray(verify_rows, np.float64).reshape(-1)
+    times = np.asarray(verify_times, np.float64).reshape(-1)
+    if rows.shape != times.shape:
+        raise ValueError(f"verify_rows ({rows.size}) and verify_times ({times.size}) differ in length")
+    if rows.size:
+        if np.unique(rows).size < 2 or rows.min() < 1:
+            raise ValueError(f"verify_rows {rows.tolist()}: need >= 2 distinct row counts >= 1")
+        if not np.all(np.isfinite(times)) or np.any(times <= 0):
+            raise ValueError(f"verify times must be positive and finite; got {times.tolist()}")
+        n_verify = float(n.max() if verify_context is None else verify_context)
+        (intercept, slope), *_ = np.linalg.lstsq(np.stack([np.ones_like(rows), rows - 1.0], axis=1), times,
+                                                 rcond=None)
+        step = float(L * (c1 + c2 * n_verify + c3) + c0)
+        v_raw = float(slope) / step
+        v = max(0.0, v_raw)
+        fit.update(v_raw=v_raw, verify_context=n_verify, verify_intercept=float(intercept),
+                   verify_slope_per_row=float(slope), t_step_at_verify_context=step)
+    fit["clamped"] = [name for name, raw in (("c1", c1_raw), ("c0", c0_raw), ("v", fit["v_raw"])) if raw < 0]
+    return LatencyModel(c1=c1, c2=c2, c3=c3, c0=c0, v=v), fit
+
+
+def _forward_loop_fn(params, cache, tokens, mask, *, config, steps):
+    """``steps`` forwards of ``tokens`` rows at the cache's current lengths (every step writes
+    the same slots), each fed the previous step's greedy tokens so the steps run in order."""
+    from jaxspec.models.llama import _forward
+
+    start = cache.lengths
+
+    def body(_, carry):
+        cache, tokens = carry
+        out = _forward(params, tokens, cache.with_lengths(start), config=config, skip_mask=mask)
+        return out.cache.with_lengths(start), jnp.argmax(out.logits, axis=-1).astype(jnp.int32)
+
+    cache, tokens = jax.lax.fori_loop(0, steps, body, (cache, tokens))
+    return tokens, cache
+
+
+_forward_loop = jax.jit(_forward_loop_fn, static_argnames=("config", "steps"), donate_argnames=("cache",))
+
+
+def forward_contexts(n_max: int, points: int = 4) -> List[int]:
+    """Context lengths for the forward profile: ``points`` up to ``n_max`` (at least 1024)."""
+    top = max(int(n_max), 1024)
+    return sorted({int(x) for x in np.linspace(max(64, top // 16), top, points).round()})
+
+
+def profile_latency_forward(config: ModelConfig, batch: int = 1, contexts: Sequence[int] = DEFAULT_CONTEXTS, *,
+                            params=None, warmup: int = 2, repeats: int = 5, seed: int = 0,
+                            verify_rows: Sequence[int] = DEFAULT_VERIFY_ROWS, steps_per_call: int = 4,
+                            timer: Optional[Callable[[tuple, Callable[[], Any]], float]] = None
+                            ) -> LatencyProfile:
+    """Measure ``T_full / T_noattn / T_nomlp`` at each context and ``T_verify(r)`` at the largest,
+    on whole forwards of the model (``params``, default random ones of ``config``), and fit them
+    with :func:`fit_forward`. Each timed call runs ``steps_per_call`` forwards in one jitted
+    ``fori_loop`` (the cache carried and donated, as in the decode loop); a point is the median
+    of ``repeats`` calls after ``warmup`` untimed ones (compile happens there), divided by
+    ``steps_per_call``. The variants of one context (full / noattn / nomlp; the verification
+    row counts) are timed round-robin, so load drift on a shared machine does not bias their
+    differences. ``timer(key, call) -> seconds of one call`` replaces the clock (tests; it is
+    called for the warm-up rounds too); ``key`` is ``(kind, n, rows)`` with kind
+    ``full | noattn | nomlp | verify``."""
+    from jaxspec.models.cache import init_cache
+
+    if warmup < 1 or repeats < 1 or steps_per_call < 1:
+        raise ValueError(f"warmup={warmup}, repeats={repeats} and steps_per_call={steps_per_call} must be >= 1")
+    contexts = sorted({int(n) for n in contexts})
+    rows_list = sorted({int(r) for r in verify_rows})
+    if rows_list and (len(rows_list) < 2 or rows_list[0] < 1):
+        raise ValueError(f"verify_rows={list(verify_rows)}: need >= 2 distinct positive row counts (or none)")
+    top_rows = max(rows_list + [1])
+    if len(contexts) < 2 or contexts[0] <= top_rows:
+        raise ValueError(f"need >= 2 context lengths above {top_rows} (the most verification rows); got {contexts}")
+    L = config.num_layers
+    if skippable_sublayers(L) < 1:
+        raise ValueError(f"{config.name}: num_layers={L}; the forward profile needs >= 3 layers")
+    if params is None:
+        from jaxspec.models.llama import init_params
+
+        params = init_params(config, jax.random.PRNGKey(seed))
+    masks = {k: jnp.asarray(m) for k, m in forward_skip_masks(L).items()}
+    steps = int(steps_per_call)
+    if timer is None:
+        def timer(key, call):
+            start = time.perf_counter()
+            jax.block_until_ready(call())
+            return time.perf_counter() - start
+
+    def measure(group, cache):
+        """Time the ``(key, tokens, mask)`` of ``group`` round-robin (warm-up rounds first), so a
+        change in the machine's load hits every variant alike and their differences stay sound."""
+        state = {"cache": cache}
+
+        def caller(tokens, mask):
+            def call():
+                out, state["cache"] = _forward_loop(params, state["cache"], tokens, mask, config=config, steps=steps)
+                return out
+            return call
+
+        calls = [(key, caller(tokens, mask)) for key, tokens, mask in group]
+        out = {key: [] for key, _ in calls}
+        for round_ in range(warmup + repeats):
+            for key, call in calls:
+                seconds = float(timer(key, call))
+                if round_ >= warmup:
+                    out[key].append(seconds / steps)
+        return out, state["cache"]
+
+    samples: Dict[str, List[List[float]]] = {"full": [], "noattn": [], "nomlp": []}
+    verify_samples: List[List[float]] = []
+    one = jnp.zeros((batch, 1), jnp.int32)
+    for n in contexts:
+        # the cache holds exactly n slots (the xla backend reads them all), n - top_rows of them valid
+        cache = init_cache(config, batch, n, lengths=jnp.full((batch,), n - top_rows, jnp.int32))
+        got, cache = measure([((kind, n, 1), one, masks[kind]) for kind in ("full", "noattn", "nomlp")], cache)
+        for kind in ("full", "noattn", "nomlp"):
+            samples[kind].append(got[(kind, n, 1)])
+        if n == contexts[-1] and rows_list:
+            got, cache = measure([(("verify", n, r), jnp.zeros((batch, r), jnp.int32), None) for r in rows_list],
+                                 cache)
+            verify_samples = [got[("verify", n, r)] for r in rows_list]
+        del cache
+    med = {k: [statistics.median(s) for s in v] for k, v in samples.items()}
+    verify_med = [statistics.median(s) for s in verify_samples]
+    model, fit = fit_forward(contexts, med["full"], med["noattn"], med["nomlp"], L, verify_rows=rows_list,
+                             verify_times=verify_med, verify_context=contexts[-1])
+    forward = {"steps_per_call": steps, "times": med, "samples": samples, "verify_context": contexts[-1],
+               "verify_rows": rows_list, "verify_times": verify_med, "verify_samples": verify_samples, "fit": fit,
+               "how": "whole forwards (jaxspec.models.llama._forward, dynamic skip mask as the KnapSpec draft; "
+                      "verification without a mask) in a jitted fori_loop carrying the donated cache"}
+    return LatencyProfile(device=device_name(), platform=jax.devices()[0].platform, jax_version=jax.__version__,
+                          config_name=config.name, config=_config_fields(config), batch=int(batch),
+                          contexts=contexts, attn_times=fit["t_attn_per_context"], mlp_time=model.c1,
+                          attn_samples=[[t] for t in fit["t_attn_per_context"]],
+                          mlp_samples=fit["t_mlp_per_context"], model=model, repeats=repeats, warmup=warmup,
+                          token_time=model.c0, token_samples=fit["c0_per_context"],
+                          verify_rows=top_rows if len(rows_list) >= 2 else 0,
+                          verify_times={f"rows_{r}": t for r, t in zip(rows_list, verify_med)},
+                          method="forward", forward=forward)
+
+
+PROFILERS = {"isolated": profile_latency, "forward": profile_latency_forward}
+
+
+def load_or_profile(path, config: ModelConfig, batch: int = 1, *, profile_fn: Optional[Callable] = None,
+                    method: str = "isolated", **profile_kwargs) -> LatencyProfile:
+    """Reuse the profile at ``path`` if it was measured on this device for this config and batch
+    (and with this ``method``); otherwise measure (``profile_fn(config, batch, **profile_kwargs)``,
+    default the profiler of ``method``) and save it there.
+
+    A file of an older format is measured again; a file that cannot be parsed, or that holds
+    the other fit ``method``, is an error naming the file and the value (it is not overwritten)."""
+    if method not in FIT_METHODS:
+        raise ValueError(f"latency fit method {method!r} is not one of {list(FIT_METHODS)}")
+    profile_fn = profile_fn or PROFILERS[method]
     if path is not None and os.path.exists(os.fspath(path)):
         try:
             profile = LatencyProfile.load(path)
-        except (ValueError, KeyError, TypeError, json.JSONDecodeError):
+        except ProfileFormatError:
             profile = None
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"{err}; delete or move the file to measure it again") from err
+        if profile is not None and profile.method != method:
+            raise ValueError(f"latency profile {os.fspath(path)} holds a fit of method {profile.method!r}, "
+                             f"not the requested {method!r}; pass another file or the matching method")
         if profile is not None and profile.matches(config, batch):
             return profile
     profile = profile_fn(config, batch, **profile_kwargs)

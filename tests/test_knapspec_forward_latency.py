@@ -1,0 +1,212 @@
+"""KnapSpec latency model fitted on whole forwards (``--latency-fit forward``): the fit, the
+profiler (mocked clock and a real tiny model), the profile file and the experiment option."""
+
+import argparse
+import dataclasses
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxspec.config import ModelConfig
+from jaxspec.knapspec import latency
+from jaxspec.models.cache import init_cache
+from jaxspec.models.llama import forward, init_params
+
+TINY = ModelConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=4, num_heads=4, num_kv_heads=2,
+                   head_dim=16, dtype="float32", name="tiny-forward-fit")
+TRUE = latency.LatencyModel(c1=1.8e-4, c2=6.8e-8, c3=9.8e-5, c0=4.0e-3, v=0.12)
+
+
+def synthetic_times(model, L, kind, n, rows=1, verify_context=None):
+    """Step times generated from ``model``: what a device that follows it exactly would measure."""
+    S = latency.skippable_sublayers(L)
+    full = model.t_step(n, L)
+    if kind == "full":
+        return full
+    if kind == "noattn":
+        return full - S * model.t_attn(n)
+    if kind == "nomlp":
+        return full - S * model.t_mlp()
+    assert kind == "verify"
+    return full * (1.0 + model.v * (rows - 1))
+
+
+def test_forward_skip_masks_never_skip_first_and_last_layer():
+    masks = latency.forward_skip_masks(5)
+    assert not masks["full"].any()
+    assert masks["noattn"][:, 0].tolist() == [False, True, True, True, False] and not masks["noattn"][:, 1].any()
+    assert masks["nomlp"][:, 1].tolist() == [False, True, True, True, False] and not masks["nomlp"][:, 0].any()
+    assert latency.skippable_sublayers(5) == 3 and latency.skippable_sublayers(2) == 0
+
+
+def test_forward_fit_recovers_a_synthetic_linear_model_exactly():
+    L, n = 30, np.array([512.0, 1500.0, 3000.0, 4200.0])
+    rows = [1, 2, 4, 8, 11]
+    times = {k: [synthetic_times(TRUE, L, k, x) for x in n] for k in ("full", "noattn", "nomlp")}
+    verify = [synthetic_times(TRUE, L, "verify", n.max(), r) for r in rows]
+    model, fit = latency.fit_forward(n, times["full"], times["noattn"], times["nomlp"], L, verify_rows=rows,
+                                     verify_times=verify)
+    for name in ("c0", "c1", "c2", "c3", "v"):
+        assert getattr(model, name) == pytest.approx(getattr(TRUE, name), rel=1e-8), name
+    assert fit["clamped"] == [] and fit["skippable"] == L - 2
+    assert model.t_step(2000, L) == pytest.approx(TRUE.t_step(2000, L), rel=1e-12)
+    # a negative per-token residual (skipping saved more than the layer's share) is clamped at 0 and reported
+    low = dataclasses.replace(TRUE, c0=-1e-4)
+    times = {k: [synthetic_times(low, L, k, x) for x in n] for k in ("full", "noattn", "nomlp")}
+    clamped, fit = latency.fit_forward(n, times["full"], times["noattn"], times["nomlp"], L)
+    assert clamped.c0 == 0.0 and fit["c0_raw"] == pytest.approx(-1e-4, rel=1e-6) and fit["clamped"] == ["c0"]
+    assert clamped.v == 0.0 and clamped.c1 == pytest.approx(TRUE.c1, rel=1e-8)
+    with pytest.raises(ValueError, match="needs >= 3 layers"):
+        latency.fit_forward(n, times["full"], times["noattn"], times["nomlp"], 2)
+    with pytest.raises(ValueError, match="two distinct context"):
+        latency.fit_forward([8, 8], [2.0, 2.0], [1.0, 1.0], [1.0, 1.0], 4)
+    with pytest.raises(ValueError, match="nomlp times must be positive"):
+        latency.fit_forward([8, 9], [2.0, 2.0], [1.0, 1.0], [1.0, float("nan")], 4)
+
+
+def _mock_profile(config=TINY, model=TRUE, steps=3, contexts=(128, 256, 512), **kwargs):
+    """The forward profiler with its clock replaced by ``model`` (no forward is run)."""
+    seen = []
+
+    def timer(key, call):
+        kind, n, rows = key
+        seen.append(key)
+        return steps * synthetic_times(model, config.num_layers, kind, n, rows)  # seconds of one call
+
+    profile = latency.profile_latency_forward(config, 1, contexts, steps_per_call=steps, timer=timer, **kwargs)
+    return profile, seen
+
+
+def test_forward_profiler_with_a_mocked_clock_recovers_the_model():
+    profile, seen = _mock_profile(warmup=1, repeats=2)
+    # round-robin: the three variants of a context alternate, warm-up round included (3 rounds)
+    assert [k for k, n, _ in seen if n == 128] == ["full", "noattn", "nomlp"] * 3
+    assert len(profile.forward["samples"]["full"][0]) == 2
+    assert {k for k, _, _ in seen} == {"full", "noattn", "nomlp", "verify"}
+    assert [r for k, n, r in seen if k == "verify"] == list(latency.DEFAULT_VERIFY_ROWS) * 3
+    assert {n for k, n, r in seen if k == "verify"} == {512}  # verification at the largest context
+    for name in ("c0", "c1", "c2", "c3", "v"):
+        assert getattr(profile.model, name) == pytest.approx(getattr(TRUE, name), rel=1e-8), name
+    assert profile.method == "forward" and profile.verify_rows == 11
+    assert profile.forward["times"]["full"][0] == pytest.approx(TRUE.t_step(128, TINY.num_layers))
+    with pytest.raises(ValueError, match="above 11"):
+        _mock_profile(contexts=(8, 512))
+
+
+def test_forward_profile_round_trip_and_file_errors(tmp_path):
+    profile, _ = _mock_profile()
+    path = tmp_path / "p" / "forward.json"
+    profile.save(path)
+    assert latency.LatencyProfile.load(path) == profile
+    assert json.loads(path.read_text())["format_version"] == latency.FORMAT_VERSION == 4
+
+    def must_not_profile(*args, **kwargs):
+        raise AssertionError("profiled although a matching profile was saved")
+
+    assert latency.load_or_profile(path, TINY, 1, method="forward", profile_fn=must_not_profile) == profile
+    with pytest.raises(ValueError, match="method 'forward', not the requested 'isolated'"):
+        latency.load_or_profile(path, TINY, 1, method="isolated", profile_fn=must_not_profile)
+    with pytest.raises(ValueError, match="'bogus'"):
+        latency.load_or_profile(path, TINY, 1, method="bogus")
+    # a format-3 file (before the method field) still loads, as an isolated fit
+    old = json.loads(path.read_text())
+    old["format_version"] = 3
+    del old["method"], old["forward"]
+    legacy = tmp_path / "legacy.json"
+    legacy.write_text(json.dumps(old))
+    loaded = latency.LatencyProfile.load(legacy)
+    assert loaded.method == "isolated" and loaded.model == profile.model and loaded.forward == {}
+    # corrupt files: a clear error naming the value, and the file is left alone
+    for change, message in ((lambda d: d.update(method="bogus"), "method 'bogus'"),
+                            (lambda d: d["model"].update(c1="fast"), "c1 = 'fast'"),
+                            (lambda d: d["model"].update(v=float("inf")), "v = inf"),
+                            (lambda d: d.update(batch=0), "batch 0"),
+                            (lambda d: d.pop("contexts"), r"missing fields \['contexts'\]"),
+                            (lambda d: d.update(format_version=99), "format_version 99")):
+        data = json.loads(path.read_text())
+        change(data)
+        bad = tmp_path / "bad.json"
+        bad.write_text(json.dumps(data))
+        with pytest.raises(ValueError, match=message):
+            latency.LatencyProfile.load(bad)
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON.*delete or move"):
+        latency.load_or_profile(bad, TINY, 1, method="forward", profile_fn=must_not_profile)
+    assert bad.read_text() == "{not json"
+    # an older format is still measured again (as before)
+    data = json.loads(path.read_text())
+    data["format_version"] = 2
+    bad.write_text(json.dumps(data))
+    calls = []
+    latency.load_or_profile(bad, TINY, 1, method="forward",
+                            profile_fn=lambda cfg, b: calls.append(b) or profile)
+    assert calls == [1] and latency.LatencyProfile.load(bad) == profile
+
+
+def test_forward_profile_times_the_draft_forward_of_a_tiny_model():
+    """Real clock on a 3-layer model: positive times, and the timed loop runs the same forward
+    (skip mask) as the KnapSpec draft."""
+    config = TINY.replace(num_layers=3)
+    params = init_params(config, jax.random.PRNGKey(0))
+    profile = latency.profile_latency_forward(config, 2, (32, 96), params=params, warmup=1, repeats=2,
+                                              verify_rows=(1, 4), steps_per_call=2)
+    for kind in ("full", "noattn", "nomlp"):
+        assert len(profile.forward["samples"][kind]) == 2 and min(profile.forward["times"][kind]) > 0
+    assert len(profile.forward["verify_times"]) == 2 and profile.verify_rows == 4
+    assert profile.model.c1 >= 0 and profile.model.c0 >= 0 and profile.model.v >= 0
+    # one loop step == the engine's forward with the same skip mask
+    mask = jnp.asarray(latency.forward_skip_masks(3)["noattn"])
+    cache = init_cache(config, 2, 32, lengths=jnp.full((2,), 20, jnp.int32))
+    tokens = jnp.asarray([[5], [7]], jnp.int32)
+    want = jnp.argmax(forward(params, tokens, cache, config=config, skip_mask=mask).logits, axis=-1)
+    got, cache = latency._forward_loop(params, cache, tokens, mask, config=config, steps=1)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    assert np.asarray(cache.lengths).tolist() == [20, 20]
+
+
+def test_generate_latency_fit_picks_its_own_file(tmp_path, monkeypatch):
+    from experiments import self_spec
+    from jaxspec.models import registry
+
+    monkeypatch.setattr(registry, "cache_dir", lambda: tmp_path)
+    forward_path = self_spec.default_profile_path(TINY, 1, "forward")
+    isolated_path = self_spec.default_profile_path(TINY, 1, "isolated")
+    assert forward_path != isolated_path and forward_path.name.endswith("-forward.json")
+    calls = []
+    measured, _ = _mock_profile()
+
+    def fake_forward(cfg, b, contexts, params=None, **kwargs):
+        calls.append((b, tuple(contexts), params))
+        return measured
+
+    monkeypatch.setattr(latency, "profile_latency_forward", fake_forward)
+    args = argparse.Namespace(latency_profile=None, latency_fit="forward")
+    profile, info = self_spec.load_latency(args, TINY, 1, 3000, params="PARAMS")
+    assert info["method"] == "forward" and info["measured_now"] and info["path"] == str(forward_path)
+    assert calls == [(1, tuple(latency.forward_contexts(3000)), "PARAMS")] and forward_path.exists()
+    profile, info = self_spec.load_latency(args, TINY, 1, 3000)
+    assert not info["measured_now"] and len(calls) == 1  # reused
+
+
+def test_experiment_latency_fit_forward_on_a_tiny_random_model(tmp_path):
+    from experiments.run import main
+
+    out = tmp_path / "ks.json"
+    argv = ["knapspec", "--model", "random:smollm2-135m-shape", "--layers", "3", "--contexts", "64",
+            "--max-new-tokens", "24", "--gamma-max", "2", "--gamma-buckets", "1", "--batches", "1",
+            "--methods", "knapspec", "--candidate-plans", "0", "--plan-cost-repeats", "0", "--device-tag", "test",
+            "--latency-fit", "forward", "--out", str(out)]
+    assert main(argv) == 0
+    data = json.loads(out.read_text())
+    assert data["config"]["latency_fit"] == "forward"
+    lat = data["latency_b1"]
+    assert lat["method"] == "forward" and lat["path"].endswith("_b1_forward.json")
+    assert set(lat["forward"]["times"]) == {"full", "noattn", "nomlp"}
+    case = data["cases"]["test/summarize/ctx64/b1/knapspec"]
+    assert case["identical_to_ar"] is True
+    pred = case["latency_prediction"]
+    assert pred["method"] == "forward" and pred["step_s"] > 0 and pred["decode_s"] > 0
+    assert pred["step_s"] == pytest.approx(case["predicted_ar_step_s"])
