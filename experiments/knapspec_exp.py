@@ -24,6 +24,12 @@ and a time split (planning measured; draft / verify / plain-decoding seconds est
 per-forward timings times the counted forwards). ``plan_cost`` cases time the planner with and
 without the stacked-weights reuse on the same reference window.
 
+Latency model (``--latency-fit``, default ``forward``): fitted on whole forwards of the model as
+the engine runs them (:func:`jaxspec.knapspec.latency.profile_latency_forward`), or ``isolated``
+(each sub-layer timed alone, the original profile). The profile file name ends in the method;
+each case records the model's step / draft / verification times and its decode time for the
+counted forwards next to the measured decode (``latency_prediction``).
+
 Real weights (``--model smollm2-135m``, a registry name or a path) summarise a long Austen text
 (``summarize``) or continue a short one for many tokens (``long-generation``); random weights
 (``--model random:PRESET``, e.g. ``random:qwen2.5-7b-shape``; ``--layers N`` for a tiny copy)
@@ -51,7 +57,7 @@ INSTRUCTION = "Summarise the following text in a few paragraphs.\n\n"
 PROMPT_BOOKS = ("Pride and Prejudice", "Emma", "Sense and Sensibility", "Mansfield Park", "Northanger Abbey")
 CALIBRATION_BOOK = "Persuasion"
 #: ``--latency-fit`` default (see jaxspec.knapspec.latency)
-DEFAULT_LATENCY_FIT = "isolated"
+DEFAULT_LATENCY_FIT = "forward"
 
 
 # ---------------------------------------------------------------------------- arguments

@@ -28,7 +28,7 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 DEFAULT_CALIBRATION_FILE = REPO / "experiments" / "prompts" / "long_demo.txt"
 SELF_SPEC_METHODS = ("knapspec", "clasp", "static-skip")
 #: ``--latency-fit`` default (see jaxspec.knapspec.latency)
-DEFAULT_LATENCY_FIT = "isolated"
+DEFAULT_LATENCY_FIT = "forward"
 
 
 def add_self_spec_args(parser: argparse.ArgumentParser) -> None:

@@ -349,7 +349,7 @@ def test_cli_generate_knapspec_clasp_static(tmp_path, capsys):
     out_file = tmp_path / "knapspec.json"
     assert main(base + ["--method", "knapspec", "--out", str(out_file)]) == 0
     err = capsys.readouterr().err
-    assert "profiling sub-layer latency" in err and profile.exists()
+    assert "profiling whole-forward latency" in err and profile.exists()  # the default --latency-fit forward
     results = json.loads(out_file.read_text())["results"]
     assert results["method"] == "knapspec" and results["identical_to_ar"] is True
     k = results["knapspec"]
@@ -370,7 +370,7 @@ def test_cli_generate_knapspec_clasp_static(tmp_path, capsys):
         out_file = tmp_path / f"{method}.json"
         assert main(base + ["--method", method, "--out", str(out_file)] + extra) == 0
         err = capsys.readouterr().err
-        assert "profiling sub-layer latency" not in err  # the saved profile is reused
+        assert "latency of" not in err  # the saved profile is reused (no "profiling ... latency of" line)
         results = json.loads(out_file.read_text())["results"]
         assert results["identical_to_ar"] is True and results["knapspec"]["latency_profile"]["measured_now"] is False
         if method == "clasp":

@@ -76,7 +76,8 @@ def test_experiment_end_to_end_on_a_tiny_random_model(tmp_path, monkeypatch):
     argv = ["knapspec", "--model", "random:smollm2-135m-shape", "--layers", "4", "--contexts", "64",
             "--max-new-tokens", "40", "--gamma-max", "2", "--gamma-buckets", "1", "--batches", "1",
             "--methods", "knapspec,static-skip,knapspec-official", "--candidate-plans", "3",
-            "--plan-cost-repeats", "1", "--device-tag", "test", "--out", str(out), "--plot", str(tmp_path / "f.png")]
+            "--plan-cost-repeats", "1", "--device-tag", "test", "--latency-fit", "isolated", "--out", str(out),
+            "--plot", str(tmp_path / "f.png")]
     assert main(argv) == 0
     data = json.loads(out.read_text())
     cases = data["cases"]
