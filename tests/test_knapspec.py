@@ -1,5 +1,6 @@
 """KnapSpec: latency model, knapsack DP (scan vs loop vs brute force), TPT planner, engine policy."""
 
+import dataclasses
 import json
 
 import jax
@@ -315,6 +316,9 @@ def test_tpt_edge_cases():
     assert planner.tpt(1.0, 3, 0.1, 1.0) == pytest.approx(4.0 / 1.3)
     for alpha in (0.0, 0.3, 1.0):  # gamma = 0: plain decoding, 1 / t_target whatever the draft
         assert planner.tpt(alpha, 0, 123.0, 2.0) == pytest.approx(0.5)
+    # a: the target's unmasked forward in modelled steps (verification a + v g; plain decoding a)
+    assert planner.tpt(0.7, 0, 0.5, 2.0, v=0.1, a=0.5) == pytest.approx(1.0)
+    assert planner.tpt(1.0, 2, 0.5, 2.0, v=0.1, a=0.5) == pytest.approx(3.0 / (1.0 + 2.0 * 0.7))
     masks = np.zeros((1, 3, 2), bool)
     masks[0, 1] = True  # skip attention and MLP of layer 1
     assert planner.draft_time(masks, 2.0, 1.0)[0] == 2 * 2.0 + 2 * 1.0
@@ -365,6 +369,12 @@ def test_grid_search_picks_the_analytic_optimum():
         float(planner.expected_tokens(0.8, tpl.gamma)) / (tpl.gamma * 6 + 8))
     # only the full model: it is chosen
     assert planner.choose_plan(full[None], [1.0], model, n=10).index == 0
+    # a target forward much cheaper than the draft-form step (a GPU's masked draft): plain decoding
+    even = latency.LatencyModel(c1=1.0, c2=0.0, c3=1.0)
+    assert planner.choose_plan(middle[None], [0.9], even).gamma > 0
+    cheap_target = planner.choose_plan(middle[None], [0.9], dataclasses.replace(even, a=0.3))
+    assert cheap_target.gamma == 0 and cheap_target.target_ratio == 0.3
+    assert cheap_target.score == pytest.approx(1.0 / (0.3 * 8.0))
     with pytest.raises(ValueError, match="objective"):
         planner.choose_plan(both, [0.8, 0.8], model, objective="alpha")
 

@@ -31,7 +31,7 @@ def synthetic_times(model, L, kind, n, rows=1, verify_context=None):
     if kind == "nomlp":
         return full - S * model.t_mlp()
     assert kind == "verify"
-    return full * (1.0 + model.v * (rows - 1))
+    return full * (model.a + model.v * (rows - 1))
 
 
 def test_forward_skip_masks_never_skip_first_and_last_layer():
@@ -49,7 +49,7 @@ def test_forward_fit_recovers_a_synthetic_linear_model_exactly():
     verify = [synthetic_times(TRUE, L, "verify", n.max(), r) for r in rows]
     model, fit = latency.fit_forward(n, times["full"], times["noattn"], times["nomlp"], L, verify_rows=rows,
                                      verify_times=verify)
-    for name in ("c0", "c1", "c2", "c3", "v"):
+    for name in ("c0", "c1", "c2", "c3", "v", "a"):
         assert getattr(model, name) == pytest.approx(getattr(TRUE, name), rel=1e-8), name
     assert fit["clamped"] == [] and fit["skippable"] == L - 2
     assert model.t_step(2000, L) == pytest.approx(TRUE.t_step(2000, L), rel=1e-12)
@@ -65,6 +65,23 @@ def test_forward_fit_recovers_a_synthetic_linear_model_exactly():
         latency.fit_forward([8, 8], [2.0, 2.0], [1.0, 1.0], [1.0, 1.0], 4)
     with pytest.raises(ValueError, match="nomlp times must be positive"):
         latency.fit_forward([8, 9], [2.0, 2.0], [1.0, 1.0], [1.0, float("nan")], 4)
+
+
+def test_forward_fit_recovers_the_target_forward_ratio():
+    """The target's own forwards (no skip mask) cost ``a`` draft-form steps: on a GPU the dynamic
+    mask's conditionals make the draft-form step dearer (a < 1), on the CPU cheaper (a > 1)."""
+    L, n, rows = 30, np.array([512.0, 1500.0, 3000.0]), [1, 2, 4, 11]
+    for a in (0.45, 1.35):
+        true = dataclasses.replace(TRUE, a=a)
+        times = {k: [synthetic_times(true, L, k, x) for x in n] for k in ("full", "noattn", "nomlp")}
+        verify = [synthetic_times(true, L, "verify", n.max(), r) for r in rows]
+        model, fit = latency.fit_forward(n, times["full"], times["noattn"], times["nomlp"], L, verify_rows=rows,
+                                         verify_times=verify)
+        assert model.a == pytest.approx(a, rel=1e-8) and model.v == pytest.approx(TRUE.v, rel=1e-8)
+        assert fit["verify_one_row_over_step"] == pytest.approx(a, rel=1e-8) and fit["clamped"] == []
+    # a profile with ``a`` round-trips; one written before ``a`` existed loads with a = 1
+    assert latency.LatencyModel(**dataclasses.replace(TRUE, a=0.5).as_dict()).a == 0.5
+    assert latency.LatencyModel(**{k: v for k, v in TRUE.as_dict().items() if k != "a"}).a == 1.0
 
 
 def _mock_profile(config=TINY, model=TRUE, steps=3, contexts=(128, 256, 512), **kwargs):
@@ -209,4 +226,7 @@ def test_experiment_latency_fit_forward_on_a_tiny_random_model(tmp_path):
     assert case["identical_to_ar"] is True
     pred = case["latency_prediction"]
     assert pred["method"] == "forward" and pred["step_s"] > 0 and pred["decode_s"] > 0
-    assert pred["step_s"] == pytest.approx(case["predicted_ar_step_s"])
+    # plain decoding runs the target's own (unmasked) forward: a draft-form steps
+    assert pred["step_s"] * lat["fit"]["a"] == pytest.approx(case["predicted_ar_step_s"])
+    raw = lat["forward"]["fit"]["a_raw"]
+    assert lat["fit"]["a"] > 0 and (raw <= 0 or lat["fit"]["a"] == pytest.approx(raw))

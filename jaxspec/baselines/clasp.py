@@ -196,14 +196,15 @@ class ClaspPlanner:
         if self.latency is not None:
             t_attn, t_mlp, t_token = self.latency.t_attn(n), self.latency.t_mlp(), self.latency.t_token()
             table = objective_table(mask[None], [candidates.alpha[index]], t_attn, t_mlp, (self.gamma,),
-                                    t_token=t_token, verify_row_cost=self.latency.v)
+                                    t_token=t_token, verify_row_cost=self.latency.v, target_ratio=self.latency.a)
         else:
             t_attn = t_mlp = t_token = float("nan")
             table = np.full((1, 1), np.nan)
         plan = Plan(mask=mask, gamma=int(self.gamma), score=float(candidates.cosine[index]), index=index,
                     alpha=float(candidates.alpha[index]), objective="clasp-cosine", n=float(n), t_attn=float(t_attn),
                     t_mlp=float(t_mlp), table=table, gammas=(int(self.gamma),), t_token=float(t_token),
-                    verify_row_cost=float(self.latency.v) if self.latency is not None else 0.0)
+                    verify_row_cost=float(self.latency.v) if self.latency is not None else 0.0,
+                    target_ratio=float(self.latency.a) if self.latency is not None else 1.0)
         return plan, candidates, (1, 1)
 
 

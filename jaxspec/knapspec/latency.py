@@ -49,17 +49,18 @@ Two ways to measure (``method``, the profile's ``method`` field):
       c1 = mean_n (T_full(n) - T_nomlp(n)) / S                  (clamped at 0)
       t_attn(n) = (T_full(n) - T_noattn(n)) / S  ->  c2 n + c3  (least squares)
       c0 = mean_n [T_full(n) - L (c1 + c2 n + c3)]             (clamped at 0)
-      T_verify(r) / t_step(n_verify) = 1 + v (r - 1)  (least squares in v)     (clamped at 0)
+      T_verify(r) = t_step(n_verify) (a + v (r - 1))  (least squares in a, v)  (clamped)
 
   so the modelled step reproduces ``T_full(n)`` (least squares over ``n``), a draft skipping
   every skippable Attention (MLP) reproduces ``T_noattn`` (``T_nomlp``), and the modelled
-  verification ``t_step (1 + v g)`` reproduces ``T_verify(g + 1)`` as well as one ``v`` can --
-  whatever the launch or fusion behaviour of one sub-layer alone. ``v`` is anchored at the
-  modelled (draft-form) step rather than fitted with its own intercept: on the 2-core CPU the
-  verifier's one-row forward (no mask) measured ~1.35x the draft-form step with nothing
-  skipped, and the anchored ``v`` absorbs that gap at the measured row counts
-  (``forward["fit"]["verify_one_row_over_step"]`` records it). The unclamped values are kept
-  in ``forward["fit"]``.
+  verification ``t_step (a + v g)`` reproduces the least-squares line through
+  ``T_verify(g + 1)`` -- whatever the launch or fusion behaviour of one sub-layer alone.
+  ``a`` (the target's one-row forward in draft-form steps) has its own intercept because the
+  target's forwards run without the skip mask: on the 2-core CPU the verifier's one-row forward
+  measured ~1.35x the draft-form step with nothing skipped; on the H200 the dynamic mask's
+  conditionals made the draft-form step ~2x the target's. Plain decoding (gamma = 0) is priced
+  at ``a t_step`` too. (``v_anchored_at_step`` in ``forward["fit"]`` is the earlier ``a = 1``
+  fit, kept for comparison; the unclamped values are kept there as well.)
 
 Profile files: format 4 adds ``method`` and ``forward``; format-3 files still load (as
 ``method="isolated"``).
@@ -102,13 +103,17 @@ class ProfileFormatError(ValueError):
 class LatencyModel:
     """``t_mlp = c1``; ``t_attn(n) = c2 * n + c3`` (seconds per sub-layer, one decode step);
     ``t_token = c0`` (seconds per forward for embeddings + final norm + LM head + argmax);
-    ``v``: verifying ``g + 1`` rows costs ``(1 + v g)`` decode steps."""
+    ``v``: verifying ``g + 1`` rows costs ``(a + v g)`` decode steps; ``a`` (default 1): the
+    target's own forwards -- verification and plain decoding, which run without the draft's
+    skip mask -- cost ``a`` draft-form steps per row-1 call (a whole-forward fit measures it; on
+    a GPU the dynamic skip mask makes the draft-form step dearer than the target's, ``a < 1``)."""
 
     c1: float
     c2: float
     c3: float
     c0: float = 0.0
     v: float = 0.0
+    a: float = 1.0
 
     def t_mlp(self) -> float:
         return float(self.c1)
@@ -125,7 +130,7 @@ class LatencyModel:
 
     def as_dict(self) -> Dict[str, float]:
         return {"c1": float(self.c1), "c2": float(self.c2), "c3": float(self.c3), "c0": float(self.c0),
-                "v": float(self.v)}
+                "v": float(self.v), "a": float(self.a)}
 
 
 def verify_row_cost(step_one_row: float, step_rows: float, rows: int) -> float:
@@ -218,7 +223,7 @@ class LatencyProfile:
         model = data["model"]
         names = {f.name for f in dataclasses.fields(LatencyModel)}
         if not isinstance(model, dict) or not {"c1", "c2", "c3"} <= set(model) or set(model) - names:
-            raise ValueError(f"{source}: model {model!r} must hold c1, c2, c3 (and optionally c0, v)")
+            raise ValueError(f"{source}: model {model!r} must hold c1, c2, c3 (and optionally c0, v, a)")
         for key, value in model.items():
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise ValueError(f"{source}: model coefficient {key} = {value!r} is not a finite number")
@@ -415,7 +420,7 @@ def fit_forward(contexts: Sequence[float], full: Sequence[float], noattn: Sequen
     fit: Dict[str, Any] = {"skippable": S, "t_mlp_per_context": mlp_per_n.tolist(),
                            "t_attn_per_context": attn_per_n.tolist(), "c0_per_context": residual.tolist(),
                            "c1_raw": c1_raw, "c0_raw": c0_raw, "v_raw": 0.0, "clamped": []}
-    v = 0.0
+    v, a = 0.0, 1.0
     rows = np.asarray(verify_rows, np.float64).reshape(-1)
     times = np.asarray(verify_times, np.float64).reshape(-1)
     if rows.shape != times.shape:
@@ -433,14 +438,20 @@ def fit_forward(contexts: Sequence[float], full: Sequence[float], noattn: Sequen
         # T_verify(g + 1) / t_step = 1 + v g, anchored at the modelled step (least squares in v): the
         # planner's verification cost t_step (1 + v g), so any gap between the verifier's one-row
         # forward and the draft-form step is absorbed where it matters, at the gammas measured
-        v_raw = float(np.sum(extra * (times / step - 1.0)) / np.sum(extra * extra))
-        v = max(0.0, v_raw)
+        v_anchored = float(np.sum(extra * (times / step - 1.0)) / np.sum(extra * extra))
         (intercept, slope), *_ = np.linalg.lstsq(np.stack([np.ones_like(rows), extra], axis=1), times, rcond=None)
-        fit.update(v_raw=v_raw, verify_context=n_verify, verify_intercept=float(intercept),
-                   verify_slope_per_row=float(slope), t_step_at_verify_context=step,
-                   verify_one_row_over_step=float(intercept) / step)
+        # the target's forwards (verification; plain decoding) have their own intercept: the
+        # one-row target forward is ``a`` draft-form steps (no skip mask, no conditionals)
+        a_raw, v_raw = float(intercept) / step, float(slope) / step
+        a = a_raw if a_raw > 0 else float(times.min()) / step
+        v = max(0.0, v_raw)
+        fit.update(v_raw=v_raw, a_raw=a_raw, v_anchored_at_step=v_anchored, verify_context=n_verify,
+                   verify_intercept=float(intercept), verify_slope_per_row=float(slope),
+                   t_step_at_verify_context=step, verify_one_row_over_step=float(intercept) / step)
     fit["clamped"] = [name for name, raw in (("c1", c1_raw), ("c0", c0_raw), ("v", fit["v_raw"])) if raw < 0]
-    return LatencyModel(c1=c1, c2=c2, c3=c3, c0=c0, v=v), fit
+    if fit.get("a_raw", 1.0) <= 0:
+        fit["clamped"].append("a")
+    return LatencyModel(c1=c1, c2=c2, c3=c3, c0=c0, v=v, a=a), fit
 
 
 def _forward_loop_fn(params, cache, tokens, mask, *, config, steps):

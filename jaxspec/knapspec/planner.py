@@ -62,12 +62,13 @@ def target_time(num_layers: int, t_attn: float, t_mlp: float, t_token: float = 0
     return float(num_layers) * (float(t_attn) + float(t_mlp)) + float(t_token)
 
 
-def tpt(alpha, gamma, t_draft, t_target, v: float = 0.0):
+def tpt(alpha, gamma, t_draft, t_target, v: float = 0.0, a: float = 1.0):
     """Tokens per unit time of one round (broadcasting over arrays); verifying ``gamma + 1`` rows
-    costs ``t_target (1 + v gamma)``."""
+    costs ``t_target (a + v gamma)`` (``a``: the target's unmasked one-row forward in modelled
+    steps; gamma = 0, plain decoding, costs ``a t_target`` a token)."""
     g = np.asarray(gamma, np.float64)
     return expected_tokens(alpha, gamma) / (g * np.asarray(t_draft, np.float64)
-                                            + np.asarray(t_target, np.float64) * (1.0 + float(v) * g))
+                                            + np.asarray(t_target, np.float64) * (float(a) + float(v) * g))
 
 
 @dataclasses.dataclass
@@ -85,26 +86,29 @@ class Plan:
     gammas: Tuple[int, ...]
     t_token: float = 0.0
     verify_row_cost: float = 0.0
+    target_ratio: float = 1.0  # LatencyModel.a
 
     @property
     def predicted_tpt(self) -> float:
         """TPT of the chosen (mask, gamma) under the latency model (whatever the objective)."""
         num_layers = self.mask.shape[0]
         return float(tpt(self.alpha, self.gamma, draft_time(self.mask, self.t_attn, self.t_mlp, self.t_token),
-                         target_time(num_layers, self.t_attn, self.t_mlp, self.t_token), self.verify_row_cost))
+                         target_time(num_layers, self.t_attn, self.t_mlp, self.t_token), self.verify_row_cost,
+                         self.target_ratio))
 
     def summary(self) -> dict:
         mask = np.asarray(self.mask, bool)
         return {"gamma": int(self.gamma), "score": float(self.score), "objective": self.objective,
                 "alpha": float(self.alpha), "n": float(self.n), "index": int(self.index),
                 "t_attn": float(self.t_attn), "t_mlp": float(self.t_mlp), "t_token": float(self.t_token),
-                "verify_row_cost": float(self.verify_row_cost),
+                "verify_row_cost": float(self.verify_row_cost), "target_ratio": float(self.target_ratio),
                 "skip_attn": np.nonzero(mask[:, 0])[0].tolist(), "skip_mlp": np.nonzero(mask[:, 1])[0].tolist(),
                 "predicted_tpt": self.predicted_tpt}
 
 
 def objective_table(masks, alphas, t_attn: float, t_mlp: float, gammas: Sequence[int] = GAMMA_GRID,
-                    objective: str = "tpt", t_token: float = 0.0, verify_row_cost: float = 0.0) -> np.ndarray:
+                    objective: str = "tpt", t_token: float = 0.0, verify_row_cost: float = 0.0,
+                    target_ratio: float = 1.0) -> np.ndarray:
     """``[C, G]`` objective of every (candidate, gamma)."""
     if objective not in OBJECTIVES:
         raise ValueError(f"objective={objective!r}; valid: {OBJECTIVES}")
@@ -113,10 +117,11 @@ def objective_table(masks, alphas, t_attn: float, t_mlp: float, gammas: Sequence
     if objective == "tpl":
         t_attn = t_mlp = 1.0
         t_token = verify_row_cost = 0.0
+        target_ratio = 1.0
     g = np.asarray(gammas, np.float64)[None, :]
     t_d = draft_time(masks, t_attn, t_mlp, t_token)[:, None]
     t_t = target_time(num_layers, t_attn, t_mlp, t_token)
-    return tpt(np.asarray(alphas, np.float64)[:, None], g, t_d, t_t, verify_row_cost)
+    return tpt(np.asarray(alphas, np.float64)[:, None], g, t_d, t_t, verify_row_cost, target_ratio)
 
 
 def choose_plan(masks, alphas, latency: Union[LatencyModel, Tuple[float, float]], n: float = 0.0, *,
@@ -133,12 +138,14 @@ def choose_plan(masks, alphas, latency: Union[LatencyModel, Tuple[float, float]]
         raise ValueError(f"gammas must be non-negative integers; got {gammas}")
     if isinstance(latency, LatencyModel):
         t_attn, t_mlp, t_token, v = latency.t_attn(n), latency.t_mlp(), latency.t_token(), latency.v
+        a = latency.a
     else:
         values = tuple(float(x) for x in latency)
         if len(values) not in (2, 3, 4):
             raise ValueError(f"latency must be a LatencyModel or (t_attn, t_mlp[, t_token[, v]]); got {latency!r}")
         t_attn, t_mlp, t_token, v = values + (0.0,) * (4 - len(values))
-    table = objective_table(masks, alphas, t_attn, t_mlp, gammas, objective, t_token, v)
+        a = 1.0
+    table = objective_table(masks, alphas, t_attn, t_mlp, gammas, objective, t_token, v, a)
     is_full = ~masks.any(axis=(1, 2))
     if exclude_full and not is_full.all():
         table = np.where(is_full[:, None], -np.inf, table)
@@ -147,7 +154,8 @@ def choose_plan(masks, alphas, latency: Union[LatencyModel, Tuple[float, float]]
     return Plan(mask=masks[index], gamma=gammas[g_index], score=float(table[index, g_index]), index=index,
                 alpha=float(alphas[index]), objective=objective, n=float(n), t_attn=float(t_attn), t_mlp=float(t_mlp),
                 table=table, gammas=gammas, t_token=float(t_token),
-                verify_row_cost=float(v) if objective == "tpt" else 0.0)
+                verify_row_cost=float(v) if objective == "tpt" else 0.0,
+                target_ratio=float(a) if objective == "tpt" else 1.0)
 
 
 __all__ = ["GAMMA_GRID", "OBJECTIVES", "Plan", "choose_plan", "draft_time", "executed_counts", "expected_tokens",
