@@ -158,3 +158,48 @@ def test_profile_and_quality_commands(folders, tmp_path, capsys):
     assert "[resume] 15 case(s)" in capsys.readouterr().err and len(json.loads(out.read_text())["cases"]) == 15
     other = tmp_path / "other.json"
     assert main(argv[:argv.index("--out")] + ["--budgets", "256", "--out", str(other)]) == 2  # not profiled
+
+
+def test_release_memory_drops_compiled_and_keeps_working():
+    """`release_memory` trims the heap; with clear_compiled it also empties the module's jit table and
+    JAX's caches, after which a jitted function recompiles and still gives the same values."""
+    import jax.numpy as jnp
+
+    from experiments import dustin_exp
+
+    fn = dustin_exp._jit("test/double", lambda x: 2 * x)
+    assert float(fn(jnp.float32(3.0))) == 6.0
+    dustin_exp.release_memory()  # trim only
+    assert "test/double" in dustin_exp._JITS
+    dustin_exp.release_memory(clear_compiled=True)
+    assert "test/double" not in dustin_exp._JITS and fn._cache_size() == 0
+    assert float(dustin_exp._jit("test/double", lambda x: 2 * x)(jnp.float32(4.0))) == 8.0
+    assert "rss" in dustin_exp._memory()
+
+
+@pytest.mark.slow
+def test_quality_releases_compiled_code_between_lengths(folders, tmp_path, monkeypatch):
+    """`dustin-quality` over two context lengths trims memory after each measurement and drops the
+    compiled executables once, when the length changes (the previous session's OOM beyond 4k)."""
+    from experiments import dustin_exp
+
+    target, draft = folders
+    haystack = _haystack(tmp_path)
+    common = ["--model", str(target), "--draft", str(draft), "--source", str(haystack), "--gamma", "3"]
+    profile = tmp_path / "profile.json"
+    assert main(["dustin-profile", *common, "--budgets", "128", "--lengths", "400", "--kinds", "passkey",
+                 "--depths", "0.3", "--max-new-tokens", "3", "--srh-max-new-tokens", "2", "--recall-threshold", "-1",
+                 "--profile-file", str(profile), "--out", str(tmp_path / "p.json")]) == 0
+    calls = []
+    original = dustin_exp.release_memory
+    monkeypatch.setattr(dustin_exp, "release_memory", lambda clear_compiled=False: (calls.append(clear_compiled),
+                                                                                     original(clear_compiled)))
+    out = tmp_path / "quality.json"
+    assert main(["dustin-quality", *common, "--dustin-profile", str(profile), "--budgets", "128", "--methods",
+                 "dustin-h,quest", "--items", "400:1,480:1", "--kinds", "passkey", "--depths", "0.5",
+                 "--max-new-tokens", "4", "--ppl-tokens", "8", "--out", str(out)]) == 0
+    cases = json.loads(out.read_text())["cases"]
+    assert len(cases) == 2 * 3 and {r["context"] for r in cases.values()} == {400, 480}
+    assert calls.count(True) == 1  # one length change
+    # per item: 2 perplexities + dense + 2 decodes + the item's end
+    assert calls.count(False) == 2 * 6
