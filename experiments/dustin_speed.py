@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
 from typing import Any, Dict
 
 import numpy as np
@@ -174,6 +175,17 @@ def cmd_dustin_speed(args) -> Dict[str, Any]:
     return writer.data
 
 
+def _trace(label: str, fn) -> Dict[str, Any]:
+    """One traced run of ``fn`` (experiments/trace.py), summary printed."""
+    from experiments.trace import trace_on_backend
+
+    try:
+        return trace_on_backend(fn, f"[dustin-speed] trace {label}")
+    except Exception as error:  # a missing profiler backend must not lose the timed results
+        print(f"[dustin-speed] trace {label} failed: {error!r}", file=sys.stderr, flush=True)
+        return {"error": repr(error)}
+
+
 def _measure_point(*, args, context, batch, holder, target_config, draft_config, target_params, draft_params,
                    dustin, engine, methods, bandwidth, budget, target_bytes, draft_bytes, scale, mesh, **_):
     import jax
@@ -209,6 +221,8 @@ def _measure_point(*, args, context, batch, holder, target_config, draft_config,
     timing = median_time(run_ar, repeats=args.repeats, warmup=1)
     ar_tps = batch * args.new_tokens / timing["median_s"]
     entry["ar"] = {"timing": timing, "tok_s": ar_tps}
+    if getattr(args, "trace", False):
+        entry["ar"]["trace"] = _trace(f"ctx{context}/b{batch} ar", run_ar)
     target_step = decode_bytes_per_step(target_config, batch, context, target_bytes)
     draft_step = decode_bytes_per_step(draft_config, batch, context, draft_bytes)
     roof_ar = batch / (target_step["total"] / bandwidth)
@@ -250,9 +264,21 @@ def _measure_point(*, args, context, batch, holder, target_config, draft_config,
         timing, compile_s, final = time_rounds(target_params, draft_params, holder, fresh_state, static, args.repeats)
         metrics = summarize(final, engine)
         tps = float(np.asarray(final.num_out).sum()) / timing["median_s"]
+        trace = None
+        if getattr(args, "trace", False):
+            def run_once():
+                from jaxspec.decoding.speculative import run_loop
+
+                result = run_loop(target_params, draft_params, fresh_state(), **static)
+                jax.block_until_ready(result)
+                holder["cache"], holder["draft"] = result.target_cache, result.draft_state
+
+            trace = _trace(f"ctx{context}/b{batch} {method}", run_once)
         roof = batch * metrics["tau_untruncated"] / (round_bytes / bandwidth)
         entry[method] = {"timing": timing, "compile_s": compile_s, "metrics": metrics, "tok_s": tps,
                          "round_bytes": round_bytes}
+        if trace is not None:
+            entry[method]["trace"] = trace
         row = {"context": context, "batch": batch, "method": method, "tok_s": tps, "speedup": tps / ar_tps,
                "tau": metrics["tau"], "roofline_tok_s": roof, "roofline_speedup": roof / roof_ar}
         if method == "dustin":  # the selection step alone, on this point's state
@@ -345,6 +371,9 @@ def register(subparsers) -> None:
     bench.add_argument("--profile", action="store_true",
                        help="also split a round into draft / selection / verification / other (per-phase jitted "
                             "calls with a host sync each, so their sum exceeds the fused loop's round)")
+    bench.add_argument("--trace", action="store_true",
+                       help="after the timed runs, trace one run per method with jax.profiler and store the device "
+                            "busy time, idle share and top kernels (experiments/trace.py)")
     bench.add_argument("--layers", type=int, default=0, help="override both models' layer count (smoke tests)")
     bench.add_argument("--override", default="", metavar="KEY=VAL,...",
                        help="override config fields of both shapes (smoke tests), e.g. vocab_size=512,hidden_size=256")

@@ -111,6 +111,9 @@ def register(subparsers) -> None:
                    help="latency model: 'forward' = fitted on whole forwards of the model as the engine runs them "
                         "(full / no-Attention / no-MLP steps, verification of 1..11 rows); 'isolated' = each "
                         "sub-layer timed alone (launch-bound on a GPU)")
+    p.add_argument("--trace", action="store_true",
+                   help="trace one more run of AR and of each method with jax.profiler: device busy time, idle "
+                        "share, top kernels (experiments/trace.py)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--plot", default=None, metavar="PNG", help="draw the figure from the results at the end")
     p.set_defaults(func=cmd_knapspec)
@@ -328,14 +331,14 @@ class Case:
     def ar_tokens(self) -> np.ndarray:
         return (self.last_ar if self.last_ar is not None else self.ar())["tokens"]
 
-    def _generate(self, method: str, **kwargs):
+    def _generate(self, method: str, warmup: bool = True, **kwargs):
         from jaxspec.baselines.clasp import clasp_generate
         from jaxspec.baselines.static_skip import static_skip_generate
         from jaxspec.decoding.speculative import EngineConfig
         from jaxspec.knapspec.policy import knapspec_generate
 
         engine = EngineConfig(gamma=self.args.gamma_max, max_new_tokens=self.max_new, stop_tokens=())
-        common = dict(engine=engine, seed=0, warmup=True, capacity=self.capacity, prefilled=self.prefill())
+        common = dict(engine=engine, seed=0, warmup=warmup, capacity=self.capacity, prefilled=self.prefill())
         ks = self.knapspec
         if method == "knapspec":
             return knapspec_generate(self.model.params, self.model.config, self.prompts, latency=self.latency,
@@ -406,7 +409,20 @@ class Case:
         }
         if method == "clasp":
             out["clasp_skip_count"] = metrics.get("clasp_skip_count")
+        if getattr(self.args, "trace", False):  # one more (compiled) run of each, under the profiler
+            out["trace"] = {
+                "ar": self._trace("ar", lambda: ar_run(self.model, self.prefill(), self.max_new)),
+                method: self._trace(method, lambda: self._generate(method, warmup=False, **kwargs))}
         return out
+
+    def _trace(self, label: str, fn) -> Dict[str, Any]:
+        from experiments.trace import trace_on_backend
+
+        try:
+            return trace_on_backend(fn, f"[{self.key}] trace {label}")
+        except Exception as error:  # a missing profiler backend must not lose the timed results
+            print(f"[{self.key}] trace {label} failed: {error!r}", file=sys.stderr, flush=True)
+            return {"error": repr(error)}
 
     def latency_prediction(self, mask, verify_rows: int, metrics, rounds: int, measured_s: float) -> Dict[str, Any]:
         """The latency model's step times at the cache capacity (what the planner used: the xla

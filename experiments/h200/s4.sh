@@ -18,14 +18,14 @@ gguf=~/.cache/jaxspec/SmolLM2-135M-Instruct.Q4_1.gguf
 [ -f $gguf ] || { [ -f /tmp/jaxspec_stage/smol.part.aa ] && [ -f .carry/smol.part.ab ] && cat /tmp/jaxspec_stage/smol.part.aa .carry/smol.part.ab > $gguf; }
 [ -d .carry/austen ] && export JAXSPEC_AUSTEN_SOURCE=$PWD/.carry/austen
 R=experiments/results; W=$OUT/s4; mkdir -p $W/knapspec_h200/profiles
-for f in dustin_speed_7b_qwen_tau_h200.json knapspec_h200/knapspec_smollm2_forward_h200.json knapspec_h200/knapspec_7b_b1_forward_h200.json; do
+for f in dustin_speed_7b_qwen_tau_h200.json dustin_speed_7b_qwen_tau_b8_h200.json knapspec_h200/knapspec_smollm2_forward_h200.json knapspec_h200/knapspec_7b_b1_forward_h200.json; do
   [ -f $R/$f ] && cp $R/$f $W/$f
 done
 TAU="--tau-from $R/sd_qwen_coder_pair_tau_cpu.json"
-DS="python3 -m experiments.run dustin-speed --contexts 32768,16384,8192 --budget 512 --profile $TAU --out $W/dustin_speed_7b_qwen_tau_h200.json"
+DS="python3 -m experiments.run dustin-speed --contexts 32768,16384,8192 --budget 512 --profile $TAU "
 case $part in
-  dustin16) step 600 $DS --batches 16 > $W/dustin_speed_b16.log 2>&1 ;;
-  dustin8)  step 600 $DS --batches 8 > $W/dustin_speed_b8.log 2>&1 ;;
+  dustin16) step 600 $DS --batches 16 --out $W/dustin_speed_7b_qwen_tau_h200.json > $W/dustin_speed_b16.log 2>&1 ;;
+  dustin8)  step 600 $DS --batches 8 --out $W/dustin_speed_7b_qwen_tau_b8_h200.json > $W/dustin_speed_b8.log 2>&1 ;;
   knapspec)
     KS="python3 -m experiments.run knapspec --dtype bfloat16 --max-new-tokens 256 --candidate-plans 0 --plan-cost-repeats 1 --latency-fit forward --device-tag h200 --profile-dir $W/knapspec_h200/profiles"
     [ -f $gguf ] && step 210 $KS --model smollm2-135m --contexts 1024,4096,7680 --batches 1 --methods knapspec,clasp,knapspec-official \

@@ -1,0 +1,144 @@
+"""Where does the time go: run a function once under ``jax.profiler`` and summarise the trace.
+
+:func:`device_trace` captures one call of ``fn`` and reads the XSpace back with
+``jax.profiler.ProfileData`` (part of jaxlib; no TensorBoard needed), then reports, per device
+plane (``/device:GPU:0``, or ``/host:CPU`` when asked for on a CPU):
+
+* ``busy_s``: the union of the kernel intervals on the plane's stream lines -- the time the
+  device was doing anything; ``span_s``: first kernel start to last kernel end; ``wall_s`` (top
+  level): host time of the call. ``1 - busy_s / span_s`` is the idle (launch/sync-bound) share.
+* ``top_kernels``: the kernels with the most total time (name, seconds, launches).
+* ``modules``: the XLA modules (jitted functions) that ran, with their total time and count,
+  when the plane has an ``XLA Modules`` line.
+
+Used by ``dustin-speed --trace`` and ``knapspec --trace`` (one traced run per method, after the
+timed runs; the trace is not part of any timing).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import tempfile
+import time
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+
+# lines of a device plane that describe (not are) kernel activity: skip them for busy time
+META_LINES = ("XLA Modules", "XLA Ops", "Steps", "XLA TraceMe", "Source code", "Framework Ops",
+              "Framework Name Scope", "TensorFlow Ops", "TensorFlow Name Scope", "Launch Stats")
+
+
+def _union_length(intervals: List[Tuple[int, int]]) -> int:
+    """Total length covered by ``[start, end)`` intervals (ns)."""
+    total, current_start, current_end = 0, None, None
+    for start, end in sorted(intervals):
+        if current_end is None or start > current_end:
+            if current_end is not None:
+                total += current_end - current_start
+            current_start, current_end = start, end
+        else:
+            current_end = max(current_end, end)
+    if current_end is not None:
+        total += current_end - current_start
+    return total
+
+
+def _top(totals: Dict[str, List[float]], top: int) -> List[Dict[str, Any]]:
+    rows = sorted(totals.items(), key=lambda kv: -kv[1][0])[:top]
+    return [{"name": name[:160], "total_s": ns / 1e9, "count": int(count)} for name, (ns, count) in rows]
+
+
+def summarize_plane(plane, top: int = 25, kernel_lines: Optional[Callable[[str], bool]] = None) -> Dict[str, Any]:
+    """Busy time, span, top kernels and modules of one XPlane (see the module doc)."""
+    is_kernel_line = kernel_lines or (lambda name: name not in META_LINES)
+    intervals: List[Tuple[int, int]] = []
+    kernels: Dict[str, List[float]] = {}
+    modules: Dict[str, List[float]] = {}
+    line_names = []
+    for line in plane.lines:
+        line_names.append(line.name)
+        if line.name == "XLA Modules":
+            for event in line.events:
+                entry = modules.setdefault(event.name, [0.0, 0])
+                entry[0] += event.duration_ns
+                entry[1] += 1
+            continue
+        if not is_kernel_line(line.name):
+            continue
+        for event in line.events:
+            if event.duration_ns <= 0:
+                continue
+            intervals.append((int(event.start_ns), int(event.start_ns + event.duration_ns)))
+            entry = kernels.setdefault(event.name, [0.0, 0])
+            entry[0] += event.duration_ns
+            entry[1] += 1
+    span = (max(e for _, e in intervals) - min(s for s, _ in intervals)) if intervals else 0
+    return {"busy_s": _union_length(intervals) / 1e9, "span_s": span / 1e9,
+            "kernel_time_s": sum(v[0] for v in kernels.values()) / 1e9,
+            "launches": int(sum(v[1] for v in kernels.values())), "distinct_kernels": len(kernels),
+            "top_kernels": _top(kernels, top), "modules": _top(modules, top), "lines": line_names}
+
+
+def summarize_profile(data, prefixes: Iterable[str] = ("/device:",), top: int = 25,
+                      kernel_lines: Optional[Callable[[str], bool]] = None) -> Dict[str, Any]:
+    """:func:`summarize_plane` for every plane whose name starts with one of ``prefixes``."""
+    prefixes = tuple(prefixes)
+    return {plane.name: summarize_plane(plane, top, kernel_lines) for plane in data.planes
+            if plane.name.startswith(prefixes)}
+
+
+def device_trace(fn: Callable[[], Any], *, top: int = 25, prefixes: Iterable[str] = ("/device:",),
+                 kernel_lines: Optional[Callable[[str], bool]] = None, keep_dir: Optional[str] = None) -> Dict[str, Any]:
+    """Run ``fn()`` once (it must block until its work is done) under the profiler; return
+    ``{"wall_s", "planes": {name: summary}}``. ``keep_dir``: also keep the raw trace there (for
+    TensorBoard / Perfetto); otherwise it goes to a temporary folder that is deleted."""
+    import jax
+    from jax.profiler import ProfileData
+
+    with tempfile.TemporaryDirectory() as tmp:
+        where = keep_dir or tmp
+        os.makedirs(where, exist_ok=True)
+        with jax.profiler.trace(where):
+            start = time.perf_counter()
+            fn()
+            wall = time.perf_counter() - start
+        paths = sorted(glob.glob(os.path.join(where, "**", "*.xplane.pb"), recursive=True), key=os.path.getmtime)
+        if not paths:
+            raise RuntimeError(f"jax.profiler wrote no .xplane.pb under {where}")
+        data = ProfileData.from_file(paths[-1])
+        planes = summarize_profile(data, prefixes, top, kernel_lines)
+    return {"wall_s": wall, "planes": planes}
+
+
+def trace_on_backend(fn: Callable[[], Any], label: str = "", top: int = 25) -> Dict[str, Any]:
+    """:func:`device_trace` with the planes of the default backend: the device planes on a GPU/TPU;
+    on a CPU (no device plane) the host plane, counting XLA's worker threads and not the Python
+    tracer's line. Prints :func:`format_summary` to stderr under ``label``."""
+    import sys
+
+    import jax
+
+    if jax.default_backend() == "cpu":
+        summary = device_trace(fn, top=top, prefixes=("/host:CPU",),
+                               kernel_lines=lambda name: name not in META_LINES and name != "python")
+    else:
+        summary = device_trace(fn, top=top)
+    summary["backend"] = jax.default_backend()
+    if label:
+        print(f"{label}\n{format_summary(summary)}", file=sys.stderr, flush=True)
+    return summary
+
+
+def format_summary(summary: Dict[str, Any], top: int = 8) -> str:
+    """A few printable lines per plane: busy/span/wall and the top kernels."""
+    lines = []
+    for name, plane in summary["planes"].items():
+        idle = 1 - plane["busy_s"] / plane["span_s"] if plane["span_s"] else float("nan")
+        lines.append(f"  {name}: wall {summary['wall_s'] * 1e3:.2f} ms, span {plane['span_s'] * 1e3:.2f} ms, busy "
+                     f"{plane['busy_s'] * 1e3:.2f} ms (idle {idle:.0%}), {plane['launches']} launches")
+        for k in plane["top_kernels"][:top]:
+            lines.append(f"    {k['total_s'] * 1e3:8.3f} ms  x{k['count']:<5d} {k['name'][:90]}")
+    return "\n".join(lines)
+
+
+__all__ = ["device_trace", "format_summary", "summarize_plane", "summarize_profile", "trace_on_backend"]
