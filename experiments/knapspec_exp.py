@@ -104,6 +104,9 @@ def register(subparsers) -> None:
     p.add_argument("--branch-chunk", type=int, default=None,
                    help="DP branches per attention batch (default: all, or fewer when the scores would pass 4 GB)")
     p.add_argument("--max-reference-tokens", type=int, default=None, help="cap the DP reference per row")
+    p.add_argument("--max-plan-fraction", type=float, default=0.05,
+                   help="postpone a re-plan while the previous plan cost more than this fraction of the decode time "
+                        "since it (<= 0: SPEC's fixed schedule, a plan every 64 rounds)")
     p.add_argument("--clasp-skip-count", type=int, default=None)
     p.add_argument("--profile-dir", default=None,
                    help="latency profiles (JSON) are read / written here (default: next to --out)")
@@ -122,7 +125,7 @@ def register(subparsers) -> None:
 def _config_of(args) -> Dict[str, Any]:
     keys = ("model", "layers", "dtype", "tasks", "contexts", "max_new_tokens", "long_prompt", "long_new_tokens",
             "batches", "candidate_plans", "gamma_max", "gamma_buckets", "branch_chunk", "max_reference_tokens",
-            "clasp_skip_count", "seed", "device_tag", "latency_fit")
+            "clasp_skip_count", "seed", "device_tag", "latency_fit", "max_plan_fraction")
     return {k: getattr(args, k) for k in keys}
 
 
@@ -297,8 +300,10 @@ class Case:
         chunk = args.branch_chunk or auto_branch_chunk(cfg, batch, self.capacity, reference,
                                                        skip_budget(5, 1, cfg.num_layers) + 1)
         buckets = tuple(int(x) for x in args.gamma_buckets.split(",") if x.strip())
+        fraction = getattr(args, "max_plan_fraction", 0.05)
         self.knapspec = KnapSpecConfig(gamma_max=args.gamma_max, gamma_buckets=buckets, branch_chunk=chunk,
-                                       max_reference_tokens=args.max_reference_tokens)
+                                       max_reference_tokens=args.max_reference_tokens,
+                                       max_plan_fraction=fraction if fraction and fraction > 0 else None)
         self.prompts = build_prompts(model, task, context, batch, args.seed)
         self.prefilled = None
         self.ar_compiled = False

@@ -47,6 +47,9 @@ def add_self_spec_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--knapspec-early-exit", type=float, default=0.7,
                        help="stop drafting once a token's probability is below this (<= 0: never)")
     group.add_argument("--knapspec-interval", type=int, default=64, help="re-plan every this many rounds")
+    group.add_argument("--knapspec-max-plan-fraction", type=float, default=0.05,
+                       help="postpone a re-plan while the previous plan cost more than this fraction of the decode "
+                            "time since it (<= 0: SPEC's fixed schedule, re-plan every --knapspec-interval rounds)")
     group.add_argument("--knapspec-gamma-buckets", default="1,2,3,4,6,8",
                        help="static verification lengths a planned gamma is rounded up to (gamma-max is always "
                             "one); '' = always verify gamma-max + 1 rows (one compile; the GPU choice)")
@@ -74,6 +77,13 @@ def _buckets(text: str):
         raise ValueError(f"--knapspec-gamma-buckets={text!r}: expected comma-separated integers") from err
 
 
+def _plan_fraction(value):
+    value = None if value is None or value <= 0 else float(value)
+    if value is not None and value >= 1:
+        raise ValueError(f"--knapspec-max-plan-fraction={value}: must be < 1 (or <= 0 for the fixed schedule)")
+    return value
+
+
 def knapspec_config_from_args(args):
     from jaxspec.knapspec.policy import KnapSpecConfig
 
@@ -81,7 +91,8 @@ def knapspec_config_from_args(args):
     return KnapSpecConfig(gamma_max=args.knapspec_gamma_max, early_exit=None if early <= 0 else early,
                           plan_interval=args.knapspec_interval, objective=args.knapspec_objective,
                           coupled=args.knapspec_coupled, honor_gamma=not args.knapspec_official_gamma,
-                          gamma_buckets=_buckets(args.knapspec_gamma_buckets))
+                          gamma_buckets=_buckets(args.knapspec_gamma_buckets),
+                          max_plan_fraction=_plan_fraction(args.knapspec_max_plan_fraction))
 
 
 def validate(args) -> None:

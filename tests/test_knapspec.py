@@ -412,7 +412,7 @@ def test_greedy_knapspec_equals_autoregressive(spec_params):
     """End to end: prefill, full-model draft, re-plans (DP + grid search) every 4 rounds on the
     last 2 rounds' tokens, early exit at 0.7 with fillers: the output is exactly greedy AR."""
     expected = generate(spec_params, SPEC_TARGET, PROMPTS, 24).rows()
-    knap = KnapSpecConfig(gamma_max=4, plan_interval=4, plan_round=2, reference_rounds=2)
+    knap = KnapSpecConfig(gamma_max=4, plan_interval=4, plan_round=2, reference_rounds=2, max_plan_fraction=None)
     lat = latency.LatencyModel(c1=1.0, c2=0.01, c3=0.5)
     result = knapspec_generate(spec_params, SPEC_TARGET, PROMPTS, latency=lat, knapspec=knap, max_new_tokens=24)
     assert result.rows() == expected
@@ -424,6 +424,44 @@ def test_greedy_knapspec_equals_autoregressive(spec_params):
     rounds = result.metrics["rounds"]
     assert rounds == int(result.final_state.round) and 0 < rounds < 24
     assert 0 < result.metrics["draft_steps"] < 4 * rounds  # the random model's drafts are unsure: early exits
+
+
+def test_expensive_plans_are_postponed_and_output_stays_exact(spec_params):
+    """max_plan_fraction: a planner that costs far more than the decoding between plans is run
+    once (the first plan always runs); the fixed schedule (None) re-plans every interval. Greedy
+    output equals AR either way."""
+    import time
+
+    from jaxspec.knapspec.policy import KnapSpecPlanner
+
+    class SlowPlanner:
+        name = "slow"
+
+        def __init__(self, inner, seconds):
+            self.inner, self.seconds, self.calls = inner, seconds, 0
+
+        def plan(self, *args):
+            self.calls += 1
+            time.sleep(self.seconds)
+            return self.inner.plan(*args)
+
+    expected = generate(spec_params, SPEC_TARGET, PROMPTS, 24).rows()
+    lat = latency.LatencyModel(c1=1.0, c2=0.01, c3=0.5)
+    for fraction, one_plan in ((0.05, True), (None, False)):
+        knap = KnapSpecConfig(gamma_max=4, plan_interval=4, plan_round=2, reference_rounds=2,
+                              max_plan_fraction=fraction)
+        planner = SlowPlanner(KnapSpecPlanner(lat, knap), 1.0)  # >= 20 s of decoding needed per plan at 5 %
+        result = knapspec_generate(spec_params, SPEC_TARGET, PROMPTS, latency=lat, knapspec=knap, max_new_tokens=24,
+                                   planner=planner)
+        assert result.rows() == expected
+        rounds = [p["round"] for p in result.metrics["knapspec_plans"]]
+        if one_plan:
+            assert rounds == [2] and planner.calls == 1
+            assert result.timings["postponed_plans"] >= 1
+        else:
+            assert rounds[:2] == [2, 6] and planner.calls >= 2 and "postponed_plans" not in result.timings
+    with pytest.raises(ValueError, match="max_plan_fraction"):
+        KnapSpecConfig(max_plan_fraction=1.5)
 
 
 @pytest.mark.parametrize("greedy", [True, False])

@@ -25,7 +25,8 @@ PROMPTS = [np.random.RandomState(0).randint(0, 97, n).tolist() for n in (5, 17, 
 NEW = 30
 LATENCY = latency.LatencyModel(c1=1.0, c2=0.01, c3=0.5)
 # re-plan every 4 rounds (at 2, 6, 10, ...) on the last 2 rounds; buckets 1, 2, 3 and gamma_max 5
-KNAP = KnapSpecConfig(gamma_max=5, plan_interval=4, plan_round=2, reference_rounds=2, gamma_buckets=(1, 2, 3))
+KNAP = KnapSpecConfig(gamma_max=5, plan_interval=4, plan_round=2, reference_rounds=2, gamma_buckets=(1, 2, 3),
+                      max_plan_fraction=None)  # the fixed schedule: the tests below check plan rounds
 
 
 @pytest.fixture(scope="module")
@@ -210,7 +211,8 @@ def test_planned_gamma_zero_switches_to_ar_with_the_real_planner(params, ar_rows
     assert result.metrics["rounds"] == KNAP.plan_round  # speculative rounds only before the first plan
     official = knapspec_generate(params, TARGET, PROMPTS, latency=LATENCY, max_new_tokens=NEW,
                                  knapspec=KnapSpecConfig(gamma_max=5, plan_interval=4, plan_round=2,
-                                                         reference_rounds=2, honor_gamma=False))
+                                                         reference_rounds=2, honor_gamma=False,
+                                                         max_plan_fraction=None))
     assert official.rows() == ar_rows
     assert official.metrics["ar_tokens"] == 0
     assert all(p["gamma_used"] == 5 for p in official.metrics["knapspec_plans"])
@@ -345,7 +347,8 @@ def test_cli_generate_knapspec_clasp_static(tmp_path, capsys):
     calibration.write_text("The quick brown fox jumps over the lazy dog. " * 8)
     base = ["generate", "--model", str(folder), "--prompt", "Once upon a time, in a land far away,",
             "--max-new-tokens", "48", "--dtype", "float32", "--no-warmup", "--compare-ar",
-            "--latency-profile", str(profile), "--knapspec-interval", "8", "--knapspec-gamma-max", "4"]
+            "--latency-profile", str(profile), "--knapspec-interval", "8", "--knapspec-gamma-max", "4",
+            "--knapspec-max-plan-fraction", "0"]  # SPEC's fixed schedule: plan rounds checked below
     out_file = tmp_path / "knapspec.json"
     assert main(base + ["--method", "knapspec", "--out", str(out_file)]) == 0
     err = capsys.readouterr().err

@@ -179,6 +179,10 @@ class KnapSpecConfig:
     # static engine gammas (verification rows - 1) a planned gamma is rounded up to; gamma_max is always one
     gamma_buckets: Optional[Tuple[int, ...]] = (1, 2, 3, 4, 6, 8)
     ar_reference_tokens: int = 32  # the DP reference after an interval of plain decoding
+    # keep planning under this fraction of decode time: a re-plan whose predecessor cost more than
+    # this fraction of the decode time since it is postponed (plan_interval stays the minimum
+    # spacing; None = SPEC 4's fixed schedule). The first plan always runs.
+    max_plan_fraction: Optional[float] = 0.05
     coupled: bool = False  # ablation: whole layers (Attention + MLP together) instead of sub-layers
 
     def __post_init__(self):
@@ -192,6 +196,8 @@ class KnapSpecConfig:
             raise ValueError(f"gamma_buckets={self.gamma_buckets} must be integers >= 1")
         if self.ar_reference_tokens < 1:
             raise ValueError(f"ar_reference_tokens={self.ar_reference_tokens} must be >= 1")
+        if self.max_plan_fraction is not None and not 0 < self.max_plan_fraction < 1:
+            raise ValueError(f"max_plan_fraction={self.max_plan_fraction} must be in (0, 1) or None")
 
     @property
     def buckets(self) -> Tuple[int, ...]:
@@ -528,21 +534,34 @@ def knapspec_generate(target_params, target_config: ModelConfig, prompts: Sequen
             mask, gamma = initial_plan
             state = apply_plan(state, mask, gamma if knapspec.honor_gamma else gamma_max)
         true_round, mark = 0, None
-        for kind, at in (knapspec.schedule.events() if replan else iter(())):
-            if finished(state):
-                break
-            if kind == "mark" and current["gamma"] == 0:
-                continue  # plain decoding: the reference is taken when planning
-            if at > true_round:
-                state, done_rounds = advance(state, at - true_round)
-                true_round += done_rounds
-                if true_round < at:  # every row finished
-                    break
-            if kind == "mark":
+        last = None  # (plan end time, plan seconds, round) of the previous plan
+        next_plan = knapspec.plan_round if replan else None
+        while next_plan is not None and not finished(state):
+            mark_at = next_plan - knapspec.reference_rounds
+            if current["gamma"] != 0:  # plain decoding: the reference is taken when planning
+                if mark_at > true_round:
+                    state, done_rounds = advance(state, mark_at - true_round)
+                    true_round += done_rounds
+                    if true_round < mark_at:  # every row finished
+                        break
                 mark = np.asarray(state.target_cache.lengths)
-                continue
+            if next_plan > true_round:
+                state, done_rounds = advance(state, next_plan - true_round)
+                true_round += done_rounds
+                if true_round < next_plan:
+                    break
             if finished(state):
                 break
+            if knapspec.max_plan_fraction is not None and last is not None:
+                # postpone while the previous plan still costs more than the allowed fraction of the
+                # decode time since it (SPEC's interval is the minimum spacing)
+                since = time.perf_counter() - last[0]
+                rounds_since = max(true_round - last[2], 1)
+                if last[1] > knapspec.max_plan_fraction * since:
+                    needed = (last[1] / knapspec.max_plan_fraction - since) / (since / rounds_since)
+                    next_plan = true_round + max(int(np.ceil(needed)), knapspec.reference_rounds)
+                    timings["postponed_plans"] = timings.get("postponed_plans", 0) + 1
+                    continue
             plan_start = time.perf_counter()
             cache_lengths = np.asarray(state.target_cache.lengths)
             if current["gamma"] == 0 or mark is None:
@@ -563,7 +582,10 @@ def knapspec_generate(target_params, target_config: ModelConfig, prompts: Sequen
                                           verify_rows=current["bucket"] + 1 if current["gamma"] else 1,
                                           context_length=float(np.mean(cache_lengths + 1)),
                                           planner=getattr(planner, "name", type(planner).__name__)))
-            timings["plan_s"] += time.perf_counter() - plan_start
+            plan_end = time.perf_counter()
+            timings["plan_s"] += plan_end - plan_start
+            last = (plan_end, plan_end - plan_start, true_round)
+            next_plan = true_round + knapspec.plan_interval
         if not finished(state):
             state, done_rounds = advance(state, None)
             true_round += done_rounds
