@@ -485,7 +485,7 @@ def knapspec_generate(target_params, target_config: ModelConfig, prompts: Sequen
                          accepted_histogram=jnp.zeros((gamma_max + 1,), jnp.int32),
                          draft_counts=init_draft_counts(gamma_max))
 
-    def run():
+    def run(fraction: Optional[float]):
         start = time.perf_counter()
         state = initial_state()
         jax.block_until_ready(state)
@@ -514,13 +514,21 @@ def knapspec_generate(target_params, target_config: ModelConfig, prompts: Sequen
                 remaining = np.asarray(engine.max_new_tokens - state.num_out)[~np.asarray(state.done)]
                 steps = int(remaining.max(initial=0))
                 steps = steps if rounds is None else min(int(rounds), steps)
-                if steps <= 0:
-                    return state, 0
-                state, count = _ar_interval(target_params, state, config=target_config, engine=engine, steps=steps)
-                totals.ar_steps += steps
-                totals.ar_tokens += int(jnp.sum(count))
-                totals.ar_intervals += 1
-                return state, steps
+                done_steps = 0
+                # between plans: chunks of plan_interval steps (one static shape however far a plan was
+                # postponed); to the end of the run: one interval
+                size = steps if rounds is None else knapspec.plan_interval
+                while done_steps < steps:
+                    chunk = min(size, steps - done_steps)
+                    state, count = _ar_interval(target_params, state, config=target_config, engine=engine,
+                                                steps=chunk)
+                    totals.ar_steps += chunk
+                    totals.ar_tokens += int(jnp.sum(count))
+                    totals.ar_intervals += 1
+                    done_steps += chunk
+                    if finished(state):
+                        break
+                return state, done_steps
             before = int(state.round)
             totals.buckets_used.add(current["bucket"])
             state = run_loop(target_params, target_params, state, target_config=target_config, draft_policy=policy,
@@ -552,14 +560,15 @@ def knapspec_generate(target_params, target_config: ModelConfig, prompts: Sequen
                     break
             if finished(state):
                 break
-            if knapspec.max_plan_fraction is not None and last is not None:
+            if fraction is not None and last is not None:
                 # postpone while the previous plan still costs more than the allowed fraction of the
                 # decode time since it (SPEC's interval is the minimum spacing)
                 since = time.perf_counter() - last[0]
                 rounds_since = max(true_round - last[2], 1)
-                if last[1] > knapspec.max_plan_fraction * since:
-                    needed = (last[1] / knapspec.max_plan_fraction - since) / (since / rounds_since)
-                    next_plan = true_round + max(int(np.ceil(needed)), knapspec.reference_rounds)
+                if last[1] > fraction * since:
+                    # rounds still needed, rounded up to whole intervals: plans stay on SPEC's grid
+                    needed = max((last[1] / fraction - since) / (since / rounds_since), 1.0)
+                    next_plan = true_round + knapspec.plan_interval * int(np.ceil(needed / knapspec.plan_interval))
                     timings["postponed_plans"] = timings.get("postponed_plans", 0) + 1
                     continue
             plan_start = time.perf_counter()
@@ -596,10 +605,12 @@ def knapspec_generate(target_params, target_config: ModelConfig, prompts: Sequen
         return state, timings, records, totals, true_round
 
     first_start = time.perf_counter()
-    final, timings, records, totals, schedule_rounds = run()
+    # the warm-up run keeps SPEC's fixed schedule: a plan at every interval, so the timed run (whose
+    # postponements depend on measured times) finds every shape it can meet compiled
+    final, timings, records, totals, schedule_rounds = run(None if warmup else knapspec.max_plan_fraction)
     if warmup:
         first_total = time.perf_counter() - first_start
-        final, timings, records, totals, schedule_rounds = run()
+        final, timings, records, totals, schedule_rounds = run(knapspec.max_plan_fraction)
         timings["compile_s"] = max(first_total - timings["prefill_s"] - timings["decode_s"], 0.0)
     out = np.asarray(final.out)[:, : engine.max_new_tokens]
     num_generated = (out != PAD_OUTPUT).sum(axis=1)
