@@ -53,6 +53,9 @@ def add_self_spec_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--knapspec-gamma-buckets", default="1,2,3,4,6,8",
                        help="static verification lengths a planned gamma is rounded up to (gamma-max is always "
                             "one); '' = always verify gamma-max + 1 rows (one compile; the GPU choice)")
+    group.add_argument("--knapspec-spec-tpt", action="store_true",
+                       help="ablation: SPEC 4.2's TPT (every round drafts gamma tokens) instead of the early-exit-aware "
+                            "TPT in the grid search")
     group.add_argument("--knapspec-official-gamma", action="store_true",
                        help="as the official code: always draft up to gamma-max with early exit (gamma* is only "
                             "reported; gamma* = 0 does not switch to plain decoding)")
@@ -92,7 +95,8 @@ def knapspec_config_from_args(args):
                           plan_interval=args.knapspec_interval, objective=args.knapspec_objective,
                           coupled=args.knapspec_coupled, honor_gamma=not args.knapspec_official_gamma,
                           gamma_buckets=_buckets(args.knapspec_gamma_buckets),
-                          max_plan_fraction=_plan_fraction(args.knapspec_max_plan_fraction))
+                          max_plan_fraction=_plan_fraction(args.knapspec_max_plan_fraction),
+                          exit_aware_tpt=not getattr(args, "knapspec_spec_tpt", False))
 
 
 def validate(args) -> None:

@@ -507,3 +507,71 @@ def test_draft_early_exit_and_fillers(spec_params, greedy):
         assert np.asarray(out.state["skip_mask"]).tolist() == skip.tolist()
     with pytest.raises(ValueError, match="early_exit"):
         KnapSpecDraft(SPEC_TARGET, early_exit=1.5)
+
+
+def test_exit_aware_tpt_formulas_and_monte_carlo():
+    """Early-exit TPT: reduces to SPEC's formulas without exits (p_c = 1, p_ac = alpha), gamma 0 is
+    plain decoding, and the closed forms match a simulation of rounds with i.i.d. (agree,
+    confident) positions."""
+    g = np.arange(0, 11)
+    for a in (0.0, 0.3, 0.8, 1.0):
+        np.testing.assert_allclose(planner.expected_tokens_exit(a, a, g), planner.expected_tokens(a, g))
+        np.testing.assert_allclose(planner.expected_drafts(1.0, g), g)
+        np.testing.assert_allclose(planner.tpt(a, g, 0.3, 1.0, 0.05, 1.2, p_c=1.0, p_ac=a),
+                                   planner.tpt(a, g, 0.3, 1.0, 0.05, 1.2))
+    assert planner.expected_tokens_exit(0.9, 0.5, 0) == 1.0 and planner.expected_drafts(0.5, 0) == 0.0
+    # simulation: draft i is produced if drafts 1..i-1 were confident; the round commits the leading
+    # accepted drafts + 1 (positions independent, joint law of (agree, confident) given)
+    rng = np.random.RandomState(0)
+    joint = {(1, 1): 0.6, (1, 0): 0.15, (0, 1): 0.15, (0, 0): 0.10}
+    keys = list(joint)
+    alpha = joint[(1, 1)] + joint[(1, 0)]
+    p_c = joint[(1, 1)] + joint[(0, 1)]
+    p_ac = joint[(1, 1)]
+    for gamma in (1, 3, 6):
+        draws = rng.choice(len(keys), size=(40000, gamma), p=[joint[k] for k in keys])
+        tokens = drafts = 0
+        for row in draws:
+            produced, accepted, run = 0, 0, True
+            for i in range(gamma):
+                agree, confident = keys[row[i]]
+                produced += 1
+                if run and agree:
+                    accepted += 1
+                else:
+                    run = False
+                if not confident:
+                    break
+            tokens += accepted + 1
+            drafts += produced
+        assert tokens / len(draws) == pytest.approx(planner.expected_tokens_exit(alpha, p_ac, gamma), rel=0.02)
+        assert drafts / len(draws) == pytest.approx(planner.expected_drafts(p_c, gamma), rel=0.02)
+
+
+def test_exit_stats_of_the_dp_and_the_plan(tiny_problem):
+    """knapsack_dp(exit_threshold=) adds p_c / p_ac per candidate (shares in [0, 1] with
+    p_ac <= min(alpha, p_c), alpha unchanged); threshold 0 makes every token confident; the
+    exit-aware grid search uses them and a plan records them."""
+    params, cache, prefix, _, token_mask, states = tiny_problem
+    plain = dp.knapsack_dp(params, TINY, cache, prefix, states, token_mask, w_attn=1, w_mlp=1)
+    assert plain.confident is None and plain.agree_confident is None
+    half = dp.knapsack_dp(params, TINY, cache, prefix, states, token_mask, w_attn=1, w_mlp=1, exit_threshold=0.05)
+    np.testing.assert_allclose(half.alpha, plain.alpha)
+    for x in (half.confident, half.agree_confident):
+        assert x.shape == plain.alpha.shape and (x >= 0).all() and (x <= 1 + 1e-9).all()
+    assert (half.agree_confident <= np.minimum(half.alpha, half.confident) + 1e-9).all()
+    zero = dp.knapsack_dp(params, TINY, cache, prefix, states, token_mask, w_attn=1, w_mlp=1, exit_threshold=0.0)
+    np.testing.assert_allclose(zero.confident, 1.0)
+    np.testing.assert_allclose(zero.agree_confident, zero.alpha)
+    # the random tiny model is unsure (greedy probabilities far below 0.7): with the exit model a
+    # long draft buys nothing, so the exit-aware plan drafts no more than SPEC's
+    strict = dp.knapsack_dp(params, TINY, cache, prefix, states, token_mask, w_attn=1, w_mlp=1, exit_threshold=0.7)
+    assert strict.confident.max() < 0.5
+    lat = (0.01, 0.01, 0.02)
+    spec = planner.choose_plan(strict.masks, strict.alpha, lat, gammas=range(11))
+    aware = planner.choose_plan(strict.masks, strict.alpha, lat, gammas=range(11),
+                                exit_stats=(strict.confident, strict.agree_confident))
+    assert aware.gamma <= spec.gamma and aware.p_c == strict.confident[aware.index]
+    assert aware.summary()["p_ac"] == strict.agree_confident[aware.index] and spec.p_c is None
+    with pytest.raises(ValueError, match="exit_stats"):
+        planner.choose_plan(strict.masks, strict.alpha, lat, exit_stats=(strict.confident,))

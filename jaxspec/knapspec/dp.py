@@ -306,16 +306,34 @@ def _head_argmax(params, config: ModelConfig, states):
     return jnp.argmax(logits, axis=-1)
 
 
-def _alpha(params, config, final_states, teacher_state, token_mask, chunk: int):
-    """Greedy agreement of each candidate's final state with the target's, over the masked tokens."""
-    teacher = _head_argmax(params, config, teacher_state)
+def _agreement(params, config, final_states, teacher_state, token_mask, chunk: int, threshold: Optional[float]):
+    """Per candidate, over the masked reference tokens: ``[J, 3]`` = (alpha: greedy agreement with
+    the target; p_c: share of tokens whose greedy probability is >= ``threshold``, i.e. where the
+    draft would not exit early; p_ac: share both agreeing and confident). ``threshold`` None: no
+    early exit (p_c = 1, p_ac = alpha)."""
+    final_teacher = rms_norm(teacher_state, params["final_norm"], config.rms_norm_eps)
+    head = params["embed"].T if config.tie_word_embeddings else params["lm_head"]
+    teacher = jnp.argmax(jnp.einsum("...d,dv->...v", final_teacher, head, preferred_element_type=jnp.float32), -1)
     mask = jnp.asarray(token_mask, jnp.float32)
     denom = jnp.maximum(jnp.sum(mask), 1.0)
 
     def one(state):
-        return jnp.sum((_head_argmax(params, config, state) == teacher) * mask) / denom
+        final = rms_norm(state, params["final_norm"], config.rms_norm_eps)
+        logits = jnp.einsum("...d,dv->...v", final, head, preferred_element_type=jnp.float32)
+        agree = (jnp.argmax(logits, -1) == teacher).astype(jnp.float32) * mask
+        if threshold is None:
+            confident = mask
+        else:  # greedy probability = exp(max logit - logsumexp)
+            top = jnp.max(logits, -1)
+            confident = (jnp.exp(top - jax.nn.logsumexp(logits, -1)) >= threshold).astype(jnp.float32) * mask
+        return jnp.stack([jnp.sum(agree), jnp.sum(confident), jnp.sum(agree * confident)]) / denom
 
     return jax.lax.map(one, final_states, batch_size=chunk)
+
+
+def _alpha(params, config, final_states, teacher_state, token_mask, chunk: int):
+    """Greedy agreement of each candidate's final state with the target's, over the masked tokens."""
+    return _agreement(params, config, final_states, teacher_state, token_mask, chunk, None)[:, 0]
 
 
 def _model_sublayers(config: ModelConfig, prefix_len, steps: int, branch_chunk: Optional[int]):
@@ -365,7 +383,7 @@ def stacked_scan_layers(params, reuse: bool = True):
 
 
 def _knapsack_dp_fn(params, stacked, cache: KVCache, prefix_len, states, token_mask, *, config, w_attn, w_mlp,
-                    budget, tau, branch_chunk, alpha_chunk):
+                    budget, tau, branch_chunk, alpha_chunk, exit_threshold=None):
     num_layers = config.num_layers
     _, _, attn_all, mlp_all = _model_sublayers(config, prefix_len, states.shape[2], branch_chunk)
     layer_xs = (stacked, jnp.stack(cache.keys[1:]), jnp.stack(cache.values[1:]))
@@ -373,12 +391,12 @@ def _knapsack_dp_fn(params, stacked, cache: KVCache, prefix_len, states, token_m
     can_skip = jnp.arange(1, num_layers) < num_layers - 1
     values, skipped, valid, final = dp_scan(attn_all, mlp_all, layer_xs, states[2], targets, can_skip, token_mask,
                                             w_attn=w_attn, w_mlp=w_mlp, budget=budget, tau=tau)
-    alpha = _alpha(params, config, final, states[-1], token_mask, alpha_chunk)
-    return values, skipped, valid, alpha, final
+    stats = _agreement(params, config, final, states[-1], token_mask, alpha_chunk, exit_threshold)
+    return values, skipped, valid, stats, final
 
 
 _knapsack_dp = jax.jit(_knapsack_dp_fn, static_argnames=("config", "w_attn", "w_mlp", "budget", "tau",
-                                                          "branch_chunk", "alpha_chunk"))
+                                                          "branch_chunk", "alpha_chunk", "exit_threshold"))
 
 
 @dataclasses.dataclass
@@ -394,6 +412,10 @@ class Candidates:
     budget: int
     trace: Optional[DPTrace] = None
     final_states: Any = None  # [C, B, r, H] (kept only when asked)
+    # early-exit statistics (knapsack_dp(exit_threshold=...)): share of reference tokens where the
+    # candidate's greedy probability reaches the threshold, and where it also agrees with the target
+    confident: Optional[np.ndarray] = None  # [C] p_c
+    agree_confident: Optional[np.ndarray] = None  # [C] p_ac
 
     def __len__(self) -> int:
         return len(self.weights)
@@ -406,7 +428,8 @@ def _trivial_candidates(params, config, states, token_mask, w_attn, w_mlp, budge
 
 def knapsack_dp(params, config: ModelConfig, cache: KVCache, prefix_len, states, token_mask=None, *, w_attn: int,
                 w_mlp: int, budget: Optional[int] = None, tau: float = DEFAULT_TAU, branch_chunk: Optional[int] = None,
-                alpha_chunk: int = 8, keep_states: bool = False, reuse_stacked: bool = True) -> Candidates:
+                alpha_chunk: int = 8, keep_states: bool = False, reuse_stacked: bool = True,
+                exit_threshold: Optional[float] = None) -> Candidates:
     """Run the jit-compiled, scan-vectorised DP on the model.
 
     ``reuse_stacked``: keep the stacked layer weights between calls (:func:`stacked_scan_layers`).
@@ -415,6 +438,8 @@ def knapsack_dp(params, config: ModelConfig, cache: KVCache, prefix_len, states,
     full-model K/V of the prefix (later slots are ignored); ``states [2L+1, B, r, H]`` from
     :func:`boundary_states` for the reference tokens at positions ``prefix_len + 0..r-1``;
     ``token_mask [B, r]`` (default all ones) marks real reference tokens (padding = 0).
+    ``exit_threshold``: also return each candidate's early-exit statistics at this draft
+    confidence (``Candidates.confident`` / ``agree_confident``; for the exit-aware TPT).
     """
     config = _dp_config(config)
     budget = skip_budget(w_attn, w_mlp, config.num_layers) if budget is None else int(budget)
@@ -423,15 +448,20 @@ def knapsack_dp(params, config: ModelConfig, cache: KVCache, prefix_len, states,
     if config.num_layers < 2:
         return _trivial_candidates(params, config, states, token_mask, w_attn, w_mlp, budget)
     outer = {k: v for k, v in params.items() if k != "layers"}  # the scan gets the layers stacked
-    values, skipped, valid, alpha, final = _knapsack_dp(
-        outer, stacked_scan_layers(params, reuse_stacked), cache, jnp.asarray(prefix_len, jnp.int32), states, token_mask, config=config, w_attn=int(w_attn),
-        w_mlp=int(w_mlp), budget=budget, tau=float(tau), branch_chunk=branch_chunk, alpha_chunk=alpha_chunk)
+    values, skipped, valid, stats, final = _knapsack_dp(
+        outer, stacked_scan_layers(params, reuse_stacked), cache, jnp.asarray(prefix_len, jnp.int32), states,
+        token_mask, config=config, w_attn=int(w_attn), w_mlp=int(w_mlp), budget=budget, tau=float(tau),
+        branch_chunk=branch_chunk, alpha_chunk=alpha_chunk,
+        exit_threshold=None if exit_threshold is None else float(exit_threshold))
     trace = DPTrace(np.asarray(values, np.float64), np.asarray(skipped), np.asarray(valid), first_layer=1)
     masks, slots = backtrack(trace, config.num_layers, w_attn, w_mlp)
     denom = max(float(np.asarray(token_mask).sum()), 1.0)
+    stats = np.asarray(stats, np.float64)[slots]
+    exits = exit_threshold is not None
     return Candidates(masks=masks, weights=slots, cosine=trace.final_values[slots] / denom,
-                      alpha=np.asarray(alpha, np.float64)[slots], w_attn=int(w_attn), w_mlp=int(w_mlp), budget=budget,
-                      trace=trace, final_states=np.asarray(final)[slots] if keep_states else None)
+                      alpha=stats[:, 0], w_attn=int(w_attn), w_mlp=int(w_mlp), budget=budget,
+                      trace=trace, final_states=np.asarray(final)[slots] if keep_states else None,
+                      confident=stats[:, 1] if exits else None, agree_confident=stats[:, 2] if exits else None)
 
 
 # ---------------------------------------------------------------------------- references on the model

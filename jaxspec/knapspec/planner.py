@@ -17,6 +17,16 @@ Objectives (``objective=``):
   methods): the same expression with every sub-layer costing 1 and no per-token term, i.e.
   ``E[tokens] / (g * executed sub-layers + 2L)`` -- hardware- and context-agnostic.
 
+**Early-exit-aware TPT** (beyond SPEC 4.2; ``choose_plan(exit_stats=(p_c, p_ac))``): the draft
+stops once a drafted token's probability is below the early-exit threshold (0.7), so a round
+does not run ``g`` draft forwards nor commit ``(1 - a^(g+1)) / (1 - a)`` tokens. With ``p_c`` the
+share of reference tokens on which the candidate is confident and ``p_ac`` the share on which it
+is confident *and* agrees with the target (both measured by the DP on the reference tokens),
+treating positions as independent: ``E[drafts] = (1 - p_c^g) / (1 - p_c)`` (drafting continues
+past a confident token) and ``E[tokens] = 1 + a (1 - p_ac^g) / (1 - p_ac)`` (draft ``i`` is
+reached and accepted when drafts ``1..i-1`` were confident and accepted). Without early exit
+(``p_c = 1``, ``p_ac = a``) both reduce to the formulas above.
+
 The full model (no skipped sub-layer) is excluded unless it is the only candidate. Ties go to
 the first candidate (ascending skipped weight) and the smallest gamma, as in the official code.
 """
@@ -24,7 +34,7 @@ the first candidate (ascending skipped weight) and the smallest gamma, as in the
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence, Tuple, Union
+from typing import Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -45,6 +55,25 @@ def expected_tokens(alpha, gamma):
     return np.where(one, g + 1.0, geometric)
 
 
+def _geometric_sum(p, gamma):
+    """``1 + p + ... + p^(g-1) = (1 - p^g) / (1 - p)`` (``g`` when ``p = 1``; 0 when ``g = 0``)."""
+    p = np.asarray(p, np.float64)
+    g = np.asarray(gamma, np.float64)
+    one = p >= 1.0
+    safe = np.where(one, 0.5, p)
+    return np.where(one, g, (1.0 - safe ** g) / (1.0 - safe))
+
+
+def expected_tokens_exit(alpha, p_ac, gamma):
+    """Tokens a round commits with early exit: ``1 + a (1 - p_ac^g) / (1 - p_ac)`` (module doc)."""
+    return 1.0 + np.asarray(alpha, np.float64) * _geometric_sum(p_ac, gamma)
+
+
+def expected_drafts(p_c, gamma):
+    """Draft forwards a round runs with early exit: ``(1 - p_c^g) / (1 - p_c)``."""
+    return _geometric_sum(p_c, gamma)
+
+
 def executed_counts(mask) -> Tuple[np.ndarray, np.ndarray]:
     """Executed Attention and MLP sub-layers of ``[..., L, 2]`` skip masks."""
     mask = np.asarray(mask, bool)
@@ -62,13 +91,18 @@ def target_time(num_layers: int, t_attn: float, t_mlp: float, t_token: float = 0
     return float(num_layers) * (float(t_attn) + float(t_mlp)) + float(t_token)
 
 
-def tpt(alpha, gamma, t_draft, t_target, v: float = 0.0, a: float = 1.0):
+def tpt(alpha, gamma, t_draft, t_target, v: float = 0.0, a: float = 1.0, p_c=None, p_ac=None):
     """Tokens per unit time of one round (broadcasting over arrays); verifying ``gamma + 1`` rows
     costs ``t_target (a + v gamma)`` (``a``: the target's unmasked one-row forward in modelled
-    steps; gamma = 0, plain decoding, costs ``a t_target`` a token)."""
+    steps; gamma = 0, plain decoding, costs ``a t_target`` a token). ``p_c``, ``p_ac``: the
+    early-exit statistics (module doc); None = every round drafts ``gamma`` tokens."""
     g = np.asarray(gamma, np.float64)
-    return expected_tokens(alpha, gamma) / (g * np.asarray(t_draft, np.float64)
-                                            + np.asarray(t_target, np.float64) * (float(a) + float(v) * g))
+    if p_c is None:
+        tokens, drafts = expected_tokens(alpha, gamma), g
+    else:
+        tokens, drafts = expected_tokens_exit(alpha, p_ac, gamma), expected_drafts(p_c, gamma)
+    return tokens / (drafts * np.asarray(t_draft, np.float64)
+                     + np.asarray(t_target, np.float64) * (float(a) + float(v) * g))
 
 
 @dataclasses.dataclass
@@ -87,6 +121,8 @@ class Plan:
     t_token: float = 0.0
     verify_row_cost: float = 0.0
     target_ratio: float = 1.0  # LatencyModel.a
+    p_c: Optional[float] = None  # early-exit statistics of the chosen candidate (exit-aware TPT)
+    p_ac: Optional[float] = None
 
     @property
     def predicted_tpt(self) -> float:
@@ -94,7 +130,7 @@ class Plan:
         num_layers = self.mask.shape[0]
         return float(tpt(self.alpha, self.gamma, draft_time(self.mask, self.t_attn, self.t_mlp, self.t_token),
                          target_time(num_layers, self.t_attn, self.t_mlp, self.t_token), self.verify_row_cost,
-                         self.target_ratio))
+                         self.target_ratio, self.p_c, self.p_ac))
 
     def summary(self) -> dict:
         mask = np.asarray(self.mask, bool)
@@ -103,12 +139,12 @@ class Plan:
                 "t_attn": float(self.t_attn), "t_mlp": float(self.t_mlp), "t_token": float(self.t_token),
                 "verify_row_cost": float(self.verify_row_cost), "target_ratio": float(self.target_ratio),
                 "skip_attn": np.nonzero(mask[:, 0])[0].tolist(), "skip_mlp": np.nonzero(mask[:, 1])[0].tolist(),
-                "predicted_tpt": self.predicted_tpt}
+                "predicted_tpt": self.predicted_tpt, "p_c": self.p_c, "p_ac": self.p_ac}
 
 
 def objective_table(masks, alphas, t_attn: float, t_mlp: float, gammas: Sequence[int] = GAMMA_GRID,
                     objective: str = "tpt", t_token: float = 0.0, verify_row_cost: float = 0.0,
-                    target_ratio: float = 1.0) -> np.ndarray:
+                    target_ratio: float = 1.0, exit_stats=None) -> np.ndarray:
     """``[C, G]`` objective of every (candidate, gamma)."""
     if objective not in OBJECTIVES:
         raise ValueError(f"objective={objective!r}; valid: {OBJECTIVES}")
@@ -121,14 +157,19 @@ def objective_table(masks, alphas, t_attn: float, t_mlp: float, gammas: Sequence
     g = np.asarray(gammas, np.float64)[None, :]
     t_d = draft_time(masks, t_attn, t_mlp, t_token)[:, None]
     t_t = target_time(num_layers, t_attn, t_mlp, t_token)
-    return tpt(np.asarray(alphas, np.float64)[:, None], g, t_d, t_t, verify_row_cost, target_ratio)
+    p_c = p_ac = None
+    if exit_stats is not None and objective == "tpt":
+        p_c, p_ac = (np.asarray(x, np.float64).reshape(-1)[:, None] for x in exit_stats)
+    return tpt(np.asarray(alphas, np.float64)[:, None], g, t_d, t_t, verify_row_cost, target_ratio, p_c, p_ac)
 
 
 def choose_plan(masks, alphas, latency: Union[LatencyModel, Tuple[float, float]], n: float = 0.0, *,
-                gammas: Sequence[int] = GAMMA_GRID, objective: str = "tpt", exclude_full: bool = True) -> Plan:
+                gammas: Sequence[int] = GAMMA_GRID, objective: str = "tpt", exclude_full: bool = True,
+                exit_stats=None) -> Plan:
     """Grid search over (candidate, gamma). ``latency`` is a :class:`LatencyModel` (evaluated at
     context ``n``) or explicit ``(t_attn, t_mlp)``, ``(t_attn, t_mlp, t_token)`` or
-    ``(t_attn, t_mlp, t_token, v)``."""
+    ``(t_attn, t_mlp, t_token, v)``. ``exit_stats=(p_c [C], p_ac [C])``: the early-exit-aware
+    TPT (module doc; objective ``"tpt"`` only)."""
     masks = np.asarray(masks, bool)
     alphas = np.asarray(alphas, np.float64).reshape(-1)
     if masks.ndim != 3 or masks.shape[2] != 2 or masks.shape[0] != alphas.shape[0] or masks.shape[0] == 0:
@@ -145,7 +186,11 @@ def choose_plan(masks, alphas, latency: Union[LatencyModel, Tuple[float, float]]
             raise ValueError(f"latency must be a LatencyModel or (t_attn, t_mlp[, t_token[, v]]); got {latency!r}")
         t_attn, t_mlp, t_token, v = values + (0.0,) * (4 - len(values))
         a = 1.0
-    table = objective_table(masks, alphas, t_attn, t_mlp, gammas, objective, t_token, v, a)
+    if exit_stats is not None:
+        exit_stats = tuple(np.asarray(x, np.float64).reshape(-1) for x in exit_stats)
+        if len(exit_stats) != 2 or any(x.shape != alphas.shape for x in exit_stats):
+            raise ValueError(f"exit_stats must be (p_c, p_ac), each of {alphas.shape[0]} values")
+    table = objective_table(masks, alphas, t_attn, t_mlp, gammas, objective, t_token, v, a, exit_stats)
     is_full = ~masks.any(axis=(1, 2))
     if exclude_full and not is_full.all():
         table = np.where(is_full[:, None], -np.inf, table)
@@ -155,8 +200,11 @@ def choose_plan(masks, alphas, latency: Union[LatencyModel, Tuple[float, float]]
                 alpha=float(alphas[index]), objective=objective, n=float(n), t_attn=float(t_attn), t_mlp=float(t_mlp),
                 table=table, gammas=gammas, t_token=float(t_token),
                 verify_row_cost=float(v) if objective == "tpt" else 0.0,
-                target_ratio=float(a) if objective == "tpt" else 1.0)
+                target_ratio=float(a) if objective == "tpt" else 1.0,
+                p_c=float(exit_stats[0][index]) if exit_stats is not None and objective == "tpt" else None,
+                p_ac=float(exit_stats[1][index]) if exit_stats is not None and objective == "tpt" else None)
 
 
-__all__ = ["GAMMA_GRID", "OBJECTIVES", "Plan", "choose_plan", "draft_time", "executed_counts", "expected_tokens",
+__all__ = ["GAMMA_GRID", "OBJECTIVES", "Plan", "choose_plan", "draft_time", "executed_counts", "expected_drafts",
+           "expected_tokens", "expected_tokens_exit",
            "objective_table", "target_time", "tpt"]

@@ -183,6 +183,9 @@ class KnapSpecConfig:
     # this fraction of the decode time since it is postponed (plan_interval stays the minimum
     # spacing; None = SPEC 4's fixed schedule). The first plan always runs.
     max_plan_fraction: Optional[float] = 0.05
+    # the grid search models early exit (planner module doc: drafts and tokens a round from the DP's
+    # confidence statistics); off, or with honor_gamma off (the official code), SPEC 4.2's TPT
+    exit_aware_tpt: bool = True
     coupled: bool = False  # ablation: whole layers (Attention + MLP together) instead of sub-layers
 
     def __post_init__(self):
@@ -300,16 +303,26 @@ def reference_window(prompt_tokens: np.ndarray, prompt_lengths: np.ndarray, out:
     return tokens, mask, prefix.astype(np.int32)
 
 
+def exit_threshold(knapspec: KnapSpecConfig) -> Optional[float]:
+    """The early-exit threshold the grid search models, or None (SPEC 4.2's TPT): the exit-aware
+    TPT needs early exit on, plan gammas honoured (the official code ignores them) and TPT."""
+    if knapspec.exit_aware_tpt and knapspec.honor_gamma and knapspec.early_exit and knapspec.objective == "tpt":
+        return float(knapspec.early_exit)
+    return None
+
+
 def plan_skip_set(target_params, config: ModelConfig, cache, tokens, token_mask, prefix_len, latency: LatencyModel,
                   n: float, knapspec: KnapSpecConfig = KnapSpecConfig()) -> Tuple[Plan, Candidates, Tuple[int, int]]:
     """Stage 1 (DP) and stage 2 (grid search) on one reference window."""
     t_attn, t_mlp = latency.t_attn(n), latency.t_mlp()
     w_attn, w_mlp = knapsack_weights(t_attn, t_mlp, knapspec.weight_cap)
     states = boundary_states(target_params, config, tokens, cache, prefix_len)
+    threshold = exit_threshold(knapspec)
     candidates = knapsack_dp(target_params, config, cache, prefix_len, states, token_mask, w_attn=w_attn, w_mlp=w_mlp,
-                             tau=knapspec.tau, branch_chunk=knapspec.branch_chunk)
+                             tau=knapspec.tau, branch_chunk=knapspec.branch_chunk, exit_threshold=threshold)
     plan = choose_plan(candidates.masks, candidates.alpha, latency, n, gammas=knapspec.plan_gammas,
-                       objective=knapspec.objective, exclude_full=knapspec.exclude_full)
+                       objective=knapspec.objective, exclude_full=knapspec.exclude_full,
+                       exit_stats=None if threshold is None else (candidates.confident, candidates.agree_confident))
     return plan, candidates, (w_attn, w_mlp)
 
 
