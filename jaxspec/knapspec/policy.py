@@ -15,7 +15,9 @@
   model; the DP runs after round ``plan_round`` (6) of every ``plan_interval`` (64) rounds
   (rounds 6, 70, 134, ...), on the tokens committed in the last ``reference_rounds`` (5) rounds,
   with ``t_attn`` at the *current* context length (official code: accumulate at
-  ``step % 64 in 2..6``, optimise at ``step % 64 == 6``).
+  ``step % 64 in 2..6``, optimise at ``step % 64 == 6``). Planning budget (beyond SPEC,
+  ``KnapSpecConfig.max_plan_fraction``, default 5 %): a plan on this grid is skipped to a later
+  grid point while the previous plan cost more than that fraction of the decode time since it.
 * :func:`knapspec_generate` -- the host-level driver: prefill, then the engine's jitted
   ``while_loop`` run in chunks between schedule events (``run_loop(..., max_rounds=)``), and at
   each plan event a *planner* (:class:`KnapSpecPlanner`: reference states
