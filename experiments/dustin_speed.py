@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import sys
 from typing import Any, Dict
 
 import numpy as np
@@ -175,23 +174,13 @@ def cmd_dustin_speed(args) -> Dict[str, Any]:
     return writer.data
 
 
-def _trace(label: str, fn) -> Dict[str, Any]:
-    """One traced run of ``fn`` (experiments/trace.py), summary printed."""
-    from experiments.trace import trace_on_backend
-
-    try:
-        return trace_on_backend(fn, f"[dustin-speed] trace {label}")
-    except Exception as error:  # a missing profiler backend must not lose the timed results
-        print(f"[dustin-speed] trace {label} failed: {error!r}", file=sys.stderr, flush=True)
-        return {"error": repr(error)}
-
-
 def _measure_point(*, args, context, batch, holder, target_config, draft_config, target_params, draft_params,
                    dustin, engine, methods, bandwidth, budget, target_bytes, draft_bytes, scale, mesh, **_):
     import jax
     import jax.numpy as jnp
 
     from experiments.kernels import loop_time
+    from experiments.trace import trace_or_error
     from jaxspec.baselines.magicdec import MagicDecDraft
     from jaxspec.decoding.autoregressive import _decode_loop
     from jaxspec.decoding.policies import DenseVerify, SeparateDraft
@@ -222,7 +211,7 @@ def _measure_point(*, args, context, batch, holder, target_config, draft_config,
     ar_tps = batch * args.new_tokens / timing["median_s"]
     entry["ar"] = {"timing": timing, "tok_s": ar_tps}
     if getattr(args, "trace", False):
-        entry["ar"]["trace"] = _trace(f"ctx{context}/b{batch} ar", run_ar)
+        entry["ar"]["trace"] = trace_or_error(run_ar, f"[dustin-speed] trace ctx{context}/b{batch} ar")
     target_step = decode_bytes_per_step(target_config, batch, context, target_bytes)
     draft_step = decode_bytes_per_step(draft_config, batch, context, draft_bytes)
     roof_ar = batch / (target_step["total"] / bandwidth)
@@ -273,7 +262,7 @@ def _measure_point(*, args, context, batch, holder, target_config, draft_config,
                 jax.block_until_ready(result)
                 holder["cache"], holder["draft"] = result.target_cache, result.draft_state
 
-            trace = _trace(f"ctx{context}/b{batch} {method}", run_once)
+            trace = trace_or_error(run_once, f"[dustin-speed] trace ctx{context}/b{batch} {method}")
         roof = batch * metrics["tau_untruncated"] / (round_bytes / bandwidth)
         entry[method] = {"timing": timing, "compile_s": compile_s, "metrics": metrics, "tok_s": tps,
                          "round_bytes": round_bytes}

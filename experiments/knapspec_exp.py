@@ -415,19 +415,13 @@ class Case:
         if method == "clasp":
             out["clasp_skip_count"] = metrics.get("clasp_skip_count")
         if getattr(self.args, "trace", False):  # one more (compiled) run of each, under the profiler
+            from experiments.trace import trace_or_error
+
             out["trace"] = {
-                "ar": self._trace("ar", lambda: ar_run(self.model, self.prefill(), self.max_new)),
-                method: self._trace(method, lambda: self._generate(method, warmup=False, **kwargs))}
+                "ar": trace_or_error(lambda: ar_run(self.model, self.prefill(), self.max_new), f"[{self.key}] trace ar"),
+                method: trace_or_error(lambda: self._generate(method, warmup=False, **kwargs),
+                                       f"[{self.key}] trace {method}")}
         return out
-
-    def _trace(self, label: str, fn) -> Dict[str, Any]:
-        from experiments.trace import trace_on_backend
-
-        try:
-            return trace_on_backend(fn, f"[{self.key}] trace {label}")
-        except Exception as error:  # a missing profiler backend must not lose the timed results
-            print(f"[{self.key}] trace {label} failed: {error!r}", file=sys.stderr, flush=True)
-            return {"error": repr(error)}
 
     def latency_prediction(self, mask, verify_rows: int, metrics, rounds: int, measured_s: float) -> Dict[str, Any]:
         """The latency model's step times at the cache capacity (what the planner used: the xla

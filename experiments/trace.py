@@ -129,6 +129,18 @@ def trace_on_backend(fn: Callable[[], Any], label: str = "", top: int = 25) -> D
     return summary
 
 
+def trace_or_error(fn: Callable[[], Any], label: str) -> Dict[str, Any]:
+    """:func:`trace_on_backend` for the experiments' ``--trace``: a profiler that fails (no CUPTI,
+    say) is reported as ``{"error": ...}`` and must not lose the timed results already measured."""
+    import sys
+
+    try:
+        return trace_on_backend(fn, label)
+    except Exception as error:
+        print(f"{label} failed: {error!r}", file=sys.stderr, flush=True)
+        return {"error": repr(error)}
+
+
 def format_summary(summary: Dict[str, Any], top: int = 8) -> str:
     """A few printable lines per plane: busy/span/wall and the top kernels."""
     lines = []
@@ -141,4 +153,5 @@ def format_summary(summary: Dict[str, Any], top: int = 8) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["device_trace", "format_summary", "summarize_plane", "summarize_profile", "trace_on_backend"]
+__all__ = ["device_trace", "format_summary", "summarize_plane", "summarize_profile", "trace_on_backend",
+           "trace_or_error"]

@@ -384,6 +384,9 @@ def test_schedule_and_reference_window():
     events = KnapSpecSchedule().events()
     assert [next(events) for _ in range(4)] == [("mark", 1), ("plan", 6), ("mark", 65), ("plan", 70)]
     assert KnapSpecSchedule().is_plan_round(134) and not KnapSpecSchedule().is_plan_round(64)
+    sched = KnapSpecSchedule()
+    assert [sched.next_plan_round(r) for r in (0, 6, 7, 70, 71, 200)] == [6, 6, 70, 70, 134, 262]
+    assert sched.mark_round(70) == 65
     prompt = np.array([[10, 11, 12, 0], [20, 21, 22, 23]])
     out = np.array([[30, 31, 32, 33, 34, -1], [40, 41, -1, -1, -1, -1]])
     # row 0: prompt 3 + 5 generated = 8 committed, cache holds 7; row 1: 4 + 2 = 6, cache holds 5

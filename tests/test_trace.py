@@ -80,3 +80,11 @@ def test_knapspec_trace_flag(tmp_path):
     assert set(case["trace"]) == {"ar", "knapspec"}
     for trace in case["trace"].values():
         assert trace["wall_s"] > 0 and all(p["launches"] > 0 for p in trace["planes"].values())
+
+
+def test_trace_or_error_keeps_going(capsys):
+    from experiments.trace import trace_or_error
+
+    out = trace_or_error(lambda: 1 / 0, "[test] trace")
+    assert set(out) == {"error"} and "ZeroDivisionError" in out["error"]
+    assert "[test] trace failed" in capsys.readouterr().err

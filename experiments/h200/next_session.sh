@@ -7,15 +7,10 @@
 # (session 4's code); new result files (the config gained max_plan_fraction, so session 4's files
 # do not resume). Every step's timeout is cut to SECONDS; results packed into $OUT/s5.tgz.
 set -u
-part=$1; budget=${2:-540}; start=$(date +%s)
-left() { echo $(( budget - ($(date +%s) - start) - 25 )); }
-step() { local cap=$1; shift; local t=$(left); [ $t -gt $cap ] && t=$cap; [ $t -lt 30 ] && { echo "skip (only $t s left): $*"; return; }
-         echo "== $(date +%T) timeout $t: $*"; timeout $t "$@"; echo "== rc $?"; }
+part=$1; budget=${2:-540}
 . experiments/h200/setup.sh >/dev/null
-gguf=~/.cache/jaxspec/SmolLM2-135M-Instruct.Q4_1.gguf
-[ -f .carry/smol.part.aa ] && cp .carry/smol.part.aa /tmp/jaxspec_stage/
-[ -f $gguf ] || { [ -f /tmp/jaxspec_stage/smol.part.aa ] && [ -f .carry/smol.part.ab ] && cat /tmp/jaxspec_stage/smol.part.aa .carry/smol.part.ab > $gguf; }
-[ -d .carry/austen ] && export JAXSPEC_AUSTEN_SOURCE=$PWD/.carry/austen
+. experiments/h200/budget.sh
+stage_smollm2
 R=experiments/results/knapspec_h200; W=$OUT/s5; mkdir -p $W/profiles
 cp $R/profiles/*_forward.json $W/profiles/ 2>/dev/null
 for f in knapspec_7b_b1_s5_h200.json knapspec_7b_b16_s5_h200.json knapspec_smollm2_s5_h200.json; do [ -f $R/$f ] && cp $R/$f $W/$f; done

@@ -8,15 +8,9 @@
 # files into experiments/results/ (same relative paths) before the next call.
 set -u
 part=$1; budget=${2:-540}
-start=$(date +%s)
-left() { echo $(( budget - ($(date +%s) - start) - 25 )); }   # 25 s kept for packing
-step() { local cap=$1; shift; local t=$(left); [ $t -gt $cap ] && t=$cap; [ $t -lt 30 ] && { echo "skip (only $t s left): $*"; return; }
-         echo "== $(date +%T) timeout $t: $*"; timeout $t "$@"; echo "== rc $?"; }
 . experiments/h200/setup.sh >/dev/null
-gguf=~/.cache/jaxspec/SmolLM2-135M-Instruct.Q4_1.gguf
-[ -f .carry/smol.part.aa ] && cp .carry/smol.part.aa /tmp/jaxspec_stage/
-[ -f $gguf ] || { [ -f /tmp/jaxspec_stage/smol.part.aa ] && [ -f .carry/smol.part.ab ] && cat /tmp/jaxspec_stage/smol.part.aa .carry/smol.part.ab > $gguf; }
-[ -d .carry/austen ] && export JAXSPEC_AUSTEN_SOURCE=$PWD/.carry/austen
+. experiments/h200/budget.sh
+stage_smollm2
 R=experiments/results; W=$OUT/s4; mkdir -p $W/knapspec_h200/profiles
 for f in dustin_speed_7b_qwen_tau_h200.json dustin_speed_7b_qwen_tau_b8_h200.json knapspec_h200/knapspec_smollm2_forward_h200.json knapspec_h200/knapspec_7b_b1_forward_h200.json; do
   [ -f $R/$f ] && cp $R/$f $W/$f

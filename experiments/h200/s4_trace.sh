@@ -3,11 +3,9 @@
 # KnapSpec on the 7B shape at 8k/b1 (the latency profile from s4.sh reused). Results in $OUT/s4t.tgz.
 #   bash experiments/h200/s4_trace.sh SECONDS
 set -u
-budget=${1:-330}; start=$(date +%s)
-left() { echo $(( budget - ($(date +%s) - start) - 20 )); }
-step() { local cap=$1; shift; local t=$(left); [ $t -gt $cap ] && t=$cap; [ $t -lt 30 ] && { echo "skip (only $t s left): $*"; return; }
-         echo "== $(date +%T) timeout $t: $*"; timeout $t "$@"; echo "== rc $?"; }
+budget=${1:-330}
 . experiments/h200/setup.sh >/dev/null
+. experiments/h200/budget.sh  # (ran with 20 s kept for packing; budget.sh keeps 25)
 R=experiments/results; W=$OUT/s4t; mkdir -p $W
 step 190 python3 -m experiments.run dustin-speed --contexts 32768 --batches 16 --budget 512 --methods ar,magicdec,dustin \
   --trace --tau-from $R/sd_qwen_coder_pair_tau_cpu.json --out $W/dustin_speed_7b_trace_h200.json > $W/dustin_trace.log 2>&1

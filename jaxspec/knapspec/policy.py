@@ -250,6 +250,16 @@ class KnapSpecSchedule:
             yield "mark", r - self.reference_rounds
             yield "plan", r
 
+    def next_plan_round(self, at_least: int) -> int:
+        """The first plan round ``>= at_least`` (the driver's next plan, or a postponed one)."""
+        if at_least <= self.plan_round:
+            return self.plan_round
+        return self.plan_round + -(-(at_least - self.plan_round) // self.plan_interval) * self.plan_interval
+
+    def mark_round(self, plan_round: int) -> int:
+        """Where the reference window of the plan at ``plan_round`` starts."""
+        return plan_round - self.reference_rounds
+
     def is_plan_round(self, r: int) -> bool:
         return r >= self.plan_round and (r - self.plan_round) % self.plan_interval == 0
 
@@ -558,9 +568,10 @@ def knapspec_generate(target_params, target_config: ModelConfig, prompts: Sequen
             state = apply_plan(state, mask, gamma if knapspec.honor_gamma else gamma_max)
         true_round, mark = 0, None
         last = None  # (plan end time, plan seconds, round) of the previous plan
-        next_plan = knapspec.plan_round if replan else None
+        schedule = knapspec.schedule
+        next_plan = schedule.next_plan_round(0) if replan else None
         while next_plan is not None and not finished(state):
-            mark_at = next_plan - knapspec.reference_rounds
+            mark_at = schedule.mark_round(next_plan)
             if current["gamma"] != 0:  # plain decoding: the reference is taken when planning
                 if mark_at > true_round:
                     state, done_rounds = advance(state, mark_at - true_round)
@@ -581,9 +592,9 @@ def knapspec_generate(target_params, target_config: ModelConfig, prompts: Sequen
                 since = time.perf_counter() - last[0]
                 rounds_since = max(true_round - last[2], 1)
                 if last[1] > fraction * since:
-                    # rounds still needed, rounded up to whole intervals: plans stay on SPEC's grid
+                    # the first grid point after the rounds still needed: plans stay on SPEC's grid
                     needed = max((last[1] / fraction - since) / (since / rounds_since), 1.0)
-                    next_plan = true_round + knapspec.plan_interval * int(np.ceil(needed / knapspec.plan_interval))
+                    next_plan = schedule.next_plan_round(true_round + int(np.ceil(needed)))
                     timings["postponed_plans"] = timings.get("postponed_plans", 0) + 1
                     continue
             plan_start = time.perf_counter()
@@ -609,7 +620,7 @@ def knapspec_generate(target_params, target_config: ModelConfig, prompts: Sequen
             plan_end = time.perf_counter()
             timings["plan_s"] += plan_end - plan_start
             last = (plan_end, plan_end - plan_start, true_round)
-            next_plan = true_round + knapspec.plan_interval
+            next_plan = schedule.next_plan_round(true_round + 1)
         if not finished(state):
             state, done_rounds = advance(state, None)
             true_round += done_rounds
