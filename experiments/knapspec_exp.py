@@ -107,6 +107,9 @@ def register(subparsers) -> None:
     p.add_argument("--max-plan-fraction", type=float, default=0.05,
                    help="postpone a re-plan while the previous plan cost more than this fraction of the decode time "
                         "since it (<= 0: SPEC's fixed schedule, a plan every 64 rounds)")
+    p.add_argument("--probe-rounds", type=int, default=8,
+                   help="measured arbitration: after a plan that drafts, time this many speculative rounds and as "
+                        "many plain-decoding steps and keep the faster until the next plan (0: off, SPEC 4)")
     p.add_argument("--clasp-skip-count", type=int, default=None)
     p.add_argument("--profile-dir", default=None,
                    help="latency profiles (JSON) are read / written here (default: next to --out)")
@@ -125,7 +128,8 @@ def register(subparsers) -> None:
 def _config_of(args) -> Dict[str, Any]:
     keys = ("model", "layers", "dtype", "tasks", "contexts", "max_new_tokens", "long_prompt", "long_new_tokens",
             "batches", "candidate_plans", "gamma_max", "gamma_buckets", "branch_chunk", "max_reference_tokens",
-            "clasp_skip_count", "seed", "device_tag", "latency_fit", "max_plan_fraction")
+            "clasp_skip_count", "seed", "device_tag", "latency_fit", "max_plan_fraction",
+            "probe_rounds")
     return {k: getattr(args, k) for k in keys}
 
 
@@ -303,7 +307,8 @@ class Case:
         fraction = getattr(args, "max_plan_fraction", 0.05)
         self.knapspec = KnapSpecConfig(gamma_max=args.gamma_max, gamma_buckets=buckets, branch_chunk=chunk,
                                        max_reference_tokens=args.max_reference_tokens,
-                                       max_plan_fraction=fraction if fraction and fraction > 0 else None)
+                                       max_plan_fraction=fraction if fraction and fraction > 0 else None,
+                                       probe_rounds=getattr(args, "probe_rounds", 8) or None)
         self.prompts = build_prompts(model, task, context, batch, args.seed)
         self.prefilled = None
         self.ar_compiled = False
@@ -396,12 +401,13 @@ class Case:
             "gamma_buckets_used": metrics.get("gamma_buckets_used"), "honor_gamma": metrics.get("honor_gamma"),
             "plans": [{k: p.get(k) for k in ("round", "context_length", "n", "n_skip_attn", "n_skip_mlp",
                                             "skip_attn", "skip_mlp", "gamma_star", "gamma_used", "mode",
-                                            "alpha", "p_c", "p_ac", "predicted_tpt", "t_attn", "t_mlp", "t_token", "verify_row_cost", "seconds",
+                                            "alpha", "p_c", "p_ac", "predicted_tpt", "t_attn", "t_mlp", "t_token", "verify_row_cost", "seconds", "probe",
                                             "reference_tokens", "candidates", "w_attn", "w_mlp", "planner")}
                       for p in plans],
             "final_skip": {"n_skip_attn": int(final_mask[:, 0].sum()), "n_skip_mlp": int(final_mask[:, 1].sum())},
             "timings": timings, "ar_decode_s": ar["decode_s"], "ar_step_s": ar["step_s"],
             "plan_fraction_of_decode": plan_s / max(decode_s, 1e-9),
+            "plan_allowance": metrics.get("plan_allowance"),
             "time_split_estimate": {
                 "how": "planning measured; draft = draft forwards x one draft forward with the final mask; verify = "
                        "rounds x one verification forward (largest bucket used); plain decoding = AR-interval "
@@ -703,6 +709,8 @@ def report(data: Dict[str, Any]) -> List[Dict[str, Any]]:
                          "acc": v["acceptance_rate"],
                          "skip A/M": " ".join(f"{p['n_skip_attn']}/{p['n_skip_mlp']}" for p in v["plans"]) or "-",
                          "gamma": " ".join(str(p["gamma_used"]) for p in v["plans"]) or "-",
+                         "probe": " ".join({"speculative": "S", "ar": "AR"}[p["probe"]["choice"]]
+                                           if p.get("probe") else "-" for p in v["plans"]) or "-",
                          "plan %": 100 * v["plan_fraction_of_decode"],
                          "draft/verify/AR %": "/".join(f"{100 * split[k] / decode:.0f}"
                                                        for k in ("draft_s", "verify_s", "ar_interval_s")),

@@ -50,6 +50,9 @@ def add_self_spec_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--knapspec-max-plan-fraction", type=float, default=0.05,
                        help="postpone a re-plan while the previous plan cost more than this fraction of the decode "
                             "time since it (<= 0: SPEC's fixed schedule, re-plan every --knapspec-interval rounds)")
+    group.add_argument("--knapspec-probe-rounds", type=int, default=8,
+                       help="measured arbitration: after a plan that drafts, time this many speculative rounds and "
+                            "as many plain-decoding steps, keep the faster until the next plan (0: off)")
     group.add_argument("--knapspec-gamma-buckets", default="1,2,3,4,6,8",
                        help="static verification lengths a planned gamma is rounded up to (gamma-max is always "
                             "one); '' = always verify gamma-max + 1 rows (one compile; the GPU choice)")
@@ -96,7 +99,8 @@ def knapspec_config_from_args(args):
                           coupled=args.knapspec_coupled, honor_gamma=not args.knapspec_official_gamma,
                           gamma_buckets=_buckets(args.knapspec_gamma_buckets),
                           max_plan_fraction=_plan_fraction(args.knapspec_max_plan_fraction),
-                          exit_aware_tpt=not getattr(args, "knapspec_spec_tpt", False))
+                          exit_aware_tpt=not getattr(args, "knapspec_spec_tpt", False),
+                          probe_rounds=getattr(args, "knapspec_probe_rounds", 8) or None)
 
 
 def validate(args) -> None:

@@ -415,7 +415,8 @@ def test_greedy_knapspec_equals_autoregressive(spec_params):
     """End to end: prefill, full-model draft, re-plans (DP + grid search) every 4 rounds on the
     last 2 rounds' tokens, early exit at 0.7 with fillers: the output is exactly greedy AR."""
     expected = generate(spec_params, SPEC_TARGET, PROMPTS, 24).rows()
-    knap = KnapSpecConfig(gamma_max=4, plan_interval=4, plan_round=2, reference_rounds=2, max_plan_fraction=None)
+    knap = KnapSpecConfig(gamma_max=4, plan_interval=4, plan_round=2, reference_rounds=2, max_plan_fraction=None,
+                          probe_rounds=None)
     lat = latency.LatencyModel(c1=1.0, c2=0.01, c3=0.5)
     result = knapspec_generate(spec_params, SPEC_TARGET, PROMPTS, latency=lat, knapspec=knap, max_new_tokens=24)
     assert result.rows() == expected

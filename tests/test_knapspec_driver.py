@@ -6,6 +6,7 @@ import json
 import jax
 import jax.numpy as jnp
 import numpy as np
+from dataclasses import replace as dataclasses_replace
 import pytest
 
 from jaxspec.config import ModelConfig
@@ -26,7 +27,7 @@ NEW = 30
 LATENCY = latency.LatencyModel(c1=1.0, c2=0.01, c3=0.5)
 # re-plan every 4 rounds (at 2, 6, 10, ...) on the last 2 rounds; buckets 1, 2, 3 and gamma_max 5
 KNAP = KnapSpecConfig(gamma_max=5, plan_interval=4, plan_round=2, reference_rounds=2, gamma_buckets=(1, 2, 3),
-                      max_plan_fraction=None)  # the fixed schedule: the tests below check plan rounds
+                      max_plan_fraction=None, probe_rounds=None)  # the fixed schedule: the tests below check plan rounds
 
 
 @pytest.fixture(scope="module")
@@ -190,7 +191,9 @@ def test_gamma_zero_plan_runs_plain_decoding(params, ar_rows):
     assert result.rows() == ar_rows
     m = result.metrics
     assert m["rounds"] == 0 and m["draft_steps"] == 0 and m["row_rounds"] == 0
-    assert m["ar_tokens"] == int((result.num_generated - 1).sum()) and m["ar_intervals"] == 1
+    # one call per plan_interval steps (one static buffer for every chunk)
+    assert m["ar_tokens"] == int((result.num_generated - 1).sum())
+    assert m["ar_intervals"] == -(-(NEW - 1) // KNAP.plan_interval)
     # stop tokens: rows end at different times; interleave gamma 0 and drafting
     stop = ar_rows[0][7]
     expected = generate(params, TARGET, PROMPTS, NEW, stop_tokens=[stop]).rows()
@@ -211,11 +214,113 @@ def test_planned_gamma_zero_switches_to_ar_with_the_real_planner(params, ar_rows
     assert result.metrics["rounds"] == KNAP.plan_round  # speculative rounds only before the first plan
     official = knapspec_generate(params, TARGET, PROMPTS, latency=LATENCY, max_new_tokens=NEW,
                                  knapspec=KnapSpecConfig(gamma_max=5, plan_interval=4, plan_round=2,
-                                                         reference_rounds=2, honor_gamma=False,
+                                                         reference_rounds=2, honor_gamma=False, probe_rounds=None,
                                                          max_plan_fraction=None))
     assert official.rows() == ar_rows
     assert official.metrics["ar_tokens"] == 0
     assert all(p["gamma_used"] == 5 for p in official.metrics["knapspec_plans"])
+
+
+@pytest.mark.parametrize("slow", ["speculative", "ar"])
+def test_measured_arbitration_keeps_the_faster_mode(params, ar_rows, monkeypatch, slow):
+    """probe_rounds: after a plan that drafts, one speculative probe and one plain-decoding probe
+    are timed on the live sequence and the faster runs until the next plan. Slowing one side down
+    on the host (a sleep after each call) makes the choice certain; the output is AR's either way
+    and the record carries both measured rates."""
+    import dataclasses
+    import time
+
+    from jaxspec.knapspec import policy as policy_module
+
+    side = {"speculative": "run_loop", "ar": "_ar_interval"}[slow]
+    real = getattr(policy_module, side)
+
+    def slowed(*args, **kwargs):
+        out = real(*args, **kwargs)
+        jax.block_until_ready(out)
+        time.sleep(0.25)
+        return out
+
+    monkeypatch.setattr(policy_module, side, slowed)
+    knap = dataclasses.replace(KNAP, probe_rounds=5)  # clamped to (4 - 2) // 2 = 1 round per probe
+    assert knap.probe == 1 and dataclasses.replace(KNAP, probe_rounds=None).probe == 0
+    result = knapspec_generate(params, TARGET, PROMPTS, knapspec=knap, max_new_tokens=NEW,
+                               planner=ScriptedPlanner([3]))
+    assert result.rows() == ar_rows
+    plans = result.metrics["knapspec_plans"]
+    probed = [p for p in plans if p["probe"] is not None]
+    assert probed and [p["round"] for p in plans][:2] == [2, 6]
+    winner = "ar" if slow == "speculative" else "speculative"
+    for p in probed:
+        probe = p["probe"]
+        assert probe["rounds"] == 1 and probe["choice"] == winner
+        assert probe["speculative_tokens"] > 0 and probe["ar_tokens"] > 0
+        faster = probe["ar_tokens_per_s"] > probe["speculative_tokens_per_s"]
+        assert faster == (winner == "ar")
+        assert p["gamma_used"] == (0 if winner == "ar" else 3)
+        assert p["mode"] == ("ar" if winner == "ar" else "speculative")
+    assert result.metrics["ar_tokens"] > 0  # the plain-decoding probes committed tokens
+    with pytest.raises(ValueError, match="probe_rounds"):
+        KnapSpecConfig(probe_rounds=0)
+
+
+def test_reference_allowance_caps_or_skips_planning(params, ar_rows):
+    """The planning allowance: J slots x v t_step seconds per reference token against
+    max_plan_fraction of the predicted plain-decoding time; below min_reference_tokens no plan is
+    made (plain decoding from the start), otherwise the DP's window is capped."""
+    from jaxspec.baselines.clasp import ClaspPlanner
+    from jaxspec.knapspec.dp import knapsack_weights, skip_budget
+    from jaxspec.knapspec.policy import KnapSpecPlanner, reference_allowance
+
+    lat = latency.LatencyModel(c1=1.0, c2=0.01, c3=0.5, c0=0.2, v=0.05, a=1.1)
+    knap = dataclasses_replace(KNAP, max_plan_fraction=0.05, probe_rounds=None)
+    planner = KnapSpecPlanner(lat, knap)
+    n = 100.0
+    slots = skip_budget(*knapsack_weights(lat.t_attn(n), lat.t_mlp()), TARGET.num_layers) + 1
+    per_token = slots * 0.05 * lat.t_step(n, TARGET.num_layers)
+    assert planner.reference_cost(TARGET, n) == pytest.approx(per_token)
+    for new_tokens in (10, 1000, 100000):
+        out = reference_allowance(planner, lat, TARGET, n, new_tokens, knap)
+        allowed = int(0.05 * new_tokens * 1.1 * lat.t_step(n, TARGET.num_layers) // per_token)
+        assert out["allowed_tokens"] == allowed
+        assert out["skip"] == (allowed < knap.min_reference_tokens)
+        assert out["tokens"] == (None if out["skip"] else allowed)
+    capped = reference_allowance(planner, lat, TARGET, n, 100000, dataclasses_replace(knap, max_reference_tokens=9))
+    assert capped["tokens"] == 9
+    # no cap: no budget, no row cost, a planner without a cost model
+    for args in ((planner, lat, dataclasses_replace(knap, max_plan_fraction=None)),
+                 (KnapSpecPlanner(LATENCY, knap), LATENCY, knap),
+                 (ClaspPlanner(1, gamma=5, latency=lat), lat, knap)):
+        out = reference_allowance(args[0], args[1], TARGET, n, 10, args[2])
+        assert out["tokens"] is None and not out["skip"]
+
+    # a 30-token run cannot pay for a DP: plain decoding from the start, output = AR
+    result = knapspec_generate(params, TARGET, PROMPTS, latency=lat, knapspec=knap, max_new_tokens=NEW)
+    assert result.rows() == ar_rows
+    m = result.metrics
+    assert m["plan_allowance"]["skip"] and m["knapspec_plans"] == []
+    assert m["rounds"] == 0 and m["draft_steps"] == 0 and m["ar_tokens"] == int((result.num_generated - 1).sum())
+    # a cheap row cost: the window is capped at the allowance. t_attn 0.5 < t_mlp 1 at any context:
+    # weights (1, 2), budget 3 * 5 // 2 = 7, J = 8 slots; allowed = 0.05 * 30 * 1.1 / (8 v) = 2.5 -> 2
+    cheap = latency.LatencyModel(c1=1.0, c2=0.0, c3=0.5, c0=0.2, v=1.65 / (2.5 * 8), a=1.1)
+    knap2 = dataclasses_replace(knap, min_reference_tokens=1)
+    result = knapspec_generate(params, TARGET, PROMPTS, latency=cheap, knapspec=knap2, max_new_tokens=NEW)
+    assert result.rows() == ar_rows
+    m = result.metrics
+    cap = m["plan_allowance"]["tokens"]
+    assert cap == 2 and not m["plan_allowance"]["skip"]
+    assert m["knapspec_plans"] and all(p["reference_tokens"] <= cap * len(PROMPTS) for p in m["knapspec_plans"])
+    assert all(p["predicted_seconds"] == pytest.approx(2 * 8 * cheap.v * cheap.t_step(p["n"], TARGET.num_layers))
+               for p in m["knapspec_plans"])  # the window is exactly the cap wide
+
+
+def test_clasp_has_no_arbitration(params):
+    from jaxspec.baselines.clasp import clasp_generate
+
+    knap = dataclasses_replace(KNAP, probe_rounds=1)
+    result = clasp_generate(params, TARGET, PROMPTS, knapspec=knap, max_new_tokens=NEW, latency=LATENCY)
+    assert all(p["probe"] is None for p in result.metrics["knapspec_plans"])
+    assert result.metrics["ar_tokens"] == 0
 
 
 def test_sampled_knapspec_with_plain_intervals_runs(params):

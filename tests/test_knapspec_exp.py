@@ -77,6 +77,7 @@ def test_experiment_end_to_end_on_a_tiny_random_model(tmp_path, monkeypatch):
             "--max-new-tokens", "40", "--gamma-max", "2", "--gamma-buckets", "1", "--batches", "1",
             "--methods", "knapspec,static-skip,knapspec-official", "--candidate-plans", "3",
             "--plan-cost-repeats", "1", "--device-tag", "test", "--latency-fit", "isolated", "--out", str(out),
+            "--max-plan-fraction", "0",  # 40 tokens could not pay for a DP under a planning budget: plan anyway
             "--plot", str(tmp_path / "f.png")]
     assert main(argv) == 0
     data = json.loads(out.read_text())
@@ -90,6 +91,7 @@ def test_experiment_end_to_end_on_a_tiny_random_model(tmp_path, monkeypatch):
         assert split["draft_forward_s"] > 0 and split["verify_forward_s"] > 0
     knapspec = cases["test/summarize/ctx64/b1/knapspec"]
     assert knapspec["plans"] and knapspec["plans"][0]["t_token"] > 0  # planned with the per-token constant
+    assert knapspec["plan_allowance"] == {"tokens": None, "skip": False}  # no budget, no cap
     assert cases["test/summarize/ctx64/b1/knapspec-official"]["honor_gamma"] is False
     fixed = [k for k in cases if k.startswith("test/summarize/ctx64/b1/fixed/")]
     assert 1 <= len(fixed) <= 3

@@ -216,6 +216,8 @@ def clasp_generate(target_params, target_config: ModelConfig, prompts, *, skip_c
     from jaxspec.knapspec.policy import KnapSpecConfig, knapspec_generate
 
     knapspec = KnapSpecConfig() if knapspec is None else knapspec
+    # CLaSp always drafts: no plain-decoding fallback, so no measured arbitration (KnapSpec's probe)
+    knapspec = dataclasses.replace(knapspec, probe_rounds=None)
     m = clasp_skip_count(target_config) if skip_count is None else int(skip_count)
     planner = ClaspPlanner(m, gamma=knapspec.gamma_max, latency=latency, tau=NO_PRUNING,
                            branch_chunk=knapspec.branch_chunk)

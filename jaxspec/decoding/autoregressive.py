@@ -112,7 +112,9 @@ def prefill(params, config: ModelConfig, tokens: np.ndarray, prompt_lengths: np.
     return cache.with_lengths(start_lengths + jnp.asarray(prompt_lengths, jnp.int32)), last_logits
 
 
-def _decode_loop_fn(params, cache, first_logits, key, *, config, sampling, max_new_tokens, stop_tokens):
+def _decode_loop_fn(params, cache, first_logits, key, *, config, sampling, max_new_tokens, stop_tokens, limit=None):
+    """``max_new_tokens`` (static) sizes the output; ``limit`` (traced, optional) stops after that
+    many tokens (fewer than the buffer: one compiled loop serves every length up to it)."""
     batch = cache.batch_size
     stop = jnp.asarray(stop_tokens if stop_tokens else (-2,), jnp.int32)
     key, sub = jax.random.split(key)
@@ -123,7 +125,8 @@ def _decode_loop_fn(params, cache, first_logits, key, *, config, sampling, max_n
 
     def cond(state):
         step, _, _, _, done, _ = state
-        return (step < max_new_tokens) & ~jnp.all(done)
+        end = max_new_tokens if limit is None else jnp.minimum(max_new_tokens, limit)
+        return (step < end) & ~jnp.all(done)
 
     def body(state):
         step, cache, out, token, done, key = state

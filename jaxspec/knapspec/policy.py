@@ -47,6 +47,24 @@ reports gamma* but always drafts up to gamma_max):
   bypasses the verify policy: a verify policy whose state follows the committed tokens
   (``update`` hook, e.g. Dustin) is not updated during it.
 
+Measured arbitration (beyond SPEC, ``KnapSpecConfig.probe_rounds``, default 8): the grid search
+trusts acceptance statistics from a few reference tokens, which can be optimistic (SmolLM2 on a
+CPU: the DP's alpha 1.0 on 21 tokens, 0.84 measured; a plan predicted faster than AR ran at 0.8x).
+So after a plan that drafts, the driver times ``probe_rounds`` speculative rounds and then as many
+plain-decoding steps on the live sequence (both commit real tokens) and keeps the faster --
+tokens committed per second -- until the next plan. A mispredicted plan then costs at most its
+probe, and decoding stays within the probe and the planning of AR speed. Both probes have fixed
+shapes (``max_rounds`` is traced; plain-decoding chunks share one ``plan_interval``-sized buffer),
+so nothing compiles in a timed run whichever wins. CLaSp (no plain decoding) runs without it.
+
+Planning allowance (beyond SPEC, with ``max_plan_fraction``): before decoding, the planner's
+predicted DP cost per reference token (:meth:`KnapSpecPlanner.reference_cost`, from the latency
+model's verification-row cost) and the predicted plain-decoding time of the run give how many
+reference tokens per row one plan can afford (:func:`reference_allowance`); the DP's window is
+capped there, and when fewer than ``min_reference_tokens`` fit, no plan is made and the run
+decodes plainly from the start (on a 2-core CPU one SmolLM2 DP costs ~80 decode steps: a
+256-token generation cannot pay for it).
+
 Batch > 1 (beyond the official batch-1 code): one skip set for the whole batch; the DP's
 value and alpha pool every row's reference tokens (each row attends to its own prefix); the
 early exit is batch-level (the loop ends when every row has exited; rows that exited earlier
@@ -69,7 +87,8 @@ from jaxspec.decoding.policies import DenseVerify, Proposal
 from jaxspec.decoding.sampling import SamplingConfig, sample_token, sampling_probs
 from jaxspec.decoding.speculative import (EngineConfig, LoopState, SpeculativeResult, init_draft_counts, run_loop,
                                           summarize)
-from jaxspec.knapspec.dp import DEFAULT_TAU, WEIGHT_CAP, Candidates, boundary_states, knapsack_dp, knapsack_weights
+from jaxspec.knapspec.dp import (DEFAULT_TAU, WEIGHT_CAP, Candidates, boundary_states, knapsack_dp, knapsack_weights,
+                                 skip_budget)
 from jaxspec.knapspec.latency import LatencyModel, effective_context
 from jaxspec.knapspec.planner import GAMMA_GRID, Plan, choose_plan
 from jaxspec.models.cache import check_room, init_cache
@@ -188,6 +207,15 @@ class KnapSpecConfig:
     # the grid search models early exit (planner module doc: drafts and tokens a round from the DP's
     # confidence statistics); off, or with honor_gamma off (the official code), SPEC 4.2's TPT
     exit_aware_tpt: bool = True
+    # measured arbitration (beyond SPEC): after a plan that drafts, time this many speculative rounds
+    # and then as many plain-decoding steps on the live sequence; whichever committed tokens faster
+    # runs until the next plan. Bounds the loss of a plan whose predicted TPT was too optimistic
+    # (acceptance statistics from a few reference tokens) to the probe. None = off (SPEC 4).
+    probe_rounds: Optional[int] = 8
+    # with max_plan_fraction: the DP's reference is capped so that one plan's predicted cost fits the
+    # planning budget of the run (KnapSpecPlanner.reference_cost); below this many tokens a row no plan
+    # is made and the run decodes plainly (the budget cannot pay for a DP)
+    min_reference_tokens: int = 8
     coupled: bool = False  # ablation: whole layers (Attention + MLP together) instead of sub-layers
 
     def __post_init__(self):
@@ -203,6 +231,18 @@ class KnapSpecConfig:
             raise ValueError(f"ar_reference_tokens={self.ar_reference_tokens} must be >= 1")
         if self.max_plan_fraction is not None and not 0 < self.max_plan_fraction < 1:
             raise ValueError(f"max_plan_fraction={self.max_plan_fraction} must be in (0, 1) or None")
+        if self.min_reference_tokens < 1:
+            raise ValueError(f"min_reference_tokens={self.min_reference_tokens} must be >= 1")
+        if self.probe_rounds is not None and int(self.probe_rounds) < 1:
+            raise ValueError(f"probe_rounds={self.probe_rounds} must be >= 1, or None (no arbitration)")
+
+    @property
+    def probe(self) -> int:
+        """Rounds per arbitration probe: ``probe_rounds``, at most half of the rounds between a plan and
+        the next reference window (both probes must fit there); 0 = no arbitration."""
+        if self.probe_rounds is None:
+            return 0
+        return min(int(self.probe_rounds), (self.plan_interval - self.reference_rounds) // 2)
 
     @property
     def buckets(self) -> Tuple[int, ...]:
@@ -277,6 +317,8 @@ class PlanRecord:
     verify_rows: int = 0  # rows per verification (engine gamma + 1; 1 = plain decoding)
     context_length: float = 0.0  # mean committed tokens per row when planning
     planner: str = "knapspec"
+    probe: Optional[dict] = None  # the measured arbitration after this plan (KnapSpecConfig.probe_rounds)
+    predicted_seconds: Optional[float] = None  # the planner's reference_cost x the window width (None: no model)
 
     def summary(self) -> dict:
         out = self.plan.summary()
@@ -286,7 +328,8 @@ class PlanRecord:
                    seconds=self.seconds, planner=self.planner, gamma_star=int(self.plan.gamma),
                    gamma_used=int(self.gamma_used), mode="ar" if self.gamma_used == 0 else "speculative",
                    verify_rows=int(self.verify_rows), context_length=float(self.context_length),
-                   n_skip_attn=int(mask[:, 0].sum()), n_skip_mlp=int(mask[:, 1].sum()))
+                   n_skip_attn=int(mask[:, 0].sum()), n_skip_mlp=int(mask[:, 1].sum()), probe=self.probe,
+                   predicted_seconds=self.predicted_seconds)
         return out
 
 
@@ -354,6 +397,21 @@ class KnapSpecPlanner:
         return "knapspec" + ("-coupled" if self.knapspec.coupled else "") + (
             "" if self.knapspec.objective == "tpt" else f"-{self.knapspec.objective}")
 
+    def reference_cost(self, config: ModelConfig, n: float) -> float:
+        """Predicted seconds of one DP per reference token of each row: the scan runs the ``J = budget
+        + 1`` slot states of every reference token through each sub-layer, i.e. ``J`` extra rows
+        through the whole model, each costing the latency model's verification-row cost ``v t_step``
+        (compute-bound devices; ``v = 0`` -- no row cost measured -- predicts 0, i.e. no cap).
+        Checked on the CPU: SmolLM2-135M 3.05 s predicted vs 3.2-3.65 s measured, Qwen2.5-Coder-1.5B
+        38.6 s vs 45.5 s."""
+        lat = self.latency
+        if self.knapspec.coupled:
+            slots = config.num_layers // 2 + 1
+        else:
+            slots = skip_budget(*knapsack_weights(lat.t_attn(n), lat.t_mlp(), self.knapspec.weight_cap),
+                                config.num_layers) + 1
+        return float(slots) * float(lat.v) * lat.t_step(n, config.num_layers)
+
     def plan(self, target_params, config, cache, tokens, token_mask, prefix_len, n):
         if self.knapspec.coupled:
             from jaxspec.baselines.clasp import plan_coupled_skip_set
@@ -364,11 +422,40 @@ class KnapSpecPlanner:
                              self.knapspec)
 
 
+def reference_allowance(planner, latency: Optional[LatencyModel], config: ModelConfig, n: float, new_tokens: int,
+                        knapspec: KnapSpecConfig) -> dict:
+    """How many reference tokens per row one plan may use so that its predicted cost stays within
+    ``max_plan_fraction`` of the predicted plain-decoding time of the run (``new_tokens`` steps of
+    ``a t_step(n)``). ``{"tokens": cap or None (no cap), "skip": True when even
+    ``min_reference_tokens`` would not fit, ...}``; no cap without a budget, a latency model or a
+    planner with ``reference_cost`` (CLaSp). Deterministic (no timing), so a warm-up run and the
+    timed run make the same choice and compile the same DP shape."""
+    cost = getattr(planner, "reference_cost", None)
+    out = {"tokens": knapspec.max_reference_tokens, "skip": False}
+    if knapspec.max_plan_fraction is None or latency is None or cost is None:
+        return out
+    per_token = float(cost(config, n))
+    decode = float(new_tokens) * latency.a * latency.t_step(n, config.num_layers)
+    budget = knapspec.max_plan_fraction * decode
+    out.update(predicted_dp_s_per_token=per_token, predicted_ar_decode_s=decode, plan_budget_s=budget)
+    if per_token <= 0:
+        return out
+    allowed = int(budget // per_token)
+    out["allowed_tokens"] = allowed
+    if allowed < knapspec.min_reference_tokens:
+        out["skip"] = True
+        return out
+    out["tokens"] = allowed if knapspec.max_reference_tokens is None else min(allowed, knapspec.max_reference_tokens)
+    return out
+
+
 # ---------------------------------------------------------------------------- plain-decoding interval
-def _ar_interval_fn(params, state: LoopState, *, config: ModelConfig, engine: EngineConfig, steps: int):
-    """``steps`` plain autoregressive steps from the engine state, on the same cache: the pending
-    token is fed, then :mod:`jaxspec.decoding.autoregressive`'s decode loop runs; each active row
-    commits its tokens up to a stop token or its limit. Returns (state, tokens committed [B])."""
+def _ar_interval_fn(params, state: LoopState, num_steps, *, config: ModelConfig, engine: EngineConfig, steps: int):
+    """``num_steps`` (traced, 1..``steps``) plain autoregressive steps from the engine state, on the
+    same cache: the pending token is fed, then :mod:`jaxspec.decoding.autoregressive`'s decode
+    loop runs; each active row commits its tokens up to a stop token or its limit. ``steps``
+    (static) sizes the token buffer, so every chunk length up to it shares one compile.
+    Returns (state, tokens committed [B])."""
     batch = state.pending.shape[0]
     active = ~state.done
     first = _forward(params, state.pending[:, None], state.target_cache.with_lengths(state.committed - 1),
@@ -379,12 +466,14 @@ def _ar_interval_fn(params, state: LoopState, *, config: ModelConfig, engine: En
         logits = jnp.where(state.done[:, None], jnp.where(stop_hot[None, :], 0.0, -1e30), logits)
     key, sub = jax.random.split(state.key)
     tokens, cache = _decode_loop_fn(params, first.cache, logits, sub, config=config, sampling=engine.sampling,
-                                    max_new_tokens=steps, stop_tokens=tuple(sorted(set(engine.stop_tokens))))
+                                    max_new_tokens=steps, stop_tokens=tuple(sorted(set(engine.stop_tokens))),
+                                    limit=num_steps)
     position = jnp.arange(steps)[None, :]
     stop = jnp.asarray(engine.stop_tokens if engine.stop_tokens else (-2,), jnp.int32)
     is_stop = jnp.isin(tokens, stop)
     first_stop = jnp.where(is_stop.any(axis=1), jnp.argmax(is_stop, axis=1), steps)
-    count = jnp.minimum(jnp.minimum(first_stop + 1, steps), engine.max_new_tokens - state.num_out)
+    count = jnp.minimum(jnp.minimum(first_stop + 1, jnp.minimum(steps, num_steps)),
+                        engine.max_new_tokens - state.num_out)
     count = jnp.where(active, jnp.maximum(count, 0), 0)
     slots = jnp.where(position < count[:, None], state.num_out[:, None] + position, state.out.shape[1])
     out = state.out.at[jnp.arange(batch)[:, None], slots].set(tokens, mode="drop")
@@ -540,13 +629,12 @@ def knapspec_generate(target_params, target_config: ModelConfig, prompts: Sequen
                 steps = int(remaining.max(initial=0))
                 steps = steps if rounds is None else min(int(rounds), steps)
                 done_steps = 0
-                # between plans: chunks of plan_interval steps (one static shape however far a plan was
-                # postponed); to the end of the run: one interval
-                size = steps if rounds is None else knapspec.plan_interval
+                # chunks of at most plan_interval steps, all with one static buffer (one compile whatever
+                # the chunk: a probe, an interval, a postponed plan's longer stretch, the end of the run)
                 while done_steps < steps:
-                    chunk = min(size, steps - done_steps)
-                    state, count = _ar_interval(target_params, state, config=target_config, engine=engine,
-                                                steps=chunk)
+                    chunk = min(knapspec.plan_interval, steps - done_steps)
+                    state, count = _ar_interval(target_params, state, jnp.int32(chunk), config=target_config,
+                                                engine=engine, steps=knapspec.plan_interval)
                     totals.ar_steps += chunk
                     totals.ar_tokens += int(jnp.sum(count))
                     totals.ar_intervals += 1
@@ -563,6 +651,30 @@ def knapspec_generate(target_params, target_config: ModelConfig, prompts: Sequen
         def finished(state) -> bool:
             return bool(jnp.all(state.done))
 
+        def committed_total(state) -> int:
+            return int(jnp.sum(state.num_out))  # a host sync: the work before it is done
+
+        def arbitrate(state):
+            """Time ``probe_rounds`` speculative rounds under the new plan, then as many plain-decoding
+            steps; keep the faster (tokens committed per second) until the next plan."""
+            rounds = knapspec.probe
+            speculative_gamma = current["gamma"]
+            n0, t0 = committed_total(state), time.perf_counter()
+            state, spec_rounds = advance(state, rounds)
+            n1, t1 = committed_total(state), time.perf_counter()
+            if finished(state):
+                return state, None, spec_rounds
+            current["gamma"] = 0
+            state, ar_steps = advance(state, rounds)
+            n2, t2 = committed_total(state), time.perf_counter()
+            spec_rate, ar_rate = (n1 - n0) / max(t1 - t0, 1e-9), (n2 - n1) / max(t2 - t1, 1e-9)
+            if spec_rate >= ar_rate:
+                current["gamma"] = speculative_gamma
+            probe = {"rounds": int(rounds), "speculative_tokens": n1 - n0, "speculative_s": t1 - t0,
+                     "ar_tokens": n2 - n1, "ar_s": t2 - t1, "speculative_tokens_per_s": spec_rate,
+                     "ar_tokens_per_s": ar_rate, "choice": "speculative" if current["gamma"] else "ar"}
+            return state, probe, spec_rounds + ar_steps
+
         if initial_plan is not None:
             mask, gamma = initial_plan
             state = apply_plan(state, mask, gamma if knapspec.honor_gamma else gamma_max)
@@ -570,6 +682,19 @@ def knapspec_generate(target_params, target_config: ModelConfig, prompts: Sequen
         last = None  # (plan end time, plan seconds, round) of the previous plan
         schedule = knapspec.schedule
         next_plan = schedule.next_plan_round(0) if replan else None
+        ref_cap, ref_bucket = knapspec.max_reference_tokens, knapspec.token_bucket
+        if replan and knapspec.honor_gamma:  # the official code always plans and drafts
+            n0 = context_n if context_n is not None else effective_context(target_config, lengths, capacity)
+            allowance = reference_allowance(planner, latency if latency is not None else getattr(planner, "latency",
+                                                                                                 None),
+                                            target_config, n0, engine.max_new_tokens, knapspec)
+            timings["plan_allowance"] = allowance
+            if allowance["skip"]:  # no affordable plan: plain decoding from the start (gamma* = 0)
+                state = apply_plan(state, np.zeros((target_config.num_layers, 2), bool), 0)
+                next_plan = None
+            elif allowance["tokens"] is not None:
+                ref_cap = int(allowance["tokens"])
+                ref_bucket = ref_cap  # one window shape, exactly the cap wide (never wider than paid for)
         while next_plan is not None and not finished(state):
             mark_at = schedule.mark_round(next_plan)
             if current["gamma"] != 0:  # plain decoding: the reference is taken when planning
@@ -602,7 +727,7 @@ def knapspec_generate(target_params, target_config: ModelConfig, prompts: Sequen
             if current["gamma"] == 0 or mark is None:
                 mark = np.maximum(cache_lengths - knapspec.ar_reference_tokens, 0)
             window = reference_window(tokens, lengths, np.asarray(state.out), np.asarray(state.num_out),
-                                      cache_lengths, mark, knapspec.max_reference_tokens, knapspec.token_bucket)
+                                      cache_lengths, mark, ref_cap, ref_bucket)
             mark = None
             if window is not None:
                 ref_tokens, token_mask, prefix = window
@@ -612,14 +737,23 @@ def knapspec_generate(target_params, target_config: ModelConfig, prompts: Sequen
                                                          jnp.asarray(ref_tokens), jnp.asarray(token_mask),
                                                          jnp.asarray(prefix), n)
                 state = apply_plan(state, plan.mask, plan.gamma if knapspec.honor_gamma else gamma_max)
+                cost = getattr(planner, "reference_cost", None)
                 records.append(PlanRecord(true_round, plan, candidates, int(token_mask.sum()), weights,
                                           time.perf_counter() - plan_start, gamma_used=current["gamma"],
                                           verify_rows=current["bucket"] + 1 if current["gamma"] else 1,
                                           context_length=float(np.mean(cache_lengths + 1)),
-                                          planner=getattr(planner, "name", type(planner).__name__)))
+                                          planner=getattr(planner, "name", type(planner).__name__),
+                                          predicted_seconds=None if cost is None else
+                                          cost(target_config, n) * ref_tokens.shape[1]))
             plan_end = time.perf_counter()
             timings["plan_s"] += plan_end - plan_start
             last = (plan_end, plan_end - plan_start, true_round)
+            if window is not None and knapspec.probe and current["gamma"] > 0 and knapspec.honor_gamma:
+                state, probe, probe_rounds = arbitrate(state)
+                true_round += probe_rounds
+                records[-1].probe = probe
+                if probe is not None and probe["choice"] == "ar":
+                    records[-1].gamma_used, records[-1].verify_rows = 0, 1
             next_plan = schedule.next_plan_round(true_round + 1)
         if not finished(state):
             state, done_rounds = advance(state, None)
@@ -634,6 +768,9 @@ def knapspec_generate(target_params, target_config: ModelConfig, prompts: Sequen
     # the warm-up run keeps SPEC's fixed schedule: a plan at every interval, so the timed run (whose
     # postponements depend on measured times) finds every shape it can meet compiled
     final, timings, records, totals, schedule_rounds = run(None if warmup else knapspec.max_plan_fraction)
+    if warmup and replan and knapspec.honor_gamma:  # the plain-decoding chunk, whichever mode the timed run ends up in
+        jax.block_until_ready(_ar_interval(target_params, final, jnp.int32(1), config=target_config, engine=engine,
+                                           steps=knapspec.plan_interval))
     if warmup:
         first_total = time.perf_counter() - first_start
         final, timings, records, totals, schedule_rounds = run(knapspec.max_plan_fraction)
@@ -650,6 +787,7 @@ def knapspec_generate(target_params, target_config: ModelConfig, prompts: Sequen
                    schedule_rounds=schedule_rounds, gamma_buckets_used=sorted(totals.buckets_used),
                    honor_gamma=knapspec.honor_gamma)
     metrics["knapspec_plans"] = [r.summary() for r in records]
+    metrics["plan_allowance"] = timings.pop("plan_allowance", None)
     metrics["draft_steps"] = int(final.draft_state["draft_steps"])
     metrics["final_skip_mask"] = np.asarray(final.draft_state["skip_mask"]).tolist()
     return SpeculativeResult(tokens=out, num_generated=num_generated, prompt_lengths=np.asarray(lengths),
@@ -657,4 +795,4 @@ def knapspec_generate(target_params, target_config: ModelConfig, prompts: Sequen
 
 
 __all__ = ["KnapSpecConfig", "KnapSpecDraft", "KnapSpecPlanner", "KnapSpecSchedule", "NO_GAMMA_CAP", "PlanRecord",
-           "knapspec_generate", "plan_skip_set", "reference_window"]
+           "knapspec_generate", "plan_skip_set", "reference_allowance", "reference_window"]
