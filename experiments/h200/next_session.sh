@@ -3,8 +3,8 @@
 #   bash experiments/h200/next_session.sh smol SECONDS   # call 1 (carry .carry/smol.part.aa): stage the GGUF half,
 #                                                         # the 7B shape at batch 1 (8k, 32k) and batch 16 (8k)
 #   bash experiments/h200/next_session.sh rest SECONDS   # call 2 (carry .carry/smol.part.ab): SmolLM2 1k/4k/7.7k b1
-# KnapSpec with the forward latency fit, the planning budget (5 %) and the early-exit-aware TPT
-# (session 4's code); new result files (the config gained max_plan_fraction, so session 4's files
+# KnapSpec with the forward latency fit, the planning budget (5 %), the early-exit-aware TPT, and
+# (session 5) the measured arbitration (--probe-rounds 8) and the planning allowance; new result files (the config gained max_plan_fraction, so session 4's files
 # do not resume). Every step's timeout is cut to SECONDS; results packed into $OUT/s5.tgz.
 set -u
 part=$1; budget=${2:-540}
