@@ -397,6 +397,11 @@ def test_schedule_and_reference_window():
     np.testing.assert_array_equal(mask, [[1, 1, 1, 0], [0, 0, 0, 0]])
     assert reference_window(prompt, np.array([3, 4]), out, np.array([5, 2]), np.array([7, 5]),
                             np.array([7, 5])) is None
+    # a cap narrower than the bucket: the window is never wider than the cap (the latest tokens)
+    tokens, mask, _ = reference_window(prompt, np.array([3, 4]), out, np.array([5, 2]), np.array([7, 5]),
+                                       np.array([4, 5]), max_tokens=2, bucket=16)
+    np.testing.assert_array_equal(tokens, [[32, 33], [0, 0]])
+    np.testing.assert_array_equal(mask, [[1, 1], [0, 0]])
     with pytest.raises(ValueError, match="reference_rounds"):
         KnapSpecConfig(plan_round=2, reference_rounds=3)
 
