@@ -57,7 +57,8 @@ model's prediction, since a short probe's fixed per-call cost weighs more on a f
 on the H200 an 8-step probe measured 125 tok/s where AR ran at 169) -- until the next plan. A
 mispredicted plan then costs at most its
 probe, and decoding stays within the probe and the planning of AR speed. Both probes have fixed
-shapes (``max_rounds`` is traced; plain-decoding chunks share one ``plan_interval``-sized buffer),
+shapes (``max_rounds`` is traced; a plain-decoding stretch traces its step count into a buffer
+sized for the whole run),
 so nothing compiles in a timed run whichever wins. CLaSp (no plain decoding) runs without it.
 
 Planning allowance (beyond SPEC, with ``max_plan_fraction``): before decoding, the planner's
@@ -638,20 +639,17 @@ def knapspec_generate(target_params, target_config: ModelConfig, prompts: Sequen
                 remaining = np.asarray(engine.max_new_tokens - state.num_out)[~np.asarray(state.done)]
                 steps = int(remaining.max(initial=0))
                 steps = steps if rounds is None else min(int(rounds), steps)
-                done_steps = 0
-                # chunks of at most plan_interval steps, all with one static buffer (one compile whatever
-                # the chunk: a probe, an interval, a postponed plan's longer stretch, the end of the run)
-                while done_steps < steps:
-                    chunk = min(knapspec.plan_interval, steps - done_steps)
-                    state, count = _ar_interval(target_params, state, jnp.int32(chunk), config=target_config,
-                                                engine=engine, steps=knapspec.plan_interval)
-                    totals.ar_steps += chunk
-                    totals.ar_tokens += int(jnp.sum(count))
-                    totals.ar_intervals += 1
-                    done_steps += chunk
-                    if finished(state):
-                        break
-                return state, done_steps
+                if steps <= 0:
+                    return state, 0
+                # one call, the step count traced and the token buffer sized for the whole run: one
+                # compile whatever the length (a probe, an interval, a postponed plan's longer stretch,
+                # the rest of the run) and one dispatch per stretch
+                state, count = _ar_interval(target_params, state, jnp.int32(steps), config=target_config,
+                                            engine=engine, steps=engine.max_new_tokens)
+                totals.ar_steps += steps
+                totals.ar_tokens += int(jnp.sum(count))
+                totals.ar_intervals += 1
+                return state, steps
             before = int(state.round)
             totals.buckets_used.add(current["bucket"])
             state = run_loop(target_params, target_params, state, target_config=target_config, draft_policy=policy,
@@ -790,7 +788,7 @@ def knapspec_generate(target_params, target_config: ModelConfig, prompts: Sequen
     final, timings, records, totals, schedule_rounds = run(None if warmup else knapspec.max_plan_fraction)
     if warmup and replan and knapspec.honor_gamma:  # the plain-decoding chunk, whichever mode the timed run ends up in
         jax.block_until_ready(_ar_interval(target_params, final, jnp.int32(1), config=target_config, engine=engine,
-                                           steps=knapspec.plan_interval))
+                                           steps=engine.max_new_tokens))
     if warmup:
         first_total = time.perf_counter() - first_start
         final, timings, records, totals, schedule_rounds = run(knapspec.max_plan_fraction)
