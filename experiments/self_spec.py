@@ -172,7 +172,8 @@ def load_latency(args, config, batch: int, n_max: int, params=None):
 
 def _plan_history(plans: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     keys = ("round", "context_length", "n", "n_skip_attn", "n_skip_mlp", "skip_attn", "skip_mlp", "gamma_star",
-            "gamma_used", "mode", "verify_rows", "alpha", "predicted_tpt", "objective", "seconds", "planner")
+            "gamma_used", "mode", "verify_rows", "alpha", "predicted_tpt", "objective", "seconds", "planner",
+            "predicted_seconds", "probe")
     return [{k: p.get(k) for k in keys} for p in plans]
 
 
@@ -226,13 +227,20 @@ def run_self_spec(args, model, prompts, sampling, stops, out):
     else:
         raise ValueError(f"unknown self-speculative method {method!r}")
     timings = result.timings
+    allowance = result.metrics.get("plan_allowance")
+    if allowance and allowance.get("skip"):
+        print(f"{method}: no plan -- one DP is predicted at {allowance['predicted_dp_s_per_token']:.3g} s per reference "
+              f"token, the planning budget is {allowance['plan_budget_s']:.3g} s ({knapspec.allowance_margin:g} x "
+              f"{knapspec.max_plan_fraction:g} of the predicted {allowance['predicted_ar_decode_s']:.3g} s decode), "
+              f"{allowance['allowed_tokens']} tokens < min_reference_tokens {knapspec.min_reference_tokens}: decoded "
+              f"plainly (--knapspec-max-plan-fraction 0 plans anyway)", file=sys.stderr)
     out["gamma"] = gamma_max
     out["knapspec"] = {
         "method": method, "planner": planner, "config": dataclasses.asdict(knapspec), "latency_profile": latency_info,
         "plan_history": _plan_history(result.metrics["knapspec_plans"]),
         "plan_s": timings.get("plan_s", 0.0), "plan_fraction_of_decode": timings.get("plan_fraction", 0.0),
         "ar_steps": result.metrics["ar_steps"], "ar_tokens": result.metrics["ar_tokens"],
-        "draft_steps": result.metrics["draft_steps"], **extra}
+        "draft_steps": result.metrics["draft_steps"], "plan_allowance": allowance, **extra}
     return result
 
 
