@@ -104,12 +104,9 @@ def register(subparsers) -> None:
     p.add_argument("--branch-chunk", type=int, default=None,
                    help="DP branches per attention batch (default: all, or fewer when the scores would pass 4 GB)")
     p.add_argument("--max-reference-tokens", type=int, default=None, help="cap the DP reference per row")
-    p.add_argument("--max-plan-fraction", type=float, default=0.05,
-                   help="postpone a re-plan while the previous plan cost more than this fraction of the decode time "
-                        "since it (<= 0: SPEC's fixed schedule, a plan every 64 rounds)")
-    p.add_argument("--probe-rounds", type=int, default=8,
-                   help="measured arbitration: after a plan that drafts, time this many speculative rounds and as "
-                        "many plain-decoding steps and keep the faster until the next plan (0: off, SPEC 4)")
+    from experiments.self_spec import add_planning_arguments
+
+    add_planning_arguments(p.add_argument)
     p.add_argument("--clasp-skip-count", type=int, default=None)
     p.add_argument("--profile-dir", default=None,
                    help="latency profiles (JSON) are read / written here (default: next to --out)")

@@ -47,12 +47,7 @@ def add_self_spec_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--knapspec-early-exit", type=float, default=0.7,
                        help="stop drafting once a token's probability is below this (<= 0: never)")
     group.add_argument("--knapspec-interval", type=int, default=64, help="re-plan every this many rounds")
-    group.add_argument("--knapspec-max-plan-fraction", type=float, default=0.05,
-                       help="postpone a re-plan while the previous plan cost more than this fraction of the decode "
-                            "time since it (<= 0: SPEC's fixed schedule, re-plan every --knapspec-interval rounds)")
-    group.add_argument("--knapspec-probe-rounds", type=int, default=8,
-                       help="measured arbitration: after a plan that drafts, time this many speculative rounds and "
-                            "as many plain-decoding steps, keep the faster until the next plan (0: off)")
+    add_planning_arguments(group.add_argument, "knapspec-")
     group.add_argument("--knapspec-gamma-buckets", default="1,2,3,4,6,8",
                        help="static verification lengths a planned gamma is rounded up to (gamma-max is always "
                             "one); '' = always verify gamma-max + 1 rows (one compile; the GPU choice)")
@@ -71,6 +66,18 @@ def add_self_spec_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--calibration-tokens", type=int, default=512)
     group.add_argument("--calibration-reference-tokens", type=int, default=64,
                        help="static-skip: the DP's reference = the last this many calibration tokens")
+
+
+def add_planning_arguments(add, prefix: str = "") -> None:
+    """The planning-budget and arbitration flags (``generate --knapspec-*`` and the ``knapspec``
+    experiment share them): ``--{prefix}max-plan-fraction``, ``--{prefix}probe-rounds``."""
+    add(f"--{prefix}max-plan-fraction", type=float, default=0.05,
+        help="planning budget: postpone a re-plan while the previous plan cost more than this fraction of the decode "
+             "time since it, and cap the DP's reference (or make no plan) so one plan's predicted cost fits it "
+             "(<= 0: SPEC's fixed schedule, a plan every interval, no cap)")
+    add(f"--{prefix}probe-rounds", type=int, default=8,
+        help="measured arbitration: after a plan that drafts, time this many speculative rounds and as many "
+             "plain-decoding steps, keep the faster until the next plan (0: off, SPEC 4)")
 
 
 def _buckets(text: str):
