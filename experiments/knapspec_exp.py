@@ -398,7 +398,8 @@ class Case:
             "gamma_buckets_used": metrics.get("gamma_buckets_used"), "honor_gamma": metrics.get("honor_gamma"),
             "plans": [{k: p.get(k) for k in ("round", "context_length", "n", "n_skip_attn", "n_skip_mlp",
                                             "skip_attn", "skip_mlp", "gamma_star", "gamma_used", "mode",
-                                            "alpha", "p_c", "p_ac", "predicted_tpt", "t_attn", "t_mlp", "t_token", "verify_row_cost", "seconds", "predicted_seconds", "probe",
+                                            "alpha", "p_c", "p_ac", "predicted_tpt", "t_attn", "t_mlp", "t_token",
+                                            "verify_row_cost", "seconds", "predicted_seconds", "probe",
                                             "reference_tokens", "candidates", "w_attn", "w_mlp", "planner")}
                       for p in plans],
             "final_skip": {"n_skip_attn": int(final_mask[:, 0].sum()), "n_skip_mlp": int(final_mask[:, 1].sum())},

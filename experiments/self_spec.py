@@ -236,10 +236,11 @@ def run_self_spec(args, model, prompts, sampling, stops, out):
     timings = result.timings
     allowance = result.metrics.get("plan_allowance")
     if allowance and allowance.get("skip"):
-        print(f"{method}: no plan -- one DP is predicted at {allowance['predicted_dp_s_per_token']:.3g} s per reference "
-              f"token, the planning budget is {allowance['plan_budget_s']:.3g} s ({knapspec.allowance_margin:g} x "
-              f"{knapspec.max_plan_fraction:g} of the predicted {allowance['predicted_ar_decode_s']:.3g} s decode), "
-              f"{allowance['allowed_tokens']} tokens < min_reference_tokens {knapspec.min_reference_tokens}: decoded "
+        a = allowance
+        print(f"{method}: no plan -- one DP is predicted at {a['predicted_dp_s_per_token']:.3g} s per reference "
+              f"token, the planning budget is {a['plan_budget_s']:.3g} s ({knapspec.allowance_margin:g} x "
+              f"{knapspec.max_plan_fraction:g} of the predicted {a['predicted_ar_decode_s']:.3g} s decode): "
+              f"{a['allowed_tokens']} tokens < min_reference_tokens {knapspec.min_reference_tokens}, decoded "
               f"plainly (--knapspec-max-plan-fraction 0 plans anyway)", file=sys.stderr)
     out["gamma"] = gamma_max
     out["knapspec"] = {

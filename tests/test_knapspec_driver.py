@@ -25,9 +25,10 @@ TARGET = ModelConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_la
 PROMPTS = [np.random.RandomState(0).randint(0, 97, n).tolist() for n in (5, 17, 40)]
 NEW = 30
 LATENCY = latency.LatencyModel(c1=1.0, c2=0.01, c3=0.5)
-# re-plan every 4 rounds (at 2, 6, 10, ...) on the last 2 rounds; buckets 1, 2, 3 and gamma_max 5
+# re-plan every 4 rounds (at 2, 6, 10, ...) on the last 2 rounds; buckets 1, 2, 3 and gamma_max 5; the fixed
+# schedule without arbitration: the tests below check plan rounds and gammas
 KNAP = KnapSpecConfig(gamma_max=5, plan_interval=4, plan_round=2, reference_rounds=2, gamma_buckets=(1, 2, 3),
-                      max_plan_fraction=None, probe_rounds=None)  # the fixed schedule: the tests below check plan rounds
+                      max_plan_fraction=None, probe_rounds=None)
 
 
 @pytest.fixture(scope="module")
@@ -488,4 +489,22 @@ def test_cli_generate_knapspec_clasp_static(tmp_path, capsys):
             assert all(h["n_skip_attn"] == h["n_skip_mlp"] == 1 for h in results["knapspec"]["plan_history"])
         if method == "static-skip":
             assert (tmp_path / "static.json").exists() and results["knapspec"]["static_skip"]["loaded"] is False
+    # the default planning budget with a latency profile whose verification-row cost makes one DP
+    # unaffordable for 48 tokens: no plan, plain decoding, and the CLI says why
+    import dataclasses
+
+    from jaxspec.knapspec.latency import LatencyProfile
+
+    measured = LatencyProfile.load(profile)
+    costly = tmp_path / "costly.json"
+    dataclasses.replace(measured, model=dataclasses.replace(measured.model, v=10.0)).save(costly)
+    assert base[-2:] == ["--knapspec-max-plan-fraction", "0"]
+    budgeted = [str(costly) if x == str(profile) else x for x in base[:-2]]
+    out_file = tmp_path / "budgeted.json"
+    assert main(budgeted + ["--method", "knapspec", "--out", str(out_file)]) == 0
+    assert "knapspec: no plan" in capsys.readouterr().err
+    results = json.loads(out_file.read_text())["results"]
+    k = results["knapspec"]
+    assert results["identical_to_ar"] is True and k["plan_history"] == [] and k["plan_allowance"]["skip"] is True
+    assert k["ar_tokens"] == 47 and k["draft_steps"] == 0
     assert main(base + ["--method", "knapspec", "--knapspec-interval", "3"]) == 2  # validated before loading

@@ -49,17 +49,15 @@ reports gamma* but always drafts up to gamma_max):
 
 Measured arbitration (beyond SPEC, ``KnapSpecConfig.probe_rounds``, default 8): the grid search
 trusts acceptance statistics from a few reference tokens, which can be optimistic (SmolLM2 on a
-CPU: the DP's alpha 1.0 on 21 tokens, 0.84 measured; a plan predicted faster than AR ran at 0.8x).
-So after a plan that drafts, the driver times ``probe_rounds`` speculative rounds and then as many
-plain-decoding steps on the live sequence (both commit real tokens) and keeps the faster --
-tokens committed per second; the plain-decoding rate is the better of the probe's and the latency
-model's prediction, since a short probe's fixed per-call cost weighs more on a few cheap steps:
-on the H200 an 8-step probe measured 125 tok/s where AR ran at 169) -- until the next plan. A
-mispredicted plan then costs at most its
-probe, and decoding stays within the probe and the planning of AR speed. Both probes have fixed
-shapes (``max_rounds`` is traced; a plain-decoding stretch traces its step count into a buffer
-sized for the whole run),
-so nothing compiles in a timed run whichever wins. CLaSp (no plain decoding) runs without it.
+CPU: the DP's alpha 1.0 on 21 tokens, 0.84 measured; a plan predicted faster than AR ran at
+0.8x). So after a plan that drafts, the driver times ``probe_rounds`` speculative rounds and then
+as many plain-decoding steps on the live sequence (both commit real tokens) and keeps the faster,
+in tokens committed per second, until the next plan. The plain-decoding rate is the better of
+the probe's and the latency model's prediction: a short probe's fixed per-call cost weighs more
+on a few cheap steps (on the H200 an 8-step probe measured 123 tok/s where AR ran at 171). A
+mispredicted plan then costs at most its probe. Both probes have fixed shapes (``max_rounds`` is
+traced; a plain-decoding stretch traces its step count into a buffer sized for the whole run), so
+nothing compiles in a timed run whichever wins. CLaSp (no plain decoding) runs without it.
 
 Planning allowance (beyond SPEC, with ``max_plan_fraction``): before decoding, the planner's
 predicted DP cost per reference token (:meth:`KnapSpecPlanner.reference_cost`, from the latency
@@ -436,8 +434,8 @@ class KnapSpecPlanner:
 def reference_allowance(planner, latency: Optional[LatencyModel], config: ModelConfig, n: float, new_tokens: int,
                         knapspec: KnapSpecConfig) -> dict:
     """How many reference tokens per row one plan may use so that its predicted cost stays within
-    ``allowance_margin`` x ``max_plan_fraction`` of the predicted plain-decoding time of the run (``new_tokens`` steps of
-    ``a t_step(n)``). ``{"tokens": cap or None (no cap), "skip": True when even
+    ``allowance_margin`` x ``max_plan_fraction`` of the predicted plain-decoding time of the run
+    (``new_tokens`` steps of ``a t_step(n)``). ``{"tokens": cap or None (no cap), "skip": True when even
     ``min_reference_tokens`` would not fit, ...}``; no cap without a budget, a latency model or a
     planner with ``reference_cost`` (CLaSp). Deterministic (no timing), so a warm-up run and the
     timed run make the same choice and compile the same DP shape."""
@@ -701,12 +699,10 @@ def knapspec_generate(target_params, target_config: ModelConfig, prompts: Sequen
         last = None  # (plan end time, plan seconds, round) of the previous plan
         schedule = knapspec.schedule
         next_plan = schedule.next_plan_round(0) if replan else None
-        ref_cap, ref_bucket = knapspec.max_reference_tokens, knapspec.token_bucket
+        ref_cap = knapspec.max_reference_tokens
         if replan and knapspec.honor_gamma:  # the official code always plans and drafts
             n0 = context_n if context_n is not None else effective_context(target_config, lengths, capacity)
-            allowance = reference_allowance(planner, latency if latency is not None else getattr(planner, "latency",
-                                                                                                 None),
-                                            target_config, n0, engine.max_new_tokens, knapspec)
+            allowance = reference_allowance(planner, model, target_config, n0, engine.max_new_tokens, knapspec)
             timings["plan_allowance"] = allowance
             if allowance["skip"]:  # no affordable plan: plain decoding from the start (gamma* = 0)
                 state = apply_plan(state, np.zeros((target_config.num_layers, 2), bool), 0)
@@ -745,7 +741,7 @@ def knapspec_generate(target_params, target_config: ModelConfig, prompts: Sequen
             if current["gamma"] == 0 or mark is None:
                 mark = np.maximum(cache_lengths - knapspec.ar_reference_tokens, 0)
             window = reference_window(tokens, lengths, np.asarray(state.out), np.asarray(state.num_out),
-                                      cache_lengths, mark, ref_cap, ref_bucket)
+                                      cache_lengths, mark, ref_cap, knapspec.token_bucket)
             mark = None
             if window is not None:
                 ref_tokens, token_mask, prefix = window
@@ -786,7 +782,7 @@ def knapspec_generate(target_params, target_config: ModelConfig, prompts: Sequen
     # the warm-up run keeps SPEC's fixed schedule: a plan at every interval, so the timed run (whose
     # postponements depend on measured times) finds every shape it can meet compiled
     final, timings, records, totals, schedule_rounds = run(None if warmup else knapspec.max_plan_fraction)
-    if warmup and replan and knapspec.honor_gamma:  # the plain-decoding chunk, whichever mode the timed run ends up in
+    if warmup and replan and knapspec.honor_gamma:  # compile plain decoding, whichever mode the timed run takes
         jax.block_until_ready(_ar_interval(target_params, final, jnp.int32(1), config=target_config, engine=engine,
                                            steps=engine.max_new_tokens))
     if warmup:
