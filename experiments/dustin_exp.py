@@ -391,18 +391,18 @@ def _jit(name, fn, **kwargs):
 
 
 def _verify_forward(params, rows, cache, indices, *, config, probe_heads):
-    from jaxspec.models.llama import _forward
+    from jaxspec.models.llama import forward
 
-    out = _forward(params, rows, cache, config=config, verify_indices=indices, probe_heads=probe_heads)
+    out = forward(params, rows, cache, config=config, verify_indices=indices, probe_heads=probe_heads)
     return out.logits, out.cache, (out.probes.queries if probe_heads else None)
 
 
 def _reference_forward(params, rows, cache, *, config):
     """Dense verification probing every head: logits, cache, queries, history probabilities."""
     from jaxspec.dustin.arr import all_heads
-    from jaxspec.models.llama import _forward
+    from jaxspec.models.llama import forward
 
-    out = _forward(params, rows, cache, config=config, probe_heads=all_heads(config))
+    out = forward(params, rows, cache, config=config, probe_heads=all_heads(config))
     return out.logits, out.cache, out.probes.queries, out.probes.history_probs
 
 
@@ -694,7 +694,7 @@ class QualityRunner:
         """Per chunk of ``gamma + 1`` text tokens, the draft's per-(layer, head) lookahead scores
         ``[P_D, S]`` (rows ``pending, x_1 .. x_{gamma-1}``; history = the tokens before the chunk)."""
         from jaxspec.dustin.signals import head_scores
-        from jaxspec.models.llama import _forward
+        from jaxspec.models.llama import forward
 
         jax, jnp = _jax()
         gamma = self.engine.gamma
@@ -703,7 +703,7 @@ class QualityRunner:
         d_layers = sorted({layer for layer, _ in self.probe_d})
 
         def fn(params, rows, cache, skip_mask, *, config, probe):
-            out = _forward(params, rows, cache, config=config, probe_heads=probe, skip_mask=skip_mask)
+            out = forward(params, rows, cache, config=config, probe_heads=probe, skip_mask=skip_mask)
             q = out.probes.queries[:, :, :gamma]
             per_head = []
             for index, (layer, head) in enumerate(probe):

@@ -337,7 +337,7 @@ def cmd_parity(args) -> Dict[str, Any]:
     import torch
 
     from jaxspec.models.cache import init_cache
-    from jaxspec.models.llama import forward
+    from jaxspec.models.llama import forward_jit
 
     jax.config.update("jax_default_matmul_precision", "highest")
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -357,7 +357,7 @@ def cmd_parity(args) -> Dict[str, Any]:
     device = next(reference.parameters()).device
     batch = np.asarray([prompt], np.int32)
     cache = init_cache(config, 1, len(prompt) + args.decode_steps + 8)
-    ours = forward(params, jnp.asarray(batch), cache, config=config)
+    ours = forward_jit(params, jnp.asarray(batch), cache, config=config)
     with torch.no_grad():
         ref = reference(torch.tensor(batch, device=device, dtype=torch.long), use_cache=True)
     past = ref.past_key_values
@@ -368,7 +368,7 @@ def cmd_parity(args) -> Dict[str, Any]:
     cache = ours.cache
     token = int(ref_logits[-1].argmax())
     for _ in range(args.decode_steps):
-        ours = forward(params, jnp.asarray([[token]], jnp.int32), cache, config=config)
+        ours = forward_jit(params, jnp.asarray([[token]], jnp.int32), cache, config=config)
         cache = ours.cache
         with torch.no_grad():
             ref = reference(torch.tensor([[token]], device=device), past_key_values=past, use_cache=True)
@@ -483,7 +483,7 @@ def cmd_bench_skip(args) -> Dict[str, Any]:
 
     from jaxspec.config import preset
     from jaxspec.models.cache import random_cache
-    from jaxspec.models.llama import _forward, freeze_skip_mask, init_params
+    from jaxspec.models.llama import forward, freeze_skip_mask, init_params
 
     writer = ResultWriter(args.out, "bench-skip", _config_of(args))
     config = preset(args.shape, **({"num_layers": args.layers} if args.layers else {}))
@@ -497,8 +497,8 @@ def cmd_bench_skip(args) -> Dict[str, Any]:
     half_attn = none.copy()
     half_attn[1:-1:2, 0] = True
     masks = {"no_skip": none, "every_other_mlp": half_mlp, "every_other_attention": half_attn}
-    dynamic = jax.jit(lambda p, t, c, m: _forward(p, t, c, config=config, skip_mask=m).logits)
-    plain = jax.jit(lambda p, t, c: _forward(p, t, c, config=config).logits)
+    dynamic = jax.jit(lambda p, t, c, m: forward(p, t, c, config=config, skip_mask=m).logits)
+    plain = jax.jit(lambda p, t, c: forward(p, t, c, config=config).logits)
     rows = []
     start = time.perf_counter()
     plain(params, tokens, cache).block_until_ready()
@@ -512,7 +512,7 @@ def cmd_bench_skip(args) -> Dict[str, Any]:
         t = median_time(lambda: dynamic(params, tokens, cache, jnp.asarray(mask)).block_until_ready(), args.repeats)
         rows.append({"variant": "dynamic (lax.cond)", "mask": name, "compile_s": first, "ms": t["median_s"] * 1e3})
         frozen = freeze_skip_mask(mask)
-        static = jax.jit(lambda p, t_, c, _m=frozen: _forward(p, t_, c, config=config, skip_mask=_m).logits)
+        static = jax.jit(lambda p, t_, c, _m=frozen: forward(p, t_, c, config=config, skip_mask=_m).logits)
         start = time.perf_counter()
         static(params, tokens, cache).block_until_ready()
         first = time.perf_counter() - start

@@ -247,14 +247,14 @@ def forward_times(model: Model, prefilled, mask, verify_rows: int, repeats: int 
     import jax
     import jax.numpy as jnp
 
-    from jaxspec.models.llama import _forward
+    from jaxspec.models.llama import forward
 
     config = model.config
     cache = prefilled[0]
     batch = cache.batch_size
     if config not in _FORWARDS:
-        _FORWARDS[config] = (jax.jit(lambda p, t, c, m: _forward(p, t, c, config=config, skip_mask=m).logits),
-                             jax.jit(lambda p, t, c: _forward(p, t, c, config=config).logits))
+        _FORWARDS[config] = (jax.jit(lambda p, t, c, m: forward(p, t, c, config=config, skip_mask=m).logits),
+                             jax.jit(lambda p, t, c: forward(p, t, c, config=config).logits))
     draft, verify = _FORWARDS[config]
     one = jnp.zeros((batch, 1), jnp.int32)
     rows = jnp.zeros((batch, max(int(verify_rows), 1)), jnp.int32)

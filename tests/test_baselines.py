@@ -15,7 +15,7 @@ from jaxspec.decoding.policies import SeparateDraft
 from jaxspec.decoding.sampling import SamplingConfig
 from jaxspec.decoding.speculative import EngineConfig, speculative_generate
 from jaxspec.models.cache import init_cache
-from jaxspec.models.llama import forward, init_params
+from jaxspec.models.llama import forward_jit, init_params
 from pallas_kernels.selection import select_top_k
 
 # 3 target layers: 0 and 1 are Quest's dense layers, 2 is paged. Every speculative run compiles its own loop
@@ -115,7 +115,7 @@ def test_snapkv_scores_and_selection_follow_rule(models):
     start = np.maximum(lengths - window, 0)
     window_tokens = tokens[np.arange(len(PROMPTS))[:, None], np.minimum(start[:, None] + np.arange(window),
                                                                          tokens.shape[1] - 1)]
-    out = forward(target, jnp.asarray(window_tokens), cache.with_lengths(jnp.asarray(start)), config=TARGET,
+    out = forward_jit(target, jnp.asarray(window_tokens), cache.with_lengths(jnp.asarray(start)), config=TARGET,
                   probe_heads=probe)
     probs = np.asarray(out.probes.history_probs, np.float64)  # [B, L * Hq, W, S]
     for row, n in enumerate(lengths):
@@ -236,7 +236,7 @@ def _rows_and_cache(params, config, seed=0):
 def test_quest_forward_dense_when_budget_covers(models):
     target, _ = models
     rows, cache = _rows_and_cache(target, TARGET)
-    dense = forward(target, rows, cache, config=TARGET)
+    dense = forward_jit(target, rows, cache, config=TARGET)
     quest = quest_forward(target, rows, cache, config=TARGET, budget=FULL)
     np.testing.assert_allclose(quest.logits, dense.logits, rtol=1e-5, atol=1e-5)
     for a, b in zip(quest.cache.keys + quest.cache.values, dense.cache.keys + dense.cache.values):
@@ -248,7 +248,7 @@ def test_quest_forward_dense_when_budget_covers(models):
 
 def test_quest_forward_single_head_equals_indexed_forward():
     """One layer, one head, one row: Quest's set is one index set, so the forward must equal
-    ``forward(verify_indices=<the numpy reference pages>)``."""
+    ``forward_jit(verify_indices=<the numpy reference pages>)``."""
     config = TARGET.replace(num_layers=1, num_heads=1, num_kv_heads=1)
     params = init_params(config, jax.random.PRNGKey(3), scale=0.3)
     tokens, lengths = pad_prompts(PROMPTS)
@@ -258,16 +258,16 @@ def test_quest_forward_single_head_equals_indexed_forward():
     budget = 48
     out = quest_forward(params, rows, cache, config=config, budget=budget, dense_layers=0)
     # the row's query, recomputed as the forward does (probe of head 0 of layer 0)
-    q = forward(params, rows, cache, config=config, probe_heads=((0, 0),)).probes.queries  # [B, 1, 1, D]
+    q = forward_jit(params, rows, cache, config=config, probe_heads=((0, 0),)).probes.queries  # [B, 1, 1, D]
     mask = np_quest_mask(np.asarray(q)[:, None], np.asarray(cache.keys[0]), lengths, budget, 16, 3)[:, 0, 0, 0]
     indices = np.full((len(PROMPTS), FULL), -1, np.int32)
     for b in range(len(PROMPTS)):
         chosen = np.nonzero(mask[b])[0]
         indices[b, :len(chosen)] = chosen
         assert len(set((chosen // 16).tolist())) == min(3, -(-lengths[b] // 16))  # 3 whole pages (or all)
-    reference = forward(params, rows, cache, config=config, verify_indices=jnp.asarray(indices))
+    reference = forward_jit(params, rows, cache, config=config, verify_indices=jnp.asarray(indices))
     np.testing.assert_allclose(out.logits, reference.logits, rtol=1e-5, atol=1e-5)
-    dense = forward(params, rows, cache, config=config)
+    dense = forward_jit(params, rows, cache, config=config)
     assert not np.allclose(out.logits[2], dense.logits[2], atol=1e-4)  # 90 history > 48: really sparse
 
 
@@ -325,16 +325,16 @@ def test_magicdec_draft_follows_rule(models, exact_first_step):
 
     cache = state.with_lengths(committed - 2)
     if exact_first_step:
-        cache = forward(draft, previous[:, None], cache, config=DRAFT, verify_indices=indices(cache)).cache
-        out = forward(draft, pending[:, None], cache, config=DRAFT, verify_indices=indices(cache))
+        cache = forward_jit(draft, previous[:, None], cache, config=DRAFT, verify_indices=indices(cache)).cache
+        out = forward_jit(draft, pending[:, None], cache, config=DRAFT, verify_indices=indices(cache))
     else:
-        out = forward(draft, jnp.stack([previous, pending], 1), cache, config=DRAFT, verify_indices=indices(cache))
-    dense_first = forward(draft, jnp.stack([previous, pending], 1), state.with_lengths(committed - 2), config=DRAFT)
+        out = forward_jit(draft, jnp.stack([previous, pending], 1), cache, config=DRAFT, verify_indices=indices(cache))
+    dense_first = forward_jit(draft, jnp.stack([previous, pending], 1), state.with_lengths(committed - 2), config=DRAFT)
     assert not np.allclose(out.logits[:, -1], dense_first.logits[:, -1], atol=1e-3)  # the window really restricts
     expected, cache, token = [], out.cache, jnp.argmax(out.logits[:, -1], -1).astype(jnp.int32)
     for _ in range(gamma):
         expected.append(np.asarray(token))
-        result = forward(draft, token[:, None], cache, config=DRAFT, verify_indices=indices(cache))
+        result = forward_jit(draft, token[:, None], cache, config=DRAFT, verify_indices=indices(cache))
         cache, token = result.cache, jnp.argmax(result.logits[:, 0], -1).astype(jnp.int32)
     np.testing.assert_array_equal(proposal.tokens, np.stack(expected, 1))
     np.testing.assert_array_equal(proposal.state.lengths, committed + gamma - 1)

@@ -12,7 +12,7 @@ import pytest
 
 from jaxspec.decoding import autoregressive
 from jaxspec.models.cache import CacheOverflowError, check_room, init_cache
-from jaxspec.models.llama import forward
+from jaxspec.models.llama import forward_jit
 
 from .conftest import TINY_VOCAB
 
@@ -25,7 +25,7 @@ def _tokens(seed, batch, length):
 
 
 def _run(model, tokens, cache, **kwargs):
-    return forward(model.params, tokens, cache, config=model.config, **kwargs)
+    return forward_jit(model.params, tokens, cache, config=model.config, **kwargs)
 
 
 @pytest.fixture(scope="module")

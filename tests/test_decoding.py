@@ -14,7 +14,7 @@ import pytest
 from jaxspec.decoding.autoregressive import PAD_OUTPUT, generate, pad_prompts
 from jaxspec.decoding.sampling import SamplingConfig, sample_token, sampling_probs
 from jaxspec.models.cache import init_cache
-from jaxspec.models.llama import forward
+from jaxspec.models.llama import forward_jit
 
 from .conftest import TINY_VOCAB
 
@@ -53,7 +53,7 @@ def _argmax_loop(model, prompt, num_tokens):
     for _ in range(num_tokens):
         padded = np.zeros((1, total), np.int32)
         padded[0, : len(sequence)] = sequence
-        logits = forward(model.params, jnp.asarray(padded), init_cache(model.config, 1, total),
+        logits = forward_jit(model.params, jnp.asarray(padded), init_cache(model.config, 1, total),
                          config=model.config).logits
         sequence.append(int(np.argmax(np.asarray(logits[0, len(sequence) - 1]))))
     return sequence[len(prompt):]

@@ -21,7 +21,7 @@ from jaxspec.dustin.search import (CalibrationRecords, DustinProfile, ProfileErr
                                    check_calibration_data, profile_pair, selection_arr, sweep_m)
 from jaxspec.dustin.srh import NeedleCase, identify_srh
 from jaxspec.models.cache import init_cache
-from jaxspec.models.llama import _forward, init_params
+from jaxspec.models.llama import forward, init_params
 
 TARGET = ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4, num_kv_heads=2,
                      head_dim=16, dtype="float32")
@@ -153,7 +153,7 @@ def test_arr_full_set_is_one_and_matches_bruteforce(models):
     rng = np.random.RandomState(2)
     lengths = np.array([150, 90])
     cache = init_cache(TARGET, 2, 200)
-    cache = _forward(params, jnp.asarray(rng.randint(0, 128, (2, 150))), cache, config=TARGET).cache
+    cache = forward(params, jnp.asarray(rng.randint(0, 128, (2, 150))), cache, config=TARGET).cache
     cache = cache.with_lengths(jnp.asarray(lengths))
     rows = jnp.asarray(rng.randint(0, 128, (2, 5)))
     everything = jnp.asarray(np.stack([np.r_[np.arange(n), -np.ones(150 - n, int)] for n in lengths]))
@@ -161,7 +161,7 @@ def test_arr_full_set_is_one_and_matches_bruteforce(models):
     subset = np.stack([np.r_[np.sort(rng.choice(n, 40, replace=False)), [-1, -1]] for n in lengths])
     got = np.asarray(round_arr(params, TARGET, rows, cache, jnp.asarray(subset)))
     # brute force: every head's attention from its probe query and the keys the forward wrote
-    out = _forward(params, rows, cache, config=TARGET, probe_heads=all_heads(TARGET))
+    out = forward(params, rows, cache, config=TARGET, probe_heads=all_heads(TARGET))
     queries = np.asarray(out.probes.queries)  # [B, L*H, T, D]
     expected = np.zeros(2)
     for b, n in enumerate(lengths):
@@ -334,7 +334,7 @@ def test_srh_identification(models):
     for row, (case, emitted) in enumerate(zip(cases[:2], result.generated[:2])):
         sequence = list(case.tokens) + emitted[:-1]
         sequences[row, :len(sequence)] = sequence
-    out = _forward(params, jnp.asarray(sequences), init_cache(TARGET, 2, 80), config=TARGET,
+    out = forward(params, jnp.asarray(sequences), init_cache(TARGET, 2, 80), config=TARGET,
                    probe_heads=all_heads(TARGET))
     for row, (case, emitted) in enumerate(zip(cases[:2], result.generated[:2])):
         queries = np.asarray(out.probes.queries)[row]
@@ -388,7 +388,7 @@ def test_dustin_budget_beyond_context_equals_dense(models, dense_run):
     sequences = np.zeros((3, in_cache.max()), np.int32)  # right-padded: padding never precedes a real token
     for row, prompt in enumerate(PROMPTS):
         sequences[row, :in_cache[row]] = (prompt + result.rows()[row])[:in_cache[row]]
-    fresh = _forward(target_params, jnp.asarray(sequences), init_cache(TARGET, 3, 256), config=TARGET,
+    fresh = forward(target_params, jnp.asarray(sequences), init_cache(TARGET, 3, 256), config=TARGET,
                      probe_heads=verify.probe_heads)
     expected = np.asarray(fresh.probes.queries)[np.arange(3), :, in_cache - 1]
     np.testing.assert_allclose(np.asarray(state.verify_state["query"]), expected, rtol=1e-4, atol=1e-4)
@@ -406,7 +406,7 @@ def test_dustin_sparse_end_to_end(models, dense_run):
     assert result.metrics["rounds"] > 0
     # the same round's indices through the policy API: k positions, sinks and window included
     cache = init_cache(TARGET, 1, 256)
-    cache = _forward(target_params, jnp.asarray([PROMPTS[0]]), cache, config=TARGET).cache
+    cache = forward(target_params, jnp.asarray([PROMPTS[0]]), cache, config=TARGET).cache
     state = verify.prefill(target_params, cache, np.asarray([PROMPTS[0]]), np.array([220]))
     signals = DraftSignals(queries=jnp.ones((1, 6, 3, DRAFT.head_dim)),
                            keys=(jnp.ones((1, 2, 256, DRAFT.head_dim)),) * 2)

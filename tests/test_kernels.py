@@ -7,7 +7,7 @@ import pytest
 
 from jaxspec.config import ModelConfig
 from jaxspec.models.cache import init_cache
-from jaxspec.models.llama import forward, init_params
+from jaxspec.models.llama import forward_jit, init_params
 from pallas_kernels.attention import (dense_history_partials, pack_queries, sparse_attention_fused,
                                       sparse_history_partials)
 from pallas_kernels.reference import (NEG_INF, clean_indices, dense_history_reference, merge_partials, normalize,
@@ -191,10 +191,10 @@ def test_model_pallas_backend_matches_xla(tiny, sparse):
     results = []
     for cfg in (config, pallas):
         cache = init_cache(cfg, 3, 128)
-        cache = forward(params, prompt, cache, config=cfg).cache.with_lengths(lengths)
+        cache = forward_jit(params, prompt, cache, config=cfg).cache.with_lengths(lengths)
         rows = jnp.asarray(rng.randint(0, 97, (3, 5)))
         indices = jnp.asarray(np.random.RandomState(1).randint(-3, 80, (3, 40))) if sparse else None
-        results.append(forward(params, jnp.asarray(np.random.RandomState(2).randint(0, 97, (3, 5))), cache,
+        results.append(forward_jit(params, jnp.asarray(np.random.RandomState(2).randint(0, 97, (3, 5))), cache,
                                config=cfg, verify_indices=indices, probe_heads=((1, 4),)))
     assert _rel(results[1].logits, results[0].logits) < 1e-5
     probs_x = np.asarray(results[0].probes.history_probs)
@@ -208,7 +208,7 @@ def test_pallas_backend_refuses_cpu_without_interpret(tiny):
         pytest.skip("on a GPU the compiled backend is valid")
     cache = init_cache(config, 1, 64)
     with pytest.raises(ValueError, match="needs a GPU"):
-        forward(params, jnp.zeros((1, 2), jnp.int32), cache, config=config.replace(attention_backend="pallas"))
+        forward_jit(params, jnp.zeros((1, 2), jnp.int32), cache, config=config.replace(attention_backend="pallas"))
     assert NEG_INF < -1e29
 
 

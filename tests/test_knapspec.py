@@ -15,7 +15,7 @@ from jaxspec.knapspec import dp, latency, planner
 from jaxspec.knapspec.policy import (KnapSpecConfig, KnapSpecDraft, KnapSpecSchedule, knapspec_generate,
                                      reference_window)
 from jaxspec.models.cache import init_cache
-from jaxspec.models.llama import forward, init_params
+from jaxspec.models.llama import forward_jit, init_params
 
 TINY = ModelConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=5, num_heads=4, num_kv_heads=2,
                    head_dim=16, dtype="float32")
@@ -225,7 +225,7 @@ def tiny_problem():
     batch, prompt, width = 2, 20, 8
     rng = np.random.RandomState(0)
     seq = rng.randint(0, TINY.vocab_size, (batch, prompt + width))
-    cache = forward(params, jnp.asarray(seq), init_cache(TINY, batch, 64), config=TINY).cache
+    cache = forward_jit(params, jnp.asarray(seq), init_cache(TINY, batch, 64), config=TINY).cache
     prefix = jnp.asarray([prompt, prompt - 3], jnp.int32)
     tokens = jnp.asarray(np.stack([seq[0, prompt:prompt + width], seq[1, prompt - 3:prompt - 3 + width]]))
     token_mask = np.ones((batch, width), np.float32)
@@ -237,7 +237,7 @@ def tiny_problem():
 def test_boundary_states_match_the_forward(tiny_problem):
     params, cache, prefix, tokens, _, states = tiny_problem
     assert states.shape == (2 * TINY.num_layers + 1, 2, 8, TINY.hidden_size)
-    out = forward(params, tokens, cache.with_lengths(prefix), config=TINY, return_hidden=True)
+    out = forward_jit(params, tokens, cache.with_lengths(prefix), config=TINY, return_hidden=True)
     np.testing.assert_allclose(np.asarray(states[-1]), np.asarray(out.hidden), rtol=1e-4, atol=1e-4)
 
 
@@ -276,11 +276,11 @@ def test_dp_candidates_are_realised_by_the_skip_forward(tiny_problem):
     assert cands.weights[0] == 0 and not cands.masks[0].any()
     assert cands.cosine[0] == pytest.approx(1.0, abs=1e-5) and cands.alpha[0] == 1.0
     mask = np.asarray(token_mask)
-    teacher = np.argmax(np.asarray(forward(params, tokens, cache.with_lengths(prefix), config=TINY).logits), -1)
+    teacher = np.argmax(np.asarray(forward_jit(params, tokens, cache.with_lengths(prefix), config=TINY).logits), -1)
     for c, skip in enumerate(cands.masks):
         assert not skip[0].any() and not skip[-1].any()
         assert 2 * skip[:, 0].sum() + skip[:, 1].sum() == cands.weights[c]
-        out = forward(params, tokens, cache.with_lengths(prefix), config=TINY, skip_mask=jnp.asarray(skip),
+        out = forward_jit(params, tokens, cache.with_lengths(prefix), config=TINY, skip_mask=jnp.asarray(skip),
                        return_hidden=True)
         np.testing.assert_allclose(cands.final_states[c], np.asarray(out.hidden), rtol=1e-4, atol=1e-4)
         cos = float(dp.cos_sum(out.hidden, states[-1], token_mask)) / mask.sum()
@@ -484,7 +484,7 @@ def test_draft_early_exit_and_fillers(spec_params, greedy):
     sampling = SamplingConfig() if greedy else SamplingConfig(temperature=1.0)
     batch, gamma = 3, 4
     prompts = np.random.RandomState(1).randint(0, 97, (batch, 12))
-    cache = forward(spec_params, jnp.asarray(prompts[:, :-1]), init_cache(SPEC_TARGET, batch, 32),
+    cache = forward_jit(spec_params, jnp.asarray(prompts[:, :-1]), init_cache(SPEC_TARGET, batch, 32),
                     config=SPEC_TARGET).cache
     pending, previous = jnp.asarray(prompts[:, -1]), jnp.asarray(prompts[:, -2])
     committed = jnp.full((batch,), 12, jnp.int32)

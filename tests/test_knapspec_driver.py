@@ -18,7 +18,7 @@ from jaxspec.knapspec import dp, latency
 from jaxspec.knapspec.planner import Plan
 from jaxspec.knapspec.policy import KnapSpecConfig, KnapSpecDraft, knapspec_generate
 from jaxspec.models.cache import init_cache
-from jaxspec.models.llama import forward, init_params
+from jaxspec.models.llama import forward_jit, init_params
 
 TARGET = ModelConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=5, num_heads=4, num_kv_heads=2,
                      head_dim=16, dtype="float32")
@@ -372,7 +372,7 @@ def test_clasp_static_and_ablations_equal_ar(params, ar_rows):
 def coupled_problem(params):
     batch, prompt, width = 2, 20, 8
     seq = np.random.RandomState(0).randint(0, TARGET.vocab_size, (batch, prompt + width))
-    cache = forward(params, jnp.asarray(seq), init_cache(TARGET, batch, 64), config=TARGET).cache
+    cache = forward_jit(params, jnp.asarray(seq), init_cache(TARGET, batch, 64), config=TARGET).cache
     prefix = jnp.asarray([prompt, prompt - 3], jnp.int32)
     tokens = jnp.asarray(np.stack([seq[0, prompt:prompt + width], seq[1, prompt - 3:prompt - 3 + width]]))
     token_mask = np.ones((batch, width), np.float32)
@@ -397,14 +397,14 @@ def test_coupled_dp_equals_python_loop_and_is_realised_by_the_forward(params, co
     if tau == float("-inf"):
         assert cands.weights.tolist() == [0, 1, 2, 3]
     mask_sum = float(np.asarray(token_mask).sum())
-    teacher = np.argmax(np.asarray(forward(params, tokens, cache.with_lengths(prefix), config=TARGET).logits), -1)
+    teacher = np.argmax(np.asarray(forward_jit(params, tokens, cache.with_lengths(prefix), config=TARGET).logits), -1)
     for c, j in enumerate(cands.weights):
         value, mask = ref[int(j)]
         np.testing.assert_array_equal(cands.masks[c], mask)
         assert cands.cosine[c] == pytest.approx(value, abs=1e-5)
         skip = cands.masks[c]
         assert (skip[:, 0] == skip[:, 1]).all() and skip[:, 0].sum() == j and not skip[0].any() and not skip[-1].any()
-        out = forward(params, tokens, cache.with_lengths(prefix), config=TARGET, skip_mask=jnp.asarray(skip),
+        out = forward_jit(params, tokens, cache.with_lengths(prefix), config=TARGET, skip_mask=jnp.asarray(skip),
                       return_hidden=True)
         cos = float(dp.cos_sum(out.hidden, states[-1], token_mask)) / mask_sum
         assert cos == pytest.approx(cands.cosine[c], abs=1e-5)
@@ -415,7 +415,7 @@ def test_coupled_dp_equals_python_loop_and_is_realised_by_the_forward(params, co
         for layers in itertools.combinations(range(1, TARGET.num_layers - 1), int(j)):
             trial = np.zeros((TARGET.num_layers, 2), bool)
             trial[list(layers), :] = True
-            h = forward(params, tokens, cache.with_lengths(prefix), config=TARGET, skip_mask=jnp.asarray(trial),
+            h = forward_jit(params, tokens, cache.with_lengths(prefix), config=TARGET, skip_mask=jnp.asarray(trial),
                         return_hidden=True).hidden
             best = max(best, float(dp.cos_sum(h, states[-1], token_mask)) / mask_sum)
         assert cands.cosine[c] <= best + 1e-5

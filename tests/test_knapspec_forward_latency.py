@@ -13,7 +13,7 @@ import pytest
 from jaxspec.config import ModelConfig
 from jaxspec.knapspec import latency
 from jaxspec.models.cache import init_cache
-from jaxspec.models.llama import forward, init_params
+from jaxspec.models.llama import forward_jit, init_params
 
 TINY = ModelConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=4, num_heads=4, num_kv_heads=2,
                    head_dim=16, dtype="float32", name="tiny-forward-fit")
@@ -178,7 +178,7 @@ def test_forward_profile_times_the_draft_forward_of_a_tiny_model():
     mask = jnp.asarray(latency.forward_skip_masks(3)["noattn"])
     cache = init_cache(config, 2, 32, lengths=jnp.full((2,), 20, jnp.int32))
     tokens = jnp.asarray([[5], [7]], jnp.int32)
-    want = jnp.argmax(forward(params, tokens, cache, config=config, skip_mask=mask).logits, axis=-1)
+    want = jnp.argmax(forward_jit(params, tokens, cache, config=config, skip_mask=mask).logits, axis=-1)
     got, cache = latency._forward_loop(params, cache, tokens, mask, config=config, steps=1)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
     assert np.asarray(cache.lengths).tolist() == [20, 20]

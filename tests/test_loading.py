@@ -20,7 +20,7 @@ import pytest
 
 from jaxspec.models import registry
 from jaxspec.models.cache import init_cache
-from jaxspec.models.llama import forward
+from jaxspec.models.llama import forward_jit
 from jaxspec.models.loading import (CheckpointError, LoadedModel, load_checkpoint, load_gguf, load_hf_folder,
                                     load_model, save_checkpoint)
 
@@ -48,7 +48,7 @@ def _state_dict(hf_model) -> dict:
 
 def _logits(params, config, tokens=TOKENS):
     cache = init_cache(config, tokens.shape[0], 16)
-    return np.asarray(forward(params, jnp.asarray(tokens), cache, config=config).logits)
+    return np.asarray(forward_jit(params, jnp.asarray(tokens), cache, config=config).logits)
 
 
 # ---------------------------------------------------------------------------- Hugging Face folder

@@ -17,7 +17,7 @@ import pytest
 
 from jaxspec.models import llama as llama_module
 from jaxspec.models.cache import init_cache
-from jaxspec.models.llama import forward, forward_static_skip
+from jaxspec.models.llama import forward_jit, forward_static_skip
 
 from .conftest import TINY_VOCAB
 
@@ -115,7 +115,7 @@ def setup(tiny_llama):
     rng = np.random.RandomState(0)
     history = jnp.asarray(rng.randint(0, TINY_VOCAB, size=(2, HISTORY)), jnp.int32)
     new_tokens = jnp.asarray(rng.randint(0, TINY_VOCAB, size=(2, NEW)), jnp.int32)
-    cache = forward(model.params, history, init_cache(model.config, 2, CAPACITY), config=model.config).cache
+    cache = forward_jit(model.params, history, init_cache(model.config, 2, CAPACITY), config=model.config).cache
     cache = cache.with_lengths(LENGTHS)
     positions = np.asarray(LENGTHS)[:, None] + np.arange(NEW)[None, :]
     return model, cache, new_tokens, positions
@@ -135,7 +135,7 @@ def _dense_mask(lengths=LENGTHS, capacity=CAPACITY):
 def test_reference_matches_dense_forward(setup):
     """Sanity check of the numpy reference itself against the plain forward."""
     model, cache, new_tokens, _ = setup
-    ours = forward(model.params, new_tokens, cache, config=model.config)
+    ours = forward_jit(model.params, new_tokens, cache, config=model.config)
     logits, _, _, _ = _reference(setup, _dense_mask())
     np.testing.assert_allclose(np.asarray(ours.logits), logits, rtol=RTOL, atol=ATOL)
 
@@ -174,12 +174,12 @@ def test_skip_mask_equals_removed_sublayers(setup, mode, mask_index):
     mask = SKIP_MASKS[mask_index]
     cache = _with_sentinel(cache)
     if mode == "dynamic":
-        out = forward(model.params, new_tokens, cache, config=model.config, skip_mask=jnp.asarray(mask))
+        out = forward_jit(model.params, new_tokens, cache, config=model.config, skip_mask=jnp.asarray(mask))
     else:
         out = forward_static_skip(model.params, new_tokens, cache, config=model.config, skip_mask=mask)
 
     # reference 1: zeroed output projections through the plain forward
-    zeroed = forward(_zeroed_params(model.params, mask), new_tokens, cache, config=model.config)
+    zeroed = forward_jit(_zeroed_params(model.params, mask), new_tokens, cache, config=model.config)
     np.testing.assert_allclose(np.asarray(out.logits), np.asarray(zeroed.logits), rtol=RTOL, atol=ATOL)
     # reference 2: the numpy forward with the sub-layers removed
     logits, _, _, new_keys = _reference(setup, _dense_mask(), skip=mask)
@@ -208,7 +208,7 @@ def test_dynamic_skip_mask_does_not_recompile(setup):
 
     def counted(params, tokens, cache, skip_mask):
         traces.append(1)
-        return llama_module._forward(params, tokens, cache, config=model.config, skip_mask=skip_mask).logits
+        return llama_module.forward(params, tokens, cache, config=model.config, skip_mask=skip_mask).logits
 
     counted_jit = jax.jit(counted)
     results = []
@@ -218,12 +218,12 @@ def test_dynamic_skip_mask_does_not_recompile(setup):
     assert not np.allclose(results[0], results[1])  # the masks did take effect
 
     # the library's own jitted forward: its compile cache does not grow with new masks
-    if hasattr(forward, "_cache_size"):
-        forward(model.params, new_tokens, cache, config=model.config, skip_mask=jnp.asarray(SKIP_MASKS[0]))
-        size = forward._cache_size()
+    if hasattr(forward_jit, "_cache_size"):
+        forward_jit(model.params, new_tokens, cache, config=model.config, skip_mask=jnp.asarray(SKIP_MASKS[0]))
+        size = forward_jit._cache_size()
         for mask in SKIP_MASKS[1:] + [np.ones((3, 2), bool)]:
-            forward(model.params, new_tokens, cache, config=model.config, skip_mask=jnp.asarray(mask))
-        assert forward._cache_size() == size
+            forward_jit(model.params, new_tokens, cache, config=model.config, skip_mask=jnp.asarray(mask))
+        assert forward_jit._cache_size() == size
         # while the static form compiles once per distinct mask (shows the counter can move)
         static_before = llama_module._forward_static._cache_size()
         for mask in SKIP_MASKS:
@@ -237,7 +237,7 @@ def test_skip_everything_gives_normed_embeddings(setup, mode):
     config = model.config
     mask = np.ones((config.num_layers, 2), bool)
     if mode == "dynamic":
-        out = forward(model.params, new_tokens, cache, config=config, skip_mask=jnp.asarray(mask))
+        out = forward_jit(model.params, new_tokens, cache, config=config, skip_mask=jnp.asarray(mask))
     else:
         out = forward_static_skip(model.params, new_tokens, cache, config=config, skip_mask=mask)
     p = _np_tree(model.params)
@@ -249,7 +249,7 @@ def test_skip_everything_gives_normed_embeddings(setup, mode):
 def test_skip_mask_wrong_shape_raises(setup):
     model, cache, new_tokens, _ = setup
     with pytest.raises(ValueError, match=r"skip_mask shape"):
-        forward(model.params, new_tokens, cache, config=model.config, skip_mask=jnp.zeros((2, 2), bool))
+        forward_jit(model.params, new_tokens, cache, config=model.config, skip_mask=jnp.zeros((2, 2), bool))
 
 
 # ---------------------------------------------------------------------------- verify_indices
@@ -259,9 +259,9 @@ def _padded(rows, width):
 
 def test_verify_all_valid_positions_equals_dense(setup):
     model, cache, new_tokens, _ = setup
-    dense = forward(model.params, new_tokens, cache, config=model.config)
+    dense = forward_jit(model.params, new_tokens, cache, config=model.config)
     indices = _padded([range(LENGTHS[0]), range(LENGTHS[1])], 12)
-    sparse = forward(model.params, new_tokens, cache, config=model.config, verify_indices=indices)
+    sparse = forward_jit(model.params, new_tokens, cache, config=model.config, verify_indices=indices)
     np.testing.assert_allclose(np.asarray(sparse.logits), np.asarray(dense.logits), rtol=RTOL, atol=ATOL)
     for layer in range(model.config.num_layers):  # the new tokens are still written to the cache
         np.testing.assert_allclose(np.asarray(sparse.cache.keys[layer]), np.asarray(dense.cache.keys[layer]),
@@ -281,7 +281,7 @@ def _subset_mask(rows=SUBSET):
 def test_verify_subset_equals_masked_reference(setup):
     model, cache, new_tokens, _ = setup
     indices = _padded(SUBSET, 4)
-    out = forward(model.params, new_tokens, cache, config=model.config, verify_indices=indices)
+    out = forward_jit(model.params, new_tokens, cache, config=model.config, verify_indices=indices)
     logits, _, _, _ = _reference(setup, _subset_mask())
     np.testing.assert_allclose(np.asarray(out.logits), logits, rtol=RTOL, atol=ATOL)
     dense_logits, _, _, _ = _reference(setup, _dense_mask())
@@ -294,8 +294,8 @@ def test_verify_ignores_padded_out_of_range_and_duplicate_indices(setup):
     # 3 and 5 repeated. Row 1 (length 9): 9 and 14 stale, -7 negative, 8 repeated.
     messy = jnp.asarray([[3, -1, 5, 3, 40, 11, 12, 0, 5, 15],
                          [8, 9, -7, 1, 14, 8, 2, -1, 8, 1]], jnp.int32)
-    out = forward(model.params, new_tokens, cache, config=model.config, verify_indices=messy)
-    clean = forward(model.params, new_tokens, cache, config=model.config, verify_indices=_padded(SUBSET, 4))
+    out = forward_jit(model.params, new_tokens, cache, config=model.config, verify_indices=messy)
+    clean = forward_jit(model.params, new_tokens, cache, config=model.config, verify_indices=_padded(SUBSET, 4))
     np.testing.assert_allclose(np.asarray(out.logits), np.asarray(clean.logits), rtol=RTOL, atol=ATOL)
     logits, _, _, _ = _reference(setup, _subset_mask())
     np.testing.assert_allclose(np.asarray(out.logits), logits, rtol=RTOL, atol=ATOL)
@@ -307,7 +307,7 @@ PROBES = ((0, 1), (2, 3), (1, 0), (2, 2))
 
 def test_probe_queries_and_history_probs_match_reference(setup):
     model, cache, new_tokens, _ = setup
-    out = forward(model.params, new_tokens, cache, config=model.config, probe_heads=PROBES)
+    out = forward_jit(model.params, new_tokens, cache, config=model.config, probe_heads=PROBES)
     _, queries, probs, _ = _reference(setup, _dense_mask())
     assert out.probes.queries.shape == (2, len(PROBES), NEW, model.config.head_dim)
     assert out.probes.history_probs.shape == (2, len(PROBES), NEW, CAPACITY)
@@ -325,7 +325,7 @@ def test_probe_queries_and_history_probs_match_reference(setup):
 def test_probe_history_probs_with_verify_indices(setup):
     model, cache, new_tokens, _ = setup
     indices = jnp.asarray([[3, -1, 5, 3, 40, 11, 12, 0], [8, 9, -7, 1, 14, 8, 2, -1]], jnp.int32)
-    out = forward(model.params, new_tokens, cache, config=model.config, probe_heads=PROBES,
+    out = forward_jit(model.params, new_tokens, cache, config=model.config, probe_heads=PROBES,
                   verify_indices=indices)
     assert out.probes.history_probs.shape == (2, len(PROBES), NEW, indices.shape[1])
     _, _, probs, _ = _reference(setup, _subset_mask())
@@ -343,4 +343,4 @@ def test_probe_history_probs_with_verify_indices(setup):
 def test_probe_head_out_of_range_raises(setup, bad):
     model, cache, new_tokens, _ = setup
     with pytest.raises(ValueError, match="out of range"):
-        forward(model.params, new_tokens, cache, config=model.config, probe_heads=((0, 0), bad))
+        forward_jit(model.params, new_tokens, cache, config=model.config, probe_heads=((0, 0), bad))

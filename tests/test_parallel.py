@@ -42,7 +42,7 @@ def _worker() -> dict:  # runs in the subprocess
     from jaxspec.decoding.policies import SelfDraft, SeparateDraft, parse_skip_spec
     from jaxspec.decoding.speculative import EngineConfig, speculative_generate
     from jaxspec.models.cache import init_cache
-    from jaxspec.models.llama import forward, init_params
+    from jaxspec.models.llama import forward_jit, init_params
     from jaxspec.parallel import make_mesh, shard_cache, shard_params, use_mesh
     from pallas_kernels.selection import select_top_k
 
@@ -65,8 +65,8 @@ def _worker() -> dict:  # runs in the subprocess
     self_state = self_policy.initial_state(parse_skip_spec("mlp:1", target.num_layers))
 
     def forward_pair(p, cache, config=target):
-        first = forward(p, tokens, cache, config=config)
-        second = forward(p, step_tokens, first.cache, config=config, verify_indices=indices)
+        first = forward_jit(p, tokens, cache, config=config)
+        second = forward_jit(p, step_tokens, first.cache, config=config, verify_indices=indices)
         return first, second
 
     # single-device references
@@ -88,7 +88,7 @@ def _worker() -> dict:  # runs in the subprocess
     prefix_len = jnp.full((8,), 6, jnp.int32)
 
     def run_dp(p, cache):
-        cache = forward(p, dp_prefix, cache, config=dp_config).cache
+        cache = forward_jit(p, dp_prefix, cache, config=dp_config).cache
         states = boundary_states(p, dp_config, dp_tokens, cache, prefix_len)
         return knapsack_dp(p, dp_config, cache, prefix_len, states, w_attn=1, w_mlp=1)
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from jaxspec.models.cache import init_cache
-from jaxspec.models.llama import forward
+from jaxspec.models.llama import forward_jit
 
 from .conftest import TINY_FAMILIES, TINY_VOCAB, max_rel_error
 
@@ -38,7 +38,7 @@ def test_prefill_logits_match_transformers(tiny_models, family):
     model = tiny_models[family]
     tokens = _tokens(1, 24)
     cache = init_cache(model.config, BATCH, CAPACITY)
-    ours = forward(model.params, jnp.asarray(tokens), cache, config=model.config)
+    ours = forward_jit(model.params, jnp.asarray(tokens), cache, config=model.config)
     reference = model.hf_logits(tokens)
     assert ours.logits.shape == reference.shape == (BATCH, 24, TINY_VOCAB)
     assert max_rel_error(ours.logits, reference) <= TOLERANCE
@@ -49,12 +49,12 @@ def _decode_through_cache(model, tokens, prefill_len, positions=None):
     """Prefill ``prefill_len`` tokens then feed the rest one at a time; per-step last logits ``[B, V]``."""
     cache = init_cache(model.config, tokens.shape[0], CAPACITY)
     kwargs = {} if positions is None else {"positions": jnp.asarray(positions[:, :prefill_len])}
-    out = forward(model.params, jnp.asarray(tokens[:, :prefill_len]), cache, config=model.config, **kwargs)
+    out = forward_jit(model.params, jnp.asarray(tokens[:, :prefill_len]), cache, config=model.config, **kwargs)
     cache = out.cache
     steps = []
     for t in range(prefill_len, tokens.shape[1]):
         kwargs = {} if positions is None else {"positions": jnp.asarray(positions[:, t:t + 1])}
-        out = forward(model.params, jnp.asarray(tokens[:, t:t + 1]), cache, config=model.config, **kwargs)
+        out = forward_jit(model.params, jnp.asarray(tokens[:, t:t + 1]), cache, config=model.config, **kwargs)
         cache = out.cache
         steps.append(np.asarray(out.logits[:, 0]))
     assert np.asarray(cache.lengths).tolist() == [tokens.shape[1]] * tokens.shape[0]
@@ -81,12 +81,12 @@ def test_llama31_rope_scaling_at_large_positions(tiny_llama31):
     positions = _large_positions(24)
     reference = model.hf_logits(tokens, position_ids=positions)
     cache = init_cache(model.config, BATCH, CAPACITY)
-    ours = forward(model.params, jnp.asarray(tokens), cache, config=model.config, positions=jnp.asarray(positions))
+    ours = forward_jit(model.params, jnp.asarray(tokens), cache, config=model.config, positions=jnp.asarray(positions))
     assert max_rel_error(ours.logits, reference) <= TOLERANCE
 
     # Control: the same forward without the llama3 scaling must be clearly wrong, or this test proves nothing.
     unscaled_config = model.config.replace(rope_scaling=None)
-    unscaled = forward(model.params, jnp.asarray(tokens), cache, config=unscaled_config,
+    unscaled = forward_jit(model.params, jnp.asarray(tokens), cache, config=unscaled_config,
                        positions=jnp.asarray(positions))
     assert max_rel_error(unscaled.logits, reference) > 1e-3
 
@@ -130,7 +130,7 @@ def _real_model_parity(name: str, num_tokens: int):
     with torch.no_grad():
         reference = hf(input_ids=torch.as_tensor(tokens, dtype=torch.long)).logits.float().numpy()
     cache = init_cache(ours.config, 1, len(prompt_ids) + 8)
-    logits = forward(ours.params, jnp.asarray(tokens), cache, config=ours.config).logits
+    logits = forward_jit(ours.params, jnp.asarray(tokens), cache, config=ours.config).logits
     assert logits.shape == reference.shape
     err = max_rel_error(logits, reference)
     assert err <= TOLERANCE, f"{name} prefill logits rel err {err:.2e}"

@@ -12,7 +12,7 @@ from jaxspec.decoding.sampling import SamplingConfig, sampling_probs
 from jaxspec.decoding.speculative import (EngineConfig, acceptance_from_tau, check_compatible,
                                           rejection_accept, speculative_generate)
 from jaxspec.models.cache import CacheOverflowError, init_cache
-from jaxspec.models.llama import _forward, init_params
+from jaxspec.models.llama import forward, init_params
 
 TARGET = ModelConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=4, num_heads=4, num_kv_heads=2,
                      head_dim=16, dtype="float32")
@@ -65,7 +65,7 @@ def test_rollback_leaves_caches_equal_to_never_drafting(models):
         for params, config, cache, valid in ((target_params, TARGET, state.target_cache, committed[row] - 1),
                                              (draft_params, DRAFT, state.draft_state, committed[row] - 2)):
             fresh = init_cache(config, 1, 128)
-            fresh = _forward(params, jnp.asarray([sequence[:valid]]), fresh, config=config).cache
+            fresh = forward(params, jnp.asarray([sequence[:valid]]), fresh, config=config).cache
             for layer in range(config.num_layers):
                 np.testing.assert_allclose(np.asarray(cache.keys[layer][row, :, :valid]),
                                            np.asarray(fresh.keys[layer][0, :, :valid]), rtol=1e-4, atol=1e-5)
@@ -137,7 +137,7 @@ def test_sampled_speculative_decoding_matches_target_end_to_end():
     np.add.at(counts, (tokens[:, 0], tokens[:, 1], tokens[:, 2]), 1)
     prefixes = np.array([[*prompt, a, b] for a in range(5) for b in range(5)])
     cache = init_cache(config, len(prefixes), 16)
-    logits = np.asarray(_forward(params, jnp.asarray(prefixes), cache, config=config).logits)
+    logits = np.asarray(forward(params, jnp.asarray(prefixes), cache, config=config).logits)
     probs = np.asarray(jax.nn.softmax(jnp.asarray(logits), axis=-1))
     for t1 in range(5):
         n = counts[t1].sum()

@@ -21,7 +21,7 @@ Engine / model changes these baselines would need to be exact *and* run in the s
 
 1. Quest: a verify-forward hook in ``speculative._verify_phase`` -- if the verify policy defines
    ``verify_forward(target_params, rows, cache, committed, signals, *, config, state)``, call it
-   instead of ``_forward(..., verify_indices=...)`` (``QuestVerify.verify_forward`` has that
+   instead of ``forward(..., verify_indices=...)`` (``QuestVerify.verify_forward`` has that
    signature). Then ``quest_speculative_generate`` (which re-uses the engine's private
    ``_draft_phase`` / ``_commit_phase`` / ``LoopState`` / ``init_draft_counts`` and so must track
    their signatures) can go, and Quest gets mesh, profile and the verify hooks for free.

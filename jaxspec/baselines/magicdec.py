@@ -38,12 +38,12 @@ import jax.numpy as jnp
 from jaxspec.baselines.streaming import _check, streaming_indices
 from jaxspec.config import ModelConfig
 from jaxspec.decoding.policies import Proposal, SeparateDraft, _draft_loop
-from jaxspec.models.llama import _forward
+from jaxspec.models.llama import forward
 
 
 def _streaming_forward(params, tokens, cache, *, config, sinks, window, skip_mask=None):
     indices = streaming_indices(cache.lengths, sinks=sinks, window=window)
-    return _forward(params, tokens, cache, config=config, verify_indices=indices, skip_mask=skip_mask)
+    return forward(params, tokens, cache, config=config, verify_indices=indices, skip_mask=skip_mask)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -43,7 +43,7 @@ settings; its ``verify_indices`` raises, so it cannot silently run dense in the 
 Engine change that would let Quest (and any per-layer method) run in ``speculative_generate``
 itself: in ``_verify_phase``, if the verify policy defines
 ``verify_forward(target_params, rows, cache, committed, signals, *, config, state)``, call it
-instead of ``_forward(..., verify_indices=...)`` (``QuestVerify.verify_forward`` already has
+instead of ``forward(..., verify_indices=...)`` (``QuestVerify.verify_forward`` already has
 that signature).
 """
 

@@ -46,7 +46,7 @@ import numpy as np
 from jaxspec.config import ModelConfig
 from jaxspec.decoding.autoregressive import prefill
 from jaxspec.models.cache import KVCache, init_cache
-from jaxspec.models.llama import _forward
+from jaxspec.models.llama import forward
 from pallas_kernels.selection import select_top_k
 
 
@@ -81,7 +81,7 @@ def _window_scores_fn(params, tokens, cache: KVCache, prompt_lengths, *, config:
     probe = tuple((layer, head) for layer in range(config.num_layers) for head in range(heads))
     # re-run the window over the prefix cache: its queries (post-RoPE) and, in the returned cache,
     # the window's own keys at positions start .. start + W - 1
-    out = _forward(params, win_tokens, cache.with_lengths(start), config=config, probe_heads=probe)
+    out = forward(params, win_tokens, cache.with_lengths(start), config=config, probe_heads=probe)
     queries = out.probes.queries  # [B, L * Hq, W, D] float32
     capacity = cache.capacity
     key_pos = jnp.arange(capacity, dtype=jnp.int32)

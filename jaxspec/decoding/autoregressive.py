@@ -19,7 +19,7 @@ import numpy as np
 from jaxspec.config import ModelConfig
 from jaxspec.decoding.sampling import SamplingConfig, sample_token
 from jaxspec.models.cache import KVCache, check_room, init_cache
-from jaxspec.models.llama import _forward
+from jaxspec.models.llama import forward
 from jaxspec.parallel.sharding import ACTIVATION_AXES, constrain, resolve_placement, use_mesh
 
 PAD_OUTPUT = -1  # marks positions after a row stopped
@@ -80,7 +80,7 @@ def _prefill_chunk_fn(params, tokens, cache, last_index, *, config):
     """One prefill chunk; returns the new cache and the logits at ``last_index [B]`` (clipped)."""
     steps = tokens.shape[1]
     where = jnp.clip(last_index, 0, steps - 1)[:, None]
-    out = _forward(params, tokens, cache, config=config, output_positions=where)
+    out = forward(params, tokens, cache, config=config, output_positions=where)
     return out.cache, out.logits[:, 0]
 
 
@@ -130,7 +130,7 @@ def _decode_loop_fn(params, cache, first_logits, key, *, config, sampling, max_n
 
     def body(state):
         step, cache, out, token, done, key = state
-        result = _forward(params, token[:, None], cache, config=config)
+        result = forward(params, token[:, None], cache, config=config)
         key, sub = jax.random.split(key)
         new = sample_token(result.logits[:, 0], sub, sampling)
         new = jnp.where(done, PAD_OUTPUT, new)

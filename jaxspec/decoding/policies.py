@@ -51,7 +51,7 @@ import numpy as np
 from jaxspec.config import ModelConfig
 from jaxspec.decoding.sampling import SamplingConfig, sample_token, sampling_probs
 from jaxspec.models.cache import KVCache, init_cache
-from jaxspec.models.llama import _forward
+from jaxspec.models.llama import forward
 from jaxspec.parallel.sharding import placement_of
 
 
@@ -111,10 +111,10 @@ class SeparateDraft:
 
     def propose(self, draft_params, state, target_cache, pending, previous, committed, *, gamma, sampling, key):
         cache = state.with_lengths(committed - 2)
-        out = _forward(draft_params, jnp.stack([previous, pending], axis=1), cache, config=self.config)
+        out = forward(draft_params, jnp.stack([previous, pending], axis=1), cache, config=self.config)
 
         def step(cache, token):
-            result = _forward(draft_params, token[:, None], cache, config=self.config)
+            result = forward(draft_params, token[:, None], cache, config=self.config)
             return result.logits[:, 0], result.cache
 
         tokens, probs, cache = _draft_loop(step, out.logits[:, 1], out.cache, gamma, sampling, key)
@@ -142,10 +142,10 @@ class SelfDraft:
     def propose(self, draft_params, state, target_cache, pending, previous, committed, *, gamma, sampling, key):
         mask = state["skip_mask"]
         cache = target_cache.with_lengths(committed - 1)
-        out = _forward(draft_params, pending[:, None], cache, config=self.config, skip_mask=mask)
+        out = forward(draft_params, pending[:, None], cache, config=self.config, skip_mask=mask)
 
         def step(cache, token):
-            result = _forward(draft_params, token[:, None], cache, config=self.config, skip_mask=mask)
+            result = forward(draft_params, token[:, None], cache, config=self.config, skip_mask=mask)
             return result.logits[:, 0], result.cache
 
         tokens, probs, cache = _draft_loop(step, out.logits[:, 0], out.cache, gamma, sampling, key)

@@ -39,7 +39,7 @@ from jaxspec.decoding.autoregressive import PAD_OUTPUT, pad_prompts, prefill, ru
 from jaxspec.decoding.policies import DenseVerify, Proposal
 from jaxspec.decoding.sampling import SamplingConfig, sample_token, sampling_probs
 from jaxspec.models.cache import KVCache, check_room, init_cache
-from jaxspec.models.llama import _forward
+from jaxspec.models.llama import forward
 from jaxspec.parallel.sharding import (ACTIVATION_AXES, CACHE_LENGTHS_AXES, constrain, mesh_of, resolve_placement,
                                        shard_params, use_mesh)
 
@@ -161,7 +161,7 @@ def _verify_phase(target_params, target_cache, verify_state, committed, pending,
     cache = target_cache.with_lengths(committed - 1)
     rows = jnp.concatenate([pending[:, None], draft_tokens], axis=1)
     # a verify policy may ask for probe outputs of the verification (e.g. Dustin's target signal)
-    result = _forward(target_params, rows, cache, config=target_config, verify_indices=indices,
+    result = forward(target_params, rows, cache, config=target_config, verify_indices=indices,
                       probe_heads=tuple(getattr(verify_policy, "probe_heads", ())))
     return result.logits, result.cache, result.probes
 

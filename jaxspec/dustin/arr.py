@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from jaxspec.config import ModelConfig
 from jaxspec.dustin.selection import indices_to_mask
 from jaxspec.models.cache import KVCache
-from jaxspec.models.llama import _forward
+from jaxspec.models.llama import forward
 
 
 def all_heads(config: ModelConfig) -> Tuple[Tuple[int, int], ...]:
@@ -50,7 +50,7 @@ def recall_of_indices(weights: jax.Array, indices: jax.Array) -> jax.Array:
 
 
 def _round_weights_fn(params, rows, cache, *, config):
-    out = _forward(params, rows, cache, config=config, probe_heads=all_heads(config))
+    out = forward(params, rows, cache, config=config, probe_heads=all_heads(config))
     return recall_weights(out.probes.history_probs, cache.lengths), out
 
 

@@ -37,7 +37,7 @@ from jaxspec.decoding.policies import Proposal, SelfDraft, SeparateDraft, _draft
 from jaxspec.dustin.config import DustinConfig
 from jaxspec.dustin.selection import select_for_config
 from jaxspec.dustin.signals import DraftSignals, draft_signal, target_signal
-from jaxspec.models.llama import _forward
+from jaxspec.models.llama import forward
 
 
 def _probe_heads(layers, heads) -> Tuple[Tuple[int, int], ...]:
@@ -88,11 +88,11 @@ class DustinDraft(SeparateDraft):
             return super().propose(draft_params, state, target_cache, pending, previous, committed, gamma=gamma,
                                    sampling=sampling, key=key)
         cache = state.with_lengths(committed - 2)
-        first = _forward(draft_params, jnp.stack([previous, pending], axis=1), cache, config=self.config,
+        first = forward(draft_params, jnp.stack([previous, pending], axis=1), cache, config=self.config,
                          probe_heads=probe)
 
         def step_forward(cache, token):
-            return _forward(draft_params, token[:, None], cache, config=self.config, probe_heads=probe)
+            return forward(draft_params, token[:, None], cache, config=self.config, probe_heads=probe)
 
         tokens, probs, cache, queries = _drafting_queries(first, step_forward, 1, first.cache, gamma, sampling, key)
         signals = DraftSignals(queries=queries, keys=tuple(cache.keys[layer] for layer in self.layers))
@@ -124,10 +124,10 @@ class DustinSelfDraft(SelfDraft):
                                    sampling=sampling, key=key)
         mask = state["skip_mask"]
         cache = target_cache.with_lengths(committed - 1)
-        first = _forward(draft_params, pending[:, None], cache, config=self.config, skip_mask=mask, probe_heads=probe)
+        first = forward(draft_params, pending[:, None], cache, config=self.config, skip_mask=mask, probe_heads=probe)
 
         def step_forward(cache, token):
-            return _forward(draft_params, token[:, None], cache, config=self.config, skip_mask=mask,
+            return forward(draft_params, token[:, None], cache, config=self.config, skip_mask=mask,
                             probe_heads=probe)
 
         tokens, probs, cache, queries = _drafting_queries(first, step_forward, 0, first.cache, gamma, sampling, key)
@@ -136,7 +136,7 @@ class DustinSelfDraft(SelfDraft):
 
 
 def _last_prompt_query_fn(params, tokens, cache, *, config, probe_heads):
-    return _forward(params, tokens, cache, config=config, probe_heads=probe_heads).probes.queries[:, :, 0]
+    return forward(params, tokens, cache, config=config, probe_heads=probe_heads).probes.queries[:, :, 0]
 
 
 _last_prompt_query = jax.jit(_last_prompt_query_fn, static_argnames=("config", "probe_heads"))

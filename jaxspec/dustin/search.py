@@ -47,7 +47,7 @@ from jaxspec.dustin.policy import DustinDraft, DustinSelfDraft, _last_prompt_que
 from jaxspec.dustin.selection import select_verify_indices
 from jaxspec.dustin.signals import _fit_width, head_scores, target_signal
 from jaxspec.models.cache import init_cache
-from jaxspec.models.llama import _forward
+from jaxspec.models.llama import forward
 
 PROFILE_FORMAT = 1
 
@@ -91,7 +91,7 @@ def _calibration_round_fn(target_params, draft_params, state, *, target_config, 
     lengths = state.committed - 1
     cache = proposal.target_cache.with_lengths(lengths)
     rows = jnp.concatenate([state.pending[:, None], proposal.tokens], axis=1)
-    out = _forward(target_params, rows, cache, config=target_config, probe_heads=all_heads(target_config))
+    out = forward(target_params, rows, cache, config=target_config, probe_heads=all_heads(target_config))
     weights = recall_weights(out.probes.history_probs, lengths)
     num_heads = target_config.num_heads
     query = state.verify_state["query"]  # [B, L*H, D]: every head of the last committed token

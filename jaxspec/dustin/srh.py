@@ -25,7 +25,7 @@ from jaxspec.config import ModelConfig
 from jaxspec.decoding.autoregressive import pad_prompts, prefill
 from jaxspec.dustin.arr import all_heads
 from jaxspec.models.cache import init_cache
-from jaxspec.models.llama import _forward
+from jaxspec.models.llama import forward
 
 COUNT_MODES = ("answer", "needle")
 
@@ -105,7 +105,7 @@ def _needle_decode_fn(params, first, cache, span_mask, skip_mask, *, config, ste
 
     def body(carry, _):
         cache, token = carry
-        out = _forward(params, token[:, None], cache, config=config, probe_heads=heads, skip_mask=skip_mask)
+        out = forward(params, token[:, None], cache, config=config, probe_heads=heads, skip_mask=skip_mask)
         probs = out.probes.history_probs[:, :, 0, :]  # [B, L*H, S]
         mass = jnp.sum(jnp.where(span_mask[:, None, :], probs, 0.0), axis=-1)
         nxt = jnp.argmax(out.logits[:, 0], axis=-1).astype(jnp.int32)

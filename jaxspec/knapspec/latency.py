@@ -37,7 +37,7 @@ Two ways to measure (``method``, the profile's ``method`` field):
   call per sub-layer. Launch-bound on a GPU at small batch (every call pays a dispatch the real
   decode loop does not) and blind to what a whole forward costs beyond the sum of its parts.
 * ``"forward"`` (:func:`profile_latency_forward`): whole forwards of the real model in the form
-  the engine runs them -- ``_forward`` with the KnapSpec draft's dynamic skip mask, several
+  the engine runs them -- ``forward`` with the KnapSpec draft's dynamic skip mask, several
   steps inside one jitted ``fori_loop`` carrying the (donated) cache, so per-step cost is that
   of a step inside the decode loop, not of a host dispatch. At each profiled context ``n``:
   ``T_full(n)`` (no sub-layer skipped), ``T_noattn(n)`` (every skippable Attention skipped:
@@ -457,13 +457,13 @@ def fit_forward(contexts: Sequence[float], full: Sequence[float], noattn: Sequen
 def _forward_loop_fn(params, cache, tokens, mask, *, config, steps):
     """``steps`` forwards of ``tokens`` rows at the cache's current lengths (every step writes
     the same slots), each fed the previous step's greedy tokens so the steps run in order."""
-    from jaxspec.models.llama import _forward
+    from jaxspec.models.llama import forward
 
     start = cache.lengths
 
     def body(_, carry):
         cache, tokens = carry
-        out = _forward(params, tokens, cache.with_lengths(start), config=config, skip_mask=mask)
+        out = forward(params, tokens, cache.with_lengths(start), config=config, skip_mask=mask)
         return out.cache.with_lengths(start), jnp.argmax(out.logits, axis=-1).astype(jnp.int32)
 
     cache, tokens = jax.lax.fori_loop(0, steps, body, (cache, tokens))

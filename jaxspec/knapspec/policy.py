@@ -94,7 +94,7 @@ from jaxspec.knapspec.dp import (DEFAULT_TAU, WEIGHT_CAP, Candidates, boundary_s
 from jaxspec.knapspec.latency import LatencyModel, effective_context
 from jaxspec.knapspec.planner import GAMMA_GRID, Plan, choose_plan
 from jaxspec.models.cache import check_room, init_cache
-from jaxspec.models.llama import _forward
+from jaxspec.models.llama import forward
 
 #: ``gamma_cap`` meaning "no cap" (the engine's gamma)
 NO_GAMMA_CAP = 2 ** 30
@@ -142,7 +142,7 @@ class KnapSpecDraft:
         limit = jnp.clip(state.get("gamma_cap", gamma), 1, gamma)  # the planned gamma (dynamic: no recompile)
         threshold = -1.0 if self.early_exit is None else float(self.early_exit)
         cache = target_cache.with_lengths(committed - 1)
-        out = _forward(draft_params, pending[:, None], cache, config=self.config, skip_mask=mask)
+        out = forward(draft_params, pending[:, None], cache, config=self.config, skip_mask=mask)
         keys = jax.random.split(key, gamma)
         logits = out.logits[:, 0]
         first = sample_token(logits, keys[0], sampling)
@@ -159,7 +159,7 @@ class KnapSpecDraft:
         def body(carry):
             i, cache, tokens, probs, confident = carry
             last = jax.lax.dynamic_index_in_dim(tokens, i - 1, axis=1, keepdims=False)
-            result = _forward(draft_params, last[:, None], cache, config=self.config, skip_mask=mask)
+            result = forward(draft_params, last[:, None], cache, config=self.config, skip_mask=mask)
             logits = result.logits[:, 0]
             token = sample_token(logits, keys[i], sampling)
             tokens = jax.lax.dynamic_update_index_in_dim(tokens, token, i, axis=1)
@@ -467,7 +467,7 @@ def _ar_interval_fn(params, state: LoopState, num_steps, *, config: ModelConfig,
     Returns (state, tokens committed [B])."""
     batch = state.pending.shape[0]
     active = ~state.done
-    first = _forward(params, state.pending[:, None], state.target_cache.with_lengths(state.committed - 1),
+    first = forward(params, state.pending[:, None], state.target_cache.with_lengths(state.committed - 1),
                      config=config)
     logits = first.logits[:, 0]
     if engine.stop_tokens:  # finished rows emit a stop token at once, so the loop can end early (dropped anyway)

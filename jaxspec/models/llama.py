@@ -298,7 +298,7 @@ def _validate_static(config: ModelConfig, skip_mask, probe_heads):
             raise ValueError(f"skip_mask shape {shape}; expected ({config.num_layers}, 2) = (layers, [attn, mlp])")
 
 
-def _forward(params, tokens, cache: KVCache, *, config: ModelConfig, skip_mask=None, verify_indices=None,
+def forward(params, tokens, cache: KVCache, *, config: ModelConfig, skip_mask=None, verify_indices=None,
              probe_heads: ProbeHeads = (), positions=None, output_positions=None, return_hidden: bool = False):
     _validate_static(config, skip_mask, probe_heads)
     if tokens.ndim != 2:
@@ -377,8 +377,8 @@ def _assemble_probes(probe_q, probe_p, probe_heads, batch, steps, config, verify
     return Probes(queries=jnp.stack(qs, axis=1), history_probs=jnp.stack(ps, axis=1))
 
 
-forward = jax.jit(_forward, static_argnames=("config", "probe_heads", "return_hidden"))
-forward.__doc__ = __doc__
+forward_jit = jax.jit(forward, static_argnames=("config", "probe_heads", "return_hidden"))
+forward_jit.__doc__ = "The jitted form of :func:`forward` (config, probe_heads and return_hidden are static)."
 
 
 def freeze_skip_mask(mask) -> Tuple[Tuple[bool, bool], ...]:
@@ -391,7 +391,7 @@ def forward_static_skip(params, tokens, cache, *, config, skip_mask, **kwargs):
     return _forward_static(params, tokens, cache, config=config, skip_mask=freeze_skip_mask(skip_mask), **kwargs)
 
 
-_forward_static = jax.jit(_forward, static_argnames=("config", "probe_heads", "return_hidden", "skip_mask"))
+_forward_static = jax.jit(forward, static_argnames=("config", "probe_heads", "return_hidden", "skip_mask"))
 
 
 def param_bytes(params) -> int:
