@@ -572,13 +572,13 @@ class QualityRunner:
         return {"cache": cache, "draft_cache": dcache, "logits": logits, "tokens": base["tokens"] + list(tokens)}
 
     def _last_query(self, base, probe):
-        from jaxspec.dustin.policy import _last_prompt_query
+        from jaxspec.dustin.policy import last_prompt_query
 
         _, jnp = _jax()
         n = len(base["tokens"])
         if not probe:
             return jnp.zeros((1, 0, self.tcfg.head_dim), jnp.float32)
-        return _last_prompt_query(self.target.params, jnp.asarray([[base["tokens"][-1]]], jnp.int32),
+        return last_prompt_query(self.target.params, jnp.asarray([[base["tokens"][-1]]], jnp.int32),
                                   base["cache"].with_lengths(jnp.asarray([n - 1], jnp.int32)), config=self.tcfg,
                                   probe_heads=probe)
 
@@ -778,13 +778,13 @@ class QualityRunner:
 def _select_from_scores(method_name, budget, dustin, query, target_keys, committed, draft_scores, snap, *, probe_t,
                         probe_d, target_qpk, draft_qpk, capacity, max_generated):
     """``_select`` with the draft signal given as per-(layer, head) scores ``[P_D, S]`` (perplexity)."""
-    from jaxspec.dustin.signals import _fit_width
+    from jaxspec.dustin.signals import fit_width
 
     _, jnp = _jax()
 
     def draft_scores_of(cfg, history):
         rows = jnp.asarray(_draft_rows(cfg, probe_d))
-        return _fit_width(jnp.sum(draft_scores[rows], axis=0)[None], capacity)
+        return fit_width(jnp.sum(draft_scores[rows], axis=0)[None], capacity)
 
     return _select_with(method_name, budget, dustin, query, target_keys, committed, snap, draft_scores_of,
                         probe_t=probe_t, target_qpk=target_qpk, max_generated=max_generated)
@@ -906,9 +906,9 @@ def cmd_dustin_quality(args) -> Dict[str, Any]:
                            "draft": profile.draft.get("name"),
                            "configs": {str(b): c.to_dict() for b, c in sorted(profile.configs.items())},
                            "calibration_data": profile.data, "evaluation_haystack_disjoint": True})
-    from jaxspec.data.tasks import _Tokenizer
+    from jaxspec.data.tasks import TextCodec
 
-    tok = _Tokenizer(target.tokenizer)
+    tok = TextCodec(target.tokenizer)
     started = time.perf_counter()
     compiled_for = None  # the context length the live executables were compiled for
     for number, task in enumerate(items, 1):

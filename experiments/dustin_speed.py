@@ -182,7 +182,7 @@ def _measure_point(*, args, context, batch, holder, target_config, draft_config,
     from experiments.kernels import loop_time
     from experiments.trace import trace_or_error
     from jaxspec.baselines.magicdec import MagicDecDraft
-    from jaxspec.decoding.autoregressive import _decode_loop
+    from jaxspec.decoding.autoregressive import decode_loop
     from jaxspec.decoding.policies import DenseVerify, SeparateDraft
     from jaxspec.decoding.sampling import SamplingConfig
     from jaxspec.decoding.speculative import loop_state_from_caches, profile_phases, summarize
@@ -198,7 +198,7 @@ def _measure_point(*, args, context, batch, holder, target_config, draft_config,
                              "cache_fill": "random K/V up to the context (random weights; no prefill)"}
     # ---- AR
     logits = jax.random.normal(jax.random.PRNGKey(4), (batch, target_config.vocab_size), jnp.float32)
-    ar = _decode_loop.lower(target_params, holder["cache"], logits, jax.random.PRNGKey(5),
+    ar = decode_loop.lower(target_params, holder["cache"], logits, jax.random.PRNGKey(5),
                             config=target_config, sampling=SamplingConfig(), max_new_tokens=args.new_tokens,
                             stop_tokens=()).compile()
 

@@ -426,7 +426,7 @@ def cmd_bench_decode(args) -> Dict[str, Any]:
     import jax.numpy as jnp
 
     from jaxspec.config import preset
-    from jaxspec.decoding.autoregressive import _decode_loop
+    from jaxspec.decoding.autoregressive import decode_loop
     from jaxspec.decoding.sampling import SamplingConfig
     from jaxspec.models.cache import random_cache
     from jaxspec.models.llama import init_params, param_bytes
@@ -448,7 +448,7 @@ def cmd_bench_decode(args) -> Dict[str, Any]:
             cache = random_cache(config, batch, context + args.new_tokens + 64, context, seed=1)
             logits = jax.random.normal(jax.random.PRNGKey(2), (batch, config.vocab_size), jnp.float32)
             compile_start = time.perf_counter()
-            compiled = _decode_loop.lower(params, cache, logits, jax.random.PRNGKey(3), config=config,
+            compiled = decode_loop.lower(params, cache, logits, jax.random.PRNGKey(3), config=config,
                                           sampling=SamplingConfig(), max_new_tokens=args.new_tokens,
                                           stop_tokens=()).compile()
             compile_s = time.perf_counter() - compile_start

@@ -224,13 +224,13 @@ def ar_run(model: Model, prefilled, max_new_tokens: int) -> Dict[str, Any]:
     """Greedy autoregressive decoding from a copy of the prefilled cache (compiled beforehand)."""
     import jax
 
-    from jaxspec.decoding.autoregressive import _decode_loop
+    from jaxspec.decoding.autoregressive import decode_loop
     from jaxspec.decoding.sampling import SamplingConfig
 
     cache, logits = _copy(prefilled)
     jax.block_until_ready(cache)
     start = time.perf_counter()
-    out, _ = _decode_loop(model.params, cache, logits, jax.random.PRNGKey(0), config=model.config,
+    out, _ = decode_loop(model.params, cache, logits, jax.random.PRNGKey(0), config=model.config,
                           sampling=SamplingConfig(), max_new_tokens=max_new_tokens, stop_tokens=())
     out = np.asarray(out)
     decode_s = time.perf_counter() - start

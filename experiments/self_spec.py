@@ -124,10 +124,10 @@ def validate(args) -> None:
 def default_profile_path(config, batch: int, fit: str = "isolated") -> pathlib.Path:
     """``<cache>/latency/<config>-<digest>-b<batch>-<device>-<fit>.json`` (an isolated profile
     saved before the fit method was in the name is still found)."""
-    from jaxspec.knapspec.latency import _config_fields, device_name
+    from jaxspec.knapspec.latency import config_fields, device_name
     from jaxspec.models.registry import cache_dir
 
-    digest = hashlib.sha1(json.dumps(_config_fields(config), sort_keys=True).encode()).hexdigest()[:10]
+    digest = hashlib.sha1(json.dumps(config_fields(config), sort_keys=True).encode()).hexdigest()[:10]
     device = "".join(c if c.isalnum() else "-" for c in device_name())
     stem = f"{config.name}-{digest}-b{batch}-{device}"
     path = cache_dir() / "latency" / f"{stem}-{fit}.json"

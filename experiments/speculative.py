@@ -76,7 +76,7 @@ def cmd_bench_sd(args) -> Dict[str, Any]:
     import jax.numpy as jnp
 
     from jaxspec.config import preset
-    from jaxspec.decoding.autoregressive import _decode_loop
+    from jaxspec.decoding.autoregressive import decode_loop
     from jaxspec.decoding.policies import DenseVerify, SelfDraft, SeparateDraft, parse_skip_spec
     from jaxspec.decoding.sampling import SamplingConfig
     from jaxspec.decoding.speculative import (EngineConfig, acceptance_from_tau, loop_state_from_caches,
@@ -118,7 +118,7 @@ def cmd_bench_sd(args) -> Dict[str, Any]:
 
             # autoregressive, same cache buffers
             start = time.perf_counter()
-            ar = _decode_loop.lower(target_params, holder["cache"], logits, jax.random.PRNGKey(5),
+            ar = decode_loop.lower(target_params, holder["cache"], logits, jax.random.PRNGKey(5),
                                     config=target_config, sampling=SamplingConfig(), max_new_tokens=args.new_tokens,
                                     stop_tokens=()).compile()
             ar_compile = time.perf_counter() - start

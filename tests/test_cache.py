@@ -157,7 +157,7 @@ def test_generate_beyond_capacity_raises_before_any_work(llama, monkeypatch):
 
     monkeypatch.setattr(autoregressive, "init_cache", forbidden)
     monkeypatch.setattr(autoregressive, "prefill", forbidden)
-    monkeypatch.setattr(autoregressive, "_decode_loop", forbidden)
+    monkeypatch.setattr(autoregressive, "decode_loop", forbidden)
     prompts = [[1, 2, 3], list(range(3, 18))]  # longest prompt 15 tokens
     with pytest.raises(CacheOverflowError) as info:
         autoregressive.generate(llama.params, llama.config, prompts, max_new_tokens=10, capacity=20)

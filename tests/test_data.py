@@ -70,7 +70,7 @@ class ChunkTokenizer(WordTokenizer):
 
 
 def _encode(tokenizer, text):
-    return tasks._Tokenizer(tokenizer).encode(text)
+    return tasks.TextCodec(tokenizer).encode(text)
 
 
 _WORDS = ("river meadow lantern harbour willow granite orchard velvet ember thistle cobalt saffron "
@@ -106,7 +106,7 @@ def tokenizer(request):
 def _span_text(tokenizer, task: Task) -> str:
     ids = _encode(tokenizer, task.prompt)
     start, end = task.needle_span
-    return tasks._Tokenizer(tokenizer).decode(ids[start:end])
+    return tasks.TextCodec(tokenizer).decode(ids[start:end])
 
 
 def _allowed_deficit(task: Task, tokenizer) -> float:
@@ -154,7 +154,7 @@ def test_needle_span_decodes_to_needle(kind, depth, tokenizer, haystack):
     if isinstance(tokenizer, ChunkTokenizer) or kind == "kv_retrieval":
         assert task.needle in decoded  # a chunk may straddle the needle's edge
         ids = _encode(tokenizer, task.prompt)
-        tok = tasks._Tokenizer(tokenizer)
+        tok = tasks.TextCodec(tokenizer)
         assert task.needle not in tok.decode(ids[start + 1:end])  # minimal on the left
         assert task.needle not in tok.decode(ids[start:end - 1])  # and on the right
     else:

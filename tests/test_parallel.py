@@ -164,7 +164,7 @@ def _worker() -> dict:  # runs in the subprocess
         record(shape, "generate(mesh=...) places params", rows == reference["ar"], "", time.perf_counter() - start)
 
         start = time.perf_counter()
-        counts = collectives(forward.lower(sharded, step_tokens, second.cache, config=target).compile().as_text())
+        counts = collectives(forward_jit.lower(sharded, step_tokens, second.cache, config=target).compile().as_text())
         record(shape, "forward: no all-gather (cache never gathered)", counts["all-gather"] == 0, counts,
                time.perf_counter() - start)
 
@@ -172,7 +172,7 @@ def _worker() -> dict:  # runs in the subprocess
         kernels = target.replace(attention_backend="pallas-interpret")
         with use_mesh(mesh):
             kernel_first, kernel_second = forward_pair(sharded, cache, config=kernels)
-            counts = collectives(forward.lower(sharded, step_tokens, kernel_first.cache,
+            counts = collectives(forward_jit.lower(sharded, step_tokens, kernel_first.cache,
                                                config=kernels).compile().as_text())
         diff = max(max_diff(kernel_first.logits, ref_first.logits), max_diff(kernel_second.logits, ref_second.logits))
         record(shape, "pallas-interpret forward in shard_map (dense + sparse)", diff < 1e-4 and

@@ -19,11 +19,11 @@ length, and equals the whole history when the budget covers it.
 Engine / model changes these baselines would need to be exact *and* run in the stock engine
 (none made here; the engine files belong to another change):
 
-1. Quest: a verify-forward hook in ``speculative._verify_phase`` -- if the verify policy defines
+1. Quest: a verify-forward hook in ``speculative.verify_phase`` -- if the verify policy defines
    ``verify_forward(target_params, rows, cache, committed, signals, *, config, state)``, call it
    instead of ``forward(..., verify_indices=...)`` (``QuestVerify.verify_forward`` has that
    signature). Then ``quest_speculative_generate`` (which re-uses the engine's private
-   ``_draft_phase`` / ``_commit_phase`` / ``LoopState`` / ``init_draft_counts`` and so must track
+   ``draft_phase`` / ``commit_phase`` / ``LoopState`` / ``init_draft_counts`` and so must track
    their signatures) can go, and Quest gets mesh, profile and the verify hooks for free.
    ``verify_indices [L, B, K]`` (per layer) would not be enough: Quest's set is per query head
    and per verified row.

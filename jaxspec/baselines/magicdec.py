@@ -35,9 +35,9 @@ import dataclasses
 
 import jax.numpy as jnp
 
-from jaxspec.baselines.streaming import _check, streaming_indices
+from jaxspec.baselines.streaming import check_sinks_window, streaming_indices
 from jaxspec.config import ModelConfig
-from jaxspec.decoding.policies import Proposal, SeparateDraft, _draft_loop
+from jaxspec.decoding.policies import Proposal, SeparateDraft, draft_loop
 from jaxspec.models.llama import forward
 
 
@@ -57,7 +57,7 @@ class MagicDecDraft:
     name: str = "magicdec"
 
     def __post_init__(self):
-        _check(self.sinks, self.window)
+        check_sinks_window(self.sinks, self.window)
 
     @property
     def budget(self) -> int:
@@ -82,7 +82,7 @@ class MagicDecDraft:
             result = _streaming_forward(draft_params, token[:, None], cache, **fwd)
             return result.logits[:, 0], result.cache
 
-        tokens, probs, cache = _draft_loop(step, first_logits, out.cache, gamma, sampling, key)
+        tokens, probs, cache = draft_loop(step, first_logits, out.cache, gamma, sampling, key)
         return Proposal(tokens, probs, cache, target_cache)
 
 
@@ -100,7 +100,7 @@ class MagicDecSelfDraft:
     name: str = "magicdec-self"
 
     def __post_init__(self):
-        _check(self.sinks, self.window)
+        check_sinks_window(self.sinks, self.window)
 
     @property
     def budget(self) -> int:
@@ -126,5 +126,5 @@ class MagicDecSelfDraft:
             result = _streaming_forward(draft_params, token[:, None], cache, **fwd)
             return result.logits[:, 0], result.cache
 
-        tokens, probs, cache = _draft_loop(step, out.logits[:, 0], out.cache, gamma, sampling, key)
+        tokens, probs, cache = draft_loop(step, out.logits[:, 0], out.cache, gamma, sampling, key)
         return Proposal(tokens, probs, state, cache)

@@ -36,12 +36,12 @@ not Quest's speed: a paged sparse kernel reading only the bounds and the selecte
 be needed for timings.
 
 :func:`quest_speculative_generate` runs the engine's rounds with this verification: the engine's
-own draft and commit phases (``speculative._draft_phase`` / ``_commit_phase``) around
+own draft and commit phases (``speculative.draft_phase`` / ``commit_phase``) around
 :func:`quest_verify_forward`, in one jitted ``while_loop``. :class:`QuestVerify` carries the
 settings; its ``verify_indices`` raises, so it cannot silently run dense in the stock engine.
 
 Engine change that would let Quest (and any per-layer method) run in ``speculative_generate``
-itself: in ``_verify_phase``, if the verify policy defines
+itself: in ``verify_phase``, if the verify policy defines
 ``verify_forward(target_params, rows, cache, committed, signals, *, config, state)``, call it
 instead of ``forward(..., verify_indices=...)`` (``QuestVerify.verify_forward`` already has
 that signature).
@@ -224,14 +224,14 @@ class QuestVerify:
 
 # ---------------------------------------------------------------------------- engine rounds
 def _round(target_params, draft_params, state, *, target_config, draft_policy, verify_policy, engine):
-    proposal, key = speculative._draft_phase(
+    proposal, key = speculative.draft_phase(
         target_params, draft_params, state.draft_state, state.target_cache, state.pending, state.previous,
         state.committed, state.key, target_config=target_config, draft_policy=draft_policy, engine=engine)
     cache = proposal.target_cache.with_lengths(state.committed - 1)
     rows = jnp.concatenate([state.pending[:, None], proposal.tokens], axis=1)
     result = verify_policy.verify_forward(target_params, rows, cache, state.committed, proposal.signals,
                                           config=target_config, state=state.verify_state)
-    return speculative._commit_phase(state, proposal, result.logits, result.cache, key, engine=engine)
+    return speculative.commit_phase(state, proposal, result.logits, result.cache, key, engine=engine)
 
 
 def _loop_fn(target_params, draft_params, state, *, target_config, draft_policy, verify_policy, engine):

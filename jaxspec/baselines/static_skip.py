@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.config import ModelConfig
-from jaxspec.knapspec.latency import LatencyModel, _config_fields, effective_context
+from jaxspec.knapspec.latency import LatencyModel, config_fields, effective_context
 
 FORMAT_VERSION = 1
 
@@ -63,7 +63,7 @@ class StaticSkipPlan:
             return cls.from_json(f.read())
 
     def matches(self, config: ModelConfig) -> bool:
-        return self.config == _config_fields(config)
+        return self.config == config_fields(config)
 
     def summary(self) -> Dict[str, Any]:
         mask = np.asarray(self.mask, bool)
@@ -114,7 +114,7 @@ def calibrate_static_skip(target_params, config: ModelConfig, calibration_tokens
     source = {"calibration_tokens": int(len(tokens)), "reference_tokens": reference_tokens, "context_n": n,
               "planner": getattr(planner, "name", type(planner).__name__), "weights": list(weights),
               "candidates": len(candidates) if candidates is not None else 0, "plan": plan.summary()}
-    return StaticSkipPlan(mask=np.asarray(plan.mask, bool), gamma=gamma, config=_config_fields(config), source=source)
+    return StaticSkipPlan(mask=np.asarray(plan.mask, bool), gamma=gamma, config=config_fields(config), source=source)
 
 
 def load_or_calibrate(path, target_params, config: ModelConfig, calibration_tokens: Sequence[int], **kwargs):

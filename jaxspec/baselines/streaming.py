@@ -25,14 +25,14 @@ import jax
 import jax.numpy as jnp
 
 
-def _check(sinks: int, window: int) -> None:
+def check_sinks_window(sinks: int, window: int) -> None:
     if sinks < 0 or window < 0 or sinks + window < 1:
         raise ValueError(f"sinks={sinks}, window={window}: both must be >= 0 and the budget sinks + window >= 1")
 
 
 def streaming_indices(lengths: jax.Array, *, sinks: int, window: int) -> jax.Array:
     """Sinks + window history positions ``[B, sinks + window]`` for rows of ``lengths [B]`` valid positions."""
-    _check(sinks, window)
+    check_sinks_window(sinks, window)
     budget = sinks + window
     n = jnp.asarray(lengths, jnp.int32)[:, None]
     slot = jnp.arange(budget, dtype=jnp.int32)[None, :]
@@ -52,7 +52,7 @@ class StreamingVerify:
     name: str = "streaming"
 
     def __post_init__(self):
-        _check(self.sinks, self.window)
+        check_sinks_window(self.sinks, self.window)
 
     @property
     def budget(self) -> int:

@@ -111,11 +111,11 @@ _MIN_DISJOINT_CHARS = 64  # paragraphs at least this long must not occur in both
 
 
 # ---------------------------------------------------------------------------- tokenizer
-class _Tokenizer:
+class TextCodec:
     """Uniform ``encode(text) -> list[int]`` / ``decode(ids) -> str`` over many kinds."""
 
     def __init__(self, tokenizer: Any) -> None:
-        if isinstance(tokenizer, _Tokenizer):
+        if isinstance(tokenizer, TextCodec):
             tokenizer = tokenizer.inner
         if not (callable(getattr(tokenizer, "encode", None)) or callable(tokenizer)) or not callable(
                 getattr(tokenizer, "decode", None)):
@@ -187,7 +187,7 @@ def needle_token_span(
     needle's closing quote merges with the following comma); tokens holding only
     surrounding text are not. Pass ``ids`` if ``encode(text)`` is already at hand.
     """
-    tok = _Tokenizer(tokenizer)
+    tok = TextCodec(tokenizer)
     if not 0 <= char_start < char_end <= len(text):
         raise ValueError(f"bad character span [{char_start}, {char_end}) for a text of {len(text)} characters")
     ids = list(ids) if ids is not None else tok.encode(text)
@@ -476,7 +476,7 @@ def _build_text_task(
     ``draw_content`` is called with the task's content stream until its answer does not
     occur in the haystack window (the answer must come from the needle only).
     """
-    tok = _Tokenizer(tokenizer)
+    tok = TextCodec(tokenizer)
     texts = _as_texts(haystack_texts, kind)
     _check_common(context_tokens, depth)
     content_rng = _rng(seed, f"{kind}/content")
@@ -555,7 +555,7 @@ def _first_cut(cuts: Sequence[int], chars: float) -> int:
 
 
 def _finish(
-    tok: _Tokenizer, kind: str, prompt: str, ids: list[int], char_start: int, needle: str, question: str,
+    tok: TextCodec, kind: str, prompt: str, ids: list[int], char_start: int, needle: str, question: str,
     answer: str, context_tokens: int, depth: float, seed: int, fingerprint: str,
 ) -> dict:
     char_end = char_start + len(needle)
@@ -663,7 +663,7 @@ def make_kv_retrieval(
     most ``LENGTH_TOLERANCE`` or one JSON line, whichever is more.
     """
     del haystack_texts
-    tok = _Tokenizer(tokenizer)
+    tok = TextCodec(tokenizer)
     _check_common(context_tokens, depth)
     rng = _rng(seed, "kv_retrieval/pairs")
     pairs: list[tuple[str, str]] = []
@@ -921,7 +921,7 @@ class TaskSuite:
 
     def check(self, tokenizer: Any) -> None:
         """Re-tokenize every prompt; raise if a token count or needle span is off."""
-        tok = _Tokenizer(tokenizer)
+        tok = TextCodec(tokenizer)
         for task in self.tasks:
             ids = tok.encode(task.prompt)
             if len(ids) != task.prompt_tokens:

@@ -112,7 +112,7 @@ def prefill(params, config: ModelConfig, tokens: np.ndarray, prompt_lengths: np.
     return cache.with_lengths(start_lengths + jnp.asarray(prompt_lengths, jnp.int32)), last_logits
 
 
-def _decode_loop_fn(params, cache, first_logits, key, *, config, sampling, max_new_tokens, stop_tokens, limit=None):
+def decode_loop_fn(params, cache, first_logits, key, *, config, sampling, max_new_tokens, stop_tokens, limit=None):
     """``max_new_tokens`` (static) sizes the output; ``limit`` (traced, optional) stops after that
     many tokens (fewer than the buffer: one compiled loop serves every length up to it)."""
     batch = cache.batch_size
@@ -143,7 +143,7 @@ def _decode_loop_fn(params, cache, first_logits, key, *, config, sampling, max_n
     return out, cache
 
 
-_decode_loop = jax.jit(_decode_loop_fn, static_argnames=("config", "sampling", "max_new_tokens", "stop_tokens"),
+decode_loop = jax.jit(decode_loop_fn, static_argnames=("config", "sampling", "max_new_tokens", "stop_tokens"),
                        donate_argnames=("cache",))
 
 
@@ -181,7 +181,7 @@ def generate(params, config: ModelConfig, prompts: Sequence[Sequence[int]], max_
         first_logits.block_until_ready()
         timings["prefill_s"] = time.perf_counter() - start
         start = time.perf_counter()
-        out, _ = _decode_loop(params, cache, first_logits, jax.random.PRNGKey(seed), config=config,
+        out, _ = decode_loop(params, cache, first_logits, jax.random.PRNGKey(seed), config=config,
                               sampling=sampling, max_new_tokens=max_new_tokens, stop_tokens=stop_tokens)
         out = np.asarray(out)
         timings["decode_s"] = time.perf_counter() - start

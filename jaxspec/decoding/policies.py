@@ -66,7 +66,7 @@ class Proposal(NamedTuple):
     num_drafted: Optional[jax.Array] = None
 
 
-def _draft_loop(step_fn, first_logits, state, gamma: int, sampling: SamplingConfig, key):
+def draft_loop(step_fn, first_logits, state, gamma: int, sampling: SamplingConfig, key):
     """Sample ``gamma`` tokens: ``first_logits [B, V]`` gives token 1; ``step_fn(state, token)``
     returns (logits, state) for each next one."""
     keys = jax.random.split(key, gamma)
@@ -117,7 +117,7 @@ class SeparateDraft:
             result = forward(draft_params, token[:, None], cache, config=self.config)
             return result.logits[:, 0], result.cache
 
-        tokens, probs, cache = _draft_loop(step, out.logits[:, 1], out.cache, gamma, sampling, key)
+        tokens, probs, cache = draft_loop(step, out.logits[:, 1], out.cache, gamma, sampling, key)
         return Proposal(tokens, probs, cache, target_cache)
 
 
@@ -148,7 +148,7 @@ class SelfDraft:
             result = forward(draft_params, token[:, None], cache, config=self.config, skip_mask=mask)
             return result.logits[:, 0], result.cache
 
-        tokens, probs, cache = _draft_loop(step, out.logits[:, 0], out.cache, gamma, sampling, key)
+        tokens, probs, cache = draft_loop(step, out.logits[:, 0], out.cache, gamma, sampling, key)
         return Proposal(tokens, probs, state, cache)
 
 

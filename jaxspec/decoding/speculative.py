@@ -147,7 +147,7 @@ def init_draft_counts(gamma: int) -> Dict[str, jax.Array]:
     return {"drafted_histogram": jnp.zeros((gamma + 1,), jnp.int32), "attempts": jnp.zeros((gamma,), jnp.int32)}
 
 
-def _draft_phase(target_params, draft_params, draft_state, target_cache, pending, previous, committed, key, *,
+def draft_phase(target_params, draft_params, draft_state, target_cache, pending, previous, committed, key, *,
                  target_config, draft_policy, engine):
     key, sub = jax.random.split(key)
     proposal = draft_policy.propose(draft_params, draft_state, target_cache, pending, previous, committed,
@@ -155,7 +155,7 @@ def _draft_phase(target_params, draft_params, draft_state, target_cache, pending
     return proposal, key
 
 
-def _verify_phase(target_params, target_cache, verify_state, committed, pending, draft_tokens, signals, *,
+def verify_phase(target_params, target_cache, verify_state, committed, pending, draft_tokens, signals, *,
                   target_config, verify_policy, engine):
     indices = verify_policy.verify_indices(verify_state, target_cache, committed, signals)
     cache = target_cache.with_lengths(committed - 1)
@@ -166,7 +166,7 @@ def _verify_phase(target_params, target_cache, verify_state, committed, pending,
     return result.logits, result.cache, result.probes
 
 
-def _commit_phase(state: LoopState, proposal: Proposal, target_logits, target_cache, key, *, engine):
+def commit_phase(state: LoopState, proposal: Proposal, target_logits, target_cache, key, *, engine):
     gamma = engine.gamma
     num_drafted = proposal.num_drafted  # None: every row drafted gamma tokens
     key, k_accept, k_fixed = jax.random.split(key, 3)
@@ -221,17 +221,17 @@ def _commit_phase(state: LoopState, proposal: Proposal, target_logits, target_ca
 
 
 def _round(target_params, draft_params, state, *, target_config, draft_policy, verify_policy, engine):
-    proposal, key = _draft_phase(target_params, draft_params, state.draft_state, state.target_cache, state.pending,
+    proposal, key = draft_phase(target_params, draft_params, state.draft_state, state.target_cache, state.pending,
                                  state.previous, state.committed, state.key, target_config=target_config,
                                  draft_policy=draft_policy, engine=engine)
-    logits, cache, probes = _verify_phase(target_params, proposal.target_cache, state.verify_state, state.committed,
+    logits, cache, probes = verify_phase(target_params, proposal.target_cache, state.verify_state, state.committed,
                                           state.pending, proposal.tokens, proposal.signals,
                                           target_config=target_config, verify_policy=verify_policy, engine=engine)
-    new = _commit_phase(state, proposal, logits, cache, key, engine=engine)
-    return _update_verify_state(state, new, probes, verify_policy=verify_policy)
+    new = commit_phase(state, proposal, logits, cache, key, engine=engine)
+    return update_verify_state(state, new, probes, verify_policy=verify_policy)
 
 
-def _update_verify_state(before: LoopState, after: LoopState, probes, *, verify_policy):
+def update_verify_state(before: LoopState, after: LoopState, probes, *, verify_policy):
     """Optional hook: ``verify_policy.update(verify_state, probes, num_committed [B], committed [B])``
     -> the next ``verify_state`` (``num_committed``: tokens committed this round, 0 for finished
     rows; verification row ``num_committed - 1`` is the last token now in the target cache)."""
@@ -264,12 +264,12 @@ def _loop_fn(target_params, draft_params, state, max_rounds=None, *, target_conf
 _STATIC = ("target_config", "draft_policy", "verify_policy", "engine")
 _loop = jax.jit(_loop_fn, static_argnames=_STATIC, donate_argnames=("state",))
 # per-phase versions for profiling: the caches are donated, as inside the fused loop, so no phase pays for a copy
-_draft_jit = jax.jit(_draft_phase, static_argnames=("target_config", "draft_policy", "engine"),
+_draft_jit = jax.jit(draft_phase, static_argnames=("target_config", "draft_policy", "engine"),
                      donate_argnames=("draft_state", "target_cache"))
-_verify_jit = jax.jit(_verify_phase, static_argnames=("target_config", "verify_policy", "engine"),
+_verify_jit = jax.jit(verify_phase, static_argnames=("target_config", "verify_policy", "engine"),
                       donate_argnames=("target_cache",))
-_commit_jit = jax.jit(_commit_phase, static_argnames=("engine",), donate_argnames=("proposal", "target_cache"))
-_update_jit = jax.jit(_update_verify_state, static_argnames=("verify_policy",), donate_argnames=("after",))
+_commit_jit = jax.jit(commit_phase, static_argnames=("engine",), donate_argnames=("proposal", "target_cache"))
+_update_jit = jax.jit(update_verify_state, static_argnames=("verify_policy",), donate_argnames=("after",))
 
 
 def loop_state_from_caches(target_cache: KVCache, draft_state, pending, previous, engine: EngineConfig, seed: int = 0,

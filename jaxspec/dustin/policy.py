@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.config import ModelConfig
-from jaxspec.decoding.policies import Proposal, SelfDraft, SeparateDraft, _draft_loop
+from jaxspec.decoding.policies import Proposal, SelfDraft, SeparateDraft, draft_loop
 from jaxspec.dustin.config import DustinConfig
 from jaxspec.dustin.selection import select_for_config
 from jaxspec.dustin.signals import DraftSignals, draft_signal, target_signal
@@ -60,7 +60,7 @@ def _drafting_queries(first, step_forward, first_logits_row, cache, gamma, sampl
         buffer = jax.lax.dynamic_update_slice(buffer, result.probes.queries[:, :, :1], (0, 0, index, 0))
         return result.logits[:, 0], (result.cache, buffer, index + 1)
 
-    tokens, probs, (cache, buffer, _) = _draft_loop(step, first.logits[:, first_logits_row], (cache, buffer, 1),
+    tokens, probs, (cache, buffer, _) = draft_loop(step, first.logits[:, first_logits_row], (cache, buffer, 1),
                                                     gamma, sampling, key)
     return tokens, probs, cache, buffer
 
@@ -135,11 +135,11 @@ class DustinSelfDraft(SelfDraft):
         return Proposal(tokens, probs, state, cache, signals=signals)
 
 
-def _last_prompt_query_fn(params, tokens, cache, *, config, probe_heads):
+def last_prompt_query_fn(params, tokens, cache, *, config, probe_heads):
     return forward(params, tokens, cache, config=config, probe_heads=probe_heads).probes.queries[:, :, 0]
 
 
-_last_prompt_query = jax.jit(_last_prompt_query_fn, static_argnames=("config", "probe_heads"))
+last_prompt_query = jax.jit(last_prompt_query_fn, static_argnames=("config", "probe_heads"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,7 +172,7 @@ class DustinVerify:
             return {"query": jnp.zeros((batch, 0, self.target_config.head_dim), jnp.float32)}
         lengths = np.asarray(prompt_lengths, np.int32)
         last = np.asarray(tokens)[np.arange(batch), lengths - 1]
-        return {"query": _last_prompt_query(target_params, jnp.asarray(last[:, None], jnp.int32),
+        return {"query": last_prompt_query(target_params, jnp.asarray(last[:, None], jnp.int32),
                                             target_cache.with_lengths(jnp.asarray(lengths - 1)),
                                             config=self.target_config, probe_heads=self.probe_heads)}
 

@@ -40,12 +40,12 @@ import numpy as np
 
 from jaxspec.config import ModelConfig
 from jaxspec.decoding.autoregressive import pad_prompts, prefill
-from jaxspec.decoding.speculative import EngineConfig, _commit_phase, _draft_phase, loop_state_from_caches
+from jaxspec.decoding.speculative import EngineConfig, commit_phase, draft_phase, loop_state_from_caches
 from jaxspec.dustin.arr import all_heads, recall_of_indices, recall_weights
 from jaxspec.dustin.config import SUPPORTED_BUDGETS, DustinConfig, check_budget, default_window
-from jaxspec.dustin.policy import DustinDraft, DustinSelfDraft, _last_prompt_query
+from jaxspec.dustin.policy import DustinDraft, DustinSelfDraft, last_prompt_query
 from jaxspec.dustin.selection import select_verify_indices
-from jaxspec.dustin.signals import _fit_width, head_scores, target_signal
+from jaxspec.dustin.signals import fit_width, head_scores, target_signal
 from jaxspec.models.cache import init_cache
 from jaxspec.models.llama import forward
 
@@ -85,7 +85,7 @@ def _heads_tuple(heads) -> Tuple[Tuple[int, ...], ...]:
 
 def _calibration_round_fn(target_params, draft_params, state, *, target_config, draft_config, draft_policy, engine,
                           target_heads):
-    proposal, key = _draft_phase(target_params, draft_params, state.draft_state, state.target_cache, state.pending,
+    proposal, key = draft_phase(target_params, draft_params, state.draft_state, state.target_cache, state.pending,
                                  state.previous, state.committed, state.key, target_config=target_config,
                                  draft_policy=draft_policy, engine=engine)
     lengths = state.committed - 1
@@ -105,9 +105,9 @@ def _calibration_round_fn(target_params, draft_params, state, *, target_config, 
         part = signals.queries[:, start:start + len(heads)]
         start += len(heads)
         scores = head_scores(part, layer_keys, lengths, heads, draft_config.queries_per_kv)
-        s_draft.append(_fit_width(scores, cache.capacity))
+        s_draft.append(fit_width(scores, cache.capacity))
     active = ~state.done
-    new = _commit_phase(state, proposal, out.logits, out.cache, key, engine=engine)
+    new = commit_phase(state, proposal, out.logits, out.cache, key, engine=engine)
     num_committed = new.committed - state.committed
     row = jnp.maximum(num_committed - 1, 0)[:, None, None, None]
     last = jnp.take_along_axis(out.probes.queries, row, axis=2)[:, :, 0]
@@ -156,7 +156,7 @@ def collect_calibration(target_params, target_config: ModelConfig, draft_params,
         draft_state = (policy.initial_state(self_draft_mask) if draft_config is None
                        else policy.prefill(draft_params, tokens, lengths, capacity))
         last = tokens[np.arange(batch), lengths - 1]
-        query = _last_prompt_query(target_params, jnp.asarray(last[:, None], jnp.int32),
+        query = last_prompt_query(target_params, jnp.asarray(last[:, None], jnp.int32),
                                    cache.with_lengths(jnp.asarray(lengths - 1)), config=target_config,
                                    probe_heads=all_heads(target_config))
         first = jnp.argmax(first_logits, axis=-1).astype(jnp.int32)

@@ -39,7 +39,7 @@ class DraftSignals(NamedTuple):
     keys: Tuple[jax.Array, ...]
 
 
-def _fit_width(scores: jax.Array, width: int) -> jax.Array:
+def fit_width(scores: jax.Array, width: int) -> jax.Array:
     seq = scores.shape[1]
     if seq == width:
         return scores
@@ -80,4 +80,4 @@ def draft_signal(signals: DraftSignals, lengths: jax.Array, layer_heads: Sequenc
         raise ValueError("no draft SRH layers: the draft signal is empty")
     if start != signals.queries.shape[1]:
         raise ValueError(f"draft signals carry {signals.queries.shape[1]} query heads, the config names {start}")
-    return _fit_width(total, width)
+    return fit_width(total, width)

@@ -55,9 +55,9 @@ def cases_from_tasks(tasks, tokenizer, *, prefix_ids: Sequence[int] = ()) -> Lis
     """Needle cases from :class:`jaxspec.data.Task` objects (``prefix_ids``, e.g. a BOS token, are
     prepended and shift the spans). The answer ids are the prompt tokens covering the answer
     inside the needle."""
-    from jaxspec.data.tasks import _Tokenizer, needle_token_span
+    from jaxspec.data.tasks import TextCodec, needle_token_span
 
-    tok = _Tokenizer(tokenizer)
+    tok = TextCodec(tokenizer)
     cases = []
     for task in tasks:
         ids = tok.encode(task.prompt)

@@ -248,7 +248,7 @@ class LatencyProfile:
     def matches(self, config: ModelConfig, batch: int, device: Optional[str] = None) -> bool:
         """Same device, same model config (all fields) and same batch size."""
         return (self.device == (device or device_name()) and self.batch == int(batch)
-                and self.config == _config_fields(config))
+                and self.config == config_fields(config))
 
 
 def device_name(device=None) -> str:
@@ -256,7 +256,7 @@ def device_name(device=None) -> str:
     return f"{device.platform}:{device.device_kind}"
 
 
-def _config_fields(config: ModelConfig) -> dict:
+def config_fields(config: ModelConfig) -> dict:
     return json.loads(json.dumps(config.to_dict()))  # JSON-normalised (tuples become lists)
 
 
@@ -359,7 +359,7 @@ def profile_latency(config: ModelConfig, batch: int = 1, contexts: Sequence[int]
         v = verify_row_cost(one, many, rows)
     model = fit_latency(contexts, attn_times, [mlp_time], [token_time], v=v)
     return LatencyProfile(device=device_name(), platform=jax.devices()[0].platform, jax_version=jax.__version__,
-                          config_name=config.name, config=_config_fields(config), batch=int(batch),
+                          config_name=config.name, config=config_fields(config), batch=int(batch),
                           contexts=contexts, attn_times=attn_times, mlp_time=mlp_time, attn_samples=attn_samples,
                           mlp_samples=mlp_samples, model=model, repeats=repeats, warmup=warmup,
                           token_time=token_time, token_samples=token_samples, verify_rows=rows if rows >= 2 else 0,
@@ -563,7 +563,7 @@ def profile_latency_forward(config: ModelConfig, batch: int = 1, contexts: Seque
                "how": "whole forwards (jaxspec.models.llama._forward, dynamic skip mask as the KnapSpec draft; "
                       "verification without a mask) in a jitted fori_loop carrying the donated cache"}
     return LatencyProfile(device=device_name(), platform=jax.devices()[0].platform, jax_version=jax.__version__,
-                          config_name=config.name, config=_config_fields(config), batch=int(batch),
+                          config_name=config.name, config=config_fields(config), batch=int(batch),
                           contexts=contexts, attn_times=fit["t_attn_per_context"], mlp_time=model.c1,
                           attn_samples=[[t] for t in fit["t_attn_per_context"]],
                           mlp_samples=fit["t_mlp_per_context"], model=model, repeats=repeats, warmup=warmup,

@@ -84,7 +84,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.config import ModelConfig
-from jaxspec.decoding.autoregressive import PAD_OUTPUT, _decode_loop_fn, pad_prompts, prefill
+from jaxspec.decoding.autoregressive import PAD_OUTPUT, decode_loop_fn, pad_prompts, prefill
 from jaxspec.decoding.policies import DenseVerify, Proposal
 from jaxspec.decoding.sampling import SamplingConfig, sample_token, sampling_probs
 from jaxspec.decoding.speculative import (EngineConfig, LoopState, SpeculativeResult, init_draft_counts, run_loop,
@@ -474,7 +474,7 @@ def _ar_interval_fn(params, state: LoopState, num_steps, *, config: ModelConfig,
         stop_hot = jax.nn.one_hot(engine.stop_tokens[0], logits.shape[-1], dtype=bool)
         logits = jnp.where(state.done[:, None], jnp.where(stop_hot[None, :], 0.0, -1e30), logits)
     key, sub = jax.random.split(state.key)
-    tokens, cache = _decode_loop_fn(params, first.cache, logits, sub, config=config, sampling=engine.sampling,
+    tokens, cache = decode_loop_fn(params, first.cache, logits, sub, config=config, sampling=engine.sampling,
                                     max_new_tokens=steps, stop_tokens=tuple(sorted(set(engine.stop_tokens))),
                                     limit=num_steps)
     position = jnp.arange(steps)[None, :]
