@@ -11,19 +11,25 @@
 * a folder written by :func:`save_checkpoint` (orbax, with ``jaxspec_config.json``).
 
 Every problem with a file (missing, truncated, corrupt, shapes that do not match the config)
-raises :class:`CheckpointError` naming the file and the problem.
+raises :class:`CheckpointError` naming the file and the problem in one line. With
+``with_tokenizer=True`` (the default) a folder without tokenizer files is such a problem too;
+pass ``with_tokenizer=False`` to load weights only (``LoadedModel.tokenizer`` is then None).
+A corrupt converted cache of a registry model is reported in one line and converted again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import json
+import logging
 import os
 import pathlib
 import shutil
 import sys
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Iterator, Optional
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +39,8 @@ from jaxspec.config import ModelConfig
 from jaxspec.models.llama import cast_params, expected_param_shapes
 
 ORBAX_MARKER = "jaxspec_config.json"
+# Any one of these makes a Hugging Face folder's tokenizer loadable with AutoTokenizer.
+HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
 class CheckpointError(ValueError):
@@ -136,6 +144,10 @@ def load_hf_folder(folder, dtype: str = "bfloat16", with_tokenizer: bool = True)
         pickled = sorted(p.name for p in folder.glob("*.bin"))
         hint = f" (found pickled {pickled}: convert them to safetensors; jaxspec never unpickles)" if pickled else ""
         raise CheckpointError(f"{folder}: no *.safetensors files{hint}")
+    if with_tokenizer and not any((folder / name).exists() for name in HF_TOKENIZER_FILES):
+        raise CheckpointError(f"{folder}: no tokenizer files (none of {', '.join(HF_TOKENIZER_FILES)}); copy the "
+                              "model's tokenizer files into the folder, or pass with_tokenizer=False to load the "
+                              "weights only")
     from safetensors import safe_open
 
     flat: Dict[str, np.ndarray] = {}
@@ -159,12 +171,26 @@ def load_hf_folder(folder, dtype: str = "bfloat16", with_tokenizer: bool = True)
         params = _nest(flat, config)
     except CheckpointError as err:
         raise CheckpointError(f"{folder}: {err}") from err
-    tokenizer = None
-    if with_tokenizer and any((folder / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    tokenizer = _auto_tokenizer(folder) if with_tokenizer else None
     return LoadedModel(config, params, tokenizer, str(folder), {"format": "hf"})
+
+
+def _auto_tokenizer(folder: pathlib.Path):
+    """``AutoTokenizer.from_pretrained(folder)``; a failure is a one-line :class:`CheckpointError`."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(folder))
+    except Exception as err:  # transformers raises OSError, ValueError, JSON errors, ...
+        raise CheckpointError(f"{folder}: cannot load the tokenizer ({_first_line(err)})") from err
+
+
+def _first_line(err: BaseException, limit: int = 300) -> str:
+    """``Type: first line of the message``, cut to ``limit`` characters (orbax's run to pages)."""
+    lines = str(err).strip().splitlines()
+    first = (lines[0] if lines else "").split(" See full TensorStore details")[0]  # then a page of JSON spec
+    text = f"{type(err).__name__}: {first}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 # ---------------------------------------------------------------------------- GGUF
@@ -334,43 +360,93 @@ def load_checkpoint(folder, dtype: Optional[str] = None, with_tokenizer: bool = 
         raise CheckpointError(f"{marker}: corrupt ({type(err).__name__}: {err})") from err
     if dtype:
         config = config.replace(dtype=dtype)
+    if with_tokenizer and not (folder / "tokenizer").is_dir():
+        raise CheckpointError(f"{folder}: saved without a tokenizer (no tokenizer/ folder); pass with_tokenizer=False "
+                              "to load the weights only")
     try:
-        flat = ocp.StandardCheckpointer().restore(folder / "params")
+        with _quiet_orbax():
+            flat = ocp.StandardCheckpointer().restore(folder / "params")
     except Exception as err:
-        raise CheckpointError(f"{folder / 'params'}: cannot restore orbax checkpoint ({type(err).__name__}: {err})"
-                              ) from err
+        raise CheckpointError(f"{folder / 'params'}: cannot restore orbax checkpoint, corrupt or incomplete? "
+                              f"({_first_line(err)})") from err
     try:
         params = _nest({k: v for k, v in flat.items()}, config)
     except CheckpointError as err:
         raise CheckpointError(f"{folder}: {err}") from err
-    tokenizer = None
-    if with_tokenizer and (folder / "tokenizer").exists():
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(str(folder / "tokenizer"))
+    tokenizer = _auto_tokenizer(folder / "tokenizer") if with_tokenizer else None
     info = dict(meta.get("info", {}))
     info["original_format"] = info.pop("format", None)
     info["format"] = "orbax"
     return LoadedModel(config, params, tokenizer, str(folder), info)
 
 
+def _is_orbax_failure_noise(unraisable) -> bool:
+    """The echoes of a failed orbax restore: its read coroutines finalised, or their callbacks
+    hitting the closed event loop (``RuntimeError: Event loop is closed``), one per array."""
+    if isinstance(unraisable.exc_value, RuntimeError) and "Event loop is closed" in str(unraisable.exc_value):
+        return True
+    code = getattr(unraisable.object, "cr_code", None)
+    return code is not None and "orbax" in code.co_filename
+
+
+_noise_filter_installed = False
+
+
+def _install_orbax_noise_filter() -> None:
+    """Drop :func:`_is_orbax_failure_noise` reports from ``sys.unraisablehook``, keep the rest.
+
+    A failed restore leaves reads in flight that report, one traceback each, seconds later and
+    from other threads (about 13,500 lines for a 30-layer model), so the filter stays installed
+    once a restore has failed; it passes every other report to the hook it replaced.
+    """
+    global _noise_filter_installed
+    if _noise_filter_installed:
+        return
+    previous = sys.unraisablehook
+
+    def hook(unraisable):
+        if not _is_orbax_failure_noise(unraisable):
+            previous(unraisable)
+
+    sys.unraisablehook = hook
+    _noise_filter_installed = True
+
+
+@contextlib.contextmanager
+def _quiet_orbax() -> Iterator[None]:
+    """Silence orbax's absl log lines around a restore; after a failure, its traceback echoes too."""
+    absl_logger = logging.getLogger("absl")
+    level = absl_logger.level
+    absl_logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    except Exception:
+        _install_orbax_noise_filter()
+        gc.collect()  # finalise the abandoned read coroutines now, under the filter
+        raise
+    finally:
+        absl_logger.setLevel(level)
+
+
 # ---------------------------------------------------------------------------- one entry point
 def load_model(source: str, dtype: str = "bfloat16", with_tokenizer: bool = True, progress: bool = True,
                use_converted_cache: bool = True) -> LoadedModel:
     """Load weights (and tokenizer) from a registry name, a GGUF file, an HF folder or an orbax folder."""
+    from jaxspec import assets
     from jaxspec.models import registry
 
     path = pathlib.Path(os.path.expanduser(str(source)))
     if str(source) in registry.KNOWN_MODELS:
         gguf_path = registry.resolve_model_file(str(source), progress=progress)
-        converted = registry.cache_dir() / "converted" / f"{source}"
+        converted = assets.cache_dir() / "converted" / f"{source}"
         if use_converted_cache and (converted / ORBAX_MARKER).exists():
             try:
                 model = load_checkpoint(converted, dtype=dtype, with_tokenizer=with_tokenizer)
                 model.source = str(source)
                 return model
             except CheckpointError as err:
-                print(f"[jaxspec] converted cache {converted} unusable ({err}); converting again", file=sys.stderr)
+                print(f"[jaxspec] converted cache of {source!r} is unusable, converting it again from {gguf_path.name}: "
+                      f"{err}", file=sys.stderr, flush=True)
         model = load_gguf(gguf_path, dtype="float32", with_tokenizer=True, progress=progress)  # cached with it
         model.source = str(source)
         model.config = model.config.replace(name=str(source))
