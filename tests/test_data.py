@@ -634,12 +634,15 @@ def test_command_lines(fake_debian, tmp_path, monkeypatch, capsys, haystack):
         corpus.main(["fetch", "pg19"])
     source = tmp_path / "mine.txt"
     source.write_text(haystack[0], encoding="utf-8")
-    monkeypatch.setattr(tasks, "_load_tokenizer", lambda spec: WordTokenizer())
     out = tmp_path / "tasks.jsonl"
-    assert tasks.main(["build", "--tokenizer", "toy", "--source", str(source), "--split", "all",
-                       "--lengths", "256", "--depths", "0.5", "--out", str(out)]) == 0
+    arguments = ["build", "--tokenizer", "toy", "--source", str(source), "--split", "all",
+                 "--lengths", "256", "--depths", "0.5", "--out", str(out)]
+    assert tasks.main(arguments, load_tokenizer=lambda spec: WordTokenizer()) == 0
     built = TaskSuite.load(out)
     assert len(built) == 3 and {task.source for task in built} == {"mine.txt", "uuid-json"}
+    # The default loader reads tokenizer folders only (this package imports no model code).
+    with pytest.raises(ValueError, match="'toy': not a tokenizer folder.*jaxspec.models.loading.load_tokenizer"):
+        tasks.main(arguments)
 
 
 # ---------------------------------------------------------------------------- real fetches (opt in)

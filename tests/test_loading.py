@@ -22,7 +22,7 @@ from jaxspec.models import registry
 from jaxspec.models.cache import init_cache
 from jaxspec.models.llama import forward_jit
 from jaxspec.models.loading import (CheckpointError, LoadedModel, load_checkpoint, load_gguf, load_hf_folder,
-                                    load_model, save_checkpoint)
+                                    load_model, load_tokenizer, save_checkpoint)
 
 from .conftest import TINY_VOCAB, max_rel_error
 
@@ -232,6 +232,22 @@ def test_unknown_model_name_lists_known_names():
     assert registry.KNOWN_MODELS  # the list is not empty
     for name in registry.KNOWN_MODELS:
         assert name in message
+
+
+def test_load_tokenizer_by_folder_and_bad_names(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({"<unk>": 0, "hello": 1, "world": 2}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>").save_pretrained(str(tmp_path / "tok"))
+    assert load_tokenizer(str(tmp_path / "tok"))("hello world")["input_ids"] == [1, 2]
+    with pytest.raises(ValueError, match="'no-such-tokenizer': not a registry model name.*smollm2-135m"):
+        load_tokenizer("no-such-tokenizer")
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "tokenizer_config.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="cannot load the tokenizer"):
+        load_tokenizer(str(tmp_path / "broken"))
 
 
 def test_pickled_bin_folder_is_refused_without_unpickling(tiny_llama, tmp_path):

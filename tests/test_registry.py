@@ -205,7 +205,7 @@ def test_known_models_are_pinned_and_complete():
         assert asset.filename.endswith(".gguf")
     assert len(registry.KNOWN_MODELS["qwen2.5-coder-0.5b"].packages) == 6
     assert len(registry.KNOWN_MODELS["qwen2.5-coder-1.5b"].packages) == 22
-    # Cross-check with the digests published in ASSETS.md.
+    # The recorded sizes and digests of the two Qwen GGUF files, spelt out once more.
     assert registry.KNOWN_MODELS["qwen2.5-coder-0.5b"].size == 491_400_064
     assert registry.KNOWN_MODELS["qwen2.5-coder-0.5b"].sha256.startswith("1d961463")
     assert registry.KNOWN_MODELS["qwen2.5-coder-0.5b"].sha256.endswith("ff32")

@@ -515,3 +515,23 @@ def hf_config_dict(config: ModelConfig) -> dict:
     if config.rope_scaling:
         out["rope_scaling"] = dict(config.rope_scaling)
     return out
+
+
+# ---------------------------------------------------------------------------- tokenizers by name
+def load_tokenizer(spec: str):
+    """The tokenizer of a registry model name, a ``.gguf`` file or a Hugging Face tokenizer folder.
+
+    Raises:
+      ValueError: ``spec`` is none of these (the message lists the registry names).
+    """
+    from jaxspec.models import registry
+
+    if spec in registry.KNOWN_MODELS:
+        return load_gguf_tokenizer(registry.resolve_model_file(spec))
+    path = pathlib.Path(spec).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return load_gguf_tokenizer(path)
+    if path.is_dir():
+        return _auto_tokenizer(path)
+    raise ValueError(f"tokenizer {spec!r}: not a registry model name ({', '.join(sorted(registry.KNOWN_MODELS))}), "
+                     "a .gguf file or a tokenizer folder")
