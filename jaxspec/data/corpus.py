@@ -275,10 +275,12 @@ def read_lazyload(rdx: pathlib.Path, rdb: pathlib.Path, names: Sequence[str]) ->
 
 def _read_rdata_texts(rdx: pathlib.Path, rdb: pathlib.Path) -> dict[str, str]:
     """Read the six books from the lazy-load database: ``{r_name: text}``."""
+    import numpy as np
+
     objects = read_lazyload(rdx, rdb, [book.r_name for book in AUSTEN_BOOKS])
     texts = {}
-    for name, lines in objects.items():
-        if getattr(lines, "dtype", None) is None or lines.dtype.kind not in "UO" or lines.ndim != 1:
+    for name, lines in objects.items():  # rdata converts a character vector to a 1-d str array
+        if not isinstance(lines, np.ndarray) or lines.dtype.kind not in "UO" or lines.ndim != 1:
             raise CorpusError(f"{rdb}: object {name!r} is not a character vector")
         texts[name] = "\n".join("" if line is None else str(line) for line in lines)
     return texts

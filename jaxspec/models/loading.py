@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import inspect
 import json
 import logging
 import os
@@ -397,8 +398,9 @@ def _is_orbax_failure_noise(unraisable) -> bool:
     hitting the closed event loop (``RuntimeError: Event loop is closed``), one per array."""
     if isinstance(unraisable.exc_value, RuntimeError) and "Event loop is closed" in str(unraisable.exc_value):
         return True
-    code = getattr(unraisable.object, "cr_code", None)
-    return (code is not None and "orbax" in code.co_filename) or _from_orbax(unraisable.exc_value)
+    if inspect.iscoroutine(unraisable.object) and "orbax" in unraisable.object.cr_code.co_filename:
+        return True
+    return _from_orbax(unraisable.exc_value)
 
 
 class _OrbaxFutureNoise(logging.Filter):
