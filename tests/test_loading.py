@@ -22,7 +22,7 @@ from jaxspec.models import registry
 from jaxspec.models.cache import init_cache
 from jaxspec.models.llama import forward_jit
 from jaxspec.models.loading import (CheckpointError, LoadedModel, load_checkpoint, load_gguf, load_hf_folder,
-                                    load_model, save_checkpoint)
+                                    load_model, load_tokenizer, save_checkpoint)
 
 from .conftest import TINY_VOCAB, max_rel_error
 
@@ -98,7 +98,7 @@ def test_orbax_round_trip(tiny_models, tmp_path, family):
     tiny = tiny_models[family]
     original = LoadedModel(tiny.config, tiny.params, None, str(tiny.folder), {"format": "hf"})
     folder = save_checkpoint(tmp_path / "ckpt", original)
-    restored = load_checkpoint(folder)
+    restored = load_checkpoint(folder, with_tokenizer=False)
     assert restored.config == tiny.config
     assert restored.info["source"] == str(tiny.folder)  # provenance of the original load is kept
     flat_original = jax.tree_util.tree_leaves_with_path(tiny.params)
@@ -108,13 +108,16 @@ def test_orbax_round_trip(tiny_models, tmp_path, family):
         np.testing.assert_array_equal(np.asarray(flat_restored[path]), np.asarray(value), err_msg=str(path))
         assert flat_restored[path].dtype == value.dtype
     # load_model recognises the folder; a dtype override casts (norms stay float32)
-    as_bf16 = load_model(str(folder), dtype="bfloat16")
+    as_bf16 = load_model(str(folder), dtype="bfloat16", with_tokenizer=False)
     assert as_bf16.config.dtype == "bfloat16"
     assert as_bf16.params["layers"][1]["wv"].dtype == jnp.bfloat16
     assert as_bf16.params["layers"][1]["mlp_norm"].dtype == jnp.float32
     # saving again over an existing checkpoint replaces it
     save_checkpoint(folder, original)
-    assert load_checkpoint(folder).config == tiny.config
+    assert load_checkpoint(folder, with_tokenizer=False).config == tiny.config
+    # saved without a tokenizer: asking for one is a clear error, not a None that fails later
+    with pytest.raises(CheckpointError, match="saved without a tokenizer.*with_tokenizer=False"):
+        load_checkpoint(folder)
 
 
 def test_save_checkpoint_does_not_delete_an_unrelated_folder(tiny_qwen2, tmp_path):
@@ -138,10 +141,22 @@ def test_orbax_corrupt_marker_raises(tiny_qwen2, tmp_path):
     folder = save_checkpoint(tmp_path / "ckpt", original)
     (folder / "jaxspec_config.json").write_text("{not json")
     with pytest.raises(CheckpointError, match="jaxspec_config.json"):
-        load_checkpoint(folder)
+        load_checkpoint(folder, with_tokenizer=False)
 
 
 # ---------------------------------------------------------------------------- HF error paths
+def test_hf_folder_without_tokenizer_files_is_a_clear_error(tiny_llama):
+    """The folder has weights but no tokenizer: say so at load time (the CLIs need a tokenizer)."""
+    assert not any((tiny_llama.folder / name).exists() for name in ("tokenizer.json", "tokenizer_config.json"))
+    for load in (lambda: load_hf_folder(tiny_llama.folder), lambda: load_model(str(tiny_llama.folder))):
+        with pytest.raises(CheckpointError) as info:
+            load()
+        message = str(info.value)
+        assert str(tiny_llama.folder) in message and "tokenizer.json" in message
+        assert "with_tokenizer=False" in message and "\n" not in message
+    assert load_model(str(tiny_llama.folder), with_tokenizer=False).tokenizer is None
+
+
 @pytest.mark.parametrize("keep_fraction", [0.5, 0.999, 0.0001])
 def test_truncated_safetensors_raises_naming_the_file(tiny_llama, tmp_path, keep_fraction):
     folder = _copy_folder(tiny_llama.folder, tmp_path / "model")
@@ -217,6 +232,22 @@ def test_unknown_model_name_lists_known_names():
     assert registry.KNOWN_MODELS  # the list is not empty
     for name in registry.KNOWN_MODELS:
         assert name in message
+
+
+def test_load_tokenizer_by_folder_and_bad_names(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({"<unk>": 0, "hello": 1, "world": 2}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>").save_pretrained(str(tmp_path / "tok"))
+    assert load_tokenizer(str(tmp_path / "tok"))("hello world")["input_ids"] == [1, 2]
+    with pytest.raises(ValueError, match="'no-such-tokenizer': not a registry model name.*smollm2-135m"):
+        load_tokenizer("no-such-tokenizer")
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "tokenizer_config.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="cannot load the tokenizer"):
+        load_tokenizer(str(tmp_path / "broken"))
 
 
 def test_pickled_bin_folder_is_refused_without_unpickling(tiny_llama, tmp_path):
@@ -383,3 +414,44 @@ def test_gguf_unknown_architecture_raises(tmp_path):
     with pytest.raises(CheckpointError) as info:
         load_gguf(path, with_tokenizer=False, progress=False)
     assert "'gpt2'" in str(info.value) and "llama" in str(info.value) and str(path) in str(info.value)
+
+
+# ---------------------------------------------------------------------------- converted cache of a registry model
+def _corrupt_largest_file(folder: pathlib.Path) -> pathlib.Path:
+    """Flip bytes all over the largest array file of an orbax checkpoint (same size)."""
+    target = max((p for p in folder.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    data = bytearray(target.read_bytes())
+    for offset in range(64, len(data), 97):
+        data[offset] ^= 0xFF
+    target.write_bytes(bytes(data))
+    return target
+
+
+def test_corrupt_converted_cache_is_reported_in_one_line_and_converted_again(
+        tiny_llama_gguf, tmp_path, monkeypatch, capfd):
+    from jaxspec.models import loading
+
+    name = "tiny-registry-model"
+    monkeypatch.setenv("JAXSPEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setitem(registry.KNOWN_MODELS, name, registry.KNOWN_MODELS["smollm2-135m"])
+    monkeypatch.setattr(registry, "resolve_model_file", lambda source, progress=True: tiny_llama_gguf)
+    monkeypatch.setattr(loading, "load_gguf_tokenizer", lambda path: None)  # the tiny GGUF carries none
+
+    first = load_model(name, dtype="float32", with_tokenizer=False, progress=False)
+    converted = tmp_path / "cache" / "converted" / name
+    assert (converted / "jaxspec_config.json").is_file()
+    capfd.readouterr()
+    _corrupt_largest_file(converted / "params")
+
+    again = load_model(name, dtype="float32", with_tokenizer=False, progress=False)
+    err = capfd.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, f"expected one line on stderr, got {len(lines)}:\n" + "\n".join(lines[:20])
+    assert "converted cache of 'tiny-registry-model' is unusable, converting it again" in lines[0]
+    assert str(converted / "params") in lines[0] and "Traceback" not in err
+    for path, value in jax.tree_util.tree_leaves_with_path(first.params):
+        np.testing.assert_array_equal(np.asarray(dict(jax.tree_util.tree_leaves_with_path(again.params))[path]),
+                                      np.asarray(value), err_msg=str(path))
+    # The rewritten cache restores cleanly (nothing said).
+    load_model(name, dtype="float32", with_tokenizer=False, progress=False)
+    assert capfd.readouterr().err.strip() == ""

