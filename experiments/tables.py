@@ -1089,11 +1089,18 @@ def outputs() -> Dict[pathlib.Path, bytes]:
     for name in PLOTS:
         out[RESULTS / name] = render_plot(name)
     if README.exists():
-        text = README.read_text()
-        if BEGIN in text and END in text:
-            start, stop = text.index(BEGIN), text.index(END) + len(END)
-            out[README] = (text[:start] + readme_block() + text[stop:]).encode()
+        text = readme_with_block(README.read_text())
+        if text is not None:
+            out[README] = text.encode()
     return out
+
+
+def readme_with_block(text: str) -> Optional[str]:
+    """``text`` with its results block regenerated; ``None`` when it has no begin/end markers."""
+    if BEGIN not in text or END not in text or text.index(BEGIN) > text.index(END):
+        return None
+    start, stop = text.index(BEGIN), text.index(END) + len(END)
+    return text[:start] + readme_block() + text[stop:]
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -66,6 +66,17 @@ def _suite_runs():
             yield path.name, step["name"], step["run"]
 
 
+def test_readme_block_is_replaced_between_the_markers_only():
+    text = f"# jaxspec\n\nintro\n{tables.BEGIN}\nold numbers\n{tables.END}\n\n## Next\n"
+    new = tables.readme_with_block(text)
+    assert new.startswith("# jaxspec\n\nintro\n" + tables.BEGIN) and new.endswith(tables.END + "\n\n## Next\n")
+    assert "old numbers" not in new
+    figure = tables.BY_KEY[tables.README_KEYS[0]]
+    assert f"| {figure.label} | {tables.fmt(figure.value(), figure.unit)} |" in new
+    assert tables.readme_with_block(new) == new
+    assert tables.readme_with_block("# jaxspec, no markers\n") is None
+
+
 def test_extractor_reads_a_json_path_and_rejects_ambiguous_selections():
     data = {"cases": {"ctx8/b1": {"rows": [{"method": "ar", "x": 1.0}, {"method": "dustin", "x": 2.5}]}}}
     assert tables.read_path(data, ("cases", "ctx8/b1", "rows", {"method": "dustin"}, "x")) == 2.5
