@@ -157,7 +157,7 @@ def _sparse_kernel(idx_ref, q_ref, k_ref, v_ref, acc_ref, l_ref, m_ref, *, chunk
 
 
 #: the sparse tiling the model uses: the most frequent winner of the H200 sweep
-#: (experiments/results/bench_attention_*_h200.json, ``tiling`` of ``ours_sparse``)
+#: (experiments/results/bench_attention/*.json, ``tiling`` of ``ours_sparse``)
 SPARSE_CHUNK = 32
 SPARSE_CHUNKS_PER_PROGRAM = 4
 

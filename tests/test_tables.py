@@ -1,0 +1,124 @@
+"""The committed results, their index, the generated docs and the suite definitions agree."""
+
+from __future__ import annotations
+
+import ast
+import json
+import pathlib
+import re
+import shlex
+import subprocess
+import sys
+import tomllib
+
+import pytest
+
+from experiments import tables
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+RESULTS = REPO / "experiments" / "results"
+SUITES = sorted((REPO / "experiments" / "suites").glob("*.toml"))
+RUN_TAG = re.compile(r"_s[0-9]|logs_s|profiles_s|session")
+# <experiment>/<experiment>_<model-or-shape>[_<context>][_b<batch>][_<detail>]_<device>.json
+RESULT_NAME = re.compile(r"^(?P<exp>[a-z_]+)/(?P=exp)(_[A-Za-z0-9.+-]+)+_(h200|cpu)\.(json|png)$")
+# latency profiles, named by the knapspec experiment itself, live in one folder per run
+PROFILE_NAME = re.compile(r"^knapspec/latency_[A-Za-z0-9._-]+/latency_[A-Za-z0-9._-]+\.json$")
+
+
+def committed_results():
+    listed = subprocess.run(["git", "ls-files", "experiments/results"], cwd=REPO, capture_output=True, text=True,
+                            check=True).stdout.split()
+    return [path[len("experiments/results/"):] for path in listed]
+
+
+def suite_outs():
+    outs = []
+    for path in SUITES:
+        for step in tomllib.loads(path.read_text())["steps"]:
+            argv = shlex.split(step["run"])
+            if "--out" in argv:
+                outs.append((path.name, step["name"], argv[argv.index("--out") + 1]))
+    return outs
+
+
+def test_check_passes_on_the_committed_tree():
+    done = subprocess.run([sys.executable, "-m", "experiments.tables", "--check"], cwd=REPO, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+
+
+def test_index_entries_are_read_from_their_sources():
+    index = json.loads((RESULTS / "index.json").read_text())
+    assert len(index) == len(tables.FIGURES) and len({e["key"] for e in index}) == len(index)
+    for entry in index:
+        assert set(entry) == {"key", "value", "unit", "device", "command", "source"}
+        assert (REPO / entry["source"]).is_file(), entry["source"]
+        figure = tables.BY_KEY[entry["key"]]
+        assert entry["value"] == figure.value(), entry["key"]
+        assert entry["source"] == f"experiments/results/{figure.source}"
+        assert entry["command"].split("python -m experiments.run ", 1)[1] in {
+            step for _, _, step in _suite_runs()}, entry["key"]
+
+
+def _suite_runs():
+    for path in SUITES:
+        for step in tomllib.loads(path.read_text())["steps"]:
+            yield path.name, step["name"], step["run"]
+
+
+def test_readme_block_is_replaced_between_the_markers_only():
+    text = f"# jaxspec\n\nintro\n{tables.BEGIN}\nold numbers\n{tables.END}\n\n## Next\n"
+    new = tables.readme_with_block(text)
+    assert new.startswith("# jaxspec\n\nintro\n" + tables.BEGIN) and new.endswith(tables.END + "\n\n## Next\n")
+    assert "old numbers" not in new
+    figure = tables.BY_KEY[tables.README_KEYS[0]]
+    assert f"| {figure.label} | {tables.fmt(figure.value(), figure.unit)} |" in new
+    assert tables.readme_with_block(new) == new
+    assert tables.readme_with_block("# jaxspec, no markers\n") is None
+
+
+def test_extractor_reads_a_json_path_and_rejects_ambiguous_selections():
+    data = {"cases": {"ctx8/b1": {"rows": [{"method": "ar", "x": 1.0}, {"method": "dustin", "x": 2.5}]}}}
+    assert tables.read_path(data, ("cases", "ctx8/b1", "rows", {"method": "dustin"}, "x")) == 2.5
+    with pytest.raises(KeyError):
+        tables.read_path(data, ("cases", "ctx8/b1", "rows", {"x": 3.0}, "x"))
+
+
+@pytest.mark.parametrize("suite", SUITES, ids=lambda p: p.stem)
+def test_suite_parses_with_unique_steps_writing_under_results(suite):
+    data = tomllib.loads(suite.read_text())
+    assert isinstance(data["description"], str) and data["description"].strip()
+    assert isinstance(data["device"], str) and data["device"]
+    assert all(isinstance(name, str) for name in data.get("needs", []))
+    names = [step["name"] for step in data["steps"]]
+    assert names and len(names) == len(set(names)), names
+    existing = set(committed_results())
+    for step in data["steps"]:
+        assert set(step) <= {"name", "run", "timeout_s", "env"}, step
+        argv = shlex.split(step["run"])
+        assert argv[0] and not argv[0].startswith("-") and "--out" in argv, step["name"]
+        out = argv[argv.index("--out") + 1]
+        assert out.startswith("experiments/results/"), out
+        relative = out[len("experiments/results/"):]
+        assert relative in existing or RESULT_NAME.match(relative), out
+
+
+def test_every_committed_result_is_written_by_a_suite_step():
+    outs = {out for _, _, out in suite_outs()}
+    for path in committed_results():
+        if path == "index.json" or PROFILE_NAME.match(path) or path in tables.PLOTS or path.endswith(".png"):
+            continue
+        assert f"experiments/results/{path}" in outs, path
+
+
+def test_results_are_named_by_content_without_run_tags():
+    for path in committed_results():
+        assert not RUN_TAG.search(path), path
+        assert path == "index.json" or RESULT_NAME.match(path) or PROFILE_NAME.match(path), path
+
+
+def test_tables_imports_no_experiment_module():
+    tree = ast.parse((REPO / "experiments" / "tables.py").read_text())
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+    assert not {name for name in imported if name.startswith(("experiments", "jaxspec", "pallas_kernels"))}
