@@ -1,0 +1,85 @@
+"""experiments.stage: chunked transfer of registry files onto a machine without registry access."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+
+import pytest
+
+from experiments import stage
+from jaxspec.models import registry
+
+
+@pytest.fixture
+def tiny_asset(tmp_path, monkeypatch):
+    """A registry entry whose 'GGUF' is 10 kB of bytes in a source folder, and a fresh cache folder."""
+    data = bytes(range(256)) * 40
+    source = tmp_path / "source" / "tiny.gguf"
+    source.parent.mkdir()
+    source.write_bytes(data)
+    asset = registry.ModelAsset(name="tiny", description="test", packages=("tiny==0",), kind="wheel_member",
+                                member_glob="tiny.gguf", filename="tiny.gguf", size=len(data),
+                                sha256=hashlib.sha256(data).hexdigest())
+    monkeypatch.setitem(registry.KNOWN_MODELS, "tiny", asset)
+    monkeypatch.setattr(registry, "resolve_model_file", lambda name, **kw: source)
+    monkeypatch.setenv("JAXSPEC_CACHE", str(tmp_path / "cache"))
+    return data
+
+
+def _transfer(split_dir, carry_dir, chunk):
+    """One transfer: the manifest and one chunk, nothing else."""
+    if carry_dir.exists():
+        shutil.rmtree(carry_dir)
+    carry_dir.mkdir()
+    shutil.copy(split_dir / stage.MANIFEST, carry_dir)
+    shutil.copy(split_dir / chunk, carry_dir)
+
+
+def test_split_then_receive_chunk_by_chunk_reassembles_and_verifies(tiny_asset, tmp_path):
+    split_dir, carry, staged = tmp_path / "split", tmp_path / "carry", tmp_path / "stage"
+    manifest = stage.split(["tiny"], split_dir, chunk_mib=3000 / stage.MIB)
+    chunks = [c["name"] for c in manifest["models"]["tiny"]["chunks"]]
+    assert len(chunks) == 4 and sum(c["size"] for c in manifest["models"]["tiny"]["chunks"]) == len(tiny_asset)
+    for number, chunk in enumerate(chunks[:-1], 1):
+        _transfer(split_dir, carry, chunk)
+        assert stage.receive(carry, staged) == {"tiny": f"{number}/4 chunks"}
+    _transfer(split_dir, carry, chunks[1])  # a repeated transfer costs nothing and changes nothing
+    assert stage.receive(carry, staged) == {"tiny": "3/4 chunks"}
+    _transfer(split_dir, carry, chunks[-1])
+    assert stage.receive(carry, staged) == {"tiny": "assembled, sha256 verified"}
+    assert (registry.cache_dir() / "tiny.gguf").read_bytes() == tiny_asset
+    assert not list(staged.iterdir())  # staged chunks are removed once the file is in the cache
+    assert stage.receive(carry, staged) == {"tiny": "in cache"}
+
+
+def test_a_chunk_damaged_in_transfer_is_refused(tiny_asset, tmp_path):
+    split_dir, carry = tmp_path / "split", tmp_path / "carry"
+    manifest = stage.split(["tiny"], split_dir, chunk_mib=5000 / stage.MIB)
+    first = manifest["models"]["tiny"]["chunks"][0]["name"]
+    _transfer(split_dir, carry, first)
+    damaged = bytearray((carry / first).read_bytes())
+    damaged[7] ^= 1
+    (carry / first).write_bytes(bytes(damaged))
+    with pytest.raises(ValueError, match="damaged in transfer"):
+        stage.receive(carry, tmp_path / "stage")
+    assert not (tmp_path / "stage" / first).exists()
+
+
+def test_bad_input_is_named(tiny_asset, tmp_path):
+    with pytest.raises(ValueError, match="unknown model"):
+        stage.split(["no-such-model"], tmp_path / "split", chunk_mib=1)
+    with pytest.raises(ValueError, match="chunk-mib"):
+        stage.split(["tiny"], tmp_path / "split", chunk_mib=0)
+    with pytest.raises(FileNotFoundError, match="manifest"):
+        stage.receive(tmp_path / "empty", tmp_path / "stage")
+    assert stage.main(["receive", "--dir", str(tmp_path / "empty")]) == 2
+
+
+def test_manifest_records_every_chunk_digest(tiny_asset, tmp_path):
+    stage.split(["tiny"], tmp_path / "split", chunk_mib=4096 / stage.MIB)
+    manifest = json.loads((tmp_path / "split" / stage.MANIFEST).read_text())
+    for chunk in manifest["models"]["tiny"]["chunks"]:
+        data = (tmp_path / "split" / chunk["name"]).read_bytes()
+        assert hashlib.sha256(data).hexdigest() == chunk["sha256"] and len(data) == chunk["size"]
