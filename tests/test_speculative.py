@@ -14,6 +14,8 @@ from jaxspec.decoding.speculative import (EngineConfig, acceptance_from_tau, che
 from jaxspec.models.cache import CacheOverflowError, init_cache
 from jaxspec.models.llama import forward, init_params
 
+from .conftest import chi_square_pvalue
+
 TARGET = ModelConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=4, num_heads=4, num_kv_heads=2,
                      head_dim=16, dtype="float32")
 DRAFT = TARGET.replace(num_layers=2)
@@ -88,17 +90,6 @@ def test_stop_token_inside_accepted_block(models, ar_tokens):
     assert result.metrics["acceptance_rate"] == 1.0  # the stop came inside a fully accepted block
 
 
-def _chi_square(counts, probs):
-    expected = probs * counts.sum()
-    keep = expected > 0
-    if counts[~keep].sum():  # sampled a token of probability zero: certainly not this distribution
-        return 0.0
-    stat = float(((counts[keep] - expected[keep]) ** 2 / expected[keep]).sum())
-    from scipy import stats
-
-    return stats.chi2.sf(stat, keep.sum() - 1)
-
-
 @pytest.mark.parametrize("top_p", [1.0, 0.8])
 def test_rejection_sampling_preserves_target_distribution(top_p):
     """First committed token ~ p_0 and, when all drafts are accepted, the bonus ~ p_gamma."""
@@ -112,9 +103,9 @@ def test_rejection_sampling_preserves_target_distribution(top_p):
     accepted, next_token = rejection_accept(target_logits, drafts, q, sampling, keys[3])
     first = np.where(np.asarray(accepted) > 0, np.asarray(drafts[:, 0]), np.asarray(next_token))
     p = np.asarray(sampling_probs(target_logits[0], sampling))
-    assert _chi_square(np.bincount(first, minlength=vocab), p[0]) > 1e-3
+    assert chi_square_pvalue(np.bincount(first, minlength=vocab), p[0]) > 1e-3
     # a wrong rule (e.g. always keeping the draft) must fail the same test
-    assert _chi_square(np.bincount(np.asarray(drafts[:, 0]), minlength=vocab), p[0]) < 1e-6
+    assert chi_square_pvalue(np.bincount(np.asarray(drafts[:, 0]), minlength=vocab), p[0]) < 1e-6
 
 
 def test_sampled_speculative_decoding_matches_target_end_to_end():
@@ -145,7 +136,7 @@ def test_sampled_speculative_decoding_matches_target_end_to_end():
             continue
         p2 = probs[t1 * 5, 3]  # after prompt + t1
         joint = np.array([[p2[b] * probs[t1 * 5 + b, 4, c] for c in range(5)] for b in range(5)])
-        assert _chi_square(counts[t1].reshape(-1), joint.reshape(-1)) > 1e-3
+        assert chi_square_pvalue(counts[t1].reshape(-1), joint.reshape(-1)) > 1e-3
 
 
 def test_fixed_acceptance_mode_is_labelled_and_follows_distribution(models):

@@ -260,14 +260,17 @@ def _loop_fn(target_params, draft_params, state, max_rounds=None, *, target_conf
 
 
 _STATIC = ("target_config", "draft_policy", "verify_policy", "engine")
-_loop = jax.jit(_loop_fn, static_argnames=_STATIC, donate_argnames=("state",))
+#: the jitted loop of :func:`run_loop` (donates its state)
+loop_jit = jax.jit(_loop_fn, static_argnames=_STATIC, donate_argnames=("state",))
 # per-phase versions for profiling: the caches are donated, as inside the fused loop, so no phase pays for a copy
-_draft_jit = jax.jit(draft_phase, static_argnames=("target_config", "draft_policy", "engine"),
-                     donate_argnames=("draft_state", "target_cache"))
-_verify_jit = jax.jit(verify_phase, static_argnames=("target_config", "verify_policy", "engine"),
-                      donate_argnames=("target_cache",))
-_commit_jit = jax.jit(commit_phase, static_argnames=("engine",), donate_argnames=("proposal", "target_cache"))
-_update_jit = jax.jit(update_verify_state, static_argnames=("verify_policy",), donate_argnames=("after",))
+draft_phase_jit = jax.jit(draft_phase, static_argnames=("target_config", "draft_policy", "engine"),
+                          donate_argnames=("draft_state", "target_cache"))
+verify_phase_jit = jax.jit(verify_phase, static_argnames=("target_config", "verify_policy", "engine"),
+                           donate_argnames=("target_cache",))
+commit_phase_jit = jax.jit(commit_phase, static_argnames=("engine",), donate_argnames=("proposal", "target_cache"))
+update_verify_state_jit = jax.jit(update_verify_state, static_argnames=("verify_policy",), donate_argnames=("after",))
+# the names experiments used before the public ones (kept so they keep working)
+_loop, _draft_jit, _commit_jit = loop_jit, draft_phase_jit, commit_phase_jit
 
 
 def loop_state_from_caches(target_cache: KVCache, draft_state, pending, previous, engine: EngineConfig, seed: int = 0,
@@ -323,7 +326,7 @@ def run_loop(target_params, draft_params, state: LoopState, *, target_config, dr
     that many rounds (fewer if every row finishes; ``state.round`` keeps counting), e.g. to return
     to the host every planning interval; a traced value, so no recompile per value."""
     limit = None if max_rounds is None else jnp.int32(max_rounds)
-    return _loop(target_params, draft_params, state, limit, target_config=target_config, draft_policy=draft_policy,
+    return loop_jit(target_params, draft_params, state, limit, target_config=target_config, draft_policy=draft_policy,
                  verify_policy=verify_policy, engine=engine)
 
 
@@ -670,18 +673,18 @@ def _profile(target_params, draft_params, state, static, max_rounds: Optional[in
     first = skip_first
     while int(state.round) < limit and not bool(jnp.all(state.done)):
         t0 = time.perf_counter()
-        proposal, key = _draft_jit(target_params, draft_params, state.draft_state, state.target_cache, state.pending,
+        proposal, key = draft_phase_jit(target_params, draft_params, state.draft_state, state.target_cache, state.pending,
                                    state.previous, state.committed, state.key, **phase_static)
         jax.block_until_ready(proposal)
         t1 = time.perf_counter()
-        logits, cache, probes = _verify_jit(target_params, proposal.target_cache, state.verify_state,
+        logits, cache, probes = verify_phase_jit(target_params, proposal.target_cache, state.verify_state,
                                             state.committed, state.pending, proposal.tokens, proposal.signals,
                                             **verify_static)
         jax.block_until_ready(logits)
         t2 = time.perf_counter()
         before = state._replace(target_cache=None, draft_state=None)
-        state = _commit_jit(before, proposal._replace(target_cache=None), logits, cache, key, engine=engine)
-        state = _update_jit(before, state, probes, verify_policy=static["verify_policy"])
+        state = commit_phase_jit(before, proposal._replace(target_cache=None), logits, cache, key, engine=engine)
+        state = update_verify_state_jit(before, state, probes, verify_policy=static["verify_policy"])
         jax.block_until_ready(state)
         t3 = time.perf_counter()
         if first:  # compile round

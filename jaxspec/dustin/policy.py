@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.config import ModelConfig
+from jaxspec.decoding.contract import VerifyPolicyBase
 from jaxspec.decoding.policies import Proposal, SelfDraft, SeparateDraft, draft_loop
 from jaxspec.dustin.config import DustinConfig
 from jaxspec.dustin.selection import select_for_config
@@ -143,7 +144,7 @@ last_prompt_query = jax.jit(last_prompt_query_fn, static_argnames=("config", "pr
 
 
 @dataclasses.dataclass(frozen=True)
-class DustinVerify:
+class DustinVerify(VerifyPolicyBase):
     """Sparse verification on ``I_verify`` chosen from Dustin's signals (see the module doc).
 
     ``draft_config``: the draft model's config (its GQA grouping scores ``s_D``); ``None`` for a

@@ -34,7 +34,7 @@ the first candidate (ascending skipped weight) and the smallest gamma, as in the
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Sequence, Tuple, Union
+from typing import Optional, Protocol, Sequence, Tuple, Union, runtime_checkable
 
 import numpy as np
 
@@ -208,3 +208,34 @@ def choose_plan(masks, alphas, latency: Union[LatencyModel, Tuple[float, float]]
 __all__ = ["GAMMA_GRID", "OBJECTIVES", "Plan", "choose_plan", "draft_time", "executed_counts", "expected_drafts",
            "expected_tokens", "expected_tokens_exit",
            "objective_table", "target_time", "tpt"]
+
+
+# ---------------------------------------------------------------------------- planner contract
+@runtime_checkable
+class Planner(Protocol):
+    """Chooses a (skip set, gamma) plan from a reference window; KnapSpec's, CLaSp's and the static
+    skip set's drivers call it (:class:`~jaxspec.knapspec.policy.KnapSpecController`)."""
+
+    name: str
+
+    def plan(self, target_params, config, cache, tokens, token_mask, prefix_len, n: float):
+        """``tokens``/``token_mask [B, R]`` (the reference window), ``prefix_len [B]`` (its start in
+        ``cache``), ``n`` (the context ``t_attn`` is evaluated at) -> ``(Plan, Candidates or None,
+        (w_attn, w_mlp))``."""
+
+    def latency_model(self) -> Optional[LatencyModel]:
+        """The latency model the planner predicts with (the driver's arbitration uses it), or None."""
+
+    def reference_cost(self, config, n: float) -> Optional[float]:
+        """Predicted seconds of one plan per reference token of each row, or None (no prediction:
+        the planning allowance does not cap the window)."""
+
+
+class PlannerBase:
+    """Defaults of :class:`Planner`: no latency model, no cost prediction."""
+
+    def latency_model(self) -> Optional[LatencyModel]:
+        return None
+
+    def reference_cost(self, config, n: float) -> Optional[float]:
+        return None
