@@ -82,7 +82,7 @@ def test_streaming_indices_follow_rule():
 
 
 def test_streaming_verify_full_budget_equals_ar(models, ar_tokens):
-    """Also SPEC 5's combination: a MagicDec (sparse-KV) draft with a sparse verifier in one engine run."""
+    """Also docs/methods.md §5's combination: a MagicDec (sparse-KV) draft with a sparse verifier in one run."""
     target, draft = models
     result = speculative_generate(target, TARGET, PROMPTS, draft_policy=MagicDecDraft(DRAFT, sinks=2, window=6),
                                   draft_params=draft, verify_policy=StreamingVerify(sinks=4, window=FULL - 4),

@@ -457,7 +457,7 @@ def test_cli_generate_knapspec_clasp_static(tmp_path, capsys):
     base = ["generate", "--model", str(folder), "--prompt", "Once upon a time, in a land far away,",
             "--max-new-tokens", "48", "--dtype", "float32", "--no-warmup", "--compare-ar",
             "--latency-profile", str(profile), "--knapspec-interval", "8", "--knapspec-gamma-max", "4",
-            "--knapspec-max-plan-fraction", "0"]  # SPEC's fixed schedule: plan rounds checked below
+            "--knapspec-max-plan-fraction", "0"]  # the paper's fixed schedule: plan rounds checked below
     out_file = tmp_path / "knapspec.json"
     assert main(base + ["--method", "knapspec", "--out", str(out_file)]) == 0
     err = capsys.readouterr().err

@@ -38,6 +38,7 @@ from jaxspec.baselines.quest import (QuestVerify, page_bounds, page_scores, ques
 from jaxspec.baselines.snapkv import SnapKVVerify, snapkv_scores, snapkv_select
 from jaxspec.baselines.streaming import StreamingVerify, streaming_indices
 
-__all__ = ["MagicDecDraft", "MagicDecSelfDraft", "PromptLookupDraft", "QuestVerify", "SnapKVVerify", "StreamingVerify", "page_bounds",
+__all__ = ["MagicDecDraft", "MagicDecSelfDraft", "PromptLookupDraft", "QuestVerify", "SnapKVVerify", "StreamingVerify",
+           "page_bounds",
            "page_scores", "quest_mask", "quest_speculative_generate", "quest_verify_forward", "snapkv_scores",
            "snapkv_select", "streaming_indices"]

@@ -1,7 +1,7 @@
 """MagicDec: a draft that reads a StreamingLLM view of its KV cache; the target verifies densely.
 
 Two draft policies for the engine (contract in :mod:`jaxspec.decoding.policies`); pair them with
-``DenseVerify`` for MagicDec proper, or with a sparse verify policy (SPEC 5, "sparse draft KV
+``DenseVerify`` for MagicDec proper, or with a sparse verify policy (docs/methods.md §5, "sparse draft KV
 combined with sparse verification", so neither side reads the full cache):
 
 * :class:`MagicDecDraft` -- a separate draft model. Its cache keeps the whole history (prefilled

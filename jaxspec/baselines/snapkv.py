@@ -1,4 +1,4 @@
-"""SnapKV verification: a static prompt selection made once after prefill (SPEC 3.6).
+"""SnapKV verification: a static prompt selection made once after prefill (docs/methods.md §3.6).
 
 SnapKV (Li et al. 2024; official ``snapkv_utils.py``), per layer and KV head: the last
 ``window`` (32) prompt tokens are the *observation window*; their attention probabilities

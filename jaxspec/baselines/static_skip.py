@@ -1,4 +1,4 @@
-"""Static skip set baseline (Draft & Verify-style, SPEC 4.4): a self-draft whose skipped
+"""Static skip set baseline (Draft & Verify-style, docs/methods.md §4.4): a self-draft whose skipped
 sub-layers are chosen once, offline, on calibration text, and kept for every prompt and every
 context length.
 

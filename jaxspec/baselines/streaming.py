@@ -1,4 +1,4 @@
-"""StreamingLLM index sets: attention sinks + a recent window (SPEC 3.6).
+"""StreamingLLM index sets: attention sinks + a recent window (docs/methods.md §3.6).
 
 :func:`streaming_indices` is the one rule, shared by the StreamingLLM *verification* baseline
 (:class:`StreamingVerify`, a verify policy of the engine) and the MagicDec *draft*

@@ -20,8 +20,14 @@ Acceptance:
 A draft policy may set ``Proposal.num_drafted [B]`` (real drafts per row, e.g. after an early
 exit; the rest are fillers): at most that many are accepted (sampling: standard rejection
 sampling with that draft length) and ``acceptance_rate`` divides by the tokens really drafted
-(``LoopState.draft_counts``). ``run_loop(..., max_rounds=n)`` returns to the host after at most
-``n`` more rounds (a traced bound: no recompile per value), e.g. to re-plan between chunks.
+(``LoopState.draft_counts``).
+
+The policies and the host-side controller implement the protocols of
+:mod:`jaxspec.decoding.contract`. A controller splits a run into chunks
+(:class:`~jaxspec.decoding.contract.Chunk`): ``run_loop(..., max_rounds=n)`` returns to the host
+after at most ``n`` more rounds (a traced bound: no recompile per value), a chunk may swap the
+draft state (a new skip plan) or the engine gamma, or run a plain-decoding stretch
+(:func:`plain_decode`) in one dispatch. The default controller runs every round in one call.
 """
 
 from __future__ import annotations
@@ -591,7 +597,8 @@ def speculative_generate(target_params, target_config: ModelConfig, prompts: Seq
         state = initial_state()
         jax.block_until_ready(state)
         live = LiveRun(target_params, target_config, engine, tokens, lengths, capacity, state, RunCounters(gamma),
-                       warmup=warmup and passes[0] == 0 and profile_totals is None, profiling=profile_totals is not None)
+                       warmup=warmup and passes[0] == 0 and profile_totals is None,
+                       profiling=profile_totals is not None)
         live.timings["prefill_s"] = time.perf_counter() - start
         live.decode_start = time.perf_counter()
         controller.start(live)
@@ -673,8 +680,8 @@ def _profile(target_params, draft_params, state, static, max_rounds: Optional[in
     first = skip_first
     while int(state.round) < limit and not bool(jnp.all(state.done)):
         t0 = time.perf_counter()
-        proposal, key = draft_phase_jit(target_params, draft_params, state.draft_state, state.target_cache, state.pending,
-                                   state.previous, state.committed, state.key, **phase_static)
+        proposal, key = draft_phase_jit(target_params, draft_params, state.draft_state, state.target_cache,
+                                        state.pending, state.previous, state.committed, state.key, **phase_static)
         jax.block_until_ready(proposal)
         t1 = time.perf_counter()
         logits, cache, probes = verify_phase_jit(target_params, proposal.target_cache, state.verify_state,

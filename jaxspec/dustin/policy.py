@@ -11,7 +11,7 @@
   of the last committed token (kept in its state), ``s_D`` from the draft signals, and selects
   ``I_verify`` (:mod:`jaxspec.dustin.selection`). It asks the engine for the target SRH queries
   of the verification (``probe_heads``) and keeps, in ``update``, the one of the last token
-  now in the target cache; ``prefill`` computes it for the last prompt token (SPEC 3.1).
+  now in the target cache; ``prefill`` computes it for the last prompt token (docs/methods.md §3.1).
 
 Dustin-T (``mode="target"``) works with any draft policy (no signals needed); Dustin-H and
 Dustin-D need one of the Dustin drafts above. ``speculative_generate`` calls ``prefill`` itself

@@ -1,4 +1,4 @@
-"""Offline profiling of one target–draft pair (SPEC 3.4): calibration rounds, Algorithm 1, the profile.
+"""Offline profiling of one target–draft pair (docs/methods.md §3.4): calibration rounds, Algorithm 1, the profile.
 
 1. :func:`collect_calibration` runs greedy speculative decoding with **full-KV** verification
    on calibration prompts. Every round (and active row) it records, over the history positions:

@@ -1,4 +1,4 @@
-"""KnapSpec: self-speculative decoding with sub-layer selection as a 0/1 knapsack (SPEC section 4).
+"""KnapSpec: self-speculative decoding with sub-layer selection as a 0/1 knapsack (docs/methods.md §4).
 
 * :mod:`~jaxspec.knapspec.latency` -- per-sub-layer latency model ``t_mlp = c1``,
   ``t_attn(n) = c2 n + c3``: profilers in our own stack (sub-layers alone, or whole forwards),

@@ -1,4 +1,4 @@
-"""KnapSpec stage 2: grid search over (candidate skip set S, gamma) maximising TPT (SPEC 4.2).
+"""KnapSpec stage 2: grid search over (candidate skip set S, gamma) maximising TPT (docs/methods.md §4.2).
 
 ``TPT(S, g) = E[tokens | alpha_S, g] / (g * t_draft(S) + t_target)`` with
 ``E[tokens] = (1 - a^(g+1)) / (1 - a)`` (``g + 1`` when ``a = 1``; ``g = 0`` is plain decoding:
@@ -6,9 +6,9 @@ one token per target step, ``TPT = 1 / t_target``), ``t_draft(S) = n_attn(S) t_a
 n_mlp(S) t_mlp + t_token`` (executed sub-layers) and ``t_target = L (t_attn(n) + t_mlp) +
 t_token`` (verifying ``g + 1`` tokens costs about one decode step). ``t_token`` (the latency
 model's ``c0``: embeddings, final norm, LM head) is paid by every forward whatever is skipped;
-SPEC 4.2 has no such term (``t_token = 0`` reproduces it). ``v`` (the latency model's
+docs/methods.md §4.2 has no such term (``t_token = 0`` reproduces it). ``v`` (the latency model's
 verification row cost) makes verification cost ``t_target (1 + v g)`` instead of one step
-(``v = 0``, SPEC 4.2): a compute-bound device pays for every verified row.
+(``v = 0``, docs/methods.md §4.2): a compute-bound device pays for every verified row.
 
 Objectives (``objective=``):
 
@@ -17,7 +17,7 @@ Objectives (``objective=``):
   methods): the same expression with every sub-layer costing 1 and no per-token term, i.e.
   ``E[tokens] / (g * executed sub-layers + 2L)`` -- hardware- and context-agnostic.
 
-**Early-exit-aware TPT** (beyond SPEC 4.2; ``choose_plan(exit_stats=(p_c, p_ac))``): the draft
+**Early-exit-aware TPT** (beyond docs/methods.md §4.2; ``choose_plan(exit_stats=(p_c, p_ac))``): the draft
 stops once a drafted token's probability is below the early-exit threshold (0.7), so a round
 does not run ``g`` draft forwards nor commit ``(1 - a^(g+1)) / (1 - a)`` tokens. With ``p_c`` the
 share of reference tokens on which the candidate is confident and ``p_ac`` the share on which it

@@ -15,15 +15,18 @@
   model; the DP runs after round ``plan_round`` (6) of every ``plan_interval`` (64) rounds
   (rounds 6, 70, 134, ...), on the tokens committed in the last ``reference_rounds`` (5) rounds,
   with ``t_attn`` at the *current* context length (official code: accumulate at
-  ``step % 64 in 2..6``, optimise at ``step % 64 == 6``). Planning budget (beyond SPEC,
+  ``step % 64 in 2..6``, optimise at ``step % 64 == 6``). Planning budget (docs/methods.md §5,
   ``KnapSpecConfig.max_plan_fraction``, default 5 %): a plan on this grid is skipped to a later
   grid point while the previous plan cost more than that fraction of the decode time since it.
-* :func:`knapspec_generate` -- the host-level driver: prefill, then the engine's jitted
-  ``while_loop`` run in chunks between schedule events (``run_loop(..., max_rounds=)``), and at
-  each plan event a *planner* (:class:`KnapSpecPlanner`: reference states
+* :class:`KnapSpecController` -- the driver, an engine controller
+  (:class:`~jaxspec.decoding.contract.Controller`): the engine's jitted ``while_loop`` runs in
+  chunks between schedule events, and at each plan event a *planner* (:class:`KnapSpecPlanner`: reference states
   (:func:`~jaxspec.knapspec.dp.boundary_states`), DP (:func:`~jaxspec.knapspec.dp.knapsack_dp`),
   grid search (:func:`~jaxspec.knapspec.planner.choose_plan`); CLaSp and the static skip set of
   :mod:`jaxspec.baselines` plug in here) sets the new mask and gamma.
+* :func:`knapspec_generate` -- :func:`~jaxspec.decoding.speculative.speculative_generate` with
+  :class:`KnapSpecDraft` and a :class:`KnapSpecController` (so mesh, ``profile=True``, warm-up
+  and prefilled caches are the engine's).
 
 Per-plan gamma (``KnapSpecConfig.honor_gamma``, default on; off = the official code, which
 reports gamma* but always drafts up to gamma_max):
@@ -47,7 +50,7 @@ reports gamma* but always drafts up to gamma_max):
   bypasses the verify policy: a verify policy whose state follows the committed tokens
   (``update`` hook, e.g. Dustin) is not updated during it.
 
-Measured arbitration (beyond SPEC, ``KnapSpecConfig.probe_rounds``, default 8): the grid search
+Measured arbitration (docs/methods.md §5, ``KnapSpecConfig.probe_rounds``, default 8): the grid search
 trusts acceptance statistics from a few reference tokens, which can be optimistic (SmolLM2 on a
 CPU: the DP's alpha 1.0 on 21 tokens, 0.84 measured; a plan predicted faster than AR ran at
 0.8x). So after a plan that drafts, the driver times ``probe_rounds`` speculative rounds and then
@@ -59,7 +62,7 @@ mispredicted plan then costs at most its probe. Both probes have fixed shapes (`
 traced; a plain-decoding stretch traces its step count into a buffer sized for the whole run), so
 nothing compiles in a timed run whichever wins. CLaSp (no plain decoding) runs without it.
 
-Planning allowance (beyond SPEC, with ``max_plan_fraction``): before decoding, the planner's
+Planning allowance (docs/methods.md §5, with ``max_plan_fraction``): before decoding, the planner's
 predicted DP cost per reference token (:meth:`KnapSpecPlanner.reference_cost`, from the latency
 model's verification-row cost) and the predicted plain-decoding time of the run give how many
 reference tokens per row one plan can afford (:func:`reference_allowance`); the DP's window is
@@ -203,15 +206,15 @@ class KnapSpecConfig:
     ar_reference_tokens: int = 32  # the DP reference after an interval of plain decoding
     # keep planning under this fraction of decode time: a re-plan whose predecessor cost more than
     # this fraction of the decode time since it is postponed (plan_interval stays the minimum
-    # spacing; None = SPEC 4's fixed schedule). The first plan always runs.
+    # spacing; None = the fixed schedule of docs/methods.md §4). The first plan always runs.
     max_plan_fraction: Optional[float] = 0.05
     # the grid search models early exit (planner module doc: drafts and tokens a round from the DP's
-    # confidence statistics); off, or with honor_gamma off (the official code), SPEC 4.2's TPT
+    # confidence statistics); off, or with honor_gamma off (the official code), the TPT of docs/methods.md §4.2
     exit_aware_tpt: bool = True
-    # measured arbitration (beyond SPEC): after a plan that drafts, time this many speculative rounds
+    # measured arbitration (docs/methods.md §5): after a plan that drafts, time this many speculative rounds
     # and then as many plain-decoding steps on the live sequence; whichever committed tokens faster
     # runs until the next plan. Bounds the loss of a plan whose predicted TPT was too optimistic
-    # (acceptance statistics from a few reference tokens) to the probe. None = off (SPEC 4).
+    # (acceptance statistics from a few reference tokens) to the probe. None = off (docs/methods.md §4).
     probe_rounds: Optional[int] = 8
     # with max_plan_fraction: the DP's reference is capped so that one plan's predicted cost fits the
     # planning budget of the run (KnapSpecPlanner.reference_cost); below this many tokens a row no plan
@@ -367,7 +370,7 @@ def reference_window(prompt_tokens: np.ndarray, prompt_lengths: np.ndarray, out:
 
 
 def exit_threshold(knapspec: KnapSpecConfig) -> Optional[float]:
-    """The early-exit threshold the grid search models, or None (SPEC 4.2's TPT): the exit-aware
+    """The early-exit threshold the grid search models, or None (the TPT of docs/methods.md §4.2): the exit-aware
     TPT needs early exit on, plan gammas honoured (the official code ignores them) and TPT."""
     if knapspec.exit_aware_tpt and knapspec.honor_gamma and knapspec.early_exit and knapspec.objective == "tpt":
         return float(knapspec.early_exit)
@@ -695,5 +698,6 @@ def knapspec_generate(target_params, target_config: ModelConfig, prompts: Sequen
                                 profile=profile, controller=controller, prefilled=prefilled, mesh=mesh, rules=rules)
 
 
-__all__ = ["KnapSpecConfig", "KnapSpecController", "KnapSpecDraft", "KnapSpecPlanner", "KnapSpecSchedule", "NO_GAMMA_CAP", "PlanRecord",
+__all__ = ["KnapSpecConfig", "KnapSpecController", "KnapSpecDraft", "KnapSpecPlanner", "KnapSpecSchedule", "NO_GAMMA_CAP",
+           "PlanRecord",
            "knapspec_generate", "plan_skip_set", "reference_allowance", "reference_window"]
