@@ -207,7 +207,8 @@ class QuestVerify(VerifyPolicyBase):
     def verify_indices(self, state, target_cache, committed, signals):
         raise TypeError(
             "Quest selects per layer, query head and query row; the engine's verify_indices is one set per "
-            "sequence; the engine verifies through QuestVerify.verify_forward.")
+            "sequence; the engine verifies through QuestVerify.verify_forward (speculative_generate or "
+            "quest_speculative_generate with verify_policy=QuestVerify(...)).")
 
     def verify_forward(self, target_params, rows, target_cache, committed, signals, *, config, state):
         """The engine's verify-forward hook: :func:`quest_verify_forward` at ``committed - 1``."""
