@@ -95,7 +95,7 @@ from jaxspec.knapspec.coupled import plan_coupled_skip_set
 from jaxspec.knapspec.dp import (DEFAULT_TAU, WEIGHT_CAP, Candidates, boundary_states, knapsack_dp, knapsack_weights,
                                  skip_budget)
 from jaxspec.knapspec.latency import LatencyModel, effective_context
-from jaxspec.knapspec.planner import GAMMA_GRID, Plan, PlannerBase, choose_plan
+from jaxspec.knapspec.planner import GAMMA_GRID, Plan, Planner, PlannerBase, choose_plan
 from jaxspec.models.llama import forward
 
 #: ``gamma_cap`` meaning "no cap" (the engine's gamma)
@@ -478,6 +478,9 @@ class KnapSpecController(ScriptedController):
                  replan: bool = True):
         if replan and planner is None:
             raise ValueError("KnapSpecController needs a planner to re-plan (or replan=False)")
+        if planner is not None and not isinstance(planner, Planner):
+            raise TypeError(f"planner {type(planner).__name__} is not a jaxspec.knapspec.planner.Planner (it needs "
+                            f"name, plan, latency_model, reference_cost); derive it from PlannerBase")
         self.knapspec, self.planner, self.context_n = knapspec, planner, context_n
         self.initial_plan, self.replan = initial_plan, replan
         self.latency = latency if latency is not None else (planner.latency_model() if planner is not None else None)
