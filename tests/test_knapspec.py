@@ -10,7 +10,6 @@ import pytest
 
 from jaxspec.config import ModelConfig
 from jaxspec.decoding.autoregressive import generate
-from jaxspec.decoding.speculative import EngineConfig
 from jaxspec.knapspec import dp, latency, planner
 from jaxspec.knapspec.policy import (KnapSpecConfig, KnapSpecDraft, KnapSpecSchedule, knapspec_generate,
                                      reference_window)

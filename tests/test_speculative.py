@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from jaxspec.config import ModelConfig
-from jaxspec.decoding.autoregressive import generate, prefill
+from jaxspec.decoding.autoregressive import generate
 from jaxspec.decoding.policies import SelfDraft, SeparateDraft, parse_skip_spec
 from jaxspec.decoding.sampling import SamplingConfig, sampling_probs
 from jaxspec.decoding.speculative import (EngineConfig, acceptance_from_tau, check_compatible,
@@ -174,3 +174,63 @@ def test_bad_input_errors(models):
 
     with pytest.raises(ValueError, match="tokenizers differ"):
         check_compatible(TARGET, DRAFT, FakeTokenizer({"a": 0}), FakeTokenizer({"b": 0}))
+
+
+# ---------------------------------------------------------------------------- the controller hook
+def test_default_controller_is_one_dispatch_and_a_chunked_one_keeps_the_output(models, ar_tokens, monkeypatch):
+    """The default controller runs every round in one ``run_loop`` call; a controller mixing short
+    chunks, a smaller gamma and a plain-decoding stretch gives AR's output and counts only the
+    speculative rounds' tokens in tau. ``profile=True`` follows the controller's chunks."""
+    from jaxspec.decoding import speculative
+    from jaxspec.decoding.contract import Chunk, ControllerBase
+
+    target_params, draft_params = models
+    calls = []
+    real = speculative.run_loop
+
+    def counted(*args, **kwargs):
+        calls.append(kwargs.get("max_rounds"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(speculative, "run_loop", counted)
+    kwargs = dict(draft_policy=SeparateDraft(DRAFT), draft_params=draft_params,
+                  engine=EngineConfig(gamma=3, max_new_tokens=20))
+    plain = speculative_generate(target_params, TARGET, PROMPTS, **kwargs)
+    assert calls == [None] and plain.rows() == ar_tokens
+
+    class Chunked(ControllerBase):
+        def start(self, run):
+            self.script = [Chunk(rounds=2), Chunk(rounds=2, gamma=1), Chunk(plain_steps=3), Chunk()]
+            self.seen = []
+
+        def next_chunk(self, run):
+            self.seen.append(run.last_chunk)
+            return self.script.pop(0) if self.script else None
+
+        def finish(self, run):
+            return {"plain_tokens": run.counters.plain_tokens, "gammas": sorted(run.counters.gammas_used)}, {}
+
+    calls.clear()
+    controller = Chunked()
+    result = speculative_generate(target_params, TARGET, PROMPTS, controller=controller, profile=True, **kwargs)
+    assert result.rows() == ar_tokens
+    assert calls == [2, 2, None] and controller.seen[:3] == [0, 2, 2]
+    assert result.metrics["gammas"] == [1, 3] and result.metrics["plain_tokens"] == 9  # 3 rows x 3 steps
+    assert result.timings["profile_rounds"] > 0
+    rounds_tokens = int((result.num_generated - 1).sum()) - result.metrics["plain_tokens"]
+    assert result.metrics["tau"] == rounds_tokens / result.metrics["row_rounds"]
+
+    class TooWide(Chunked):
+        def start(self, run):
+            self.script, self.seen = [Chunk(gamma=4)], []
+
+    with pytest.raises(ValueError, match="gamma=4 exceeds the engine's gamma=3"):
+        speculative_generate(target_params, TARGET, PROMPTS, controller=TooWide(), **kwargs)
+
+
+def test_a_policy_outside_the_contract_is_refused(models):
+    class NotADraft:
+        name = "nothing"
+
+    with pytest.raises(TypeError, match="is not a DraftPolicy.*DraftPolicyBase"):
+        speculative_generate(models[0], TARGET, PROMPTS, draft_policy=NotADraft())
