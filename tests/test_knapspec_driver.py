@@ -508,3 +508,15 @@ def test_cli_generate_knapspec_clasp_static(tmp_path, capsys):
     assert results["identical_to_ar"] is True and k["plan_history"] == [] and k["plan_allowance"]["skip"] is True
     assert k["ar_tokens"] == 47 and k["draft_steps"] == 0
     assert main(base + ["--method", "knapspec", "--knapspec-interval", "3"]) == 2  # validated before loading
+
+
+def test_knapspec_warmup_and_profile_come_from_the_engine(params, ar_rows):
+    """KnapSpec runs through the engine: warm-up (compile_s) and profile=True (the per-phase split,
+    following the controller's chunks) work as for every method; the output stays AR's."""
+    knap = dataclasses_replace(KNAP, probe_rounds=1)
+    result = knapspec_generate(params, TARGET, PROMPTS, knapspec=knap, max_new_tokens=NEW, latency=LATENCY,
+                               planner=ScriptedPlanner([3, 0]), warmup=True, profile=True)
+    assert result.rows() == ar_rows
+    assert result.timings["compile_s"] >= 0 and result.timings["profile_rounds"] > 0
+    assert result.timings["profile_draft_s"] > 0 and result.timings["profile_verify_s"] > 0
+    assert [p["round"] for p in result.metrics["knapspec_plans"]][:2] == [2, 6]
