@@ -14,12 +14,13 @@ Quest (Tang et al. 2024; official ``quest_attention.py`` evaluation code), for o
 Queries and keys are the post-RoPE ones; GQA: keys are shared by the query heads of a group
 (the official code repeats the KV heads), each **query head** selects its own pages.
 
-**What the engine allows, and what we chose.** The engine's verify policy returns *one* index
+**Why a verification forward of its own.** A verify policy's ``verify_indices`` is *one* index
 set per sequence for all layers and heads, computed before the verification forward -- but
 Quest's set depends on the layer, the head and the query itself, and the queries of the
 verified rows only exist inside the verification forward. Rather than approximating (e.g. one
 union set from the previous round's queries), we implement the exact rule in a model-level
-forward, :func:`quest_verify_forward`, built from the llama building blocks layer by layer:
+forward, :func:`quest_verify_forward` (the verify policy's ``verify_forward`` hook), built
+from the model's building blocks layer by layer:
 layers ``< dense_layers`` run ``attention_block`` densely; every later layer computes its
 queries, scores the pages of the committed history with each verified row's own query (every
 one of the ``gamma + 1`` rows is treated as a Quest decode query: its own top pages), and
