@@ -28,6 +28,20 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 TINY_VOCAB = 128
+
+
+def chi_square_pvalue(counts, probs) -> float:
+    """Pearson chi-square goodness-of-fit p-value of sample ``counts [V]`` against ``probs [V]``
+    (0 when a token of probability zero was sampled: certainly not this distribution)."""
+    counts, probs = np.asarray(counts), np.asarray(probs)
+    expected = probs * counts.sum()
+    keep = expected > 0
+    if counts[~keep].sum():
+        return 0.0
+    stat = float(((counts[keep] - expected[keep]) ** 2 / expected[keep]).sum())
+    from scipy import stats
+
+    return stats.chi2.sf(stat, keep.sum() - 1)
 TINY_FAMILIES = ("llama", "qwen2", "llama31")
 
 

@@ -82,7 +82,7 @@ def test_streaming_indices_follow_rule():
 
 
 def test_streaming_verify_full_budget_equals_ar(models, ar_tokens):
-    """Also SPEC 5's combination: a MagicDec (sparse-KV) draft with a sparse verifier in one engine run."""
+    """Also docs/methods.md §5's combination: a MagicDec (sparse-KV) draft with a sparse verifier in one run."""
     target, draft = models
     result = speculative_generate(target, TARGET, PROMPTS, draft_policy=MagicDecDraft(DRAFT, sinks=2, window=6),
                                   draft_params=draft, verify_policy=StreamingVerify(sinks=4, window=FULL - 4),
@@ -382,3 +382,92 @@ def test_magicdec_self_draft(models, ar_tokens, full):
         assert result.metrics["acceptance_rate"] == 1.0
     else:
         assert result.metrics["acceptance_rate"] < 1.0
+
+
+# ---------------------------------------------------------------------------- prompt lookup (n-gram) drafting
+def test_ngram_lookup_matches_python_rule():
+    """Ragged rows: the longest n-gram (3 .. 1) ending at the last committed token, its earliest earlier
+    occurrence, the tokens after it (at most gamma, never past the committed ones); none: 0 drafted."""
+    from jaxspec.baselines.prompt_lookup import ngram_lookup
+
+    rng = np.random.RandomState(0)
+    rows = [rng.randint(0, 4, n).tolist() for n in (2, 7, 12, 25)] + [[1, 2, 3, 4, 5]]
+    capacity, gamma = 32, 4
+    history = np.zeros((len(rows), capacity), np.int32)
+    for b, r in enumerate(rows):
+        history[b, : len(r)] = r
+        history[b, len(r):] = 9  # stale slots: never read
+    tokens, drafted = ngram_lookup(jnp.asarray(history), jnp.asarray([len(r) for r in rows], jnp.int32), gamma=gamma,
+                                   max_ngram=3, min_ngram=1)
+    for b, r in enumerate(rows):
+        want = []
+        for n in (3, 2, 1):
+            starts = [j for j in range(len(r) - n) if len(r) >= n + 1 and r[j: j + n] == r[len(r) - n:]]
+            if starts:
+                want = r[starts[0] + n: starts[0] + n + gamma]
+                break
+        assert int(drafted[b]) == len(want)
+        assert np.asarray(tokens[b, : len(want)]).tolist() == want
+
+
+def test_prompt_lookup_greedy_equals_ar(models, ar_tokens):
+    from jaxspec.baselines.prompt_lookup import PromptLookupDraft
+
+    result = speculative_generate(models[0], TARGET, PROMPTS, draft_policy=PromptLookupDraft(TARGET.vocab_size),
+                                  engine=ENGINE)
+    assert result.rows() == ar_tokens
+    assert result.metrics["drafted_tokens"] <= result.metrics["row_rounds"] * ENGINE.gamma
+
+
+def test_prompt_lookup_acceptance_high_on_a_repetitive_prompt(models):
+    """A target whose next token depends on the current one only (attention and MLP outputs zeroed)
+    repeats a cycle; on a prompt that already holds the cycle, the lookup's drafts are (almost) all
+    accepted, and the output is still AR's."""
+    from jaxspec.baselines.prompt_lookup import PromptLookupDraft
+
+    def zero_outputs(path, x):
+        last = path[-1]
+        name = last.key if isinstance(last, jax.tree_util.DictKey) else getattr(last, "name", None)
+        return x * 0 if name in ("wo", "w_down") else x
+
+    copycat = jax.tree_util.tree_map_with_path(zero_outputs, models[0])
+    prompt = generate(copycat, TARGET, [[5]], 40).rows()[0]
+    ar = generate(copycat, TARGET, [prompt], 24).rows()
+    result = speculative_generate(copycat, TARGET, [prompt], draft_policy=PromptLookupDraft(TARGET.vocab_size),
+                                  engine=EngineConfig(gamma=4, max_new_tokens=24))
+    assert result.rows() == ar
+    assert result.metrics["acceptance_rate"] > 0.9 and result.metrics["tau"] > 3.5
+
+
+def test_prompt_lookup_sampling_keeps_the_target_distribution():
+    """Tiny vocabulary, a prompt the lookup matches: the joint of generated tokens 2 and 3 under
+    rejection sampling with one-hot lookup drafts matches the target's own conditionals."""
+    from jaxspec.baselines.prompt_lookup import PromptLookupDraft
+    from jaxspec.decoding.sampling import SamplingConfig
+    from jaxspec.models.llama import forward
+
+    from .conftest import chi_square_pvalue
+
+    config = ModelConfig(vocab_size=5, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=2,
+                         num_kv_heads=1, head_dim=16, dtype="float32")
+    params = init_params(config, jax.random.PRNGKey(1), scale=0.5)
+    rows, prompt = 3000, [1, 2, 3, 1, 2, 3, 4]
+    result = speculative_generate(params, config, [prompt] * rows, draft_policy=PromptLookupDraft(5),
+                                  engine=EngineConfig(gamma=2, max_new_tokens=3,
+                                                      sampling=SamplingConfig(temperature=1.0)), seed=3)
+    assert 0 < result.metrics["acceptance_rate"] < 1 and result.metrics["drafted_tokens"] > 0
+    tokens = result.tokens
+    counts = np.zeros((5, 5, 5))
+    np.add.at(counts, (tokens[:, 0], tokens[:, 1], tokens[:, 2]), 1)
+    prefixes = np.array([[*prompt, a, b] for a in range(5) for b in range(5)])
+    cache = init_cache(config, len(prefixes), 16)
+    probs = np.asarray(jax.nn.softmax(forward(params, jnp.asarray(prefixes), cache, config=config).logits, axis=-1))
+    checked = 0
+    for t1 in range(5):
+        if counts[t1].sum() < 200:
+            continue
+        p2 = probs[t1 * 5, len(prompt)]  # after prompt + t1
+        joint = np.array([[p2[b] * probs[t1 * 5 + b, len(prompt) + 1, c] for c in range(5)] for b in range(5)])
+        assert chi_square_pvalue(counts[t1].reshape(-1), joint.reshape(-1)) > 1e-3
+        checked += 1
+    assert checked >= 1

@@ -1,4 +1,4 @@
-"""Dustin (SPEC 3): selection vs a numpy reference, signals, ARR, SRH identification, the m sweep and
+"""Dustin (docs/methods.md §3): selection vs a numpy reference, signals, ARR, SRH identification, the m sweep and
 Algorithm 1, profiles, and sparse verification through the speculative engine (tiny random models)."""
 
 import dataclasses

@@ -10,7 +10,6 @@ import pytest
 
 from jaxspec.config import ModelConfig
 from jaxspec.decoding.autoregressive import generate
-from jaxspec.decoding.speculative import EngineConfig
 from jaxspec.knapspec import dp, latency, planner
 from jaxspec.knapspec.policy import (KnapSpecConfig, KnapSpecDraft, KnapSpecSchedule, knapspec_generate,
                                      reference_window)
@@ -46,7 +45,7 @@ def test_fit_recovers_synthetic_model_with_per_token_constant():
     fit = latency.fit_latency(n, c2 * n + c3, [c1], token_samples)
     assert fit.c0 == pytest.approx(c0, rel=1e-2) and fit.c0 == pytest.approx(token_samples.mean(), rel=1e-12)
     assert fit.t_step(3000, 30) == pytest.approx(30 * (c2 * 3000 + c3 + c1) + fit.c0, rel=1e-9)
-    assert latency.fit_latency(n, c2 * n + c3, [c1]).c0 == 0.0  # SPEC 4.1 without the constant
+    assert latency.fit_latency(n, c2 * n + c3, [c1]).c0 == 0.0  # docs/methods.md §4.1 without the constant
     with pytest.raises(ValueError, match="token_times is empty"):
         latency.fit_latency(n, c2 * n + c3, [c1], [])
     L = 4
@@ -68,7 +67,7 @@ def test_fit_recovers_synthetic_model_with_per_token_constant():
 
 
 def test_verification_row_cost():
-    """v: verifying g + 1 rows costs (1 + v g) steps; v = 0 is SPEC 4.2 (one step whatever g)."""
+    """v: verifying g + 1 rows costs (1 + v g) steps; v = 0 is docs/methods.md §4.2 (one step whatever g)."""
     assert latency.verify_row_cost(10.0, 20.0, 11) == pytest.approx(0.1)
     assert latency.verify_row_cost(10.0, 9.0, 11) == 0.0  # never negative
     with pytest.raises(ValueError):
@@ -441,9 +440,10 @@ def test_expensive_plans_are_postponed_and_output_stays_exact(spec_params):
     output equals AR either way."""
     import time
 
+    from jaxspec.knapspec.planner import PlannerBase
     from jaxspec.knapspec.policy import KnapSpecPlanner
 
-    class SlowPlanner:
+    class SlowPlanner(PlannerBase):
         name = "slow"
 
         def __init__(self, inner, seconds):
@@ -519,7 +519,7 @@ def test_draft_early_exit_and_fillers(spec_params, greedy):
 
 
 def test_exit_aware_tpt_formulas_and_monte_carlo():
-    """Early-exit TPT: reduces to SPEC's formulas without exits (p_c = 1, p_ac = alpha), gamma 0 is
+    """Early-exit TPT: reduces to the paper's formulas without exits (p_c = 1, p_ac = alpha), gamma 0 is
     plain decoding, and the closed forms match a simulation of rounds with i.i.d. (agree,
     confident) positions."""
     g = np.arange(0, 11)
@@ -573,7 +573,7 @@ def test_exit_stats_of_the_dp_and_the_plan(tiny_problem):
     np.testing.assert_allclose(zero.confident, 1.0)
     np.testing.assert_allclose(zero.agree_confident, zero.alpha)
     # the random tiny model is unsure (greedy probabilities far below 0.7): with the exit model a
-    # long draft buys nothing, so the exit-aware plan drafts no more than SPEC's
+    # long draft buys nothing, so the exit-aware plan drafts no more than the paper's
     strict = dp.knapsack_dp(params, TINY, cache, prefix, states, token_mask, w_attn=1, w_mlp=1, exit_threshold=0.7)
     assert strict.confident.max() < 0.5
     lat = (0.01, 0.01, 0.02)

@@ -15,7 +15,7 @@ from jaxspec.decoding.sampling import SamplingConfig, sampling_probs
 from jaxspec.decoding.speculative import (EngineConfig, rejection_accept, run_loop, speculative_generate,
                                           summarize)
 from jaxspec.knapspec import dp, latency
-from jaxspec.knapspec.planner import Plan
+from jaxspec.knapspec.planner import Plan, PlannerBase
 from jaxspec.knapspec.policy import KnapSpecConfig, KnapSpecDraft, knapspec_generate
 from jaxspec.models.cache import init_cache
 from jaxspec.models.llama import forward_jit, init_params
@@ -41,7 +41,7 @@ def ar_rows(params):
     return generate(params, TARGET, PROMPTS, NEW).rows()
 
 
-class ScriptedPlanner:
+class ScriptedPlanner(PlannerBase):
     """Returns a scripted sequence of gammas (and masks skipping one sub-layer)."""
 
     name = "scripted"
@@ -107,7 +107,7 @@ def test_rejection_sampling_with_num_drafted_is_standard_sd():
     """gamma 3 but only d_1 drafted (fillers carry an arbitrary q): never more than one accepted,
     the first committed token ~ p_0 and, after an accepted d_1, the next token ~ p_1 (the bonus
     of a one-token draft), not a residual against the filler's q."""
-    from tests.test_speculative import _chi_square
+    from tests.conftest import chi_square_pvalue as _chi_square
 
     vocab, gamma, rows = 6, 3, 120_000
     sampling = SamplingConfig(temperature=1.0)
@@ -133,7 +133,7 @@ def test_run_loop_max_rounds(params, ar_rows):
     """max_rounds bounds a call (a traced value: no recompile) and continuing gives the same output."""
     from jaxspec.decoding.autoregressive import pad_prompts, prefill
     from jaxspec.decoding.policies import DenseVerify, SelfDraft, parse_skip_spec
-    from jaxspec.decoding.speculative import _loop, loop_state_from_caches
+    from jaxspec.decoding.speculative import loop_state_from_caches, loop_jit
 
     policy = SelfDraft(TARGET)
     engine = EngineConfig(gamma=2, max_new_tokens=NEW)
@@ -148,12 +148,12 @@ def test_run_loop_max_rounds(params, ar_rows):
     static = dict(target_config=TARGET, draft_policy=policy, verify_policy=DenseVerify(), engine=engine)
     state = run_loop(params, params, state, max_rounds=3, **static)
     assert int(state.round) == 3
-    compiled = _loop._cache_size()
+    compiled = loop_jit._cache_size()
     while not bool(jnp.all(state.done)):
         before = int(state.round)
         state = run_loop(params, params, state, max_rounds=5, **static)
         assert int(state.round) - before <= 5
-    assert _loop._cache_size() == compiled  # one compile for every max_rounds value
+    assert loop_jit._cache_size() == compiled  # one compile for every max_rounds value
     out = np.asarray(state.out)[:, :NEW]
     assert [row[row >= 0].tolist() for row in out] == ar_rows == result.rows()
     assert summarize(state, engine)["rounds"] == int(state.round)
@@ -231,10 +231,10 @@ def test_measured_arbitration_keeps_the_faster_mode(params, ar_rows, monkeypatch
     import dataclasses
     import time
 
-    from jaxspec.knapspec import policy as policy_module
+    from jaxspec.decoding import speculative as engine_module
 
-    side = {"speculative": "run_loop", "ar": "_ar_interval"}[slow]
-    real = getattr(policy_module, side)
+    side = {"speculative": "run_loop", "ar": "plain_decode"}[slow]
+    real = getattr(engine_module, side)
 
     def slowed(*args, **kwargs):
         out = real(*args, **kwargs)
@@ -242,7 +242,7 @@ def test_measured_arbitration_keeps_the_faster_mode(params, ar_rows, monkeypatch
         time.sleep(0.25)
         return out
 
-    monkeypatch.setattr(policy_module, side, slowed)
+    monkeypatch.setattr(engine_module, side, slowed)
     knap = dataclasses.replace(KNAP, probe_rounds=5)  # clamped to (4 - 2) // 2 = 1 round per probe
     assert knap.probe == 1 and dataclasses.replace(KNAP, probe_rounds=None).probe == 0
     fast = latency.LatencyModel(c1=1e-7, c2=0.0, c3=1e-7, c0=1e-7) if fast_model else None  # ~1e6 tok/s
@@ -457,7 +457,7 @@ def test_cli_generate_knapspec_clasp_static(tmp_path, capsys):
     base = ["generate", "--model", str(folder), "--prompt", "Once upon a time, in a land far away,",
             "--max-new-tokens", "48", "--dtype", "float32", "--no-warmup", "--compare-ar",
             "--latency-profile", str(profile), "--knapspec-interval", "8", "--knapspec-gamma-max", "4",
-            "--knapspec-max-plan-fraction", "0"]  # SPEC's fixed schedule: plan rounds checked below
+            "--knapspec-max-plan-fraction", "0"]  # the paper's fixed schedule: plan rounds checked below
     out_file = tmp_path / "knapspec.json"
     assert main(base + ["--method", "knapspec", "--out", str(out_file)]) == 0
     err = capsys.readouterr().err
@@ -508,3 +508,15 @@ def test_cli_generate_knapspec_clasp_static(tmp_path, capsys):
     assert results["identical_to_ar"] is True and k["plan_history"] == [] and k["plan_allowance"]["skip"] is True
     assert k["ar_tokens"] == 47 and k["draft_steps"] == 0
     assert main(base + ["--method", "knapspec", "--knapspec-interval", "3"]) == 2  # validated before loading
+
+
+def test_knapspec_warmup_and_profile_come_from_the_engine(params, ar_rows):
+    """KnapSpec runs through the engine: warm-up (compile_s) and profile=True (the per-phase split,
+    following the controller's chunks) work as for every method; the output stays AR's."""
+    knap = dataclasses_replace(KNAP, probe_rounds=1)
+    result = knapspec_generate(params, TARGET, PROMPTS, knapspec=knap, max_new_tokens=NEW, latency=LATENCY,
+                               planner=ScriptedPlanner([3, 0]), warmup=True, profile=True)
+    assert result.rows() == ar_rows
+    assert result.timings["compile_s"] >= 0 and result.timings["profile_rounds"] > 0
+    assert result.timings["profile_draft_s"] > 0 and result.timings["profile_verify_s"] > 0
+    assert [p["round"] for p in result.metrics["knapspec_plans"]][:2] == [2, 6]

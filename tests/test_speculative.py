@@ -6,13 +6,15 @@ import numpy as np
 import pytest
 
 from jaxspec.config import ModelConfig
-from jaxspec.decoding.autoregressive import generate, prefill
+from jaxspec.decoding.autoregressive import generate
 from jaxspec.decoding.policies import SelfDraft, SeparateDraft, parse_skip_spec
 from jaxspec.decoding.sampling import SamplingConfig, sampling_probs
 from jaxspec.decoding.speculative import (EngineConfig, acceptance_from_tau, check_compatible,
                                           rejection_accept, speculative_generate)
 from jaxspec.models.cache import CacheOverflowError, init_cache
 from jaxspec.models.llama import forward, init_params
+
+from .conftest import chi_square_pvalue
 
 TARGET = ModelConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=4, num_heads=4, num_kv_heads=2,
                      head_dim=16, dtype="float32")
@@ -88,17 +90,6 @@ def test_stop_token_inside_accepted_block(models, ar_tokens):
     assert result.metrics["acceptance_rate"] == 1.0  # the stop came inside a fully accepted block
 
 
-def _chi_square(counts, probs):
-    expected = probs * counts.sum()
-    keep = expected > 0
-    if counts[~keep].sum():  # sampled a token of probability zero: certainly not this distribution
-        return 0.0
-    stat = float(((counts[keep] - expected[keep]) ** 2 / expected[keep]).sum())
-    from scipy import stats
-
-    return stats.chi2.sf(stat, keep.sum() - 1)
-
-
 @pytest.mark.parametrize("top_p", [1.0, 0.8])
 def test_rejection_sampling_preserves_target_distribution(top_p):
     """First committed token ~ p_0 and, when all drafts are accepted, the bonus ~ p_gamma."""
@@ -112,9 +103,9 @@ def test_rejection_sampling_preserves_target_distribution(top_p):
     accepted, next_token = rejection_accept(target_logits, drafts, q, sampling, keys[3])
     first = np.where(np.asarray(accepted) > 0, np.asarray(drafts[:, 0]), np.asarray(next_token))
     p = np.asarray(sampling_probs(target_logits[0], sampling))
-    assert _chi_square(np.bincount(first, minlength=vocab), p[0]) > 1e-3
+    assert chi_square_pvalue(np.bincount(first, minlength=vocab), p[0]) > 1e-3
     # a wrong rule (e.g. always keeping the draft) must fail the same test
-    assert _chi_square(np.bincount(np.asarray(drafts[:, 0]), minlength=vocab), p[0]) < 1e-6
+    assert chi_square_pvalue(np.bincount(np.asarray(drafts[:, 0]), minlength=vocab), p[0]) < 1e-6
 
 
 def test_sampled_speculative_decoding_matches_target_end_to_end():
@@ -145,7 +136,7 @@ def test_sampled_speculative_decoding_matches_target_end_to_end():
             continue
         p2 = probs[t1 * 5, 3]  # after prompt + t1
         joint = np.array([[p2[b] * probs[t1 * 5 + b, 4, c] for c in range(5)] for b in range(5)])
-        assert _chi_square(counts[t1].reshape(-1), joint.reshape(-1)) > 1e-3
+        assert chi_square_pvalue(counts[t1].reshape(-1), joint.reshape(-1)) > 1e-3
 
 
 def test_fixed_acceptance_mode_is_labelled_and_follows_distribution(models):
@@ -183,3 +174,63 @@ def test_bad_input_errors(models):
 
     with pytest.raises(ValueError, match="tokenizers differ"):
         check_compatible(TARGET, DRAFT, FakeTokenizer({"a": 0}), FakeTokenizer({"b": 0}))
+
+
+# ---------------------------------------------------------------------------- the controller hook
+def test_default_controller_is_one_dispatch_and_a_chunked_one_keeps_the_output(models, ar_tokens, monkeypatch):
+    """The default controller runs every round in one ``run_loop`` call; a controller mixing short
+    chunks, a smaller gamma and a plain-decoding stretch gives AR's output and counts only the
+    speculative rounds' tokens in tau. ``profile=True`` follows the controller's chunks."""
+    from jaxspec.decoding import speculative
+    from jaxspec.decoding.contract import Chunk, ControllerBase
+
+    target_params, draft_params = models
+    calls = []
+    real = speculative.run_loop
+
+    def counted(*args, **kwargs):
+        calls.append(kwargs.get("max_rounds"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(speculative, "run_loop", counted)
+    kwargs = dict(draft_policy=SeparateDraft(DRAFT), draft_params=draft_params,
+                  engine=EngineConfig(gamma=3, max_new_tokens=20))
+    plain = speculative_generate(target_params, TARGET, PROMPTS, **kwargs)
+    assert calls == [None] and plain.rows() == ar_tokens
+
+    class Chunked(ControllerBase):
+        def start(self, run):
+            self.script = [Chunk(rounds=2), Chunk(rounds=2, gamma=1), Chunk(plain_steps=3), Chunk()]
+            self.seen = []
+
+        def next_chunk(self, run):
+            self.seen.append(run.last_chunk)
+            return self.script.pop(0) if self.script else None
+
+        def finish(self, run):
+            return {"plain_tokens": run.counters.plain_tokens, "gammas": sorted(run.counters.gammas_used)}, {}
+
+    calls.clear()
+    controller = Chunked()
+    result = speculative_generate(target_params, TARGET, PROMPTS, controller=controller, profile=True, **kwargs)
+    assert result.rows() == ar_tokens
+    assert calls == [2, 2, None] and controller.seen[:3] == [0, 2, 2]
+    assert result.metrics["gammas"] == [1, 3] and result.metrics["plain_tokens"] == 9  # 3 rows x 3 steps
+    assert result.timings["profile_rounds"] > 0
+    rounds_tokens = int((result.num_generated - 1).sum()) - result.metrics["plain_tokens"]
+    assert result.metrics["tau"] == rounds_tokens / result.metrics["row_rounds"]
+
+    class TooWide(Chunked):
+        def start(self, run):
+            self.script, self.seen = [Chunk(gamma=4)], []
+
+    with pytest.raises(ValueError, match="gamma=4 exceeds the engine's gamma=3"):
+        speculative_generate(target_params, TARGET, PROMPTS, controller=TooWide(), **kwargs)
+
+
+def test_a_policy_outside_the_contract_is_refused(models):
+    class NotADraft:
+        name = "nothing"
+
+    with pytest.raises(TypeError, match="is not a DraftPolicy.*DraftPolicyBase"):
+        speculative_generate(models[0], TARGET, PROMPTS, draft_policy=NotADraft())

@@ -1,7 +1,7 @@
 """MagicDec: a draft that reads a StreamingLLM view of its KV cache; the target verifies densely.
 
 Two draft policies for the engine (contract in :mod:`jaxspec.decoding.policies`); pair them with
-``DenseVerify`` for MagicDec proper, or with a sparse verify policy (SPEC 5, "sparse draft KV
+``DenseVerify`` for MagicDec proper, or with a sparse verify policy (docs/methods.md §5, "sparse draft KV
 combined with sparse verification", so neither side reads the full cache):
 
 * :class:`MagicDecDraft` -- a separate draft model. Its cache keeps the whole history (prefilled
@@ -37,6 +37,7 @@ import jax.numpy as jnp
 
 from jaxspec.baselines.streaming import check_sinks_window, streaming_indices
 from jaxspec.config import ModelConfig
+from jaxspec.decoding.contract import DraftPolicyBase
 from jaxspec.decoding.policies import Proposal, SeparateDraft, draft_loop
 from jaxspec.models.llama import forward
 
@@ -47,7 +48,7 @@ def _streaming_forward(params, tokens, cache, *, config, sinks, window, skip_mas
 
 
 @dataclasses.dataclass(frozen=True)
-class MagicDecDraft:
+class MagicDecDraft(DraftPolicyBase):
     """A separate draft model whose draft attention reads sinks + window of its (full) cache."""
 
     config: ModelConfig
@@ -62,6 +63,9 @@ class MagicDecDraft:
     @property
     def budget(self) -> int:
         return self.sinks + self.window
+
+    def draft_model_config(self, target_config):
+        return self.config
 
     def prefill(self, draft_params, tokens, prompt_lengths, capacity):
         # dense prefill of the whole prompt (MagicDec compresses after a full-attention prefill)
@@ -87,7 +91,7 @@ class MagicDecDraft:
 
 
 @dataclasses.dataclass(frozen=True)
-class MagicDecSelfDraft:
+class MagicDecSelfDraft(DraftPolicyBase):
     """The target with StreamingLLM attention (sinks + window of the target cache) as its own draft.
 
     ``state`` is a dict, ``{}`` or ``{"skip_mask": [L, 2] bool}`` (build it with

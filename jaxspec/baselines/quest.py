@@ -1,4 +1,4 @@
-"""Quest verification: query-aware page selection per layer, query head and query row (SPEC 3.6).
+"""Quest verification: query-aware page selection per layer, query head and query row (docs/methods.md §3.6).
 
 Quest (Tang et al. 2024; official ``quest_attention.py`` evaluation code), for one decode query
 ``q`` of one head at one layer:
@@ -14,12 +14,13 @@ Quest (Tang et al. 2024; official ``quest_attention.py`` evaluation code), for o
 Queries and keys are the post-RoPE ones; GQA: keys are shared by the query heads of a group
 (the official code repeats the KV heads), each **query head** selects its own pages.
 
-**What the engine allows, and what we chose.** The engine's verify policy returns *one* index
+**Why a verification forward of its own.** A verify policy's ``verify_indices`` is *one* index
 set per sequence for all layers and heads, computed before the verification forward -- but
 Quest's set depends on the layer, the head and the query itself, and the queries of the
 verified rows only exist inside the verification forward. Rather than approximating (e.g. one
 union set from the previous round's queries), we implement the exact rule in a model-level
-forward, :func:`quest_verify_forward`, built from the llama building blocks layer by layer:
+forward, :func:`quest_verify_forward` (the verify policy's ``verify_forward`` hook), built
+from the model's building blocks layer by layer:
 layers ``< dense_layers`` run ``attention_block`` densely; every later layer computes its
 queries, scores the pages of the committed history with each verified row's own query (every
 one of the ``gamma + 1`` rows is treated as a Quest decode query: its own top pages), and
@@ -35,22 +36,16 @@ forward (Quest maintains them per page as keys arrive: the same values). Exact Q
 not Quest's speed: a paged sparse kernel reading only the bounds and the selected pages would
 be needed for timings.
 
-:func:`quest_speculative_generate` runs the engine's rounds with this verification: the engine's
-own draft and commit phases (``speculative.draft_phase`` / ``commit_phase``) around
-:func:`quest_verify_forward`, in one jitted ``while_loop``. :class:`QuestVerify` carries the
-settings; its ``verify_indices`` raises, so it cannot silently run dense in the stock engine.
-
-Engine change that would let Quest (and any per-layer method) run in ``speculative_generate``
-itself: in ``verify_phase``, if the verify policy defines
-``verify_forward(target_params, rows, cache, committed, signals, *, config, state)``, call it
-instead of ``forward(..., verify_indices=...)`` (``QuestVerify.verify_forward`` already has
-that signature).
+:func:`quest_speculative_generate` runs :func:`~jaxspec.decoding.speculative.speculative_generate`
+with :class:`QuestVerify`, whose ``verify_forward`` (the engine's verify-forward hook) is
+:func:`quest_verify_forward`: the engine's own draft and commit phases, all rounds in one
+jitted ``while_loop``, mesh, ``profile=True`` and warm-up as for every method.
+:class:`QuestVerify`'s ``verify_indices`` raises (it has no one-set-per-sequence form).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import time
 from typing import Optional, Sequence
 
 import jax
@@ -58,9 +53,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.config import ModelConfig
-from jaxspec.decoding import speculative
-from jaxspec.decoding.autoregressive import PAD_OUTPUT, pad_prompts, run_with_warmup
-from jaxspec.models.cache import KVCache, check_room, scatter_rows, write_positions
+from jaxspec.decoding.contract import VerifyPolicyBase
+from jaxspec.decoding.speculative import EngineConfig, SpeculativeResult, speculative_generate
+from jaxspec.models.cache import KVCache, scatter_rows, write_positions
 from jaxspec.models.llama import (ForwardOutput, attention_block, mlp_block, project_qkv, rms_norm,
                                   rope_tables)
 
@@ -193,7 +188,7 @@ def quest_verify_forward(params, tokens, cache: KVCache, *, config: ModelConfig,
 
 
 @dataclasses.dataclass(frozen=True)
-class QuestVerify:
+class QuestVerify(VerifyPolicyBase):
     """Quest verification settings (token ``budget`` per query head, pages of ``page_size``)."""
 
     budget: int = 1024
@@ -213,80 +208,24 @@ class QuestVerify:
     def verify_indices(self, state, target_cache, committed, signals):
         raise TypeError(
             "Quest selects per layer, query head and query row; the engine's verify_indices is one set per "
-            "sequence. Use jaxspec.baselines.quest.quest_speculative_generate (or QuestVerify.verify_forward).")
+            "sequence; the engine verifies through QuestVerify.verify_forward (speculative_generate or "
+            "quest_speculative_generate with verify_policy=QuestVerify(...)).")
 
-    def verify_forward(self, target_params, rows, cache, committed, signals, *, config, state=None):
-        """The verification forward (the hook signature proposed for the engine)."""
-        return quest_verify_forward(target_params, rows, cache, config=config, budget=self.budget,
-                                    page_size=self.page_size, dense_layers=self.dense_layers,
+    def verify_forward(self, target_params, rows, target_cache, committed, signals, *, config, state):
+        """The engine's verify-forward hook: :func:`quest_verify_forward` at ``committed - 1``."""
+        return quest_verify_forward(target_params, rows, target_cache.with_lengths(committed - 1), config=config,
+                                    budget=self.budget, page_size=self.page_size, dense_layers=self.dense_layers,
                                     min_pages=self.min_pages)
-
-
-# ---------------------------------------------------------------------------- engine rounds
-def _round(target_params, draft_params, state, *, target_config, draft_policy, verify_policy, engine):
-    proposal, key = speculative.draft_phase(
-        target_params, draft_params, state.draft_state, state.target_cache, state.pending, state.previous,
-        state.committed, state.key, target_config=target_config, draft_policy=draft_policy, engine=engine)
-    cache = proposal.target_cache.with_lengths(state.committed - 1)
-    rows = jnp.concatenate([state.pending[:, None], proposal.tokens], axis=1)
-    result = verify_policy.verify_forward(target_params, rows, cache, state.committed, proposal.signals,
-                                          config=target_config, state=state.verify_state)
-    return speculative.commit_phase(state, proposal, result.logits, result.cache, key, engine=engine)
-
-
-def _loop_fn(target_params, draft_params, state, *, target_config, draft_policy, verify_policy, engine):
-    def cond(s):
-        return (s.round < engine.max_new_tokens) & ~jnp.all(s.done)
-
-    def body(s):
-        return _round(target_params, draft_params, s, target_config=target_config, draft_policy=draft_policy,
-                      verify_policy=verify_policy, engine=engine)
-
-    return jax.lax.while_loop(cond, body, state)
-
-
-_loop = jax.jit(_loop_fn, static_argnames=("target_config", "draft_policy", "verify_policy", "engine"),
-                donate_argnames=("state",))
 
 
 def quest_speculative_generate(target_params, target_config: ModelConfig, prompts: Sequence[Sequence[int]], *,
                                draft_policy, verify_policy: QuestVerify = QuestVerify(), draft_params=None,
-                               draft_state=None, engine: speculative.EngineConfig = speculative.EngineConfig(),
-                               seed: int = 0, capacity: Optional[int] = None,
-                               warmup: bool = False) -> speculative.SpeculativeResult:
-    """``speculative_generate`` with Quest verification (single device; same prefill, first token,
-    keys, acceptance and metrics as the engine, so a budget covering the history reproduces
-    ``speculative_generate`` with ``DenseVerify``). ``verify_policy``: anything with ``verify_forward``
-    (the verify-policy ``prefill``/``update``/``probe_heads`` hooks are not used here)."""
-    draft_config = getattr(draft_policy, "config", target_config)
-    speculative.check_compatible(target_config, draft_config)
-    tokens, lengths = pad_prompts(prompts)
-    gamma = engine.gamma
-    capacity = capacity or int(lengths.max()) + engine.max_new_tokens + gamma + 2
-    check_room(lengths, capacity, engine.max_new_tokens + gamma + 2,
-               f"prompt + {engine.max_new_tokens} new tokens + a draft of gamma={gamma} (+2 headroom)")
-    draft_params = target_params if draft_params is None else draft_params
-
-    def initial_state():  # the engine's own start state (Quest keeps no verify state)
-        return speculative.prefill_loop_state(target_params, target_config, tokens, lengths, capacity,
-                                              draft_policy=draft_policy, draft_params=draft_params,
-                                              draft_state=draft_state, verify_policy=None, verify_state=None,
-                                              engine=engine, seed=seed)
-
-    def run():
-        start = time.perf_counter()
-        state = initial_state()
-        jax.block_until_ready(state)
-        prefill_s = time.perf_counter() - start
-        start = time.perf_counter()
-        final = _loop(target_params, draft_params, state, target_config=target_config, draft_policy=draft_policy,
-                      verify_policy=verify_policy, engine=engine)
-        jax.block_until_ready(final)
-        return final, {"prefill_s": prefill_s, "decode_s": time.perf_counter() - start}
-
-    final, timings = run_with_warmup(run, warmup)
-    out = np.asarray(final.out)[:, : engine.max_new_tokens]
-    return speculative.SpeculativeResult(tokens=out, num_generated=(out != PAD_OUTPUT).sum(axis=1),
-                                         prompt_lengths=np.asarray(lengths),
-                                         metrics=speculative.summarize(final, engine), timings=timings,
-                                         final_state=final)
+                               draft_state=None, engine: EngineConfig = EngineConfig(), seed: int = 0,
+                               capacity: Optional[int] = None, warmup: bool = False, **kwargs) -> SpeculativeResult:
+    """``speculative_generate`` with Quest verification (``verify_policy``: a :class:`QuestVerify`, or
+    any verify policy whose ``verify_forward`` does the verification). A budget covering the history
+    reproduces ``speculative_generate`` with ``DenseVerify``. ``kwargs``: the engine's (``profile``,
+    ``mesh``, ``controller``, ...)."""
+    return speculative_generate(target_params, target_config, prompts, draft_policy=draft_policy,
+                                draft_params=draft_params, draft_state=draft_state, verify_policy=verify_policy,
+                                engine=engine, seed=seed, capacity=capacity, warmup=warmup, **kwargs)

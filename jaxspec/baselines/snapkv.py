@@ -1,4 +1,4 @@
-"""SnapKV verification: a static prompt selection made once after prefill (SPEC 3.6).
+"""SnapKV verification: a static prompt selection made once after prefill (docs/methods.md §3.6).
 
 SnapKV (Li et al. 2024; official ``snapkv_utils.py``), per layer and KV head: the last
 ``window`` (32) prompt tokens are the *observation window*; their attention probabilities
@@ -45,6 +45,7 @@ import numpy as np
 
 from jaxspec.config import ModelConfig
 from jaxspec.decoding.autoregressive import prefill
+from jaxspec.decoding.contract import VerifyPolicyBase
 from jaxspec.models.cache import KVCache, init_cache
 from jaxspec.models.llama import forward
 from pallas_kernels.selection import select_top_k
@@ -124,7 +125,7 @@ def snapkv_select(scores: jax.Array, prompt_lengths, *, budget: int, window: int
 
 
 @dataclasses.dataclass(frozen=True)
-class SnapKVVerify:
+class SnapKVVerify(VerifyPolicyBase):
     """Verify policy: static SnapKV prompt selection + every generated position. ``config`` (the
     target's) is needed only by the engine's ``prefill`` hook."""
 

@@ -1,4 +1,4 @@
-"""Static skip set baseline (Draft & Verify-style, SPEC 4.4): a self-draft whose skipped
+"""Static skip set baseline (Draft & Verify-style, docs/methods.md §4.4): a self-draft whose skipped
 sub-layers are chosen once, offline, on calibration text, and kept for every prompt and every
 context length.
 
@@ -22,7 +22,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.config import ModelConfig
+from jaxspec.decoding.autoregressive import prefill
 from jaxspec.knapspec.latency import LatencyModel, config_fields, effective_context
+from jaxspec.knapspec.policy import KnapSpecConfig, KnapSpecPlanner, knapspec_generate
+from jaxspec.models.cache import init_cache
 
 FORMAT_VERSION = 1
 
@@ -78,10 +81,6 @@ def calibrate_static_skip(target_params, config: ModelConfig, calibration_tokens
     """Choose the skip set once: prefill all but the last ``reference_tokens`` calibration tokens,
     run ``planner`` (default ``KnapSpecPlanner(latency, knapspec)``) on the last ones with
     ``t_attn`` at ``context_n`` (default: the effective context of the calibration cache)."""
-    from jaxspec.decoding.autoregressive import prefill
-    from jaxspec.knapspec.policy import KnapSpecConfig, KnapSpecPlanner
-    from jaxspec.models.cache import init_cache
-
     knapspec = KnapSpecConfig() if knapspec is None else knapspec
     if planner is None:
         if latency is None:
@@ -112,7 +111,7 @@ def calibrate_static_skip(target_params, config: ModelConfig, calibration_tokens
     else:
         gamma = knapspec.gamma_max
     source = {"calibration_tokens": int(len(tokens)), "reference_tokens": reference_tokens, "context_n": n,
-              "planner": getattr(planner, "name", type(planner).__name__), "weights": list(weights),
+              "planner": planner.name, "weights": list(weights),
               "candidates": len(candidates) if candidates is not None else 0, "plan": plan.summary()}
     return StaticSkipPlan(mask=np.asarray(plan.mask, bool), gamma=gamma, config=config_fields(config), source=source)
 
@@ -137,8 +136,6 @@ def static_skip_generate(target_params, target_config: ModelConfig, prompts, *, 
                          **kwargs):
     """Generate with a fixed self-draft (``plan.mask``, ``plan.gamma``; no re-planning): KnapSpec's
     driver and draft policy (early exit). ``kwargs`` as :func:`~jaxspec.knapspec.policy.knapspec_generate`."""
-    from jaxspec.knapspec.policy import KnapSpecConfig, knapspec_generate
-
     knapspec = KnapSpecConfig() if knapspec is None else knapspec
     mask = np.asarray(plan.mask, bool)
     if mask.shape != (target_config.num_layers, 2):

@@ -1,4 +1,4 @@
-"""StreamingLLM index sets: attention sinks + a recent window (SPEC 3.6).
+"""StreamingLLM index sets: attention sinks + a recent window (docs/methods.md §3.6).
 
 :func:`streaming_indices` is the one rule, shared by the StreamingLLM *verification* baseline
 (:class:`StreamingVerify`, a verify policy of the engine) and the MagicDec *draft*
@@ -24,6 +24,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from jaxspec.decoding.contract import VerifyPolicyBase
+
 
 def check_sinks_window(sinks: int, window: int) -> None:
     if sinks < 0 or window < 0 or sinks + window < 1:
@@ -42,7 +44,7 @@ def streaming_indices(lengths: jax.Array, *, sinks: int, window: int) -> jax.Arr
 
 
 @dataclasses.dataclass(frozen=True)
-class StreamingVerify:
+class StreamingVerify(VerifyPolicyBase):
     """StreamingLLM verification: every target layer and KV head attends to the first ``sinks``
     and the last ``window`` committed history positions (budget ``k = sinks + window``), plus the
     ``gamma + 1`` verified rows. Stateless: ``verify_state`` is unused (pass ``None``)."""

@@ -1,69 +1,29 @@
-"""Draft and verify policies: the plug-in points of the speculative engine.
+"""The stock draft and verify policies of the speculative engine, and skip-set helpers.
 
-A policy is a frozen (hashable) dataclass, so it is a static argument of the jitted loop; its
-arrays live in a ``state`` pytree that the engine threads through the rounds. The engine
-never imports a method by name: Dustin and KnapSpec add policies of their own.
+The contract they implement (:class:`~jaxspec.decoding.contract.DraftPolicy`,
+:class:`~jaxspec.decoding.contract.VerifyPolicy`, :class:`~jaxspec.decoding.contract.Proposal`)
+lives in :mod:`jaxspec.decoding.contract`; every policy here derives from its base classes.
 
-Sequence bookkeeping shared by every policy: ``committed [B]`` counts the committed tokens of
-each row (prompt + generated); the last one, ``pending``, is not yet in the target cache (it
-is the first of the ``gamma + 1`` rows the target verifies), ``previous`` is the one before it.
-
-Draft policy contract::
-
-    state = policy.prefill(draft_params, tokens [B, T], prompt_lengths [B], capacity)   # host level
-    proposal = policy.propose(draft_params, state, target_cache, pending, previous, committed,
-                              gamma=, sampling=, key=)                                   # traced
-
-``proposal.tokens [B, gamma]`` are the drafted tokens, ``proposal.probs [B, gamma, V]`` the
-distributions they were drawn from (needed by rejection sampling), ``proposal.state`` the new
-draft state, ``proposal.target_cache`` the target cache (self-drafts write their KV into it,
-beyond the committed length, where verification overwrites it), ``proposal.signals`` anything
-a verify policy wants (e.g. Dustin's lookahead attention); ``None`` here. Optionally
-``proposal.num_drafted [B]``: how many of the ``gamma`` tokens are real drafts (e.g. after an
-early exit); the engine accepts at most that many and counts only those in its metrics.
-
-Verify policy contract::
-
-    indices = policy.verify_indices(state, target_cache, committed, signals)   # [B, K] or None (dense)
-
-Optional verify-policy hooks (used by Dustin; absent on :class:`DenseVerify`)::
-
-    policy.probe_heads   # static ((layer, query_head), ...) probed in the verification forward
-    state = policy.prefill(target_params, target_cache, tokens, prompt_lengths)   # host level; when no
-                         # verify_state is given (target_cache holds the prompts)
-    state = policy.update(state, probes, num_committed, committed)                # traced, after each commit
-
-``probes`` are the verification forward's :class:`~jaxspec.models.llama.Probes` (rows
-``[pending, d_1 .. d_gamma]``); ``num_committed [B]`` the tokens committed this round (0 for
-finished rows): row ``num_committed - 1`` is the last token now in the target cache.
+* :class:`SeparateDraft` -- a separate (smaller) draft model with its own KV cache;
+* :class:`SelfDraft` -- the target with a ``[L, 2]`` skip mask, drafting into the target cache;
+* :class:`DenseVerify` -- verification attends to the whole history.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, NamedTuple, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.config import ModelConfig
+from jaxspec.decoding.contract import DraftPolicyBase, Proposal, VerifyPolicyBase
 from jaxspec.decoding.sampling import SamplingConfig, sample_token, sampling_probs
-from jaxspec.models.cache import KVCache, init_cache
+from jaxspec.models.cache import init_cache
 from jaxspec.models.llama import forward
 from jaxspec.parallel.sharding import placement_of
-
-
-class Proposal(NamedTuple):
-    tokens: jax.Array  # [B, gamma] int32
-    probs: Optional[jax.Array]  # [B, gamma, V] float32 (None when greedy)
-    state: Any
-    target_cache: KVCache
-    signals: Any = None
-    # [B] int32: real drafted tokens per row (the rest of ``tokens`` are fillers, never accepted nor
-    # counted as drafted); None = all ``gamma``
-    num_drafted: Optional[jax.Array] = None
 
 
 def draft_loop(step_fn, first_logits, state, gamma: int, sampling: SamplingConfig, key):
@@ -89,7 +49,7 @@ def draft_loop(step_fn, first_logits, state, gamma: int, sampling: SamplingConfi
 
 
 @dataclasses.dataclass(frozen=True)
-class SeparateDraft:
+class SeparateDraft(DraftPolicyBase):
     """A separate (smaller) draft model with its own KV cache.
 
     Each round the draft cache is rolled back to ``committed - 2`` and the first draft forward
@@ -100,6 +60,9 @@ class SeparateDraft:
 
     config: ModelConfig
     name: str = "draft-model"
+
+    def draft_model_config(self, target_config):
+        return self.config
 
     def prefill(self, draft_params, tokens, prompt_lengths, capacity):
         from jaxspec.decoding.autoregressive import prefill
@@ -122,7 +85,7 @@ class SeparateDraft:
 
 
 @dataclasses.dataclass(frozen=True)
-class SelfDraft:
+class SelfDraft(DraftPolicyBase):
     """The target itself with some sub-layers skipped (``state`` holds the ``[L, 2]`` mask, so a
     planner can change it between rounds without a recompile). Reads the target's KV cache and
     writes its draft KV (executed layers only) beyond the committed length."""
@@ -153,13 +116,10 @@ class SelfDraft:
 
 
 @dataclasses.dataclass(frozen=True)
-class DenseVerify:
-    """Verification attends to the whole history."""
+class DenseVerify(VerifyPolicyBase):
+    """Verification attends to the whole history (every default of the base)."""
 
     name: str = "dense"
-
-    def verify_indices(self, state, target_cache, committed, signals):
-        return None
 
 
 # ---------------------------------------------------------------------------- skip specs

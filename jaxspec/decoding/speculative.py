@@ -20,8 +20,14 @@ Acceptance:
 A draft policy may set ``Proposal.num_drafted [B]`` (real drafts per row, e.g. after an early
 exit; the rest are fillers): at most that many are accepted (sampling: standard rejection
 sampling with that draft length) and ``acceptance_rate`` divides by the tokens really drafted
-(``LoopState.draft_counts``). ``run_loop(..., max_rounds=n)`` returns to the host after at most
-``n`` more rounds (a traced bound: no recompile per value), e.g. to re-plan between chunks.
+(``LoopState.draft_counts``).
+
+The policies and the host-side controller implement the protocols of
+:mod:`jaxspec.decoding.contract`. A controller splits a run into chunks
+(:class:`~jaxspec.decoding.contract.Chunk`): ``run_loop(..., max_rounds=n)`` returns to the host
+after at most ``n`` more rounds (a traced bound: no recompile per value), a chunk may swap the
+draft state (a new skip plan) or the engine gamma, or run a plain-decoding stretch
+(:func:`plain_decode`) in one dispatch. The default controller runs every round in one call.
 """
 
 from __future__ import annotations
@@ -35,8 +41,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.config import ModelConfig
-from jaxspec.decoding.autoregressive import PAD_OUTPUT, pad_prompts, prefill, run_with_warmup
-from jaxspec.decoding.policies import DenseVerify, Proposal
+from jaxspec.decoding.autoregressive import PAD_OUTPUT, decode_loop_fn, pad_prompts, prefill, run_with_warmup
+from jaxspec.decoding.contract import Chunk, Proposal, RunToEnd, check_policies
+from jaxspec.decoding.policies import DenseVerify
 from jaxspec.decoding.sampling import SamplingConfig, sample_token, sampling_probs
 from jaxspec.models.cache import KVCache, check_room, init_cache
 from jaxspec.models.llama import forward
@@ -156,13 +163,12 @@ def draft_phase(target_params, draft_params, draft_state, target_cache, pending,
 
 
 def verify_phase(target_params, target_cache, verify_state, committed, pending, draft_tokens, signals, *,
-                  target_config, verify_policy, engine):
-    indices = verify_policy.verify_indices(verify_state, target_cache, committed, signals)
-    cache = target_cache.with_lengths(committed - 1)
+                 target_config, verify_policy, engine):
+    """The verification forward of ``[pending, d_1 .. d_gamma]`` (the verify policy's
+    ``verify_forward``): ``(logits [B, gamma + 1, V], cache, probes)``."""
     rows = jnp.concatenate([pending[:, None], draft_tokens], axis=1)
-    # a verify policy may ask for probe outputs of the verification (e.g. Dustin's target signal)
-    result = forward(target_params, rows, cache, config=target_config, verify_indices=indices,
-                      probe_heads=tuple(getattr(verify_policy, "probe_heads", ())))
+    result = verify_policy.verify_forward(target_params, rows, target_cache, committed, signals,
+                                          config=target_config, state=verify_state)
     return result.logits, result.cache, result.probes
 
 
@@ -232,11 +238,9 @@ def _round(target_params, draft_params, state, *, target_config, draft_policy, v
 
 
 def update_verify_state(before: LoopState, after: LoopState, probes, *, verify_policy):
-    """Optional hook: ``verify_policy.update(verify_state, probes, num_committed [B], committed [B])``
-    -> the next ``verify_state`` (``num_committed``: tokens committed this round, 0 for finished
-    rows; verification row ``num_committed - 1`` is the last token now in the target cache)."""
-    if not hasattr(verify_policy, "update"):
-        return after
+    """The verify policy's ``update(verify_state, probes, num_committed [B], committed [B])`` -> the
+    next ``verify_state`` (``num_committed``: tokens committed this round, 0 for finished rows;
+    verification row ``num_committed - 1`` is the last token now in the target cache)."""
     return after._replace(verify_state=verify_policy.update(after.verify_state, probes,
                                                             after.committed - before.committed, after.committed))
 
@@ -262,14 +266,17 @@ def _loop_fn(target_params, draft_params, state, max_rounds=None, *, target_conf
 
 
 _STATIC = ("target_config", "draft_policy", "verify_policy", "engine")
-_loop = jax.jit(_loop_fn, static_argnames=_STATIC, donate_argnames=("state",))
+#: the jitted loop of :func:`run_loop` (donates its state)
+loop_jit = jax.jit(_loop_fn, static_argnames=_STATIC, donate_argnames=("state",))
 # per-phase versions for profiling: the caches are donated, as inside the fused loop, so no phase pays for a copy
-_draft_jit = jax.jit(draft_phase, static_argnames=("target_config", "draft_policy", "engine"),
-                     donate_argnames=("draft_state", "target_cache"))
-_verify_jit = jax.jit(verify_phase, static_argnames=("target_config", "verify_policy", "engine"),
-                      donate_argnames=("target_cache",))
-_commit_jit = jax.jit(commit_phase, static_argnames=("engine",), donate_argnames=("proposal", "target_cache"))
-_update_jit = jax.jit(update_verify_state, static_argnames=("verify_policy",), donate_argnames=("after",))
+draft_phase_jit = jax.jit(draft_phase, static_argnames=("target_config", "draft_policy", "engine"),
+                          donate_argnames=("draft_state", "target_cache"))
+verify_phase_jit = jax.jit(verify_phase, static_argnames=("target_config", "verify_policy", "engine"),
+                           donate_argnames=("target_cache",))
+commit_phase_jit = jax.jit(commit_phase, static_argnames=("engine",), donate_argnames=("proposal", "target_cache"))
+update_verify_state_jit = jax.jit(update_verify_state, static_argnames=("verify_policy",), donate_argnames=("after",))
+# the names experiments used before the public ones (kept so they keep working)
+_loop, _draft_jit, _commit_jit = loop_jit, draft_phase_jit, commit_phase_jit
 
 
 def loop_state_from_caches(target_cache: KVCache, draft_state, pending, previous, engine: EngineConfig, seed: int = 0,
@@ -294,13 +301,18 @@ def loop_state_from_caches(target_cache: KVCache, draft_state, pending, previous
 
 def prefill_loop_state(target_params, target_config: ModelConfig, tokens: np.ndarray, lengths: np.ndarray,
                        capacity: int, *, draft_policy, draft_params, draft_state, verify_policy, verify_state,
-                       engine: EngineConfig, seed: int = 0, mesh=None, rules=None) -> LoopState:
+                       engine: EngineConfig, seed: int = 0, mesh=None, rules=None, prefilled=None) -> LoopState:
     """Prefill the target (and the draft policy) with right-padded prompts and sample the first
     token: the state every speculative run starts its rounds from. Given ``draft_state`` /
-    ``verify_state`` are copied (the loop donates its state; a warm-up run must not consume them)."""
+    ``verify_state`` are copied (the loop donates its state; a warm-up run must not consume them).
+    ``prefilled=(target_cache, first_logits [B, V])``: the prompts already prefilled (copied, not
+    consumed)."""
     batch = len(lengths)
-    target_cache = init_cache(target_config, batch, capacity, mesh=mesh, rules=rules)
-    target_cache, first_logits = prefill(target_params, target_config, tokens, lengths, target_cache)
+    if prefilled is not None:
+        target_cache, first_logits = jax.tree.map(jnp.copy, tuple(prefilled))
+    else:
+        target_cache = init_cache(target_config, batch, capacity, mesh=mesh, rules=rules)
+        target_cache, first_logits = prefill(target_params, target_config, tokens, lengths, target_cache)
     state_d = jax.tree.map(jnp.copy, draft_state) if draft_state is not None else draft_policy.prefill(
         draft_params, tokens, lengths, capacity)
     key, sub = jax.random.split(jax.random.PRNGKey(seed))
@@ -308,7 +320,7 @@ def prefill_loop_state(target_params, target_config: ModelConfig, tokens: np.nda
     stop = jnp.asarray(engine.stop_tokens if engine.stop_tokens else (-2,), jnp.int32)
     previous = jnp.asarray(tokens[np.arange(batch), lengths - 1], jnp.int32)
     state_v = jax.tree.map(jnp.copy, verify_state)
-    if state_v is None and hasattr(verify_policy, "prefill"):  # e.g. Dustin: the last prompt token's query
+    if state_v is None:  # e.g. Dustin: the last prompt token's query
         state_v = verify_policy.prefill(target_params, target_cache, tokens, lengths)
     return loop_state_from_caches(target_cache, state_d, first, previous, engine, verify_state=state_v, key=key,
                                   done=jnp.isin(first, stop) | (engine.max_new_tokens <= 1))
@@ -320,7 +332,7 @@ def run_loop(target_params, draft_params, state: LoopState, *, target_config, dr
     that many rounds (fewer if every row finishes; ``state.round`` keeps counting), e.g. to return
     to the host every planning interval; a traced value, so no recompile per value."""
     limit = None if max_rounds is None else jnp.int32(max_rounds)
-    return _loop(target_params, draft_params, state, limit, target_config=target_config, draft_policy=draft_policy,
+    return loop_jit(target_params, draft_params, state, limit, target_config=target_config, draft_policy=draft_policy,
                  verify_policy=verify_policy, engine=engine)
 
 
@@ -340,7 +352,113 @@ def summarize(final: LoopState, engine: EngineConfig) -> Dict[str, Any]:
     return _metrics(final, engine.gamma, engine)
 
 
+# ---------------------------------------------------------------------------- plain decoding
+def plain_decode_fn(params, state: LoopState, num_steps, *, config: ModelConfig, engine: EngineConfig, steps: int):
+    """``num_steps`` (traced, 1..``steps``) plain autoregressive steps from the loop state, on the
+    same cache: the pending token is fed, then :func:`~jaxspec.decoding.autoregressive.decode_loop_fn`
+    runs; each active row commits its tokens up to a stop token or its limit. ``steps`` (static)
+    sizes the token buffer, so every stretch length up to it shares one compile.
+    Returns (state, tokens committed [B])."""
+    batch = state.pending.shape[0]
+    active = ~state.done
+    first = forward(params, state.pending[:, None], state.target_cache.with_lengths(state.committed - 1),
+                    config=config)
+    logits = first.logits[:, 0]
+    if engine.stop_tokens:  # finished rows emit a stop token at once, so the loop can end early (dropped anyway)
+        stop_hot = jax.nn.one_hot(engine.stop_tokens[0], logits.shape[-1], dtype=bool)
+        logits = jnp.where(state.done[:, None], jnp.where(stop_hot[None, :], 0.0, -1e30), logits)
+    key, sub = jax.random.split(state.key)
+    tokens, cache = decode_loop_fn(params, first.cache, logits, sub, config=config, sampling=engine.sampling,
+                                   max_new_tokens=steps, stop_tokens=tuple(sorted(set(engine.stop_tokens))),
+                                   limit=num_steps)
+    position = jnp.arange(steps)[None, :]
+    stop = jnp.asarray(engine.stop_tokens if engine.stop_tokens else (-2,), jnp.int32)
+    is_stop = jnp.isin(tokens, stop)
+    first_stop = jnp.where(is_stop.any(axis=1), jnp.argmax(is_stop, axis=1), steps)
+    count = jnp.minimum(jnp.minimum(first_stop + 1, jnp.minimum(steps, num_steps)),
+                        engine.max_new_tokens - state.num_out)
+    count = jnp.where(active, jnp.maximum(count, 0), 0)
+    slots = jnp.where(position < count[:, None], state.num_out[:, None] + position, state.out.shape[1])
+    out = state.out.at[jnp.arange(batch)[:, None], slots].set(tokens, mode="drop")
+    num_out = state.num_out + count
+    done = state.done | (is_stop.any(axis=1) & (first_stop < count)) | (num_out >= engine.max_new_tokens)
+    last = jnp.take_along_axis(tokens, jnp.maximum(count - 1, 0)[:, None], axis=1)[:, 0]
+    before_last = jnp.where(count >= 2, jnp.take_along_axis(tokens, jnp.maximum(count - 2, 0)[:, None], 1)[:, 0],
+                            state.pending)
+    committed = state.committed + count
+    state = state._replace(target_cache=cache.with_lengths(committed - 1), out=out, num_out=num_out,
+                           committed=committed, pending=jnp.where(count > 0, last, state.pending),
+                           previous=jnp.where(count > 0, before_last, state.previous), done=done, key=key)
+    return state, count
+
+
+plain_decode = jax.jit(plain_decode_fn, static_argnames=("config", "engine", "steps"), donate_argnames=("state",))
+
+
 # ---------------------------------------------------------------------------- driver
+@dataclasses.dataclass
+class RunCounters:
+    """Host-side totals of a run: acceptance counters folded at each gamma change (sized for
+    ``EngineConfig.gamma``), the gammas that ran, and the plain-decoding stretches."""
+
+    gamma: int
+    histogram: np.ndarray = None  # [gamma + 1]
+    drafted_histogram: np.ndarray = None  # [gamma + 1]
+    attempts: np.ndarray = None  # [gamma]
+    gammas_used: set = dataclasses.field(default_factory=set)
+    plain_steps: int = 0
+    plain_tokens: int = 0
+    plain_stretches: int = 0
+
+    def __post_init__(self):
+        self.histogram = np.zeros(self.gamma + 1, np.int64)
+        self.drafted_histogram = np.zeros(self.gamma + 1, np.int64)
+        self.attempts = np.zeros(self.gamma, np.int64)
+
+    def fold(self, state: LoopState) -> None:
+        histogram = np.asarray(state.accepted_histogram, np.int64)
+        self.histogram[: len(histogram)] += histogram
+        if state.draft_counts is not None:
+            drafted = np.asarray(state.draft_counts["drafted_histogram"], np.int64)
+            attempts = np.asarray(state.draft_counts["attempts"], np.int64)
+            self.drafted_histogram[: len(drafted)] += drafted
+            self.attempts[: len(attempts)] += attempts
+
+
+@dataclasses.dataclass
+class LiveRun:
+    """What a :class:`~jaxspec.decoding.contract.Controller` sees between chunks. ``state`` is the
+    live :class:`LoopState` (read it; the engine donates it to the next chunk): committed tokens
+    ``out [B, N + gamma + 1]`` / ``num_out [B]``, ``target_cache``, ``draft_state``, ``round``, ...
+    ``last_chunk`` is what the last chunk ran: speculative rounds or plain-decoding steps."""
+
+    target_params: Any
+    target_config: ModelConfig
+    engine: EngineConfig
+    prompt_tokens: np.ndarray  # [B, T] right-padded
+    prompt_lengths: np.ndarray  # [B]
+    capacity: int
+    state: LoopState
+    counters: RunCounters
+    warmup: bool = False  # this is the warm-up run (its results are discarded)
+    profiling: bool = False  # this is the profile=True pass (per-phase calls)
+    decode_start: float = 0.0  # time.perf_counter() when the first chunk started
+    timings: Dict[str, float] = dataclasses.field(default_factory=dict)  # prefill_s; decode_s at finish
+    last_chunk: int = 0
+
+    def finished(self) -> bool:
+        return bool(jnp.all(self.state.done))
+
+    def committed_total(self) -> int:
+        """Tokens generated over all rows (a host sync: the work before it is done)."""
+        return int(jnp.sum(self.state.num_out))
+
+    @property
+    def gamma(self) -> int:
+        """The engine gamma the loop state's counters are sized for (the last speculative chunk's)."""
+        return int(self.state.accepted_histogram.shape[0]) - 1
+
+
 @dataclasses.dataclass
 class SpeculativeResult:
     tokens: np.ndarray  # [B, N], PAD_OUTPUT after a row stopped
@@ -375,20 +493,30 @@ def speculative_generate(target_params, target_config: ModelConfig, prompts: Seq
                          verify_state=None, engine: EngineConfig = EngineConfig(), seed: int = 0,
                          capacity: Optional[int] = None, warmup: bool = False, profile: bool = False,
                          prompt_tokens: Optional[Tuple[np.ndarray, np.ndarray]] = None, mesh=None, rules=None,
-                         draft_rules=None) -> SpeculativeResult:
+                         draft_rules=None, controller=None, prefilled=None) -> SpeculativeResult:
     """Generate with speculative decoding. ``draft_state`` is built by ``draft_policy.prefill``
-    unless given (e.g. ``SelfDraft.initial_state(mask)``).
+    unless given (e.g. ``SelfDraft.initial_state(mask)``); ``verify_state`` by ``verify_policy.prefill``.
+
+    ``controller`` (a :class:`~jaxspec.decoding.contract.Controller`; default
+    :class:`~jaxspec.decoding.contract.RunToEnd`: every round in one jitted ``while_loop``) chooses
+    the chunks of the run: rounds under a draft state and gamma, or plain-decoding stretches
+    (KnapSpec's re-planning, arbitration and fallback). Its ``finish`` adds metrics and timings.
 
     Multi-device: as :func:`~jaxspec.decoding.autoregressive.generate` -- target params placed
     with ``jaxspec.parallel.shard_params`` (or ``mesh``/``rules`` here); a separate draft is
     placed on the same mesh with ``draft_rules`` (default: the target's rules) unless it
     already lives on a mesh; each cache is sharded like its model's weights.
 
-    ``prompt_tokens=(tokens, lengths)`` skips the prompt list (e.g. a cache filled elsewhere is
-    not supported; the prompt is always prefilled). ``profile=True`` also measures the draft /
-    verify / other split with per-phase jitted calls (one host sync per phase per round).
+    ``prompt_tokens=(tokens, lengths)`` skips the prompt list. ``prefilled=(cache, first_logits)``:
+    the prompts already prefilled into a cache of ``capacity`` slots (e.g. one prefill shared by
+    several methods in a benchmark); each run works on a copy, so the caller's cache stays valid.
+    ``warmup=True`` runs twice and reports the second (``timings["compile_s"]``: the first's extra
+    time). ``profile=True`` also measures the draft / verify / other split with per-phase jitted
+    calls (one host sync per phase per round), on a further run under the same controller.
     """
-    draft_config = getattr(draft_policy, "config", target_config)
+    controller = RunToEnd() if controller is None else controller
+    check_policies(draft_policy, verify_policy, controller)
+    draft_config = draft_policy.draft_model_config(target_config)
     check_compatible(target_config, draft_config)
     tokens, lengths = prompt_tokens if prompt_tokens is not None else pad_prompts(prompts)
     bad = [int(t) for t in np.unique(tokens) if not 0 <= t < target_config.vocab_size]
@@ -399,6 +527,14 @@ def speculative_generate(target_params, target_config: ModelConfig, prompts: Seq
     capacity = capacity or needed
     check_room(lengths, capacity, engine.max_new_tokens + gamma + 2,
                f"prompt + {engine.max_new_tokens} new tokens + a draft of gamma={gamma} (+2 headroom)")
+    if prefilled is not None:
+        cache = prefilled[0]
+        if cache.capacity != capacity or cache.batch_size != len(lengths):
+            raise ValueError(f"prefilled cache has capacity {cache.capacity} and batch {cache.batch_size}; this run "
+                             f"needs {capacity} and {len(lengths)}")
+        if not np.array_equal(np.asarray(cache.lengths), lengths):
+            raise ValueError(f"prefilled cache lengths {np.asarray(cache.lengths).tolist()} differ from the prompt "
+                             f"lengths {lengths.tolist()}")
     explicit_mesh = mesh is not None
     target_params, mesh, rules = resolve_placement(target_params, target_config, mesh, rules)
     if mesh is not None and draft_params is not None and (explicit_mesh or mesh_of(draft_params) is None):
@@ -408,39 +544,105 @@ def speculative_generate(target_params, target_config: ModelConfig, prompts: Seq
     def initial_state():
         return prefill_loop_state(target_params, target_config, tokens, lengths, capacity, draft_policy=draft_policy,
                                   draft_params=draft_params, draft_state=draft_state, verify_policy=verify_policy,
-                                  verify_state=verify_state, engine=engine, seed=seed, mesh=mesh, rules=rules)
+                                  verify_state=verify_state, engine=engine, seed=seed, mesh=mesh, rules=rules,
+                                  prefilled=prefilled)
 
     static = dict(target_config=target_config, draft_policy=draft_policy, verify_policy=verify_policy, engine=engine)
+    engines = {gamma: engine}
 
-    def run():
+    def engine_for(g: int) -> EngineConfig:
+        if g not in engines:
+            engines[g] = dataclasses.replace(engine, gamma=g)
+        return engines[g]
+
+    def run_chunk(live: LiveRun, chunk: Chunk, profile_totals=None) -> None:
+        state = live.state
+        if chunk.draft_state is not None:
+            state = state._replace(draft_state=chunk.draft_state)
+        if chunk.plain_steps is not None:
+            steps = int(chunk.plain_steps)
+            if steps > engine.max_new_tokens:
+                raise ValueError(f"Chunk plain_steps={steps} exceeds max_new_tokens={engine.max_new_tokens}")
+            state, count = plain_decode(target_params, state, jnp.int32(steps), config=target_config, engine=engine,
+                                        steps=engine.max_new_tokens)
+            live.counters.plain_steps += steps
+            live.counters.plain_tokens += int(jnp.sum(count))
+            live.counters.plain_stretches += 1
+            live.state, live.last_chunk = state, steps
+            return
+        g = gamma if chunk.gamma is None else int(chunk.gamma)
+        if g > gamma:
+            raise ValueError(f"Chunk gamma={g} exceeds the engine's gamma={gamma} (the loop state is sized for it)")
+        if g + 1 != state.accepted_histogram.shape[0]:  # fold the gamma-sized counters into the host totals
+            live.counters.fold(state)
+            state = state._replace(accepted_histogram=jnp.zeros((g + 1,), jnp.int32),
+                                   draft_counts=None if state.draft_counts is None else init_draft_counts(g))
+        live.counters.gammas_used.add(g)
+        before = int(state.round)
+        chunk_static = dict(static, engine=engine_for(g))
+        if profile_totals is None:
+            state = run_loop(target_params, draft_params, state, max_rounds=chunk.rounds, **chunk_static)
+        else:
+            seconds, state = _profile(target_params, draft_params, state, chunk_static, max_rounds=chunk.rounds,
+                                      skip_first=g not in profile_totals["compiled"])
+            profile_totals["compiled"].add(g)
+            for k, v in seconds.items():
+                profile_totals[k] = profile_totals.get(k, 0) + v
+        live.state, live.last_chunk = state, int(state.round) - before
+
+    passes = [0]  # runs so far (the first of a warmup=True pair is the warm-up)
+
+    def execute(profile_totals=None):
         start = time.perf_counter()
         state = initial_state()
         jax.block_until_ready(state)
-        prefill_s = time.perf_counter() - start
-        start = time.perf_counter()
-        final = _loop(target_params, draft_params, state, **static)
-        jax.block_until_ready(final)
-        return final, {"prefill_s": prefill_s, "decode_s": time.perf_counter() - start}
+        live = LiveRun(target_params, target_config, engine, tokens, lengths, capacity, state, RunCounters(gamma),
+                       warmup=warmup and passes[0] == 0 and profile_totals is None,
+                       profiling=profile_totals is not None)
+        live.timings["prefill_s"] = time.perf_counter() - start
+        live.decode_start = time.perf_counter()
+        controller.start(live)
+        while (chunk := controller.next_chunk(live)) is not None:
+            run_chunk(live, chunk, profile_totals)
+        jax.block_until_ready(live.state)
+        live.timings["decode_s"] = time.perf_counter() - live.decode_start
+        return live
+
+    def run():
+        live = execute()
+        passes[0] += 1
+        extra_metrics, extra_timings = controller.finish(live)
+        return (live, extra_metrics), dict(live.timings) | dict(extra_timings)
 
     with use_mesh(mesh):
-        final, timings = run_with_warmup(run, warmup)
+        (live, extra_metrics), timings = run_with_warmup(run, warmup)
+        final = live.state
         out = np.asarray(final.out)[:, : engine.max_new_tokens]
         num_generated = (out != PAD_OUTPUT).sum(axis=1)
-        metrics = _metrics(final, gamma, engine)
+        counters = live.counters
+        counters.fold(final)
+        merged = final._replace(accepted_histogram=counters.histogram, draft_counts=None if final.draft_counts is None
+                                else {"drafted_histogram": counters.drafted_histogram, "attempts": counters.attempts})
+        metrics = _metrics(merged, gamma, engine, plain_tokens=counters.plain_tokens) | dict(extra_metrics)
         if profile:
-            timings.update(_profile(target_params, draft_params, initial_state(), static)[0])
+            totals = {"compiled": set(), "profile_draft_s": 0.0, "profile_verify_s": 0.0, "profile_other_s": 0.0,
+                      "profile_rounds": 0}
+            execute(totals)
+            del totals["compiled"]
+            timings.update(totals)
     return SpeculativeResult(tokens=out, num_generated=num_generated, prompt_lengths=np.asarray(lengths),
                              metrics=metrics, timings=timings, final_state=final)
 
 
-def _metrics(final: LoopState, gamma: int, engine: EngineConfig) -> Dict[str, Any]:
+def _metrics(final: LoopState, gamma: int, engine: EngineConfig, plain_tokens: int = 0) -> Dict[str, Any]:
     histogram = np.asarray(final.accepted_histogram, np.int64)
     row_rounds = int(np.asarray(final.active_rounds).sum())
-    # tokens committed by rounds (the first generated token comes from the prefill)
-    committed_in_rounds = int((np.asarray(final.num_out) - 1).sum())
+    # tokens committed by rounds (the first generated token comes from the prefill; plain-decoding
+    # stretches of a controller are not rounds)
+    committed_in_rounds = int((np.asarray(final.num_out) - 1).sum()) - int(plain_tokens)
     reached = np.array([histogram[i:].sum() for i in range(gamma + 1)])  # rounds with >= i accepted
     attempts, drafted_tokens = reached[:gamma], histogram.sum() * gamma  # every round drafts gamma tokens
-    counts = getattr(final, "draft_counts", None)
+    counts = final.draft_counts
     extra = {}
     if counts is not None:  # only real drafts count (e.g. none after an early exit)
         drafted_histogram = np.asarray(counts["drafted_histogram"], np.int64)
@@ -464,30 +666,32 @@ def _metrics(final: LoopState, gamma: int, engine: EngineConfig) -> Dict[str, An
     }
 
 
-def _profile(target_params, draft_params, state, static) -> Tuple[Dict[str, float], LoopState]:
-    """Draft / verify / other time from per-phase jitted calls (one warm-up round first), and the
-    final state."""
+def _profile(target_params, draft_params, state, static, max_rounds: Optional[int] = None,
+             skip_first: bool = True) -> Tuple[Dict[str, float], LoopState]:
+    """Draft / verify / other time from per-phase jitted calls (``skip_first``: one compile round
+    first, not counted), and the final state; at most ``max_rounds`` rounds (None: to the end)."""
     engine = static["engine"]
+    limit = engine.max_new_tokens if max_rounds is None else min(int(state.round) + int(max_rounds),
+                                                                 engine.max_new_tokens)
     phase_static = {k: static[k] for k in ("target_config", "draft_policy", "engine")}
     verify_static = {k: static[k] for k in ("target_config", "verify_policy", "engine")}
     totals = {"draft_s": 0.0, "verify_s": 0.0, "other_s": 0.0}
     rounds = 0
-    first = True
-    while int(state.round) < engine.max_new_tokens and not bool(jnp.all(state.done)):
+    first = skip_first
+    while int(state.round) < limit and not bool(jnp.all(state.done)):
         t0 = time.perf_counter()
-        proposal, key = _draft_jit(target_params, draft_params, state.draft_state, state.target_cache, state.pending,
-                                   state.previous, state.committed, state.key, **phase_static)
+        proposal, key = draft_phase_jit(target_params, draft_params, state.draft_state, state.target_cache,
+                                        state.pending, state.previous, state.committed, state.key, **phase_static)
         jax.block_until_ready(proposal)
         t1 = time.perf_counter()
-        logits, cache, probes = _verify_jit(target_params, proposal.target_cache, state.verify_state,
+        logits, cache, probes = verify_phase_jit(target_params, proposal.target_cache, state.verify_state,
                                             state.committed, state.pending, proposal.tokens, proposal.signals,
                                             **verify_static)
         jax.block_until_ready(logits)
         t2 = time.perf_counter()
         before = state._replace(target_cache=None, draft_state=None)
-        state = _commit_jit(before, proposal._replace(target_cache=None), logits, cache, key, engine=engine)
-        if hasattr(static["verify_policy"], "update"):
-            state = _update_jit(before, state, probes, verify_policy=static["verify_policy"])
+        state = commit_phase_jit(before, proposal._replace(target_cache=None), logits, cache, key, engine=engine)
+        state = update_verify_state_jit(before, state, probes, verify_policy=static["verify_policy"])
         jax.block_until_ready(state)
         t3 = time.perf_counter()
         if first:  # compile round

@@ -1,4 +1,4 @@
-"""Dustin: draft-augmented sparse verification (SPEC section 3).
+"""Dustin: draft-augmented sparse verification (docs/methods.md §3).
 
 * :mod:`~jaxspec.dustin.config` -- :class:`DustinConfig` (budget, sinks, window, m, SRH layers and
   heads, mode hybrid / target / draft), the supported budgets;

@@ -1,4 +1,4 @@
-"""ARR, the attention recall rate of an index set (SPEC 3.3).
+"""ARR, the attention recall rate of an index set (docs/methods.md §3.3).
 
 For one verification round of one sequence::
 

@@ -1,4 +1,4 @@
-"""``DustinConfig``: every choice of Dustin's sparse verification (SPEC 3) as a config value.
+"""``DustinConfig``: every choice of Dustin's sparse verification (docs/methods.md §3) as a config value.
 
 A frozen (hashable) dataclass, so it is a static argument of the jitted engine loop.
 """
@@ -8,9 +8,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional, Tuple
 
-#: KV budgets with static shapes (SPEC 3.2). Any other budget is refused.
+#: KV budgets with static shapes (docs/methods.md §3.2). Any other budget is refused.
 SUPPORTED_BUDGETS = (128, 256, 512, 1024, 2048)
-#: Dustin-H (hybrid), Dustin-T (target signal only), Dustin-D (draft signal only), SPEC 3.6.
+#: Dustin-H (hybrid), Dustin-T (target signal only), Dustin-D (draft signal only), docs/methods.md §3.6.
 MODES = ("hybrid", "target", "draft")
 
 
@@ -26,7 +26,7 @@ def check_budget(budget) -> int:
 
 
 def default_window(budget: int) -> int:
-    """SPEC 3.2 (choice): w = 64 for k >= 256, 32 for k = 128."""
+    """docs/methods.md §3.2 (choice): w = 64 for k >= 256, 32 for k = 128."""
     return 64 if budget >= 256 else 32
 
 
@@ -36,12 +36,12 @@ class DustinConfig:
 
     Attributes:
       budget: k, history positions the verifier attends to (one of :data:`SUPPORTED_BUDGETS`).
-      sinks: s, protected prefix (attention sinks), part of k. SPEC: 4.
-      window: w, protected most recent history positions, part of k; ``None`` = SPEC default
+      sinks: s, protected prefix (attention sinks), part of k. the paper: 4.
+      window: w, protected most recent history positions, part of k; ``None`` = the paper's default
         (64 for k >= 256, 32 for k = 128).
       m: positions filled from the draft signal (hybrid mode); ``None`` = half of ``k - s - w``.
         Offline profiling (Algorithm 1) chooses it.
-      target_layer, target_heads: the target SRH layer and its query heads (SPEC: 4 heads).
+      target_layer, target_heads: the target SRH layer and its query heads (the paper: 4 heads).
       draft_layers, draft_heads: the draft SRH layers and, per layer, its query heads.
       mode: ``"hybrid"`` (Dustin-H), ``"target"`` (Dustin-T: m = 0) or ``"draft"``
         (Dustin-D: m = k - s - w).
@@ -67,7 +67,7 @@ class DustinConfig:
         if not isinstance(self.sinks, int) or self.sinks < 0:
             raise ValueError(f"sinks={self.sinks!r} must be an integer >= 0")
         if self.window is not None and (not isinstance(self.window, int) or self.window < 0):
-            raise ValueError(f"window={self.window!r} must be None (SPEC default) or an integer >= 0")
+            raise ValueError(f"window={self.window!r} must be None (the paper's default) or an integer >= 0")
         if self.free_budget < 0:
             raise ValueError(f"sinks={self.sinks} + window={self.window_size} exceed the budget k={self.budget}")
         if self.m is not None and not (isinstance(self.m, int) and 0 <= self.m <= self.free_budget):

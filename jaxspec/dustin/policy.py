@@ -11,7 +11,7 @@
   of the last committed token (kept in its state), ``s_D`` from the draft signals, and selects
   ``I_verify`` (:mod:`jaxspec.dustin.selection`). It asks the engine for the target SRH queries
   of the verification (``probe_heads``) and keeps, in ``update``, the one of the last token
-  now in the target cache; ``prefill`` computes it for the last prompt token (SPEC 3.1).
+  now in the target cache; ``prefill`` computes it for the last prompt token (docs/methods.md §3.1).
 
 Dustin-T (``mode="target"``) works with any draft policy (no signals needed); Dustin-H and
 Dustin-D need one of the Dustin drafts above. ``speculative_generate`` calls ``prefill`` itself
@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.config import ModelConfig
+from jaxspec.decoding.contract import VerifyPolicyBase
 from jaxspec.decoding.policies import Proposal, SelfDraft, SeparateDraft, draft_loop
 from jaxspec.dustin.config import DustinConfig
 from jaxspec.dustin.selection import select_for_config
@@ -143,7 +144,7 @@ last_prompt_query = jax.jit(last_prompt_query_fn, static_argnames=("config", "pr
 
 
 @dataclasses.dataclass(frozen=True)
-class DustinVerify:
+class DustinVerify(VerifyPolicyBase):
     """Sparse verification on ``I_verify`` chosen from Dustin's signals (see the module doc).
 
     ``draft_config``: the draft model's config (its GQA grouping scores ``s_D``); ``None`` for a

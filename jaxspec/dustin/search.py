@@ -1,4 +1,4 @@
-"""Offline profiling of one target–draft pair (SPEC 3.4): calibration rounds, Algorithm 1, the profile.
+"""Offline profiling of one target–draft pair (docs/methods.md §3.4): calibration rounds, Algorithm 1, the profile.
 
 1. :func:`collect_calibration` runs greedy speculative decoding with **full-KV** verification
    on calibration prompts. Every round (and active row) it records, over the history positions:
@@ -416,10 +416,12 @@ class DustinProfile:
         for what, info, config in (("target", self.target, target_config), ("draft", self.draft, draft_config)):
             if config is None:
                 continue
-            for field in ("num_layers", "num_heads", "num_kv_heads"):
-                if field in info and info[field] != getattr(config, field):
+            given = {"num_layers": config.num_layers, "num_heads": config.num_heads,
+                     "num_kv_heads": config.num_kv_heads}
+            for field, value in given.items():
+                if field in info and info[field] != value:
                     raise ProfileError(f"the profile's {what} has {field}={info[field]}, the given model "
-                                       f"{getattr(config, field)}: profile {info.get('name')!r} is for another model")
+                                       f"{value}: profile {info.get('name')!r} is for another model")
 
 
 def model_info(config: ModelConfig, name: str = "", source: str = "") -> dict:
@@ -430,7 +432,7 @@ def model_info(config: ModelConfig, name: str = "", source: str = "") -> dict:
 
 def check_calibration_data(calibration, evaluation=None) -> None:
     """Calibration tasks must come from the calibration split and share nothing with evaluation."""
-    bad = [t.task_id for t in calibration if getattr(t, "split", None) != "calibration"]
+    bad = [t.task_id for t in calibration if t.split != "calibration"]
     if bad:
         raise ValueError(f"calibration tasks must come from the calibration split (jaxspec.data.build_splits); "
                          f"{len(bad)} do not, e.g. {bad[:3]}")

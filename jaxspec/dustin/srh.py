@@ -1,4 +1,4 @@
-"""Semantic retrieval heads (SRHs) from needle-in-a-haystack runs (SPEC 3.4, the CompressKV recipe).
+"""Semantic retrieval heads (SRHs) from needle-in-a-haystack runs (docs/methods.md §3.4, the CompressKV recipe).
 
 For each needle test the model decodes greedily from the prompt; at every decode step that
 **emits an answer token** (``count="answer"``, default) -- or any token of the needle span

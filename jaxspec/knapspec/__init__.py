@@ -1,25 +1,29 @@
-"""KnapSpec: self-speculative decoding with sub-layer selection as a 0/1 knapsack (SPEC section 4).
+"""KnapSpec: self-speculative decoding with sub-layer selection as a 0/1 knapsack (docs/methods.md §4).
 
 * :mod:`~jaxspec.knapspec.latency` -- per-sub-layer latency model ``t_mlp = c1``,
   ``t_attn(n) = c2 n + c3``: profilers in our own stack (sub-layers alone, or whole forwards),
   least-squares fits, JSON save/load;
 * :mod:`~jaxspec.knapspec.dp` -- the knapsack DP (``lax.scan`` over sub-layers, vectorised over
   budgets, branch-parallel attention), its Python-loop reference and an exhaustive search;
-* :mod:`~jaxspec.knapspec.planner` -- TPT (and TPL) and the (skip set, gamma) grid search;
+* :mod:`~jaxspec.knapspec.coupled` -- the same DP with whole layers as items (CLaSp, the coupled ablation);
+* :mod:`~jaxspec.knapspec.planner` -- TPT (and TPL), the (skip set, gamma) grid search and the
+  :class:`~jaxspec.knapspec.planner.Planner` contract;
 * :mod:`~jaxspec.knapspec.policy` -- the engine draft policy (dynamic skip mask, early exit),
-  the re-planning schedule and the :func:`knapspec_generate` driver.
+  the re-planning schedule, the engine controller (:class:`KnapSpecController`) and
+  :func:`knapspec_generate`.
 """
 
 from jaxspec.knapspec.dp import (Candidates, boundary_states, knapsack_brute_force, knapsack_dp,
                                  knapsack_dp_reference, knapsack_weights, skip_budget)
 from jaxspec.knapspec.latency import (LatencyModel, LatencyProfile, effective_context, fit_forward, fit_latency,
                                       load_or_profile, profile_latency, profile_latency_forward)
-from jaxspec.knapspec.planner import Plan, choose_plan, expected_tokens, tpt
-from jaxspec.knapspec.policy import (KnapSpecConfig, KnapSpecDraft, KnapSpecPlanner, KnapSpecSchedule, PlanRecord,
-                                     knapspec_generate, plan_skip_set, reference_window)
+from jaxspec.knapspec.planner import Plan, Planner, PlannerBase, choose_plan, expected_tokens, tpt
+from jaxspec.knapspec.policy import (KnapSpecConfig, KnapSpecController, KnapSpecDraft, KnapSpecPlanner,
+                                     KnapSpecSchedule, PlanRecord, knapspec_generate, plan_skip_set, reference_window)
 
-__all__ = ["Candidates", "KnapSpecConfig", "KnapSpecDraft", "KnapSpecPlanner", "KnapSpecSchedule", "LatencyModel",
-           "LatencyProfile", "Plan", "PlanRecord", "boundary_states", "choose_plan", "effective_context",
-           "expected_tokens", "fit_forward", "fit_latency", "knapsack_brute_force", "knapsack_dp",
-           "knapsack_dp_reference", "knapsack_weights", "knapspec_generate", "load_or_profile", "plan_skip_set",
-           "profile_latency", "profile_latency_forward", "reference_window", "skip_budget", "tpt"]
+__all__ = ["Candidates", "KnapSpecConfig", "KnapSpecController", "KnapSpecDraft", "KnapSpecPlanner",
+           "KnapSpecSchedule", "LatencyModel", "LatencyProfile", "Plan", "PlanRecord", "Planner", "PlannerBase",
+           "boundary_states", "choose_plan", "effective_context", "expected_tokens", "fit_forward", "fit_latency",
+           "knapsack_brute_force", "knapsack_dp", "knapsack_dp_reference", "knapsack_weights", "knapspec_generate",
+           "load_or_profile", "plan_skip_set", "profile_latency", "profile_latency_forward", "reference_window",
+           "skip_budget", "tpt"]

@@ -535,6 +535,17 @@ def knapsack_exhaustive_count(num_layers: int) -> int:
     return 4 ** max(num_layers - 2, 0)
 
 
+
+# public names of the DP's building blocks, for the coupled (whole-layer) DP of jaxspec.knapspec.coupled
+dp_config = _dp_config
+transition = _transition
+agreement_alpha = _alpha
+model_sublayers = _model_sublayers
+trivial_candidates = _trivial_candidates
+model_problem = _model_problem
+
+
 __all__ = ["DEFAULT_TAU", "WEIGHT_CAP", "Candidates", "DPTrace", "backtrack", "boundary_states", "brute_force",
            "cos_sum", "dp_loop", "dp_scan", "knapsack_brute_force", "knapsack_dp", "knapsack_dp_reference",
-           "knapsack_weights", "skip_budget", "knapsack_exhaustive_count", "stacked_scan_layers"]
+           "knapsack_weights", "skip_budget", "knapsack_exhaustive_count", "stacked_scan_layers", "agreement_alpha",
+           "dp_config", "model_problem", "model_sublayers", "transition", "trivial_candidates"]

@@ -1,4 +1,4 @@
-"""KnapSpec stage 2: grid search over (candidate skip set S, gamma) maximising TPT (SPEC 4.2).
+"""KnapSpec stage 2: grid search over (candidate skip set S, gamma) maximising TPT (docs/methods.md §4.2).
 
 ``TPT(S, g) = E[tokens | alpha_S, g] / (g * t_draft(S) + t_target)`` with
 ``E[tokens] = (1 - a^(g+1)) / (1 - a)`` (``g + 1`` when ``a = 1``; ``g = 0`` is plain decoding:
@@ -6,9 +6,9 @@ one token per target step, ``TPT = 1 / t_target``), ``t_draft(S) = n_attn(S) t_a
 n_mlp(S) t_mlp + t_token`` (executed sub-layers) and ``t_target = L (t_attn(n) + t_mlp) +
 t_token`` (verifying ``g + 1`` tokens costs about one decode step). ``t_token`` (the latency
 model's ``c0``: embeddings, final norm, LM head) is paid by every forward whatever is skipped;
-SPEC 4.2 has no such term (``t_token = 0`` reproduces it). ``v`` (the latency model's
+docs/methods.md §4.2 has no such term (``t_token = 0`` reproduces it). ``v`` (the latency model's
 verification row cost) makes verification cost ``t_target (1 + v g)`` instead of one step
-(``v = 0``, SPEC 4.2): a compute-bound device pays for every verified row.
+(``v = 0``, docs/methods.md §4.2): a compute-bound device pays for every verified row.
 
 Objectives (``objective=``):
 
@@ -17,7 +17,7 @@ Objectives (``objective=``):
   methods): the same expression with every sub-layer costing 1 and no per-token term, i.e.
   ``E[tokens] / (g * executed sub-layers + 2L)`` -- hardware- and context-agnostic.
 
-**Early-exit-aware TPT** (beyond SPEC 4.2; ``choose_plan(exit_stats=(p_c, p_ac))``): the draft
+**Early-exit-aware TPT** (beyond docs/methods.md §4.2; ``choose_plan(exit_stats=(p_c, p_ac))``): the draft
 stops once a drafted token's probability is below the early-exit threshold (0.7), so a round
 does not run ``g`` draft forwards nor commit ``(1 - a^(g+1)) / (1 - a)`` tokens. With ``p_c`` the
 share of reference tokens on which the candidate is confident and ``p_ac`` the share on which it
@@ -34,7 +34,7 @@ the first candidate (ascending skipped weight) and the smallest gamma, as in the
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Sequence, Tuple, Union
+from typing import Optional, Protocol, Sequence, Tuple, Union, runtime_checkable
 
 import numpy as np
 
@@ -208,3 +208,34 @@ def choose_plan(masks, alphas, latency: Union[LatencyModel, Tuple[float, float]]
 __all__ = ["GAMMA_GRID", "OBJECTIVES", "Plan", "choose_plan", "draft_time", "executed_counts", "expected_drafts",
            "expected_tokens", "expected_tokens_exit",
            "objective_table", "target_time", "tpt"]
+
+
+# ---------------------------------------------------------------------------- planner contract
+@runtime_checkable
+class Planner(Protocol):
+    """Chooses a (skip set, gamma) plan from a reference window; KnapSpec's, CLaSp's and the static
+    skip set's drivers call it (:class:`~jaxspec.knapspec.policy.KnapSpecController`)."""
+
+    name: str
+
+    def plan(self, target_params, config, cache, tokens, token_mask, prefix_len, n: float):
+        """``tokens``/``token_mask [B, R]`` (the reference window), ``prefix_len [B]`` (its start in
+        ``cache``), ``n`` (the context ``t_attn`` is evaluated at) -> ``(Plan, Candidates or None,
+        (w_attn, w_mlp))``."""
+
+    def latency_model(self) -> Optional[LatencyModel]:
+        """The latency model the planner predicts with (the driver's arbitration uses it), or None."""
+
+    def reference_cost(self, config, n: float) -> Optional[float]:
+        """Predicted seconds of one plan per reference token of each row, or None (no prediction:
+        the planning allowance does not cap the window)."""
+
+
+class PlannerBase:
+    """Defaults of :class:`Planner`: no latency model, no cost prediction."""
+
+    def latency_model(self) -> Optional[LatencyModel]:
+        return None
+
+    def reference_cost(self, config, n: float) -> Optional[float]:
+        return None

@@ -15,15 +15,18 @@
   model; the DP runs after round ``plan_round`` (6) of every ``plan_interval`` (64) rounds
   (rounds 6, 70, 134, ...), on the tokens committed in the last ``reference_rounds`` (5) rounds,
   with ``t_attn`` at the *current* context length (official code: accumulate at
-  ``step % 64 in 2..6``, optimise at ``step % 64 == 6``). Planning budget (beyond SPEC,
+  ``step % 64 in 2..6``, optimise at ``step % 64 == 6``). Planning budget (docs/methods.md §5,
   ``KnapSpecConfig.max_plan_fraction``, default 5 %): a plan on this grid is skipped to a later
   grid point while the previous plan cost more than that fraction of the decode time since it.
-* :func:`knapspec_generate` -- the host-level driver: prefill, then the engine's jitted
-  ``while_loop`` run in chunks between schedule events (``run_loop(..., max_rounds=)``), and at
-  each plan event a *planner* (:class:`KnapSpecPlanner`: reference states
+* :class:`KnapSpecController` -- the driver, an engine controller
+  (:class:`~jaxspec.decoding.contract.Controller`): the engine's jitted ``while_loop`` runs in
+  chunks between schedule events, and at each plan event a *planner* (:class:`KnapSpecPlanner`: reference states
   (:func:`~jaxspec.knapspec.dp.boundary_states`), DP (:func:`~jaxspec.knapspec.dp.knapsack_dp`),
   grid search (:func:`~jaxspec.knapspec.planner.choose_plan`); CLaSp and the static skip set of
   :mod:`jaxspec.baselines` plug in here) sets the new mask and gamma.
+* :func:`knapspec_generate` -- :func:`~jaxspec.decoding.speculative.speculative_generate` with
+  :class:`KnapSpecDraft` and a :class:`KnapSpecController` (so mesh, ``profile=True``, warm-up
+  and prefilled caches are the engine's).
 
 Per-plan gamma (``KnapSpecConfig.honor_gamma``, default on; off = the official code, which
 reports gamma* but always drafts up to gamma_max):
@@ -47,7 +50,7 @@ reports gamma* but always drafts up to gamma_max):
   bypasses the verify policy: a verify policy whose state follows the committed tokens
   (``update`` hook, e.g. Dustin) is not updated during it.
 
-Measured arbitration (beyond SPEC, ``KnapSpecConfig.probe_rounds``, default 8): the grid search
+Measured arbitration (docs/methods.md §5, ``KnapSpecConfig.probe_rounds``, default 8): the grid search
 trusts acceptance statistics from a few reference tokens, which can be optimistic (SmolLM2 on a
 CPU: the DP's alpha 1.0 on 21 tokens, 0.84 measured; a plan predicted faster than AR ran at
 0.8x). So after a plan that drafts, the driver times ``probe_rounds`` speculative rounds and then
@@ -59,7 +62,7 @@ mispredicted plan then costs at most its probe. Both probes have fixed shapes (`
 traced; a plain-decoding stretch traces its step count into a buffer sized for the whole run), so
 nothing compiles in a timed run whichever wins. CLaSp (no plain decoding) runs without it.
 
-Planning allowance (beyond SPEC, with ``max_plan_fraction``): before decoding, the planner's
+Planning allowance (docs/methods.md §5, with ``max_plan_fraction``): before decoding, the planner's
 predicted DP cost per reference token (:meth:`KnapSpecPlanner.reference_cost`, from the latency
 model's verification-row cost) and the predicted plain-decoding time of the run give how many
 reference tokens per row one plan can afford (:func:`reference_allowance`); the DP's window is
@@ -84,16 +87,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.config import ModelConfig
-from jaxspec.decoding.autoregressive import PAD_OUTPUT, decode_loop_fn, pad_prompts, prefill
+from jaxspec.decoding.contract import Chunk, DraftPolicyBase, ScriptedController
 from jaxspec.decoding.policies import DenseVerify, Proposal
 from jaxspec.decoding.sampling import SamplingConfig, sample_token, sampling_probs
-from jaxspec.decoding.speculative import (EngineConfig, LoopState, SpeculativeResult, init_draft_counts, run_loop,
-                                          summarize)
+from jaxspec.decoding.speculative import EngineConfig, SpeculativeResult, speculative_generate
+from jaxspec.knapspec.coupled import plan_coupled_skip_set
 from jaxspec.knapspec.dp import (DEFAULT_TAU, WEIGHT_CAP, Candidates, boundary_states, knapsack_dp, knapsack_weights,
                                  skip_budget)
 from jaxspec.knapspec.latency import LatencyModel, effective_context
-from jaxspec.knapspec.planner import GAMMA_GRID, Plan, choose_plan
-from jaxspec.models.cache import check_room, init_cache
+from jaxspec.knapspec.planner import GAMMA_GRID, Plan, Planner, PlannerBase, choose_plan
 from jaxspec.models.llama import forward
 
 #: ``gamma_cap`` meaning "no cap" (the engine's gamma)
@@ -102,7 +104,7 @@ NO_GAMMA_CAP = 2 ** 30
 
 # ---------------------------------------------------------------------------- draft policy
 @dataclasses.dataclass(frozen=True)
-class KnapSpecDraft:
+class KnapSpecDraft(DraftPolicyBase):
     """Self-draft with a dynamic ``[L, 2]`` skip mask and early exit (see the module docstring)."""
 
     config: ModelConfig
@@ -204,15 +206,15 @@ class KnapSpecConfig:
     ar_reference_tokens: int = 32  # the DP reference after an interval of plain decoding
     # keep planning under this fraction of decode time: a re-plan whose predecessor cost more than
     # this fraction of the decode time since it is postponed (plan_interval stays the minimum
-    # spacing; None = SPEC 4's fixed schedule). The first plan always runs.
+    # spacing; None = the fixed schedule of docs/methods.md §4). The first plan always runs.
     max_plan_fraction: Optional[float] = 0.05
     # the grid search models early exit (planner module doc: drafts and tokens a round from the DP's
-    # confidence statistics); off, or with honor_gamma off (the official code), SPEC 4.2's TPT
+    # confidence statistics); off, or with honor_gamma off (the official code), the TPT of docs/methods.md §4.2
     exit_aware_tpt: bool = True
-    # measured arbitration (beyond SPEC): after a plan that drafts, time this many speculative rounds
+    # measured arbitration (docs/methods.md §5): after a plan that drafts, time this many speculative rounds
     # and then as many plain-decoding steps on the live sequence; whichever committed tokens faster
     # runs until the next plan. Bounds the loss of a plan whose predicted TPT was too optimistic
-    # (acceptance statistics from a few reference tokens) to the probe. None = off (SPEC 4).
+    # (acceptance statistics from a few reference tokens) to the probe. None = off (docs/methods.md §4).
     probe_rounds: Optional[int] = 8
     # with max_plan_fraction: the DP's reference is capped so that one plan's predicted cost fits the
     # planning budget of the run (KnapSpecPlanner.reference_cost); below this many tokens a row no plan
@@ -368,7 +370,7 @@ def reference_window(prompt_tokens: np.ndarray, prompt_lengths: np.ndarray, out:
 
 
 def exit_threshold(knapspec: KnapSpecConfig) -> Optional[float]:
-    """The early-exit threshold the grid search models, or None (SPEC 4.2's TPT): the exit-aware
+    """The early-exit threshold the grid search models, or None (the TPT of docs/methods.md §4.2): the exit-aware
     TPT needs early exit on, plan gammas honoured (the official code ignores them) and TPT."""
     if knapspec.exit_aware_tpt and knapspec.honor_gamma and knapspec.early_exit and knapspec.objective == "tpt":
         return float(knapspec.early_exit)
@@ -391,12 +393,12 @@ def plan_skip_set(target_params, config: ModelConfig, cache, tokens, token_mask,
 
 
 @dataclasses.dataclass(frozen=True)
-class KnapSpecPlanner:
+class KnapSpecPlanner(PlannerBase):
     """The KnapSpec planner: DP over sub-layers (or whole layers with ``knapspec.coupled``) and the
     (candidate, gamma) grid search under ``knapspec.objective`` (TPT, or the TPL ablation).
 
-    A planner is any object with ``name`` and ``plan(target_params, config, cache, tokens,
-    token_mask, prefix_len, n) -> (Plan, Candidates or None, (w_attn, w_mlp))``."""
+    A planner is a :class:`~jaxspec.knapspec.planner.Planner` (derive from
+    :class:`~jaxspec.knapspec.planner.PlannerBase`)."""
 
     latency: LatencyModel
     knapspec: KnapSpecConfig = KnapSpecConfig()
@@ -405,6 +407,9 @@ class KnapSpecPlanner:
     def name(self) -> str:
         return "knapspec" + ("-coupled" if self.knapspec.coupled else "") + (
             "" if self.knapspec.objective == "tpt" else f"-{self.knapspec.objective}")
+
+    def latency_model(self) -> LatencyModel:
+        return self.latency
 
     def reference_cost(self, config: ModelConfig, n: float) -> float:
         """Predicted seconds of one DP per reference token of each row: the scan runs the ``J = budget
@@ -423,8 +428,6 @@ class KnapSpecPlanner:
 
     def plan(self, target_params, config, cache, tokens, token_mask, prefix_len, n):
         if self.knapspec.coupled:
-            from jaxspec.baselines.clasp import plan_coupled_skip_set
-
             return plan_coupled_skip_set(target_params, config, cache, tokens, token_mask, prefix_len, self.latency,
                                          n, self.knapspec)
         return plan_skip_set(target_params, config, cache, tokens, token_mask, prefix_len, self.latency, n,
@@ -439,11 +442,13 @@ def reference_allowance(planner, latency: Optional[LatencyModel], config: ModelC
     ``min_reference_tokens`` would not fit, ...}``; no cap without a budget, a latency model or a
     planner with ``reference_cost`` (CLaSp). Deterministic (no timing), so a warm-up run and the
     timed run make the same choice and compile the same DP shape."""
-    cost = getattr(planner, "reference_cost", None)
     out = {"tokens": knapspec.max_reference_tokens, "skip": False}
-    if knapspec.max_plan_fraction is None or latency is None or cost is None:
+    if knapspec.max_plan_fraction is None or latency is None:
         return out
-    per_token = float(cost(config, n))
+    per_token = planner.reference_cost(config, n)
+    if per_token is None:
+        return out
+    per_token = float(per_token)
     decode = float(new_tokens) * latency.a * latency.t_step(n, config.num_layers)
     budget = knapspec.max_plan_fraction * knapspec.allowance_margin * decode
     out.update(predicted_dp_s_per_token=per_token, predicted_ar_decode_s=decode, plan_budget_s=budget)
@@ -458,70 +463,191 @@ def reference_allowance(planner, latency: Optional[LatencyModel], config: ModelC
     return out
 
 
-# ---------------------------------------------------------------------------- plain-decoding interval
-def _ar_interval_fn(params, state: LoopState, num_steps, *, config: ModelConfig, engine: EngineConfig, steps: int):
-    """``num_steps`` (traced, 1..``steps``) plain autoregressive steps from the engine state, on the
-    same cache: the pending token is fed, then :mod:`jaxspec.decoding.autoregressive`'s decode
-    loop runs; each active row commits its tokens up to a stop token or its limit. ``steps``
-    (static) sizes the token buffer, so every chunk length up to it shares one compile.
-    Returns (state, tokens committed [B])."""
-    batch = state.pending.shape[0]
-    active = ~state.done
-    first = forward(params, state.pending[:, None], state.target_cache.with_lengths(state.committed - 1),
-                     config=config)
-    logits = first.logits[:, 0]
-    if engine.stop_tokens:  # finished rows emit a stop token at once, so the loop can end early (dropped anyway)
-        stop_hot = jax.nn.one_hot(engine.stop_tokens[0], logits.shape[-1], dtype=bool)
-        logits = jnp.where(state.done[:, None], jnp.where(stop_hot[None, :], 0.0, -1e30), logits)
-    key, sub = jax.random.split(state.key)
-    tokens, cache = decode_loop_fn(params, first.cache, logits, sub, config=config, sampling=engine.sampling,
-                                    max_new_tokens=steps, stop_tokens=tuple(sorted(set(engine.stop_tokens))),
-                                    limit=num_steps)
-    position = jnp.arange(steps)[None, :]
-    stop = jnp.asarray(engine.stop_tokens if engine.stop_tokens else (-2,), jnp.int32)
-    is_stop = jnp.isin(tokens, stop)
-    first_stop = jnp.where(is_stop.any(axis=1), jnp.argmax(is_stop, axis=1), steps)
-    count = jnp.minimum(jnp.minimum(first_stop + 1, jnp.minimum(steps, num_steps)),
-                        engine.max_new_tokens - state.num_out)
-    count = jnp.where(active, jnp.maximum(count, 0), 0)
-    slots = jnp.where(position < count[:, None], state.num_out[:, None] + position, state.out.shape[1])
-    out = state.out.at[jnp.arange(batch)[:, None], slots].set(tokens, mode="drop")
-    num_out = state.num_out + count
-    done = state.done | (is_stop.any(axis=1) & (first_stop < count)) | (num_out >= engine.max_new_tokens)
-    last = jnp.take_along_axis(tokens, jnp.maximum(count - 1, 0)[:, None], axis=1)[:, 0]
-    before_last = jnp.where(count >= 2, jnp.take_along_axis(tokens, jnp.maximum(count - 2, 0)[:, None], 1)[:, 0],
-                            state.pending)
-    committed = state.committed + count
-    state = state._replace(target_cache=cache.with_lengths(committed - 1), out=out, num_out=num_out,
-                           committed=committed, pending=jnp.where(count > 0, last, state.pending),
-                           previous=jnp.where(count > 0, before_last, state.previous), done=done, key=key)
-    return state, count
+# ---------------------------------------------------------------------------- controller
+class KnapSpecController(ScriptedController):
+    """The KnapSpec driver as an engine :class:`~jaxspec.decoding.contract.Controller`: re-planning on
+    :class:`KnapSpecSchedule` (postponed under ``max_plan_fraction``, the window capped by
+    :func:`reference_allowance`), per-plan gamma buckets, plain-decoding stretches for gamma* = 0 and
+    the measured arbitration (see the module docstring). ``planner`` None with ``replan=False`` keeps
+    ``initial_plan`` for the whole run (a static skip set). The warm-up run keeps the fixed schedule
+    (a plan at every interval), so the timed run finds every shape it can meet compiled, and it
+    compiles plain decoding whichever mode the timed run takes."""
 
+    def __init__(self, knapspec: KnapSpecConfig, planner=None, *, latency: Optional[LatencyModel] = None,
+                 context_n: Optional[float] = None, initial_plan: Optional[Tuple[np.ndarray, int]] = None,
+                 replan: bool = True):
+        if replan and planner is None:
+            raise ValueError("KnapSpecController needs a planner to re-plan (or replan=False)")
+        if planner is not None and not isinstance(planner, Planner):
+            raise TypeError(f"planner {type(planner).__name__} is not a jaxspec.knapspec.planner.Planner (it needs "
+                            f"name, plan, latency_model, reference_cost); derive it from PlannerBase")
+        self.knapspec, self.planner, self.context_n = knapspec, planner, context_n
+        self.initial_plan, self.replan = initial_plan, replan
+        self.latency = latency if latency is not None else (planner.latency_model() if planner is not None else None)
 
-_ar_interval = jax.jit(_ar_interval_fn, static_argnames=("config", "engine", "steps"), donate_argnames=("state",))
-
-
-# ---------------------------------------------------------------------------- driver
-class _Totals:
-    """Host-side acceptance counters over engine-gamma buckets (and plain-decoding intervals)."""
-
-    def __init__(self, gamma_max: int):
-        self.histogram = np.zeros(gamma_max + 1, np.int64)
-        self.drafted_histogram = np.zeros(gamma_max + 1, np.int64)
-        self.attempts = np.zeros(gamma_max, np.int64)
-        self.ar_steps = 0
-        self.ar_tokens = 0
-        self.ar_intervals = 0
+    def chunks(self, run):
+        knapspec, engine, config = self.knapspec, run.engine, run.target_config
+        gamma_max = engine.gamma
+        fraction = None if run.warmup else knapspec.max_plan_fraction
+        self.records: List[PlanRecord] = []
+        self.timings = {"plan_s": 0.0}
+        self.allowance = None
         self.buckets_used = set()
+        self.schedule_rounds = 0
+        current = {"gamma": gamma_max, "bucket": gamma_max, "draft_state": None}
+        planner, model, tokens, lengths = self.planner, self.latency, run.prompt_tokens, run.prompt_lengths
 
-    def add(self, state: LoopState) -> None:
-        histogram = np.asarray(state.accepted_histogram, np.int64)
-        self.histogram[: len(histogram)] += histogram
-        if state.draft_counts is not None:
-            drafted = np.asarray(state.draft_counts["drafted_histogram"], np.int64)
-            attempts = np.asarray(state.draft_counts["attempts"], np.int64)
-            self.drafted_histogram[: len(drafted)] += drafted
-            self.attempts[: len(attempts)] += attempts
+        def apply_plan(mask, gamma):
+            """Switch to a plan: (mask, gamma); gamma 0 = plain decoding until the next plan."""
+            gamma = min(max(int(gamma), 0), gamma_max)
+            bucket = knapspec.bucket_for(gamma) if gamma > 0 else current["bucket"]
+            base = current["draft_state"] if current["draft_state"] is not None else run.state.draft_state
+            current.update(gamma=gamma, bucket=bucket, draft_state=dict(
+                base, skip_mask=jnp.asarray(mask, bool), gamma_cap=jnp.int32(max(gamma, 1))))
+
+        def take_draft_state():
+            state, current["draft_state"] = current["draft_state"], None
+            return state
+
+        def advance(rounds: Optional[int]):
+            """Run ``rounds`` schedule rounds (None: to the end) under the current plan."""
+            if current["gamma"] == 0:
+                state = run.state
+                remaining = np.asarray(engine.max_new_tokens - state.num_out)[~np.asarray(state.done)]
+                steps = int(remaining.max(initial=0))
+                steps = steps if rounds is None else min(int(rounds), steps)
+                if steps <= 0:
+                    return 0
+                # one dispatch, the step count traced and the token buffer sized for the whole run: one
+                # compile whatever the length (a probe, an interval, a postponed plan's longer stretch)
+                yield Chunk(plain_steps=steps, draft_state=take_draft_state())
+                return steps
+            self.buckets_used.add(current["bucket"])
+            yield Chunk(rounds=rounds, gamma=current["bucket"], draft_state=take_draft_state())
+            return run.last_chunk
+
+        def arbitrate(n):
+            """Time ``probe_rounds`` speculative rounds under the new plan, then as many plain-decoding
+            steps; keep the faster (tokens committed per second) until the next plan. The plain-decoding
+            rate is the better of the probe's and the latency model's (active rows per ``a t_step(n)``):
+            a short probe's fixed per-call cost (dispatch, host syncs) weighs more on a few cheap AR
+            steps than on the longer speculative rounds, which would favour drafting."""
+            rounds = knapspec.probe
+            speculative_gamma = current["gamma"]
+            active = int(np.sum(~np.asarray(run.state.done)))
+            n0, t0 = run.committed_total(), time.perf_counter()
+            spec_rounds = yield from advance(rounds)
+            n1, t1 = run.committed_total(), time.perf_counter()
+            if run.finished():
+                return None, spec_rounds
+            current["gamma"] = 0
+            ar_steps = yield from advance(rounds)
+            n2, t2 = run.committed_total(), time.perf_counter()
+            spec_rate, ar_measured = (n1 - n0) / max(t1 - t0, 1e-9), (n2 - n1) / max(t2 - t1, 1e-9)
+            ar_model = None
+            if model is not None:
+                ar_model = active / max(model.a * model.t_step(n, config.num_layers), 1e-12)
+            ar_rate = max(ar_measured, ar_model or 0.0)
+            if spec_rate >= ar_rate:
+                current["gamma"] = speculative_gamma
+            probe = {"rounds": int(rounds), "speculative_tokens": n1 - n0, "speculative_s": t1 - t0,
+                     "ar_tokens": n2 - n1, "ar_s": t2 - t1, "speculative_tokens_per_s": spec_rate,
+                     "ar_tokens_per_s": ar_rate, "ar_tokens_per_s_measured": ar_measured,
+                     "ar_tokens_per_s_model": ar_model, "choice": "speculative" if current["gamma"] else "ar"}
+            return probe, spec_rounds + ar_steps
+
+        if self.initial_plan is not None:
+            mask, gamma = self.initial_plan
+            apply_plan(mask, gamma if knapspec.honor_gamma else gamma_max)
+        true_round, mark = 0, None
+        last = None  # (plan end time, plan seconds, round) of the previous plan
+        schedule = knapspec.schedule
+        next_plan = schedule.next_plan_round(0) if self.replan else None
+        ref_cap = knapspec.max_reference_tokens
+        if self.replan and knapspec.honor_gamma:  # the official code always plans and drafts
+            n0 = self.context_n if self.context_n is not None else effective_context(config, lengths, run.capacity)
+            self.allowance = reference_allowance(planner, model, config, n0, engine.max_new_tokens, knapspec)
+            if self.allowance["skip"]:  # no affordable plan: plain decoding from the start (gamma* = 0)
+                apply_plan(np.zeros((config.num_layers, 2), bool), 0)
+                next_plan = None
+            elif self.allowance["tokens"] is not None:
+                ref_cap = int(self.allowance["tokens"])
+        while next_plan is not None and not run.finished():
+            mark_at = schedule.mark_round(next_plan)
+            if current["gamma"] != 0:  # plain decoding: the reference is taken when planning
+                if mark_at > true_round:
+                    true_round += yield from advance(mark_at - true_round)
+                    if true_round < mark_at:  # every row finished
+                        break
+                mark = np.asarray(run.state.target_cache.lengths)
+            if next_plan > true_round:
+                true_round += yield from advance(next_plan - true_round)
+                if true_round < next_plan:
+                    break
+            if run.finished():
+                break
+            if fraction is not None and last is not None:
+                # postpone while the previous plan still costs more than the allowed fraction of the
+                # decode time since it (the schedule's interval is the minimum spacing)
+                since = time.perf_counter() - last[0]
+                rounds_since = max(true_round - last[2], 1)
+                if last[1] > fraction * since:
+                    # the first grid point after the rounds still needed: plans stay on the schedule's grid
+                    needed = max((last[1] / fraction - since) / (since / rounds_since), 1.0)
+                    next_plan = schedule.next_plan_round(true_round + int(np.ceil(needed)))
+                    self.timings["postponed_plans"] = self.timings.get("postponed_plans", 0) + 1
+                    continue
+            plan_start = time.perf_counter()
+            state = run.state
+            cache_lengths = np.asarray(state.target_cache.lengths)
+            if current["gamma"] == 0 or mark is None:
+                mark = np.maximum(cache_lengths - knapspec.ar_reference_tokens, 0)
+            window = reference_window(tokens, lengths, np.asarray(state.out), np.asarray(state.num_out),
+                                      cache_lengths, mark, ref_cap, knapspec.token_bucket)
+            mark = None
+            if window is not None:
+                ref_tokens, token_mask, prefix = window
+                n = self.context_n if self.context_n is not None else effective_context(
+                    config, cache_lengths, state.target_cache.capacity)
+                plan, candidates, weights = planner.plan(run.target_params, config, state.target_cache,
+                                                         jnp.asarray(ref_tokens), jnp.asarray(token_mask),
+                                                         jnp.asarray(prefix), n)
+                apply_plan(plan.mask, plan.gamma if knapspec.honor_gamma else gamma_max)
+                cost = planner.reference_cost(config, n)
+                self.records.append(PlanRecord(
+                    true_round, plan, candidates, int(token_mask.sum()), weights, time.perf_counter() - plan_start,
+                    gamma_used=current["gamma"], verify_rows=current["bucket"] + 1 if current["gamma"] else 1,
+                    context_length=float(np.mean(cache_lengths + 1)), planner=planner.name,
+                    predicted_seconds=None if cost is None else cost * ref_tokens.shape[1]))
+            plan_end = time.perf_counter()
+            self.timings["plan_s"] += plan_end - plan_start
+            last = (plan_end, plan_end - plan_start, true_round)
+            if window is not None and knapspec.probe and current["gamma"] > 0 and knapspec.honor_gamma:
+                probe, probe_rounds = yield from arbitrate(n)
+                true_round += probe_rounds
+                self.records[-1].probe = probe
+                if probe is not None and probe["choice"] == "ar":
+                    self.records[-1].gamma_used, self.records[-1].verify_rows = 0, 1
+            next_plan = schedule.next_plan_round(true_round + 1)
+        if not run.finished():
+            true_round += yield from advance(None)
+        if current["draft_state"] is not None:  # a plan made as the last rows finished: keep it in the state
+            yield Chunk(rounds=0, gamma=current["bucket"], draft_state=take_draft_state())
+        if run.warmup and self.replan and knapspec.honor_gamma:  # compile plain decoding, whichever mode comes
+            yield Chunk(plain_steps=1)
+        self.schedule_rounds = true_round
+
+    def finish(self, run):
+        counters, final = run.counters, run.state
+        timings = dict(self.timings)
+        timings["plan_fraction"] = timings["plan_s"] / max(run.timings["decode_s"], 1e-9)
+        metrics = dict(ar_steps=counters.plain_steps, ar_tokens=counters.plain_tokens,
+                       ar_intervals=counters.plain_stretches, schedule_rounds=self.schedule_rounds,
+                       gamma_buckets_used=sorted(self.buckets_used), honor_gamma=self.knapspec.honor_gamma,
+                       knapspec_plans=[r.summary() for r in self.records], plan_allowance=self.allowance,
+                       draft_steps=int(final.draft_state["draft_steps"]),
+                       final_skip_mask=np.asarray(final.draft_state["skip_mask"]).tolist())
+        return metrics, timings
 
 
 def knapspec_generate(target_params, target_config: ModelConfig, prompts: Sequence[Sequence[int]], *,
@@ -531,12 +657,14 @@ def knapspec_generate(target_params, target_config: ModelConfig, prompts: Sequen
                       verify_policy=DenseVerify(), verify_state=None, seed: int = 0, capacity: Optional[int] = None,
                       context_n: Optional[float] = None, warmup: bool = False, planner=None,
                       initial_plan: Optional[Tuple[np.ndarray, int]] = None, replan: bool = True,
-                      prefilled=None) -> SpeculativeResult:
-    """Greedy or sampled speculative generation with KnapSpec self-drafting.
+                      prefilled=None, profile: bool = False, mesh=None, rules=None) -> SpeculativeResult:
+    """Greedy or sampled speculative generation with KnapSpec self-drafting: the engine's
+    :func:`~jaxspec.decoding.speculative.speculative_generate` with :class:`KnapSpecDraft` and a
+    :class:`KnapSpecController`.
 
     ``engine`` defaults to ``EngineConfig(gamma=knapspec.gamma_max, sampling=sampling,
     max_new_tokens=max_new_tokens, stop_tokens=stop_tokens)``; its ``gamma`` is gamma_max (the
-    loop state is sized for it; smaller gamma buckets run with copies of it). ``context_n``
+    loop state is sized for it; smaller gamma buckets run as chunks of that gamma). ``context_n``
     overrides the context length ``t_attn`` is evaluated at (default: :func:`effective_context`).
     ``planner`` (default ``KnapSpecPlanner(latency, knapspec)``) chooses each plan;
     ``initial_plan=(mask [L, 2], gamma)`` replaces the full-model draft before the first plan
@@ -545,6 +673,7 @@ def knapspec_generate(target_params, target_config: ModelConfig, prompts: Sequen
     ``prefilled=(cache, first_logits)``: the prompts already prefilled into a cache of
     ``capacity`` slots (e.g. one prefill shared by several methods in a benchmark); each run
     works on a copy, so the caller's cache stays valid (``timings["prefill_s"]`` is the copy).
+    ``profile``, ``mesh``, ``rules``: as the engine's.
 
     ``metrics["knapspec_plans"]`` lists every plan (skipped sub-layers, gamma* and the gamma
     used, context length, predicted TPT, seconds); ``metrics["draft_steps"]`` counts draft
@@ -564,249 +693,14 @@ def knapspec_generate(target_params, target_config: ModelConfig, prompts: Sequen
             raise ValueError("knapspec_generate needs a latency model (or a planner, or replan=False)")
         planner = KnapSpecPlanner(latency, knapspec)
     policy = KnapSpecDraft(target_config, early_exit=knapspec.early_exit)
-    tokens, lengths = pad_prompts(prompts)
-    bad = [int(t) for t in np.unique(tokens) if not 0 <= t < target_config.vocab_size]
-    if bad:
-        raise ValueError(f"token ids {bad[:5]} outside the vocabulary [0, {target_config.vocab_size})")
-    gamma_max = engine.gamma
-    capacity = capacity or int(lengths.max()) + engine.max_new_tokens + gamma_max + 2
-    check_room(lengths, capacity, engine.max_new_tokens + gamma_max + 2,
-               f"prompt + {engine.max_new_tokens} new tokens + a draft of gamma={gamma_max} (+2 headroom)")
-    batch = len(lengths)
-    engines = {}
-
-    def engine_for(bucket: int) -> EngineConfig:
-        if bucket not in engines:
-            engines[bucket] = engine if bucket == gamma_max else dataclasses.replace(engine, gamma=bucket)
-        return engines[bucket]
-
-    if prefilled is not None:
-        if prefilled[0].capacity != capacity or prefilled[0].batch_size != batch:
-            raise ValueError(f"prefilled cache has capacity {prefilled[0].capacity} and batch "
-                             f"{prefilled[0].batch_size}; this run needs {capacity} and {batch}")
-        if not np.array_equal(np.asarray(prefilled[0].lengths), lengths):
-            raise ValueError(f"prefilled cache lengths {np.asarray(prefilled[0].lengths).tolist()} differ from the "
-                             f"prompt lengths {lengths.tolist()}")
-
-    def initial_state():  # as speculative_generate's
-        if prefilled is not None:  # a copy: the loop donates its state
-            cache, first_logits = jax.tree.map(jnp.copy, tuple(prefilled))
-        else:
-            cache = init_cache(target_config, batch, capacity)
-            cache, first_logits = prefill(target_params, target_config, tokens, lengths, cache)
-        key = jax.random.PRNGKey(seed)
-        key, sub = jax.random.split(key)
-        first = sample_token(first_logits, sub, engine.sampling)
-        out = jnp.full((batch, engine.max_new_tokens + gamma_max + 1), PAD_OUTPUT, jnp.int32).at[:, 0].set(first)
-        stop = jnp.asarray(engine.stop_tokens if engine.stop_tokens else (-2,), jnp.int32)
-        return LoopState(round=jnp.int32(0), target_cache=cache, draft_state=policy.initial_state(),
-                         verify_state=jax.tree.map(jnp.copy, verify_state), out=out,
-                         num_out=jnp.ones((batch,), jnp.int32), committed=jnp.asarray(lengths, jnp.int32) + 1,
-                         pending=first, previous=jnp.asarray(tokens[np.arange(batch), lengths - 1], jnp.int32),
-                         done=jnp.isin(first, stop) | (engine.max_new_tokens <= 1), key=key,
-                         active_rounds=jnp.zeros((batch,), jnp.int32),
-                         accepted_histogram=jnp.zeros((gamma_max + 1,), jnp.int32),
-                         draft_counts=init_draft_counts(gamma_max))
-
-    def run(fraction: Optional[float]):
-        start = time.perf_counter()
-        state = initial_state()
-        jax.block_until_ready(state)
-        timings = {"prefill_s": time.perf_counter() - start, "plan_s": 0.0}
-        start = time.perf_counter()
-        totals = _Totals(gamma_max)
-        records: List[PlanRecord] = []
-        current = {"gamma": gamma_max, "bucket": gamma_max}
-
-        def apply_plan(state, mask, gamma):
-            """Switch to a plan: (mask, gamma); gamma 0 = plain decoding until the next plan."""
-            gamma = min(max(int(gamma), 0), gamma_max)
-            bucket = knapspec.bucket_for(gamma) if gamma > 0 else current["bucket"]
-            if bucket != current["bucket"]:  # fold the gamma-sized counters into the host totals
-                totals.add(state)
-                state = state._replace(accepted_histogram=jnp.zeros((bucket + 1,), jnp.int32),
-                                       draft_counts=init_draft_counts(bucket))
-            draft_state = dict(state.draft_state, skip_mask=jnp.asarray(mask, bool),
-                               gamma_cap=jnp.int32(max(gamma, 1)))
-            current.update(gamma=gamma, bucket=bucket)
-            return state._replace(draft_state=draft_state)
-
-        def advance(state, rounds: Optional[int]):
-            """Run ``rounds`` schedule rounds (None: to the end) under the current plan."""
-            if current["gamma"] == 0:
-                remaining = np.asarray(engine.max_new_tokens - state.num_out)[~np.asarray(state.done)]
-                steps = int(remaining.max(initial=0))
-                steps = steps if rounds is None else min(int(rounds), steps)
-                if steps <= 0:
-                    return state, 0
-                # one call, the step count traced and the token buffer sized for the whole run: one
-                # compile whatever the length (a probe, an interval, a postponed plan's longer stretch,
-                # the rest of the run) and one dispatch per stretch
-                state, count = _ar_interval(target_params, state, jnp.int32(steps), config=target_config,
-                                            engine=engine, steps=engine.max_new_tokens)
-                totals.ar_steps += steps
-                totals.ar_tokens += int(jnp.sum(count))
-                totals.ar_intervals += 1
-                return state, steps
-            before = int(state.round)
-            totals.buckets_used.add(current["bucket"])
-            state = run_loop(target_params, target_params, state, target_config=target_config, draft_policy=policy,
-                             verify_policy=verify_policy, engine=engine_for(current["bucket"]), max_rounds=rounds)
-            return state, int(state.round) - before
-
-        def finished(state) -> bool:
-            return bool(jnp.all(state.done))
-
-        def committed_total(state) -> int:
-            return int(jnp.sum(state.num_out))  # a host sync: the work before it is done
-
-        model = latency if latency is not None else getattr(planner, "latency", None)
-
-        def arbitrate(state, n):
-            """Time ``probe_rounds`` speculative rounds under the new plan, then as many plain-decoding
-            steps; keep the faster (tokens committed per second) until the next plan. The plain-decoding
-            rate is the better of the probe's and the latency model's (active rows per ``a t_step(n)``):
-            a short probe's fixed per-call cost (dispatch, host syncs) weighs more on a few cheap AR
-            steps than on the longer speculative rounds, which would favour drafting."""
-            rounds = knapspec.probe
-            speculative_gamma = current["gamma"]
-            active = int(np.sum(~np.asarray(state.done)))
-            n0, t0 = committed_total(state), time.perf_counter()
-            state, spec_rounds = advance(state, rounds)
-            n1, t1 = committed_total(state), time.perf_counter()
-            if finished(state):
-                return state, None, spec_rounds
-            current["gamma"] = 0
-            state, ar_steps = advance(state, rounds)
-            n2, t2 = committed_total(state), time.perf_counter()
-            spec_rate, ar_measured = (n1 - n0) / max(t1 - t0, 1e-9), (n2 - n1) / max(t2 - t1, 1e-9)
-            ar_model = None
-            if model is not None:
-                ar_model = active / max(model.a * model.t_step(n, target_config.num_layers), 1e-12)
-            ar_rate = max(ar_measured, ar_model or 0.0)
-            if spec_rate >= ar_rate:
-                current["gamma"] = speculative_gamma
-            probe = {"rounds": int(rounds), "speculative_tokens": n1 - n0, "speculative_s": t1 - t0,
-                     "ar_tokens": n2 - n1, "ar_s": t2 - t1, "speculative_tokens_per_s": spec_rate,
-                     "ar_tokens_per_s": ar_rate, "ar_tokens_per_s_measured": ar_measured,
-                     "ar_tokens_per_s_model": ar_model, "choice": "speculative" if current["gamma"] else "ar"}
-            return state, probe, spec_rounds + ar_steps
-
-        if initial_plan is not None:
-            mask, gamma = initial_plan
-            state = apply_plan(state, mask, gamma if knapspec.honor_gamma else gamma_max)
-        true_round, mark = 0, None
-        last = None  # (plan end time, plan seconds, round) of the previous plan
-        schedule = knapspec.schedule
-        next_plan = schedule.next_plan_round(0) if replan else None
-        ref_cap = knapspec.max_reference_tokens
-        if replan and knapspec.honor_gamma:  # the official code always plans and drafts
-            n0 = context_n if context_n is not None else effective_context(target_config, lengths, capacity)
-            allowance = reference_allowance(planner, model, target_config, n0, engine.max_new_tokens, knapspec)
-            timings["plan_allowance"] = allowance
-            if allowance["skip"]:  # no affordable plan: plain decoding from the start (gamma* = 0)
-                state = apply_plan(state, np.zeros((target_config.num_layers, 2), bool), 0)
-                next_plan = None
-            elif allowance["tokens"] is not None:
-                ref_cap = int(allowance["tokens"])
-        while next_plan is not None and not finished(state):
-            mark_at = schedule.mark_round(next_plan)
-            if current["gamma"] != 0:  # plain decoding: the reference is taken when planning
-                if mark_at > true_round:
-                    state, done_rounds = advance(state, mark_at - true_round)
-                    true_round += done_rounds
-                    if true_round < mark_at:  # every row finished
-                        break
-                mark = np.asarray(state.target_cache.lengths)
-            if next_plan > true_round:
-                state, done_rounds = advance(state, next_plan - true_round)
-                true_round += done_rounds
-                if true_round < next_plan:
-                    break
-            if finished(state):
-                break
-            if fraction is not None and last is not None:
-                # postpone while the previous plan still costs more than the allowed fraction of the
-                # decode time since it (SPEC's interval is the minimum spacing)
-                since = time.perf_counter() - last[0]
-                rounds_since = max(true_round - last[2], 1)
-                if last[1] > fraction * since:
-                    # the first grid point after the rounds still needed: plans stay on SPEC's grid
-                    needed = max((last[1] / fraction - since) / (since / rounds_since), 1.0)
-                    next_plan = schedule.next_plan_round(true_round + int(np.ceil(needed)))
-                    timings["postponed_plans"] = timings.get("postponed_plans", 0) + 1
-                    continue
-            plan_start = time.perf_counter()
-            cache_lengths = np.asarray(state.target_cache.lengths)
-            if current["gamma"] == 0 or mark is None:
-                mark = np.maximum(cache_lengths - knapspec.ar_reference_tokens, 0)
-            window = reference_window(tokens, lengths, np.asarray(state.out), np.asarray(state.num_out),
-                                      cache_lengths, mark, ref_cap, knapspec.token_bucket)
-            mark = None
-            if window is not None:
-                ref_tokens, token_mask, prefix = window
-                n = context_n if context_n is not None else effective_context(target_config, cache_lengths,
-                                                                               state.target_cache.capacity)
-                plan, candidates, weights = planner.plan(target_params, target_config, state.target_cache,
-                                                         jnp.asarray(ref_tokens), jnp.asarray(token_mask),
-                                                         jnp.asarray(prefix), n)
-                state = apply_plan(state, plan.mask, plan.gamma if knapspec.honor_gamma else gamma_max)
-                cost = getattr(planner, "reference_cost", None)
-                records.append(PlanRecord(true_round, plan, candidates, int(token_mask.sum()), weights,
-                                          time.perf_counter() - plan_start, gamma_used=current["gamma"],
-                                          verify_rows=current["bucket"] + 1 if current["gamma"] else 1,
-                                          context_length=float(np.mean(cache_lengths + 1)),
-                                          planner=getattr(planner, "name", type(planner).__name__),
-                                          predicted_seconds=None if cost is None else
-                                          cost(target_config, n) * ref_tokens.shape[1]))
-            plan_end = time.perf_counter()
-            timings["plan_s"] += plan_end - plan_start
-            last = (plan_end, plan_end - plan_start, true_round)
-            if window is not None and knapspec.probe and current["gamma"] > 0 and knapspec.honor_gamma:
-                state, probe, probe_rounds = arbitrate(state, n)
-                true_round += probe_rounds
-                records[-1].probe = probe
-                if probe is not None and probe["choice"] == "ar":
-                    records[-1].gamma_used, records[-1].verify_rows = 0, 1
-            next_plan = schedule.next_plan_round(true_round + 1)
-        if not finished(state):
-            state, done_rounds = advance(state, None)
-            true_round += done_rounds
-        jax.block_until_ready(state)
-        timings["decode_s"] = time.perf_counter() - start
-        timings["plan_fraction"] = timings["plan_s"] / max(timings["decode_s"], 1e-9)
-        totals.add(state)
-        return state, timings, records, totals, true_round
-
-    first_start = time.perf_counter()
-    # the warm-up run keeps SPEC's fixed schedule: a plan at every interval, so the timed run (whose
-    # postponements depend on measured times) finds every shape it can meet compiled
-    final, timings, records, totals, schedule_rounds = run(None if warmup else knapspec.max_plan_fraction)
-    if warmup and replan and knapspec.honor_gamma:  # compile plain decoding, whichever mode the timed run takes
-        jax.block_until_ready(_ar_interval(target_params, final, jnp.int32(1), config=target_config, engine=engine,
-                                           steps=engine.max_new_tokens))
-    if warmup:
-        first_total = time.perf_counter() - first_start
-        final, timings, records, totals, schedule_rounds = run(knapspec.max_plan_fraction)
-        timings["compile_s"] = max(first_total - timings["prefill_s"] - timings["decode_s"], 0.0)
-    out = np.asarray(final.out)[:, : engine.max_new_tokens]
-    num_generated = (out != PAD_OUTPUT).sum(axis=1)
-    merged = final._replace(accepted_histogram=totals.histogram,
-                            draft_counts={"drafted_histogram": totals.drafted_histogram, "attempts": totals.attempts})
-    metrics = summarize(merged, engine)
-    row_rounds = metrics["row_rounds"]
-    speculative_tokens = int((np.asarray(final.num_out) - 1).sum()) - totals.ar_tokens
-    metrics["tau"] = speculative_tokens / row_rounds if row_rounds else None  # speculative rounds only
-    metrics.update(ar_steps=totals.ar_steps, ar_tokens=totals.ar_tokens, ar_intervals=totals.ar_intervals,
-                   schedule_rounds=schedule_rounds, gamma_buckets_used=sorted(totals.buckets_used),
-                   honor_gamma=knapspec.honor_gamma)
-    metrics["knapspec_plans"] = [r.summary() for r in records]
-    metrics["plan_allowance"] = timings.pop("plan_allowance", None)
-    metrics["draft_steps"] = int(final.draft_state["draft_steps"])
-    metrics["final_skip_mask"] = np.asarray(final.draft_state["skip_mask"]).tolist()
-    return SpeculativeResult(tokens=out, num_generated=num_generated, prompt_lengths=np.asarray(lengths),
-                             metrics=metrics, timings=timings, final_state=final)
+    controller = KnapSpecController(knapspec, planner, latency=latency, context_n=context_n,
+                                    initial_plan=initial_plan, replan=replan)
+    return speculative_generate(target_params, target_config, prompts, draft_policy=policy,
+                                draft_state=policy.initial_state(), verify_policy=verify_policy,
+                                verify_state=verify_state, engine=engine, seed=seed, capacity=capacity, warmup=warmup,
+                                profile=profile, controller=controller, prefilled=prefilled, mesh=mesh, rules=rules)
 
 
-__all__ = ["KnapSpecConfig", "KnapSpecDraft", "KnapSpecPlanner", "KnapSpecSchedule", "NO_GAMMA_CAP", "PlanRecord",
+__all__ = ["KnapSpecConfig", "KnapSpecController", "KnapSpecDraft", "KnapSpecPlanner", "KnapSpecSchedule", "NO_GAMMA_CAP",
+           "PlanRecord",
            "knapspec_generate", "plan_skip_set", "reference_allowance", "reference_window"]
