@@ -1,4 +1,4 @@
-"""``dustin-speed``: AR, ClassicSD, MagicDec and Dustin side by side at paper shapes (issue 5 item 8).
+"""``dustin-speed``: AR, ClassicSD, MagicDec and Dustin side by side at paper shapes.
 
 As ``bench-sd``: random weights, caches filled with random K/V up to the context, and
 **fixed-acceptance mode** (accepted counts drawn from the distribution whose mean tokens/round
@@ -25,8 +25,7 @@ from typing import Any, Dict
 import numpy as np
 
 from experiments.common import median_time, print_table
-from experiments.foundation import decode_bytes_per_step
-from experiments.speculative import fixed_acceptance_writer, time_rounds
+from experiments.decode_speed import decode_bytes_per_step, fixed_acceptance_writer, time_rounds
 
 METHODS = ("ar", "classic", "magicdec", "dustin")
 
