@@ -120,7 +120,8 @@ def check_generate_args(args) -> None:
                 raise ValueError(f"--{dest.replace('_', '-')} is an option of --method {' / '.join(users)}; "
                                  f"--method {method} does not take it")
     if "gamma" in takes:
-        args.gamma = DEFAULT_GAMMA if args.gamma is None else args.gamma
+        if args.gamma is None:  # the default, no longer than the generation
+            args.gamma = min(DEFAULT_GAMMA, args.max_new_tokens)
         if args.gamma < 1:
             raise ValueError(f"--gamma={args.gamma}: must be >= 1")
         if args.gamma > args.max_new_tokens:

@@ -135,10 +135,11 @@ def parse_gamma_buckets(text: str, flag: str = "--knapspec-gamma-buckets"):
         raise ValueError(f"{flag}={text!r}: expected comma-separated integers") from err
 
 
-def plan_fraction(value):
+def plan_fraction(value, flag: str = "--knapspec-max-plan-fraction"):
+    """The planning budget as a fraction of the decode time; None (<= 0) = the fixed schedule."""
     value = None if value is None or value <= 0 else float(value)
     if value is not None and value >= 1:
-        raise ValueError(f"--knapspec-max-plan-fraction={value}: must be < 1 (or <= 0 for the fixed schedule)")
+        raise ValueError(f"{flag}={value}: must be < 1 (or <= 0 for the fixed schedule)")
     return value
 
 
@@ -163,7 +164,8 @@ def validate_self_spec(args) -> None:
         raise ValueError(f"--knapspec-interval={args.knapspec_interval} must be >= 6 (the DP runs at round 6)")
     if args.knapspec_gamma_max < 1:
         raise ValueError(f"--knapspec-gamma-max={args.knapspec_gamma_max}: must be >= 1")
-    if args.knapspec_gamma_max > args.max_new_tokens:
+    default_gamma_max = registry.family_defaults("self-speculative")["knapspec_gamma_max"]
+    if args.knapspec_gamma_max != default_gamma_max and args.knapspec_gamma_max > args.max_new_tokens:
         raise ValueError(f"--knapspec-gamma-max={args.knapspec_gamma_max} exceeds --max-new-tokens="
                          f"{args.max_new_tokens}; use a value <= {args.max_new_tokens}")
     if args.clasp_skip_count is not None and args.clasp_skip_count < 1:
@@ -562,7 +564,6 @@ class Case:
     def __init__(self, args, model: Model, writer: ResultWriter, profile, task: str, context: int,
                  max_new: int, batch: int, static_plan):
         from jaxspec.knapspec.dp import skip_budget
-        from jaxspec.knapspec.policy import KnapSpecConfig
 
         self.args, self.model, self.writer, self.task = args, model, writer, task
         self.context, self.max_new, self.batch = context, max_new, batch
@@ -575,12 +576,7 @@ class Case:
         reference = args.max_reference_tokens or 64
         chunk = args.branch_chunk or auto_branch_chunk(cfg, batch, self.capacity, reference,
                                                        skip_budget(5, 1, cfg.num_layers) + 1)
-        buckets = tuple(int(x) for x in args.gamma_buckets.split(",") if x.strip())
-        fraction = getattr(args, "max_plan_fraction", 0.05)
-        self.knapspec = KnapSpecConfig(gamma_max=args.gamma_max, gamma_buckets=buckets, branch_chunk=chunk,
-                                       max_reference_tokens=args.max_reference_tokens,
-                                       max_plan_fraction=fraction if fraction and fraction > 0 else None,
-                                       probe_rounds=getattr(args, "probe_rounds", 8) or None)
+        self.knapspec = experiment_knapspec_config(args, branch_chunk=chunk)
         self.prompts = build_prompts(model, task, context, batch, args.seed)
         self.prefilled = None
         self.ar_compiled = False
@@ -836,6 +832,32 @@ def _static_plan(args, model: Model, profile, knapspec, context_n: float):
                                  reference_tokens=64, context_n=context_n)
 
 
+def experiment_knapspec_config(args, branch_chunk=None):
+    """The experiment's KnapSpecConfig (``--gamma-max``, ``--gamma-buckets``, the planning budget)."""
+    from jaxspec.knapspec.policy import KnapSpecConfig
+
+    return KnapSpecConfig(gamma_max=args.gamma_max, gamma_buckets=parse_gamma_buckets(args.gamma_buckets,
+                                                                                      "--gamma-buckets"),
+                          branch_chunk=branch_chunk, max_reference_tokens=args.max_reference_tokens,
+                          max_plan_fraction=plan_fraction(args.max_plan_fraction, "--max-plan-fraction"),
+                          probe_rounds=args.probe_rounds or None)
+
+
+def check_knapspec_args(args) -> None:
+    """Every flag of the ``knapspec`` experiment, before the model loads or latency is profiled."""
+    for flag in ("max_new_tokens", "long_prompt", "long_new_tokens", "gamma_max"):
+        if getattr(args, flag) < 1:
+            raise ValueError(f"--{flag.replace('_', '-')}={getattr(args, flag)}: must be >= 1")
+    for flag in ("layers", "max_reference_tokens", "branch_chunk", "clasp_skip_count"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            raise ValueError(f"--{flag.replace('_', '-')}={getattr(args, flag)}: must be >= 1 (or left out)")
+    if args.layers is not None and not args.model.startswith("random:"):
+        raise ValueError(f"--layers is for random:PRESET models only; {args.model!r} has its own layer count")
+    if args.candidate_plans < 0 or args.plan_cost_repeats < 0 or args.probe_rounds < 0:
+        raise ValueError("--candidate-plans, --plan-cost-repeats and --probe-rounds must be >= 0")
+    experiment_knapspec_config(args)  # the planner's own checks
+
+
 def cmd_knapspec(args) -> Dict[str, Any]:
     import jax
 
@@ -843,11 +865,12 @@ def cmd_knapspec(args) -> Dict[str, Any]:
     methods = _names(args.methods, METHODS, "methods")
     contexts = _ints(args.contexts, "contexts")
     batches = _ints(args.batches, "batches")
+    check_knapspec_args(args)
     args.device_tag = args.device_tag or jax.default_backend()
-    if args.candidate_plans < 0 or args.plan_cost_repeats < 0:
-        raise ValueError("--candidate-plans and --plan-cost-repeats must be >= 0")
     writer = ResultWriter(args.out, "knapspec", _config_of(args))
     model = load(args)
+    if "clasp" in methods:
+        check_clasp_skip_count(args.clasp_skip_count, model.config.num_layers)
     profile_dir = pathlib.Path(args.profile_dir) if args.profile_dir else (
         pathlib.Path(args.out).parent if args.out else REPO / "experiments" / "results")
     cases = []

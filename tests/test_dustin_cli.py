@@ -165,23 +165,23 @@ def test_release_memory_drops_compiled_and_keeps_working():
     JAX's caches, after which a jitted function recompiles and still gives the same values."""
     import jax.numpy as jnp
 
-    from experiments import dustin_exp
+    from experiments import dustin_quality
 
-    fn = dustin_exp._jit("test/double", lambda x: 2 * x)
+    fn = dustin_quality.cached_jit("test/double", lambda x: 2 * x)
     assert float(fn(jnp.float32(3.0))) == 6.0
-    dustin_exp.release_memory()  # trim only
-    assert "test/double" in dustin_exp._JITS
-    dustin_exp.release_memory(clear_compiled=True)
-    assert "test/double" not in dustin_exp._JITS and fn._cache_size() == 0
-    assert float(dustin_exp._jit("test/double", lambda x: 2 * x)(jnp.float32(4.0))) == 8.0
-    assert "rss" in dustin_exp._memory()
+    dustin_quality.release_memory()  # trim only
+    assert "test/double" in dustin_quality.JITS
+    dustin_quality.release_memory(clear_compiled=True)
+    assert "test/double" not in dustin_quality.JITS and fn._cache_size() == 0
+    assert float(dustin_quality.cached_jit("test/double", lambda x: 2 * x)(jnp.float32(4.0))) == 8.0
+    assert "rss" in dustin_quality.memory_summary()
 
 
 @pytest.mark.slow
 def test_quality_releases_compiled_code_between_lengths(folders, tmp_path, monkeypatch):
     """`dustin-quality` over two context lengths trims memory after each measurement and drops the
     compiled executables once, when the length changes (the previous session's OOM beyond 4k)."""
-    from experiments import dustin_exp
+    from experiments import dustin_quality
 
     target, draft = folders
     haystack = _haystack(tmp_path)
@@ -191,8 +191,8 @@ def test_quality_releases_compiled_code_between_lengths(folders, tmp_path, monke
                  "--depths", "0.3", "--max-new-tokens", "3", "--srh-max-new-tokens", "2", "--recall-threshold", "-1",
                  "--profile-file", str(profile), "--out", str(tmp_path / "p.json")]) == 0
     calls = []
-    original = dustin_exp.release_memory
-    monkeypatch.setattr(dustin_exp, "release_memory", lambda clear_compiled=False: (calls.append(clear_compiled),
+    original = dustin_quality.release_memory
+    monkeypatch.setattr(dustin_quality, "release_memory", lambda clear_compiled=False: (calls.append(clear_compiled),
                                                                                      original(clear_compiled)))
     out = tmp_path / "quality.json"
     assert main(["dustin-quality", *common, "--dustin-profile", str(profile), "--budgets", "128", "--methods",
