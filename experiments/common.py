@@ -218,9 +218,10 @@ class CompileCounter:
         return dict(self.hits)
 
 
-def progress_line(text: str) -> None:
-    """One progress line on stderr (flushed: visible while the slow part runs)."""
-    print(f"[{time.strftime('%H:%M:%S')}] {text} ...", file=sys.stderr, flush=True)
+def progress_line(text: str, done: bool = False) -> None:
+    """One progress line on stderr (flushed: visible while the slow part runs); ``done``: a phase
+    that finished (no trailing ``...``)."""
+    print(f"[{time.strftime('%H:%M:%S')}] {text}{'' if done else ' ...'}", file=sys.stderr, flush=True)
 
 
 def check_skip_ranges(spec: str, flag: str) -> None:

@@ -15,12 +15,13 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from typing import Any, Dict, Iterable
 
 import numpy as np
 
-from experiments.common import ResultWriter, config_of, median_time, print_table
+from experiments.common import ResultWriter, check_skip_ranges, config_of, median_time, print_table
 
 
 def check_positive(args, names: Iterable[str]) -> None:
@@ -134,6 +135,13 @@ def cmd_bench_skip(args) -> Dict[str, Any]:
 
     check_positive(args, ("context", "batch", "steps", "repeats"))
     writer = ResultWriter(args.out, "bench-skip", config_of(args))
+    key = f"{args.shape}/ctx{args.context}/b{args.batch}/T{args.steps}"
+    title = (f"skip-mask variants, one forward of {args.steps} token(s), {args.shape}, context {args.context}, "
+             f"batch {args.batch}")
+    if writer.has(key):
+        print(f"[resume] {args.out} already holds {key}; delete it to measure again", file=sys.stderr)
+        print_table(writer.get(key), title=title)
+        return writer.data
     config = preset(args.shape, **({"num_layers": args.layers} if args.layers else {}))
     params = init_params(config, jax.random.PRNGKey(0))
     layers = config.num_layers
@@ -166,9 +174,8 @@ def cmd_bench_skip(args) -> Dict[str, Any]:
         first = time.perf_counter() - start
         t = median_time(lambda: static(params, tokens, cache).block_until_ready(), args.repeats)
         rows.append({"variant": "static (recompile)", "mask": name, "compile_s": first, "ms": t["median_s"] * 1e3})
-    writer.add(f"{args.shape}/ctx{args.context}/b{args.batch}/T{args.steps}", rows)
-    print_table(rows, title=f"skip-mask variants, one forward of {args.steps} token(s), {args.shape}, "
-                            f"context {args.context}, batch {args.batch}")
+    writer.add(key, rows)
+    print_table(rows, title=title)
     return writer.data
 
 
@@ -245,6 +252,8 @@ def cmd_bench_sd(args) -> Dict[str, Any]:
 
     contexts, batches = int_list(args.contexts, "--contexts"), int_list(args.batches, "--batches")
     check_positive(args, ("gamma", "new_tokens", "repeats"))
+    if args.draft_skip is not None:
+        check_skip_ranges(args.draft_skip, "--draft-skip")
     writer, tau, bandwidth = fixed_acceptance_writer(args, "bench-sd")
     target_config = preset(args.target_shape, attention_backend=args.attention_backend)
     target_params = init_params(target_config, jax.random.PRNGKey(0))

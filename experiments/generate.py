@@ -383,6 +383,12 @@ def cmd_demo(args) -> Dict[str, Any]:
     run_args = demo_args(args)
     check_generate_args(run_args)
     writer = ResultWriter(args.out, "demo", config_of(args))
+    if writer.previous.get("results"):
+        print(f"[resume] {args.out} already holds this demo; delete it (or pass another --out) to run it again",
+              file=sys.stderr)
+        report_generate(writer.previous["results"])
+        report_demo(writer.previous["results"])
+        return writer.previous["results"]
     counter = CompileCounter()
     cache = compilation_cache_dir() if not args.no_compilation_cache else None
     demo_start = time.perf_counter()
@@ -392,7 +398,8 @@ def cmd_demo(args) -> Dict[str, Any]:
                   + (f"the compilation cache {cache} keeps it for the next run)" if cache else
                      "the compilation cache is off)"))
     ttft = first_token_time(prepared, run_args)
-    progress_line(f"prefill: first token after {ttft['ttft_s']:.2f} s ({ttft['ttft_compiled_s']:.2f} s compiled)")
+    progress_line(f"prefill: first token after {ttft['ttft_s']:.2f} s ({ttft['ttft_compiled_s']:.2f} s once compiled)",
+                  done=True)
     out = decode_generate(run_args, prepared)
     out["demo"] = {"demo_method": args.demo_method, "generate_options": DEMO_METHODS[args.demo_method],
                    "time_to_first_token_s": ttft["ttft_s"], "time_to_first_token_compiled_s": ttft["ttft_compiled_s"],
@@ -418,8 +425,10 @@ def report_demo(out: Dict[str, Any]) -> None:
         print(f"{name} pays on this machine: {speedup:.2f}x the autoregressive tokens/s, "
               f"{'identical' if out['identical_to_ar'] else 'NOT identical'} output")
     else:
-        print(f"{name} does NOT pay on this machine: {speedup:.2f}x the autoregressive tokens/s (a small model on a "
-              f"CPU is compute-bound per row, so verifying gamma + 1 rows costs about as much as gamma + 1 steps)")
+        m = out["metrics"]
+        print(f"{name} does NOT pay on this machine: {speedup:.2f}x the autoregressive tokens/s (tau "
+              f"{m['tau']:.2f} tokens per round of up to {out['gamma']} draft steps and one verification; a round "
+              f"costs more than tau plain steps here)")
     compiles = d["compiles"]
     print(f"time to first token: {d['time_to_first_token_s']:.2f} s (compile + prefill; "
           f"{d['time_to_first_token_compiled_s']:.2f} s once compiled); compilation cache "

@@ -180,7 +180,7 @@ def test_release_memory_drops_compiled_and_keeps_working():
 @pytest.mark.slow
 def test_quality_releases_compiled_code_between_lengths(folders, tmp_path, monkeypatch):
     """`dustin-quality` over two context lengths trims memory after each measurement and drops the
-    compiled executables once, when the length changes (the previous session's OOM beyond 4k)."""
+    compiled executables once, when the length changes (without it the process ran out of memory beyond 4k)."""
     from experiments import dustin_quality
 
     target, draft = folders
