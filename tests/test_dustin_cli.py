@@ -58,18 +58,20 @@ def test_generate_sparse_methods(folders, tmp_path):
     dense = tmp_path / "sd.json"
     assert main(_base(target, "--method", "sd", "--draft", str(draft), "--out", str(dense))) == 0
     dense_tokens = _results(dense)["tokens"]
-    for method, draft_args in (("dustin", ["--draft", str(draft)]), ("dustin", ["--draft-skip", "mlp:1"]),
-                               ("streaming", ["--draft", str(draft)]), ("snapkv", ["--draft", str(draft)]),
-                               ("quest", ["--draft", str(draft)]), ("magicdec", ["--draft", str(draft)]),
-                               ("magicdec", [])):
-        big = tmp_path / f"{method}-big.json"
+    for run, (method, draft_args) in enumerate((("dustin", ["--draft", str(draft)]),
+                                                ("dustin", ["--draft-skip", "mlp:1"]),
+                                                ("streaming", ["--draft", str(draft)]),
+                                                ("snapkv", ["--draft", str(draft)]),
+                                                ("quest", ["--draft", str(draft)]),
+                                                ("magicdec", ["--draft", str(draft)]), ("magicdec", []))):
+        big = tmp_path / f"{method}-{run}-big.json"  # one file per run: an --out of other options is refused
         assert main(_base(target, "--method", method, "--budget", "2048", "--out", str(big), *draft_args)) == 0
         results = _results(big)
         assert results["sparse"]["budget"] == 2048 and results["method"] == method
         if draft_args and draft_args[0] == "--draft" or method == "magicdec":
             # k covers the ~360-token history: exactly dense verification (MagicDec: dense by construction)
             assert results["tokens"] == dense_tokens, (method, draft_args)
-        small = tmp_path / f"{method}-small.json"
+        small = tmp_path / f"{method}-{run}-small.json"
         assert main(_base(target, "--method", method, "--budget", "128", "--out", str(small), *draft_args)) == 0
         results = _results(small)
         assert len(results["tokens"][0]) == 12 and results["metrics"]["tau"] >= 1
