@@ -4,7 +4,6 @@
 import json
 import pathlib
 
-import numpy as np
 import pytest
 
 from experiments.run import main
@@ -14,7 +13,7 @@ SMOL_PROFILE = str(pathlib.Path(__file__).resolve().parent.parent / "experiments
 PROMPT = "Once upon a time, in a land far away, there lived a curious fox who loved long stories. " * 4
 
 
-def _tiny_folder(tmp_path, seed=0, name="tiny-llama"):
+def tiny_llama_folder(tmp_path, seed=0, name="tiny-llama"):
     """The conftest tiny Llama (vocab 128, 3 layers, 4 q / 2 kv heads) with a character tokenizer."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -38,7 +37,7 @@ def folders(tmp_path_factory):
 
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("dustin_cli")
-    return _tiny_folder(root, 0, "target"), _tiny_folder(root, 1, "draft")
+    return tiny_llama_folder(root, 0, "target"), tiny_llama_folder(root, 1, "draft")
 
 
 def _base(folder, *extra):

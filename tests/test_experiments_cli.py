@@ -19,10 +19,10 @@ def tiny(tmp_path_factory):
     """A 3-layer tiny Llama HF folder with a character tokenizer (loads in a second)."""
     import torch
 
-    from tests.test_dustin_cli import _tiny_folder
+    from tests.test_dustin_cli import tiny_llama_folder
 
     torch.set_num_threads(1)
-    return _tiny_folder(tmp_path_factory.mktemp("cli"), 0, "tiny")
+    return tiny_llama_folder(tmp_path_factory.mktemp("cli"), 0, "tiny")
 
 
 def _error(capsys) -> str:
@@ -226,6 +226,10 @@ def test_parity_bad_input(tmp_path, capsys):
     (["bench-decode", "--contexts", "8192,0"], "expected one or more integers >= 1"),
     (["bench-skip", "--steps", "0"], "--steps=0: must be >= 1"),
     (["bench-sd", "--tau", "2", "--gamma", "0"], "--gamma=0: must be >= 1"),
+    (["bench-sd", "--tau", "2", "--draft-skip", "mlp:9-3"], "the range 9-3 is reversed"),
+    (["dustin-speed", "--tau", "2", "--new-tokens", "0"], "--new-tokens=0: must be >= 1"),
+    (["dustin-speed", "--tau", "2", "--batches", "0"], "--batches='0': expected one or more integers >= 1"),
+    (["dustin-profile", "--draft-skip", "mlp:9-3", "--profile-file", "p.json"], "the range 9-3 is reversed"),
     (["knapspec", "--model", "random:smollm2-135m-shape", "--gamma-buckets", "1,x"], "expected comma-separated"),
     (["knapspec", "--model", "random:smollm2-135m-shape", "--gamma-max", "0"], "--gamma-max=0: must be >= 1"),
     (["knapspec", "--model", "random:smollm2-135m-shape", "--max-plan-fraction", "2"], "must be < 1"),
