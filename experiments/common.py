@@ -1,10 +1,12 @@
-"""Shared plumbing for experiments: environment record, resumable JSON results, tables, timing."""
+"""Shared plumbing for experiments: environment record, resumable JSON results, tables, timing,
+the persistent compilation cache, model loading, prompt reading and stop tokens."""
 
 from __future__ import annotations
 
 import json
 import os
 import pathlib
+import dataclasses
 import platform
 import socket
 import subprocess
@@ -13,6 +15,12 @@ import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
+DEFAULT_MODEL = "smollm2-135m"
+DEMO_PROMPT_FILE = REPO / "experiments" / "prompts" / "long_demo.txt"
+#: keys of an experiment's arguments that are not part of its results' config (resume compares configs)
+NOT_CONFIG = ("func", "out", "no_compilation_cache")
+#: set to 1 to turn the persistent compilation cache off (as ``--no-compilation-cache`` does)
+NO_COMPILATION_CACHE_ENV = "JAXSPEC_NO_COMPILATION_CACHE"
 
 
 def git_commit() -> Dict[str, Any]:
@@ -65,30 +73,69 @@ def environment() -> Dict[str, Any]:
     return env
 
 
+def check_output_path(path: Optional[str]) -> None:
+    """Refuse an ``--out`` that cannot be written, before any work: a directory, a read-only file,
+    a parent that is not a folder or not writable. A missing parent folder is created."""
+    if not path:
+        return
+    out = pathlib.Path(path)
+    if out.is_dir():
+        raise ValueError(f"--out {path}: is a directory; give a file name, e.g. {out / 'results.json'}")
+    if out.exists() and not out.stat().st_mode & 0o222:
+        raise ValueError(f"--out {path}: the file is read-only; make it writable or pass another --out")
+    parent = out.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(f"--out {path}: cannot create its folder {parent} ({err.strerror or err})") from None
+    probe = parent / f".{out.name}.{os.getpid()}.probe"
+    try:
+        probe.write_text("")
+        probe.unlink()
+    except OSError as err:
+        raise ValueError(f"--out {path}: cannot write in {parent} ({err.strerror or err})") from None
+
+
 class ResultWriter:
     """Resumable results file: every case is written as soon as it is measured.
 
-    The file holds ``{"experiment", "config", "environment", "cases": {key: result}}``. A rerun
-    with the same ``--out`` and the same config skips cases already present (``has``); a rerun
-    with a different config refuses to mix results and asks for another file.
+    The file holds ``{"experiment", "config", "environment", "cases": {key: result}, ...}``. A
+    rerun with the same ``--out`` and the same config skips cases already present (``has``) and
+    finds a finished run's fields (``previous``); a rerun with a different config, or a file this
+    writer did not make (a JSON list, another program's output), is refused so nothing is
+    overwritten. The file is written atomically (a ``.tmp`` next to it, then renamed).
     """
 
-    def __init__(self, path: Optional[str], experiment: str, config: Dict[str, Any], resume: bool = True):
+    def __init__(self, path: Optional[str], experiment: str, config: Dict[str, Any]):
         self.path = pathlib.Path(path) if path else None
         self.data: Dict[str, Any] = {"experiment": experiment, "config": config, "environment": environment(),
                                      "cases": {}}
-        if self.path and self.path.exists() and resume:
-            try:
-                old = json.loads(self.path.read_text())
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{self.path}: existing results file is not valid JSON ({err}); move it away") from err
-            if old.get("experiment") == experiment and old.get("config") == config:
-                self.data["cases"] = old.get("cases", {})
-                if self.data["cases"]:
-                    print(f"[resume] {len(self.data['cases'])} case(s) already in {self.path}", file=sys.stderr)
-            elif old.get("cases"):
-                raise ValueError(f"{self.path} holds results of {old.get('experiment')!r} with a different config; "
-                                 f"pass another --out (or delete it) so results are not mixed")
+        #: the whole earlier file of this experiment and config (empty when there is none)
+        self.previous: Dict[str, Any] = {}
+        if self.path is None:
+            return
+        check_output_path(str(self.path))
+        if not self.path.exists() or not self.path.read_text().strip():
+            return
+        try:
+            old = json.loads(self.path.read_text())
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{self.path}: existing file is not valid JSON ({err}); move it away or pass another "
+                             f"--out") from None
+        if not isinstance(old, dict) or "experiment" not in old or "config" not in old:
+            kind = type(old).__name__ if not isinstance(old, dict) else "JSON object without experiment/config"
+            raise ValueError(f"{self.path}: existing file is not a results file of this program ({kind}); move it "
+                             f"away or pass another --out so it is not overwritten")
+        if old.get("experiment") != experiment or old.get("config") != config:
+            changed = sorted(k for k in set(config) | set(old.get("config") or {})
+                             if (old.get("config") or {}).get(k, "<absent>") != config.get(k, "<absent>"))
+            raise ValueError(f"{self.path} holds results of {old.get('experiment')!r} with a different config "
+                             f"(differs in: {', '.join(changed) if changed else 'experiment'}); pass another --out "
+                             f"(or delete it) so results are not mixed")
+        self.previous = old
+        self.data["cases"] = dict(old.get("cases") or {})
+        if self.data["cases"]:
+            print(f"[resume] {len(self.data['cases'])} case(s) already in {self.path}", file=sys.stderr)
 
     def has(self, key: str) -> bool:
         return key in self.data["cases"]
@@ -109,11 +156,189 @@ class ResultWriter:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(self.path.suffix + ".tmp")
-        tmp.write_text(json.dumps(self.data, indent=1, default=_json_default))
-        os.replace(tmp, self.path)
+        try:
+            tmp.write_text(json.dumps(self.data, indent=1, default=json_default))
+            os.replace(tmp, self.path)
+        finally:
+            if tmp.exists():
+                tmp.unlink()
 
 
-def _json_default(value):
+def config_of(args, exclude: Iterable[str] = ()) -> Dict[str, Any]:
+    """An experiment's arguments as its results' config (sorted; without ``NOT_CONFIG`` keys)."""
+    skip = set(NOT_CONFIG) | set(exclude)
+    return {k: v for k, v in sorted(vars(args).items()) if k not in skip}
+
+
+# ---------------------------------------------------------------------------- compilation cache
+def compilation_cache_dir() -> pathlib.Path:
+    """``<jaxspec cache>/jax_compilation_cache`` (the jaxspec cache honours ``$JAXSPEC_CACHE``)."""
+    from jaxspec.models.registry import cache_dir
+
+    return cache_dir() / "jax_compilation_cache"
+
+
+def enable_compilation_cache(enabled: bool = True) -> Optional[pathlib.Path]:
+    """Turn on JAX's persistent compilation cache (every compile, CPU ones included, is saved and
+    reused by the next process running the same program). Off with ``enabled=False`` or
+    ``JAXSPEC_NO_COMPILATION_CACHE=1``. Returns the folder, or None when off."""
+    if not enabled or os.environ.get(NO_COMPILATION_CACHE_ENV, "") not in ("", "0"):
+        return None
+    import jax
+
+    path = compilation_cache_dir()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        print(f"[compilation cache] off: cannot create {path} ({err.strerror or err})", file=sys.stderr)
+        return None
+    jax.config.update("jax_compilation_cache_dir", str(path))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)  # default 1 s: most CPU compiles
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    return path
+
+
+class CompileCounter:
+    """Counts, from its creation on, the programs JAX loaded from the persistent compilation cache
+    (``cache_hits``) and the ones it had to compile and store (``cache_misses``)."""
+
+    EVENTS = {"/jax/compilation_cache/cache_hits": "cache_hits", "/jax/compilation_cache/cache_misses": "cache_misses"}
+
+    def __init__(self):
+        import jax
+
+        self.hits = {"cache_hits": 0, "cache_misses": 0}
+        jax.monitoring.register_event_listener(self.on_event)
+
+    def on_event(self, event: str, **kwargs) -> None:
+        if event in self.EVENTS:
+            self.hits[self.EVENTS[event]] += 1
+
+    def counts(self) -> Dict[str, int]:
+        return dict(self.hits)
+
+
+def progress_line(text: str, done: bool = False) -> None:
+    """One progress line on stderr (flushed: visible while the slow part runs); ``done``: a phase
+    that finished (no trailing ``...``)."""
+    print(f"[{time.strftime('%H:%M:%S')}] {text}{'' if done else ' ...'}", file=sys.stderr, flush=True)
+
+
+def check_skip_ranges(spec: str, flag: str) -> None:
+    """Refuse a reversed layer range (``mlp:12-10`` would skip nothing) in a skip spec."""
+    import re
+
+    for lo, hi in re.findall(r"(\d+)-(\d+)", spec or ""):
+        if int(lo) > int(hi):
+            raise ValueError(f"{flag} {spec!r}: the range {lo}-{hi} is reversed (it would skip nothing); "
+                             f"write it low-high, e.g. {hi}-{lo}")
+
+
+# ---------------------------------------------------------------------------- models, prompts, stop tokens
+def load_model_timed(source: str, dtype: str, attention_backend: str = "xla"):
+    """``jaxspec.models.loading.load_model`` with the attention backend set and a stderr line."""
+    from jaxspec.models.loading import load_model
+
+    print(f"loading {source} ({dtype}) ...", file=sys.stderr, flush=True)
+    start = time.perf_counter()
+    model = load_model(source, dtype=dtype)
+    if attention_backend != model.config.attention_backend:
+        model = dataclasses.replace(model, config=dataclasses.replace(model.config,
+                                                                      attention_backend=attention_backend))
+    print(f"loaded {source} ({model.config.num_layers} layers, {model.config.num_params() / 1e6:.1f} M params, "
+          f"{dtype}) in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
+    return model
+
+
+def encode_prompt(tokenizer, text: str, chat: bool) -> List[int]:
+    """Token ids of ``text``, wrapped in the tokenizer's chat template when ``chat`` and it has one."""
+    if chat and getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                            tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        return list(ids)
+    return list(tokenizer(text)["input_ids"])
+
+
+def stop_tokens(tokenizer) -> List[int]:
+    """The tokenizer's end-of-sequence ids (eos and the usual end-of-turn tokens it knows)."""
+    stops = set()
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        stops.add(int(tokenizer.eos_token_id))
+    for name in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>"):
+        if tokenizer is not None and name in tokenizer.get_vocab():
+            stops.add(int(tokenizer.convert_tokens_to_ids(name)))
+    return sorted(stops)
+
+
+BATCH_FILE_FORMS = '--batch-file takes JSONL lines {"prompt": "..."} (or JSON strings), or one JSON list of those'
+
+
+def _prompt_of(item: Any, where: str) -> str:
+    if isinstance(item, str):
+        return item
+    if isinstance(item, dict):
+        if "prompt" not in item:
+            raise ValueError(f"{where}: object without a \"prompt\" field (keys: {sorted(item)}); {BATCH_FILE_FORMS}")
+        if not isinstance(item["prompt"], str):
+            raise ValueError(f"{where}: \"prompt\" is a {type(item['prompt']).__name__}, not a string; "
+                             f"{BATCH_FILE_FORMS}")
+        return item["prompt"]
+    raise ValueError(f"{where}: a JSON {type(item).__name__} is not a prompt; {BATCH_FILE_FORMS}")
+
+
+def read_batch_file(path: str) -> List[str]:
+    """Prompts of a ``--batch-file``: a JSON list of strings / ``{"prompt": ...}`` objects, or
+    JSONL with one string or ``{"prompt": ...}`` object per line (blank lines ignored)."""
+    file = pathlib.Path(path)
+    text = file.read_text()
+    stripped = text.strip()
+    prompts: List[str] = []
+    if stripped.startswith("{"):  # one object (one JSONL line, or pretty-printed): one prompt
+        try:
+            single = json.loads(stripped)
+        except json.JSONDecodeError:
+            single = None  # several JSONL lines: read below
+        if single is not None:
+            return [_prompt_of(single, f"{file}")]
+    if stripped.startswith("["):
+        try:
+            data = json.loads(stripped)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{file}: not a JSON list ({err}); {BATCH_FILE_FORMS}") from None
+        prompts = [_prompt_of(item, f"{file}: item {i}") for i, item in enumerate(data)]
+    else:
+        for number, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                item = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{file}:{number}: not JSON ({err}); {BATCH_FILE_FORMS}") from None
+            prompts.append(_prompt_of(item, f"{file}:{number}"))
+    if not prompts:
+        raise ValueError(f"{file}: no prompts found; {BATCH_FILE_FORMS}")
+    return prompts
+
+
+def read_prompts(args) -> List[str]:
+    """``--prompt``, ``--prompt-file`` or ``--batch-file`` (see :func:`read_batch_file`)."""
+    given = [name for name, value in (("--prompt", args.prompt), ("--prompt-file", args.prompt_file),
+                                      ("--batch-file", args.batch_file)) if value is not None]
+    if len(given) > 1:
+        raise ValueError(f"give one of --prompt, --prompt-file, --batch-file (got {', '.join(given)})")
+    if args.batch_file is not None:
+        return read_batch_file(args.batch_file)
+    if args.prompt_file is not None:
+        return [pathlib.Path(args.prompt_file).read_text()]
+    if args.prompt is not None:
+        return [args.prompt]
+    raise ValueError("give --prompt TEXT, --prompt-file F or --batch-file F")
+
+
+def json_default(value):
+    """``json.dumps(default=...)`` for numpy scalars and arrays and paths."""
     import numpy as np
 
     if isinstance(value, (np.integer,)):

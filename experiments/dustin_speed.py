@@ -1,4 +1,4 @@
-"""``dustin-speed``: AR, ClassicSD, MagicDec and Dustin side by side at paper shapes (issue 5 item 8).
+"""``dustin-speed``: AR, ClassicSD, MagicDec and Dustin side by side at paper shapes.
 
 As ``bench-sd``: random weights, caches filled with random K/V up to the context, and
 **fixed-acceptance mode** (accepted counts drawn from the distribution whose mean tokens/round
@@ -25,8 +25,8 @@ from typing import Any, Dict
 import numpy as np
 
 from experiments.common import median_time, print_table
-from experiments.foundation import decode_bytes_per_step
-from experiments.speculative import fixed_acceptance_writer, time_rounds
+from experiments.decode_speed import (check_positive, decode_bytes_per_step, fixed_acceptance_writer, int_list,
+                                      time_rounds)
 
 METHODS = ("ar", "classic", "magicdec", "dustin")
 
@@ -112,6 +112,8 @@ def cmd_dustin_speed(args) -> Dict[str, Any]:
         raise ValueError(f"--methods {args.methods!r}: choose from {','.join(METHODS)} (ar is required: the "
                          f"speed-ups are against it)")
     budget = check_budget(args.budget)
+    int_list(args.contexts, "--contexts"), int_list(args.batches, "--batches")
+    check_positive(args, ("gamma", "new_tokens", "repeats"))
     writer, tau, bandwidth = fixed_acceptance_writer(args, "dustin-speed")
     backend = args.attention_backend
     overrides = _overrides(args.override)

@@ -1,4 +1,4 @@
-"""Kernel variant exploration on the H200 (issue 4): which sparse-kernel tiling, scoring kernel
+"""Kernel variant exploration on the H200: which sparse-kernel tiling, scoring kernel
 and top-k variant to make the default. One process, one shape point, every variant checked
 against its jnp reference before it is timed; JSON with every timing.
 
@@ -6,7 +6,7 @@ against its jnp reference before it is timed; JSON with every timing.
 
 Timing as ``bench-attention`` (:func:`experiments.kernels.loop_time`): ``iters`` dependent calls
 per jitted program, median of ``repeats`` programs; each variant both unrolled (straight-line,
-as the model's layers run) and as a rolled ``fori_loop`` (the first session's harness), plus a
+as the model's layers run) and as a rolled ``fori_loop`` (the earlier harness), plus a
 null function (the harness's own per-iteration cost).
 """
 

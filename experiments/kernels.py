@@ -22,8 +22,8 @@ from typing import Any, Callable, Dict
 
 import numpy as np
 
-from experiments.common import ResultWriter, print_table
-from experiments.foundation import _config_of, copy_bandwidth
+from experiments.common import ResultWriter, config_of, print_table
+from experiments.decode_speed import copy_bandwidth
 
 SHAPES = {"qwen2.5-7b": (28, 4, 128), "qwen2.5-72b": (64, 8, 128)}  # (q heads, kv heads, head_dim)
 LAYERS = {"qwen2.5-7b": 28, "qwen2.5-72b": 80}
@@ -85,7 +85,7 @@ def cmd_bench_attention(args) -> Dict[str, Any]:
                                           sparse_history_reference)
     from pallas_kernels.selection import select_top_k, srh_scores, srh_scores_pallas
 
-    writer = ResultWriter(args.out, "bench-attention", _config_of(args))
+    writer = ResultWriter(args.out, "bench-attention", config_of(args))
     if not writer.has("copy_bandwidth"):
         writer.add("copy_bandwidth", copy_bandwidth(args.copy_gib))
     bandwidth = writer.get("copy_bandwidth")["bandwidth_Bps"]

@@ -7,6 +7,13 @@ Each also accepts ``--mesh data=D,tensor=T`` (a device mesh; see the README's "M
 section); experiments that cannot run on a mesh refuse it. With ``JAXSPEC_DISTRIBUTED=1`` the
 process first joins a multi-host job (``jax.distributed.initialize``), and only process 0
 writes ``--out``.
+
+JAX's persistent compilation cache is on for every experiment (``~/.cache/jaxspec/
+jax_compilation_cache``, under ``$JAXSPEC_CACHE`` when set): a second run of the same command
+loads its compiled programs instead of compiling them. ``--no-compilation-cache`` (or
+``JAXSPEC_NO_COMPILATION_CACHE=1``) turns it off.
+
+The experiments are those of the modules in :data:`experiments.registry.EXPERIMENT_MODULES`.
 """
 
 from __future__ import annotations
@@ -15,9 +22,8 @@ import argparse
 import os
 import sys
 
-from experiments import dustin_exp, dustin_speed, foundation, kernels, knapspec_exp, speculative
-
-EXPERIMENT_MODULES = (foundation, speculative, kernels, dustin_exp, dustin_speed, knapspec_exp)
+from experiments import registry
+from experiments.common import check_output_path, enable_compilation_cache
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,10 +32,14 @@ def build_parser() -> argparse.ArgumentParser:
         description="jaxspec experiments. Run `python -m experiments.run NAME --help` for the options of one.")
     subparsers = parser.add_subparsers(dest="experiment", metavar="NAME", title="experiments")
     subparsers.required = True
-    for module in EXPERIMENT_MODULES:
+    for module in registry.load_experiment_modules():
         module.register(subparsers)
     for sub in subparsers.choices.values():
-        sub.add_argument("--out", default=None, help="write the JSON results here (resumed if it exists)")
+        sub.add_argument("--out", default=None,
+                         help="write the JSON results here; a rerun with the same options resumes (or skips) it, "
+                              "other options are refused so no result is overwritten")
+        sub.add_argument("--no-compilation-cache", action="store_true",
+                         help="do not use JAX's persistent compilation cache (also: JAXSPEC_NO_COMPILATION_CACHE=1)")
         sub.add_argument("--mesh", default=None, metavar="data=D,tensor=T",
                          help="run on a device mesh: batch rows over D, heads and MLP over T (D x T = devices)")
     return parser
@@ -53,14 +63,20 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         check_mesh_support(args)
+        check_output_path(args.out)
+        enable_compilation_cache(not args.no_compilation_cache)
         if os.environ.get("JAXSPEC_DISTRIBUTED") == "1":
             from jaxspec.parallel import initialize_distributed
 
             if initialize_distributed() != 0:
                 args.out = None  # one writer per job
         args.func(args)
-    except (ValueError, FileNotFoundError) as err:
+    except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # a file that cannot be read or written: one line, not a traceback
+        where = f": {err.filename}" if err.filename else ""
+        print(f"error: {err.strerror or err}{where}", file=sys.stderr)
         return 2
     return 0
 

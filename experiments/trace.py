@@ -28,7 +28,7 @@ META_LINES = ("XLA Modules", "XLA Ops", "Steps", "XLA TraceMe", "Source code", "
               "Framework Name Scope", "TensorFlow Ops", "TensorFlow Name Scope", "Launch Stats")
 
 
-def _union_length(intervals: List[Tuple[int, int]]) -> int:
+def union_length(intervals: List[Tuple[int, int]]) -> int:
     """Total length covered by ``[start, end)`` intervals (ns)."""
     total, current_start, current_end = 0, None, None
     for start, end in sorted(intervals):
@@ -73,7 +73,7 @@ def summarize_plane(plane, top: int = 25, kernel_lines: Optional[Callable[[str],
             entry[0] += event.duration_ns
             entry[1] += 1
     span = (max(e for _, e in intervals) - min(s for s, _ in intervals)) if intervals else 0
-    return {"busy_s": _union_length(intervals) / 1e9, "span_s": span / 1e9,
+    return {"busy_s": union_length(intervals) / 1e9, "span_s": span / 1e9,
             "kernel_time_s": sum(v[0] for v in kernels.values()) / 1e9,
             "launches": int(sum(v[1] for v in kernels.values())), "distinct_kernels": len(kernels),
             "top_kernels": _top(kernels, top), "modules": _top(modules, top), "lines": line_names}

@@ -4,7 +4,6 @@
 import json
 import pathlib
 
-import numpy as np
 import pytest
 
 from experiments.run import main
@@ -14,7 +13,7 @@ SMOL_PROFILE = str(pathlib.Path(__file__).resolve().parent.parent / "experiments
 PROMPT = "Once upon a time, in a land far away, there lived a curious fox who loved long stories. " * 4
 
 
-def _tiny_folder(tmp_path, seed=0, name="tiny-llama"):
+def tiny_llama_folder(tmp_path, seed=0, name="tiny-llama"):
     """The conftest tiny Llama (vocab 128, 3 layers, 4 q / 2 kv heads) with a character tokenizer."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -38,7 +37,7 @@ def folders(tmp_path_factory):
 
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("dustin_cli")
-    return _tiny_folder(root, 0, "target"), _tiny_folder(root, 1, "draft")
+    return tiny_llama_folder(root, 0, "target"), tiny_llama_folder(root, 1, "draft")
 
 
 def _base(folder, *extra):
@@ -58,18 +57,20 @@ def test_generate_sparse_methods(folders, tmp_path):
     dense = tmp_path / "sd.json"
     assert main(_base(target, "--method", "sd", "--draft", str(draft), "--out", str(dense))) == 0
     dense_tokens = _results(dense)["tokens"]
-    for method, draft_args in (("dustin", ["--draft", str(draft)]), ("dustin", ["--draft-skip", "mlp:1"]),
-                               ("streaming", ["--draft", str(draft)]), ("snapkv", ["--draft", str(draft)]),
-                               ("quest", ["--draft", str(draft)]), ("magicdec", ["--draft", str(draft)]),
-                               ("magicdec", [])):
-        big = tmp_path / f"{method}-big.json"
+    for run, (method, draft_args) in enumerate((("dustin", ["--draft", str(draft)]),
+                                                ("dustin", ["--draft-skip", "mlp:1"]),
+                                                ("streaming", ["--draft", str(draft)]),
+                                                ("snapkv", ["--draft", str(draft)]),
+                                                ("quest", ["--draft", str(draft)]),
+                                                ("magicdec", ["--draft", str(draft)]), ("magicdec", []))):
+        big = tmp_path / f"{method}-{run}-big.json"  # one file per run: an --out of other options is refused
         assert main(_base(target, "--method", method, "--budget", "2048", "--out", str(big), *draft_args)) == 0
         results = _results(big)
         assert results["sparse"]["budget"] == 2048 and results["method"] == method
         if draft_args and draft_args[0] == "--draft" or method == "magicdec":
             # k covers the ~360-token history: exactly dense verification (MagicDec: dense by construction)
             assert results["tokens"] == dense_tokens, (method, draft_args)
-        small = tmp_path / f"{method}-small.json"
+        small = tmp_path / f"{method}-{run}-small.json"
         assert main(_base(target, "--method", method, "--budget", "128", "--out", str(small), *draft_args)) == 0
         results = _results(small)
         assert len(results["tokens"][0]) == 12 and results["metrics"]["tau"] >= 1
@@ -165,23 +166,23 @@ def test_release_memory_drops_compiled_and_keeps_working():
     JAX's caches, after which a jitted function recompiles and still gives the same values."""
     import jax.numpy as jnp
 
-    from experiments import dustin_exp
+    from experiments import dustin_quality
 
-    fn = dustin_exp._jit("test/double", lambda x: 2 * x)
+    fn = dustin_quality.cached_jit("test/double", lambda x: 2 * x)
     assert float(fn(jnp.float32(3.0))) == 6.0
-    dustin_exp.release_memory()  # trim only
-    assert "test/double" in dustin_exp._JITS
-    dustin_exp.release_memory(clear_compiled=True)
-    assert "test/double" not in dustin_exp._JITS and fn._cache_size() == 0
-    assert float(dustin_exp._jit("test/double", lambda x: 2 * x)(jnp.float32(4.0))) == 8.0
-    assert "rss" in dustin_exp._memory()
+    dustin_quality.release_memory()  # trim only
+    assert "test/double" in dustin_quality.JITS
+    dustin_quality.release_memory(clear_compiled=True)
+    assert "test/double" not in dustin_quality.JITS and fn._cache_size() == 0
+    assert float(dustin_quality.cached_jit("test/double", lambda x: 2 * x)(jnp.float32(4.0))) == 8.0
+    assert "rss" in dustin_quality.memory_summary()
 
 
 @pytest.mark.slow
 def test_quality_releases_compiled_code_between_lengths(folders, tmp_path, monkeypatch):
     """`dustin-quality` over two context lengths trims memory after each measurement and drops the
-    compiled executables once, when the length changes (the previous session's OOM beyond 4k)."""
-    from experiments import dustin_exp
+    compiled executables once, when the length changes (without it the process ran out of memory beyond 4k)."""
+    from experiments import dustin_quality
 
     target, draft = folders
     haystack = _haystack(tmp_path)
@@ -191,8 +192,8 @@ def test_quality_releases_compiled_code_between_lengths(folders, tmp_path, monke
                  "--depths", "0.3", "--max-new-tokens", "3", "--srh-max-new-tokens", "2", "--recall-threshold", "-1",
                  "--profile-file", str(profile), "--out", str(tmp_path / "p.json")]) == 0
     calls = []
-    original = dustin_exp.release_memory
-    monkeypatch.setattr(dustin_exp, "release_memory", lambda clear_compiled=False: (calls.append(clear_compiled),
+    original = dustin_quality.release_memory
+    monkeypatch.setattr(dustin_quality, "release_memory", lambda clear_compiled=False: (calls.append(clear_compiled),
                                                                                      original(clear_compiled)))
     out = tmp_path / "quality.json"
     assert main(["dustin-quality", *common, "--dustin-profile", str(profile), "--budgets", "128", "--methods",

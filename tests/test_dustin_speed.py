@@ -59,7 +59,7 @@ def test_dustin_speed_bad_input(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_dustin_speed_on_a_mesh(tmp_path):
-    """Issue 8's code path on 8 CPU host devices: tensor-parallel target created sharded, draft
+    """The multi-device code path on 8 CPU host devices: tensor-parallel target created sharded, draft
     replicated over tensor, sharded random caches, Pallas kernels per device (interpret mode),
     all-reduce cost per step measured."""
     import os

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments import knapspec_exp
+from experiments import knapspec as knapspec_experiment
 from experiments.run import main
 from jaxspec.config import preset
 from jaxspec.decoding.autoregressive import generate, pad_prompts, prefill
@@ -20,16 +20,16 @@ from jaxspec.models.llama import init_params
 
 
 def test_pearson():
-    assert knapspec_exp.pearson([1, 2, 3, 4], [2, 4, 6, 8]) == pytest.approx(1.0)
-    assert knapspec_exp.pearson([1, 2, 3, 4], [8, 6, 4, 2]) == pytest.approx(-1.0)
-    assert knapspec_exp.pearson([1, 2, 3], [5, 5, 5]) is None  # no spread: undefined, not 0
-    assert knapspec_exp.pearson([1, 2], [1, 2]) is None  # two points always correlate perfectly
+    assert knapspec_experiment.pearson([1, 2, 3, 4], [2, 4, 6, 8]) == pytest.approx(1.0)
+    assert knapspec_experiment.pearson([1, 2, 3, 4], [8, 6, 4, 2]) == pytest.approx(-1.0)
+    assert knapspec_experiment.pearson([1, 2, 3], [5, 5, 5]) is None  # no spread: undefined, not 0
+    assert knapspec_experiment.pearson([1, 2], [1, 2]) is None  # two points always correlate perfectly
 
 
 def test_auto_branch_chunk_bounds_the_dp_scores():
     config = preset("qwen2.5-7b-shape")
-    assert knapspec_exp.auto_branch_chunk(config, 1, 2048, 16, 43) is None
-    chunk = knapspec_exp.auto_branch_chunk(config, 16, 32768 + 300, 64, 85)
+    assert knapspec_experiment.auto_branch_chunk(config, 1, 2048, 16, 43) is None
+    chunk = knapspec_experiment.auto_branch_chunk(config, 16, 32768 + 300, 64, 85)
     per_branch = 3 * 4 * 16 * config.num_heads * 64 * (32768 + 300)
     assert chunk >= 1 and (chunk == 1 or chunk * per_branch <= 4e9)
 
@@ -105,7 +105,7 @@ def test_experiment_end_to_end_on_a_tiny_random_model(tmp_path, monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("re-measured a case that is already in the results file")
 
-    monkeypatch.setattr(knapspec_exp.Case, "run_method", refuse)
-    monkeypatch.setattr(knapspec_exp.Case, "plan_cost", refuse)
-    monkeypatch.setattr(knapspec_exp.Case, "candidates", refuse)
+    monkeypatch.setattr(knapspec_experiment.Case, "run_method", refuse)
+    monkeypatch.setattr(knapspec_experiment.Case, "plan_cost", refuse)
+    monkeypatch.setattr(knapspec_experiment.Case, "candidates", refuse)
     assert main(argv[:-2]) == 0

@@ -185,7 +185,7 @@ def test_forward_profile_times_the_draft_forward_of_a_tiny_model():
 
 
 def test_generate_latency_fit_picks_its_own_file(tmp_path, monkeypatch):
-    from experiments import self_spec
+    from experiments import knapspec as self_spec
     from jaxspec.models import registry
 
     monkeypatch.setattr(registry, "cache_dir", lambda: tmp_path)

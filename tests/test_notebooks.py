@@ -1,10 +1,12 @@
 """The notebooks run headless (nbclient) and finish without errors."""
 
+import os
 import pathlib
 
 import pytest
 
-NOTEBOOKS = pathlib.Path(__file__).resolve().parent.parent / "experiments" / "notebooks"
+REPO = pathlib.Path(__file__).resolve().parent.parent
+NOTEBOOKS = REPO / "experiments" / "notebooks"
 
 
 EXPECTED = {"knapspec.ipynb": ("predicted TPT", "t_attn(n)"),
@@ -13,7 +15,9 @@ EXPECTED = {"knapspec.ipynb": ("predicted TPT", "t_attn(n)"),
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(EXPECTED))
-def test_notebook_runs(name):
+def test_notebook_runs(name, monkeypatch):
+    # the kernel starts in the notebooks folder: put this checkout first, so it runs this code
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
     notebook = nbformat.read(NOTEBOOKS / name, as_version=4)

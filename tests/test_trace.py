@@ -5,7 +5,7 @@ from types import SimpleNamespace as NS
 
 import pytest
 
-from experiments.trace import _union_length, device_trace, summarize_plane, trace_on_backend
+from experiments.trace import union_length, device_trace, summarize_plane, trace_on_backend
 
 
 def _event(name, start, duration):
@@ -13,11 +13,11 @@ def _event(name, start, duration):
 
 
 def test_union_length_merges_overlaps_and_keeps_gaps():
-    assert _union_length([]) == 0
-    assert _union_length([(0, 10)]) == 10
-    assert _union_length([(0, 10), (5, 15), (20, 30)]) == 25  # [0, 15) + [20, 30)
-    assert _union_length([(20, 30), (0, 10), (10, 12)]) == 22  # unsorted, touching
-    assert _union_length([(0, 100), (10, 20), (30, 40)]) == 100  # nested
+    assert union_length([]) == 0
+    assert union_length([(0, 10)]) == 10
+    assert union_length([(0, 10), (5, 15), (20, 30)]) == 25  # [0, 15) + [20, 30)
+    assert union_length([(20, 30), (0, 10), (10, 12)]) == 22  # unsorted, touching
+    assert union_length([(0, 100), (10, 20), (30, 40)]) == 100  # nested
 
 
 def test_summarize_plane_counts_kernel_lines_only():

@@ -1,7 +1,7 @@
-"""Dustin (SPEC 3) from the command line: sparse-verification methods, the offline profile, quality.
+"""Dustin (docs/methods.md §3) from the command line: sparse-verification methods, the offline profile, quality.
 
 * ``generate --method dustin | streaming | snapkv | quest | magicdec --budget K`` -- registered in
-  :data:`experiments.foundation.METHOD_RUNNERS`. Every method runs in the same speculative engine
+  :data:`experiments.registry.METHODS`. Every method runs in the same speculative engine
   with the same draft (``--draft SOURCE`` or a self-draft ``--draft-skip SPEC``) and gamma:
 
   - ``dustin``: Dustin verification (``--dustin-mode hybrid|target|draft`` = Dustin-H/T/D), the
@@ -35,16 +35,18 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from experiments.common import REPO, ResultWriter, print_table
+from experiments import registry
+from experiments.common import (REPO, ResultWriter, check_skip_ranges, config_of, load_model_timed, print_table,
+                                stop_tokens)
 
 SPARSE_METHODS = ("dustin", "streaming", "snapkv", "quest", "magicdec")
 PROFILE_DIR = REPO / "experiments" / "profiles"
-SINKS = 4  # SPEC 3.2, shared by every sparse baseline
+SINKS = 4  # docs/methods.md §3.2, shared by every sparse baseline
 
 
 # ---------------------------------------------------------------------------- generate options
 def add_dustin_args(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("dustin / streaming / snapkv / quest / magicdec (sparse attention, SPEC 3)")
+    group = parser.add_argument_group("dustin / streaming / snapkv / quest / magicdec (sparse attention, docs/methods.md §3)")
     group.add_argument("--budget", type=int, default=None, metavar="K",
                        help="KV budget k (history positions attended): one of 128, 256, 512, 1024, 2048")
     group.add_argument("--dustin-profile", default=None, metavar="FILE",
@@ -82,7 +84,7 @@ def validate(args) -> None:
         raise ValueError(f"--dustin-profile is a dustin option; --method {method} does not take it")
     if args.dustin_mode != "hybrid" and method != "dustin":
         raise ValueError(f"--dustin-mode is a dustin option; --method {method} does not take it")
-    if method == "quest" and (args.profile or args.fixed_tau):
+    if method == "quest" and (args.profile or args.fixed_tau is not None):
         raise ValueError("--method quest runs its own verification loop: --profile and --fixed-tau are not supported")
     if args.dustin_profile:
         profile = DustinProfile.load(args.dustin_profile)  # missing / corrupt file: ProfileError (a ValueError)
@@ -178,16 +180,14 @@ def run_sparse(args, model, prompts, sampling, stops, out):
                                               speculative_generate)
     from jaxspec.dustin import dustin_policies
 
-    from experiments.foundation import _load
-
     method, budget = args.method, args.budget
     config = model.config
-    fixed = acceptance_from_tau(args.fixed_tau, args.gamma) if args.fixed_tau else None
+    fixed = acceptance_from_tau(args.fixed_tau, args.gamma) if args.fixed_tau is not None else None
     engine = EngineConfig(gamma=args.gamma, sampling=sampling, max_new_tokens=args.max_new_tokens,
                           stop_tokens=tuple(stops), fixed_acceptance=fixed)
     draft = mask = None
     if args.draft:
-        draft = _load(args.draft, args.dtype, config.attention_backend)
+        draft = load_model_timed(args.draft, args.dtype, config.attention_backend)
         check_compatible(config, draft.config, model.tokenizer, draft.tokenizer)
         out["draft"] = {"source": draft.source, "config": draft.config.to_dict()}
     elif args.draft_skip:
@@ -237,8 +237,10 @@ def run_sparse(args, model, prompts, sampling, stops, out):
     return result
 
 
-run_sparse.validate = validate
-METHOD_RUNNERS = {name: run_sparse for name in SPARSE_METHODS}
+for _name in SPARSE_METHODS:
+    registry.register_method(registry.Method(name=_name, run=run_sparse, family="sparse", validate=validate,
+                                             takes=frozenset(registry.SPECULATIVE_OPTIONS)))
+registry.register_method_arguments("sparse", add_dustin_args)
 
 
 # ---------------------------------------------------------------------------- shared helpers
@@ -270,16 +272,16 @@ def _load_pair(args):
     from jaxspec.decoding.policies import parse_skip_spec
     from jaxspec.decoding.speculative import check_compatible
 
-    from experiments.foundation import _load
-
     if bool(args.draft) == bool(args.draft_skip):
         raise ValueError("give exactly one of --draft SOURCE (separate draft) or --draft-skip SPEC (self-draft)")
-    target = _load(args.model, args.dtype)
+    if args.draft_skip:
+        check_skip_ranges(args.draft_skip, "--draft-skip")
+    target = load_model_timed(args.model, args.dtype)
     if target.tokenizer is None:
         raise ValueError(f"{args.model} has no tokenizer; the needle tasks need one")
     draft = mask = None
     if args.draft:
-        draft = _load(args.draft, args.dtype)
+        draft = load_model_timed(args.draft, args.dtype)
         check_compatible(target.config, draft.config, target.tokenizer, draft.tokenizer)
     else:
         mask = parse_skip_spec(args.draft_skip, target.config.num_layers)
@@ -309,7 +311,7 @@ def cmd_dustin_profile(args) -> Dict[str, Any]:
     depths = _parse_floats(args.depths, "--depths")
     if not args.profile_file:
         raise ValueError("give --profile-file FILE: where to save the profile (e.g. experiments/profiles/NAME.json)")
-    writer = ResultWriter(args.out, "dustin-profile", _config_of(args), resume=False)
+    writer = ResultWriter(args.out, "dustin-profile", config_of(args))
     target, draft, mask = _load_pair(args)
     started = time.perf_counter()
     calibration, evaluation = build_task_splits(target.tokenizer, args, kinds, lengths, depths)
@@ -345,13 +347,9 @@ def cmd_dustin_profile(args) -> Dict[str, Any]:
     return writer.data
 
 
-def _config_of(args) -> Dict[str, Any]:
-    return {k: v for k, v in sorted(vars(args).items()) if k not in ("func", "out")}
-
-
 # ---------------------------------------------------------------------------- dustin-quality: the machinery
 # Every method of one item starts from the same prefilled caches (copied), and runs the engine's own
-# draft and commit phases (``speculative._draft_jit`` / ``_commit_jit``) around a verification forward
+# draft and commit phases (``speculative.draft_phase`` / ``commit_phase``, jitted as the engine does) around a verification forward
 # whose index set is an *argument* (so Dustin-H/T/D, StreamingLLM, SnapKV and dense share one compiled
 # verification per budget). The greedy tokens equal ``speculative_generate`` with the same policies
 # (the CLI tests check that through ``generate``); only the compile count differs.
@@ -380,14 +378,14 @@ def _jax():
     return jax, jnp
 
 
-_JITS: Dict[str, Any] = {}
+JITS: Dict[str, Any] = {}
 
 
-def _jit(name, fn, **kwargs):
+def cached_jit(name, fn, **kwargs):
     jax, _ = _jax()
-    if name not in _JITS:
-        _JITS[name] = jax.jit(fn, **kwargs)
-    return _JITS[name]
+    if name not in JITS:
+        JITS[name] = jax.jit(fn, **kwargs)
+    return JITS[name]
 
 
 def _verify_forward(params, rows, cache, indices, *, config, probe_heads):
@@ -487,7 +485,7 @@ def _round_arr(weights, history_probs, queries, keys, lengths, quest_budgets, *,
     round: ``[len(quest_budgets), B]``."""
     _, jnp = _jax()
     heads = config.num_heads
-    fn = _jit("quest_layer_arr", _quest_layer_arr, static_argnames=("budget", "config"))
+    fn = cached_jit("quest_layer_arr", _quest_layer_arr, static_argnames=("budget", "config"))
     out = []
     for budget in quest_budgets:
         per_layer = [jnp.ones((history_probs.shape[0],), jnp.float32)] * min(2, config.num_layers)
@@ -609,7 +607,7 @@ class QualityRunner:
         if self.draft is not None:
             draft_state = copy(base["draft_cache"])
         elif method.name == "magicdec":
-            draft_state = {}  # StreamingLLM self-draft without skipping (SPEC 6: the SmolLM2 self-draft)
+            draft_state = {}  # StreamingLLM self-draft without skipping (docs/methods.md §6: the SmolLM2 self-draft)
         else:
             draft_state = {"skip_mask": jnp.asarray(self.mask, bool)}
         probe_t = all_heads(tcfg) if reference else (self.probe_t if method.name.startswith("dustin") else ())
@@ -630,7 +628,9 @@ class QualityRunner:
         arr_rounds = 0
         quest_budgets = tuple(sorted({m.budget for m in arr_methods if m.name == "quest"}))
         while int(state.round) < engine.max_new_tokens and not bool(jnp.all(state.done)):
-            proposal, key = speculative._draft_jit(self.target.params, self.draft.params if self.draft else
+            proposal, key = cached_jit("draft_phase", speculative.draft_phase,
+                                       static_argnames=("target_config", "draft_policy", "engine"),
+                                       donate_argnames=("draft_state", "target_cache"))(self.target.params, self.draft.params if self.draft else
                                                    self.target.params, state.draft_state, state.target_cache,
                                                    state.pending, state.previous, state.committed, state.key,
                                                    target_config=tcfg, draft_policy=draft_policy, engine=engine)
@@ -641,14 +641,14 @@ class QualityRunner:
             cache = proposal.target_cache.with_lengths(history)
             rows = jnp.concatenate([state.pending[:, None], proposal.tokens], axis=1)
             if reference:
-                logits, new_cache, queries, hprobs = _jit(
+                logits, new_cache, queries, hprobs = cached_jit(
                     "reference", _reference_forward, static_argnames=("config",))(
                     self.target.params, rows, cache, config=tcfg)
                 weights = recall_weights(hprobs, history)
                 for m in arr_methods:
                     if m.name in ("quest", "magicdec"):
                         continue
-                    indices = _jit(f"select/{m.key}", _select, static_argnames=(
+                    indices = cached_jit(f"select/{m.key}", _select, static_argnames=(
                         "method_name", "budget", "dustin", "probe_t", "probe_d", "target_qpk", "draft_qpk",
                         "capacity", "max_generated"))(
                         m.name, m.budget, m.dustin, state.verify_state, cache.keys, state.committed, draft_q,
@@ -660,28 +660,29 @@ class QualityRunner:
                         arr_sums[f"quest/k{budget}"] += float(quest[i, 0])
                 arr_rounds += 1
             elif method.name == "quest":
-                logits, new_cache = _jit(f"quest/{method.budget}", _quest_forward,
+                logits, new_cache = cached_jit(f"quest/{method.budget}", _quest_forward,
                                          static_argnames=("config", "budget"))(
                     self.target.params, rows, cache, config=tcfg, budget=method.budget)
                 queries = None
             else:
                 indices = None
                 if method.name not in ("dense", "magicdec"):
-                    indices = _jit(f"select/{method.key}", _select, static_argnames=(
+                    indices = cached_jit(f"select/{method.key}", _select, static_argnames=(
                         "method_name", "budget", "dustin", "probe_t", "probe_d", "target_qpk", "draft_qpk",
                         "capacity", "max_generated"))(
                         method.name, method.budget, method.dustin, state.verify_state, cache.keys, state.committed,
                         draft_q, draft_keys, snaps.get(method.budget), **select_static)
-                logits, new_cache, queries = _jit("verify", _verify_forward,
+                logits, new_cache, queries = cached_jit("verify", _verify_forward,
                                                   static_argnames=("config", "probe_heads"))(
                     self.target.params, rows, cache, indices, config=tcfg, probe_heads=probe_t)
             before = state
-            state = speculative._commit_jit(state._replace(target_cache=None, draft_state=None),
+            state = cached_jit("commit_phase", speculative.commit_phase, static_argnames=("engine",),
+                               donate_argnames=("proposal", "target_cache"))(state._replace(target_cache=None, draft_state=None),
                                             proposal._replace(target_cache=None), logits, new_cache, key,
                                             engine=engine)
             if probe_t:
                 num = state.committed - before.committed
-                state = state._replace(verify_state=_jit("last_query", _take_last_query)(
+                state = state._replace(verify_state=cached_jit("last_query", _take_last_query)(
                     before.verify_state, queries, num))
         out = np.asarray(state.out)[0, :engine.max_new_tokens]
         generated = [int(t) for t in out if t >= 0]
@@ -711,7 +712,7 @@ class QualityRunner:
                                             config.queries_per_kv)[0])
             return jnp.stack(per_head), out.cache
 
-        scorer = _jit("draft_scores", fn, static_argnames=("config", "probe"))
+        scorer = cached_jit("draft_scores", fn, static_argnames=("config", "probe"))
         cache = jax.tree.map(jnp.copy, base["draft_cache"] if self.draft is not None else base["cache"])
         params = self.draft.params if self.draft is not None else self.target.params
         mask = None if self.draft is not None else jnp.asarray(self.mask, bool)
@@ -725,7 +726,7 @@ class QualityRunner:
             if self.draft is not None:
                 cache = new_cache
             else:  # a self-draft reads the (dense) target cache: write the text's dense target KV there
-                cache = _jit("dense_write", _verify_forward, static_argnames=("config", "probe_heads"))(
+                cache = cached_jit("dense_write", _verify_forward, static_argnames=("config", "probe_heads"))(
                     self.target.params, rows, cache.with_lengths(jnp.asarray([n + start], jnp.int32)), None,
                     config=self.tcfg, probe_heads=())[1]
         del d_layers
@@ -753,18 +754,18 @@ class QualityRunner:
             cache = cache.with_lengths(committed - 1)
             queries = None
             if method.name == "quest":
-                logits, cache = _jit(f"quest/{method.budget}", _quest_forward, static_argnames=("config", "budget"))(
+                logits, cache = cached_jit(f"quest/{method.budget}", _quest_forward, static_argnames=("config", "budget"))(
                     self.target.params, rows, cache, config=tcfg, budget=method.budget)
             else:
                 indices = None
                 if method.name not in ("dense", "magicdec"):
                     scores = draft_scores[chunk]
-                    indices = _jit(f"ppl-select/{method.key}", _select_from_scores, static_argnames=(
+                    indices = cached_jit(f"ppl-select/{method.key}", _select_from_scores, static_argnames=(
                         "method_name", "budget", "dustin", "probe_t", "probe_d", "target_qpk", "draft_qpk",
                         "capacity", "max_generated"))(
                         method.name, method.budget, method.dustin, query, cache.keys, committed, scores, snap,
                         **select_static)
-                logits, cache, queries = _jit("verify", _verify_forward, static_argnames=("config", "probe_heads"))(
+                logits, cache, queries = cached_jit("verify", _verify_forward, static_argnames=("config", "probe_heads"))(
                     self.target.params, rows, cache, indices, config=tcfg, probe_heads=probe_t)
             targets = text[start + 1:start + gamma + 2]
             logp = jax.nn.log_softmax(logits[0, :len(targets)], axis=-1)
@@ -805,7 +806,7 @@ def _fmt(value) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
-def _memory() -> str:
+def memory_summary() -> str:
     """Resident memory of this process and the live JAX arrays (progress lines; memory diagnostics)."""
     jax, _ = _jax()
     try:
@@ -834,7 +835,7 @@ def release_memory(clear_compiled: bool = False) -> None:
     jax, _ = _jax()
     if clear_compiled:
         jax.clear_caches()
-        _JITS.clear()
+        JITS.clear()
     gc.collect()
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
@@ -887,20 +888,18 @@ def cmd_dustin_quality(args) -> Dict[str, Any]:
         raise ValueError(f"{args.dustin_profile} has no config for k={missing}; profiled: {sorted(profile.configs)}")
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
     depths = _parse_floats(args.depths, "--depths")
-    writer = ResultWriter(args.out, "dustin-quality", _config_of(args))
+    writer = ResultWriter(args.out, "dustin-quality", config_of(args))
     target, draft, mask = _load_pair(args)
     profile.check_models(target.config, draft.config if draft is not None else target.config)
     if mask is not None and not np.array_equal(np.asarray(profile.draft.get("self_draft_mask"), bool), mask):
         raise ValueError(f"{args.dustin_profile} was profiled for another self-draft skip set than {args.draft_skip!r}")
-    from experiments.foundation import _stop_tokens
-
     _, evaluation = build_task_splits(target.tokenizer, args, kinds, sorted(per_length), depths)
     calib_hay = set(profile.data.get("haystack_sha256", []))
     overlap = calib_hay & {t.haystack_sha256 for t in evaluation if t.haystack_sha256}
     if overlap:
         raise ValueError(f"the evaluation tasks share haystack text with the profile's calibration data: {overlap}")
     items = _select_items(evaluation, per_length, args.task_seed)
-    runner = QualityRunner(target, draft, mask, profile, args.gamma, args.max_new_tokens, _stop_tokens(target.tokenizer))
+    runner = QualityRunner(target, draft, mask, profile, args.gamma, args.max_new_tokens, stop_tokens(target.tokenizer))
     methods = runner.methods(budgets, names)
     writer.set("profile", {"file": args.dustin_profile, "created": profile.created, "target": profile.target.get("name"),
                            "draft": profile.draft.get("name"),
@@ -931,7 +930,7 @@ def cmd_dustin_quality(args) -> Dict[str, Any]:
         print(f"[dustin-quality] item {number}/{len(items)} {item} ({len(tokens)} tokens): prefill ...",
               file=sys.stderr, flush=True)
         base0 = runner.prefill(tokens[:start], capacity)
-        print(f"[dustin-quality]   prefill done ({time.perf_counter() - t0:.0f} s); {_memory()}", file=sys.stderr,
+        print(f"[dustin-quality]   prefill done ({time.perf_counter() - t0:.0f} s); {memory_summary()}", file=sys.stderr,
               flush=True)
         text = tokens[start:end]
         draft_scores = runner.draft_chunk_scores(base0, text)
@@ -941,9 +940,9 @@ def cmd_dustin_quality(args) -> Dict[str, Any]:
                 ppl[m.key] = runner.perplexity(base0, text, m, draft_scores)
                 release_memory()
                 print(f"[dustin-quality]   ppl {m.key:16s} {ppl[m.key]['ppl']:.2f} ({time.perf_counter() - t0:.0f} s); "
-                      f"{_memory()}", file=sys.stderr, flush=True)
+                      f"{memory_summary()}", file=sys.stderr, flush=True)
         print(f"[dustin-quality]   perplexity done ({time.perf_counter() - t0:.0f} s): dense {ppl['dense']['ppl']:.2f}; "
-              f"{_memory()}",
+              f"{memory_summary()}",
               file=sys.stderr, flush=True)
         base = runner.extend(base0, tokens[start:])
         del base0
@@ -960,7 +959,7 @@ def cmd_dustin_quality(args) -> Dict[str, Any]:
                      "seconds": time.perf_counter() - t0}
             writer.add(f"{item}/dense", dense)
         print(f"[dustin-quality]   dense: tau {_fmt(dense['tau'])}, accuracy {dense['accuracy']:.0f}, "
-              f"{dense['text'][:60]!r} ({time.perf_counter() - t0:.0f} s); {_memory()}", file=sys.stderr, flush=True)
+              f"{dense['text'][:60]!r} ({time.perf_counter() - t0:.0f} s); {memory_summary()}", file=sys.stderr, flush=True)
         for m in methods:
             key = f"{item}/{m.key}"
             if writer.has(key):
@@ -985,7 +984,7 @@ def cmd_dustin_quality(args) -> Dict[str, Any]:
             arr_text = "-" if record["arr"] is None else f"{record['arr']:.3f}"
             print(f"[dustin-quality]   {m.key:16s} ARR {arr_text} match {rate:.2f} first_div {first} acc "
                   f"{record['accuracy']:.0f} tau {_fmt(metrics['tau'])} ppl {record['ppl']:.2f} "
-                  f"({time.perf_counter() - t1:.0f} s; total {time.perf_counter() - started:.0f} s); {_memory()}",
+                  f"({time.perf_counter() - t1:.0f} s; total {time.perf_counter() - started:.0f} s); {memory_summary()}",
                   file=sys.stderr, flush=True)
         del base
         release_memory()

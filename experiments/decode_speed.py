@@ -1,0 +1,382 @@
+"""Decode-speed benchmarks at paper shapes (random weights): ``bench-decode``, ``bench-skip``, ``bench-sd``.
+
+* ``bench-decode``: autoregressive decode throughput against the copy-bandwidth floor (the bytes
+  one step must read: weights and every valid K/V entry).
+* ``bench-skip``: the dynamic skip mask (``lax.cond`` per sub-layer, no recompile) against static
+  masks (one compile each).
+* ``bench-sd``: speculative against autoregressive decoding. Caches are filled with random K/V up
+  to the context (a prefill of random weights measures nothing useful), and **fixed-acceptance
+  mode**: each round accepts a number of draft tokens drawn from the distribution whose mean
+  tokens/round is ``--tau`` (taken from a real run, e.g. SmolLM2's self-draft, via ``--tau-from``).
+  Every row of the output says so. Autoregressive decoding runs in the same process on the same
+  cache buffers, so the speed-up is measured side by side.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any, Dict, Iterable
+
+import numpy as np
+
+from experiments.common import ResultWriter, check_skip_ranges, config_of, median_time, print_table
+
+
+def check_positive(args, names: Iterable[str]) -> None:
+    """Each ``--name`` of ``names`` (attribute spelling) must be an integer >= 1."""
+    for name in names:
+        value = getattr(args, name)
+        if value < 1:
+            raise ValueError(f"--{name.replace('_', '-')}={value}: must be >= 1")
+
+
+def int_list(text: str, flag: str) -> list:
+    """``"8192,32768"`` -> ``[8192, 32768]``; each value >= 1."""
+    try:
+        values = [int(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{flag}={text!r}: expected comma-separated integers") from None
+    if not values or min(values) < 1:
+        raise ValueError(f"{flag}={text!r}: expected one or more integers >= 1")
+    return values
+
+
+def copy_bandwidth(gib: float = 4.0) -> Dict[str, float]:
+    """Device copy bandwidth: ``y = x * 1.0001`` over ``gib`` GiB (bytes read + written / time)."""
+    import jax
+    import jax.numpy as jnp
+
+    n = int(gib * (1 << 30) / 4)
+    x = jax.random.normal(jax.random.PRNGKey(0), (n,), jnp.float32)
+    scale = jax.jit(lambda v: v * 1.0001)
+    timing = median_time(lambda: scale(x).block_until_ready(), repeats=20, warmup=3)
+    del x
+    return {"bytes": 2 * n * 4, "median_s": timing["median_s"], "bandwidth_Bps": 2 * n * 4 / timing["median_s"]}
+
+
+def decode_bytes_per_step(config, batch: int, context: int, param_bytes: int, dtype_bytes: int = 2) -> Dict[str, int]:
+    """Fewest bytes one decode step must read: all weights but the embedding table (one row per
+    sequence), plus every valid K/V entry."""
+    embed = config.vocab_size * config.hidden_size * dtype_bytes
+    weights = param_bytes - (0 if config.tie_word_embeddings else embed)  # tied: the table is the LM head
+    kv = 2 * config.num_layers * batch * config.num_kv_heads * context * config.head_dim * dtype_bytes
+    return {"weights": int(weights), "kv": int(kv), "total": int(weights + kv)}
+
+
+def cmd_bench_decode(args) -> Dict[str, Any]:
+    import jax
+    import jax.numpy as jnp
+
+    from jaxspec.config import preset
+    from jaxspec.decoding.autoregressive import decode_loop
+    from jaxspec.decoding.sampling import SamplingConfig
+    from jaxspec.models.cache import random_cache
+    from jaxspec.models.llama import init_params, param_bytes
+
+    contexts, batches = int_list(args.contexts, "--contexts"), int_list(args.batches, "--batches")
+    check_positive(args, ("new_tokens", "repeats"))
+    if not args.copy_gib > 0:
+        raise ValueError(f"--copy-gib={args.copy_gib}: must be > 0")
+    writer = ResultWriter(args.out, "bench-decode", config_of(args))
+    if not writer.has("copy_bandwidth"):
+        writer.add("copy_bandwidth", copy_bandwidth(args.copy_gib))
+    bandwidth = writer.get("copy_bandwidth")["bandwidth_Bps"]
+    config = preset(args.shape, **({"num_layers": args.layers} if args.layers else {}))
+    params = init_params(config, jax.random.PRNGKey(0))
+    pbytes = param_bytes(params)
+    rows = []
+    for context in contexts:
+        for batch in batches:
+            key = f"{args.shape}/ctx{context}/b{batch}"
+            if writer.has(key):
+                rows.append(writer.get(key)["row"])
+                continue
+            cache = random_cache(config, batch, context + args.new_tokens + 64, context, seed=1)
+            logits = jax.random.normal(jax.random.PRNGKey(2), (batch, config.vocab_size), jnp.float32)
+            compile_start = time.perf_counter()
+            compiled = decode_loop.lower(params, cache, logits, jax.random.PRNGKey(3), config=config,
+                                          sampling=SamplingConfig(), max_new_tokens=args.new_tokens,
+                                          stop_tokens=()).compile()
+            compile_s = time.perf_counter() - compile_start
+            state = {"cache": cache}
+
+            def step():
+                out, new_cache = compiled(params, state["cache"], logits, jax.random.PRNGKey(3))
+                out.block_until_ready()
+                state["cache"] = new_cache.with_lengths(jnp.full((batch,), context, jnp.int32))
+
+            timing = median_time(step, repeats=args.repeats, warmup=2)
+            per_step = timing["median_s"] / args.new_tokens
+            moved = decode_bytes_per_step(config, batch, context + args.new_tokens // 2, pbytes)
+            floor = moved["total"] / bandwidth
+            row = {"shape": args.shape, "context": context, "batch": batch, "ms_per_step": per_step * 1e3,
+                   "tokens_per_s": batch / per_step, "GB_per_step": moved["total"] / 1e9,
+                   "achieved_TBps": moved["total"] / per_step / 1e12, "floor_ms": floor * 1e3,
+                   "fraction_of_floor": floor / per_step, "compile_s": compile_s}
+            writer.add(key, {"row": row, "timing": timing, "bytes": moved, "new_tokens": args.new_tokens,
+                             "cache_fill": "random K/V, lengths set to context (random weights: prefill not timed)"})
+            rows.append(row)
+            del cache, state, compiled
+    print_table(rows, title=f"autoregressive decode, {args.shape} (random weights), copy bandwidth "
+                            f"{bandwidth / 1e12:.2f} TB/s")
+    return writer.data
+
+
+def cmd_bench_skip(args) -> Dict[str, Any]:
+    """Cost of the dynamic skip mask (lax.cond per sub-layer, no recompile) vs static masks (recompile)."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxspec.config import preset
+    from jaxspec.models.cache import random_cache
+    from jaxspec.models.llama import forward, freeze_skip_mask, init_params
+
+    check_positive(args, ("context", "batch", "steps", "repeats"))
+    writer = ResultWriter(args.out, "bench-skip", config_of(args))
+    key = f"{args.shape}/ctx{args.context}/b{args.batch}/T{args.steps}"
+    title = (f"skip-mask variants, one forward of {args.steps} token(s), {args.shape}, context {args.context}, "
+             f"batch {args.batch}")
+    if writer.has(key):
+        print(f"[resume] {args.out} already holds {key}; delete it to measure again", file=sys.stderr)
+        print_table(writer.get(key), title=title)
+        return writer.data
+    config = preset(args.shape, **({"num_layers": args.layers} if args.layers else {}))
+    params = init_params(config, jax.random.PRNGKey(0))
+    layers = config.num_layers
+    cache = random_cache(config, args.batch, args.context + 64, args.context, seed=1)
+    tokens = jnp.zeros((args.batch, args.steps), jnp.int32)
+    none = np.zeros((layers, 2), bool)
+    half_mlp = none.copy()
+    half_mlp[1:-1:2, 1] = True
+    half_attn = none.copy()
+    half_attn[1:-1:2, 0] = True
+    masks = {"no_skip": none, "every_other_mlp": half_mlp, "every_other_attention": half_attn}
+    dynamic = jax.jit(lambda p, t, c, m: forward(p, t, c, config=config, skip_mask=m).logits)
+    plain = jax.jit(lambda p, t, c: forward(p, t, c, config=config).logits)
+    rows = []
+    start = time.perf_counter()
+    plain(params, tokens, cache).block_until_ready()
+    rows.append({"variant": "no mask argument", "mask": "-", "compile_s": time.perf_counter() - start,
+                 "ms": median_time(lambda: plain(params, tokens, cache).block_until_ready(),
+                                   args.repeats)["median_s"] * 1e3})
+    for name, mask in masks.items():
+        start = time.perf_counter()
+        dynamic(params, tokens, cache, jnp.asarray(mask)).block_until_ready()
+        first = time.perf_counter() - start
+        t = median_time(lambda: dynamic(params, tokens, cache, jnp.asarray(mask)).block_until_ready(), args.repeats)
+        rows.append({"variant": "dynamic (lax.cond)", "mask": name, "compile_s": first, "ms": t["median_s"] * 1e3})
+        frozen = freeze_skip_mask(mask)
+        static = jax.jit(lambda p, t_, c, _m=frozen: forward(p, t_, c, config=config, skip_mask=_m).logits)
+        start = time.perf_counter()
+        static(params, tokens, cache).block_until_ready()
+        first = time.perf_counter() - start
+        t = median_time(lambda: static(params, tokens, cache).block_until_ready(), args.repeats)
+        rows.append({"variant": "static (recompile)", "mask": name, "compile_s": first, "ms": t["median_s"] * 1e3})
+    writer.add(key, rows)
+    print_table(rows, title=title)
+    return writer.data
+
+
+def _tau(args) -> Dict[str, Any]:
+    if args.tau_from:
+        try:
+            data = json.loads(open(args.tau_from).read())
+        except json.JSONDecodeError as err:
+            raise ValueError(f"--tau-from {args.tau_from}: not JSON ({err})") from None
+        results = data.get("results", data) if isinstance(data, dict) else None
+        tau = (results.get("metrics") or {}).get("tau") if isinstance(results, dict) else None
+        if not isinstance(tau, (int, float)):
+            raise ValueError(f"--tau-from {args.tau_from}: no results.metrics.tau; give the JSON of a "
+                             f"`generate --method sd` run")
+        return {"tau": float(tau), "source": args.tau_from,
+                "measured_with": {k: results.get(k) for k in ("model", "draft", "gamma")}}
+    if args.tau is None:
+        raise ValueError("give --tau T or --tau-from FILE (a generate --method sd JSON)")
+    return {"tau": float(args.tau), "source": "--tau"}
+
+
+def fixed_acceptance_writer(args, experiment: str):
+    """The results file of a fixed-acceptance benchmark: ``(writer, tau record, copy bandwidth B/s)``,
+    the acceptance mode and the measured copy bandwidth recorded once (kept on resume)."""
+    tau = _tau(args)
+    writer = ResultWriter(args.out, experiment, config_of(args))
+    writer.set("acceptance", {**tau, "mode": "fixed acceptance (systems benchmark, random weights): accepted "
+                                             "counts drawn from the distribution with this mean tokens/round"})
+    if not writer.has("copy_bandwidth"):
+        writer.add("copy_bandwidth", copy_bandwidth(args.copy_gib))
+    return writer, tau, writer.get("copy_bandwidth")["bandwidth_Bps"]
+
+
+def time_rounds(target_params, draft_params, holder, fresh_state, static, repeats: int):
+    """Compile (first run) and time a fused speculative loop on benchmark caches.
+
+    ``holder["cache"]`` / ``holder["draft"]`` are the cache buffers (donated by each run and
+    replaced by its output); ``fresh_state()`` builds the start state from them. Returns
+    ``(timing, compile_s, final_state_of_the_last_run)``.
+    """
+    import jax
+
+    from jaxspec.decoding.speculative import run_loop
+
+    start = time.perf_counter()
+    final = run_loop(target_params, draft_params, fresh_state(), **static)
+    jax.block_until_ready(final)
+    compile_s = time.perf_counter() - start
+    holder["cache"], holder["draft"] = final.target_cache, final.draft_state
+    last = {}
+
+    def run():
+        result = run_loop(target_params, draft_params, fresh_state(), **static)
+        jax.block_until_ready(result)
+        holder["cache"], holder["draft"] = result.target_cache, result.draft_state
+        last["final"] = result
+
+    timing = median_time(run, repeats=repeats, warmup=1)
+    return timing, compile_s, last["final"]
+
+
+def cmd_bench_sd(args) -> Dict[str, Any]:
+    import jax
+    import jax.numpy as jnp
+
+    from jaxspec.config import preset
+    from jaxspec.decoding.autoregressive import decode_loop
+    from jaxspec.decoding.policies import DenseVerify, SelfDraft, SeparateDraft, parse_skip_spec
+    from jaxspec.decoding.sampling import SamplingConfig
+    from jaxspec.decoding.speculative import (EngineConfig, acceptance_from_tau, loop_state_from_caches,
+                                              profile_phases, summarize)
+    from jaxspec.models.cache import random_cache
+    from jaxspec.models.llama import init_params, param_bytes
+
+    contexts, batches = int_list(args.contexts, "--contexts"), int_list(args.batches, "--batches")
+    check_positive(args, ("gamma", "new_tokens", "repeats"))
+    if args.draft_skip is not None:
+        check_skip_ranges(args.draft_skip, "--draft-skip")
+    writer, tau, bandwidth = fixed_acceptance_writer(args, "bench-sd")
+    target_config = preset(args.target_shape, attention_backend=args.attention_backend)
+    target_params = init_params(target_config, jax.random.PRNGKey(0))
+    if args.draft_skip:
+        draft_policy = SelfDraft(target_config)
+        draft_config, draft_params = target_config, target_params
+        mask = parse_skip_spec(args.draft_skip, target_config.num_layers)
+    else:
+        draft_config = preset(args.draft_shape, attention_backend=args.attention_backend)
+        draft_params = init_params(draft_config, jax.random.PRNGKey(1))
+        draft_policy = SeparateDraft(draft_config)
+    fixed = acceptance_from_tau(tau["tau"], args.gamma)
+    engine = EngineConfig(gamma=args.gamma, max_new_tokens=args.new_tokens, fixed_acceptance=fixed)
+    static = dict(target_config=target_config, draft_policy=draft_policy, verify_policy=DenseVerify(), engine=engine)
+    target_bytes, draft_bytes = param_bytes(target_params), param_bytes(draft_params)
+    rows = []
+    for context in contexts:
+        for batch in batches:
+            key = f"ctx{context}/b{batch}"
+            if writer.has(key):
+                rows.append(writer.get(key)["row"])
+                continue
+            capacity = -(-(context + args.new_tokens + 2 * args.gamma + 8) // 64) * 64  # Pallas blocks of 64
+            target_cache = random_cache(target_config, batch, capacity, context, 2)
+            if args.draft_skip:
+                draft_state = {"skip_mask": jnp.asarray(mask)}
+            else:
+                draft_state = random_cache(draft_config, batch, capacity, context - 1, 3)
+            pending = jnp.full((batch,), 11, jnp.int32)
+            logits = jax.random.normal(jax.random.PRNGKey(4), (batch, target_config.vocab_size), jnp.float32)
+            holder = {"cache": target_cache, "draft": draft_state}
+
+            # autoregressive, same cache buffers
+            start = time.perf_counter()
+            ar = decode_loop.lower(target_params, holder["cache"], logits, jax.random.PRNGKey(5),
+                                    config=target_config, sampling=SamplingConfig(), max_new_tokens=args.new_tokens,
+                                    stop_tokens=()).compile()
+            ar_compile = time.perf_counter() - start
+
+            def run_ar():
+                out, cache = ar(target_params, holder["cache"], logits, jax.random.PRNGKey(5))
+                out.block_until_ready()
+                holder["cache"] = cache.with_lengths(jnp.full((batch,), context, jnp.int32))
+
+            ar_time = median_time(run_ar, repeats=args.repeats, warmup=1)
+
+            def fresh_state():
+                cache = holder["cache"].with_lengths(jnp.full((batch,), context, jnp.int32))
+                return loop_state_from_caches(cache, holder["draft"], pending, pending, engine, seed=6)
+
+            sd_time, sd_compile, final = time_rounds(target_params, draft_params, holder, fresh_state, static,
+                                                     args.repeats)
+            metrics = summarize(final, engine)
+            generated = int(np.asarray(final.num_out).sum())
+            ar_tps = batch * args.new_tokens / ar_time["median_s"]
+            sd_tps = generated / sd_time["median_s"]
+            # roofline: bytes per round (gamma draft steps + one verification) over measured bandwidth
+            target_step = decode_bytes_per_step(target_config, batch, context, target_bytes)
+            if args.draft_skip:
+                kept = 1.0 - mask.mean()
+                draft_step = {"total": int(kept * target_step["total"])}
+            else:
+                draft_step = decode_bytes_per_step(draft_config, batch, context, draft_bytes)
+            round_bytes = args.gamma * draft_step["total"] + target_step["total"]
+            roofline_sd = batch * metrics["tau_untruncated"] / (round_bytes / bandwidth)
+            roofline_ar = batch / (target_step["total"] / bandwidth)
+            row = {"context": context, "batch": batch, "gamma": args.gamma, "tau": metrics["tau"],
+                   "ar_tok_s": ar_tps, "sd_tok_s": sd_tps, "speedup": sd_tps / ar_tps,
+                   "roofline_ar_tok_s": roofline_ar, "roofline_sd_tok_s": roofline_sd,
+                   "roofline_speedup": roofline_sd / roofline_ar}
+            entry = {"row": row, "ar_timing": ar_time, "sd_timing": sd_time, "ar_compile_s": ar_compile,
+                     "sd_compile_s": sd_compile, "metrics": metrics, "round_bytes": round_bytes,
+                     "acceptance": "fixed (see top-level 'acceptance')",
+                     "cache_fill": "random K/V up to the context (random weights; no prefill)"}
+            if args.profile:
+                phases = profile_phases(target_params, draft_params, fresh_state(), **static)
+                total = phases["profile_draft_s"] + phases["profile_verify_s"] + phases["profile_other_s"]
+                entry["profile"] = phases
+                row.update(draft_frac=phases["profile_draft_s"] / total, verify_frac=phases["profile_verify_s"] / total,
+                           other_frac=phases["profile_other_s"] / total)
+            writer.add(key, entry)
+            rows.append(row)
+            del holder, target_cache, draft_state, final
+    draft_name = f"self-draft skipping {args.draft_skip}" if args.draft_skip else args.draft_shape
+    print_table(rows, title=f"{args.target_shape} target, {draft_name} draft, FIXED acceptance tau={tau['tau']:.2f} "
+                            f"({tau['source']}); copy bandwidth {bandwidth / 1e12:.2f} TB/s")
+    return writer.data
+
+
+def register(subparsers) -> None:
+    bench = subparsers.add_parser("bench-decode", help="autoregressive decode throughput vs the bandwidth floor")
+    bench.add_argument("--shape", default="qwen2.5-7b-shape")
+    bench.add_argument("--layers", type=int, default=0)
+    bench.add_argument("--contexts", default="8192,32768")
+    bench.add_argument("--batches", default="16")
+    bench.add_argument("--new-tokens", type=int, default=32)
+    bench.add_argument("--repeats", type=int, default=5)
+    bench.add_argument("--copy-gib", type=float, default=4.0)
+    bench.set_defaults(func=cmd_bench_decode)
+
+    skip = subparsers.add_parser("bench-skip", help="dynamic (no recompile) vs static skip masks: step time, compile")
+    skip.add_argument("--shape", default="qwen2.5-7b-shape")
+    skip.add_argument("--layers", type=int, default=0)
+    skip.add_argument("--context", type=int, default=8192)
+    skip.add_argument("--batch", type=int, default=16)
+    skip.add_argument("--steps", type=int, default=1, help="tokens per forward (gamma + 1 for verification)")
+    skip.add_argument("--repeats", type=int, default=20)
+    skip.set_defaults(func=cmd_bench_skip)
+
+    bench = subparsers.add_parser("bench-sd", help="speculative vs autoregressive decoding at paper shapes "
+                                                   "(random weights, fixed acceptance)")
+    bench.add_argument("--target-shape", default="qwen2.5-7b-shape")
+    bench.add_argument("--draft-shape", default="qwen2.5-0.5b-shape")
+    bench.add_argument("--draft-skip", default=None, help="use a self-draft of the target with this skip spec")
+    bench.add_argument("--contexts", default="8192,16384,32768")
+    bench.add_argument("--batches", default="8,16")
+    bench.add_argument("--gamma", type=int, default=4)
+    bench.add_argument("--tau", type=float, default=None, help="mean tokens per round of the fixed acceptance")
+    bench.add_argument("--tau-from", default=None, help="take tau from a generate --method sd JSON")
+    bench.add_argument("--new-tokens", type=int, default=64)
+    bench.add_argument("--repeats", type=int, default=3)
+    bench.add_argument("--profile", action="store_true", help="also measure the draft/verify/other split")
+    bench.add_argument("--attention-backend", default="xla", choices=["xla", "pallas", "pallas-interpret"],
+                       help="history attention of both models")
+    bench.add_argument("--copy-gib", type=float, default=4.0)
+    bench.set_defaults(func=cmd_bench_sd)

@@ -1,0 +1,263 @@
+"""``python -m experiments.run suite NAME``: run the steps of ``experiments/suites/NAME.toml``.
+
+A suite file::
+
+    description = "What this suite measures, in one paragraph."
+    device = "nvidia-h200"            # where its committed results were measured ("cpu" for CPU suites)
+    needs = ["smollm2-135m"]          # optional: registry models / corpora a machine must have
+    [[steps]]
+    name = "b16"                      # unique within the suite
+    run = "dustin-speed --contexts 32768 --batches 16 --out experiments/results/..."
+    timeout_s = 400                   # optional
+
+Each step is one ``python -m experiments.run <run>`` subprocess (from the repository root) with
+its timeout, cut to what is left of ``--time-budget``. A step whose ``--out`` is complete is
+resumed or skipped by the experiment itself. The whole file, and every step's command line, is
+checked before the first step runs. At the end a summary table; the exit status is non-zero when
+a step failed, timed out or was left out for lack of time.
+
+``--list`` lists the suites with their descriptions; ``--suites-dir DIR`` (or
+``$JAXSPEC_SUITES_DIR``) reads suites from another folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+from typing import Any, Dict, List, Optional, Sequence
+
+from experiments.common import REPO, ResultWriter, print_table
+
+SUITES_DIR = REPO / "experiments" / "suites"
+SUITES_DIR_ENV = "JAXSPEC_SUITES_DIR"
+SUITE_FIELDS = {"description": str, "device": str, "needs": list, "steps": list}
+STEP_FIELDS = {"name": str, "run": str, "timeout_s": (int, float)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    name: str
+    run: str
+    timeout_s: Optional[float] = None
+
+    def argv(self) -> List[str]:
+        return shlex.split(self.run)
+
+
+@dataclasses.dataclass(frozen=True)
+class Suite:
+    name: str
+    path: pathlib.Path
+    description: str
+    device: str
+    needs: tuple
+    steps: tuple
+
+
+def suites_dir(override: Optional[str] = None) -> pathlib.Path:
+    return pathlib.Path(override or os.environ.get(SUITES_DIR_ENV) or SUITES_DIR)
+
+
+def _type_name(kind) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join({str: "a string", list: "a list", int: "an integer", float: "a number"}[k] for k in kinds)
+
+
+def load_suite(path: pathlib.Path) -> Suite:
+    """Read and check one suite file; every error names the file, the step and the field."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as err:
+        raise ValueError(f"{path}: not valid TOML ({err})") from None
+    unknown = sorted(set(data) - set(SUITE_FIELDS))
+    if unknown:
+        raise ValueError(f"{path}: unknown field(s) {unknown}; a suite has {', '.join(SUITE_FIELDS)}")
+    for field in ("description", "device", "steps"):
+        if field not in data:
+            raise ValueError(f"{path}: missing field {field!r}")
+    for field, kind in SUITE_FIELDS.items():
+        if field in data and (not isinstance(data[field], kind) or isinstance(data[field], bool)):
+            raise ValueError(f"{path}: field {field!r} must be {_type_name(kind)}, got {data[field]!r}")
+    needs = data.get("needs", [])
+    if not all(isinstance(n, str) for n in needs):
+        raise ValueError(f"{path}: field 'needs' must be a list of strings, got {needs!r}")
+    if not data["steps"]:
+        raise ValueError(f"{path}: no [[steps]]")
+    steps, seen = [], set()
+    for index, raw in enumerate(data["steps"], 1):
+        where = f"{path}: step {index}"
+        if not isinstance(raw, dict):
+            raise ValueError(f"{where}: must be a [[steps]] table, got {raw!r}")
+        if isinstance(raw.get("name"), str):
+            where = f"{path}: step {raw['name']!r}"
+        unknown = sorted(set(raw) - set(STEP_FIELDS))
+        if unknown:
+            raise ValueError(f"{where}: unknown field(s) {unknown}; a step has {', '.join(STEP_FIELDS)}")
+        for field in ("name", "run"):
+            if field not in raw:
+                raise ValueError(f"{where}: missing field {field!r}")
+        for field, kind in STEP_FIELDS.items():
+            if field in raw and (not isinstance(raw[field], kind) or isinstance(raw[field], bool)):
+                raise ValueError(f"{where}: field {field!r} must be {_type_name(kind)}, got {raw[field]!r}")
+        if not raw["name"].strip():
+            raise ValueError(f"{where}: field 'name' is empty")
+        if raw["name"] in seen:
+            raise ValueError(f"{where}: field 'name' repeats {raw['name']!r}; step names are unique within a suite")
+        seen.add(raw["name"])
+        if "timeout_s" in raw and not raw["timeout_s"] > 0:
+            raise ValueError(f"{where}: field 'timeout_s' must be > 0, got {raw['timeout_s']!r}")
+        try:
+            argv = shlex.split(raw["run"])
+        except ValueError as err:
+            raise ValueError(f"{where}: field 'run' is not a command line ({err})") from None
+        if not argv:
+            raise ValueError(f"{where}: field 'run' is empty")
+        if argv[0] == "suite":
+            raise ValueError(f"{where}: field 'run' starts another suite; a step runs one experiment")
+        check_step_command(argv, where)
+        steps.append(Step(raw["name"], raw["run"], float(raw["timeout_s"]) if "timeout_s" in raw else None))
+    return Suite(path.stem, path, data["description"], data["device"], tuple(needs), tuple(steps))
+
+
+def check_step_command(argv: Sequence[str], where: str) -> None:
+    """Parse the step's command line as ``python -m experiments.run`` would (no work is done)."""
+    import argparse
+    import contextlib
+    import io
+
+    from experiments.run import build_parser
+
+    parser = build_parser()
+    errors = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(errors):
+            parser.parse_args(list(argv))
+    except SystemExit:
+        message = errors.getvalue().strip().splitlines()
+        raise ValueError(f"{where}: field 'run' is not a valid experiment command: "
+                         f"{message[-1] if message else ' '.join(argv)}") from None
+    except argparse.ArgumentError as err:
+        raise ValueError(f"{where}: field 'run': {err}") from None
+
+
+def available_suites(folder: pathlib.Path) -> List[pathlib.Path]:
+    return sorted(folder.glob("*.toml")) if folder.is_dir() else []
+
+
+def list_suites(folder: pathlib.Path) -> None:
+    paths = available_suites(folder)
+    if not paths:
+        print(f"no suites in {folder}")
+        return
+    rows = []
+    for path in paths:
+        try:
+            suite = load_suite(path)
+            rows.append({"suite": suite.name, "device": suite.device, "steps": len(suite.steps),
+                         "description": suite.description})
+        except ValueError as err:
+            rows.append({"suite": path.stem, "device": "?", "steps": "?", "description": f"INVALID: {err}"})
+    print_table(rows, title=f"suites in {folder}")
+
+
+def select_steps(suite: Suite, names: Optional[str]) -> List[Step]:
+    if not names:
+        return list(suite.steps)
+    wanted = [n.strip() for n in names.split(",") if n.strip()]
+    known = [s.name for s in suite.steps]
+    bad = [n for n in wanted if n not in known]
+    if bad or not wanted:
+        raise ValueError(f"--steps {names!r}: unknown step(s) {bad}; {suite.path} has {', '.join(known)}")
+    return [s for s in suite.steps if s.name in wanted]
+
+
+def run_step(step: Step, timeout: Optional[float]) -> Dict[str, Any]:
+    """One step as a subprocess in its own process group (killed as a whole on timeout)."""
+    command = [sys.executable, "-m", "experiments.run", *step.argv()]
+    start = time.perf_counter()
+    process = subprocess.Popen(command, cwd=REPO, start_new_session=True)
+    try:
+        rc = process.wait(timeout=timeout)
+        status = "ok" if rc == 0 else "failed"
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        rc, status = None, "timed out"
+    return {"step": step.name, "status": status, "rc": rc, "seconds": time.perf_counter() - start,
+            "timeout_s": timeout, "run": step.run}
+
+
+def cmd_suite(args) -> Dict[str, Any]:
+    folder = suites_dir(args.suites_dir)
+    if args.list:
+        list_suites(folder)
+        return {}
+    if not args.name:
+        names = ", ".join(p.stem for p in available_suites(folder)) or f"none in {folder}"
+        raise ValueError(f"give a suite NAME (or --list); suites: {names}")
+    path = folder / f"{args.name}.toml"
+    if not path.exists():
+        names = ", ".join(p.stem for p in available_suites(folder)) or "none"
+        raise ValueError(f"no suite {args.name!r}: {path} does not exist; suites in {folder}: {names}")
+    if args.time_budget is not None and not args.time_budget > 0:
+        raise ValueError(f"--time-budget={args.time_budget}: must be > 0 seconds")
+    suite = load_suite(path)
+    steps = select_steps(suite, args.steps)
+    print(f"suite {suite.name} ({suite.path}): {suite.description}", flush=True)
+    if suite.needs:
+        print(f"needs: {', '.join(suite.needs)}", flush=True)
+    if args.dry_run:
+        rows = [{"step": s.name, "timeout_s": s.timeout_s or "-",
+                 "command": "python -m experiments.run " + s.run} for s in steps]
+        print_table(rows, title=f"{len(steps)} step(s) (dry run: nothing runs)")
+        return {"suite": suite.name, "dry_run": True, "steps": rows}
+    writer = ResultWriter(args.out, "suite", {"suite": suite.name, "file": str(suite.path),
+                                              "steps": [s.name for s in steps]})
+    started = time.perf_counter()
+    rows = []
+    for step in steps:
+        timeout = step.timeout_s
+        if args.time_budget is not None:
+            left = args.time_budget - (time.perf_counter() - started)
+            if left <= 0:
+                rows.append({"step": step.name, "status": "not run (time budget)", "rc": None, "seconds": 0.0,
+                             "timeout_s": None, "run": step.run})
+                writer.add(step.name, rows[-1])
+                continue
+            timeout = left if timeout is None else min(timeout, left)
+        print(f"== step {step.name}: python -m experiments.run {step.run}"
+              + (f" (timeout {timeout:.0f} s)" if timeout else ""), file=sys.stderr, flush=True)
+        rows.append(run_step(step, timeout))
+        writer.add(step.name, rows[-1])
+    print_table([{k: r[k] for k in ("step", "status", "rc", "seconds", "timeout_s")} for r in rows],
+                title=f"suite {suite.name}: {sum(r['status'] == 'ok' for r in rows)}/{len(rows)} step(s) ok, "
+                      f"{time.perf_counter() - started:.0f} s")
+    bad = [r["step"] for r in rows if r["status"] != "ok"]
+    if bad:
+        raise SuiteFailed(f"suite {suite.name}: step(s) not ok: {', '.join(bad)}")
+    return writer.data
+
+
+class SuiteFailed(ValueError):
+    """A step failed, timed out or was left out (the runner exits non-zero)."""
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("suite", help="run the steps of experiments/suites/NAME.toml (or --list them)",
+                              description=__doc__.split("\n\n")[0])
+    p.add_argument("name", nargs="?", metavar="NAME", help="the suite (a file NAME.toml in the suites folder)")
+    p.add_argument("--list", action="store_true", help="list the suites with their descriptions")
+    p.add_argument("--steps", default=None, metavar="A,B", help="run only these steps (by name)")
+    p.add_argument("--dry-run", action="store_true", help="check the suite and print its commands; run nothing")
+    p.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+                   help="stop starting steps after this long; each step's timeout is cut to what is left")
+    p.add_argument("--suites-dir", default=None, metavar="DIR",
+                   help=f"read suites from DIR (default {SUITES_DIR.relative_to(REPO)}; also ${SUITES_DIR_ENV})")
+    p.set_defaults(func=cmd_suite)

@@ -1,0 +1,413 @@
+"""The experiments command line: bad input refused up front with one line, results never
+overwritten, the suite runner, the demo, and the experiments' one-way imports."""
+
+import ast
+import json
+import pathlib
+
+import pytest
+
+from experiments import common, registry
+from experiments.run import main
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+TINY_PROMPT = "Once upon a time, in a land far away, there lived a curious fox. " * 2
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A 3-layer tiny Llama HF folder with a character tokenizer (loads in a second)."""
+    import torch
+
+    from tests.test_dustin_cli import tiny_llama_folder
+
+    torch.set_num_threads(1)
+    return tiny_llama_folder(tmp_path_factory.mktemp("cli"), 0, "tiny")
+
+
+def _error(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err, "no error line"
+    return err[-1]
+
+
+# ---------------------------------------------------------------------------- --batch-file
+def _prompts(tmp_path, text):
+    path = tmp_path / "batch.jsonl"
+    path.write_text(text)
+    return common.read_batch_file(str(path))
+
+
+def test_batch_file_forms(tmp_path):
+    assert _prompts(tmp_path, '{"prompt": "hello there"}\n') == ["hello there"]  # one JSONL line: not its keys
+    assert _prompts(tmp_path, '{\n  "prompt": "pretty"\n}\n') == ["pretty"]
+    assert _prompts(tmp_path, '{"prompt": "a"}\n\n{"prompt": "b"}\n"c"\n') == ["a", "b", "c"]
+    assert _prompts(tmp_path, '["x", {"prompt": "y"}]') == ["x", "y"]
+    assert _prompts(tmp_path, '[\n "x",\n "y"\n]\n') == ["x", "y"]
+
+
+@pytest.mark.parametrize("text,message", [
+    ('{"text": "no prompt field"}\n', 'object without a "prompt" field'),
+    ('{"prompt": 3}\n', '"prompt" is a int, not a string'),
+    ('["a", 5]', "item 1: a JSON int is not a prompt"),
+    ('{"prompt": "a"}\n[1, 2]\n', ":2: a JSON list is not a prompt"),
+    ('{"prompt": "a"}\nnot json\n', ":2: not JSON"),
+    ("\n\n", "no prompts found"),
+    ("[1, 2", "not a JSON list"),
+])
+def test_batch_file_bad_entries(tmp_path, text, message):
+    with pytest.raises(ValueError, match="--batch-file takes") as err:
+        _prompts(tmp_path, text)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_batch_file_bad_entry_from_the_cli_before_loading(tmp_path, capsys):
+    path = tmp_path / "b.jsonl"
+    path.write_text('{"text": "x"}\n')
+    assert main(["generate", "--model", "/no/such/model", "--batch-file", str(path)]) == 2
+    assert 'without a "prompt" field' in _error(capsys)  # read before the (missing) model is touched
+
+
+# ---------------------------------------------------------------------------- results files and --out
+def test_result_writer_refuses_foreign_files_and_keeps_them(tmp_path):
+    listing = tmp_path / "list.json"
+    listing.write_text("[1, 2, 3]")
+    with pytest.raises(ValueError, match=r"not a results file of this program \(list\)"):
+        common.ResultWriter(str(listing), "generate", {"a": 1})
+    assert listing.read_text() == "[1, 2, 3]"
+    other = tmp_path / "other.json"
+    other.write_text('{"results": {"tokens": [1]}}')
+    with pytest.raises(ValueError, match="not a results file"):
+        common.ResultWriter(str(other), "generate", {"a": 1})
+    broken = tmp_path / "broken.json"
+    broken.write_text("{")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        common.ResultWriter(str(broken), "generate", {"a": 1})
+
+
+def test_result_writer_resumes_same_config_refuses_another(tmp_path):
+    path = tmp_path / "r.json"
+    writer = common.ResultWriter(str(path), "generate", {"a": 1})
+    writer.set("results", {"tokens": [[1, 2]]})
+    again = common.ResultWriter(str(path), "generate", {"a": 1})
+    assert again.previous["results"] == {"tokens": [[1, 2]]}
+    with pytest.raises(ValueError, match=r"different config \(differs in: a\)"):
+        common.ResultWriter(str(path), "generate", {"a": 2})  # no cases, but a finished run: still refused
+    with pytest.raises(ValueError, match="results of 'generate'"):
+        common.ResultWriter(str(path), "demo", {"a": 1})
+    assert json.loads(path.read_text())["results"] == {"tokens": [[1, 2]]}
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_out_checked_before_any_work(tmp_path, capsys):
+    assert main(["generate", "--prompt", "x", "--model", "/no/such/model", "--out", str(tmp_path)]) == 2
+    assert "is a directory" in _error(capsys)
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert main(["generate", "--prompt", "x", "--out", str(blocker / "sub" / "r.json")]) == 2
+    assert "cannot create its folder" in _error(capsys)
+    readonly = tmp_path / "ro.json"
+    readonly.write_text("")
+    readonly.chmod(0o444)
+    assert main(["bench-decode", "--out", str(readonly)]) == 2
+    assert "read-only" in _error(capsys)
+    assert main(["bench-decode", "--out", "/proc/jaxspec-results.json"]) == 2  # a folder nobody can write in
+    assert "cannot write in /proc" in _error(capsys)
+    nested = tmp_path / "new" / "deeper" / "r.json"
+    common.check_output_path(str(nested))  # a missing parent is created
+    assert nested.parent.is_dir() and not list(nested.parent.iterdir())
+
+
+def test_os_error_is_one_line_not_a_traceback(tmp_path, capsys):
+    assert main(["generate", "--prompt-file", str(tmp_path / "missing.txt"), "--model", "/no/such/model"]) == 2
+    assert _error(capsys).startswith("error: No such file or directory")
+
+
+# ---------------------------------------------------------------------------- generate options
+@pytest.mark.parametrize("extra,message", [
+    (["--batch", "0"], "--batch=0: must be >= 1"),
+    (["--max-new-tokens", "0"], "--max-new-tokens=0: must be >= 1"),
+    (["--draft-skip", "mlp:1"], "--draft-skip is an option of --method sd"),
+    (["--draft", "x"], "--draft is an option of --method sd"),
+    (["--gamma", "3"], "--gamma is an option of --method sd"),
+    (["--compare-ar"], "--method ar is autoregressive already"),
+    (["--profile"], "--profile is an option of --method sd"),
+    (["--budget", "128"], "--budget is an option of --method dustin"),
+    (["--knapspec-interval", "8"], "--knapspec-interval is an option of --method knapspec"),
+    (["--clasp-skip-count", "2"], "--clasp-skip-count is an option of --method knapspec"),
+    (["--method", "sd", "--draft-skip", "mlp:1", "--fixed-tau", "0"], "--fixed-tau=0.0: must lie in [1, gamma + 1"),
+    (["--method", "sd", "--draft-skip", "mlp:12-10"], "the range 12-10 is reversed"),
+    (["--method", "sd", "--draft-skip", "mlp:1", "--gamma", "0"], "--gamma=0: must be >= 1"),
+    (["--method", "sd", "--draft-skip", "mlp:1", "--gamma", "9", "--max-new-tokens", "8"],
+     "--gamma=9 exceeds --max-new-tokens=8"),
+    (["--method", "sd"], "needs exactly one of --draft SOURCE or --draft-skip SPEC"),
+    (["--method", "sd", "--draft-skip", "mlp:1", "--budget", "128"], "--budget is an option of --method dustin"),
+    (["--method", "knapspec", "--draft-skip", "mlp:1"], "--method knapspec does not take it"),
+    (["--method", "knapspec", "--gamma", "3"], "--method knapspec does not take it"),
+    (["--method", "clasp", "--clasp-skip-count", "0"], "--clasp-skip-count=0: must be >= 1"),
+    (["--method", "knapspec", "--knapspec-gamma-max", "20", "--max-new-tokens", "8"],
+     "--knapspec-gamma-max=20 exceeds --max-new-tokens=8"),
+    (["--method", "knapspec", "--knapspec-gamma-buckets", "1,x"], "expected comma-separated integers"),
+    (["--method", "streaming", "--budget", "128", "--draft-skip", "mlp:1", "--knapspec-interval", "9"],
+     "--knapspec-interval is an option of --method knapspec"),
+])
+def test_generate_refuses_unused_or_bad_options_before_loading(capsys, extra, message):
+    argv = ["generate", "--model", "/no/such/model", "--prompt", "x", *extra]
+    assert main(argv) == 2
+    line = _error(capsys)
+    assert message in line, line
+
+
+def test_generate_batch_with_a_batch_file(tmp_path, capsys):
+    path = tmp_path / "b.json"
+    path.write_text('["a", "b"]')
+    assert main(["generate", "--model", "/no/such/model", "--batch-file", str(path), "--batch", "4"]) == 2
+    assert "--batch-file already gives 2 rows" in _error(capsys)
+
+
+def test_generate_default_dtype_is_float32_on_cpu():
+    import argparse
+
+    from experiments.generate import add_generate_args, check_generate_args
+
+    parser = argparse.ArgumentParser()
+    add_generate_args(parser)
+    args = parser.parse_args(["--method", "sd", "--draft-skip", "mlp:1", "--prompt", "x"])
+    check_generate_args(args)
+    assert args.dtype == "float32" and args.gamma == 4
+
+
+@pytest.mark.slow
+def test_generate_clasp_skip_count_beyond_the_layers_before_profiling(tiny, tmp_path, capsys):
+    profile = tmp_path / "latency.json"
+    assert main(["generate", "--model", str(tiny), "--prompt", TINY_PROMPT, "--method", "clasp",
+                 "--clasp-skip-count", "3", "--max-new-tokens", "8", "--latency-profile", str(profile)]) == 2
+    assert "--clasp-skip-count=3: the model has 3 layers; give 1..2" in _error(capsys)
+    assert not profile.exists()  # refused before any latency profiling
+
+
+@pytest.mark.slow
+def test_generate_resumes_instead_of_overwriting(tiny, tmp_path, capsys):
+    out = tmp_path / "g.json"
+    base = ["generate", "--model", str(tiny), "--prompt", TINY_PROMPT, "--max-new-tokens", "6", "--no-warmup",
+            "--no-chat", "--out", str(out)]
+    assert main(base + ["--method", "sd", "--draft-skip", "mlp:1", "--gamma", "2", "--compare-ar"]) == 0
+    first = capsys.readouterr()
+    results = json.loads(out.read_text())["results"]
+    assert results["identical_to_ar"] is True and "float32" in results["identity_note"]
+    assert "output identical to autoregressive decoding" in first.out and "bfloat16" in first.out
+    assert "decoding: autoregressive" in first.err and "decoding: speculative" in first.err
+    stamp = out.stat().st_mtime_ns
+    assert main(base + ["--method", "sd", "--draft-skip", "mlp:1", "--gamma", "2", "--compare-ar"]) == 0
+    assert "[resume]" in capsys.readouterr().err and out.stat().st_mtime_ns == stamp  # nothing run, nothing written
+    assert main(base + ["--method", "sd", "--draft-skip", "mlp:1", "--gamma", "3", "--compare-ar"]) == 2
+    assert "different config (differs in: gamma)" in _error(capsys)
+    assert json.loads(out.read_text())["results"] == results
+
+
+# ---------------------------------------------------------------------------- parity, benchmarks, knapspec
+def test_parity_bad_input(tmp_path, capsys):
+    assert main(["parity", "--model", "random:smollm2-135m-shape", "--prompt-tokens", "0"]) == 2
+    assert "--prompt-tokens=0: must be >= 1" in _error(capsys)
+    folder = tmp_path / "no-tokenizer"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    assert main(["parity", "--model", str(folder)]) == 2
+    assert "folder without tokenizer files" in _error(capsys)
+    (folder / "config.json").unlink()
+    assert main(["parity", "--model", str(folder)]) == 2
+    assert "folder without config.json" in _error(capsys)
+    assert main(["parity", "--model", "smollm2-135m", "--layers", "2"]) == 2
+    assert "--layers is for random:PRESET models only" in _error(capsys)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["bench-decode", "--new-tokens", "0"], "--new-tokens=0: must be >= 1"),
+    (["bench-decode", "--contexts", "8192,0"], "expected one or more integers >= 1"),
+    (["bench-skip", "--steps", "0"], "--steps=0: must be >= 1"),
+    (["bench-sd", "--tau", "2", "--gamma", "0"], "--gamma=0: must be >= 1"),
+    (["bench-sd", "--tau", "2", "--draft-skip", "mlp:9-3"], "the range 9-3 is reversed"),
+    (["dustin-speed", "--tau", "2", "--new-tokens", "0"], "--new-tokens=0: must be >= 1"),
+    (["dustin-speed", "--tau", "2", "--batches", "0"], "--batches='0': expected one or more integers >= 1"),
+    (["dustin-profile", "--draft-skip", "mlp:9-3", "--profile-file", "p.json"], "the range 9-3 is reversed"),
+    (["knapspec", "--model", "random:smollm2-135m-shape", "--gamma-buckets", "1,x"], "expected comma-separated"),
+    (["knapspec", "--model", "random:smollm2-135m-shape", "--gamma-max", "0"], "--gamma-max=0: must be >= 1"),
+    (["knapspec", "--model", "random:smollm2-135m-shape", "--max-plan-fraction", "2"], "must be < 1"),
+    (["knapspec", "--model", "random:smollm2-135m-shape", "--layers", "2", "--clasp-skip-count", "2"],
+     "--clasp-skip-count=2: the model has 2 layers"),
+])
+def test_benchmark_and_knapspec_flags_checked_first(capsys, argv, message):
+    assert main(argv) == 2
+    assert message in _error(capsys)
+
+
+# ---------------------------------------------------------------------------- suite runner
+def _suite(folder, name, text):
+    folder.mkdir(exist_ok=True)
+    (folder / f"{name}.toml").write_text(text)
+
+
+FAST_OK = 'run = "bench-skip --shape smollm2-135m-shape --layers 1 --context 8 --batch 1 --repeats 1"'
+
+
+def test_suite_validation_names_file_step_and_field(tmp_path, capsys):
+    d = tmp_path / "suites"
+    cases = {
+        "nodesc": ('device = "cpu"\n[[steps]]\nname = "a"\n' + FAST_OK, "missing field 'description'"),
+        "badtype": ('description = "d"\ndevice = "cpu"\n[[steps]]\nname = "a"\n' + FAST_OK + "\ntimeout_s = \"5\"",
+                    "step 'a': field 'timeout_s' must be an integer or a number"),
+        "extra": ('description = "d"\ndevice = "cpu"\n[[steps]]\nname = "a"\n' + FAST_OK + "\ntimeout = 3",
+                  "step 'a': unknown field(s) ['timeout']"),
+        "dup": ('description = "d"\ndevice = "cpu"\n[[steps]]\nname = "a"\n' + FAST_OK
+                + '\n[[steps]]\nname = "a"\n' + FAST_OK, "step 'a': field 'name' repeats 'a'"),
+        "badrun": ('description = "d"\ndevice = "cpu"\n[[steps]]\nname = "a"\nrun = "no-such-experiment --x"',
+                   "step 'a': field 'run' is not a valid experiment command"),
+        "badflag": ('description = "d"\ndevice = "cpu"\n[[steps]]\nname = "a"\nrun = "bench-skip --nope 3"',
+                    "unrecognized arguments: --nope 3"),
+        "norun": ('description = "d"\ndevice = "cpu"\n[[steps]]\nname = "a"', "step 'a': missing field 'run'"),
+        "notoml": ('description = "d', "not valid TOML"),
+    }
+    for name, (text, _) in cases.items():
+        _suite(d, name, text)
+    for name, (_, message) in cases.items():
+        assert main(["suite", name, "--suites-dir", str(d), "--dry-run"]) == 2
+        line = _error(capsys)
+        assert message in line and f"{name}.toml" in line, (name, line)
+    assert main(["suite", "missing", "--suites-dir", str(d)]) == 2
+    assert "no suite 'missing'" in _error(capsys)
+
+
+def test_suite_list_dry_run_and_steps(tmp_path, capsys, monkeypatch):
+    d = tmp_path / "suites"
+    _suite(d, "tiny", 'description = "A tiny CPU suite."\ndevice = "cpu"\nneeds = []\n'
+                      f'[[steps]]\nname = "one"\n{FAST_OK}\n[[steps]]\nname = "two"\n{FAST_OK}\ntimeout_s = 60\n')
+    monkeypatch.setenv("JAXSPEC_SUITES_DIR", str(d))
+    assert main(["suite", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert "tiny" in out and "A tiny CPU suite." in out
+    assert main(["suite", "tiny", "--dry-run", "--steps", "two"]) == 0
+    out = capsys.readouterr().out
+    assert "python -m experiments.run bench-skip" in out and "two" in out and "one " not in out
+    assert main(["suite", "tiny", "--steps", "three"]) == 2
+    assert "unknown step(s) ['three']" in _error(capsys)
+    assert main(["suite", "tiny", "--time-budget", "0"]) == 2
+    assert "--time-budget=0.0: must be > 0" in _error(capsys)
+
+
+@pytest.mark.slow
+def test_suite_runs_steps_reports_and_fails(tmp_path, capsys):
+    d = tmp_path / "suites"
+    ok_out = tmp_path / "skip.json"
+    _suite(d, "mixed", 'description = "ok, failing, timed out"\ndevice = "cpu"\n'
+                       f'[[steps]]\nname = "ok"\n{FAST_OK[:-1]} --out {ok_out}"\ntimeout_s = 300\n'
+                       '[[steps]]\nname = "bad"\nrun = "bench-decode --new-tokens 0"\n'
+                       '[[steps]]\nname = "slow"\nrun = "bench-decode --shape smollm2-135m-shape"\ntimeout_s = 1\n')
+    summary = tmp_path / "summary.json"
+    assert main(["suite", "mixed", "--suites-dir", str(d), "--out", str(summary)]) == 2
+    captured = capsys.readouterr()
+    assert "step(s) not ok: bad, slow" in captured.err.strip().splitlines()[-1]
+    cases = json.loads(summary.read_text())["cases"]
+    assert {k: v["status"] for k, v in cases.items()} == {"ok": "ok", "bad": "failed", "slow": "timed out"}
+    assert cases["bad"]["rc"] == 2 and ok_out.exists()
+    assert "suite mixed: 1/3 step(s) ok" in captured.out
+    # a budget smaller than what is left: the steps after it are not started
+    assert main(["suite", "mixed", "--suites-dir", str(d), "--steps", "bad,slow", "--time-budget", "0.001"]) == 2
+    assert "not run (time budget)" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------- demo and the compilation cache
+def test_compilation_cache_on_by_default_and_opt_out(tmp_path, monkeypatch):
+    import jax
+
+    monkeypatch.setenv("JAXSPEC_CACHE", str(tmp_path))
+    before = jax.config.jax_compilation_cache_dir
+    try:
+        monkeypatch.setenv(common.NO_COMPILATION_CACHE_ENV, "1")
+        assert common.enable_compilation_cache() is None
+        monkeypatch.delenv(common.NO_COMPILATION_CACHE_ENV)
+        assert common.enable_compilation_cache(False) is None
+        path = common.enable_compilation_cache()
+        assert path == tmp_path / "jax_compilation_cache" and path.is_dir()
+        assert jax.config.jax_compilation_cache_dir == str(path)
+        assert jax.config.jax_persistent_cache_min_compile_time_secs == 0
+    finally:
+        jax.config.update("jax_compilation_cache_dir", before)
+
+
+def test_demo_method_choices(capsys):
+    if "prompt-lookup" not in registry.method_names():
+        assert main(["demo", "--demo-method", "prompt-lookup", "--max-new-tokens", "4"]) == 2
+        assert "is not available in this tree" in _error(capsys)
+    assert main(["demo", "--max-new-tokens", "0"]) == 2
+    assert "--max-new-tokens=0" in _error(capsys)
+
+
+@pytest.mark.slow
+def test_demo_side_by_side_on_a_tiny_model(tiny, tmp_path, capsys, monkeypatch):
+    from experiments import generate
+
+    monkeypatch.setitem(generate.DEMO_METHODS, "self-draft", {"method": "sd", "draft_skip": "mlp:1", "gamma": 2})
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text(TINY_PROMPT)
+    out = tmp_path / "demo.json"
+    assert main(["demo", "--model", str(tiny), "--prompt-file", str(prompt), "--max-new-tokens", "8",
+                 "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    for phase in ("loading", "compiling and running the prefill", "prefill: first token after",
+                  "decoding: autoregressive", "decoding: speculative"):
+        assert phase in captured.err, phase
+    assert "pays on this machine" in captured.out or "does NOT pay on this machine" in captured.out
+    results = json.loads(out.read_text())["results"]
+    demo = results["demo"]
+    assert demo["time_to_first_token_s"] > 0 and demo["demo_method"] == "self-draft"
+    assert results["identical_to_ar"] is True and results["speedup_vs_ar"] > 0
+    assert set(demo["compiles"]) == {"cache_hits", "cache_misses"}
+
+
+# ---------------------------------------------------------------------------- imports
+def _imports(path: pathlib.Path):
+    """(module imported, names) of every import statement in ``path``, function-level ones included."""
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            yield node.module, [a.name for a in node.names]
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, []
+
+
+def test_experiment_modules_import_one_way_and_nothing_private():
+    modules = {p.stem: p for p in (REPO / "experiments").glob("*.py") if p.stem != "__init__"}
+    graph = {}
+    for name, path in modules.items():
+        deps = set()
+        for module, names in _imports(path):
+            private = [n for n in names if n.startswith("_") and not n.startswith("__")]
+            assert not private, f"experiments/{name}.py imports private {private} from {module}"
+            if module == "experiments":
+                deps.update(n for n in names if n in modules)
+            elif module.startswith("experiments."):
+                deps.add(module.split(".")[1])
+        graph[name] = deps - {name}
+    state = {}
+
+    def visit(node, stack):
+        state[node] = "open"
+        for dep in graph.get(node, ()):
+            assert state.get(dep) != "open", f"import cycle: {' -> '.join(stack + [node, dep])}"
+            if dep not in state:
+                visit(dep, stack + [node])
+        state[node] = "done"
+
+    for node in graph:
+        if node not in state:
+            visit(node, [])
+    assert "registry" in graph and not graph["registry"], "experiments/registry.py imports no experiment module"
+    assert set(registry.EXPERIMENT_MODULES) <= {f"experiments.{m}" for m in modules}
+
+
+def test_every_method_registered_once_with_its_family():
+    names = registry.method_names()
+    assert names[:2] == ["ar", "sd"] and len(names) == len(set(names))
+    assert {"knapspec", "clasp", "static-skip", "dustin", "streaming", "snapkv", "quest", "magicdec"} <= set(names)
+    assert set(registry.METHOD_ARGUMENTS) == {m.family for m in registry.METHODS.values()}
