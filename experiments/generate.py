@@ -321,6 +321,38 @@ def cmd_generate(args) -> Dict[str, Any]:
     return out
 
 
+# ---------------------------------------------------------------------------- prompt lookup
+def add_prompt_lookup_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("prompt-lookup (n-gram drafts from the row's own tokens, no draft model)")
+    group.add_argument("--ngram-max", type=int, default=3, help="longest n-gram matched against earlier tokens")
+    group.add_argument("--ngram-min", type=int, default=1, help="shortest n-gram tried before drafting nothing")
+
+
+def validate_prompt_lookup(args) -> None:
+    if not 1 <= args.ngram_min <= args.ngram_max:
+        raise ValueError(f"--ngram-min={args.ngram_min} / --ngram-max={args.ngram_max}: need 1 <= ngram-min <= "
+                         f"ngram-max")
+
+
+def run_prompt_lookup(args, model, prompts, sampling, stops, out):
+    """``generate --method prompt-lookup``: :class:`~jaxspec.baselines.prompt_lookup.PromptLookupDraft`
+    in the speculative engine (docs/extending.md)."""
+    from jaxspec.baselines.prompt_lookup import PromptLookupDraft
+    from jaxspec.decoding.speculative import EngineConfig, speculative_generate
+
+    engine = EngineConfig(gamma=args.gamma, sampling=sampling, max_new_tokens=args.max_new_tokens,
+                          stop_tokens=tuple(stops))
+    policy = PromptLookupDraft(vocab_size=model.config.vocab_size, max_ngram=args.ngram_max, min_ngram=args.ngram_min)
+    out["draft"] = {"prompt_lookup": {"max_ngram": args.ngram_max, "min_ngram": args.ngram_min}}
+    return speculative_generate(model.params, model.config, prompts, draft_policy=policy, engine=engine,
+                                seed=args.seed, warmup=not args.no_warmup, profile=args.profile)
+
+
+registry.register_method(registry.Method(name="prompt-lookup", run=run_prompt_lookup, family="prompt-lookup",
+                                         validate=validate_prompt_lookup, takes=frozenset({"gamma", "profile"})))
+registry.register_method_arguments("prompt-lookup", add_prompt_lookup_args)
+
+
 # ---------------------------------------------------------------------------- demo
 #: the speculative methods the demo can put next to plain decoding: name -> generate options
 DEMO_METHODS: Dict[str, Dict[str, Any]] = {
@@ -328,11 +360,11 @@ DEMO_METHODS: Dict[str, Dict[str, Any]] = {
     "self-draft": {"method": "sd", "draft_skip": "mlp:10-12", "gamma": 4},
     # KnapSpec chooses the skip set and gamma from a latency model (docs/methods.md §4)
     "knapspec": {"method": "knapspec"},
-    # prompt lookup: drafts by matching the last n-gram in the prompt (registered by its module once present)
+    # prompt lookup: drafts by matching the last n-gram against the row's earlier tokens (no draft model)
     "prompt-lookup": {"method": "prompt-lookup"},
 }
 #: the demo's method: the one measured to pay on a small CPU (see the report of `demo`)
-DEMO_METHOD = "self-draft"
+DEMO_METHOD = "prompt-lookup"
 
 
 def demo_args(args) -> argparse.Namespace:

@@ -335,9 +335,7 @@ def test_compilation_cache_on_by_default_and_opt_out(tmp_path, monkeypatch):
 
 
 def test_demo_method_choices(capsys):
-    if "prompt-lookup" not in registry.method_names():
-        assert main(["demo", "--demo-method", "prompt-lookup", "--max-new-tokens", "4"]) == 2
-        assert "is not available in this tree" in _error(capsys)
+    assert "prompt-lookup" in registry.method_names()
     assert main(["demo", "--max-new-tokens", "0"]) == 2
     assert "--max-new-tokens=0" in _error(capsys)
 
@@ -351,7 +349,7 @@ def test_demo_side_by_side_on_a_tiny_model(tiny, tmp_path, capsys, monkeypatch):
     prompt.write_text(TINY_PROMPT)
     out = tmp_path / "demo.json"
     assert main(["demo", "--model", str(tiny), "--prompt-file", str(prompt), "--max-new-tokens", "8",
-                 "--out", str(out)]) == 0
+                 "--demo-method", "self-draft", "--out", str(out)]) == 0
     captured = capsys.readouterr()
     for phase in ("loading", "compiling and running the prefill", "prefill: first token after",
                   "decoding: autoregressive", "decoding: speculative"):
@@ -362,6 +360,24 @@ def test_demo_side_by_side_on_a_tiny_model(tiny, tmp_path, capsys, monkeypatch):
     assert demo["time_to_first_token_s"] > 0 and demo["demo_method"] == "self-draft"
     assert results["identical_to_ar"] is True and results["speedup_vs_ar"] > 0
     assert set(demo["compiles"]) == {"cache_hits", "cache_misses"}
+
+
+@pytest.mark.slow
+def test_generate_prompt_lookup_equals_ar_on_a_tiny_model(tiny, tmp_path, capsys):
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text(TINY_PROMPT * 3)  # repeated text: the n-gram lookup finds its continuation
+    out = tmp_path / "lookup.json"
+    assert main(["generate", "--model", str(tiny), "--prompt-file", str(prompt), "--max-new-tokens", "12",
+                 "--method", "prompt-lookup", "--gamma", "3", "--ngram-max", "2", "--compare-ar", "--no-chat",
+                 "--out", str(out)]) == 0
+    results = json.loads(out.read_text())["results"]
+    assert results["identical_to_ar"] is True
+    assert results["draft"] == {"prompt_lookup": {"max_ngram": 2, "min_ngram": 1}}
+    assert main(["generate", "--model", str(tiny), "--method", "prompt-lookup", "--ngram-min", "3",
+                 "--ngram-max", "2", "--prompt", "x"]) == 2
+    assert "--ngram-min=3" in _error(capsys)
+    assert main(["generate", "--model", str(tiny), "--method", "ar", "--ngram-max", "4", "--prompt", "x"]) == 2
+    assert "--ngram-max is an option of --method prompt-lookup" in _error(capsys)
 
 
 # ---------------------------------------------------------------------------- imports
