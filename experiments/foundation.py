@@ -28,13 +28,14 @@ DEMO_PROMPT_FILE = REPO / "experiments" / "prompts" / "long_demo.txt"
 # ---------------------------------------------------------------------------- helpers
 def _load(source: str, dtype: str, attention_backend: str = "xla"):
     from jaxspec.models.loading import load_model
+    from jaxspec.models.params import num_params
 
     start = time.perf_counter()
     model = load_model(source, dtype=dtype)
     if attention_backend != model.config.attention_backend:
         model = dataclasses.replace(model, config=dataclasses.replace(model.config,
                                                                       attention_backend=attention_backend))
-    print(f"loaded {source} ({model.config.num_layers} layers, {model.config.num_params() / 1e6:.1f} M params, "
+    print(f"loaded {source} ({model.config.num_layers} layers, {num_params(model.config) / 1e6:.1f} M params, "
           f"{dtype}) in {time.perf_counter() - start:.1f} s", file=sys.stderr)
     return model
 

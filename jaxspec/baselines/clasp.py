@@ -36,6 +36,7 @@ from jaxspec.knapspec import dp
 from jaxspec.knapspec.latency import LatencyModel
 from jaxspec.knapspec.planner import Plan, choose_plan, objective_table
 from jaxspec.models.cache import KVCache
+from jaxspec.models.params import num_params
 
 #: CLaSp's skip counts by model size: (params below, M).
 CLASP_SKIP_COUNTS = ((2e9, 4), (10e9, 8), (20e9, 10), (float("inf"), 20))
@@ -44,7 +45,7 @@ NO_PRUNING = float("-inf")
 
 def clasp_skip_count(config: ModelConfig) -> int:
     """CLaSp's fixed skip count ``M`` for the model's size, capped at the skippable layers (L - 2)."""
-    params = config.num_params()
+    params = num_params(config)
     m = next(count for limit, count in CLASP_SKIP_COUNTS if params < limit)
     return max(0, min(m, config.num_layers - 2))
 
@@ -109,7 +110,7 @@ def coupled_knapsack_dp(params, config: ModelConfig, cache: KVCache, prefix_len,
                                                                                                   jnp.float32)
     if num_layers < 2 or budget < 1:
         return dp._trivial_candidates(params, config, states, token_mask, 1, 1, max(budget, 0))
-    outer = {k: v for k, v in params.items() if k != "layers"}
+    outer = params.replace(layers=())  # the scan gets the layers stacked
     values, skipped, valid, alpha, final = _coupled_dp(
         outer, dp.stacked_scan_layers(params), cache, jnp.asarray(prefix_len, jnp.int32), states, token_mask, config=config, budget=budget,
         tau=float(tau), branch_chunk=branch_chunk, alpha_chunk=alpha_chunk)

@@ -52,7 +52,7 @@ from jaxspec.config import ModelConfig
 from jaxspec.decoding.sampling import SamplingConfig, sample_token, sampling_probs
 from jaxspec.models.cache import KVCache, init_cache
 from jaxspec.models.llama import forward
-from jaxspec.parallel.sharding import placement_of
+from jaxspec.models.sharding import placement_of
 
 
 class Proposal(NamedTuple):
