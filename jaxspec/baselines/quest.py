@@ -129,7 +129,8 @@ def quest_mask(q: jax.Array, keys: jax.Array, lengths: jax.Array, *, budget: int
 # ---------------------------------------------------------------------------- forward
 def _quest_attention(config: ModelConfig, q, k_new, v_new, cache_k, cache_v, lengths, *, budget, page_size,
                      min_pages):
-    """``jaxspec.models.attention.xla_attention`` with the history restricted to each (query head, row)'s Quest pages."""
+    """``jaxspec.models.attention.xla_attention`` with the history restricted to each (query head,
+    row)'s Quest pages."""
     batch, steps, num_heads, dim = q.shape
     groups = config.queries_per_kv
     scale = 1.0 / np.sqrt(dim)

@@ -35,9 +35,9 @@ import numpy as np
 
 from jaxspec.config import ModelConfig
 from jaxspec.models.cache import KVCache, check_room
-from jaxspec.models.layers import (apply_rope, attention_sublayer, decoder_layer, default_positions, embed,  # noqa: F401
+from jaxspec.models.layers import (apply_rope, attention_sublayer, decoder_layer, default_positions, embed,
                                    lm_head, mlp_sublayer, project_qkv, rms_norm, rope_tables)
-from jaxspec.models.params import (LayerParams, ModelParams, cast_params, check_param_shapes,  # noqa: F401
+from jaxspec.models.params import (LayerParams, ModelParams, cast_params, check_param_shapes,
                                    expected_param_shapes, init_params, param_bytes, param_count)
 
 ProbeHeads = Tuple[Tuple[int, int], ...]
@@ -206,3 +206,10 @@ forward_static_jit = jax.jit(forward, static_argnames=("config", "probe_heads", 
 
 def layer_names(config: ModelConfig) -> Sequence[str]:
     return [f"layers.{i}" for i in range(config.num_layers)]
+
+
+__all__ = ["ForwardOutput", "LayerParams", "ModelParams", "ProbeHeads", "Probes", "apply_rope", "attention_sublayer",
+           "cast_params", "check_cache_room", "check_param_shapes", "check_tokens", "decoder_layer", "embed",
+           "expected_param_shapes", "forward", "forward_compiled", "forward_jit", "forward_static_jit",
+           "forward_static_skip", "freeze_skip_mask", "init_params", "is_concrete", "layer_names", "lm_head",
+           "mlp_sublayer", "param_bytes", "param_count", "project_qkv", "rms_norm", "rope_tables"]
