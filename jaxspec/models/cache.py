@@ -6,11 +6,16 @@ dense and sparse decode kernels read: each (sequence, KV head) is one contiguous
 
 * A forward with ``T`` new tokens writes row ``b`` at slots ``lengths[b] .. lengths[b]+T-1``
   (a scatter with ``mode="drop"``: a slot past the end is dropped, never clamped onto valid
-  history the way ``dynamic_update_slice`` would) and returns ``lengths + T``.
+  history the way ``dynamic_update_slice`` would) and returns ``lengths + T``. With concrete
+  lengths the forward refuses such a write (:class:`CacheOverflowError`); under ``jit`` it
+  cannot see them, and the dropped K/V make the logits wrong: check on the host first.
 * Rollback of rejected tokens is ``cache.rollback(n)`` / ``cache.with_lengths(...)``: only the
   lengths move, no copies; the stale slots are overwritten by the next write.
 * :func:`check_room` is the host-side guard every public entry point calls before launching
   work: it raises :class:`CacheOverflowError` naming the rows that would overflow.
+* The capacity is rounded up to the attention backend's ``capacity_multiple``
+  (:mod:`jaxspec.models.attention`); under a mesh :func:`init_cache` allocates the buffers
+  already sharded (:data:`CACHE_KV_AXES`).
 """
 
 from __future__ import annotations

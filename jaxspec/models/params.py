@@ -243,7 +243,7 @@ def check_param_shapes(params, config: ModelConfig) -> None:
         raise ValueError(f"params have {len(params.layers)} layers; config {config.name!r} has {config.num_layers}")
     expected = expected_param_shapes(config)
     got = {path: tuple(np.shape(x)) for path, x in flatten_params(params).items()}
-    for path in sorted(set(expected) | set(got)):
+    for path in list(expected) + [p for p in got if p not in expected]:  # declaration order
         if path not in got:
             raise ValueError(f"parameter {path!r} is missing; config {config.name!r} expects shape {expected[path]}")
         if path not in expected:
