@@ -3,10 +3,8 @@ rules table mapping them onto the mesh. This package knows meshes and logical ax
 model's arrays, their placement and the per-device memory planner live in
 :mod:`jaxspec.models.sharding` and :mod:`jaxspec.models.memory`:
 
-    from jaxspec.parallel import parse_mesh
-    from jaxspec.models.sharding import shard_params
-    mesh = parse_mesh("data=2,tensor=4")
-    params = shard_params(params, config, mesh)          # then call generate(...) unchanged
+    mesh = jaxspec.parallel.parse_mesh("data=2,tensor=4")
+    params = jaxspec.models.sharding.shard_params(params, config, mesh)   # then generate(...) unchanged
 """
 
 from jaxspec.parallel.sharding import (MESH_AXES, RULES, LogicalAxes, ShardingRules, active_mesh, axis_size,
