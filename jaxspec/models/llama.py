@@ -23,6 +23,17 @@ verification. Options (all keyword-only):
 
 Numerics: parameters and activations in ``config.dtype`` (bfloat16 by default); RMSNorm,
 RoPE angles, attention scores/softmax and logits in float32.
+
+The forward is assembled from the blocks of :mod:`jaxspec.models.layers` (embedding, decoder
+layers, LM head; ``jax.named_scope`` ``layer{i}/attention`` and ``layer{i}/mlp`` in profiles);
+the parameters are :class:`~jaxspec.models.params.ModelParams`, the attention backend is
+``config.attention_backend`` (:mod:`jaxspec.models.attention`).
+
+Bad input raises ``ValueError`` before any work: params whose shapes do not match ``config``,
+non-integer token ids, and -- when the values are concrete -- ids outside the vocabulary and a
+write past the cache capacity (``CacheOverflowError``). Under ``jit`` the values are traced:
+an out-of-range id gathers a clamped embedding row and K/V past the capacity are dropped
+(the logits are then wrong), so check on the host first, as :func:`forward_jit` does.
 """
 
 from __future__ import annotations
