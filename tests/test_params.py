@@ -74,3 +74,4 @@ def test_attention_registry():
         attention.get_backend("pallas").check_platform("cpu")
     attention.get_backend("pallas").check_platform("gpu")
     xla.check_platform("cpu")
+    assert [b.name for b in attention.BACKENDS.values() if b.runs_on("cpu")] == ["xla", "pallas-interpret"]

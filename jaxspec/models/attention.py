@@ -163,11 +163,16 @@ class AttentionBackend:
     platforms: Optional[Tuple[str, ...]] = None
     interpret: bool = False
 
+    def runs_on(self, platform: Optional[str] = None) -> bool:
+        """Whether this backend can run on ``platform`` (default: ``jax.default_backend()``)."""
+        platform = platform or jax.default_backend()
+        return self.platforms is None or platform in self.platforms
+
     def check_platform(self, platform: Optional[str] = None) -> None:
         """Raise ``ValueError`` naming the platform and the valid backends where this one cannot run."""
         platform = platform or jax.default_backend()
-        if self.platforms is not None and platform not in self.platforms:
-            usable = [b.name for b in BACKENDS.values() if b.platforms is None or platform in b.platforms]
+        if not self.runs_on(platform):
+            usable = [b.name for b in BACKENDS.values() if b.runs_on(platform)]
             raise ValueError(f"attention_backend={self.name!r} needs a {'/'.join(self.platforms).upper()} "
                              f"({self.description}); this platform is {platform!r}. Valid here: {usable}")
 

@@ -86,6 +86,9 @@ class LayerParams:
     w_up: Any
     w_down: Any
 
+    def replace(self, **changes) -> "LayerParams":
+        return dataclasses.replace(self, **changes)
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
