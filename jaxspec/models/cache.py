@@ -75,7 +75,7 @@ class KVCache:
         the row's length raises ``ValueError`` (the cache is left as it was); under ``jit`` the
         caller guarantees ``0 <= num_rejected <= lengths``.
         """
-        if _concrete(num_rejected) and _concrete(self.lengths):
+        if is_concrete(num_rejected) and is_concrete(self.lengths):
             counts = np.broadcast_to(np.asarray(num_rejected), np.shape(self.lengths))
             lengths = np.asarray(self.lengths)
             bad = np.nonzero((counts < 0) | (counts > lengths))[0]
@@ -89,7 +89,8 @@ class KVCache:
         return sum(int(k.size) * k.dtype.itemsize for k in self.keys + self.values)
 
 
-def _concrete(x) -> bool:
+def is_concrete(x) -> bool:
+    """``x`` holds values this host can read (not a tracer, not an array spread over other hosts)."""
     if isinstance(x, jax.core.Tracer):
         return False
     return not isinstance(x, jax.Array) or x.is_fully_addressable

@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.config import ModelConfig
-from jaxspec.models.cache import KVCache, check_room
+from jaxspec.models.cache import KVCache, check_room, is_concrete
 from jaxspec.models.layers import (apply_rope, attention_sublayer, decoder_layer, default_positions, embed,
                                    lm_head, mlp_sublayer, project_qkv, rms_norm, rope_tables)
 from jaxspec.models.params import (LayerParams, ModelParams, cast_params, check_param_shapes,
@@ -69,13 +69,6 @@ class ForwardOutput(NamedTuple):
 
 
 # ---------------------------------------------------------------------------- forward
-def is_concrete(x) -> bool:
-    """``x`` holds values this host can read (not a tracer, not an array spread over other hosts)."""
-    if isinstance(x, jax.core.Tracer):
-        return False
-    return not isinstance(x, jax.Array) or x.is_fully_addressable
-
-
 def check_tokens(tokens, config: ModelConfig) -> None:
     """Token ids must be an integer ``[B, T]`` array; when concrete (not traced), within
     ``[0, vocab_size)`` (out-of-range ids would silently gather a clamped embedding row)."""
