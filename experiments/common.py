@@ -238,6 +238,7 @@ def check_skip_ranges(spec: str, flag: str) -> None:
 def load_model_timed(source: str, dtype: str, attention_backend: str = "xla"):
     """``jaxspec.models.loading.load_model`` with the attention backend set and a stderr line."""
     from jaxspec.models.loading import load_model
+    from jaxspec.models.params import num_params
 
     print(f"loading {source} ({dtype}) ...", file=sys.stderr, flush=True)
     start = time.perf_counter()
@@ -245,7 +246,7 @@ def load_model_timed(source: str, dtype: str, attention_backend: str = "xla"):
     if attention_backend != model.config.attention_backend:
         model = dataclasses.replace(model, config=dataclasses.replace(model.config,
                                                                       attention_backend=attention_backend))
-    print(f"loaded {source} ({model.config.num_layers} layers, {model.config.num_params() / 1e6:.1f} M params, "
+    print(f"loaded {source} ({model.config.num_layers} layers, {num_params(model.config) / 1e6:.1f} M params, "
           f"{dtype}) in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
     return model
 

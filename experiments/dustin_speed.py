@@ -19,7 +19,6 @@ SRHs for random weights: the target's 4 heads are spread over 4 KV groups (the e
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any, Dict
 
 import numpy as np
@@ -60,13 +59,12 @@ def init_params_on(config, key, mesh, rules):
     import jax
 
     from jaxspec.models.llama import init_params
-    from jaxspec.parallel.sharding import check_divisible, param_shardings
+    from jaxspec.models.sharding import check_divisible, param_shardings
 
     if mesh is None:
         return init_params(config, key)
     check_divisible(config, mesh, rules)
-    abstract = jax.eval_shape(lambda k: init_params(config, k), key)
-    return jax.jit(lambda k: init_params(config, k), out_shardings=param_shardings(abstract, mesh, rules))(key)
+    return jax.jit(lambda k: init_params(config, k), out_shardings=param_shardings(config, mesh, rules))(key)
 
 
 def allreduce_cost(mesh, rows: int, hidden: int, count: int, iters: int = 10, repeats: int = 5) -> Dict[str, Any]:
@@ -104,7 +102,7 @@ def cmd_dustin_speed(args) -> Dict[str, Any]:
     from jaxspec.dustin.config import DustinConfig, check_budget
     from jaxspec.models.cache import random_cache
     from jaxspec.models.llama import param_bytes
-    from jaxspec.parallel.sharding import RULES, check_cache_divisible, parse_mesh, use_mesh
+    from jaxspec.models.sharding import RULES, check_cache_divisible, parse_mesh, use_mesh
 
     methods = tuple(m for m in args.methods.split(",") if m)
     unknown = [m for m in methods if m not in METHODS]
@@ -154,7 +152,7 @@ def cmd_dustin_speed(args) -> Dict[str, Any]:
             capacity = -(-(context + args.new_tokens + 2 * args.gamma + 8) // 64) * 64
             kv_sharding = draft_kv_sharding = None
             if mesh is not None:
-                from jaxspec.parallel.sharding import CACHE_KV_AXES
+                from jaxspec.models.cache import CACHE_KV_AXES
 
                 check_cache_divisible(batch, target_config.num_kv_heads, mesh, RULES)
                 kv_sharding = RULES.sharding(mesh, CACHE_KV_AXES)
@@ -189,12 +187,10 @@ def _measure_point(*, args, context, batch, holder, target_config, draft_config,
     from jaxspec.decoding.sampling import SamplingConfig
     from jaxspec.decoding.speculative import loop_state_from_caches, profile_phases, summarize
     from jaxspec.dustin.policy import dustin_policies
-    from pallas_kernels.attention import dense_history_partials, merged_history, pack_queries, \
-        sparse_history_partials
-    from jaxspec.parallel.sharding import per_device_kernel
+    from jaxspec.models.attention import backend_of
+    from pallas_kernels.attention import merged_history, pack_queries
     from pallas_kernels.reference import merge_partials
 
-    backend = args.attention_backend
     pending = jnp.full((batch,), 11, jnp.int32)
     entry: Dict[str, Any] = {"acceptance": "fixed (see top-level 'acceptance')",
                              "cache_fill": "random K/V up to the context (random weights; no prefill)"}
@@ -299,8 +295,8 @@ def _measure_point(*, args, context, batch, holder, target_config, draft_config,
         rows_here.append(row)
         del final
     # ---- self-attention of one verification: dense vs sparse (one layer, times the layers)
-    if backend in ("pallas", "pallas-interpret"):
-        interpret = backend == "pallas-interpret"
+    attention = backend_of(target_config)
+    if attention.opaque_kernel:  # the Pallas kernels
         groups = target_config.queries_per_kv
         q = jax.random.normal(jax.random.PRNGKey(9), (batch, args.gamma + 1, target_config.num_heads,
                                                       target_config.head_dim), jnp.bfloat16)
@@ -311,11 +307,10 @@ def _measure_point(*, args, context, batch, holder, target_config, draft_config,
         idx = jnp.sort(jax.random.permutation(jax.random.PRNGKey(10), context)[:budget]).astype(jnp.int32)
         idx = jnp.broadcast_to(idx, (batch, budget))
         # per device under a mesh (shard_map over batch rows and KV heads), as in the model
-        dense_kernel = functools.partial(dense_history_partials, interpret=interpret)
-        sparse_kernel = functools.partial(sparse_history_partials, interpret=interpret)
-        dense_t = loop_time(lambda q_, k_, v_, l_: merged_history(per_device_kernel(dense_kernel, q_, k_, v_, l_), used),
+        dense_t = loop_time(lambda q_, k_, v_, l_: merged_history(attention.dense_history_partials(q_, k_, v_, l_),
+                                                                  used),
                             (packed, k_layer, v_layer, lengths), 10, 5)["median_s"]
-        sparse_t = loop_time(lambda q_, k_, v_, i_: merge_partials(per_device_kernel(sparse_kernel, q_, k_, v_, i_),
+        sparse_t = loop_time(lambda q_, k_, v_, i_: merge_partials(attention.sparse_history_partials(q_, k_, v_, i_),
                                                                    axis=2),
                              (packed, k_layer, v_layer, idx), 10, 5)["median_s"]
         null_t = loop_time(lambda q_, k_, v_, l_: q_[:, :, :1, :1], (packed, k_layer, v_layer, lengths),

@@ -268,7 +268,8 @@ def run_generate(args) -> Dict[str, Any]:
 def check_memory_plan(model, draft, mesh, batch: int, capacity: int) -> Dict[str, Any]:
     """Per-device bytes of weights and caches on ``mesh``; raises before any cache is allocated if
     they exceed the device memory (where the backend reports it)."""
-    from jaxspec.parallel import device_memory_bytes, mesh_shape, plan_memory
+    from jaxspec.models.memory import device_memory_bytes, plan_memory
+    from jaxspec.parallel import mesh_shape
 
     plan = plan_memory(model.config, context=capacity, batch=batch, mesh=mesh,
                        draft_config=draft.config if draft is not None else None)

@@ -38,7 +38,9 @@ def main(argv=None):
                                           sparse_history_partials)
     from pallas_kernels.reference import (dense_history_reference, merge_partials, normalize, partial_from_scores,
                                           sparse_history_reference)
-    from pallas_kernels.selection import select_top_k, srh_scores, srh_scores_pallas
+    from jaxspec.dustin.selection import select_top_k
+    from jaxspec.dustin.signals import srh_scores
+    from pallas_kernels.selection import srh_scores_pallas
 
     writer = ResultWriter(args.out, "kernel-explore", vars(args))
     interpret = jax.default_backend() != "gpu"

@@ -83,7 +83,9 @@ def cmd_bench_attention(args) -> Dict[str, Any]:
     from pallas_kernels.attention import dense_history_partials, merged_history, sparse_history_partials
     from pallas_kernels.reference import (dense_history_reference, merge_partials, normalize,
                                           sparse_history_reference)
-    from pallas_kernels.selection import select_top_k, srh_scores, srh_scores_pallas
+    from jaxspec.dustin.selection import select_top_k
+    from jaxspec.dustin.signals import srh_scores
+    from pallas_kernels.selection import srh_scores_pallas
 
     writer = ResultWriter(args.out, "bench-attention", config_of(args))
     if not writer.has("copy_bandwidth"):

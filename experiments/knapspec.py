@@ -250,6 +250,7 @@ def run_self_spec(args, model, prompts, sampling, stops, out):
     from jaxspec.decoding.speculative import EngineConfig
     from jaxspec.knapspec.latency import effective_context
     from jaxspec.knapspec.policy import knapspec_generate
+    from jaxspec.models.attention import backend_of
 
     method = args.method
     config = model.config
@@ -260,7 +261,7 @@ def run_self_spec(args, model, prompts, sampling, stops, out):
     lengths = [len(p) for p in prompts]
     capacity = max(lengths) + args.max_new_tokens + gamma_max + 2
     # the context t_attn is evaluated at: the cache capacity for the xla backend (it reads every slot)
-    n_max = capacity if config.attention_backend == "xla" else max(lengths) + args.max_new_tokens
+    n_max = capacity if backend_of(config).reads_full_capacity else max(lengths) + args.max_new_tokens
     profile, latency_info = load_latency(args, config, batch, n_max, params=model.params)
     latency = profile.model
     engine = EngineConfig(gamma=gamma_max, sampling=sampling, max_new_tokens=args.max_new_tokens,

@@ -18,7 +18,8 @@ import numpy as np
 #: Hugging Face ``model_type`` values that the one Llama-family code path serves.
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
 
-#: History-attention implementations (see ModelConfig.attention_backend).
+#: Names of the history-attention backends (the registry is ``jaxspec.models.attention.BACKENDS``,
+#: which checks at import that its names are these; the config validates without importing it).
 ATTENTION_BACKENDS = ("xla", "pallas", "pallas-interpret")
 
 #: RoPE scaling types we implement (``None`` / "default" means plain RoPE).
@@ -49,8 +50,9 @@ class ModelConfig:
     model_type: str = "llama"
     name: str = "custom"
     dtype: str = "bfloat16"  # parameter and activation dtype; norms, softmax and logits are f32
-    # history attention: "xla" (jnp reference), "pallas" (GPU kernels), "pallas-interpret" (the
-    # same kernels interpreted on any platform: slow, for tests)
+    # history attention, a name of jaxspec.models.attention.BACKENDS: "xla" (jnp reference),
+    # "pallas" (GPU kernels), "pallas-interpret" (the same kernels interpreted: slow, for tests).
+    # The parameter count is jaxspec.models.params.num_params(config) (derived from the layout).
     attention_backend: str = "xla"
 
     def __post_init__(self):
@@ -95,18 +97,6 @@ class ModelConfig:
 
     def replace(self, **changes) -> "ModelConfig":
         return dataclasses.replace(self, **changes)
-
-    def num_params(self) -> int:
-        """Parameter count (embeddings and head included once each if untied)."""
-        d, f, v = self.hidden_size, self.intermediate_size, self.vocab_size
-        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        per_layer = d * q + 2 * d * kv + q * d + 3 * d * f + 2 * d
-        if self.attention_bias:
-            per_layer += q + 2 * kv
-        total = self.num_layers * per_layer + v * d + d
-        if not self.tie_word_embeddings:
-            total += v * d
-        return total
 
     def inverse_frequencies(self) -> np.ndarray:
         """RoPE inverse frequencies ``[head_dim // 2]`` (float64), with llama3/linear scaling."""

@@ -34,6 +34,19 @@ from jax.experimental import pallas as pl
 from pallas_kernels.reference import NEG_INF, Partial, merge_partials
 
 
+#: Streaming multiprocessors assumed where the device does not report its count (JAX exposes
+#: ``core_count`` on GPU devices, not on CPU, where the kernels run interpreted): an H200's 132.
+FALLBACK_CORE_COUNT = 132
+
+
+def device_core_count(device=None) -> int:
+    """Parallel cores of ``device`` (default: the first device of the default backend): the SM
+    count on a GPU (``device.core_count``), :data:`FALLBACK_CORE_COUNT` where JAX does not report one."""
+    device = device or jax.devices()[0]
+    count = getattr(device, "core_count", None)  # a GPU device attribute; absent on CPU
+    return int(count) if count else FALLBACK_CORE_COUNT
+
+
 def _pow2_at_least(n: int, floor: int = 16) -> int:
     return max(floor, 1 << (max(n, 1) - 1).bit_length())
 
@@ -84,7 +97,8 @@ def _dense_kernel(lengths_ref, q_ref, k_ref, v_ref, acc_ref, l_ref, m_ref, *, bl
 def dense_history_partials(q, k_cache, v_cache, lengths, *, block_k: int = 64, num_splits: int = 0,
                            num_warps: int = 4, num_stages: int = 2, interpret: bool = False) -> Partial:
     """Per-split partials ``acc [B, Hkv, splits, M, D], l/m [B, Hkv, splits, M]`` of ``q`` over
-    cache positions ``< lengths[b]``. ``num_splits = 0`` picks enough splits to fill the chip."""
+    cache positions ``< lengths[b]``. ``num_splits = 0`` picks enough splits to fill the chip
+    (about four programs per core of :func:`device_core_count`)."""
     batch, kv_heads, rows, dim = q.shape
     seq = k_cache.shape[2]
     if rows & (rows - 1) or rows < 16:
@@ -93,8 +107,8 @@ def dense_history_partials(q, k_cache, v_cache, lengths, *, block_k: int = 64, n
         raise ValueError(f"cache capacity S={seq} must be a multiple of block_k={block_k} "
                          f"(init_cache rounds capacity up when the attention backend is pallas)")
     total_blocks = seq // block_k
-    if num_splits <= 0:  # ~4 programs per SM on a 132-SM H200, at least 4 blocks per split
-        wanted = max(1, (4 * 132) // max(batch * kv_heads, 1))
+    if num_splits <= 0:  # ~4 programs per SM (device_core_count), at least 4 blocks per split
+        wanted = max(1, (4 * device_core_count()) // max(batch * kv_heads, 1))
         num_splits = max(1, min(wanted, total_blocks // 4 or 1))
     blocks_per_split = math.ceil(total_blocks / num_splits)
     num_splits = math.ceil(total_blocks / blocks_per_split)

@@ -1,16 +1,10 @@
-"""Selection of the sparse-verification index set: SRH scoring and an exact, sort-free top-k.
+"""Pallas kernels of the sparse-verification selection: SRH scoring and the radix threshold.
 
-``lax.top_k`` over 32k positions for 64 rows took ~0.4 ms on the H200 — more than the sparse
-attention it feeds. Here the top-r is found by **radix select** on order-preserving 32-bit keys:
-four passes, each a 256-bin histogram (scatter-add) of one byte among the surviving candidates,
-find the exact r-th largest key; the selection is then ``key > threshold`` plus the first
-``need`` positions with ``key == threshold`` (ties broken deterministically by lower position),
-compacted with a cumulative sum. Every step is O(S) and elementwise or a scatter: no sort. The
-output is sorted by position, which also makes the gather kernel's reads more local.
-
-Protected positions (attention sinks ``[0, sinks)`` and the window ``[length - window,
-length)``) are always kept and take part of the budget; padding (positions ``>= length``) is
-never selected; when a row has ``length <= k`` every valid position is selected (dense).
+The algorithms they accelerate are plain XLA code in :mod:`jaxspec.dustin.signals`
+(:func:`~jaxspec.dustin.signals.srh_scores`, the reference of :func:`srh_scores_pallas`) and
+:mod:`jaxspec.dustin.selection` (:func:`~jaxspec.dustin.selection.select_top_k`, whose
+``histogram="pallas"`` variant calls :func:`radix_threshold_pallas`; the jnp
+:func:`~jaxspec.dustin.selection.radix_threshold` is its reference).
 """
 
 from __future__ import annotations
@@ -21,125 +15,6 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
-
-
-def order_preserving_keys(scores: jax.Array) -> jax.Array:
-    """float32 -> uint32 with the same order (larger float, larger key; -0.0 and +0.0 tie)."""
-    scores = scores.astype(jnp.float32)
-    scores = jnp.where(scores == 0, jnp.float32(0), scores)  # -0.0 -> +0.0
-    bits = jax.lax.bitcast_convert_type(scores, jnp.uint32)
-    negative = (bits >> 31) == 1
-    return jnp.where(negative, ~bits, bits | jnp.uint32(0x80000000))
-
-
-def _histogram(digit: jax.Array, alive: jax.Array, bins: int, method: str) -> jax.Array:
-    """Per-row counts ``[B, bins]`` of ``digit [B, S]`` among the ``alive`` positions."""
-    if method == "scatter":  # atomics into bins (contended on GPU)
-        rows = jnp.arange(digit.shape[0])[:, None]
-        return jnp.zeros((digit.shape[0], bins), jnp.int32).at[rows, digit].add(alive.astype(jnp.int32))
-    if method == "compare":  # one fused compare-and-reduce, no atomics
-        hit = (digit[:, :, None] == jnp.arange(bins, dtype=digit.dtype)[None, None, :]) & alive[:, :, None]
-        return jnp.sum(hit.astype(jnp.int32), axis=1)
-    raise ValueError(f"histogram method {method!r}: expected 'scatter' or 'compare'")
-
-
-def _radix_threshold(keys: jax.Array, candidate: jax.Array, need: jax.Array, *, bits: int = 8,
-                     histogram: str = "scatter"):
-    """Exact ``need``-th largest key among ``candidate`` positions of each row.
-
-    ``keys [B, S]`` uint32, ``candidate [B, S]`` bool, ``need [B]`` int32 (>= 1, <= #candidates).
-    ``32 / bits`` passes, each a histogram of one ``bits``-wide digit among the keys that still
-    share the chosen prefix. Returns (threshold [B] uint32, how many keys equal to it to take [B]).
-    """
-    if 32 % bits:
-        raise ValueError(f"radix bits={bits} must divide 32 (valid: 2, 4, 8, 16)")
-    batch = keys.shape[0]
-    bins = 1 << bits
-    prefix = jnp.zeros((batch,), jnp.uint32)
-    for shift in range(32 - bits, -1, -bits):
-        if shift == 32 - bits:
-            alive = candidate
-        else:
-            alive = candidate & ((keys >> (shift + bits)) == (prefix[:, None] >> (shift + bits)))
-        digit = ((keys >> shift) & (bins - 1)).astype(jnp.int32)
-        hist = _histogram(digit, alive, bins, histogram)
-        above = jnp.cumsum(hist[:, ::-1], axis=1)[:, ::-1] - hist  # count with a larger digit
-        # the digit d with above[d] < need <= above[d] + hist[d]
-        hit = (above < need[:, None]) & (above + hist >= need[:, None])
-        chosen = jnp.argmax(hit, axis=1).astype(jnp.uint32)
-        need = need - jnp.take_along_axis(above, chosen[:, None].astype(jnp.int32), axis=1)[:, 0]
-        prefix = prefix | (chosen << shift)
-    return prefix, need
-
-
-def _compact(chosen: jax.Array, k: int) -> jax.Array:
-    """Positions where ``chosen [B, S]`` is True, in increasing order, padded with -1 to ``[B, k]``."""
-    batch, seq = chosen.shape
-    slot = jnp.cumsum(chosen.astype(jnp.int32), axis=1) - 1
-    slot = jnp.where(chosen, slot, k)  # unchosen -> dropped
-    positions = jnp.broadcast_to(jnp.arange(seq, dtype=jnp.int32), (batch, seq))
-    out = jnp.full((batch, k), -1, jnp.int32)
-    return out.at[jnp.arange(batch)[:, None], slot].set(positions, mode="drop")
-
-
-@functools.partial(jax.jit, static_argnames=("k", "sinks", "window", "bits", "histogram"))
-def select_top_k(scores: jax.Array, lengths: jax.Array, *, k: int, sinks: int = 0, window: int = 0, bits: int = 8,
-                 histogram: str = "scatter") -> jax.Array:
-    """Index set ``[B, k]`` (sorted; -1 padding): sinks + window + the top scores among the rest.
-
-    Exact: equals a top-k by (score descending, position ascending) over the non-protected
-    valid positions. ``scores [B, S]`` float32, ``lengths [B]`` valid history per row.
-    ``bits``/``histogram``: radix digit width and how each pass counts (``scatter``: scatter-add;
-    ``compare``: a fused compare-and-reduce without atomics; ``pallas``: all eight 4-bit passes
-    in one Pallas kernel, one program per row, ``bits`` ignored); all variants give the same set.
-    """
-    batch, seq = scores.shape
-    if sinks + window > k:
-        raise ValueError(f"sinks={sinks} + window={window} exceed the budget k={k}")
-    if k > seq:
-        raise ValueError(f"budget k={k} larger than the cache capacity S={seq}")
-    positions = jnp.arange(seq, dtype=jnp.int32)[None, :]
-    lengths = lengths.astype(jnp.int32)[:, None]
-    valid = positions < lengths
-    protected = valid & ((positions < sinks) | (positions >= lengths - window))
-    candidate = valid & ~protected
-    remaining = k - jnp.sum(protected, axis=1)
-    available = jnp.sum(candidate, axis=1)
-    need = jnp.clip(jnp.minimum(remaining, available), 1, None)  # >= 1 keeps the search defined
-    keys = order_preserving_keys(scores)
-    if histogram == "pallas":
-        threshold, equal_needed = radix_threshold_pallas(keys, candidate, need, interpret=jax.default_backend() != "gpu")
-    else:
-        threshold, equal_needed = _radix_threshold(keys, candidate, need, bits=bits, histogram=histogram)
-    greater = candidate & (keys > threshold[:, None])
-    equal = candidate & (keys == threshold[:, None])
-    equal_rank = jnp.cumsum(equal.astype(jnp.int32), axis=1)
-    take = greater | (equal & (equal_rank <= equal_needed[:, None]))
-    take = take & (jnp.minimum(remaining, available) > 0)[:, None]
-    return _compact(protected | take, k)
-
-
-def srh_scores(queries: jax.Array, keys: jax.Array, lengths: jax.Array, kv_groups: Sequence[int]) -> jax.Array:
-    """Attention mass of semantic-retrieval heads on each history position.
-
-    ``queries [B, P, R, D]``: R query rows of P heads (already scaled by ``1/sqrt(D)``);
-    ``keys [B, Hkv, S, D]``; ``kv_groups``: the KV head each of the P query heads reads (static).
-    Returns ``[B, S]``: softmax over the valid positions of each (head, row), summed over heads
-    and rows. Heads sharing a KV head are scored together, so each KV head is read once.
-    """
-    batch, heads, rows, dim = queries.shape
-    seq = keys.shape[2]
-    valid = (jnp.arange(seq)[None, :] < lengths[:, None])[:, None, :]
-    total = jnp.zeros((batch, seq), jnp.float32)
-    for group in sorted(set(kv_groups)):
-        members = [i for i, g in enumerate(kv_groups) if g == group]
-        q = queries[:, members].reshape(batch, len(members) * rows, dim)
-        scores = jnp.einsum("bqd,bsd->bqs", q, keys[:, group], preferred_element_type=jnp.float32)
-        scores = jnp.where(valid, scores, -jnp.inf)
-        probs = jax.nn.softmax(scores, axis=-1)
-        total = total + jnp.sum(jnp.where(valid, probs, 0.0), axis=1)
-    return total
-
 
 # ---------------------------------------------------------------------------- Pallas SRH scoring
 def _srh_logits_kernel(lengths_ref, q_ref, k_ref, o_ref, *, groups, rows, block_s):
@@ -185,10 +60,10 @@ def pack_srh_queries(queries: jax.Array, kv_groups: Sequence[int], num_kv_heads:
 @functools.partial(jax.jit, static_argnames=("kv_groups", "block_s", "num_warps", "interpret"))
 def srh_scores_pallas(queries: jax.Array, keys: jax.Array, lengths: jax.Array, kv_groups: Sequence[int], *,
                       block_s: int = 128, num_warps: int = 4, interpret: bool = False) -> jax.Array:
-    """:func:`srh_scores` with the logits from a Pallas kernel that reads each used KV head's keys
+    """``jaxspec.dustin.signals.srh_scores`` with the logits from a Pallas kernel that reads each used KV head's keys
     once (grid over batch, KV heads, sequence blocks; unused KV heads do nothing); the softmax
     over positions and the sum over heads and rows run in XLA on the small ``[B, Hkv, Rg, S]``
-    logits. Same result as :func:`srh_scores`."""
+    logits. Same result as ``srh_scores``."""
     batch, _, rows, dim = queries.shape
     kv_heads, seq = keys.shape[1], keys.shape[2]
     if seq % block_s:
@@ -256,7 +131,7 @@ def _radix_kernel(keys_ref, cand_ref, need_ref, thr_ref, left_ref, *, seq, block
 
 def radix_threshold_pallas(keys: jax.Array, candidate: jax.Array, need: jax.Array, *, block: int = 256,
                            num_warps: int = 4, interpret: bool = False):
-    """:func:`_radix_threshold` (8 passes of 4-bit digits) in ONE kernel launch: one program per
+    """``jaxspec.dustin.selection.radix_threshold`` (8 passes of 4-bit digits) in ONE kernel launch: one program per
     row walks its keys in blocks of ``block``, eight times, keeping the 16-bin histogram in
     registers (no atomics, no per-pass launches). ``keys [B, S]`` uint32 with ``S`` a multiple
     of ``block``. Returns (threshold uint32 [B], keys equal to it to take [B])."""

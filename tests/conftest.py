@@ -76,7 +76,7 @@ class TinyModel:
     folder: pathlib.Path
     hf_model: object  # transformers *ForCausalLM, float32, eval mode
     config: object  # jaxspec ModelConfig (dtype float32)
-    params: dict  # jaxspec params (float32)
+    params: object  # jaxspec ModelParams (float32)
 
     def hf_logits(self, tokens, position_ids=None) -> np.ndarray:
         """Full (no cache) transformers forward: ``tokens [B, T]`` -> float32 logits ``[B, T, V]``.

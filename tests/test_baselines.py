@@ -14,9 +14,9 @@ from jaxspec.decoding.autoregressive import generate, pad_prompts, prefill
 from jaxspec.decoding.policies import SeparateDraft
 from jaxspec.decoding.sampling import SamplingConfig
 from jaxspec.decoding.speculative import EngineConfig, speculative_generate
+from jaxspec.dustin.selection import select_top_k
 from jaxspec.models.cache import init_cache
 from jaxspec.models.llama import forward_jit, init_params
-from pallas_kernels.selection import select_top_k
 
 # 3 target layers: 0 and 1 are Quest's dense layers, 2 is paged. Every speculative run compiles its own loop
 # (~4 s on 2 CPU cores), so the end-to-end checks are combined: a sparse draft with a full-budget verifier.

@@ -12,7 +12,7 @@ import pytest
 
 from jaxspec.decoding import autoregressive
 from jaxspec.models.cache import CacheOverflowError, check_room, init_cache
-from jaxspec.models.llama import forward_jit
+from jaxspec.models.llama import forward, forward_compiled, forward_jit
 
 from .conftest import TINY_VOCAB
 
@@ -102,7 +102,8 @@ def test_rollback_then_rewrite_equals_never_written(llama):
 
 
 def test_write_past_capacity_is_dropped_and_never_clobbers_history(llama):
-    """Row 0 at length 22 of 24 takes 4 tokens: slots 22, 23 written, 24, 25 dropped, 0..21 untouched.
+    """Under jit (traced lengths, no host check): row 0 at length 22 of 24 takes 4 tokens: slots
+    22, 23 written, 24, 25 dropped, 0..21 untouched.
 
     A ``dynamic_update_slice`` write would clamp the start to 20 and overwrite slots 20 and 21.
     """
@@ -111,7 +112,7 @@ def test_write_past_capacity_is_dropped_and_never_clobbers_history(llama):
     cache = _run(llama, history, init_cache(config, 2, CAPACITY)).cache  # both rows length 22
     cache = cache.with_lengths([22, 15])  # row 1 has only 15 valid slots; it writes 15..18
     new_tokens = _tokens(7, 2, 4)
-    out = _run(llama, new_tokens, cache)
+    out = forward_compiled(llama.params, new_tokens, cache, config=config)
 
     # what the 4 new tokens' keys/values are, computed in a roomy cache with the same history
     roomy = _run(llama, history, init_cache(config, 2, 40)).cache.with_lengths([22, 15])
@@ -133,6 +134,45 @@ def test_write_past_capacity_is_dropped_and_never_clobbers_history(llama):
     np.testing.assert_allclose(np.asarray(out.logits[0, :2]), np.asarray(roomy_out.logits[0, :2]),
                                rtol=RTOL, atol=ATOL)
     np.testing.assert_allclose(np.asarray(out.logits[1]), np.asarray(roomy_out.logits[1]), rtol=RTOL, atol=ATOL)
+
+
+def test_forward_refuses_to_write_past_capacity(llama):
+    """With concrete lengths the forward (jitted wrapper or eager) raises before any work."""
+    config = llama.config
+    cache = init_cache(config, 2, CAPACITY).with_lengths([22, 15])
+    new_tokens = _tokens(7, 2, 4)
+    for run in (forward_jit, forward):
+        with pytest.raises(CacheOverflowError, match=r"capacity 24 for row 0 \(length 22\)"):
+            run(llama.params, new_tokens, cache, config=config)
+    np.testing.assert_array_equal(np.asarray(cache.lengths), [22, 15])  # nothing changed
+
+
+def test_rollback_refuses_negative_or_too_many(llama):
+    cache = init_cache(llama.config, 2, CAPACITY).with_lengths([5, 3])
+    np.testing.assert_array_equal(np.asarray(cache.rollback(np.array([5, 0])).lengths), [0, 3])
+    np.testing.assert_array_equal(np.asarray(cache.rollback(2).lengths), [3, 1])
+    with pytest.raises(ValueError, match="rollback of 4 tokens in row 1 of length 3"):
+        cache.rollback(np.array([1, 4]))
+    with pytest.raises(ValueError, match="rollback of -1 tokens in row 0"):
+        cache.rollback(-1)
+    np.testing.assert_array_equal(np.asarray(cache.lengths), [5, 3])
+
+
+def test_forward_checks_tokens_and_params(llama):
+    config = llama.config
+    cache = init_cache(config, 2, CAPACITY)
+    with pytest.raises(ValueError, match="integer token ids, got dtype float32"):
+        forward_jit(llama.params, jnp.zeros((2, 3), jnp.float32), cache, config=config)
+    with pytest.raises(ValueError, match=f"token id {TINY_VOCAB} out of range for vocab_size={TINY_VOCAB}"):
+        forward_jit(llama.params, jnp.full((2, 3), TINY_VOCAB, jnp.int32), cache, config=config)
+    with pytest.raises(ValueError, match="token id -1 out of range"):
+        forward(llama.params, jnp.full((2, 3), -1, jnp.int32), cache, config=config)
+    wrong = config.replace(hidden_size=2 * config.hidden_size, name="wider")
+    with pytest.raises(ValueError, match=r"parameter 'embed' has shape .* config 'wider' expects"):
+        forward_jit(llama.params, jnp.zeros((2, 3), jnp.int32), cache, config=wrong)
+    fewer = config.replace(num_layers=config.num_layers - 1)
+    with pytest.raises(ValueError, match="params have 3 layers"):
+        forward_jit(llama.params, jnp.zeros((2, 3), jnp.int32), init_cache(fewer, 2, CAPACITY), config=fewer)
 
 
 def test_check_room_names_row_and_capacity():

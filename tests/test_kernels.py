@@ -6,13 +6,14 @@ import numpy as np
 import pytest
 
 from jaxspec.config import ModelConfig
+from jaxspec.dustin.selection import select_top_k
+from jaxspec.dustin.signals import srh_scores
 from jaxspec.models.cache import init_cache
 from jaxspec.models.llama import forward_jit, init_params
-from pallas_kernels.attention import (dense_history_partials, pack_queries, sparse_attention_fused,
-                                      sparse_history_partials)
+from pallas_kernels.attention import dense_history_partials, sparse_attention_fused, sparse_history_partials
 from pallas_kernels.reference import (NEG_INF, clean_indices, dense_history_reference, merge_partials, normalize,
                                       sparse_history_reference)
-from pallas_kernels.selection import select_top_k, srh_scores, srh_scores_pallas
+from pallas_kernels.selection import srh_scores_pallas
 
 INTERPRET = jax.default_backend() != "gpu"
 

@@ -40,10 +40,10 @@ def test_stacked_layers_are_reused_only_for_the_same_layer_list():
     params = init_params(config, jax.random.PRNGKey(0))
     first = dp.stacked_scan_layers(params)
     assert dp.stacked_scan_layers(params) is first
-    other = dict(params, layers=[jax.tree.map(lambda x: x * 2, layer) for layer in params["layers"]])
+    other = params.replace(layers=tuple(jax.tree.map(lambda x: x * 2, layer) for layer in params.layers))
     second = dp.stacked_scan_layers(other)
     assert second is not first
-    np.testing.assert_allclose(np.asarray(second["wq"]), 2 * np.asarray(first["wq"]))
+    np.testing.assert_allclose(np.asarray(second.wq), 2 * np.asarray(first.wq))
     assert dp.stacked_scan_layers(params, reuse=False) is not first
 
 

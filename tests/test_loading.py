@@ -58,28 +58,28 @@ def test_hf_folder_round_trip(tiny_models, family):
     state = _state_dict(tiny.hf_model)
     loaded = load_hf_folder(tiny.folder, dtype="float32", with_tokenizer=False)
     params = loaded.params
-    np.testing.assert_array_equal(np.asarray(params["embed"]), state["model.embed_tokens.weight"])
-    np.testing.assert_array_equal(np.asarray(params["final_norm"]), state["model.norm.weight"])
+    np.testing.assert_array_equal(np.asarray(params.embed), state["model.embed_tokens.weight"])
+    np.testing.assert_array_equal(np.asarray(params.final_norm), state["model.norm.weight"])
     if loaded.config.tie_word_embeddings:
-        assert "lm_head" not in params
+        assert params.lm_head is None
     else:
-        np.testing.assert_array_equal(np.asarray(params["lm_head"]), state["lm_head.weight"].T)
+        np.testing.assert_array_equal(np.asarray(params.lm_head), state["lm_head.weight"].T)
     names = {"wq": "self_attn.q_proj.weight", "wk": "self_attn.k_proj.weight", "wv": "self_attn.v_proj.weight",
              "wo": "self_attn.o_proj.weight", "w_gate": "mlp.gate_proj.weight", "w_up": "mlp.up_proj.weight",
              "w_down": "mlp.down_proj.weight"}
-    for i, layer in enumerate(params["layers"]):
+    for i, layer in enumerate(params.layers):
         for ours, theirs in names.items():
-            np.testing.assert_array_equal(np.asarray(layer[ours]), state[f"model.layers.{i}.{theirs}"].T)
-        np.testing.assert_array_equal(np.asarray(layer["attn_norm"]), state[f"model.layers.{i}.input_layernorm.weight"])
-        np.testing.assert_array_equal(np.asarray(layer["mlp_norm"]),
+            np.testing.assert_array_equal(np.asarray(getattr(layer, ours)), state[f"model.layers.{i}.{theirs}"].T)
+        np.testing.assert_array_equal(np.asarray(layer.attn_norm), state[f"model.layers.{i}.input_layernorm.weight"])
+        np.testing.assert_array_equal(np.asarray(layer.mlp_norm),
                                       state[f"model.layers.{i}.post_attention_layernorm.weight"])
         if family == "qwen2":
             for bias in ("q", "k", "v"):
-                np.testing.assert_array_equal(np.asarray(layer[f"b{bias}"]),
+                np.testing.assert_array_equal(np.asarray(getattr(layer, f"b{bias}")),
                                               state[f"model.layers.{i}.self_attn.{bias}_proj.bias"])
-                assert np.any(np.asarray(layer[f"b{bias}"]) != 0)
+                assert np.any(np.asarray(getattr(layer, f"b{bias}")) != 0)
         else:
-            assert "bq" not in layer
+            assert layer.bq is None and layer.bk is None and layer.bv is None
     # config mapping
     hf = tiny.hf_model.config
     assert loaded.config.num_layers == hf.num_hidden_layers
@@ -88,9 +88,9 @@ def test_hf_folder_round_trip(tiny_models, family):
     # default dtype: bfloat16 weights, float32 norms; and load_model picks the HF route
     default = load_model(str(tiny.folder), with_tokenizer=False)
     assert default.config.dtype == "bfloat16" and default.info["format"] == "hf"
-    assert default.params["layers"][0]["wq"].dtype == jnp.bfloat16
-    assert default.params["layers"][0]["attn_norm"].dtype == jnp.float32
-    assert default.params["final_norm"].dtype == jnp.float32
+    assert default.params.layers[0].wq.dtype == jnp.bfloat16
+    assert default.params.layers[0].attn_norm.dtype == jnp.float32
+    assert default.params.final_norm.dtype == jnp.float32
 
 
 @pytest.mark.parametrize("family", ["qwen2", "llama31"])  # biases; llama3 rope_scaling through JSON
@@ -110,8 +110,8 @@ def test_orbax_round_trip(tiny_models, tmp_path, family):
     # load_model recognises the folder; a dtype override casts (norms stay float32)
     as_bf16 = load_model(str(folder), dtype="bfloat16", with_tokenizer=False)
     assert as_bf16.config.dtype == "bfloat16"
-    assert as_bf16.params["layers"][1]["wv"].dtype == jnp.bfloat16
-    assert as_bf16.params["layers"][1]["mlp_norm"].dtype == jnp.float32
+    assert as_bf16.params.layers[1].wv.dtype == jnp.bfloat16
+    assert as_bf16.params.layers[1].mlp_norm.dtype == jnp.float32
     # saving again over an existing checkpoint replaces it
     save_checkpoint(folder, original)
     assert load_checkpoint(folder, with_tokenizer=False).config == tiny.config
@@ -353,10 +353,10 @@ def test_gguf_mapping_reproduces_transformers_logits(tiny_models, tmp_path, tiny
     reference = tiny.hf_logits(TOKENS)
     assert max_rel_error(ours, reference) <= 1e-4
     # the un-permutation restores exactly the HF rotate-half layout
-    np.testing.assert_array_equal(np.asarray(loaded.params["layers"][1]["wq"]),
-                                  np.asarray(tiny.params["layers"][1]["wq"]))
-    np.testing.assert_array_equal(np.asarray(loaded.params["layers"][1]["wk"]),
-                                  np.asarray(tiny.params["layers"][1]["wk"]))
+    np.testing.assert_array_equal(np.asarray(loaded.params.layers[1].wq),
+                                  np.asarray(tiny.params.layers[1].wq))
+    np.testing.assert_array_equal(np.asarray(loaded.params.layers[1].wk),
+                                  np.asarray(tiny.params.layers[1].wk))
 
 
 def test_gguf_without_permutation_is_detected_by_logits(tiny_llama, tmp_path):
@@ -369,7 +369,7 @@ def test_gguf_without_permutation_is_detected_by_logits(tiny_llama, tmp_path):
 def test_load_model_routes_gguf_files(tiny_llama_gguf):
     loaded = load_model(str(tiny_llama_gguf), dtype="bfloat16", with_tokenizer=False, progress=False)
     assert loaded.info["format"] == "gguf" and loaded.config.dtype == "bfloat16"
-    assert loaded.params["layers"][0]["wq"].dtype == jnp.bfloat16
+    assert loaded.params.layers[0].wq.dtype == jnp.bfloat16
 
 
 def _truncated_sizes(size: int):

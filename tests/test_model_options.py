@@ -64,20 +64,20 @@ def reference_forward(config, params, tokens, hist_keys, hist_values, hist_mask,
     groups = hq // hkv
     inv_freq = config.inverse_frequencies()
     skip = np.zeros((config.num_layers, 2), bool) if skip is None else np.asarray(skip, bool)
-    h = p["embed"][np.asarray(tokens)]  # [B, T, d]
+    h = p.embed[np.asarray(tokens)]  # [B, T, d]
     queries, probs, new_keys = [], [], []
     causal = np.tril(np.ones((steps, steps), bool))
-    for i, layer in enumerate(p["layers"]):
+    for i, layer in enumerate(p.layers):
         layer_q = np.zeros((batch, steps, hq, dim))
         layer_p = np.zeros((batch, hq, steps, hist_keys[i].shape[2] + steps))
         layer_k = None
         if not skip[i, 0]:
             layer_k = np.zeros((batch, steps, hkv, dim))
             for b in range(batch):
-                x = _rms(h[b], layer["attn_norm"], config.rms_norm_eps)
-                q, k, v = x @ layer["wq"], x @ layer["wk"], x @ layer["wv"]
+                x = _rms(h[b], layer.attn_norm, config.rms_norm_eps)
+                q, k, v = x @ layer.wq, x @ layer.wk, x @ layer.wv
                 if config.attention_bias:
-                    q, k, v = q + layer["bq"], k + layer["bk"], v + layer["bv"]
+                    q, k, v = q + layer.bq, k + layer.bk, v + layer.bv
                 q = _rope(q.reshape(steps, hq, dim), positions[b], inv_freq)
                 k = _rope(k.reshape(steps, hkv, dim), positions[b], inv_freq)
                 v = v.reshape(steps, hkv, dim)
@@ -95,15 +95,15 @@ def reference_forward(config, params, tokens, hist_keys, hist_values, hist_mask,
                     weights /= weights.sum(axis=-1, keepdims=True)
                     layer_p[b, head] = weights
                     out[:, head] = weights[:, : len(keys_hist)] @ values_hist + weights[:, len(keys_hist):] @ v[:, kv]
-                h[b] = h[b] + out.reshape(steps, hq * dim) @ layer["wo"]
+                h[b] = h[b] + out.reshape(steps, hq * dim) @ layer.wo
         queries.append(layer_q)
         probs.append(layer_p)
         new_keys.append(layer_k)
         if not skip[i, 1]:
-            x = _rms(h, layer["mlp_norm"], config.rms_norm_eps)
-            h = h + (_silu(x @ layer["w_gate"]) * (x @ layer["w_up"])) @ layer["w_down"]
-    head_matrix = p["embed"].T if config.tie_word_embeddings else p["lm_head"]
-    logits = _rms(h, p["final_norm"], config.rms_norm_eps) @ head_matrix
+            x = _rms(h, layer.mlp_norm, config.rms_norm_eps)
+            h = h + (_silu(x @ layer.w_gate) * (x @ layer.w_up)) @ layer.w_down
+    head_matrix = p.embed.T if config.tie_word_embeddings else p.lm_head
+    logits = _rms(h, p.final_norm, config.rms_norm_eps) @ head_matrix
     return logits, queries, probs, new_keys
 
 
@@ -157,14 +157,13 @@ def _with_sentinel(cache, value=7.0):
 def _zeroed_params(params, mask):
     """Params where a skipped sub-layer's output projection is zero (its residual contributes nothing)."""
     layers = []
-    for layer, (skip_attn, skip_mlp) in zip(params["layers"], np.asarray(mask)):
-        layer = dict(layer)
+    for layer, (skip_attn, skip_mlp) in zip(params.layers, np.asarray(mask)):
         if skip_attn:
-            layer["wo"] = jnp.zeros_like(layer["wo"])
+            layer = dataclasses.replace(layer, wo=jnp.zeros_like(layer.wo))
         if skip_mlp:
-            layer["w_down"] = jnp.zeros_like(layer["w_down"])
+            layer = dataclasses.replace(layer, w_down=jnp.zeros_like(layer.w_down))
         layers.append(layer)
-    return dict(params, layers=layers)
+    return params.replace(layers=tuple(layers))
 
 
 @pytest.mark.parametrize("mode", ["dynamic", "static"])
@@ -218,17 +217,17 @@ def test_dynamic_skip_mask_does_not_recompile(setup):
     assert not np.allclose(results[0], results[1])  # the masks did take effect
 
     # the library's own jitted forward: its compile cache does not grow with new masks
-    if hasattr(forward_jit, "_cache_size"):
-        forward_jit(model.params, new_tokens, cache, config=model.config, skip_mask=jnp.asarray(SKIP_MASKS[0]))
-        size = forward_jit._cache_size()
-        for mask in SKIP_MASKS[1:] + [np.ones((3, 2), bool)]:
-            forward_jit(model.params, new_tokens, cache, config=model.config, skip_mask=jnp.asarray(mask))
-        assert forward_jit._cache_size() == size
-        # while the static form compiles once per distinct mask (shows the counter can move)
-        static_before = llama_module._forward_static._cache_size()
-        for mask in SKIP_MASKS:
-            forward_static_skip(model.params, new_tokens, cache, config=model.config, skip_mask=~mask)
-        assert llama_module._forward_static._cache_size() == static_before + len(SKIP_MASKS)
+    compiled = llama_module.forward_compiled
+    forward_jit(model.params, new_tokens, cache, config=model.config, skip_mask=jnp.asarray(SKIP_MASKS[0]))
+    size = compiled._cache_size()
+    for mask in SKIP_MASKS[1:] + [np.ones((3, 2), bool)]:
+        forward_jit(model.params, new_tokens, cache, config=model.config, skip_mask=jnp.asarray(mask))
+    assert compiled._cache_size() == size
+    # while the static form compiles once per distinct mask (shows the counter can move)
+    static_before = llama_module.forward_static_jit._cache_size()
+    for mask in SKIP_MASKS:
+        forward_static_skip(model.params, new_tokens, cache, config=model.config, skip_mask=~mask)
+    assert llama_module.forward_static_jit._cache_size() == static_before + len(SKIP_MASKS)
 
 
 @pytest.mark.parametrize("mode", ["dynamic", "static"])
@@ -242,7 +241,7 @@ def test_skip_everything_gives_normed_embeddings(setup, mode):
         out = forward_static_skip(model.params, new_tokens, cache, config=config, skip_mask=mask)
     p = _np_tree(model.params)
     assert config.tie_word_embeddings
-    expected = _rms(p["embed"][np.asarray(new_tokens)], p["final_norm"], config.rms_norm_eps) @ p["embed"].T
+    expected = _rms(p.embed[np.asarray(new_tokens)], p.final_norm, config.rms_norm_eps) @ p.embed.T
     np.testing.assert_allclose(np.asarray(out.logits), expected, rtol=RTOL, atol=ATOL)
 
 

@@ -42,9 +42,10 @@ def _worker() -> dict:  # runs in the subprocess
     from jaxspec.decoding.policies import SelfDraft, SeparateDraft, parse_skip_spec
     from jaxspec.decoding.speculative import EngineConfig, speculative_generate
     from jaxspec.models.cache import init_cache
-    from jaxspec.models.llama import forward_jit, init_params
-    from jaxspec.parallel import make_mesh, shard_cache, shard_params, use_mesh
-    from pallas_kernels.selection import select_top_k
+    from jaxspec.models.llama import forward_compiled, forward_jit, init_params
+    from jaxspec.models.sharding import shard_cache, shard_params
+    from jaxspec.parallel import make_mesh, use_mesh
+    from jaxspec.dustin.selection import select_top_k
 
     assert jax.device_count() == 8, jax.devices()
     # GQA 16 query / 8 KV heads, MLP hidden 64, untied (vocab-sharded) head; the draft has a tied head
@@ -164,7 +165,8 @@ def _worker() -> dict:  # runs in the subprocess
         record(shape, "generate(mesh=...) places params", rows == reference["ar"], "", time.perf_counter() - start)
 
         start = time.perf_counter()
-        counts = collectives(forward_jit.lower(sharded, step_tokens, second.cache, config=target).compile().as_text())
+        lowered = forward_compiled.lower(sharded, step_tokens, second.cache, config=target)
+        counts = collectives(lowered.compile().as_text())
         record(shape, "forward: no all-gather (cache never gathered)", counts["all-gather"] == 0, counts,
                time.perf_counter() - start)
 
@@ -172,7 +174,7 @@ def _worker() -> dict:  # runs in the subprocess
         kernels = target.replace(attention_backend="pallas-interpret")
         with use_mesh(mesh):
             kernel_first, kernel_second = forward_pair(sharded, cache, config=kernels)
-            counts = collectives(forward_jit.lower(sharded, step_tokens, kernel_first.cache,
+            counts = collectives(forward_compiled.lower(sharded, step_tokens, kernel_first.cache,
                                                config=kernels).compile().as_text())
         diff = max(max_diff(kernel_first.logits, ref_first.logits), max_diff(kernel_second.logits, ref_second.logits))
         record(shape, "pallas-interpret forward in shard_map (dense + sparse)", diff < 1e-4 and
@@ -235,18 +237,18 @@ def test_sharded_results_equal_single_device(sharded_summary):
 # ---------------------------------------------------------------------------- in-process (1 device)
 def test_rules_table_and_logical_axes():
     from jaxspec.config import ModelConfig
-    from jaxspec.models.llama import init_params
-    from jaxspec.parallel import RULES, ShardingRules, param_logical_axes
+    from jaxspec.models.sharding import param_logical_axes
+    from jaxspec.parallel import RULES, ShardingRules
     from jax.sharding import PartitionSpec as P
-    import jax
 
     assert RULES.spec(("batch", "kv_heads", "sequence", "head_dim")) == P("data", "tensor", None, None)
     assert RULES.spec(("embed", "mlp")) == P(None, "tensor")
     config = ModelConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=4,
                          num_kv_heads=2, head_dim=4, attention_bias=True)
-    axes = param_logical_axes(init_params(config, jax.random.PRNGKey(0)))
-    assert axes["layers"][0]["wo"] == ("q_heads", "embed") and axes["layers"][0]["bk"] == ("kv_heads",)
-    assert axes["lm_head"] == ("embed", "vocab") and axes["embed"] == ("vocab_in", "embed")
+    axes = param_logical_axes(config)
+    assert axes.layers[0].wo == ("q_heads", "embed") and axes.layers[0].bk == ("kv_heads",)
+    assert axes.lm_head == ("embed", "vocab") and axes.embed == ("vocab_in", "embed")
+    assert param_logical_axes(config.replace(attention_bias=False, tie_word_embeddings=True)).lm_head is None
     with pytest.raises(ValueError, match="valid mesh axes"):
         ShardingRules(mlp="model")
     with pytest.raises(ValueError, match="unknown logical axis 'heads'"):
@@ -255,7 +257,8 @@ def test_rules_table_and_logical_axes():
 
 def test_parse_mesh_and_divisibility_errors():
     from jaxspec.config import preset
-    from jaxspec.parallel import check_divisible, make_mesh, parse_mesh_shape
+    from jaxspec.models.sharding import check_divisible
+    from jaxspec.parallel import make_mesh, parse_mesh_shape
 
     assert parse_mesh_shape("data=2,tensor=4") == {"data": 2, "tensor": 4}
     assert parse_mesh_shape("tensor=8") == {"data": 1, "tensor": 8}
@@ -285,7 +288,7 @@ def test_cli_refuses_mesh_where_unsupported(capsys):
 
 def test_memory_plan_qwen72b_32k_batch16_on_4_devices():
     from jaxspec.config import preset
-    from jaxspec.parallel import MemoryPlanError, plan_memory
+    from jaxspec.models.memory import MemoryPlanError, plan_memory
 
     config = preset("qwen2.5-72b-shape")  # 80 layers, d 8192, F 29568, 64 q / 8 KV heads of 128, V 152064, bf16
     plan = plan_memory(config, context=32768, batch=16, mesh="tensor=4")
@@ -310,7 +313,8 @@ def test_memory_plan_qwen72b_32k_batch16_on_4_devices():
 
 def test_memory_plan_with_draft_and_budget():
     from jaxspec.config import preset
-    from jaxspec.parallel import ShardingRules, plan_memory
+    from jaxspec.models.memory import plan_memory
+    from jaxspec.parallel import ShardingRules
 
     target, draft = preset("qwen2.5-7b-shape"), preset("qwen2.5-0.5b-shape")
     plan = plan_memory(target, context=8192, batch=8, mesh=(2, 2), draft_config=draft, draft_budget=1024)

@@ -25,6 +25,7 @@ from jaxspec.knapspec.coupled import (backtrack_coupled, coupled_knapsack_dp, co
 from jaxspec.knapspec.latency import LatencyModel
 from jaxspec.knapspec.planner import Plan, PlannerBase, objective_table
 from jaxspec.knapspec.policy import KnapSpecConfig, knapspec_generate
+from jaxspec.models.params import num_params
 
 #: CLaSp's skip counts by model size: (params below, M).
 CLASP_SKIP_COUNTS = ((2e9, 4), (10e9, 8), (20e9, 10), (float("inf"), 20))
@@ -33,7 +34,7 @@ NO_PRUNING = float("-inf")
 
 def clasp_skip_count(config: ModelConfig) -> int:
     """CLaSp's fixed skip count ``M`` for the model's size, capped at the skippable layers (L - 2)."""
-    params = config.num_params()
+    params = num_params(config)
     m = next(count for limit, count in CLASP_SKIP_COUNTS if params < limit)
     return max(0, min(m, config.num_layers - 2))
 

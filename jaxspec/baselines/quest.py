@@ -55,9 +55,9 @@ import numpy as np
 from jaxspec.config import ModelConfig
 from jaxspec.decoding.contract import VerifyPolicyBase
 from jaxspec.decoding.speculative import EngineConfig, SpeculativeResult, speculative_generate
-from jaxspec.models.cache import KVCache, scatter_rows, write_positions
-from jaxspec.models.llama import (ForwardOutput, attention_block, mlp_block, project_qkv, rms_norm,
-                                  rope_tables)
+from jaxspec.models.cache import KVCache
+from jaxspec.models.layers import decoder_layer, default_positions, embed, lm_head, rope_tables
+from jaxspec.models.llama import ForwardOutput
 
 
 # ---------------------------------------------------------------------------- page scores
@@ -124,7 +124,8 @@ def quest_mask(q: jax.Array, keys: jax.Array, lengths: jax.Array, *, budget: int
 # ---------------------------------------------------------------------------- forward
 def _quest_attention(config: ModelConfig, q, k_new, v_new, cache_k, cache_v, lengths, *, budget, page_size,
                      min_pages):
-    """``_attention_xla`` with the history restricted to each (query head, row)'s Quest pages."""
+    """``jaxspec.models.attention.xla_attention`` with the history restricted to each (query head,
+    row)'s Quest pages."""
     batch, steps, num_heads, dim = q.shape
     groups = config.queries_per_kv
     scale = 1.0 / np.sqrt(dim)
@@ -145,44 +146,33 @@ def _quest_attention(config: ModelConfig, q, k_new, v_new, cache_k, cache_v, len
     return out.astype(q.dtype).transpose(0, 3, 1, 2, 4).reshape(batch, steps, num_heads, dim)
 
 
-def _quest_attention_block(layer, h, config, cos, sin, cache_k, cache_v, lengths, **quest):
-    """``attention_block`` (same projections, bias and RoPE) with Quest attention."""
-    batch, steps, _ = h.shape
-    q, k, v = project_qkv(layer, h, config, cos, sin)
-    out = _quest_attention(config, q, k, v, cache_k, cache_v, lengths, **quest)
-    h = h + jnp.einsum("btq,qd->btd", out.reshape(batch, steps, -1), layer["wo"])
-    return h, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
-
-
 def quest_verify_forward(params, tokens, cache: KVCache, *, config: ModelConfig, budget: int, page_size: int = 16,
                          dense_layers: int = 2, min_pages: int = 3) -> ForwardOutput:
     """The target forward of ``tokens [B, T]`` with Quest attention in layers ``>= dense_layers``.
 
     Same contract as ``llama.forward`` without options: writes the ``T`` tokens' K/V at
     ``cache.lengths ..`` and returns the logits ``[B, T, V]`` and the advanced cache. Traceable
-    (call it inside ``jax.jit``).
+    (call it inside ``jax.jit``). Built from the model's blocks (:mod:`jaxspec.models.layers`);
+    only the attention of the Quest layers is replaced.
     """
-    batch, steps = tokens.shape
+    steps = tokens.shape[1]
     lengths = cache.lengths
-    positions = lengths[:, None] + jnp.arange(steps, dtype=jnp.int32)[None, :]
-    cos, sin = rope_tables(config, positions)
-    h = params["embed"][tokens].astype(config.jnp_dtype)
-    slots = write_positions(lengths, steps, cache.capacity)
+    cos, sin = rope_tables(config, default_positions(lengths, steps))
+    h = embed(params, tokens, config)
     keys, values = list(cache.keys), list(cache.values)
-    quest = dict(budget=budget, page_size=page_size, min_pages=min_pages)
-    for i, layer in enumerate(params["layers"]):
-        if i < dense_layers:
-            h, k_new, v_new, _, _ = attention_block(layer, h, config, cos, sin, cache.keys[i], cache.values[i],
-                                                    lengths, None, ())
-        else:
-            h, k_new, v_new = _quest_attention_block(layer, h, config, cos, sin, cache.keys[i], cache.values[i],
-                                                     lengths, **quest)
-        keys[i] = scatter_rows(cache.keys[i], k_new, slots)
-        values[i] = scatter_rows(cache.values[i], v_new, slots)
-        h = mlp_block(layer, h, config)
-    final = rms_norm(h, params["final_norm"], config.rms_norm_eps)
-    head = params["embed"].T if config.tie_word_embeddings else params["lm_head"]
-    logits = jnp.einsum("btd,dv->btv", final, head, preferred_element_type=jnp.float32)
+
+    def quest_attend(i):  # the Quest layers' attention over layer i's cache
+        def attend(q, k_new, v_new):
+            return _quest_attention(config, q, k_new, v_new, cache.keys[i], cache.values[i], lengths, budget=budget,
+                                    page_size=page_size, min_pages=min_pages)
+        return attend
+
+    for i, layer in enumerate(params.layers):
+        attend = quest_attend(i) if i >= dense_layers else None
+        with jax.named_scope(f"layer{i}"):
+            h, keys[i], values[i], _, _ = decoder_layer(layer, h, config, cos, sin, cache.keys[i], cache.values[i],
+                                                        lengths, attend=attend)
+    logits = lm_head(params, h, config)
     return ForwardOutput(logits=logits, cache=KVCache(keys=tuple(keys), values=tuple(values), lengths=lengths + steps),
                          probes=None)
 

@@ -14,7 +14,7 @@ aggregated: the selection score of a position is the sum over *all layers and al
 of the pooled window attention (each head's window rows sum to at most ``window``, so every
 head weighs the same; pooling is linear, so sum-then-pool equals pool-then-sum). The top
 ``budget - window`` prefix positions by that score (ties: lower position) plus the window are
-kept -- the same exact top-k as :func:`pallas_kernels.selection.select_top_k`, which does it.
+kept -- the same exact top-k as :func:`jaxspec.dustin.selection.select_top_k`, which does it.
 
 After prefill the prompt selection is fixed; every generated token is kept (the window grows):
 the verify set of a round is ``prompt selection + positions L .. committed - 2``. Shapes are
@@ -46,9 +46,9 @@ import numpy as np
 from jaxspec.config import ModelConfig
 from jaxspec.decoding.autoregressive import prefill
 from jaxspec.decoding.contract import VerifyPolicyBase
+from jaxspec.dustin.selection import select_top_k
 from jaxspec.models.cache import KVCache, init_cache
 from jaxspec.models.llama import forward
-from pallas_kernels.selection import select_top_k
 
 
 def average_pool(scores: jax.Array, valid: jax.Array, kernel: int) -> jax.Array:

@@ -20,7 +20,7 @@ from jaxspec.config import ModelConfig
 from jaxspec.decoding.sampling import SamplingConfig, sample_token
 from jaxspec.models.cache import KVCache, check_room, init_cache
 from jaxspec.models.llama import forward
-from jaxspec.parallel.sharding import ACTIVATION_AXES, constrain, resolve_placement, use_mesh
+from jaxspec.models.sharding import ACTIVATION_AXES, constrain, resolve_placement, use_mesh
 
 PAD_OUTPUT = -1  # marks positions after a row stopped
 
@@ -157,7 +157,7 @@ def generate(params, config: ModelConfig, prompts: Sequence[Sequence[int]], max_
     ``warmup=True`` the compiled loop runs once before the timed run, so ``timings`` hold
     steady-state numbers (``compile_s`` reports the first call).
 
-    Multi-device: params placed with ``jaxspec.parallel.shard_params`` are used where they
+    Multi-device: params placed with ``jaxspec.models.sharding.shard_params`` are used where they
     are (the cache is allocated sharded like them); or pass ``mesh`` (and ``rules``) to place
     them here. The number of prompts must divide by the mesh's ``data`` axis.
     """

@@ -23,7 +23,7 @@ from jaxspec.decoding.contract import DraftPolicyBase, Proposal, VerifyPolicyBas
 from jaxspec.decoding.sampling import SamplingConfig, sample_token, sampling_probs
 from jaxspec.models.cache import init_cache
 from jaxspec.models.llama import forward
-from jaxspec.parallel.sharding import placement_of
+from jaxspec.models.sharding import placement_of
 
 
 def draft_loop(step_fn, first_logits, state, gamma: int, sampling: SamplingConfig, key):

@@ -47,8 +47,8 @@ from jaxspec.decoding.policies import DenseVerify
 from jaxspec.decoding.sampling import SamplingConfig, sample_token, sampling_probs
 from jaxspec.models.cache import KVCache, check_room, init_cache
 from jaxspec.models.llama import forward
-from jaxspec.parallel.sharding import (ACTIVATION_AXES, CACHE_LENGTHS_AXES, constrain, mesh_of, resolve_placement,
-                                       shard_params, use_mesh)
+from jaxspec.models.sharding import (ACTIVATION_AXES, CACHE_LENGTHS_AXES, constrain, mesh_of, resolve_placement,
+                                     shard_params, use_mesh)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -503,7 +503,7 @@ def speculative_generate(target_params, target_config: ModelConfig, prompts: Seq
     (KnapSpec's re-planning, arbitration and fallback). Its ``finish`` adds metrics and timings.
 
     Multi-device: as :func:`~jaxspec.decoding.autoregressive.generate` -- target params placed
-    with ``jaxspec.parallel.shard_params`` (or ``mesh``/``rules`` here); a separate draft is
+    with ``jaxspec.models.sharding.shard_params`` (or ``mesh``/``rules`` here); a separate draft is
     placed on the same mesh with ``draft_rules`` (default: the target's rules) unless it
     already lives on a mesh; each cache is sharded like its model's weights.
 

@@ -1,4 +1,4 @@
-"""Dustin's two scoring signals over history positions (SPEC 3.1), from probe queries + cache keys.
+"""Dustin's two scoring signals over history positions (docs/methods.md §3.1), from probe queries + cache keys.
 
 * target historical ``s_T [B, S]``: the post-RoPE query of the **last committed token** at the
   target SRH layer (its SRH query heads) against every history key of that layer;
@@ -6,10 +6,11 @@
   SRH layer's SRH heads against the draft's history keys of that layer.
 
 Each (head, query row) contributes a softmax over the **valid history keys** (positions
-``< lengths``), and the signal is the sum over its heads, rows and layers (SPEC: summed within
+``< lengths``), and the signal is the sum over its heads, rows and layers (docs/methods.md §3.1: summed within
 each signal; the two signals are never added -- selection is by rank). GQA: an SRH is a query
 head and reads its KV group's keys (``head // queries_per_kv``). The scoring itself is
-:func:`pallas_kernels.selection.srh_scores` (each KV head read once per layer).
+:func:`srh_scores` (each KV head read once per layer; ``pallas_kernels.selection.srh_scores_pallas``
+is the same with the logits from a Pallas kernel).
 
 For ``s_T`` the query of the last committed token sees exactly the history (its own key is the
 last history key), so the softmax over the history is the softmax the target computed. The
@@ -24,8 +25,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_kernels.selection import srh_scores
-
 
 class DraftSignals(NamedTuple):
     """What a Dustin draft policy hands the verify policy (``Proposal.signals``).
@@ -37,6 +36,28 @@ class DraftSignals(NamedTuple):
 
     queries: jax.Array
     keys: Tuple[jax.Array, ...]
+
+
+def srh_scores(queries: jax.Array, keys: jax.Array, lengths: jax.Array, kv_groups: Sequence[int]) -> jax.Array:
+    """Attention mass of semantic-retrieval heads on each history position.
+
+    ``queries [B, P, R, D]``: R query rows of P heads (already scaled by ``1/sqrt(D)``);
+    ``keys [B, Hkv, S, D]``; ``kv_groups``: the KV head each of the P query heads reads (static).
+    Returns ``[B, S]``: softmax over the valid positions of each (head, row), summed over heads
+    and rows. Heads sharing a KV head are scored together, so each KV head is read once.
+    """
+    batch, heads, rows, dim = queries.shape
+    seq = keys.shape[2]
+    valid = (jnp.arange(seq)[None, :] < lengths[:, None])[:, None, :]
+    total = jnp.zeros((batch, seq), jnp.float32)
+    for group in sorted(set(kv_groups)):
+        members = [i for i, g in enumerate(kv_groups) if g == group]
+        q = queries[:, members].reshape(batch, len(members) * rows, dim)
+        scores = jnp.einsum("bqd,bsd->bqs", q, keys[:, group], preferred_element_type=jnp.float32)
+        scores = jnp.where(valid, scores, -jnp.inf)
+        probs = jax.nn.softmax(scores, axis=-1)
+        total = total + jnp.sum(jnp.where(valid, probs, 0.0), axis=1)
+    return total
 
 
 def fit_width(scores: jax.Array, width: int) -> jax.Array:

@@ -90,7 +90,7 @@ def coupled_knapsack_dp(params, config: ModelConfig, cache: KVCache, prefix_len,
                                                                                                   jnp.float32)
     if num_layers < 2 or budget < 1:
         return dp.trivial_candidates(params, config, states, token_mask, 1, 1, max(budget, 0))
-    outer = {k: v for k, v in params.items() if k != "layers"}
+    outer = params.replace(layers=())  # the scan gets the layers stacked
     values, skipped, valid, alpha, final = _coupled_dp(
         outer, dp.stacked_scan_layers(params), cache, jnp.asarray(prefix_len, jnp.int32), states, token_mask, config=config, budget=budget,
         tau=float(tau), branch_chunk=branch_chunk, alpha_chunk=alpha_chunk)

@@ -1,4 +1,4 @@
-"""KnapSpec knapsack DP over sub-layers (SPEC 4.3, defaults of the official code).
+"""KnapSpec knapsack DP over sub-layers (docs/methods.md §4.3, defaults of the official code).
 
 Items are the ``2L`` sub-layers (Attention, MLP of each layer). Integer weights: the heavier
 of ``(t_attn(n), t_mlp)`` over the lighter, rounded (Python ``round``), capped at 5; the
@@ -32,7 +32,7 @@ Implementations (same semantics, same result):
   as one batch. For the model (:func:`knapsack_dp`) the attention is *branch-parallel*: every
   branch's ``r`` query rows attend to the true full-model prefix KV cache of that layer
   (``prefix_len`` valid slots) plus the branch's own new K/V, causally -- exactly
-  :func:`jaxspec.models.llama.attention_block`, ``vmap``-ed over branches (the cache is shared,
+  :func:`jaxspec.models.layers.attention_sublayer`, ``vmap``-ed over branches (the cache is shared,
   not copied); ``branch_chunk`` bounds memory with ``lax.map(batch_size=...)``.
 * :func:`dp_loop` -- a plain Python loop over sub-layers and budgets, one candidate state at a
   time (the official algorithm's structure): the reference the scan is tested against.
@@ -52,7 +52,8 @@ import numpy as np
 
 from jaxspec.config import ModelConfig
 from jaxspec.models.cache import KVCache
-from jaxspec.models.llama import attention_block, mlp_block, rms_norm, rope_tables
+from jaxspec.models.attention import batchable_config
+from jaxspec.models.layers import attention_sublayer, default_positions, embed, lm_head, mlp_sublayer, rope_tables
 
 #: Default pruning threshold on the mean cosine (official code: sim_threshold = 0.5).
 DEFAULT_TAU = 0.5
@@ -266,19 +267,19 @@ def backtrack(trace: DPTrace, num_layers: int, w_attn: int, w_mlp: int) -> Tuple
 
 # ---------------------------------------------------------------------------- model plumbing
 def _rope(config: ModelConfig, prefix_len, steps: int):
-    positions = prefix_len[:, None].astype(jnp.int32) + jnp.arange(steps, dtype=jnp.int32)[None, :]
-    return rope_tables(config, positions)
+    return rope_tables(config, default_positions(prefix_len.astype(jnp.int32), steps))
 
 
 def _boundary_states_fn(params, tokens, cache: KVCache, prefix_len, *, config: ModelConfig):
     cos, sin = _rope(config, prefix_len, tokens.shape[1])
-    h = params["embed"][tokens].astype(config.jnp_dtype)
+    h = embed(params, tokens, config)
     states = [h]
-    for i, layer in enumerate(params["layers"]):
-        h = attention_block(layer, h, config, cos, sin, cache.keys[i], cache.values[i], prefix_len, None, ())[0]
-        states.append(h)
-        h = mlp_block(layer, h, config)
-        states.append(h)
+    for i, layer in enumerate(params.layers):
+        with jax.named_scope(f"layer{i}"):
+            h = attention_sublayer(layer, h, config, cos, sin, cache.keys[i], cache.values[i], prefix_len).hidden
+            states.append(h)
+            h = mlp_sublayer(layer, h, config)
+            states.append(h)
     return jnp.stack(states)
 
 
@@ -294,16 +295,13 @@ def boundary_states(params, config: ModelConfig, tokens, cache: KVCache, prefix_
 
 
 def _dp_config(config: ModelConfig) -> ModelConfig:
-    # the DP vmaps attention over branches: use the jnp reference attention (the Pallas kernels
-    # are not written for a batched query axis)
-    return config if config.attention_backend == "xla" else config.replace(attention_backend="xla")
+    # the DP vmaps attention over branches: a backend that cannot run batched falls back to the
+    # reference attention
+    return batchable_config(config)
 
 
 def _head_argmax(params, config: ModelConfig, states):
-    final = rms_norm(states, params["final_norm"], config.rms_norm_eps)
-    head = params["embed"].T if config.tie_word_embeddings else params["lm_head"]
-    logits = jnp.einsum("...d,dv->...v", final, head, preferred_element_type=jnp.float32)
-    return jnp.argmax(logits, axis=-1)
+    return jnp.argmax(lm_head(params, states, config), axis=-1)
 
 
 def _agreement(params, config, final_states, teacher_state, token_mask, chunk: int, threshold: Optional[float]):
@@ -311,15 +309,12 @@ def _agreement(params, config, final_states, teacher_state, token_mask, chunk: i
     the target; p_c: share of tokens whose greedy probability is >= ``threshold``, i.e. where the
     draft would not exit early; p_ac: share both agreeing and confident). ``threshold`` None: no
     early exit (p_c = 1, p_ac = alpha)."""
-    final_teacher = rms_norm(teacher_state, params["final_norm"], config.rms_norm_eps)
-    head = params["embed"].T if config.tie_word_embeddings else params["lm_head"]
-    teacher = jnp.argmax(jnp.einsum("...d,dv->...v", final_teacher, head, preferred_element_type=jnp.float32), -1)
+    teacher = jnp.argmax(lm_head(params, teacher_state, config), -1)
     mask = jnp.asarray(token_mask, jnp.float32)
     denom = jnp.maximum(jnp.sum(mask), 1.0)
 
     def one(state):
-        final = rms_norm(state, params["final_norm"], config.rms_norm_eps)
-        logits = jnp.einsum("...d,dv->...v", final, head, preferred_element_type=jnp.float32)
+        logits = lm_head(params, state, config)
         agree = (jnp.argmax(logits, -1) == teacher).astype(jnp.float32) * mask
         if threshold is None:
             confident = mask
@@ -342,10 +337,10 @@ def _model_sublayers(config: ModelConfig, prefix_len, steps: int, branch_chunk: 
 
     def attn(layer_x, h):
         layer, cache_k, cache_v = layer_x
-        return attention_block(layer, h, config, cos, sin, cache_k, cache_v, prefix_len, None, ())[0]
+        return attention_sublayer(layer, h, config, cos, sin, cache_k, cache_v, prefix_len).hidden
 
     def mlp(layer_x, h):
-        return mlp_block(layer_x[0], h, config)
+        return mlp_sublayer(layer_x[0], h, config)
 
     def attn_all(layer_x, g):  # branch-parallel: every branch attends to the shared prefix cache
         fn = functools.partial(attn, layer_x)
@@ -360,17 +355,17 @@ def _model_sublayers(config: ModelConfig, prefix_len, steps: int, branch_chunk: 
 
 
 _stack_layers = jax.jit(lambda layers: jax.tree.map(lambda *xs: jnp.stack(xs), *layers))
-_STACKED: list = []  # [(params["layers"] list, its layers 1.. stacked)], newest last
+_STACKED: list = []  # [(params.layers tuple, its layers 1.. stacked)], newest last
 
 
 def stacked_scan_layers(params, reuse: bool = True):
     """Layers ``1 .. L-1`` of ``params`` stacked along a leading axis (the scan's ``xs``).
 
-    With ``reuse`` the stacked copy is kept for the same ``params["layers"]`` list object (the
+    With ``reuse`` the stacked copy is kept for the same ``params.layers`` tuple object (the
     two most recent), so a re-plan does not copy every weight again (~0.4 GB for SmolLM2 in
     float32, ~0.1-0.2 s on a 2-core CPU per plan); the price is one extra copy of the layer
-    weights in memory. A new or modified parameter tree (another list object) is stacked anew."""
-    layers = params["layers"]
+    weights in memory. A new or modified parameter tree (another tuple object) is stacked anew."""
+    layers = params.layers
     if reuse:
         for held, stacked in _STACKED:
             if held is layers:
@@ -447,7 +442,7 @@ def knapsack_dp(params, config: ModelConfig, cache: KVCache, prefix_len, states,
                                                                                                   jnp.float32)
     if config.num_layers < 2:
         return _trivial_candidates(params, config, states, token_mask, w_attn, w_mlp, budget)
-    outer = {k: v for k, v in params.items() if k != "layers"}  # the scan gets the layers stacked
+    outer = params.replace(layers=())  # the scan gets the layers stacked
     values, skipped, valid, stats, final = _knapsack_dp(
         outer, stacked_scan_layers(params, reuse_stacked), cache, jnp.asarray(prefix_len, jnp.int32), states,
         token_mask, config=config, w_attn=int(w_attn), w_mlp=int(w_mlp), budget=budget, tau=float(tau),
@@ -474,7 +469,7 @@ def _apply_single_jit(layer_x, h, prefix_len, *, config, kind):
 def _model_problem(params, config, cache, prefix_len, states):
     """Arguments of the generic :func:`dp_loop` / :func:`brute_force` for the model."""
     prefix_len = jnp.asarray(prefix_len, jnp.int32)
-    layers = [(params["layers"][i], cache.keys[i], cache.values[i]) for i in range(1, config.num_layers)]
+    layers = [(params.layers[i], cache.keys[i], cache.values[i]) for i in range(1, config.num_layers)]
     targets = [(states[2 * i + 1], states[2 * i + 2]) for i in range(1, config.num_layers)]
     can_skip = [i < config.num_layers - 1 for i in range(1, config.num_layers)]
 
@@ -487,7 +482,7 @@ def _model_problem(params, config, cache, prefix_len, states):
 def knapsack_dp_reference(params, config: ModelConfig, cache: KVCache, prefix_len, states, token_mask=None, *,
                           w_attn: int, w_mlp: int, budget: Optional[int] = None,
                           tau: float = DEFAULT_TAU) -> Candidates:
-    """The same DP with the Python loop of :func:`dp_loop` (unbatched ``attention_block`` per
+    """The same DP with the Python loop of :func:`dp_loop` (unbatched ``attention_sublayer`` per
     candidate): the reference for :func:`knapsack_dp`."""
     config = _dp_config(config)
     budget = skip_budget(w_attn, w_mlp, config.num_layers) if budget is None else int(budget)

@@ -1,5 +1,5 @@
-"""KnapSpec latency model (SPEC 4.1): ``t_mlp = c1``, ``t_attn(n) = c2 * n + c3``, plus a
-per-token constant ``t_token = c0`` (beyond SPEC 4.1, which has no term for it).
+"""KnapSpec latency model (docs/methods.md §4.1): ``t_mlp = c1``, ``t_attn(n) = c2 * n + c3``, plus a
+per-token constant ``t_token = c0`` (beyond docs/methods.md §4.1, which has no term for it).
 
 ``c0`` is the part of every forward (draft or target) that no skip set removes: the embedding
 lookup, the final RMSNorm, the LM head and the greedy argmax. On SmolLM2-135M (49k-token tied
@@ -9,7 +9,7 @@ does not pay. It is profiled like the sub-layers and enters both ``t_draft`` and
 (:mod:`jaxspec.knapspec.planner`).
 
 A second extension, ``v`` (``verify_row_cost``): the relative extra cost of each verified row
-beyond the first, ``t_verify(g + 1 rows) = t_step (1 + v g)``. SPEC 4.2 takes verification as
+beyond the first, ``t_verify(g + 1 rows) = t_step (1 + v g)``. docs/methods.md §4.2 takes verification as
 one decode step (``v = 0``), right where a step is memory-bound (a GPU at small batch) and wrong
 where it is compute-bound: on a 2-core CPU SmolLM2 verifies 11 rows in ~2x the time of 3. It
 is profiled from one layer and the head at ``verify_rows`` rows vs one row, at the largest
@@ -17,7 +17,7 @@ profiled context.
 
 The coefficients are fitted by least squares from timings of *one* Attention sub-layer at
 several context lengths ``n`` and of one MLP sub-layer, measured in our own stack
-(:func:`jaxspec.models.llama.attention_block` / :func:`~jaxspec.models.llama.mlp_block`, one
+(:func:`jaxspec.models.layers.attention_sublayer` / :func:`~jaxspec.models.layers.mlp_sublayer`, one
 decode query row per sequence) on the current device at a given batch size, with random
 parameters of the given :class:`~jaxspec.config.ModelConfig` and a KV cache filled to ``n``.
 
@@ -81,6 +81,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.config import ModelConfig
+from jaxspec.models.attention import backend_of
 
 #: Context lengths the paper profiles (1k .. 25k); callers usually cap them at the evaluated context.
 DEFAULT_CONTEXTS = tuple(range(1024, 25 * 1024 + 1, 2048))
@@ -263,7 +264,7 @@ def config_fields(config: ModelConfig) -> dict:
 def effective_context(config: ModelConfig, lengths, capacity: int) -> float:
     """The ``n`` at which to evaluate ``t_attn`` during decoding: the cache capacity for the
     ``xla`` backend (it reads every slot), the mean valid length for the Pallas kernels."""
-    if config.attention_backend == "xla":
+    if backend_of(config).reads_full_capacity:
         return float(capacity)
     return float(np.mean(np.asarray(jax.device_get(lengths))))
 
@@ -291,7 +292,8 @@ def profile_latency(config: ModelConfig, batch: int = 1, contexts: Sequence[int]
     (``block_until_ready`` around each call; compile happens in the warm-up).
     """
     from jaxspec.models.cache import init_cache
-    from jaxspec.models.llama import attention_block, init_params, mlp_block, rms_norm, rope_tables
+    from jaxspec.models.layers import attention_sublayer, default_positions, embed, lm_head, mlp_sublayer, rope_tables
+    from jaxspec.models.params import init_params
 
     if warmup < 1 or repeats < 1:
         raise ValueError(f"warmup={warmup} and repeats={repeats} must be >= 1 (warm-up compiles)")
@@ -302,26 +304,22 @@ def profile_latency(config: ModelConfig, batch: int = 1, contexts: Sequence[int]
     key = jax.random.PRNGKey(seed)
     k_params, k_h, k_cache = jax.random.split(key, 3)
     params = init_params(one_layer, k_params)
-    layer = params["layers"][0]
+    layer = params.layers[0]
     dtype = config.jnp_dtype
     h = jax.random.normal(k_h, (batch, 1, config.hidden_size), jnp.float32).astype(dtype)
 
     @jax.jit
     def attn_fn(layer, h, cache_k, cache_v, lengths):
-        cos, sin = rope_tables(config, lengths[:, None] + jnp.arange(h.shape[1])[None, :])
-        return attention_block(layer, h, config, cos, sin, cache_k, cache_v, lengths, None, ())[0]
+        cos, sin = rope_tables(config, default_positions(lengths, h.shape[1]))
+        return attention_sublayer(layer, h, config, cos, sin, cache_k, cache_v, lengths).hidden
 
-    mlp_fn = jax.jit(lambda layer, h: mlp_block(layer, h, config))
+    mlp_fn = jax.jit(lambda layer, h: mlp_sublayer(layer, h, config))
 
     @jax.jit
     def token_fn(outer, tokens, h):
-        # as in the forward (llama._forward); the embedding row is added to the (random) hidden
+        # the forward's embedding and LM head; the embedding row is added to the (random) hidden
         # state so the lookup is not dead code
-        x = h + outer["embed"][tokens].astype(dtype)
-        x = rms_norm(x, outer["final_norm"], config.rms_norm_eps)
-        head = outer["embed"].T if config.tie_word_embeddings else outer["lm_head"]
-        logits = jnp.einsum("btd,dv->btv", x, head, preferred_element_type=jnp.float32)
-        return jnp.argmax(logits, axis=-1)
+        return jnp.argmax(lm_head(outer, h + embed(outer, tokens, config), config), axis=-1)
 
     attn_samples = []
     verify_times: Dict[str, float] = {}
@@ -341,7 +339,7 @@ def profile_latency(config: ModelConfig, batch: int = 1, contexts: Sequence[int]
             verify_times["attn_one"] = statistics.median(attn_samples[-1])
         del cache, cache_k, cache_v
     mlp_samples = _median_time(mlp_fn, (layer, h), warmup, repeats)
-    outer = {k: v for k, v in params.items() if k != "layers"}
+    outer = params.replace(layers=())
     token_ids = jax.random.randint(jax.random.fold_in(key, 1), (batch, 1), 0, config.vocab_size)
     token_samples = _median_time(token_fn, (outer, token_ids, h), warmup, repeats)
     attn_times = [statistics.median(s) for s in attn_samples]
@@ -509,7 +507,7 @@ def profile_latency_forward(config: ModelConfig, batch: int = 1, contexts: Seque
     if skippable_sublayers(L) < 1:
         raise ValueError(f"{config.name}: num_layers={L}; the forward profile needs >= 3 layers")
     if params is None:
-        from jaxspec.models.llama import init_params
+        from jaxspec.models.params import init_params
 
         params = init_params(config, jax.random.PRNGKey(seed))
     masks = {k: jnp.asarray(m) for k, m in forward_skip_masks(L).items()}
@@ -560,7 +558,7 @@ def profile_latency_forward(config: ModelConfig, batch: int = 1, contexts: Seque
                              verify_times=verify_med, verify_context=contexts[-1])
     forward = {"steps_per_call": steps, "times": med, "samples": samples, "verify_context": contexts[-1],
                "verify_rows": rows_list, "verify_times": verify_med, "verify_samples": verify_samples, "fit": fit,
-               "how": "whole forwards (jaxspec.models.llama._forward, dynamic skip mask as the KnapSpec draft; "
+               "how": "whole forwards (jaxspec.models.llama.forward, dynamic skip mask as the KnapSpec draft; "
                       "verification without a mask) in a jitted fori_loop carrying the donated cache"}
     return LatencyProfile(device=device_name(), platform=jax.devices()[0].platform, jax_version=jax.__version__,
                           config_name=config.name, config=config_fields(config), batch=int(batch),

@@ -6,27 +6,36 @@ dense and sparse decode kernels read: each (sequence, KV head) is one contiguous
 
 * A forward with ``T`` new tokens writes row ``b`` at slots ``lengths[b] .. lengths[b]+T-1``
   (a scatter with ``mode="drop"``: a slot past the end is dropped, never clamped onto valid
-  history the way ``dynamic_update_slice`` would) and returns ``lengths + T``.
+  history the way ``dynamic_update_slice`` would) and returns ``lengths + T``. With concrete
+  lengths the forward refuses such a write (:class:`CacheOverflowError`); under ``jit`` it
+  cannot see them, and the dropped K/V make the logits wrong: check on the host first.
 * Rollback of rejected tokens is ``cache.rollback(n)`` / ``cache.with_lengths(...)``: only the
   lengths move, no copies; the stale slots are overwritten by the next write.
 * :func:`check_room` is the host-side guard every public entry point calls before launching
   work: it raises :class:`CacheOverflowError` naming the rows that would overflow.
+* The capacity is rounded up to the attention backend's ``capacity_multiple``
+  (:mod:`jaxspec.models.attention`); under a mesh :func:`init_cache` allocates the buffers
+  already sharded (:data:`CACHE_KV_AXES`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence, Tuple
+import functools
+from typing import Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 
 from jaxspec.config import ModelConfig
+from jaxspec.models.attention import backend_of
+from jaxspec.parallel.sharding import RULES, LogicalAxes, ShardingRules, axis_size
 
-
-#: Capacity granularity for the Pallas attention backends (their largest KV block).
-CAPACITY_MULTIPLE = 64
+#: Logical axes of the cache arrays (mapped to mesh axes by :class:`jaxspec.parallel.ShardingRules`).
+CACHE_KV_AXES: LogicalAxes = ("batch", "kv_heads", "sequence", "head_dim")  # keys/values [B, Hkv, S, D]
+CACHE_LENGTHS_AXES: LogicalAxes = ("lengths",)  # [B]
 
 
 class CacheOverflowError(ValueError):
@@ -60,11 +69,31 @@ class KVCache:
         return dataclasses.replace(self, lengths=jnp.asarray(lengths, jnp.int32))
 
     def rollback(self, num_rejected) -> "KVCache":
-        """Forget the last ``num_rejected[b]`` tokens of each row."""
+        """Forget the last ``num_rejected[b]`` tokens of each row (a scalar or ``[B]``).
+
+        When the counts and lengths are concrete (not traced), a negative count or one above
+        the row's length raises ``ValueError`` (the cache is left as it was); under ``jit`` the
+        caller guarantees ``0 <= num_rejected <= lengths``.
+        """
+        if is_concrete(num_rejected) and is_concrete(self.lengths):
+            counts = np.broadcast_to(np.asarray(num_rejected), np.shape(self.lengths))
+            lengths = np.asarray(self.lengths)
+            bad = np.nonzero((counts < 0) | (counts > lengths))[0]
+            if bad.size:
+                row = int(bad[0])
+                raise ValueError(f"rollback of {int(counts[row])} tokens in row {row} of length {int(lengths[row])}; "
+                                 f"valid counts: 0..length")
         return self.with_lengths(self.lengths - jnp.asarray(num_rejected, jnp.int32))
 
     def nbytes(self) -> int:
         return sum(int(k.size) * k.dtype.itemsize for k in self.keys + self.values)
+
+
+def is_concrete(x) -> bool:
+    """``x`` holds values this host can read (not a tracer, not an array spread over other hosts)."""
+    if isinstance(x, jax.core.Tracer):
+        return False
+    return not isinstance(x, jax.Array) or x.is_fully_addressable
 
 
 def init_cache(config: ModelConfig, batch_size: int, capacity: int, dtype=None, lengths=None, *, mesh=None,
@@ -79,11 +108,8 @@ def init_cache(config: ModelConfig, batch_size: int, capacity: int, dtype=None, 
     if batch_size <= 0 or capacity <= 0:
         raise ValueError(f"batch_size={batch_size} and capacity={capacity} must be positive")
     if mesh is not None:
-        from jaxspec.parallel.sharding import allocate_cache
-
         return allocate_cache(config, batch_size, capacity, mesh, rules, dtype=dtype, lengths=lengths)
-    if config.attention_backend != "xla":  # the Pallas kernels walk the cache in blocks of 64 rows
-        capacity = -(-capacity // CAPACITY_MULTIPLE) * CAPACITY_MULTIPLE
+    capacity = backend_of(config).round_capacity(capacity)  # the kernels walk the cache in blocks
     dtype = dtype or config.jnp_dtype
     shape = (batch_size, config.num_kv_heads, capacity, config.head_dim)
     keys = tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers))
@@ -146,8 +172,7 @@ def random_cache(config: ModelConfig, batch_size: int, capacity: int, length, se
     decode cost does not depend on the values, and a random-weight prefill would measure nothing).
     ``sharding``: a ``NamedSharding`` for each ``[B, Hkv, S, D]`` array, created in place (each
     device fills only its blocks; a cache larger than one device's memory never exists whole)."""
-    if config.attention_backend != "xla":
-        capacity = -(-capacity // CAPACITY_MULTIPLE) * CAPACITY_MULTIPLE
+    capacity = backend_of(config).round_capacity(capacity)
     shape = (batch_size, config.num_kv_heads, capacity, config.head_dim)
     fill = jax.jit(lambda key: jax.random.normal(key, shape, jnp.float32).astype(config.jnp_dtype),
                    out_shardings=sharding)
@@ -156,3 +181,39 @@ def random_cache(config: ModelConfig, batch_size: int, capacity: int, length, se
     return KVCache(keys=tuple(fill(keys[i]) for i in range(config.num_layers)),
                    values=tuple(fill(keys[config.num_layers + i]) for i in range(config.num_layers)),
                    lengths=lengths)
+
+
+# ---------------------------------------------------------------------------- placement on a mesh
+def cache_shardings(mesh: Mesh, num_layers: int, rules: ShardingRules = RULES) -> KVCache:
+    """``KVCache``-shaped pytree of ``NamedSharding`` (keys/values per layer, lengths)."""
+    kv = rules.sharding(mesh, CACHE_KV_AXES)
+    return KVCache(keys=(kv,) * num_layers, values=(kv,) * num_layers,
+                   lengths=rules.sharding(mesh, CACHE_LENGTHS_AXES))
+
+
+def check_cache_divisible(batch: int, num_kv_heads: int, mesh, rules: ShardingRules = RULES) -> None:
+    """Raise ``ValueError`` when the cache's batch or KV-head count does not split over its mesh axis."""
+    for logical, count, what in (("batch", batch, "cache batch"), ("kv_heads", num_kv_heads, "cache num_kv_heads")):
+        axis = rules.mesh_axis(logical)
+        size = axis_size(mesh, axis)
+        if count % size:
+            hint = ("the number of rows (prompts) must be a multiple of it" if logical == "batch" else
+                    "tensor parallelism splits whole KV heads")
+            raise ValueError(f"{what}={count} is not divisible by the mesh axis {axis!r} of size {size} "
+                             f"(ShardingRules.{logical}={axis!r}): {hint}")
+
+
+def allocate_cache(config: ModelConfig, batch_size: int, capacity: int, mesh: Mesh,
+                   rules: Optional[ShardingRules] = None, dtype=None, lengths=None) -> KVCache:
+    """An empty :class:`KVCache` created directly in its sharded layout (each device allocates
+    only its ``[B/data, Hkv/tensor, S, D]`` blocks)."""
+    rules = RULES if rules is None else rules
+    check_cache_divisible(batch_size, config.num_kv_heads, mesh, rules)
+    lengths = np.zeros((batch_size,), np.int32) if lengths is None else np.asarray(lengths, np.int32)
+    return _cache_allocator(config, batch_size, capacity, dtype, mesh, rules)(lengths)
+
+
+@functools.lru_cache(maxsize=64)
+def _cache_allocator(config, batch_size, capacity, dtype, mesh, rules):
+    return jax.jit(lambda lengths: init_cache(config, batch_size, capacity, dtype=dtype, lengths=lengths),
+                   out_shardings=cache_shardings(mesh, config.num_layers, rules))

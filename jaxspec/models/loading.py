@@ -32,12 +32,10 @@ import sys
 import time
 from typing import Any, Dict, Iterator, Optional
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.config import ModelConfig
-from jaxspec.models.llama import cast_params, expected_param_shapes
+from jaxspec.models.params import ModelParams, cast_params, expected_param_shapes, flatten_params, unflatten_params
 
 ORBAX_MARKER = "jaxspec_config.json"
 # Any one of these makes a Hugging Face folder's tokenizer loadable with AutoTokenizer.
@@ -58,8 +56,8 @@ class LoadedModel:
 
 
 # ---------------------------------------------------------------------------- shared helpers
-def _nest(flat: Dict[str, np.ndarray], config: ModelConfig) -> dict:
-    """``{"layers.3.wq": array}`` -> params pytree, validating every shape against ``config``."""
+def _nest(flat: Dict[str, np.ndarray], config: ModelConfig) -> ModelParams:
+    """``{"layers.3.wq": array}`` -> :class:`ModelParams`, validating every shape against ``config``."""
     expected = expected_param_shapes(config)
     missing = sorted(set(expected) - set(flat))
     if missing:
@@ -73,23 +71,7 @@ def _nest(flat: Dict[str, np.ndarray], config: ModelConfig) -> dict:
                 f"tensor {name!r} has shape {tuple(flat[name].shape)} but the config (hidden_size={config.hidden_size}, "
                 f"heads={config.num_heads}/{config.num_kv_heads}, head_dim={config.head_dim}, "
                 f"intermediate_size={config.intermediate_size}, vocab_size={config.vocab_size}) expects {tuple(shape)}")
-    layers = [{} for _ in range(config.num_layers)]
-    params: Dict[str, Any] = {"layers": layers}
-    for name, array in flat.items():
-        if name.startswith("layers."):
-            _, index, leaf = name.split(".")
-            layers[int(index)][leaf] = array
-        else:
-            params[name] = array
-    return cast_params(params, config)
-
-
-def _flatten(params) -> Dict[str, np.ndarray]:
-    flat = {k: v for k, v in params.items() if k != "layers"}
-    for i, layer in enumerate(params["layers"]):
-        for leaf, value in layer.items():
-            flat[f"layers.{i}.{leaf}"] = value
-    return flat
+    return cast_params(unflatten_params(flat, config), config)
 
 
 # ---------------------------------------------------------------------------- Hugging Face folder
@@ -337,7 +319,7 @@ def save_checkpoint(folder, model: LoadedModel) -> pathlib.Path:
         shutil.rmtree(folder)  # an earlier (possibly interrupted) jaxspec save
     folder.mkdir(parents=True)
     checkpointer = ocp.StandardCheckpointer()
-    checkpointer.save(folder / "params", _flatten(model.params))
+    checkpointer.save(folder / "params", flatten_params(model.params))
     checkpointer.wait_until_finished()
     if model.tokenizer is not None:
         model.tokenizer.save_pretrained(str(folder / "tokenizer"))
@@ -511,8 +493,8 @@ def _progress(items, description, enabled):
 
 
 # ---------------------------------------------------------------------------- from a transformers model
-def params_from_state_dict(items, config: ModelConfig, to_array=np.asarray) -> dict:
-    """Map ``(name, tensor)`` pairs of a transformers Llama/Qwen2 model to our params pytree.
+def params_from_state_dict(items, config: ModelConfig, to_array=np.asarray) -> ModelParams:
+    """Map ``(name, tensor)`` pairs of a transformers Llama/Qwen2 model to :class:`ModelParams`.
 
     ``to_array`` converts a tensor (e.g. ``jax.dlpack.from_dlpack`` to stay on the GPU).
     """

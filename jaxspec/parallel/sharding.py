@@ -1,5 +1,9 @@
 """Tensor and data parallelism: logical axis names, ONE rules table, mesh helpers, placement.
 
+This module knows meshes and logical axes only; which array has which logical axes is
+declared by the model (:mod:`jaxspec.models.params`, :mod:`jaxspec.models.cache`) and placed
+by :mod:`jaxspec.models.sharding`.
+
 Every array the library holds has *logical* axis names (``"batch"``, ``"kv_heads"``,
 ``"mlp"``, ...). One table, :class:`ShardingRules`, maps each logical name to a mesh axis
 (``"data"`` or ``"tensor"``) or to ``None`` (replicated). The mesh has two axes:
@@ -9,28 +13,25 @@ Every array the library holds has *logical* axis names (``"batch"``, ``"kv_heads
   ``Hkv`` axis), the MLP hidden dimension (``w_gate/w_up`` columns, ``w_down`` rows) and the
   ``lm_head`` vocabulary columns (logits come out vocabulary-sharded).
 
-Embeddings and norms are replicated. Placement is explicit (:func:`shard_params`,
-:func:`shard_cache`, :func:`cache_shardings`); inside ``jit`` GSPMD propagates the shardings
+Embeddings and norms are replicated. Placement is explicit (``jaxspec.models.sharding``:
+``shard_params``, ``shard_cache``, ``cache_shardings``); inside ``jit`` GSPMD propagates the shardings
 of the inputs, so the model and decoding code are the same functions as on one device.
 
 The head axes are flattened in the weights (``wq [d, Hq * D]``, head-major), so sharding the
 flattened axis in ``n`` contiguous blocks gives every device whole heads exactly when the head
-count divides by ``n``; :func:`check_divisible` enforces that with a clear error.
+count divides by ``n``; ``jaxspec.models.sharding.check_divisible`` enforces that with a clear error.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import re
 from typing import Dict, Iterator, Optional, Sequence, Tuple
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
-
-from jaxspec.config import ModelConfig
 
 #: The mesh axes, outermost first (``data`` spans hosts first; ``tensor`` stays within a host).
 MESH_AXES = ("data", "tensor")
@@ -98,62 +99,6 @@ class ShardingRules:
 #: The default (and only built-in) rules table.
 RULES = ShardingRules()
 
-# ---------------------------------------------------------------------------- logical axes of every array
-#: Per-layer parameters (``params["layers"][i][name]``).
-LAYER_PARAM_AXES: Dict[str, LogicalAxes] = {
-    "attn_norm": ("embed",),
-    "wq": ("embed", "q_heads"),
-    "wk": ("embed", "kv_heads"),
-    "wv": ("embed", "kv_heads"),
-    "wo": ("q_heads", "embed"),
-    "bq": ("q_heads",),
-    "bk": ("kv_heads",),
-    "bv": ("kv_heads",),
-    "mlp_norm": ("embed",),
-    "w_gate": ("embed", "mlp"),
-    "w_up": ("embed", "mlp"),
-    "w_down": ("mlp", "embed"),
-}
-#: Top-level parameters.
-PARAM_AXES: Dict[str, LogicalAxes] = {
-    "embed": ("vocab_in", "embed"),
-    "final_norm": ("embed",),
-    "lm_head": ("embed", "vocab"),
-}
-#: KV cache: per-layer keys/values and the per-row lengths.
-CACHE_KV_AXES: LogicalAxes = ("batch", "kv_heads", "sequence", "head_dim")
-CACHE_LENGTHS_AXES: LogicalAxes = ("lengths",)
-#: Activations (the names the forward's tensors have; used for constraints and documentation).
-ACTIVATION_AXES: Dict[str, LogicalAxes] = {
-    "tokens": ("batch", "sequence"),  # [B, T]
-    "hidden": ("batch", "sequence", "embed"),  # [B, T, d]
-    "queries": ("batch", "sequence", "q_heads", "head_dim"),  # [B, T, Hq, D]
-    "keys": ("batch", "sequence", "kv_heads", "head_dim"),  # [B, T, Hkv, D] (new tokens)
-    "mlp_hidden": ("batch", "sequence", "mlp"),  # [B, T, F]
-    "logits": ("batch", "sequence", "vocab"),  # [B, T, V]
-    "output_tokens": ("lengths", None),  # [B, N] decoded tokens: replicated like lengths (host-readable)
-}
-
-
-def param_logical_axes(params) -> dict:
-    """A pytree like ``params`` whose leaves are the logical axis tuples of each parameter."""
-    out = {}
-    for name, value in params.items():
-        if name == "layers":
-            out["layers"] = [{key: _layer_axes(key) for key in layer} for layer in value]
-        elif name in PARAM_AXES:
-            out[name] = PARAM_AXES[name]
-        else:
-            raise ValueError(f"unknown parameter {name!r}; known: {sorted(PARAM_AXES) + ['layers']}")
-    return out
-
-
-def _layer_axes(key: str) -> LogicalAxes:
-    if key not in LAYER_PARAM_AXES:
-        raise ValueError(f"unknown layer parameter {key!r}; known: {sorted(LAYER_PARAM_AXES)}")
-    return LAYER_PARAM_AXES[key]
-
-
 # ---------------------------------------------------------------------------- meshes
 def make_mesh(data: int = 1, tensor: int = 1, devices: Optional[Sequence] = None) -> Mesh:
     """A ``(data, tensor)`` mesh over ``devices`` (default: all devices of all processes).
@@ -206,7 +151,8 @@ def mesh_shape(mesh: Mesh) -> Dict[str, int]:
     return {name: int(size) for name, size in mesh.shape.items()}
 
 
-def _axis_size(mesh_or_shape, axis: MeshAxis) -> int:
+def axis_size(mesh_or_shape, axis: MeshAxis) -> int:
+    """Size of mesh ``axis`` (1 for ``None``) of a :class:`Mesh` or a ``{"data": D, "tensor": T}`` dict."""
     if axis is None:
         return 1
     shape = mesh_or_shape if isinstance(mesh_or_shape, dict) else mesh_shape(mesh_or_shape)
@@ -215,80 +161,15 @@ def _axis_size(mesh_or_shape, axis: MeshAxis) -> int:
     return shape[axis]
 
 
-def check_divisible(config: ModelConfig, mesh, rules: ShardingRules = RULES, batch: Optional[int] = None) -> None:
-    """Raise ``ValueError`` naming the count and the mesh axis when a sharded dimension does not split.
-
-    ``mesh`` is a :class:`Mesh` or a ``{"data": D, "tensor": T}`` dict.
-    """
-    checks = [
-        ("q_heads", config.num_heads, "num_heads"),
-        ("kv_heads", config.num_kv_heads, "num_kv_heads"),
-        ("mlp", config.intermediate_size, "intermediate_size (MLP hidden)"),
-        ("embed", config.hidden_size, "hidden_size"),
-        ("head_dim", config.head_dim, "head_dim"),
-    ]
-    if not config.tie_word_embeddings:
-        checks.append(("vocab", config.vocab_size, "vocab_size (lm_head columns)"))
-    checks.append(("vocab_in", config.vocab_size, "vocab_size (embedding rows)"))
-    if batch is not None:
-        checks.append(("batch", batch, "batch size"))
-    for logical, count, what in checks:
-        axis = rules.mesh_axis(logical)
-        size = _axis_size(mesh, axis)
-        if count % size:
-            hint = (f"use a {axis} axis size that divides {count}" if logical != "batch" else
-                    f"use a batch that is a multiple of {size}")
-            raise ValueError(f"{what}={count} of {config.name!r} is not divisible by the mesh axis {axis!r} of size "
-                             f"{size} (ShardingRules.{logical}={axis!r}); {hint}, or map {logical} to None in "
-                             f"ShardingRules to replicate it")
-
-
 # ---------------------------------------------------------------------------- placement
-def _place(x, sharding: NamedSharding):
+def place_array(x, sharding: NamedSharding):
+    """``x`` placed with ``sharding``; on several hosts every process holds the same full value
+    and keeps only its devices' blocks."""
     if jax.process_count() == 1 or (isinstance(x, jax.Array) and not x.is_fully_addressable):
         return jax.device_put(x, sharding)  # one process, or an array already global: a reshard
     # multi-host: every process holds the same full value; each keeps only its devices' blocks
     host = np.asarray(x)
     return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
-
-
-def param_shardings(params, mesh: Mesh, rules: ShardingRules = RULES) -> dict:
-    """``NamedSharding`` of every parameter (a pytree like ``params``)."""
-    axes = param_logical_axes(params)
-    return jax.tree.map(lambda logical: rules.sharding(mesh, logical), axes, is_leaf=lambda x: isinstance(x, tuple))
-
-
-def shard_params(params, config: ModelConfig, mesh: Mesh, rules: ShardingRules = RULES) -> dict:
-    """Place ``params`` on ``mesh`` following ``rules`` (checks head/MLP/vocab divisibility first)."""
-    check_divisible(config, mesh, rules)
-    shardings = param_shardings(params, mesh, rules)
-    return jax.tree.map(_place, params, shardings)
-
-
-def cache_shardings(mesh: Mesh, num_layers: int, rules: ShardingRules = RULES):
-    """``KVCache``-shaped pytree of ``NamedSharding`` (keys/values per layer, lengths)."""
-    from jaxspec.models.cache import KVCache
-
-    kv = rules.sharding(mesh, CACHE_KV_AXES)
-    return KVCache(keys=(kv,) * num_layers, values=(kv,) * num_layers,
-                   lengths=rules.sharding(mesh, CACHE_LENGTHS_AXES))
-
-
-def check_cache_divisible(batch: int, num_kv_heads: int, mesh, rules: ShardingRules = RULES) -> None:
-    for logical, count, what in (("batch", batch, "cache batch"), ("kv_heads", num_kv_heads, "cache num_kv_heads")):
-        axis = rules.mesh_axis(logical)
-        size = _axis_size(mesh, axis)
-        if count % size:
-            hint = ("the number of rows (prompts) must be a multiple of it" if logical == "batch" else
-                    "tensor parallelism splits whole KV heads")
-            raise ValueError(f"{what}={count} is not divisible by the mesh axis {axis!r} of size {size} "
-                             f"(ShardingRules.{logical}={axis!r}): {hint}")
-
-
-def shard_cache(cache, mesh: Mesh, rules: ShardingRules = RULES):
-    """Place a :class:`~jaxspec.models.cache.KVCache` on ``mesh`` (batch over data, KV heads over tensor)."""
-    check_cache_divisible(cache.batch_size, cache.keys[0].shape[1], mesh, rules)
-    return jax.tree.map(_place, cache, cache_shardings(mesh, cache.num_layers, rules))
 
 
 def mesh_of(tree) -> Optional[Mesh]:
@@ -329,63 +210,6 @@ def use_mesh(mesh: Optional[Mesh]) -> Iterator[Optional[Mesh]]:
         return
     with jax.set_mesh(mesh):
         yield mesh
-
-
-def allocate_cache(config: ModelConfig, batch_size: int, capacity: int, mesh: Mesh,
-                   rules: Optional[ShardingRules] = None, dtype=None, lengths=None):
-    """An empty :class:`~jaxspec.models.cache.KVCache` created directly in its sharded layout
-    (each device allocates only its ``[B/data, Hkv/tensor, S, D]`` blocks)."""
-    rules = RULES if rules is None else rules
-    check_cache_divisible(batch_size, config.num_kv_heads, mesh, rules)
-    lengths = np.zeros((batch_size,), np.int32) if lengths is None else np.asarray(lengths, np.int32)
-    return _cache_allocator(config, batch_size, capacity, dtype, mesh, rules)(lengths)
-
-
-@functools.lru_cache(maxsize=64)
-def _cache_allocator(config, batch_size, capacity, dtype, mesh, rules):
-    from jaxspec.models.cache import init_cache
-
-    return jax.jit(lambda lengths: init_cache(config, batch_size, capacity, dtype=dtype, lengths=lengths),
-                   out_shardings=cache_shardings(mesh, config.num_layers, rules))
-
-
-def rules_of(params, base: ShardingRules = RULES) -> ShardingRules:
-    """The rules ``params`` were placed with (head, MLP and vocabulary axes read from their
-    shardings; the other entries from ``base``): the cache of a model follows its weights."""
-    layer = params["layers"][0]
-
-    def axis(x, dim):
-        spec = getattr(getattr(x, "sharding", None), "spec", None)
-        if spec is None or len(spec) <= dim:
-            return None
-        return spec[dim]
-
-    changes = dict(q_heads=axis(layer["wq"], 1), kv_heads=axis(layer["wk"], 1), mlp=axis(layer["w_gate"], 1))
-    if "lm_head" in params:
-        changes["vocab"] = axis(params["lm_head"], 1)
-    return dataclasses.replace(base, **changes)
-
-
-def placement_of(params) -> Tuple[Optional[Mesh], Optional[ShardingRules]]:
-    """``(mesh, rules)`` of params placed by :func:`shard_params`; ``(None, None)`` if not on a mesh."""
-    mesh = mesh_of(params)
-    return (None, None) if mesh is None else (mesh, rules_of(params))
-
-
-def resolve_placement(params, config: ModelConfig, mesh: Optional[Mesh] = None,
-                      rules: Optional[ShardingRules] = None):
-    """What the decoding entry points do with their ``mesh``/``rules`` arguments.
-
-    * ``mesh`` given: place ``params`` with :func:`shard_params` (a no-op for arrays already
-      placed that way) and use ``rules`` (default :data:`RULES`);
-    * ``mesh`` None: use the mesh and rules the params already live on, or ``(params, None,
-      None)`` -- the single-device path, untouched.
-    """
-    if mesh is None:
-        mesh, inferred = placement_of(params)
-        return params, mesh, (rules or inferred) if mesh is not None else None
-    rules = RULES if rules is None else rules
-    return shard_params(params, config, mesh, rules), mesh, rules
 
 
 def per_device_kernel(kernel, queries, k_cache, v_cache, rows, rules: ShardingRules = RULES):

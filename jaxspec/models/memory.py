@@ -21,9 +21,14 @@ from typing import Dict, Optional, Union
 
 import numpy as np
 
+import jax
+
 from jaxspec.config import ModelConfig
-from jaxspec.parallel.sharding import (CACHE_KV_AXES, CACHE_LENGTHS_AXES, RULES, ShardingRules, check_divisible,
-                                       mesh_shape, param_logical_axes, parse_mesh_shape)
+from jaxspec.models.attention import backend_of
+from jaxspec.models.cache import CACHE_KV_AXES, CACHE_LENGTHS_AXES
+from jaxspec.models.params import ArrayInfo, model_info
+from jaxspec.models.sharding import check_divisible
+from jaxspec.parallel.sharding import RULES, ShardingRules, mesh_shape, parse_mesh_shape
 
 GiB = 1 << 30
 
@@ -55,22 +60,6 @@ def _itemsize(dtype: str) -> int:
     return {"bfloat16": 2, "float16": 2, "float32": 4}[dtype]
 
 
-def _param_shapes(config: ModelConfig) -> dict:
-    """``params``-shaped pytree of shapes (same layout as ``init_params``), without arrays."""
-    from jaxspec.models.llama import expected_param_shapes
-
-    flat = expected_param_shapes(config)
-    layers = [dict() for _ in range(config.num_layers)]
-    top = {}
-    for path, shape in flat.items():
-        parts = path.split(".")
-        if parts[0] == "layers":
-            layers[int(parts[1])][parts[2]] = shape
-        else:
-            top[path] = shape
-    return {**top, "layers": layers}
-
-
 def _per_device_elements(shape, logical, mesh: Dict[str, int], rules: ShardingRules) -> int:
     count = 1
     for size, name in zip(shape, logical):
@@ -83,33 +72,20 @@ def weight_bytes_per_device(config: ModelConfig, mesh: MeshLike, rules: Sharding
     """Bytes of ``config``'s parameters on one device under ``rules`` (norms float32)."""
     mesh = _mesh_dict(mesh)
     check_divisible(config, mesh, rules)
-    shapes = _param_shapes(config)
-    axes = param_logical_axes(shapes)
-    total = 0
-    for name, shape in shapes.items():
-        if name == "layers":
-            continue
-        total += _per_device_elements(shape, axes[name], mesh, rules) * (4 if "norm" in name else
-                                                                          _itemsize(config.dtype))
-    for layer, layer_axes in zip(shapes["layers"], axes["layers"]):
-        for name, shape in layer.items():
-            itemsize = 4 if "norm" in name else _itemsize(config.dtype)
-            total += _per_device_elements(shape, layer_axes[name], mesh, rules) * itemsize
-    return int(total)
+    infos = jax.tree.leaves(model_info(config), is_leaf=lambda x: isinstance(x, ArrayInfo))
+    return int(sum(_per_device_elements(info.shape, info.logical_axes, mesh, rules) * np.dtype(info.dtype).itemsize
+                   for info in infos))
 
 
 def cache_bytes_per_device(config: ModelConfig, batch: int, capacity: int, mesh: MeshLike,
                            rules: ShardingRules = RULES, dtype: Optional[str] = None) -> int:
     """Bytes of one KV cache ``[B, Hkv, S, D]`` x 2 x layers (+ lengths) on one device.
 
-    ``capacity`` is rounded up to 64 slots for the Pallas backends, as ``init_cache`` does.
+    ``capacity`` is rounded up to the attention backend's capacity multiple, as ``init_cache`` does.
     """
-    from jaxspec.models.cache import CAPACITY_MULTIPLE
-
     mesh = _mesh_dict(mesh)
     check_divisible(config, mesh, rules, batch=batch)
-    if config.attention_backend != "xla":
-        capacity = -(-capacity // CAPACITY_MULTIPLE) * CAPACITY_MULTIPLE
+    capacity = backend_of(config).round_capacity(capacity)
     shape = (batch, config.num_kv_heads, capacity, config.head_dim)
     per_buffer = _per_device_elements(shape, CACHE_KV_AXES, mesh, rules) * _itemsize(dtype or config.dtype)
     lengths = _per_device_elements((batch,), CACHE_LENGTHS_AXES, mesh, rules) * 4
@@ -199,8 +175,6 @@ def plan_memory(config: ModelConfig, *, context: int, batch: int, mesh: MeshLike
 def device_memory_bytes(device=None) -> Optional[int]:
     """The memory limit of ``device`` (default: the first device), or ``None`` where the backend
     does not report one (CPU)."""
-    import jax
-
     device = device or jax.devices()[0]
     try:
         stats = device.memory_stats()

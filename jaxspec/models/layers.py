@@ -1,0 +1,175 @@
+"""The building blocks of the Llama-family forward (docs/methods.md §2), public so that code
+running the model in its own order (the KnapSpec DP and latency profiler, Quest verification)
+uses the very same computations instead of a copy of the forward's skeleton.
+
+* :func:`embed` -- token ids ``[B, T]`` -> hidden states ``[B, T, d]``;
+* :func:`attention_sublayer` -- pre-norm attention with residual; returns the new K/V;
+* :func:`mlp_sublayer` -- pre-norm SwiGLU MLP with residual;
+* :func:`decoder_layer` -- one attention + one MLP sub-layer, K/V written into the cache;
+* :func:`lm_head` -- final RMSNorm and the LM head -> float32 logits;
+* :func:`rms_norm`, :func:`rope_tables`, :func:`apply_rope`, :func:`project_qkv`.
+
+Numerics: parameters and activations in ``config.dtype``; RMSNorm, RoPE angles, attention
+scores/softmax and logits in float32.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+
+from jaxspec.config import ModelConfig
+from jaxspec.models.attention import attention
+from jaxspec.models.cache import scatter_rows, write_positions
+from jaxspec.models.params import LayerParams, ModelParams
+
+
+# ---------------------------------------------------------------------------- helpers
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    """RMSNorm in float32, result in ``x.dtype``."""
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return (weight.astype(jnp.float32) * normed).astype(x.dtype)
+
+
+def rope_tables(config: ModelConfig, positions: jax.Array) -> Tuple[jax.Array, jax.Array]:
+    """cos/sin ``[B, T, D]`` (float32) for rotate-half RoPE at integer ``positions [B, T]``."""
+    inv_freq = jnp.asarray(config.inverse_frequencies(), jnp.float32)
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq
+    angles = jnp.concatenate([angles, angles], axis=-1)
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotate-half RoPE (the Hugging Face layout). ``x [B, T, H, D]``, ``cos/sin [B, T, D]``."""
+    half = x.shape[-1] // 2
+    x32 = x.astype(jnp.float32)
+    rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
+    return (x32 * cos[:, :, None, :] + rotated * sin[:, :, None, :]).astype(x.dtype)
+
+
+def default_positions(lengths: jax.Array, steps: int) -> jax.Array:
+    """RoPE positions ``[B, T]`` of ``steps`` tokens appended after ``lengths [B]``."""
+    return lengths[:, None] + jnp.arange(steps, dtype=jnp.int32)[None, :]
+
+
+# ---------------------------------------------------------------------------- blocks
+def embed(params: ModelParams, tokens: jax.Array, config: ModelConfig) -> jax.Array:
+    """Hidden states ``[B, T, d]`` (``config.dtype``) of token ids ``[B, T]``."""
+    with jax.named_scope("embed"):
+        return params.embed[tokens].astype(config.jnp_dtype)
+
+
+def project_qkv(layer: LayerParams, h, config: ModelConfig, cos, sin):
+    """Pre-norm, q/k/v projections (+ bias) and RoPE: ``q [B, T, Hq, D]``, ``k, v [B, T, Hkv, D]``."""
+    batch, steps, _ = h.shape
+    x = rms_norm(h, layer.attn_norm, config.rms_norm_eps)
+    q = jnp.einsum("btd,dq->btq", x, layer.wq)
+    k = jnp.einsum("btd,dk->btk", x, layer.wk)
+    v = jnp.einsum("btd,dk->btk", x, layer.wv)
+    if config.attention_bias:
+        q, k, v = q + layer.bq, k + layer.bk, v + layer.bv
+    q = apply_rope(q.reshape(batch, steps, config.num_heads, config.head_dim), cos, sin)
+    k = apply_rope(k.reshape(batch, steps, config.num_kv_heads, config.head_dim), cos, sin)
+    return q, k, v.reshape(batch, steps, config.num_kv_heads, config.head_dim)
+
+
+class AttentionOutput(NamedTuple):
+    hidden: jax.Array  # [B, T, d] residual stream after the sub-layer
+    keys: jax.Array  # [B, Hkv, T, D] the new tokens' keys (post-RoPE)
+    values: jax.Array  # [B, Hkv, T, D]
+    probe_queries: Optional[jax.Array]  # [B, P, T, D] float32, for the probe_local heads
+    probe_probs: Optional[jax.Array]  # [B, P, T, S or K]
+
+
+def attention_sublayer(layer: LayerParams, h, config: ModelConfig, cos, sin, cache_k, cache_v, lengths,
+                       verify_indices=None, probe_local: Tuple[int, ...] = (), *,
+                       attend=None) -> AttentionOutput:
+    """Pre-norm attention sub-layer over ``cache_k/v [B, Hkv, S, D]`` (first ``lengths[b]`` slots)
+    plus the ``T`` new tokens (causal). Writes nothing: the new K/V are returned.
+
+    ``attend``: ``attend(q, k_new, v_new) -> out [B, T, Hq, D]`` replacing the configured
+    attention (a baseline's restricted attention; no probes then).
+    """
+    batch, steps, _ = h.shape
+    q, k, v = project_qkv(layer, h, config, cos, sin)
+    if attend is None:
+        out, probe_probs = attention(config, q, k, v, cache_k, cache_v, lengths, verify_indices, probe_local)
+    else:
+        out, probe_probs = attend(q, k, v), None
+    h = h + jnp.einsum("btq,qd->btd", out.reshape(batch, steps, -1), layer.wo)
+    probe_q = q[:, :, jnp.asarray(probe_local)].astype(jnp.float32).transpose(0, 2, 1, 3) if probe_local else None
+    return AttentionOutput(h, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), probe_q, probe_probs)
+
+
+def mlp_sublayer(layer: LayerParams, h, config: ModelConfig) -> jax.Array:
+    """Pre-norm SwiGLU MLP sub-layer with residual: ``h [B, T, d]`` -> ``[B, T, d]``."""
+    x = rms_norm(h, layer.mlp_norm, config.rms_norm_eps)
+    gate = jnp.einsum("btd,df->btf", x, layer.w_gate)
+    up = jnp.einsum("btd,df->btf", x, layer.w_up)
+    act = (jax.nn.silu(gate.astype(jnp.float32)) * up.astype(jnp.float32)).astype(h.dtype)
+    return h + jnp.einsum("btf,fd->btd", act, layer.w_down)
+
+
+class LayerOutput(NamedTuple):
+    hidden: jax.Array  # [B, T, d]
+    cache_k: jax.Array  # [B, Hkv, S, D] with the new keys written (unchanged where attention was skipped)
+    cache_v: jax.Array
+    probe_queries: Optional[jax.Array]
+    probe_probs: Optional[jax.Array]
+
+
+def decoder_layer(layer: LayerParams, h, config: ModelConfig, cos, sin, cache_k, cache_v, lengths,
+                  verify_indices=None, probe_local: Tuple[int, ...] = (), *, skip_attn=False, skip_mlp=False,
+                  attend=None) -> LayerOutput:
+    """One decoder layer: attention sub-layer (its K/V written at slots ``lengths ..``) then MLP.
+
+    ``skip_attn`` / ``skip_mlp``: a Python bool removes the sub-layer at trace time; a traced
+    bool scalar switches it with ``lax.cond`` (the skipped branch does no work). A skipped
+    attention sub-layer writes nothing into the cache. ``attend``: see :func:`attention_sublayer`.
+    """
+    steps = h.shape[1]
+    capacity = cache_k.shape[2]
+    probe_q = probe_p = None
+    static_attn = isinstance(skip_attn, bool)
+    if not (static_attn and skip_attn):
+        def run_attn(hh):
+            return attention_sublayer(layer, hh, config, cos, sin, cache_k, cache_v, lengths, verify_indices,
+                                      probe_local, attend=attend)
+
+        with jax.named_scope("attention"):
+            if static_attn:
+                out = run_attn(h)
+                enabled = True
+            else:
+                def skipped(hh):
+                    shapes = jax.eval_shape(run_attn, hh)
+                    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), tuple(shapes[1:]))
+                    return AttentionOutput(hh, *zeros)
+
+                out = jax.lax.cond(skip_attn, skipped, run_attn, h)
+                enabled = jnp.logical_not(skip_attn)
+            h, probe_q, probe_p = out.hidden, out.probe_queries, out.probe_probs
+            slots = write_positions(lengths, steps, capacity, enabled)
+            cache_k = scatter_rows(cache_k, out.keys, slots)
+            cache_v = scatter_rows(cache_v, out.values, slots)
+    if not (isinstance(skip_mlp, bool) and skip_mlp):
+        with jax.named_scope("mlp"):
+            if isinstance(skip_mlp, bool):
+                h = mlp_sublayer(layer, h, config)
+            else:
+                h = jax.lax.cond(skip_mlp, lambda hh: hh, lambda hh: mlp_sublayer(layer, hh, config), h)
+    return LayerOutput(h, cache_k, cache_v, probe_q, probe_p)
+
+
+def lm_head(params: ModelParams, h, config: ModelConfig) -> jax.Array:
+    """Final RMSNorm and the LM head: ``h [..., d]`` -> float32 logits ``[..., V]``."""
+    with jax.named_scope("lm_head"):
+        final = rms_norm(h, params.final_norm, config.rms_norm_eps)
+        return jnp.einsum("...d,dv->...v", final, params.head, preferred_element_type=jnp.float32)
+
+
+__all__ = ["AttentionOutput", "LayerOutput", "apply_rope", "attention_sublayer", "decoder_layer",
+           "default_positions", "embed", "lm_head", "mlp_sublayer", "project_qkv", "rms_norm", "rope_tables"]
