@@ -1036,9 +1036,11 @@ def results_markdown() -> str:
                  "Outputs differ from AR in bf16 (all three, the dense ClassicSD included): the 5-row verification "
                  "and the 1-row decode round differently; Dustin's sparse verification also changes the tokens.",
                  "Not measured yet: 16k and 32k, batch 8 and 16, StreamingLLM and Quest verification, the Pallas "
-                 "backend. With `--attention-backend pallas` the prefill of a long prompt asks the dense kernel for "
-                 "more shared memory than the GPU has (head_dim 128, a prefill chunk's query rows in one block), "
-                 "and the 32k batch-16 runs need more than 190 s each; the suite is `h200-qwen-pair`."]),
+                 "backend. When these ran, `--attention-backend pallas` failed in the prefill of a long prompt (the "
+                 "dense kernel took a prefill chunk's query rows in one block: more shared memory than the GPU has "
+                 "at head_dim 128; such chunks now run as 64-row calls, checked in interpret mode, not yet on the "
+                 "GPU), and the 32k batch-16 runs needed more than the 190 s they were given; the suite is "
+                 "`h200-qwen-pair`."]),
         section("KnapSpec",
                 "Each method decodes from a copy of one prefilled cache, paired with AR decoded just before it in "
                 "the same process (speed-up = method / its paired AR); greedy; KnapSpec with the whole-forward "

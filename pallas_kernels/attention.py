@@ -93,16 +93,33 @@ def _dense_kernel(lengths_ref, q_ref, k_ref, v_ref, acc_ref, l_ref, m_ref, *, bl
     m_ref[...] = m
 
 
-@functools.partial(jax.jit, static_argnames=("block_k", "num_splits", "num_warps", "num_stages", "interpret"))
+#: most packed query rows one program holds: a prefill chunk's rows (G heads x up to 2048 tokens)
+#: in one block ask for more shared memory than a GPU has (2 MiB at head_dim 128); larger blocks
+#: are split into calls of this many rows, each the kernel configuration decode uses
+MAX_QUERY_ROWS = 64
+
+
+@functools.partial(jax.jit, static_argnames=("block_k", "num_splits", "num_warps", "num_stages", "interpret",
+                                             "max_rows"))
 def dense_history_partials(q, k_cache, v_cache, lengths, *, block_k: int = 64, num_splits: int = 0,
-                           num_warps: int = 4, num_stages: int = 2, interpret: bool = False) -> Partial:
+                           num_warps: int = 4, num_stages: int = 2, interpret: bool = False,
+                           max_rows: int = MAX_QUERY_ROWS) -> Partial:
     """Per-split partials ``acc [B, Hkv, splits, M, D], l/m [B, Hkv, splits, M]`` of ``q`` over
     cache positions ``< lengths[b]``. ``num_splits = 0`` picks enough splits to fill the chip
-    (about four programs per core of :func:`device_core_count`)."""
+    (about four programs per core of :func:`device_core_count`). More than ``max_rows`` query rows
+    (a prefill chunk) run as one call per ``max_rows`` rows, concatenated."""
     batch, kv_heads, rows, dim = q.shape
     seq = k_cache.shape[2]
     if rows & (rows - 1) or rows < 16:
         raise ValueError(f"packed query rows M={rows} must be a power of two >= 16 (pad with pack_queries)")
+    if max_rows & (max_rows - 1) or max_rows < 16:
+        raise ValueError(f"max_rows={max_rows} must be a power of two >= 16")
+    if rows > max_rows:
+        parts = [dense_history_partials(q[:, :, start:start + max_rows], k_cache, v_cache, lengths, block_k=block_k,
+                                        num_splits=num_splits, num_warps=num_warps, num_stages=num_stages,
+                                        interpret=interpret, max_rows=max_rows)
+                 for start in range(0, rows, max_rows)]
+        return tuple(jnp.concatenate([part[i] for part in parts], axis=3) for i in range(3))
     if seq % block_k:
         raise ValueError(f"cache capacity S={seq} must be a multiple of block_k={block_k} "
                          f"(init_cache rounds capacity up when the attention backend is pallas)")

@@ -52,6 +52,18 @@ def test_dense_kernel_matches_reference(dtype, tol, block_k, splits):
     _check(merge_partials(partials, axis=2), dense_history_reference(q, k, v, lengths), tol)
 
 
+def test_dense_kernel_splits_many_query_rows_into_blocks():
+    """A prefill chunk's packed rows (more than one program holds) run block by block, same result."""
+    q, k, v = _inputs(3, rows=64)
+    lengths = jnp.array([5, 130, 320], jnp.int32)
+    split = dense_history_partials(q, k, v, lengths, block_k=32, num_splits=2, max_rows=16, interpret=INTERPRET)
+    whole = dense_history_partials(q, k, v, lengths, block_k=32, num_splits=2, interpret=INTERPRET)
+    assert split[0].shape == whole[0].shape
+    _check(merge_partials(split, axis=2), dense_history_reference(q, k, v, lengths), 1e-5)
+    with pytest.raises(ValueError, match="max_rows"):
+        dense_history_partials(q, k, v, lengths, max_rows=24, interpret=INTERPRET)
+
+
 def test_dense_kernel_rejects_bad_shapes():
     q, k, v = _inputs(0, rows=16)
     with pytest.raises(ValueError, match="multiple of block_k"):
