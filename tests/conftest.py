@@ -198,3 +198,26 @@ def _release_compiled_programs():
     if "jax" in sys.modules:
         sys.modules["jax"].clear_caches()
     gc.collect()
+
+
+def tiny_llama_folder(tmp_path, seed=0, name="tiny-llama"):
+    """The conftest tiny Llama (vocab 128, 3 layers, 4 q / 2 kv heads) with a character tokenizer."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    folder = tmp_path / name
+    build_tiny_hf_model("llama", seed=seed).save_pretrained(str(folder))
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{chr(c): i + 3 for i, c in enumerate(range(32, 127))}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
+                            eos_token="</s>").save_pretrained(str(folder))
+    return folder
+
+
+#: a tiny `dustin-speed` run (2 layers of a shrunken SmolLM2 shape, 320 tokens, batch 2) for CLI tests
+DUSTIN_SPEED_ARGS = ["dustin-speed", "--target-shape", "smollm2-135m-shape", "--draft-shape", "smollm2-135m-shape", "--layers", "2",
+        "--override", "vocab_size=512,hidden_size=128,intermediate_size=256",
+        "--contexts", "320", "--batches", "2", "--budget", "128", "--tau", "2.5", "--new-tokens", "6",
+        "--repeats", "1", "--attention-backend", "xla", "--copy-gib", "0.01", "--draft-heads", "0,1"]

@@ -6,29 +6,13 @@ import pathlib
 
 import pytest
 
+from tests.conftest import tiny_llama_folder
+
 from experiments.run import main
 
 SMOL_PROFILE = str(pathlib.Path(__file__).resolve().parent.parent / "experiments" / "profiles"
                    / "smollm2-135m_selfdraft_mlp10-12.json")
 PROMPT = "Once upon a time, in a land far away, there lived a curious fox who loved long stories. " * 4
-
-
-def tiny_llama_folder(tmp_path, seed=0, name="tiny-llama"):
-    """The conftest tiny Llama (vocab 128, 3 layers, 4 q / 2 kv heads) with a character tokenizer."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    from tests.conftest import build_tiny_hf_model
-
-    folder = tmp_path / name
-    build_tiny_hf_model("llama", seed=seed).save_pretrained(str(folder))
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{chr(c): i + 3 for i, c in enumerate(range(32, 127))}}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
-                            eos_token="</s>").save_pretrained(str(folder))
-    return folder
 
 
 @pytest.fixture(scope="module")

@@ -5,17 +5,13 @@ import json
 import pytest
 
 from experiments.run import main
-
-ARGS = ["dustin-speed", "--target-shape", "smollm2-135m-shape", "--draft-shape", "smollm2-135m-shape", "--layers", "2",
-        "--override", "vocab_size=512,hidden_size=128,intermediate_size=256",
-        "--contexts", "320", "--batches", "2", "--budget", "128", "--tau", "2.5", "--new-tokens", "6",
-        "--repeats", "1", "--attention-backend", "xla", "--copy-gib", "0.01", "--draft-heads", "0,1"]
+from tests.conftest import DUSTIN_SPEED_ARGS
 
 
 @pytest.mark.slow
 def test_dustin_speed_runs_all_methods_and_resumes(tmp_path, capsys):
     out = tmp_path / "speed.json"
-    assert main(ARGS + ["--out", str(out)]) == 0
+    assert main(DUSTIN_SPEED_ARGS + ["--out", str(out)]) == 0
     data = json.loads(out.read_text())
     rows = data["cases"]["ctx320/b2"]["rows"]
     assert [r["method"] for r in rows] == ["ar", "classic", "magicdec", "dustin"]
@@ -28,14 +24,14 @@ def test_dustin_speed_runs_all_methods_and_resumes(tmp_path, capsys):
     assert data["cases"]["ctx320/b2"]["dustin"]["selection_timing"]["median_s"] > 0
     assert "fixed acceptance" in data["acceptance"]["mode"]
     # a rerun resumes instead of measuring again
-    assert main(ARGS + ["--out", str(out)]) == 0
+    assert main(DUSTIN_SPEED_ARGS + ["--out", str(out)]) == 0
     assert json.loads(out.read_text())["cases"]["ctx320/b2"]["rows"] == rows
 
 
 @pytest.mark.slow
 def test_dustin_speed_profile_splits_a_round(tmp_path):
     out = tmp_path / "speed.json"
-    assert main(ARGS + ["--methods", "ar,classic,dustin", "--profile", "--out", str(out)]) == 0
+    assert main(DUSTIN_SPEED_ARGS + ["--methods", "ar,classic,dustin", "--profile", "--out", str(out)]) == 0
     data = json.loads(out.read_text())
     rows = {r["method"]: r for r in data["cases"]["ctx320/b2"]["rows"]}
     for method in ("classic", "dustin"):
@@ -49,9 +45,9 @@ def test_dustin_speed_profile_splits_a_round(tmp_path):
 
 
 def test_dustin_speed_bad_input(tmp_path, capsys):
-    cases = [(ARGS[:-2] + ["--methods", "dustin"], "ar is required"),
-             ([a if a != "320" else "128" for a in ARGS], "smaller than the context"),
-             ([a if a != "128" else "100" for a in ARGS], "budget")]
+    cases = [(DUSTIN_SPEED_ARGS[:-2] + ["--methods", "dustin"], "ar is required"),
+             ([a if a != "320" else "128" for a in DUSTIN_SPEED_ARGS], "smaller than the context"),
+             ([a if a != "128" else "100" for a in DUSTIN_SPEED_ARGS], "budget")]
     for i, (argv, message) in enumerate(cases):
         assert main(argv + ["--out", str(tmp_path / f"{i}.json")]) != 0
         assert message in capsys.readouterr().err

@@ -19,7 +19,7 @@ def tiny(tmp_path_factory):
     """A 3-layer tiny Llama HF folder with a character tokenizer (loads in a second)."""
     import torch
 
-    from tests.test_dustin_cli import tiny_llama_folder
+    from tests.conftest import tiny_llama_folder
 
     torch.set_num_threads(1)
     return tiny_llama_folder(tmp_path_factory.mktemp("cli"), 0, "tiny")

@@ -179,7 +179,7 @@ def test_forward_profile_times_the_draft_forward_of_a_tiny_model():
     cache = init_cache(config, 2, 32, lengths=jnp.full((2,), 20, jnp.int32))
     tokens = jnp.asarray([[5], [7]], jnp.int32)
     want = jnp.argmax(forward_jit(params, tokens, cache, config=config, skip_mask=mask).logits, axis=-1)
-    got, cache = latency._forward_loop(params, cache, tokens, mask, config=config, steps=1)
+    got, cache = latency.forward_loop(params, cache, tokens, mask, config=config, steps=1)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
     assert np.asarray(cache.lengths).tolist() == [20, 20]
 

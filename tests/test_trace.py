@@ -56,7 +56,7 @@ def test_device_trace_reads_a_real_cpu_trace():
 
 def test_dustin_speed_trace_flag(tmp_path):
     from experiments.run import main
-    from tests.test_dustin_speed import ARGS
+    from tests.conftest import DUSTIN_SPEED_ARGS as ARGS
 
     out = tmp_path / "speed.json"
     assert main(ARGS + ["--methods", "ar,dustin", "--trace", "--out", str(out)]) == 0

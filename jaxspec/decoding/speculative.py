@@ -275,8 +275,6 @@ verify_phase_jit = jax.jit(verify_phase, static_argnames=("target_config", "veri
                            donate_argnames=("target_cache",))
 commit_phase_jit = jax.jit(commit_phase, static_argnames=("engine",), donate_argnames=("proposal", "target_cache"))
 update_verify_state_jit = jax.jit(update_verify_state, static_argnames=("verify_policy",), donate_argnames=("after",))
-# the names experiments used before the public ones (kept so they keep working)
-_loop, _draft_jit, _commit_jit = loop_jit, draft_phase_jit, commit_phase_jit
 
 
 def loop_state_from_caches(target_cache: KVCache, draft_state, pending, previous, engine: EngineConfig, seed: int = 0,

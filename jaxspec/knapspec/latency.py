@@ -452,7 +452,7 @@ def fit_forward(contexts: Sequence[float], full: Sequence[float], noattn: Sequen
     return LatencyModel(c1=c1, c2=c2, c3=c3, c0=c0, v=v, a=a), fit
 
 
-def _forward_loop_fn(params, cache, tokens, mask, *, config, steps):
+def forward_loop_fn(params, cache, tokens, mask, *, config, steps):
     """``steps`` forwards of ``tokens`` rows at the cache's current lengths (every step writes
     the same slots), each fed the previous step's greedy tokens so the steps run in order."""
     from jaxspec.models.llama import forward
@@ -468,7 +468,7 @@ def _forward_loop_fn(params, cache, tokens, mask, *, config, steps):
     return tokens, cache
 
 
-_forward_loop = jax.jit(_forward_loop_fn, static_argnames=("config", "steps"), donate_argnames=("cache",))
+forward_loop = jax.jit(forward_loop_fn, static_argnames=("config", "steps"), donate_argnames=("cache",))
 
 
 def forward_contexts(n_max: int, points: int = 4) -> List[int]:
@@ -525,7 +525,7 @@ def profile_latency_forward(config: ModelConfig, batch: int = 1, contexts: Seque
 
         def caller(tokens, mask):
             def call():
-                out, state["cache"] = _forward_loop(params, state["cache"], tokens, mask, config=config, steps=steps)
+                out, state["cache"] = forward_loop(params, state["cache"], tokens, mask, config=config, steps=steps)
                 return out
             return call
 
