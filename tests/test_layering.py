@@ -337,9 +337,9 @@ def layer_violations(graph: Graph) -> list[str]:
 def test_module_imports(root: pathlib.Path = REPO) -> list[str]:
     """Imports of another test module by the files of ``tests/`` (``conftest`` is the shared place)."""
     tests = root / "tests"
-    names = {path.stem for path in tests.glob("*.py")} - {"conftest", "__init__"}
+    names = {path.stem for path in tests.rglob("*.py")} - {"conftest", "__init__"}
     messages = []
-    for path in sorted(tests.glob("*.py")):
+    for path in sorted(tests.rglob("*.py")):
         relative = path.relative_to(root)
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(relative))):
             if isinstance(node, ast.Import):
@@ -354,7 +354,7 @@ def test_module_imports(root: pathlib.Path = REPO) -> list[str]:
                 continue
             for name in candidates:
                 parts = name.split(".")
-                stem = parts[1] if parts[0] == "tests" and len(parts) > 1 else parts[0]  # also `import test_x`
+                stem = parts[-1]  # the module itself: tests.test_x, tests.pkg.test_x, `import test_x`
                 if stem in names and stem != path.stem:
                     messages.append(f"{relative}:{node.lineno}: [tests] imports the test module {stem}; "
                                     "shared helpers belong in tests/conftest.py")

@@ -22,7 +22,7 @@ is backtracked to an ``[L, 2]`` skip mask (column 0 Attention, column 1 MLP).
 
 The DP is a heuristic: it keeps one state per (depth, weight), so it is exact only when the
 objective has optimal substructure (a prefix that is better at depth ``i`` stays better after
-any common suffix, at every later depth) -- see ``tests/test_knapspec.py`` for an instance
+any common suffix, at every later depth) -- see ``tests/knapspec/test_knapspec.py`` for an instance
 where that holds and the DP equals exhaustive search over all skip sets.
 
 Implementations (same semantics, same result):

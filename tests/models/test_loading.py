@@ -24,7 +24,7 @@ from jaxspec.models.llama import forward_jit
 from jaxspec.models.loading import (CheckpointError, LoadedModel, load_checkpoint, load_gguf, load_hf_folder,
                                     load_model, load_tokenizer, save_checkpoint)
 
-from .conftest import TINY_VOCAB, max_rel_error
+from tests.conftest import TINY_VOCAB, max_rel_error
 
 TOKENS = np.random.RandomState(7).randint(0, TINY_VOCAB, size=(2, 12)).astype(np.int32)
 

@@ -16,7 +16,7 @@ from jaxspec.decoding.sampling import SamplingConfig, sample_token, sampling_pro
 from jaxspec.models.cache import init_cache
 from jaxspec.models.llama import forward_jit
 
-from .conftest import TINY_VOCAB
+from tests.conftest import TINY_VOCAB
 
 CAPACITY = 64
 CHUNK = 16

@@ -446,7 +446,7 @@ def test_prompt_lookup_sampling_keeps_the_target_distribution():
     from jaxspec.decoding.sampling import SamplingConfig
     from jaxspec.models.llama import forward
 
-    from .conftest import chi_square_pvalue
+    from tests.conftest import chi_square_pvalue
 
     config = ModelConfig(vocab_size=5, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=2,
                          num_kv_heads=1, head_dim=16, dtype="float32")

@@ -10,7 +10,7 @@ import pytest
 from experiments import common, registry
 from experiments.run import main
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
+REPO = pathlib.Path(__file__).resolve().parents[2]
 TINY_PROMPT = "Once upon a time, in a land far away, there lived a curious fox. " * 2
 
 

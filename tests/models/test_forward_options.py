@@ -19,7 +19,7 @@ from jaxspec.models import llama as llama_module
 from jaxspec.models.cache import init_cache
 from jaxspec.models.llama import forward_jit, forward_static_skip
 
-from .conftest import TINY_VOCAB
+from tests.conftest import TINY_VOCAB
 
 CAPACITY = 24
 HISTORY = 16  # tokens written by the history prefill (slots 0..15 hold real keys/values)

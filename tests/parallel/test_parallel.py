@@ -25,7 +25,7 @@ import time
 import pytest
 
 MESHES = ((1, 8), (2, 4), (8, 1))
-REPO = pathlib.Path(__file__).resolve().parent.parent
+REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
 # ---------------------------------------------------------------------------- the 8-device worker

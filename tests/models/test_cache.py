@@ -14,7 +14,7 @@ from jaxspec.decoding import autoregressive
 from jaxspec.models.cache import CacheOverflowError, check_room, init_cache
 from jaxspec.models.llama import forward, forward_compiled, forward_jit
 
-from .conftest import TINY_VOCAB
+from tests.conftest import TINY_VOCAB
 
 CAPACITY = 24
 RTOL, ATOL = 1e-5, 1e-5

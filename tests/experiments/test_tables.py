@@ -15,7 +15,7 @@ import pytest
 
 from experiments import tables
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
+REPO = pathlib.Path(__file__).resolve().parents[2]
 RESULTS = REPO / "experiments" / "results"
 SUITES = sorted((REPO / "experiments" / "suites").glob("*.toml"))
 RUN_TAG = re.compile(r"_s[0-9]|logs_s|profiles_s|session")

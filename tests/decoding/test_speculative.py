@@ -14,7 +14,7 @@ from jaxspec.decoding.speculative import (EngineConfig, acceptance_from_tau, che
 from jaxspec.models.cache import CacheOverflowError, init_cache
 from jaxspec.models.llama import forward, init_params
 
-from .conftest import chi_square_pvalue
+from tests.conftest import chi_square_pvalue
 
 TARGET = ModelConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=4, num_heads=4, num_kv_heads=2,
                      head_dim=16, dtype="float32")

@@ -17,7 +17,7 @@ import pytest
 from jaxspec.models.cache import init_cache
 from jaxspec.models.llama import forward_jit
 
-from .conftest import TINY_FAMILIES, TINY_VOCAB, max_rel_error
+from tests.conftest import TINY_FAMILIES, TINY_VOCAB, max_rel_error
 
 TOLERANCE = 1e-4
 CAPACITY = 32  # one cache shape for every tiny parity test: compiled shapes are shared

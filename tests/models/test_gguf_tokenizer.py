@@ -7,7 +7,7 @@ import pytest
 from jaxspec.models import registry
 from jaxspec.models.gguf_tokenizer import tokenizer_from_gguf
 
-TEXT = (pathlib.Path(__file__).resolve().parent.parent / "experiments" / "prompts" / "long_demo.txt").read_text() + (
+TEXT = (pathlib.Path(__file__).resolve().parents[2] / "experiments" / "prompts" / "long_demo.txt").read_text() + (
     "\n\n  Hello   world!\tTabs\r\n it's 'quoted' — émigré naïve 你好 <|im_end|> <|endoftext|>  In 2026: 12345.  ")
 
 

@@ -10,7 +10,7 @@ from tests.conftest import tiny_llama_folder
 
 from experiments.run import main
 
-SMOL_PROFILE = str(pathlib.Path(__file__).resolve().parent.parent / "experiments" / "profiles"
+SMOL_PROFILE = str(pathlib.Path(__file__).resolve().parents[2] / "experiments" / "profiles"
                    / "smollm2-135m_selfdraft_mlp10-12.json")
 PROMPT = "Once upon a time, in a land far away, there lived a curious fox who loved long stories. " * 4
 
