@@ -17,9 +17,7 @@ import json
 
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", required=True)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shapes", default="qwen2.5-7b,qwen2.5-72b")
     parser.add_argument("--context", type=int, default=32768)
     parser.add_argument("--batch", type=int, default=16)
@@ -27,12 +25,30 @@ def main(argv=None):
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="few variants (CPU smoke test)")
-    args = parser.parse_args(argv)
+
+
+def register(subparsers) -> None:
+    explore = subparsers.add_parser("kernel-explore", help="attention kernel variants at one point (fused vs "
+                                                           "unfused sparse, tilings, harness cost, top-k variants)")
+    add_arguments(explore)
+    explore.set_defaults(func=cmd_kernel_explore)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m experiments.kernel_explore")
+    parser.add_argument("--out", required=True)
+    add_arguments(parser)
+    cmd_kernel_explore(parser.parse_args(argv))
+
+
+def cmd_kernel_explore(args):
+    if not args.out:
+        raise ValueError("kernel-explore needs --out FILE (its cases are resumed from there)")
 
     import jax
     import jax.numpy as jnp
 
-    from experiments.common import ResultWriter
+    from experiments.common import ResultWriter, config_of
     from experiments.kernels import SHAPES, loop_time
     from pallas_kernels.attention import (dense_history_partials, merged_history, sparse_attention_fused,
                                           sparse_history_partials)
@@ -42,7 +58,7 @@ def main(argv=None):
     from jaxspec.dustin.signals import srh_scores
     from pallas_kernels.selection import srh_scores_pallas
 
-    writer = ResultWriter(args.out, "kernel-explore", vars(args))
+    writer = ResultWriter(args.out, "kernel-explore", config_of(args))
     interpret = jax.default_backend() != "gpu"
     steps = 5
 

@@ -24,6 +24,7 @@ EXPERIMENT_MODULES: Tuple[str, ...] = (
     "experiments.parity",  # parity
     "experiments.decode_speed",  # bench-decode, bench-skip, bench-sd
     "experiments.kernels",  # bench-attention
+    "experiments.kernel_explore",  # kernel-explore
     "experiments.dustin_quality",  # dustin-profile, dustin-quality; the sparse methods
     "experiments.dustin_speed",  # dustin-speed
     "experiments.knapspec",  # knapspec; the knapspec / clasp / static-skip methods

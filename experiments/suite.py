@@ -9,6 +9,7 @@ A suite file::
     name = "b16"                      # unique within the suite
     run = "dustin-speed --contexts 32768 --batches 16 --out experiments/results/..."
     timeout_s = 400                   # optional
+    env = {XLA_FLAGS = "..."}         # optional: environment variables for this step only
 
 Each step is one ``python -m experiments.run <run>`` subprocess (from the repository root) with
 its timeout, cut to what is left of ``--time-budget``. A step whose ``--out`` is complete is
@@ -38,7 +39,7 @@ from experiments.common import REPO, ResultWriter, print_table
 SUITES_DIR = REPO / "experiments" / "suites"
 SUITES_DIR_ENV = "JAXSPEC_SUITES_DIR"
 SUITE_FIELDS = {"description": str, "device": str, "needs": list, "steps": list}
-STEP_FIELDS = {"name": str, "run": str, "timeout_s": (int, float)}
+STEP_FIELDS = {"name": str, "run": str, "timeout_s": (int, float), "env": dict}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +47,7 @@ class Step:
     name: str
     run: str
     timeout_s: Optional[float] = None
+    env: tuple = ()  # (NAME, value) pairs set for this step's process only
 
     def argv(self) -> List[str]:
         return shlex.split(self.run)
@@ -113,6 +115,9 @@ def load_suite(path: pathlib.Path) -> Suite:
         seen.add(raw["name"])
         if "timeout_s" in raw and not raw["timeout_s"] > 0:
             raise ValueError(f"{where}: field 'timeout_s' must be > 0, got {raw['timeout_s']!r}")
+        bad_env = [k for k, v in raw.get("env", {}).items() if not isinstance(v, str) or not k.isidentifier()]
+        if bad_env:
+            raise ValueError(f"{where}: field 'env' must map variable names to strings; bad entries {bad_env}")
         try:
             argv = shlex.split(raw["run"])
         except ValueError as err:
@@ -122,7 +127,8 @@ def load_suite(path: pathlib.Path) -> Suite:
         if argv[0] == "suite":
             raise ValueError(f"{where}: field 'run' starts another suite; a step runs one experiment")
         check_step_command(argv, where)
-        steps.append(Step(raw["name"], raw["run"], float(raw["timeout_s"]) if "timeout_s" in raw else None))
+        steps.append(Step(raw["name"], raw["run"], float(raw["timeout_s"]) if "timeout_s" in raw else None,
+                          tuple(sorted(raw.get("env", {}).items()))))
     return Suite(path.stem, path, data["description"], data["device"], tuple(needs), tuple(steps))
 
 
@@ -182,7 +188,7 @@ def run_step(step: Step, timeout: Optional[float]) -> Dict[str, Any]:
     """One step as a subprocess in its own process group (killed as a whole on timeout)."""
     command = [sys.executable, "-m", "experiments.run", *step.argv()]
     start = time.perf_counter()
-    process = subprocess.Popen(command, cwd=REPO, start_new_session=True)
+    process = subprocess.Popen(command, cwd=REPO, start_new_session=True, env={**os.environ, **dict(step.env)})
     try:
         rc = process.wait(timeout=timeout)
         status = "ok" if rc == 0 else "failed"

@@ -266,6 +266,8 @@ def test_suite_validation_names_file_step_and_field(tmp_path, capsys):
                     "unrecognized arguments: --nope 3"),
         "norun": ('description = "d"\ndevice = "cpu"\n[[steps]]\nname = "a"', "step 'a': missing field 'run'"),
         "notoml": ('description = "d', "not valid TOML"),
+        "badenv": ('description = "d"\ndevice = "cpu"\n[[steps]]\nname = "a"\n' + FAST_OK + "\nenv = {X = 3}",
+                   "step 'a': field 'env' must map variable names to strings; bad entries ['X']"),
     }
     for name, (text, _) in cases.items():
         _suite(d, name, text)
@@ -292,6 +294,32 @@ def test_suite_list_dry_run_and_steps(tmp_path, capsys, monkeypatch):
     assert "unknown step(s) ['three']" in _error(capsys)
     assert main(["suite", "tiny", "--time-budget", "0"]) == 2
     assert "--time-budget=0.0: must be > 0" in _error(capsys)
+
+
+def test_suite_step_env_reaches_the_step_process_only(tmp_path, monkeypatch):
+    from experiments import suite
+
+    d = tmp_path / "suites"
+    _suite(d, "env", 'description = "d"\ndevice = "cpu"\n[[steps]]\nname = "a"\n' + FAST_OK
+           + '\nenv = {XLA_FLAGS = "--xla_dump_to=/tmp/x", JAXSPEC_TEST_MARK = "1"}\n')
+    (step,) = suite.load_suite(d / "env.toml").steps
+    seen = {}
+
+    class FakeProcess:
+        pid = 0
+
+        def __init__(self, command, cwd, start_new_session, env):
+            seen.update(command=command, env=env)
+
+        def wait(self, timeout=None):
+            return 0
+
+    monkeypatch.setattr(suite.subprocess, "Popen", FakeProcess)
+    monkeypatch.delenv("JAXSPEC_TEST_MARK", raising=False)
+    assert suite.run_step(step, timeout=5)["status"] == "ok"
+    assert seen["env"]["XLA_FLAGS"] == "--xla_dump_to=/tmp/x" and seen["env"]["JAXSPEC_TEST_MARK"] == "1"
+    assert seen["command"][-8:] == step.argv()[-8:]
+    assert "JAXSPEC_TEST_MARK" not in __import__("os").environ
 
 
 @pytest.mark.slow
