@@ -21,6 +21,7 @@ from typing import Any, Dict, Iterable
 
 import numpy as np
 
+from jaxspec.config import ATTENTION_BACKENDS
 from experiments.common import ResultWriter, check_skip_ranges, config_of, median_time, print_table
 
 
@@ -376,7 +377,7 @@ def register(subparsers) -> None:
     bench.add_argument("--new-tokens", type=int, default=64)
     bench.add_argument("--repeats", type=int, default=3)
     bench.add_argument("--profile", action="store_true", help="also measure the draft/verify/other split")
-    bench.add_argument("--attention-backend", default="xla", choices=["xla", "pallas", "pallas-interpret"],
+    bench.add_argument("--attention-backend", default="xla", choices=list(ATTENTION_BACKENDS),
                        help="history attention of both models")
     bench.add_argument("--copy-gib", type=float, default=4.0)
     bench.set_defaults(func=cmd_bench_sd)

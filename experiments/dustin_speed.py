@@ -23,6 +23,7 @@ from typing import Any, Dict
 
 import numpy as np
 
+from jaxspec.config import ATTENTION_BACKENDS
 from experiments.common import median_time, print_table
 from experiments.decode_speed import (check_positive, decode_bytes_per_step, fixed_acceptance_writer, int_list,
                                       time_rounds)
@@ -352,7 +353,7 @@ def register(subparsers) -> None:
     bench.add_argument("--draft-heads", default="0,1,2,3")
     bench.add_argument("--new-tokens", type=int, default=64)
     bench.add_argument("--repeats", type=int, default=3)
-    bench.add_argument("--attention-backend", default="pallas", choices=["xla", "pallas", "pallas-interpret"])
+    bench.add_argument("--attention-backend", default="pallas", choices=list(ATTENTION_BACKENDS))
     bench.add_argument("--copy-gib", type=float, default=4.0)
     bench.add_argument("--profile", action="store_true",
                        help="also split a round into draft / selection / verification / other (per-phase jitted "

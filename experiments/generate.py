@@ -15,6 +15,7 @@ import sys
 import time
 from typing import Any, Dict, List
 
+from jaxspec.config import ATTENTION_BACKENDS
 from experiments import registry
 from experiments.common import (DEFAULT_MODEL, DEMO_PROMPT_FILE, CompileCounter, ResultWriter, check_skip_ranges,
                                 config_of, encode_prompt, load_model_timed, print_table, progress_line, read_prompts,
@@ -67,7 +68,7 @@ def add_generate_args(parser: argparse.ArgumentParser) -> None:
                              "bfloat16 on accelerators")
     parser.add_argument("--no-chat", action="store_true", help="do not wrap the prompt in the chat template")
     parser.add_argument("--no-warmup", action="store_true", help="time the first (compiling) run")
-    parser.add_argument("--attention-backend", default="xla", choices=["xla", "pallas", "pallas-interpret"],
+    parser.add_argument("--attention-backend", default="xla", choices=list(ATTENTION_BACKENDS),
                         help="history attention of the model (and of a separate draft): XLA reference or our "
                              "Pallas kernels (pallas needs a GPU; pallas-interpret runs them slowly anywhere)")
     for add_arguments in registry.METHOD_ARGUMENTS.values():
