@@ -617,7 +617,9 @@ class Case:
         from jaxspec.knapspec.policy import knapspec_generate
 
         engine = EngineConfig(gamma=self.args.gamma_max, max_new_tokens=self.max_new, stop_tokens=())
-        common = dict(engine=engine, seed=0, warmup=warmup, capacity=self.capacity, prefilled=self.prefill())
+        # random-weight shapes time paper contexts up to the model's limit plus the new tokens
+        common = dict(engine=engine, seed=0, warmup=warmup, capacity=self.capacity, prefilled=self.prefill(),
+                      allow_beyond_context=not self.model.real)
         ks = self.knapspec
         if method == "knapspec":
             return knapspec_generate(self.model.params, self.model.config, self.prompts, latency=self.latency,

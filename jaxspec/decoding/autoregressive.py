@@ -18,7 +18,7 @@ import numpy as np
 
 from jaxspec.config import ModelConfig
 from jaxspec.decoding.sampling import SamplingConfig, sample_token
-from jaxspec.models.cache import KVCache, check_room, init_cache
+from jaxspec.models.cache import KVCache, check_context, check_room, init_cache
 from jaxspec.models.llama import forward
 from jaxspec.models.sharding import ACTIVATION_AXES, constrain, resolve_placement, use_mesh
 
@@ -150,7 +150,7 @@ decode_loop = jax.jit(decode_loop_fn, static_argnames=("config", "sampling", "ma
 def generate(params, config: ModelConfig, prompts: Sequence[Sequence[int]], max_new_tokens: int,
              sampling: SamplingConfig = SamplingConfig(), stop_tokens: Sequence[int] = (), seed: int = 0,
              capacity: Optional[int] = None, headroom: int = 0, prefill_chunk: Optional[int] = None,
-             warmup: bool = False, mesh=None, rules=None) -> GenerationResult:
+             warmup: bool = False, mesh=None, rules=None, allow_beyond_context: bool = False) -> GenerationResult:
     """Decode ``max_new_tokens`` tokens after each prompt (a batch of ragged token lists).
 
     ``capacity`` defaults to the longest prompt + ``max_new_tokens`` + ``headroom``. With
@@ -170,6 +170,8 @@ def generate(params, config: ModelConfig, prompts: Sequence[Sequence[int]], max_
     needed = int(lengths.max()) + max_new_tokens + headroom
     capacity = needed if capacity is None else capacity
     check_room(lengths, capacity, max_new_tokens + headroom, "prompt + generation")
+    if not allow_beyond_context:
+        check_context(config, lengths, max_new_tokens)
     stop_tokens = tuple(sorted({int(t) for t in stop_tokens}))
     params, mesh, rules = resolve_placement(params, config, mesh, rules)
 

@@ -45,7 +45,7 @@ from jaxspec.decoding.autoregressive import PAD_OUTPUT, decode_loop_fn, pad_prom
 from jaxspec.decoding.contract import Chunk, Proposal, RunToEnd, check_policies
 from jaxspec.decoding.policies import DenseVerify
 from jaxspec.decoding.sampling import SamplingConfig, sample_token, sampling_probs
-from jaxspec.models.cache import KVCache, check_room, init_cache
+from jaxspec.models.cache import KVCache, check_context, check_room, init_cache
 from jaxspec.models.llama import forward
 from jaxspec.models.sharding import (ACTIVATION_AXES, CACHE_LENGTHS_AXES, constrain, mesh_of, resolve_placement,
                                      shard_params, use_mesh)
@@ -491,7 +491,8 @@ def speculative_generate(target_params, target_config: ModelConfig, prompts: Seq
                          verify_state=None, engine: EngineConfig = EngineConfig(), seed: int = 0,
                          capacity: Optional[int] = None, warmup: bool = False, profile: bool = False,
                          prompt_tokens: Optional[Tuple[np.ndarray, np.ndarray]] = None, mesh=None, rules=None,
-                         draft_rules=None, controller=None, prefilled=None) -> SpeculativeResult:
+                         draft_rules=None, controller=None, prefilled=None,
+                         allow_beyond_context: bool = False) -> SpeculativeResult:
     """Generate with speculative decoding. ``draft_state`` is built by ``draft_policy.prefill``
     unless given (e.g. ``SelfDraft.initial_state(mask)``); ``verify_state`` by ``verify_policy.prefill``.
 
@@ -525,6 +526,8 @@ def speculative_generate(target_params, target_config: ModelConfig, prompts: Seq
     capacity = capacity or needed
     check_room(lengths, capacity, engine.max_new_tokens + gamma + 2,
                f"prompt + {engine.max_new_tokens} new tokens + a draft of gamma={gamma} (+2 headroom)")
+    if not allow_beyond_context:
+        check_context(target_config, lengths, engine.max_new_tokens)
     if prefilled is not None:
         cache = prefilled[0]
         if cache.capacity != capacity or cache.batch_size != len(lengths):

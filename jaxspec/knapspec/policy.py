@@ -657,7 +657,8 @@ def knapspec_generate(target_params, target_config: ModelConfig, prompts: Sequen
                       verify_policy=DenseVerify(), verify_state=None, seed: int = 0, capacity: Optional[int] = None,
                       context_n: Optional[float] = None, warmup: bool = False, planner=None,
                       initial_plan: Optional[Tuple[np.ndarray, int]] = None, replan: bool = True,
-                      prefilled=None, profile: bool = False, mesh=None, rules=None) -> SpeculativeResult:
+                      prefilled=None, profile: bool = False, mesh=None, rules=None,
+                      allow_beyond_context: bool = False) -> SpeculativeResult:
     """Greedy or sampled speculative generation with KnapSpec self-drafting: the engine's
     :func:`~jaxspec.decoding.speculative.speculative_generate` with :class:`KnapSpecDraft` and a
     :class:`KnapSpecController`.
@@ -698,7 +699,8 @@ def knapspec_generate(target_params, target_config: ModelConfig, prompts: Sequen
     return speculative_generate(target_params, target_config, prompts, draft_policy=policy,
                                 draft_state=policy.initial_state(), verify_policy=verify_policy,
                                 verify_state=verify_state, engine=engine, seed=seed, capacity=capacity, warmup=warmup,
-                                profile=profile, controller=controller, prefilled=prefilled, mesh=mesh, rules=rules)
+                                profile=profile, controller=controller, prefilled=prefilled, mesh=mesh, rules=rules,
+                                allow_beyond_context=allow_beyond_context)
 
 
 __all__ = ["KnapSpecConfig", "KnapSpecController", "KnapSpecDraft", "KnapSpecPlanner", "KnapSpecSchedule", "NO_GAMMA_CAP",

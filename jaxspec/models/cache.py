@@ -141,6 +141,17 @@ def check_room(lengths, capacity: int, num_new: int, what: str = "write") -> Non
         )
 
 
+def check_context(config: ModelConfig, lengths, num_new: int, what: str = "prompt + generation") -> None:
+    """Raise ``ValueError`` if a prompt plus ``num_new`` tokens runs past the model's context
+    (``config.max_position_embeddings``): RoPE positions beyond it were never trained. Callers that
+    mean it (e.g. timing random-weight shapes) pass ``allow_beyond_context=True`` to the entry points."""
+    longest = int(np.max(np.asarray(jax.device_get(lengths))))
+    if longest + num_new > config.max_position_embeddings:
+        raise ValueError(f"{what}: a prompt of {longest} tokens + {num_new} new = {longest + num_new} positions exceeds "
+                         f"the context of {config.name!r} (max_position_embeddings={config.max_position_embeddings}); "
+                         f"shorten the prompt or generate fewer tokens (allow_beyond_context=True runs it anyway)")
+
+
 def write_positions(lengths: jax.Array, num_new: int, capacity: int, enabled=True) -> jax.Array:
     """Slots ``[B, T]`` the next ``num_new`` tokens go to; ``capacity`` (dropped) where disabled."""
     slots = lengths[:, None] + jnp.arange(num_new, dtype=jnp.int32)[None, :]

@@ -201,3 +201,21 @@ def test_pad_prompts_right_pads():
     np.testing.assert_array_equal(tokens, [[5, 6, 0, 0], [7, 8, 9, 10], [11, 0, 0, 0]])
     np.testing.assert_array_equal(lengths, [2, 4, 1])
     assert tokens.dtype == np.int32
+
+
+def test_generation_past_the_model_context_is_refused_unless_asked_for(model, prompts):
+    """A prompt + new tokens beyond ``max_position_embeddings`` is an error before any work;
+    ``allow_beyond_context=True`` (timing random-weight shapes) runs it."""
+    from jaxspec.decoding.policies import SelfDraft
+    from jaxspec.decoding.speculative import EngineConfig, speculative_generate
+
+    short = model.config.replace(max_position_embeddings=40)
+    with pytest.raises(ValueError, match=r"17 tokens \+ 24 new = 41 positions exceeds the context"):
+        generate(model.params, short, [prompts[1]], 24)
+    policy = SelfDraft(short)
+    with pytest.raises(ValueError, match="max_position_embeddings=40"):
+        speculative_generate(model.params, short, [prompts[1]], draft_policy=policy,
+                             draft_state=policy.initial_state(np.zeros((short.num_layers, 2), bool)),
+                             engine=EngineConfig(gamma=2, max_new_tokens=24))
+    allowed = generate(model.params, short, [prompts[1]], 24, allow_beyond_context=True)
+    assert allowed.num_generated[0] == 24
