@@ -120,17 +120,30 @@ def _dense_kernel(lengths_ref, q_ref, k_ref, v_ref, acc_out, l_out, m_out, acc_r
         m_out[...] = m_ref[...]
 
 
-@functools.partial(jax.jit, static_argnames=("block_k", "num_splits", "interpret"))
+#: most packed query rows one program holds in VMEM; a prefill chunk's rows run as calls of this many
+TPU_MAX_QUERY_ROWS = 256
+
+
+@functools.partial(jax.jit, static_argnames=("block_k", "num_splits", "interpret", "max_rows"))
 def tpu_dense_history_partials(q, k_cache, v_cache, lengths, *, block_k: int = 128, num_splits: int = 2,
-                               interpret: bool = False) -> Partial:
+                               interpret: bool = False, max_rows: int = TPU_MAX_QUERY_ROWS) -> Partial:
     """Per-split partials ``acc [B, Hkv, splits, M, D], l/m [B, Hkv, splits, M]`` of ``q`` over
     cache positions ``< lengths[b]`` (the contract of
     :func:`pallas_kernels.attention.dense_history_partials`). ``num_splits`` partitions the
     sequence blocks between parallel grid programs (a v4/v5p/v7x chip has 2 TensorCores; ``1`` on
-    v5e/v6e is enough); ``S`` must be a multiple of ``block_k`` (a multiple of 8)."""
+    v5e/v6e is enough); ``S`` must be a multiple of ``block_k`` (a multiple of 8). More than
+    ``max_rows`` query rows (a prefill chunk) run as one call per ``max_rows`` rows, concatenated
+    (the q tile, the f32 accumulator and the lane-replicated l/m of one program live in VMEM)."""
     batch, kv_heads, rows, dim = q.shape
     seq = k_cache.shape[2]
     _check_rows(rows)
+    if max_rows & (max_rows - 1) or max_rows < 16:
+        raise ValueError(f"max_rows={max_rows} must be a power of two >= 16")
+    if rows > max_rows:
+        parts = [tpu_dense_history_partials(q[:, :, start:start + max_rows], k_cache, v_cache, lengths,
+                                            block_k=block_k, num_splits=num_splits, interpret=interpret,
+                                            max_rows=max_rows) for start in range(0, rows, max_rows)]
+        return tuple(jnp.concatenate([part[i] for part in parts], axis=3) for i in range(3))
     if block_k % 8 or block_k <= 0:
         raise ValueError(f"block_k={block_k} must be a positive multiple of 8 (TPU sublanes)")
     if seq % block_k:

@@ -47,8 +47,8 @@ def _check(partial, reference, tol):
     np.testing.assert_allclose(np.where(empty, 0, m), np.where(empty, 0, ref_m), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("dtype,tol", [(jnp.float32, 1e-5), (jnp.bfloat16, 2e-2)])
-@pytest.mark.parametrize("block_k,splits", [(128, 1), (128, 2), (32, 4)])
+@pytest.mark.parametrize("dtype,tol,block_k,splits", [(jnp.float32, 1e-5, 128, 1), (jnp.float32, 1e-5, 32, 4),
+                                                       (jnp.bfloat16, 2e-2, 128, 2)])
 def test_tpu_dense_kernel_matches_reference(dtype, tol, block_k, splits):
     """Ragged lengths (an empty row; lengths not divisible by the block), >= 3 blocks, splits."""
     q, k, v = _inputs(block_k + splits, dtype=dtype)
@@ -58,7 +58,14 @@ def test_tpu_dense_kernel_matches_reference(dtype, tol, block_k, splits):
     _check(merge_partials(partials, axis=2), dense_history_reference(q, k, v, lengths), tol)
 
 
-def test_tpu_dense_kernel_rejects_bad_shapes():
+def test_tpu_dense_kernel_splits_many_query_rows_and_rejects_bad_shapes():
+    """More query rows than one program holds (a prefill chunk) run as calls of max_rows rows."""
+    q, k, v = _inputs(3, rows=32, seq=256)
+    lengths = jnp.array([5, 130, 0], jnp.int32)
+    split = tpu_dense_history_partials(q, k, v, lengths, block_k=128, max_rows=16, interpret=True)
+    _check(merge_partials(split, axis=2), dense_history_reference(q, k, v, lengths), 1e-5)
+    with pytest.raises(ValueError, match="max_rows"):
+        tpu_dense_history_partials(q, k, v, lengths, max_rows=24, interpret=True)
     q, k, v = _inputs(0)
     with pytest.raises(ValueError, match="multiple of block_k"):
         tpu_dense_history_partials(q, k[:, :, :300], v[:, :, :300], jnp.array([1, 2, 3]), interpret=True)
@@ -68,8 +75,7 @@ def test_tpu_dense_kernel_rejects_bad_shapes():
         tpu_dense_history_partials(q, k, v, jnp.array([1, 2, 3]), block_k=12, interpret=True)
 
 
-@pytest.mark.parametrize("dtype,tol", [(jnp.float32, 1e-5), (jnp.bfloat16, 2e-2)])
-@pytest.mark.parametrize("chunk,per_program", [(32, 0), (16, 2)])
+@pytest.mark.parametrize("dtype,tol,chunk,per_program", [(jnp.float32, 1e-5, 32, 0), (jnp.bfloat16, 2e-2, 16, 2)])
 def test_tpu_sparse_kernel_matches_reference_with_padding_and_duplicates(dtype, tol, chunk, per_program):
     """Row DMAs into double-buffered VMEM over >= 3 chunks: padded (-1), duplicate and
     out-of-range entries (cleaned), a row with nothing selected, a row whose last chunks are padding."""
@@ -91,7 +97,7 @@ def test_tpu_sparse_kernel_matches_reference_with_padding_and_duplicates(dtype, 
         tpu_sparse_history_partials(q, k, v, indices[:, :100], chunk=32, interpret=True)
 
 
-@pytest.mark.parametrize("groups,rows", [((0, 1, 0, 1), 1), ((1, 1, 1, 1), 3), ((0, 0, 0, 1), 8)])
+@pytest.mark.parametrize("groups,rows", [((1, 1, 1, 1), 3), ((0, 0, 0, 1), 8)])
 def test_tpu_srh_scores_match_xla(groups, rows):
     """SRH logits from the Mosaic kernel == the XLA scoring (unused KV heads, ragged lengths
     not divisible by the block, 3 blocks)."""
@@ -158,15 +164,15 @@ def test_tpu_backend_forward_matches_xla(models, sparse):
                                atol=1e-6)
 
 
-PROMPTS = [np.random.RandomState(7).randint(0, 128, n).tolist() for n in (150, 40)]
+PROMPTS = [np.random.RandomState(7).randint(0, 128, n).tolist() for n in (140, 30)]
 
 
 def test_tpu_backend_greedy_speculative_and_dustin_equal_xla(models):
     """Greedy speculative decoding (== greedy AR) and Dustin sparse verification (k < context)
     emit the same tokens on pallas-tpu-interpret as on xla."""
     target_params, draft_params = models
-    engine = EngineConfig(gamma=2, max_new_tokens=6)
-    dustin = DustinConfig(budget=64, m=20, target_layer=1, target_heads=(0, 1, 2, 3), draft_layers=(0, 1),
+    engine = EngineConfig(gamma=2, max_new_tokens=4)
+    dustin = DustinConfig(budget=128, m=30, target_layer=1, target_heads=(0, 1, 2, 3), draft_layers=(0, 1),
                           draft_heads=((0, 1, 2, 3), (1, 3)), mode="hybrid")
     rows = {}
     for name in ("xla", TPU):
@@ -178,5 +184,5 @@ def test_tpu_backend_greedy_speculative_and_dustin_equal_xla(models):
                                       draft_params=draft_params, verify_policy=verify, engine=engine)
         rows[name] = (classic.rows(), sparse.rows())
     assert rows[TPU] == rows["xla"]
-    assert rows["xla"][0] == generate(target_params, TARGET, PROMPTS, 6).rows()
-    assert [len(r) for r in rows["xla"][1]] == [6, 6]
+    assert rows["xla"][0] == generate(target_params, TARGET, PROMPTS, 4).rows()
+    assert [len(r) for r in rows["xla"][1]] == [4, 4]

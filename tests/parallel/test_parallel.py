@@ -145,6 +145,23 @@ def _worker() -> dict:  # runs in the subprocess
         record(shape, "select_top_k", np.array_equal(np.asarray(chosen), reference["topk"]), "",
                time.perf_counter() - start)
 
+        if shape == (1, 8):  # the Mosaic TPU kernels in TPU interpret mode, tensor parallel
+            start = time.perf_counter()
+            tpu, tpu_draft = (c.replace(attention_backend="pallas-tpu-interpret") for c in (target, draft))
+            with use_mesh(mesh):
+                tpu_first, tpu_second = forward_pair(sharded, shard_cache(init_cache(tpu, 8, 64), mesh), config=tpu)
+                counts = collectives(forward_compiled.lower(sharded, step_tokens, tpu_first.cache,
+                                                            config=tpu).compile().as_text())
+            diff = max(max_diff(tpu_first.logits, ref_first.logits), max_diff(tpu_second.logits, ref_second.logits))
+            record(shape, "pallas-tpu-interpret forward in shard_map (dense + sparse)", diff < 1e-4 and
+                   counts["all-gather"] == 0, f"max |dlogits| {diff:.1e}, {counts}", time.perf_counter() - start)
+            start = time.perf_counter()
+            with use_mesh(mesh):
+                result = speculative_generate(sharded, tpu, prompts, draft_policy=SeparateDraft(tpu_draft),
+                                              draft_params=draft_params, engine=engine)
+            same = (result.rows(), result.metrics["accepted_histogram"]) == reference["sd"]
+            record(shape, "greedy SD, SeparateDraft, pallas-tpu-interpret", same, "", time.perf_counter() - start)
+
         if shape != (2, 4):
             continue
         start = time.perf_counter()
