@@ -293,5 +293,6 @@ def attention(config: ModelConfig, q, k_new, v_new, cache_k, cache_v, lengths, v
                                      probe_local)
 
 
-__all__ = ["AUTO_BACKEND", "AttentionBackend", "BACKENDS", "platform_default_backend", "REFERENCE_BACKEND", "attention", "backend_of", "batchable_config",
-           "duplicate_mask", "get_backend", "partials_attention", "xla_attention"]
+__all__ = ["AUTO_BACKEND", "AttentionBackend", "BACKENDS", "REFERENCE_BACKEND", "attention", "backend_of",
+           "batchable_config", "duplicate_mask", "get_backend", "partials_attention", "platform_default_backend",
+           "xla_attention"]
