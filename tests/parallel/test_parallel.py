@@ -6,7 +6,9 @@ executes this file as a script, prints a summary table and a JSON line, and the 
 assert on it. Meshes (data, tensor): (1, 8), (2, 4), (8, 1). Per mesh: forward (prefill and a
 sparse-verification step: logits allclose in float32, caches equal), greedy autoregressive
 ``generate`` (tokens identical), greedy ``speculative_generate`` with ``SeparateDraft`` (tokens
-and acceptance identical) and ``select_top_k`` (indices identical). On (2, 4) also: a
+and acceptance identical) and ``select_top_k`` (indices identical). On (1, 8) also the Mosaic TPU kernels
+(``pallas-tpu-interpret``, TPU interpret mode) inside ``shard_map``: the forward and greedy
+``speculative_generate`` equal to the single-device xla results. On (2, 4) also: a
 ``SelfDraft``, the KnapSpec DP (candidates, cosine values, alpha), the explicit ``mesh=`` argument, the Pallas backend (interpret mode) under the
 mesh, no all-gather in the compiled forward, and the divisibility errors.
 
@@ -147,7 +149,7 @@ def _worker() -> dict:  # runs in the subprocess
 
         if shape == (1, 8):  # the Mosaic TPU kernels in TPU interpret mode, tensor parallel
             start = time.perf_counter()
-            tpu, tpu_draft = (c.replace(attention_backend="pallas-tpu-interpret") for c in (target, draft))
+            tpu = target.replace(attention_backend="pallas-tpu-interpret")
             with use_mesh(mesh):
                 tpu_first, tpu_second = forward_pair(sharded, shard_cache(init_cache(tpu, 8, 64), mesh), config=tpu)
                 counts = collectives(forward_compiled.lower(sharded, step_tokens, tpu_first.cache,
@@ -157,7 +159,7 @@ def _worker() -> dict:  # runs in the subprocess
                    counts["all-gather"] == 0, f"max |dlogits| {diff:.1e}, {counts}", time.perf_counter() - start)
             start = time.perf_counter()
             with use_mesh(mesh):
-                result = speculative_generate(sharded, tpu, prompts, draft_policy=SeparateDraft(tpu_draft),
+                result = speculative_generate(sharded, tpu, prompts, draft_policy=SeparateDraft(draft),
                                               draft_params=draft_params, engine=engine)
             same = (result.rows(), result.metrics["accepted_histogram"]) == reference["sd"]
             record(shape, "greedy SD, SeparateDraft, pallas-tpu-interpret", same, "", time.perf_counter() - start)
