@@ -1,7 +1,8 @@
 """Mosaic TPU kernels vs their jnp references, in JAX's TPU interpret mode on CPU
 (``pltpu.InterpretParams``: memory spaces, DMAs, semaphores and scalar prefetch simulated), and
 the ``pallas-tpu-interpret`` backend end to end (greedy speculative decoding, Dustin) against
-``xla``. The same under shard_map on 8 host devices is in tests/parallel/test_parallel.py."""
+``xla``. On a TPU the same file runs the kernels compiled (``pallas-tpu``). The same under
+shard_map on 8 host devices is in tests/parallel/test_parallel.py."""
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +22,8 @@ from pallas_kernels.reference import (clean_indices, dense_history_reference, me
                                       sparse_history_reference)
 from pallas_kernels.tpu_attention import tpu_dense_history_partials, tpu_sparse_history_partials
 from pallas_kernels.tpu_selection import tpu_srh_scores
+
+INTERPRET = jax.default_backend() != "tpu"
 
 
 def _rel(a, b):
@@ -53,7 +56,8 @@ def test_tpu_dense_kernel_matches_reference(dtype, tol, block_k, splits):
     """Ragged lengths (an empty row; lengths not divisible by the block), >= 3 blocks, splits."""
     q, k, v = _inputs(block_k + splits, dtype=dtype)
     lengths = jnp.array([0, 100, 317], jnp.int32)
-    partials = tpu_dense_history_partials(q, k, v, lengths, block_k=block_k, num_splits=splits, interpret=True)
+    partials = tpu_dense_history_partials(q, k, v, lengths, block_k=block_k, num_splits=splits,
+                                          interpret=INTERPRET)
     assert partials[0].shape[2] == splits and 384 // block_k >= 3
     _check(merge_partials(partials, axis=2), dense_history_reference(q, k, v, lengths), tol)
 
@@ -62,17 +66,17 @@ def test_tpu_dense_kernel_splits_many_query_rows_and_rejects_bad_shapes():
     """More query rows than one program holds (a prefill chunk) run as calls of max_rows rows."""
     q, k, v = _inputs(3, rows=32, seq=256)
     lengths = jnp.array([5, 130, 0], jnp.int32)
-    split = tpu_dense_history_partials(q, k, v, lengths, block_k=128, max_rows=16, interpret=True)
+    split = tpu_dense_history_partials(q, k, v, lengths, block_k=128, max_rows=16, interpret=INTERPRET)
     _check(merge_partials(split, axis=2), dense_history_reference(q, k, v, lengths), 1e-5)
     with pytest.raises(ValueError, match="max_rows"):
-        tpu_dense_history_partials(q, k, v, lengths, max_rows=24, interpret=True)
+        tpu_dense_history_partials(q, k, v, lengths, max_rows=24, interpret=INTERPRET)
     q, k, v = _inputs(0)
     with pytest.raises(ValueError, match="multiple of block_k"):
-        tpu_dense_history_partials(q, k[:, :, :300], v[:, :, :300], jnp.array([1, 2, 3]), interpret=True)
+        tpu_dense_history_partials(q, k[:, :, :300], v[:, :, :300], jnp.array([1, 2, 3]), interpret=INTERPRET)
     with pytest.raises(ValueError, match="power of two"):
-        tpu_dense_history_partials(q[:, :, :12], k, v, jnp.array([1, 2, 3]), interpret=True)
+        tpu_dense_history_partials(q[:, :, :12], k, v, jnp.array([1, 2, 3]), interpret=INTERPRET)
     with pytest.raises(ValueError, match="multiple of 8"):
-        tpu_dense_history_partials(q, k, v, jnp.array([1, 2, 3]), block_k=12, interpret=True)
+        tpu_dense_history_partials(q, k, v, jnp.array([1, 2, 3]), block_k=12, interpret=INTERPRET)
 
 
 @pytest.mark.parametrize("dtype,tol,chunk,per_program", [(jnp.float32, 1e-5, 32, 0), (jnp.bfloat16, 2e-2, 16, 2)])
@@ -88,13 +92,13 @@ def test_tpu_sparse_kernel_matches_reference_with_padding_and_duplicates(dtype, 
     indices = clean_indices(jnp.asarray(raw), lengths)
     assert (np.asarray(indices)[0] == -1).all()
     partials = tpu_sparse_history_partials(q, k, v, indices, chunk=chunk, chunks_per_program=per_program,
-                                           interpret=True)
+                                           interpret=INTERPRET)
     assert partials[0].shape[2] == (1 if per_program == 0 else 128 // (chunk * per_program))
     _check(merge_partials(partials, axis=2), sparse_history_reference(q, k, v, indices), tol)
     with pytest.raises(ValueError, match="must divide"):
-        tpu_sparse_history_partials(q, k, v, indices, chunk=32, chunks_per_program=3, interpret=True)
+        tpu_sparse_history_partials(q, k, v, indices, chunk=32, chunks_per_program=3, interpret=INTERPRET)
     with pytest.raises(ValueError, match="multiple of chunk"):
-        tpu_sparse_history_partials(q, k, v, indices[:, :100], chunk=32, interpret=True)
+        tpu_sparse_history_partials(q, k, v, indices[:, :100], chunk=32, interpret=INTERPRET)
 
 
 @pytest.mark.parametrize("groups,rows", [((1, 1, 1, 1), 3), ((0, 0, 0, 1), 8)])
@@ -106,20 +110,20 @@ def test_tpu_srh_scores_match_xla(groups, rows):
     queries = 0.3 * jax.random.normal(keys[1], (3, 4, rows, 32))
     lengths = jnp.array([384, 200, 7])
     expected = np.asarray(srh_scores(queries, k, lengths, groups))
-    got = np.asarray(tpu_srh_scores(queries, k, lengths, groups, block_s=128, interpret=True))
+    got = np.asarray(tpu_srh_scores(queries, k, lengths, groups, block_s=128, interpret=INTERPRET))
     np.testing.assert_allclose(got, expected, rtol=2e-4, atol=1e-6)
     assert (got[2, 7:] == 0).all() and (got[1, 200:] == 0).all()
     with pytest.raises(ValueError, match="kv_groups"):
-        tpu_srh_scores(queries, k, lengths, (0, 1, 2, 0), interpret=True)
+        tpu_srh_scores(queries, k, lengths, (0, 1, 2, 0), interpret=INTERPRET)
     with pytest.raises(ValueError, match="multiple of 128"):
-        tpu_srh_scores(queries, k, lengths, groups, block_s=64, interpret=True)
+        tpu_srh_scores(queries, k, lengths, groups, block_s=64, interpret=INTERPRET)
 
 
 # ---------------------------------------------------------------------------- the backends
 TARGET = ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4, num_kv_heads=2,
                      head_dim=16, dtype="float32", attention_backend="xla")
 DRAFT = TARGET.replace(hidden_size=32, intermediate_size=64, head_dim=8)
-TPU = "pallas-tpu-interpret"
+TPU = "pallas-tpu-interpret" if INTERPRET else "pallas-tpu"
 
 
 def test_tpu_backends_registry_and_platform_errors():
