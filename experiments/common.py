@@ -235,7 +235,7 @@ def check_skip_ranges(spec: str, flag: str) -> None:
 
 
 # ---------------------------------------------------------------------------- models, prompts, stop tokens
-def load_model_timed(source: str, dtype: str, attention_backend: str = "xla"):
+def load_model_timed(source: str, dtype: str, attention_backend: str = "auto"):
     """``jaxspec.models.loading.load_model`` with the attention backend set and a stderr line."""
     from jaxspec.models.loading import load_model
     from jaxspec.models.params import num_params

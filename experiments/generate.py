@@ -68,9 +68,10 @@ def add_generate_args(parser: argparse.ArgumentParser) -> None:
                              "bfloat16 on accelerators")
     parser.add_argument("--no-chat", action="store_true", help="do not wrap the prompt in the chat template")
     parser.add_argument("--no-warmup", action="store_true", help="time the first (compiling) run")
-    parser.add_argument("--attention-backend", default="xla", choices=list(ATTENTION_BACKENDS),
+    parser.add_argument("--attention-backend", default="auto", choices=list(ATTENTION_BACKENDS),
                         help="history attention of the model (and of a separate draft): XLA reference or our "
-                             "Pallas kernels (pallas needs a GPU; pallas-interpret runs them slowly anywhere)")
+                             "Pallas kernels (pallas needs a GPU, pallas-tpu a TPU; the -interpret variants run "
+                             "them slowly on a CPU); auto: pallas-tpu on a TPU, xla elsewhere")
     for add_arguments in registry.METHOD_ARGUMENTS.values():
         add_arguments(parser)
 
@@ -172,7 +173,9 @@ def prepare_generate(args) -> Prepared:
         from jaxspec.parallel import parse_mesh
 
         mesh = parse_mesh(args.mesh)  # checks data x tensor against the device count before loading
-    backend = getattr(args, "attention_backend", "xla")
+    from jaxspec.models.attention import get_backend
+
+    backend = get_backend(getattr(args, "attention_backend", "auto")).name  # "auto" resolved on this platform
     model = load_model_timed(args.model, args.dtype, backend)
     if model.tokenizer is None:
         raise ValueError(f"{args.model} has no tokenizer; generate needs one to encode prompts")

@@ -86,12 +86,15 @@ def cmd_bench_attention(args) -> Dict[str, Any]:
     from jaxspec.dustin.selection import select_top_k
     from jaxspec.dustin.signals import srh_scores
     from pallas_kernels.selection import srh_scores_pallas
+    from pallas_kernels.tpu_attention import tpu_dense_history_partials, tpu_sparse_history_partials
+    from pallas_kernels.tpu_selection import tpu_srh_scores
 
     writer = ResultWriter(args.out, "bench-attention", config_of(args))
     if not writer.has("copy_bandwidth"):
         writer.add("copy_bandwidth", copy_bandwidth(args.copy_gib))
     bandwidth = writer.get("copy_bandwidth")["bandwidth_Bps"]
     interpret = jax.default_backend() != "gpu"
+    tpu = jax.default_backend() == "tpu"  # "ours" are then the Mosaic TPU kernels, compiled (docs/tpu.md)
     rows_out = []
     steps = args.gamma + 1
     for shape in args.shapes.split(","):
@@ -115,6 +118,8 @@ def cmd_bench_attention(args) -> Dict[str, Any]:
                 kv_bytes = 2 * batch * kv_heads * context * dim * 2
 
                 def ours_dense(q_, k_, v_, len_):
+                    if tpu:
+                        return merged_history(tpu_dense_history_partials(q_, k_, v_, len_), packed_rows)
                     return merged_history(dense_history_partials(q_, k_, v_, len_, interpret=interpret),
                                           packed_rows)
 
@@ -167,6 +172,10 @@ def cmd_bench_attention(args) -> Dict[str, Any]:
                     ref_scores = srh_scores(srh_q, k, lengths, srh_groups)
                     variants = [("xla", lambda sq, k_, len_, g=srh_groups: srh_scores(sq, k_, len_, g))]
                     for block, warps in _parse_configs(args.scoring_configs, 2):
+                        if tpu:  # the Mosaic kernel has no warps: one variant per block size
+                            variants.append((f"pallas_tpu_b{block}", lambda sq, k_, len_, g=srh_groups, block=block:
+                                             tpu_srh_scores(sq, k_, len_, g, block_s=block)))
+                            continue
                         variants.append((f"pallas_b{block}_w{warps}",
                                          lambda sq, k_, len_, g=srh_groups, block=block, warps=warps: srh_scores_pallas(
                                              sq, k_, len_, g, block_s=block, num_warps=warps, interpret=interpret)))
@@ -204,6 +213,9 @@ def cmd_bench_attention(args) -> Dict[str, Any]:
                             continue
 
                         def ours_sparse(q_, k_, v_, idx_, chunk=chunk, per_program=per_program, warps=warps):
+                            if tpu:  # chunk rows per DMA batch, chunks per program; warps do not apply
+                                return merge_partials(tpu_sparse_history_partials(
+                                    q_, k_, v_, idx_, chunk=chunk, chunks_per_program=per_program), axis=2)
                             return merge_partials(sparse_history_partials(
                                 q_, k_, v_, idx_, chunk=chunk, chunks_per_program=per_program, num_warps=warps,
                                 interpret=interpret), axis=2)

@@ -20,7 +20,8 @@ SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
 
 #: Names of the history-attention backends (the registry is ``jaxspec.models.attention.BACKENDS``,
 #: which checks at import that its names are these; the config validates without importing it).
-ATTENTION_BACKENDS = ("xla", "pallas", "pallas-interpret")
+#: ``"auto"`` (the default) resolves per platform: ``"pallas-tpu"`` on a TPU, ``"xla"`` elsewhere.
+ATTENTION_BACKENDS = ("xla", "pallas", "pallas-interpret", "pallas-tpu", "pallas-tpu-interpret", "auto")
 
 #: RoPE scaling types we implement (``None`` / "default" means plain RoPE).
 SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear")
@@ -51,9 +52,11 @@ class ModelConfig:
     name: str = "custom"
     dtype: str = "bfloat16"  # parameter and activation dtype; norms, softmax and logits are f32
     # history attention, a name of jaxspec.models.attention.BACKENDS: "xla" (jnp reference),
-    # "pallas" (GPU kernels), "pallas-interpret" (the same kernels interpreted: slow, for tests).
+    # "pallas" (GPU kernels), "pallas-interpret" (the same kernels interpreted: slow, for tests),
+    # "pallas-tpu" (Mosaic TPU kernels), "pallas-tpu-interpret" (those in TPU interpret mode on
+    # CPU, for tests), "auto" (the default: "pallas-tpu" on a TPU platform, "xla" elsewhere).
     # The parameter count is jaxspec.models.params.num_params(config) (derived from the layout).
-    attention_backend: str = "xla"
+    attention_backend: str = "auto"
 
     def __post_init__(self):
         if self.model_type not in SUPPORTED_MODEL_TYPES:

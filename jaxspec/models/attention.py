@@ -9,7 +9,14 @@ name                platforms  history attention
 ``pallas``          gpu        the Pallas kernels of :mod:`pallas_kernels.attention`
                                (dense flash-decoding / sparse gather), lowered through Triton
 ``pallas-interpret`` any       the same kernels interpreted (slow; for tests on CPU)
+``pallas-tpu``      tpu        the Mosaic TPU kernels of :mod:`pallas_kernels.tpu_attention`
+                               (scalar-prefetched lengths / indices, per-row DMA gather)
+``pallas-tpu-       cpu, tpu   the TPU kernels in TPU interpret mode (``pltpu.InterpretParams``;
+interpret``                    slow; for tests on CPU)
 ==================  =========  ===========================================================
+
+``auto`` (the :class:`~jaxspec.config.ModelConfig` default) is not a backend but resolves, when
+the model is traced, to :func:`platform_default_backend`: ``pallas-tpu`` on a TPU, ``xla`` elsewhere.
 
 Everything that depends on the backend asks it here, never by comparing its name:
 :attr:`AttentionBackend.capacity_multiple` (cache capacity granularity),
@@ -38,6 +45,7 @@ from jaxspec.config import ATTENTION_BACKENDS, ModelConfig
 from jaxspec.parallel.sharding import per_device_kernel
 from pallas_kernels import attention as kernels
 from pallas_kernels import reference
+from pallas_kernels import tpu_attention as tpu_kernels
 
 Partial = reference.Partial
 
@@ -162,6 +170,8 @@ class AttentionBackend:
     #: platforms it can run on (``None``: any)
     platforms: Optional[Tuple[str, ...]] = None
     interpret: bool = False
+    #: the kernels are the Mosaic TPU ones (:mod:`pallas_kernels.tpu_attention`), not the Triton ones
+    tpu_kernels: bool = False
 
     def runs_on(self, platform: Optional[str] = None) -> bool:
         """Whether this backend can run on ``platform`` (default: ``jax.default_backend()``)."""
@@ -190,7 +200,10 @@ class AttentionBackend:
 
     def dense_history_partials(self, packed, k_cache, v_cache, lengths) -> Partial:
         """Partials of packed queries ``[B, Hkv, M, D]`` (pre-scaled) over cache slots ``< lengths``."""
-        if self.opaque_kernel:
+        if self.tpu_kernels:
+            kernel = functools.partial(tpu_kernels.tpu_dense_history_partials, block_k=self.capacity_multiple,
+                                       interpret=self.interpret)
+        elif self.opaque_kernel:
             kernel = functools.partial(kernels.dense_history_partials, interpret=self.interpret)
         else:
             kernel = reference.dense_history_reference
@@ -199,7 +212,10 @@ class AttentionBackend:
     def sparse_history_partials(self, packed, k_cache, v_cache, indices) -> Partial:
         """Partials over the cache rows ``indices [B, K]`` (cleaned: entries < 0 ignored; ``K`` a
         multiple of ``pallas_kernels.attention.SPARSE_CHUNK`` for the kernels)."""
-        if self.opaque_kernel:
+        if self.tpu_kernels:
+            kernel = functools.partial(tpu_kernels.tpu_sparse_history_partials, chunk=kernels.SPARSE_CHUNK,
+                                       interpret=self.interpret)
+        elif self.opaque_kernel:
             kernel = functools.partial(kernels.sparse_history_partials, chunk=kernels.SPARSE_CHUNK,
                                        interpret=self.interpret)
         else:
@@ -225,8 +241,18 @@ BACKENDS: Dict[str, AttentionBackend] = {
     "pallas-interpret": AttentionBackend("pallas-interpret", "the Pallas kernels interpreted: slow, for tests",
                                          capacity_multiple=64, reads_full_capacity=False, batchable=False,
                                          opaque_kernel=True, interpret=True),
+    "pallas-tpu": AttentionBackend("pallas-tpu", "Mosaic TPU Pallas kernels", capacity_multiple=128,
+                                   reads_full_capacity=False, batchable=False, opaque_kernel=True, platforms=("tpu",),
+                                   tpu_kernels=True),
+    "pallas-tpu-interpret": AttentionBackend("pallas-tpu-interpret",
+                                             "the Mosaic TPU kernels in TPU interpret mode: slow, for tests",
+                                             capacity_multiple=128, reads_full_capacity=False, batchable=False,
+                                             opaque_kernel=True, platforms=("cpu", "tpu"), interpret=True,
+                                             tpu_kernels=True),
 }
-if tuple(BACKENDS) != ATTENTION_BACKENDS:  # the config validates names without importing the model
+#: the name that resolves per platform (:func:`platform_default_backend`); the config default
+AUTO_BACKEND = "auto"
+if tuple(BACKENDS) + (AUTO_BACKEND,) != ATTENTION_BACKENDS:  # the config validates names without importing the model
     raise ImportError(f"attention registry {tuple(BACKENDS)} differs from jaxspec.config.ATTENTION_BACKENDS "
                       f"{ATTENTION_BACKENDS}")
 
@@ -234,9 +260,18 @@ if tuple(BACKENDS) != ATTENTION_BACKENDS:  # the config validates names without 
 REFERENCE_BACKEND = "xla"
 
 
+def platform_default_backend(platform: Optional[str] = None) -> str:
+    """The backend ``"auto"`` resolves to on ``platform`` (default ``jax.default_backend()``):
+    the Mosaic kernels on a TPU, the jnp reference elsewhere (on a GPU ``"pallas"`` is opt-in)."""
+    platform = platform or jax.default_backend()
+    return "pallas-tpu" if platform == "tpu" else REFERENCE_BACKEND
+
+
 def get_backend(name: str) -> AttentionBackend:
+    if name == AUTO_BACKEND:
+        return BACKENDS[platform_default_backend()]
     if name not in BACKENDS:
-        raise ValueError(f"attention_backend={name!r}; valid: {sorted(BACKENDS)}")
+        raise ValueError(f"attention_backend={name!r}; valid: {sorted(BACKENDS) + [AUTO_BACKEND]}")
     return BACKENDS[name]
 
 
@@ -258,5 +293,6 @@ def attention(config: ModelConfig, q, k_new, v_new, cache_k, cache_v, lengths, v
                                      probe_local)
 
 
-__all__ = ["AttentionBackend", "BACKENDS", "REFERENCE_BACKEND", "attention", "backend_of", "batchable_config",
-           "duplicate_mask", "get_backend", "partials_attention", "xla_attention"]
+__all__ = ["AUTO_BACKEND", "AttentionBackend", "BACKENDS", "REFERENCE_BACKEND", "attention", "backend_of",
+           "batchable_config", "duplicate_mask", "get_backend", "partials_attention", "platform_default_backend",
+           "xla_attention"]

@@ -59,19 +59,21 @@ def test_check_param_shapes_names_the_parameter():
 
 
 def test_attention_registry():
-    assert tuple(attention.BACKENDS) == ATTENTION_BACKENDS
+    assert tuple(attention.BACKENDS) + (attention.AUTO_BACKEND,) == ATTENTION_BACKENDS
     xla, pallas = attention.get_backend("xla"), attention.get_backend("pallas-interpret")
     assert xla.capacity_multiple == 1 and pallas.capacity_multiple == 64
     assert init_cache(TINY, 1, 70).capacity == 70
     assert init_cache(TINY.replace(attention_backend="pallas-interpret"), 1, 70).capacity == 128
     assert attention.batchable_config(TINY.replace(attention_backend="pallas")).attention_backend == "xla"
-    with pytest.raises(ValueError, match=r"attention_backend='flash'; valid: \['pallas', 'pallas-interpret', 'xla'\]"):
+    with pytest.raises(ValueError, match=r"attention_backend='flash'; valid: \['pallas', 'pallas-interpret', "
+                                         r"'pallas-tpu', 'pallas-tpu-interpret', 'xla', 'auto'\]"):
         attention.get_backend("flash")
     with pytest.raises(ValueError, match=r"attention_backend='flash'"):
         TINY.replace(attention_backend="flash")
     with pytest.raises(ValueError, match=r"'pallas' needs a GPU .* this platform is 'cpu'. Valid here: "
-                                         r"\['xla', 'pallas-interpret'\]"):
+                                         r"\['xla', 'pallas-interpret', 'pallas-tpu-interpret'\]"):
         attention.get_backend("pallas").check_platform("cpu")
     attention.get_backend("pallas").check_platform("gpu")
     xla.check_platform("cpu")
-    assert [b.name for b in attention.BACKENDS.values() if b.runs_on("cpu")] == ["xla", "pallas-interpret"]
+    assert [b.name for b in attention.BACKENDS.values() if b.runs_on("cpu")] == ["xla", "pallas-interpret",
+                                                                                 "pallas-tpu-interpret"]

@@ -6,7 +6,9 @@ executes this file as a script, prints a summary table and a JSON line, and the 
 assert on it. Meshes (data, tensor): (1, 8), (2, 4), (8, 1). Per mesh: forward (prefill and a
 sparse-verification step: logits allclose in float32, caches equal), greedy autoregressive
 ``generate`` (tokens identical), greedy ``speculative_generate`` with ``SeparateDraft`` (tokens
-and acceptance identical) and ``select_top_k`` (indices identical). On (2, 4) also: a
+and acceptance identical) and ``select_top_k`` (indices identical). On (1, 8) also the Mosaic TPU kernels (TPU
+interpret mode) per device inside ``shard_map`` against their references (the whole model on
+``pallas-tpu-interpret`` under this mesh hangs in the interpreter: docs/tpu.md). On (2, 4) also: a
 ``SelfDraft``, the KnapSpec DP (candidates, cosine values, alpha), the explicit ``mesh=`` argument, the Pallas backend (interpret mode) under the
 mesh, no all-gather in the compiled forward, and the divisibility errors.
 
@@ -144,6 +146,36 @@ def _worker() -> dict:  # runs in the subprocess
                               k=32, sinks=2, window=4)
         record(shape, "select_top_k", np.array_equal(np.asarray(chosen), reference["topk"]), "",
                time.perf_counter() - start)
+
+        if shape == (1, 8):  # the Mosaic TPU kernels (TPU interpret mode) per device inside shard_map
+            start = time.perf_counter()
+            import functools
+
+            from jaxspec.parallel.sharding import per_device_kernel
+            from pallas_kernels.reference import (clean_indices, dense_history_reference, merge_partials,
+                                                  normalize, sparse_history_reference)
+            from pallas_kernels.tpu_attention import tpu_dense_history_partials, tpu_sparse_history_partials
+
+            keys = jax.random.split(jax.random.PRNGKey(3), 3)
+            kq = 0.3 * jax.random.normal(keys[0], (2, 8, 16, 8))
+            kk, kv = (jax.random.normal(key, (2, 8, 256, 8)) for key in keys[1:])
+            k_lengths = jnp.asarray([0, 200], jnp.int32)  # an all-masked row, a ragged one
+            raw = np.random.RandomState(5).randint(-2, 210, (2, 32)).astype(np.int32)
+            raw[1, :4] = 7  # duplicates
+            k_idx = clean_indices(jnp.asarray(raw), k_lengths)
+            place = NamedSharding(mesh, PartitionSpec(None, "tensor"))
+            dense = functools.partial(tpu_dense_history_partials, interpret=True)
+            sparse = functools.partial(tpu_sparse_history_partials, chunk=16, interpret=True)
+            with use_mesh(mesh):
+                both = jax.jit(lambda q_, k_, v_, len_, idx_: (per_device_kernel(dense, q_, k_, v_, len_),
+                                                               per_device_kernel(sparse, q_, k_, v_, idx_)))
+                got_dense, got_sparse = both(*(jax.device_put(x, place) for x in (kq, kk, kv)), k_lengths, k_idx)
+            diff = max(max_diff(normalize(merge_partials(got_dense, axis=2)),
+                                normalize(dense_history_reference(kq, kk, kv, k_lengths))),
+                       max_diff(normalize(merge_partials(got_sparse, axis=2)),
+                                normalize(sparse_history_reference(kq, kk, kv, k_idx))))
+            record(shape, "TPU kernels (interpret) per device in shard_map (dense + sparse)", diff < 1e-5,
+                   f"max |dout| {diff:.1e}", time.perf_counter() - start)
 
         if shape != (2, 4):
             continue
