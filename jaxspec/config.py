@@ -54,11 +54,16 @@ class ModelConfig:
     # history attention, a name of jaxspec.models.attention.BACKENDS: "xla" (jnp reference),
     # "pallas" (GPU kernels), "pallas-interpret" (the same kernels interpreted: slow, for tests),
     # "pallas-tpu" (Mosaic TPU kernels), "pallas-tpu-interpret" (those in TPU interpret mode on
-    # CPU, for tests), "auto" (the default: "pallas-tpu" on a TPU platform, "xla" elsewhere).
+    # CPU, for tests), "auto" (the default: resolved when the config is made, to "pallas-tpu" on a TPU
+    # platform and "xla" elsewhere, so a config and every record of it name the backend that ran).
     # The parameter count is jaxspec.models.params.num_params(config) (derived from the layout).
     attention_backend: str = "auto"
 
     def __post_init__(self):
+        if self.attention_backend == "auto":  # resolved now, so a config always names the backend it runs
+            import jax
+
+            object.__setattr__(self, "attention_backend", "pallas-tpu" if jax.default_backend() == "tpu" else "xla")
         if self.model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(
                 f"unknown architecture model_type={self.model_type!r}; supported: {SUPPORTED_MODEL_TYPES}"

@@ -15,8 +15,9 @@ name                platforms  history attention
 interpret``                    slow; for tests on CPU)
 ==================  =========  ===========================================================
 
-``auto`` (the :class:`~jaxspec.config.ModelConfig` default) is not a backend but resolves, when
-the model is traced, to :func:`platform_default_backend`: ``pallas-tpu`` on a TPU, ``xla`` elsewhere.
+``auto`` (the :class:`~jaxspec.config.ModelConfig` default) is not a backend: a config made with it
+names :func:`platform_default_backend` instead (``pallas-tpu`` on a TPU, ``xla`` elsewhere), and
+:func:`get_backend` resolves the name the same way (e.g. for ``--attention-backend auto``).
 
 Everything that depends on the backend asks it here, never by comparing its name:
 :attr:`AttentionBackend.capacity_multiple` (cache capacity granularity),
