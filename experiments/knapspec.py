@@ -375,6 +375,9 @@ def register(subparsers) -> None:
     p.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated: {', '.join(METHODS)}")
     p.add_argument("--candidate-plans", type=int, default=6,
                    help="DP candidates run as fixed plans for the TPT / alpha vs throughput correlation (0: none)")
+    p.add_argument("--candidate-reference-tokens", type=int, default=16,
+                   help="reference tokens per row of the candidates' DP and of the plan-cost timing (the first AR "
+                        "tokens after the prompt)")
     p.add_argument("--plan-cost-repeats", type=int, default=3,
                    help="planner timings with / without the stacked-weights reuse per case (0: skip)")
     p.add_argument("--device-tag", default=None, help="label in case keys and file names (default: the backend)")
@@ -404,7 +407,7 @@ def _config_of(args) -> Dict[str, Any]:
     keys = ("model", "layers", "dtype", "tasks", "contexts", "max_new_tokens", "long_prompt", "long_new_tokens",
             "batches", "candidate_plans", "gamma_max", "gamma_buckets", "branch_chunk", "max_reference_tokens",
             "clasp_skip_count", "seed", "device_tag", "latency_fit", "max_plan_fraction",
-            "probe_rounds")
+            "probe_rounds", "candidate_reference_tokens")
     return {k: getattr(args, k) for k in keys}
 
 
@@ -520,12 +523,14 @@ _FORWARDS: Dict[Any, Any] = {}
 
 
 def forward_times(model: Model, prefilled, mask, verify_rows: int, repeats: int = 5) -> Dict[str, float]:
-    """Median seconds of one draft forward (1 token, dynamic skip ``mask``) and one verification
-    forward (``verify_rows`` tokens, full model) on the prefilled cache."""
+    """Median seconds of one draft forward (1 token) with the dynamic skip ``mask`` (a ``lax.cond``
+    per sub-layer) and with the same mask static (skipped sub-layers removed at trace time, one
+    compile per mask), and of one verification forward (``verify_rows`` tokens, full model) on the
+    prefilled cache."""
     import jax
     import jax.numpy as jnp
 
-    from jaxspec.models.llama import forward
+    from jaxspec.models.llama import forward, freeze_skip_mask
 
     config = model.config
     cache = prefilled[0]
@@ -547,7 +552,12 @@ def forward_times(model: Model, prefilled, mask, verify_rows: int, repeats: int 
             times.append(time.perf_counter() - start)
         return float(np.median(times))
 
+    frozen = freeze_skip_mask(mask)
+    key = (config, frozen)
+    if key not in _FORWARDS:
+        _FORWARDS[key] = jax.jit(lambda p, t, c: forward(p, t, c, config=config, skip_mask=frozen).logits)
     return {"draft_forward_s": median(draft, model.params, one, cache, mask),
+            "draft_forward_static_s": median(_FORWARDS[key], model.params, one, cache),
             "verify_forward_s": median(verify, model.params, rows, cache)}
 
 
@@ -686,6 +696,7 @@ class Case:
                 "other_s": decode_s - plan_s - draft_est - verify_est - ar_est, **fwd},
             "predicted_ar_step_s": self.latency.a * self.latency.t_step(self.capacity, self.model.config.num_layers),
             "latency_prediction": self.latency_prediction(final_mask, bucket + 1, metrics, rounds, decode_s - plan_s),
+            "draft_step_check": self.draft_step_check(final_mask, fwd),
             "load_average_before": load_before,
         }
         if method == "clasp":
@@ -716,16 +727,35 @@ class Case:
                 "measured_decode_minus_plan_s": measured_s, "ratio_measured_to_predicted": measured_s / total
                 if total > 0 else None}
 
+    def draft_step_check(self, mask, fwd: Dict[str, float]) -> Dict[str, Any]:
+        """One draft forward of ``mask``, measured with the dynamic mask and with the static
+        (executed sub-layers only) variant, against the latency model's draft time for the plan at
+        the cache capacity (:func:`~jaxspec.knapspec.planner.draft_time`): the ratios measured /
+        predicted (target: within 10 %)."""
+        from jaxspec.knapspec.planner import draft_time
+
+        m, n = self.latency, float(self.capacity)
+        mask = np.asarray(mask, bool)
+        predicted = float(draft_time(mask, m.t_attn(n), m.t_mlp(), m.t_token()))
+        dynamic, static = fwd["draft_forward_s"], fwd["draft_forward_static_s"]
+        return {"n": n, "n_skip_attn": int(mask[:, 0].sum()), "n_skip_mlp": int(mask[:, 1].sum()),
+                "predicted_s": predicted, "dynamic_s": dynamic, "static_s": static,
+                "dynamic_over_predicted": dynamic / predicted if predicted > 0 else None,
+                "static_over_predicted": static / predicted if predicted > 0 else None,
+                "static_within_10pct": bool(predicted > 0 and abs(static / predicted - 1) <= 0.10)}
+
     # ------------------------------------------------------------------------ candidates
     def candidates(self) -> Dict[str, Any]:
-        """The DP on the case's text: reference = the first 16 AR tokens of each row (at the prompt's end)."""
+        """The DP on the case's text: reference = the first ``--candidate-reference-tokens`` (16) AR tokens
+        of each row (at the prompt's end). ``plan_share_of_ar_decode``: one (compiled) plan's seconds over
+        the AR decode of the case's new tokens."""
         import jax.numpy as jnp
 
         from jaxspec.knapspec.planner import objective_table
         from jaxspec.knapspec.policy import plan_skip_set
 
         prefilled = self.prefill()
-        r = min(16, self.max_new)
+        r = min(self.args.candidate_reference_tokens, self.max_new)
         tokens = jnp.asarray(self.ar_tokens()[:, :r], jnp.int32)
         token_mask = jnp.ones(tokens.shape, jnp.float32)
         prefix = jnp.asarray([len(p) for p in self.prompts], jnp.int32)
@@ -748,8 +778,11 @@ class Case:
                          "cosine": float(cands.cosine[c]), "gamma": gammas[g], "predicted_tpt": float(table[c, g]),
                          "n_skip_attn": int(cands.masks[c, :, 0].sum()), "n_skip_mlp": int(cands.masks[c, :, 1].sum()),
                          "mask": cands.masks[c].tolist()})
+        ar_decode = (self.last_ar or self.ar())["decode_s"]
         return {"plan": plan.summary(), "weights": list(weights), "reference_tokens": r * self.batch,
-                "plan_first_call_s": first, "plan_s": steady, "candidates": rows}
+                "reference_tokens_per_row": r, "plan_first_call_s": first, "plan_s": steady,
+                "ar_decode_s": ar_decode, "ar_new_tokens": self.max_new, "plan_share_of_ar_decode": steady / ar_decode,
+                "candidates": rows}
 
     def plan_cost(self, repeats: int) -> Dict[str, Any]:
         """Planner seconds (reference states + DP + grid search) without / with the stacked-weights reuse,
@@ -761,7 +794,7 @@ class Case:
         from jaxspec.knapspec.planner import choose_plan
 
         prefilled = self.prefill()
-        r = min(16, self.max_new)
+        r = min(self.args.candidate_reference_tokens, self.max_new)
         tokens = jnp.asarray(self.ar_tokens()[:, :r], jnp.int32)
         token_mask = jnp.ones(tokens.shape, jnp.float32)
         prefix = jnp.asarray([len(p) for p in self.prompts], jnp.int32)
@@ -854,6 +887,8 @@ def check_knapspec_args(args) -> None:
             raise ValueError(f"--{flag.replace('_', '-')}={getattr(args, flag)}: must be >= 1 (or left out)")
     if args.layers is not None and not args.model.startswith("random:"):
         raise ValueError(f"--layers is for random:PRESET models only; {args.model!r} has its own layer count")
+    if args.candidate_reference_tokens < 1:
+        raise ValueError(f"--candidate-reference-tokens={args.candidate_reference_tokens}: must be >= 1")
     if args.candidate_plans < 0 or args.plan_cost_repeats < 0 or args.probe_rounds < 0:
         raise ValueError("--candidate-plans, --plan-cost-repeats and --probe-rounds must be >= 0")
     experiment_knapspec_config(args)  # the planner's own checks

@@ -96,7 +96,7 @@ from jaxspec.knapspec.dp import (DEFAULT_TAU, WEIGHT_CAP, Candidates, boundary_s
                                  skip_budget)
 from jaxspec.knapspec.latency import LatencyModel, effective_context
 from jaxspec.knapspec.planner import GAMMA_GRID, Plan, Planner, PlannerBase, choose_plan
-from jaxspec.models.llama import forward
+from jaxspec.models.llama import forward, freeze_skip_mask
 
 #: ``gamma_cap`` meaning "no cap" (the engine's gamma)
 NO_GAMMA_CAP = 2 ** 30
@@ -110,10 +110,21 @@ class KnapSpecDraft(DraftPolicyBase):
     config: ModelConfig
     early_exit: Optional[float] = 0.7  # None: always draft gamma tokens
     name: str = "knapspec"
+    # a static plan (docs/methods.md §5.x, static skip variants): ``((skip_attn, skip_mlp), ...)`` per
+    # layer, removed at trace time -- the draft forward holds only the executed sub-layers and no
+    # per-sub-layer ``lax.cond`` (one compile per distinct plan: the policy is a static argument of
+    # the engine's loop). None: the dynamic ``state["skip_mask"]``.
+    static_mask: Optional[Tuple[Tuple[bool, bool], ...]] = None
 
     def __post_init__(self):
         if self.early_exit is not None and not 0.0 <= self.early_exit <= 1.0:
             raise ValueError(f"early_exit={self.early_exit} must be a probability in [0, 1] or None")
+        if self.static_mask is not None:
+            shape = np.shape(np.asarray(self.static_mask, bool))
+            if shape != (self.config.num_layers, 2) or not all(
+                    isinstance(f, bool) for pair in self.static_mask for f in pair):
+                raise ValueError(f"static_mask of shape {shape}: expected a tuple of {self.config.num_layers} "
+                                 f"(skip_attn, skip_mlp) Python bool pairs (jaxspec.models.llama.freeze_skip_mask)")
 
     def initial_state(self, skip_mask=None, gamma_cap: Optional[int] = None) -> dict:
         """``skip_mask`` ``[L, 2]`` (default: the full model, the draft before the first plan);
@@ -138,7 +149,7 @@ class KnapSpecDraft(DraftPolicyBase):
         return jnp.take_along_axis(probs, token[:, None], axis=-1)[:, 0]
 
     def propose(self, draft_params, state, target_cache, pending, previous, committed, *, gamma, sampling, key):
-        mask = state["skip_mask"]
+        mask = self.static_mask if self.static_mask is not None else state["skip_mask"]
         batch = pending.shape[0]
         vocab = self.config.vocab_size
         limit = jnp.clip(state.get("gamma_cap", gamma), 1, gamma)  # the planned gamma (dynamic: no recompile)
@@ -657,7 +668,8 @@ def knapspec_generate(target_params, target_config: ModelConfig, prompts: Sequen
                       verify_policy=DenseVerify(), verify_state=None, seed: int = 0, capacity: Optional[int] = None,
                       context_n: Optional[float] = None, warmup: bool = False, planner=None,
                       initial_plan: Optional[Tuple[np.ndarray, int]] = None, replan: bool = True,
-                      prefilled=None, profile: bool = False, mesh=None, rules=None) -> SpeculativeResult:
+                      prefilled=None, profile: bool = False, mesh=None, rules=None,
+                      static_plan: bool = True) -> SpeculativeResult:
     """Greedy or sampled speculative generation with KnapSpec self-drafting: the engine's
     :func:`~jaxspec.decoding.speculative.speculative_generate` with :class:`KnapSpecDraft` and a
     :class:`KnapSpecController`.
@@ -669,6 +681,9 @@ def knapspec_generate(target_params, target_config: ModelConfig, prompts: Sequen
     ``planner`` (default ``KnapSpecPlanner(latency, knapspec)``) chooses each plan;
     ``initial_plan=(mask [L, 2], gamma)`` replaces the full-model draft before the first plan
     (gamma 0: plain decoding); ``replan=False`` keeps it for the whole run (a static skip set).
+    ``static_plan`` (with ``replan=False`` and an ``initial_plan``): the draft forward is compiled
+    for that plan (``KnapSpecDraft.static_mask``: skipped sub-layers removed at trace time, no
+    per-sub-layer ``lax.cond``); False keeps the dynamic mask.
 
     ``prefilled=(cache, first_logits)``: the prompts already prefilled into a cache of
     ``capacity`` slots (e.g. one prefill shared by several methods in a benchmark); each run
@@ -692,7 +707,10 @@ def knapspec_generate(target_params, target_config: ModelConfig, prompts: Sequen
         if latency is None:
             raise ValueError("knapspec_generate needs a latency model (or a planner, or replan=False)")
         planner = KnapSpecPlanner(latency, knapspec)
-    policy = KnapSpecDraft(target_config, early_exit=knapspec.early_exit)
+    static_mask = None
+    if static_plan and not replan and initial_plan is not None:
+        static_mask = freeze_skip_mask(initial_plan[0])
+    policy = KnapSpecDraft(target_config, early_exit=knapspec.early_exit, static_mask=static_mask)
     controller = KnapSpecController(knapspec, planner, latency=latency, context_n=context_n,
                                     initial_plan=initial_plan, replan=replan)
     return speculative_generate(target_params, target_config, prompts, draft_policy=policy,

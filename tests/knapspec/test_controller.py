@@ -520,3 +520,26 @@ def test_knapspec_warmup_and_profile_come_from_the_engine(params, ar_rows):
     assert result.timings["compile_s"] >= 0 and result.timings["profile_rounds"] > 0
     assert result.timings["profile_draft_s"] > 0 and result.timings["profile_verify_s"] > 0
     assert [p["round"] for p in result.metrics["knapspec_plans"]][:2] == [2, 6]
+
+
+def test_fixed_plan_compiles_a_static_draft_equal_to_the_dynamic_mask(params, ar_rows):
+    """A fixed plan (replan=False) drafts with the plan's executed sub-layers only (static mask, no
+    lax.cond): same tokens, acceptance and draft steps as the dynamic mask, and greedy == AR."""
+    mask = np.zeros((TARGET.num_layers, 2), bool)
+    mask[1, 0] = mask[2, 1] = mask[3, 0] = True
+    runs = {}
+    for static in (True, False):
+        result = knapspec_generate(params, TARGET, PROMPTS, knapspec=KNAP, max_new_tokens=NEW, replan=False,
+                                   initial_plan=(mask, 3), static_plan=static)
+        runs[static] = result
+        assert result.rows() == ar_rows
+    assert runs[True].metrics["acceptance_rate"] == runs[False].metrics["acceptance_rate"]
+    assert runs[True].metrics["draft_steps"] == runs[False].metrics["draft_steps"]
+    policy = KnapSpecDraft(TARGET, static_mask=tuple((bool(a), bool(m)) for a, m in mask))
+    jaxpr = str(jax.make_jaxpr(lambda s: policy.propose(
+        params, s, init_cache(TARGET, 1, 16).with_lengths(jnp.ones((1,), jnp.int32)), jnp.zeros((1,), jnp.int32),
+        jnp.zeros((1,), jnp.int32), jnp.full((1,), 2, jnp.int32), gamma=2, sampling=SamplingConfig(),
+        key=jax.random.PRNGKey(0)))(policy.initial_state()))
+    assert " cond[" not in jaxpr  # no per-sub-layer conditional left in the static draft
+    with pytest.raises(ValueError, match="static_mask"):
+        KnapSpecDraft(TARGET, static_mask=((True, False),))
