@@ -1,4 +1,4 @@
-"""KnapSpec with budgeted attention (docs/methods.md §5.9): the three-choice DP (scan) vs brute force,
+"""KnapSpec with budgeted attention (docs/methods.md §5.2): the three-choice DP (scan) vs brute force,
 its weights, the budgeted forward, and the planner."""
 
 import jax
@@ -188,3 +188,24 @@ def test_plan_choices_prefers_budgeted_attention_at_long_context(tiny_problem):
     expected = n_dense * lat.t_attn(20.0) + n_budget * lat.t_attn(3.0) + int((plan[:, 1] == 0).sum()) * lat.t_mlp() \
         + lat.t_token()
     assert bd.plan_draft_time(plan, lat, 20.0, 3) == pytest.approx(expected)
+
+
+def test_budget_generate_is_exact_and_drafts_with_the_plan():
+    """Greedy KnapSpec with budgeted attention (one plan on the prompt tail, a static three-choice
+    draft) equals greedy AR; the plan it reports is the one the draft ran."""
+    from jaxspec.decoding.autoregressive import generate
+    from jaxspec.knapspec.policy import KnapSpecConfig, KnapSpecDraft, knapspec_budget_generate
+
+    params = init_params(TINY, jax.random.PRNGKey(1), scale=0.2)
+    prompts = [np.random.RandomState(1).randint(0, 97, n).tolist() for n in (30, 24)]
+    lat = latency.LatencyModel(c1=1.0, c2=1.0, c3=0.1)
+    knap = KnapSpecConfig(gamma_max=4, gamma_buckets=(), max_plan_fraction=None, probe_rounds=None, tau=0.3,
+                          gammas=(1, 2, 3, 4))  # no gamma 0 in the grid: the run drafts
+    result = knapspec_budget_generate(params, TINY, prompts, latency=lat, sinks=1, window=4, reference_tokens=8,
+                                      knapspec=knap, max_new_tokens=12)
+    assert result.rows() == generate(params, TINY, prompts, 12).rows()
+    plan = result.metrics["budget_plan"]
+    assert plan["reference_tokens"] == 16 and plan["gamma"] >= 1 and result.timings["plan_s"] > 0
+    assert plan["n_budget_attn"] + plan["n_skip_attn"] + plan["n_skip_mlp"] > 0
+    with pytest.raises(ValueError, match="static_codes"):
+        KnapSpecDraft(TINY, static_codes=((0, 1),) * TINY.num_layers, attention_budget=(1, 4))
