@@ -72,7 +72,7 @@ DEFAULT_LATENCY_FIT = "forward"
 # fit, measured now or loaded), the plan history (round, context length, skipped Attention vs MLP
 # sub-layers, gamma* and the gamma used, predicted TPT, alpha, seconds) and the planning time as a
 # fraction of the decode time (planning runs inside the timed decode).
-SELF_SPEC_METHODS = ("knapspec", "clasp", "static-skip")
+SELF_SPEC_METHODS = ("knapspec", "clasp", "static-skip", "knapspec-budget")
 DEFAULT_CALIBRATION_FILE = DEMO_PROMPT_FILE
 
 
@@ -102,6 +102,13 @@ def add_self_spec_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--knapspec-official-gamma", action="store_true",
                        help="as the official code: always draft up to gamma-max with early exit (gamma* is only "
                             "reported; gamma* = 0 does not switch to plain decoding)")
+    group.add_argument("--knapspec-attention-budget", type=int, default=256, metavar="K",
+                       help="knapspec-budget: history slots of a budgeted Attention sub-layer (sinks + window), the "
+                            "third choice of the DP (docs/methods.md §5.2)")
+    group.add_argument("--knapspec-attention-sinks", type=int, default=4,
+                       help="knapspec-budget: of the budget, the first cache slots (the rest is the recent window)")
+    group.add_argument("--knapspec-budget-reference-tokens", type=int, default=64,
+                       help="knapspec-budget: the plan's reference = the last this many prompt tokens of each row")
     group.add_argument("--clasp-skip-count", type=int, default=None,
                        help="clasp: whole layers to skip (default by size: 4 ~1B, 8 3-8B, 10 14B, 20 32-70B)")
     group.add_argument("--static-skip-file", default=None, metavar="FILE",
@@ -173,6 +180,14 @@ def validate_self_spec(args) -> None:
     if args.calibration_tokens < 2 or not 1 <= args.calibration_reference_tokens < args.calibration_tokens:
         raise ValueError(f"--calibration-tokens={args.calibration_tokens} / --calibration-reference-tokens="
                          f"{args.calibration_reference_tokens}: need 1 <= reference < calibration tokens")
+    if args.method == "knapspec-budget":
+        sinks, budget = args.knapspec_attention_sinks, args.knapspec_attention_budget
+        if sinks < 0 or budget <= sinks:
+            raise ValueError(f"--knapspec-attention-budget={budget} / --knapspec-attention-sinks={sinks}: need "
+                             f"0 <= sinks < budget (the window is budget - sinks >= 1)")
+        if args.knapspec_budget_reference_tokens < 1:
+            raise ValueError(f"--knapspec-budget-reference-tokens={args.knapspec_budget_reference_tokens}: "
+                             f"must be >= 1")
     knapspec_config_from_args(args)  # validates the knobs
 
 
@@ -294,6 +309,17 @@ def run_self_spec(args, model, prompts, sampling, stops, out):
         planner = "static (" + plan.source.get("planner", "?") + ", offline)"
         extra["static_skip"] = dict(plan.summary(), file=args.static_skip_file, loaded=loaded,
                                     calibration_file=args.calibration_file)
+    elif method == "knapspec-budget":
+        from jaxspec.knapspec.policy import knapspec_budget_generate
+
+        sinks = args.knapspec_attention_sinks
+        result = knapspec_budget_generate(model.params, config, prompts, latency=latency, sinks=sinks,
+                                          window=args.knapspec_attention_budget - sinks,
+                                          reference_tokens=args.knapspec_budget_reference_tokens, knapspec=knapspec,
+                                          engine=engine, seed=args.seed, warmup=not args.no_warmup,
+                                          capacity=capacity)
+        planner = f"knapspec-budget (K={args.knapspec_attention_budget}, one plan)"
+        extra["budget_plan"] = result.metrics["budget_plan"]
     else:
         raise ValueError(f"unknown self-speculative method {method!r}")
     timings = result.timings

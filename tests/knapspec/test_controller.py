@@ -478,7 +478,9 @@ def test_cli_generate_knapspec_clasp_static(tmp_path, capsys):
     for method, extra in (("clasp", ["--clasp-skip-count", "1"]),
                           ("static-skip", ["--calibration-file", str(calibration), "--calibration-tokens", "200",
                                            "--static-skip-file", str(tmp_path / "static.json")]),
-                          ("knapspec", ["--knapspec-coupled", "--knapspec-objective", "tpl"])):
+                          ("knapspec", ["--knapspec-coupled", "--knapspec-objective", "tpl"]),
+                          ("knapspec-budget", ["--knapspec-attention-budget", "6", "--knapspec-attention-sinks", "2",
+                                               "--knapspec-budget-reference-tokens", "4"])):
         out_file = tmp_path / f"{method}-2.json"  # knapspec.json holds the first run (other options)
         assert main(base + ["--method", method, "--out", str(out_file)] + extra) == 0
         err = capsys.readouterr().err
@@ -489,6 +491,10 @@ def test_cli_generate_knapspec_clasp_static(tmp_path, capsys):
             assert all(h["n_skip_attn"] == h["n_skip_mlp"] == 1 for h in results["knapspec"]["plan_history"])
         if method == "static-skip":
             assert (tmp_path / "static.json").exists() and results["knapspec"]["static_skip"]["loaded"] is False
+        if method == "knapspec-budget":
+            plan = results["knapspec"]["budget_plan"]
+            assert plan["sinks"] == 2 and plan["window"] == 4 and plan["reference_tokens"] == 4
+            assert results["knapspec"]["plan_history"] == [] and plan["candidates"] >= 1
     # the default planning budget with a latency profile whose verification-row cost makes one DP
     # unaffordable for 48 tokens: no plan, plain decoding, and the CLI says why
     import dataclasses
@@ -508,6 +514,8 @@ def test_cli_generate_knapspec_clasp_static(tmp_path, capsys):
     assert results["identical_to_ar"] is True and k["plan_history"] == [] and k["plan_allowance"]["skip"] is True
     assert k["ar_tokens"] == 47 and k["draft_steps"] == 0
     assert main(base + ["--method", "knapspec", "--knapspec-interval", "3"]) == 2  # validated before loading
+    assert main(base + ["--method", "knapspec-budget", "--knapspec-attention-budget", "4",
+                        "--knapspec-attention-sinks", "4"]) == 2
 
 
 def test_knapspec_warmup_and_profile_come_from_the_engine(params, ar_rows):
