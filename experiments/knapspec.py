@@ -52,7 +52,8 @@ import numpy as np
 from experiments import registry
 from experiments.common import DEMO_PROMPT_FILE, REPO, ResultWriter, print_table
 
-METHODS = ("knapspec", "clasp", "static-skip", "knapspec-tpl", "knapspec-coupled", "knapspec-official")
+METHODS = ("knapspec", "clasp", "static-skip", "knapspec-tpl", "knapspec-coupled", "knapspec-official",
+           "knapspec-budget")
 TASKS = ("summarize", "long-generation")
 INSTRUCTION = "Summarise the following text in a few paragraphs.\n\n"
 #: prompts come from these books (row b uses book b mod 5); calibration from the sixth
@@ -404,6 +405,9 @@ def register(subparsers) -> None:
     p.add_argument("--candidate-reference-tokens", type=int, default=16,
                    help="reference tokens per row of the candidates' DP and of the plan-cost timing (the first AR "
                         "tokens after the prompt)")
+    p.add_argument("--attention-budget", type=int, default=256, metavar="K",
+                   help="knapspec-budget: history slots of a budgeted Attention (sinks + window; docs/methods.md §5.2)")
+    p.add_argument("--attention-sinks", type=int, default=4, help="knapspec-budget: sinks of the budget")
     p.add_argument("--plan-cost-repeats", type=int, default=3,
                    help="planner timings with / without the stacked-weights reuse per case (0: skip)")
     p.add_argument("--device-tag", default=None, help="label in case keys and file names (default: the backend)")
@@ -433,7 +437,7 @@ def _config_of(args) -> Dict[str, Any]:
     keys = ("model", "layers", "dtype", "tasks", "contexts", "max_new_tokens", "long_prompt", "long_new_tokens",
             "batches", "candidate_plans", "gamma_max", "gamma_buckets", "branch_chunk", "max_reference_tokens",
             "clasp_skip_count", "seed", "device_tag", "latency_fit", "max_plan_fraction",
-            "probe_rounds", "candidate_reference_tokens")
+            "probe_rounds", "candidate_reference_tokens", "attention_budget", "attention_sinks")
     return {k: getattr(args, k) for k in keys}
 
 
@@ -673,6 +677,15 @@ class Case:
         if method == "static-skip":
             return static_skip_generate(self.model.params, self.model.config, self.prompts, plan=self.static_plan,
                                         knapspec=ks, **common)
+        if method == "knapspec-budget":
+            from jaxspec.knapspec.policy import knapspec_budget_generate
+
+            sinks = self.args.attention_sinks
+            return knapspec_budget_generate(self.model.params, self.model.config, self.prompts, latency=self.latency,
+                                            sinks=sinks, window=self.args.attention_budget - sinks,
+                                            reference_tokens=self.args.candidate_reference_tokens, knapspec=ks,
+                                            engine=engine, seed=0, warmup=warmup, capacity=self.capacity,
+                                            context_n=float(self.capacity))
         if method == "fixed":
             return knapspec_generate(self.model.params, self.model.config, self.prompts, knapspec=ks,
                                      replan=False, **common, **kwargs)
@@ -727,6 +740,8 @@ class Case:
         }
         if method == "clasp":
             out["clasp_skip_count"] = metrics.get("clasp_skip_count")
+        if method == "knapspec-budget":
+            out["budget_plan"] = metrics["budget_plan"]
         if getattr(self.args, "trace", False):  # one more (compiled) run of each, under the profiler
             from experiments.trace import trace_or_error
 
@@ -913,6 +928,9 @@ def check_knapspec_args(args) -> None:
             raise ValueError(f"--{flag.replace('_', '-')}={getattr(args, flag)}: must be >= 1 (or left out)")
     if args.layers is not None and not args.model.startswith("random:"):
         raise ValueError(f"--layers is for random:PRESET models only; {args.model!r} has its own layer count")
+    if not 0 <= args.attention_sinks < args.attention_budget:
+        raise ValueError(f"--attention-budget={args.attention_budget} / --attention-sinks={args.attention_sinks}: "
+                         f"need 0 <= sinks < budget")
     if args.candidate_reference_tokens < 1:
         raise ValueError(f"--candidate-reference-tokens={args.candidate_reference_tokens}: must be >= 1")
     if args.candidate_plans < 0 or args.plan_cost_repeats < 0 or args.probe_rounds < 0:
