@@ -108,7 +108,7 @@ def test_model_dp_is_realised_by_the_budgeted_forward_and_bounded_by_brute_force
     params, cache, prefix, tokens, token_mask, states = tiny_problem
     sinks, window, w = 2, 4, (3, 1, 1)
     cands = bd.knapsack_dp_choices(params, TINY, cache, prefix, states, token_mask, w_attn=w[0], w_budget=w[1],
-                                   w_mlp=w[2], sinks=sinks, window=window, keep_states=True)
+                                   w_mlp=w[2], sinks=sinks, window=window, budget=5, keep_states=True)
     assert len(cands) > 3 and (cands.plans == bd.BUDGET).any()
     assert cands.weights[0] == 0 and not cands.plans[0].any() and cands.alpha[0] == 1.0
     teacher = np.argmax(np.asarray(forward_jit(params, tokens, cache.with_lengths(prefix), config=TINY).logits), -1)
