@@ -46,7 +46,7 @@ def add_generate_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, default=1, help="replicate a single prompt into this many rows")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--method", default="ar", choices=methods,
-                        help="ar = autoregressive, sd = speculative; knapspec, clasp, static-skip = layer-skipping "
+                        help="ar = autoregressive, sd = speculative; knapspec, clasp, static-skip, knapspec-budget = layer-skipping "
                              "self-speculation (KnapSpec and its baselines); dustin, streaming, snapkv, quest, "
                              "magicdec = sparse attention with --budget K (Dustin and its baselines)")
     parser.add_argument("--draft", help="sd: draft model source (same tokenizer as --model)")

@@ -52,7 +52,8 @@ import numpy as np
 from experiments import registry
 from experiments.common import DEMO_PROMPT_FILE, REPO, ResultWriter, print_table
 
-METHODS = ("knapspec", "clasp", "static-skip", "knapspec-tpl", "knapspec-coupled", "knapspec-official")
+METHODS = ("knapspec", "clasp", "static-skip", "knapspec-tpl", "knapspec-coupled", "knapspec-official",
+           "knapspec-budget")
 TASKS = ("summarize", "long-generation")
 INSTRUCTION = "Summarise the following text in a few paragraphs.\n\n"
 #: prompts come from these books (row b uses book b mod 5); calibration from the sixth
@@ -72,7 +73,7 @@ DEFAULT_LATENCY_FIT = "forward"
 # fit, measured now or loaded), the plan history (round, context length, skipped Attention vs MLP
 # sub-layers, gamma* and the gamma used, predicted TPT, alpha, seconds) and the planning time as a
 # fraction of the decode time (planning runs inside the timed decode).
-SELF_SPEC_METHODS = ("knapspec", "clasp", "static-skip")
+SELF_SPEC_METHODS = ("knapspec", "clasp", "static-skip", "knapspec-budget")
 DEFAULT_CALIBRATION_FILE = DEMO_PROMPT_FILE
 
 
@@ -102,6 +103,13 @@ def add_self_spec_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--knapspec-official-gamma", action="store_true",
                        help="as the official code: always draft up to gamma-max with early exit (gamma* is only "
                             "reported; gamma* = 0 does not switch to plain decoding)")
+    group.add_argument("--knapspec-attention-budget", type=int, default=256, metavar="K",
+                       help="knapspec-budget: history slots of a budgeted Attention sub-layer (sinks + window), the "
+                            "third choice of the DP (docs/methods.md §5.2)")
+    group.add_argument("--knapspec-attention-sinks", type=int, default=4,
+                       help="knapspec-budget: of the budget, the first cache slots (the rest is the recent window)")
+    group.add_argument("--knapspec-budget-reference-tokens", type=int, default=64,
+                       help="knapspec-budget: the plan's reference = the last this many prompt tokens of each row")
     group.add_argument("--clasp-skip-count", type=int, default=None,
                        help="clasp: whole layers to skip (default by size: 4 ~1B, 8 3-8B, 10 14B, 20 32-70B)")
     group.add_argument("--static-skip-file", default=None, metavar="FILE",
@@ -173,6 +181,14 @@ def validate_self_spec(args) -> None:
     if args.calibration_tokens < 2 or not 1 <= args.calibration_reference_tokens < args.calibration_tokens:
         raise ValueError(f"--calibration-tokens={args.calibration_tokens} / --calibration-reference-tokens="
                          f"{args.calibration_reference_tokens}: need 1 <= reference < calibration tokens")
+    if args.method == "knapspec-budget":
+        sinks, budget = args.knapspec_attention_sinks, args.knapspec_attention_budget
+        if sinks < 0 or budget <= sinks:
+            raise ValueError(f"--knapspec-attention-budget={budget} / --knapspec-attention-sinks={sinks}: need "
+                             f"0 <= sinks < budget (the window is budget - sinks >= 1)")
+        if args.knapspec_budget_reference_tokens < 1:
+            raise ValueError(f"--knapspec-budget-reference-tokens={args.knapspec_budget_reference_tokens}: "
+                             f"must be >= 1")
     knapspec_config_from_args(args)  # validates the knobs
 
 
@@ -294,6 +310,17 @@ def run_self_spec(args, model, prompts, sampling, stops, out):
         planner = "static (" + plan.source.get("planner", "?") + ", offline)"
         extra["static_skip"] = dict(plan.summary(), file=args.static_skip_file, loaded=loaded,
                                     calibration_file=args.calibration_file)
+    elif method == "knapspec-budget":
+        from jaxspec.knapspec.policy import knapspec_budget_generate
+
+        sinks = args.knapspec_attention_sinks
+        result = knapspec_budget_generate(model.params, config, prompts, latency=latency, sinks=sinks,
+                                          window=args.knapspec_attention_budget - sinks,
+                                          reference_tokens=args.knapspec_budget_reference_tokens, knapspec=knapspec,
+                                          engine=engine, seed=args.seed, warmup=not args.no_warmup,
+                                          capacity=capacity)
+        planner = f"knapspec-budget (K={args.knapspec_attention_budget}, one plan)"
+        extra["budget_plan"] = result.metrics["budget_plan"]
     else:
         raise ValueError(f"unknown self-speculative method {method!r}")
     timings = result.timings
@@ -375,6 +402,12 @@ def register(subparsers) -> None:
     p.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated: {', '.join(METHODS)}")
     p.add_argument("--candidate-plans", type=int, default=6,
                    help="DP candidates run as fixed plans for the TPT / alpha vs throughput correlation (0: none)")
+    p.add_argument("--candidate-reference-tokens", type=int, default=16,
+                   help="reference tokens per row of the candidates' DP and of the plan-cost timing (the first AR "
+                        "tokens after the prompt)")
+    p.add_argument("--attention-budget", type=int, default=256, metavar="K",
+                   help="knapspec-budget: history slots of a budgeted Attention (sinks + window; docs/methods.md §5.2)")
+    p.add_argument("--attention-sinks", type=int, default=4, help="knapspec-budget: sinks of the budget")
     p.add_argument("--plan-cost-repeats", type=int, default=3,
                    help="planner timings with / without the stacked-weights reuse per case (0: skip)")
     p.add_argument("--device-tag", default=None, help="label in case keys and file names (default: the backend)")
@@ -404,7 +437,7 @@ def _config_of(args) -> Dict[str, Any]:
     keys = ("model", "layers", "dtype", "tasks", "contexts", "max_new_tokens", "long_prompt", "long_new_tokens",
             "batches", "candidate_plans", "gamma_max", "gamma_buckets", "branch_chunk", "max_reference_tokens",
             "clasp_skip_count", "seed", "device_tag", "latency_fit", "max_plan_fraction",
-            "probe_rounds")
+            "probe_rounds", "candidate_reference_tokens", "attention_budget", "attention_sinks")
     return {k: getattr(args, k) for k in keys}
 
 
@@ -520,12 +553,14 @@ _FORWARDS: Dict[Any, Any] = {}
 
 
 def forward_times(model: Model, prefilled, mask, verify_rows: int, repeats: int = 5) -> Dict[str, float]:
-    """Median seconds of one draft forward (1 token, dynamic skip ``mask``) and one verification
-    forward (``verify_rows`` tokens, full model) on the prefilled cache."""
+    """Median seconds of one draft forward (1 token) with the dynamic skip ``mask`` (a ``lax.cond``
+    per sub-layer) and with the same mask static (skipped sub-layers removed at trace time, one
+    compile per mask), and of one verification forward (``verify_rows`` tokens, full model) on the
+    prefilled cache."""
     import jax
     import jax.numpy as jnp
 
-    from jaxspec.models.llama import forward
+    from jaxspec.models.llama import forward, freeze_skip_mask
 
     config = model.config
     cache = prefilled[0]
@@ -547,7 +582,12 @@ def forward_times(model: Model, prefilled, mask, verify_rows: int, repeats: int 
             times.append(time.perf_counter() - start)
         return float(np.median(times))
 
+    frozen = freeze_skip_mask(mask)
+    key = (config, frozen)
+    if key not in _FORWARDS:
+        _FORWARDS[key] = jax.jit(lambda p, t, c: forward(p, t, c, config=config, skip_mask=frozen).logits)
     return {"draft_forward_s": median(draft, model.params, one, cache, mask),
+            "draft_forward_static_s": median(_FORWARDS[key], model.params, one, cache),
             "verify_forward_s": median(verify, model.params, rows, cache)}
 
 
@@ -639,6 +679,15 @@ class Case:
         if method == "static-skip":
             return static_skip_generate(self.model.params, self.model.config, self.prompts, plan=self.static_plan,
                                         knapspec=ks, **common)
+        if method == "knapspec-budget":
+            from jaxspec.knapspec.policy import knapspec_budget_generate
+
+            sinks = self.args.attention_sinks
+            return knapspec_budget_generate(self.model.params, self.model.config, self.prompts, latency=self.latency,
+                                            sinks=sinks, window=self.args.attention_budget - sinks,
+                                            reference_tokens=self.args.candidate_reference_tokens, knapspec=ks,
+                                            engine=engine, seed=0, warmup=warmup, capacity=self.capacity,
+                                            context_n=float(self.capacity), allow_beyond_context=not self.model.real)
         if method == "fixed":
             return knapspec_generate(self.model.params, self.model.config, self.prompts, knapspec=ks,
                                      replan=False, **common, **kwargs)
@@ -688,10 +737,13 @@ class Case:
                 "other_s": decode_s - plan_s - draft_est - verify_est - ar_est, **fwd},
             "predicted_ar_step_s": self.latency.a * self.latency.t_step(self.capacity, self.model.config.num_layers),
             "latency_prediction": self.latency_prediction(final_mask, bucket + 1, metrics, rounds, decode_s - plan_s),
+            "draft_step_check": self.draft_step_check(final_mask, fwd),
             "load_average_before": load_before,
         }
         if method == "clasp":
             out["clasp_skip_count"] = metrics.get("clasp_skip_count")
+        if method == "knapspec-budget":
+            out["budget_plan"] = metrics["budget_plan"]
         if getattr(self.args, "trace", False):  # one more (compiled) run of each, under the profiler
             from experiments.trace import trace_or_error
 
@@ -718,16 +770,35 @@ class Case:
                 "measured_decode_minus_plan_s": measured_s, "ratio_measured_to_predicted": measured_s / total
                 if total > 0 else None}
 
+    def draft_step_check(self, mask, fwd: Dict[str, float]) -> Dict[str, Any]:
+        """One draft forward of ``mask``, measured with the dynamic mask and with the static
+        (executed sub-layers only) variant, against the latency model's draft time for the plan at
+        the cache capacity (:func:`~jaxspec.knapspec.planner.draft_time`): the ratios measured /
+        predicted (target: within 10 %)."""
+        from jaxspec.knapspec.planner import draft_time
+
+        m, n = self.latency, float(self.capacity)
+        mask = np.asarray(mask, bool)
+        predicted = float(draft_time(mask, m.t_attn(n), m.t_mlp(), m.t_token()))
+        dynamic, static = fwd["draft_forward_s"], fwd["draft_forward_static_s"]
+        return {"n": n, "n_skip_attn": int(mask[:, 0].sum()), "n_skip_mlp": int(mask[:, 1].sum()),
+                "predicted_s": predicted, "dynamic_s": dynamic, "static_s": static,
+                "dynamic_over_predicted": dynamic / predicted if predicted > 0 else None,
+                "static_over_predicted": static / predicted if predicted > 0 else None,
+                "static_within_10pct": bool(predicted > 0 and abs(static / predicted - 1) <= 0.10)}
+
     # ------------------------------------------------------------------------ candidates
     def candidates(self) -> Dict[str, Any]:
-        """The DP on the case's text: reference = the first 16 AR tokens of each row (at the prompt's end)."""
+        """The DP on the case's text: reference = the first ``--candidate-reference-tokens`` (16) AR tokens
+        of each row (at the prompt's end). ``plan_share_of_ar_decode``: one (compiled) plan's seconds over
+        the AR decode of the case's new tokens."""
         import jax.numpy as jnp
 
         from jaxspec.knapspec.planner import objective_table
         from jaxspec.knapspec.policy import plan_skip_set
 
         prefilled = self.prefill()
-        r = min(16, self.max_new)
+        r = min(self.args.candidate_reference_tokens, self.max_new)
         tokens = jnp.asarray(self.ar_tokens()[:, :r], jnp.int32)
         token_mask = jnp.ones(tokens.shape, jnp.float32)
         prefix = jnp.asarray([len(p) for p in self.prompts], jnp.int32)
@@ -750,8 +821,11 @@ class Case:
                          "cosine": float(cands.cosine[c]), "gamma": gammas[g], "predicted_tpt": float(table[c, g]),
                          "n_skip_attn": int(cands.masks[c, :, 0].sum()), "n_skip_mlp": int(cands.masks[c, :, 1].sum()),
                          "mask": cands.masks[c].tolist()})
+        ar_decode = (self.last_ar or self.ar())["decode_s"]
         return {"plan": plan.summary(), "weights": list(weights), "reference_tokens": r * self.batch,
-                "plan_first_call_s": first, "plan_s": steady, "candidates": rows}
+                "reference_tokens_per_row": r, "plan_first_call_s": first, "plan_s": steady,
+                "ar_decode_s": ar_decode, "ar_new_tokens": self.max_new, "plan_share_of_ar_decode": steady / ar_decode,
+                "candidates": rows}
 
     def plan_cost(self, repeats: int) -> Dict[str, Any]:
         """Planner seconds (reference states + DP + grid search) without / with the stacked-weights reuse,
@@ -763,7 +837,7 @@ class Case:
         from jaxspec.knapspec.planner import choose_plan
 
         prefilled = self.prefill()
-        r = min(16, self.max_new)
+        r = min(self.args.candidate_reference_tokens, self.max_new)
         tokens = jnp.asarray(self.ar_tokens()[:, :r], jnp.int32)
         token_mask = jnp.ones(tokens.shape, jnp.float32)
         prefix = jnp.asarray([len(p) for p in self.prompts], jnp.int32)
@@ -856,6 +930,11 @@ def check_knapspec_args(args) -> None:
             raise ValueError(f"--{flag.replace('_', '-')}={getattr(args, flag)}: must be >= 1 (or left out)")
     if args.layers is not None and not args.model.startswith("random:"):
         raise ValueError(f"--layers is for random:PRESET models only; {args.model!r} has its own layer count")
+    if not 0 <= args.attention_sinks < args.attention_budget:
+        raise ValueError(f"--attention-budget={args.attention_budget} / --attention-sinks={args.attention_sinks}: "
+                         f"need 0 <= sinks < budget")
+    if args.candidate_reference_tokens < 1:
+        raise ValueError(f"--candidate-reference-tokens={args.candidate_reference_tokens}: must be >= 1")
     if args.candidate_plans < 0 or args.plan_cost_repeats < 0 or args.probe_rounds < 0:
         raise ValueError("--candidate-plans, --plan-cost-repeats and --probe-rounds must be >= 0")
     experiment_knapspec_config(args)  # the planner's own checks

@@ -207,6 +207,26 @@ def _knapspec_case(tag, context, batch, method, field="speedup_vs_ar"):
     return ("cases", f"{tag}/summarize/ctx{context}/b{batch}/{method}", field)
 
 
+KNAPSPEC_64REF = f"{K}smollm2-135m_1k_b1_64ref_cpu.json"
+
+
+def _fixed_cases(d, prefix="cpu/summarize/ctx1024/b1/fixed/"):
+    return [v for k, v in d["cases"].items() if k.startswith(prefix)]
+
+
+def _fixed_median(*path):
+    def get(d):
+        values = [read_path(c, path) for c in _fixed_cases(d)]
+        values = sorted(v for v in values if v is not None)
+        mid = len(values) // 2
+        return values[mid] if len(values) % 2 else 0.5 * (values[mid - 1] + values[mid])
+    return get
+
+
+def _alpha_error(d):
+    return max(abs(c["dp_alpha"] - c["acceptance_rate"]) for c in _fixed_cases(d))
+
+
 def _quality(model, context, method, budget, field):
     def get(_):
         rows = quality_rows(quality_cases(model, context))
@@ -375,6 +395,21 @@ def _figures() -> List[Figure]:
             if f"{tag}/summarize/ctx{ctx}/b{batch}/{method}" in cases:
                 add(Figure(f"{base}/{method}/speedup-vs-ar", f"{method} vs paired AR: {label}", "x AR",
                            other or source, _knapspec_case(tag, ctx, batch, method)))
+    # KnapSpec: static plans, one DP on 64 reference tokens, the DP's acceptance estimate, budgeted attention
+    base = "knapspec/plans/smollm2-135m/ctx1024/b1/cpu/64ref"
+    add(Figure(f"{base}/static-draft-step-over-predicted", "one draft step with a static plan (executed sub-layers "
+               "only) / the latency model's draft time, median over the fixed candidate plans, SmolLM2 CPU 1k", "x",
+               KNAPSPEC_64REF, _fixed_median("draft_step_check", "static_over_predicted"), target="target 0.9-1.1"))
+    add(Figure(f"{base}/dynamic-draft-step-over-predicted", "the same plans with the dynamic mask (lax.cond per "
+               "sub-layer) / the latency model", "x", KNAPSPEC_64REF,
+               _fixed_median("draft_step_check", "dynamic_over_predicted")))
+    add(Figure(f"{base}/dp-share-of-decode", "one DP (64 reference tokens) / the 256-token AR decode, SmolLM2 CPU 1k",
+               "%", KNAPSPEC_64REF, ("cases", "cpu/summarize/ctx1024/b1/candidates", "plan_share_of_ar_decode"),
+               scale=100, target="target < 5 %"))
+    add(Figure(f"{base}/alpha-error", "largest |DP alpha (64 reference tokens) - measured acceptance| over the fixed "
+               "candidate plans, SmolLM2 CPU 1k", "abs", KNAPSPEC_64REF, _alpha_error, target="target <= 0.05"))
+    add(Figure(f"{base}/knapspec-budget/speedup-vs-ar", "KnapSpec with budgeted attention (K = 256, one plan) vs "
+               "paired AR, SmolLM2 CPU 1k", "x AR", KNAPSPEC_64REF, _knapspec_case("cpu", 1024, 1, "knapspec-budget")))
     for ctx in (1024, 2048, 4096):
         add(Figure(f"knapspec/correlation/smollm2-135m/ctx{ctx}/b1/cpu/predicted-tpt-vs-speedup",
                    f"Pearson r, predicted TPT vs measured speed-up over 5 fixed plans, SmolLM2 CPU, {ctx // 1024}k",

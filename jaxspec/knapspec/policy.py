@@ -91,12 +91,13 @@ from jaxspec.decoding.contract import Chunk, DraftPolicyBase, ScriptedController
 from jaxspec.decoding.policies import DenseVerify, Proposal
 from jaxspec.decoding.sampling import SamplingConfig, sample_token, sampling_probs
 from jaxspec.decoding.speculative import EngineConfig, SpeculativeResult, speculative_generate
+from jaxspec.knapspec.budgeted import BUDGET, DENSE, SKIP, budgeted_forward, check_budget, plan_choices
 from jaxspec.knapspec.coupled import plan_coupled_skip_set
 from jaxspec.knapspec.dp import (DEFAULT_TAU, WEIGHT_CAP, Candidates, boundary_states, knapsack_dp, knapsack_weights,
                                  skip_budget)
 from jaxspec.knapspec.latency import LatencyModel, effective_context
 from jaxspec.knapspec.planner import GAMMA_GRID, Plan, Planner, PlannerBase, choose_plan
-from jaxspec.models.llama import forward
+from jaxspec.models.llama import forward, freeze_skip_mask
 
 #: ``gamma_cap`` meaning "no cap" (the engine's gamma)
 NO_GAMMA_CAP = 2 ** 30
@@ -110,10 +111,44 @@ class KnapSpecDraft(DraftPolicyBase):
     config: ModelConfig
     early_exit: Optional[float] = 0.7  # None: always draft gamma tokens
     name: str = "knapspec"
+    # a static plan (docs/methods.md §5.1): ``((skip_attn, skip_mlp), ...)`` per
+    # layer, removed at trace time -- the draft forward holds only the executed sub-layers and no
+    # per-sub-layer ``lax.cond`` (one compile per distinct plan: the policy is a static argument of
+    # the engine's loop). None: the dynamic ``state["skip_mask"]``.
+    static_mask: Optional[Tuple[Tuple[bool, bool], ...]] = None
+    # a static three-choice plan (docs/methods.md §5.2): ``((attn code, mlp code), ...)`` (0 dense, 1 over
+    # ``attention_budget = (sinks, window)`` history slots, 2 skip), run by budgeted_forward; None: off
+    static_codes: Optional[Tuple[Tuple[int, int], ...]] = None
+    attention_budget: Optional[Tuple[int, int]] = None
 
     def __post_init__(self):
         if self.early_exit is not None and not 0.0 <= self.early_exit <= 1.0:
             raise ValueError(f"early_exit={self.early_exit} must be a probability in [0, 1] or None")
+        if self.static_mask is not None:
+            shape = np.shape(np.asarray(self.static_mask, bool))
+            if shape != (self.config.num_layers, 2) or not all(
+                    isinstance(f, bool) for pair in self.static_mask for f in pair):
+                raise ValueError(f"static_mask of shape {shape}: expected a tuple of {self.config.num_layers} "
+                                 f"(skip_attn, skip_mlp) Python bool pairs (jaxspec.models.llama.freeze_skip_mask)")
+        if (self.static_codes is None) != (self.attention_budget is None):
+            raise ValueError("static_codes and attention_budget=(sinks, window) go together")
+        if self.static_codes is not None:
+            codes = np.asarray(self.static_codes)
+            if codes.shape != (self.config.num_layers, 2) or not np.isin(codes, (DENSE, BUDGET, SKIP)).all() or (
+                    codes[:, 1] == BUDGET).any():
+                raise ValueError(f"static_codes of shape {codes.shape}: expected {self.config.num_layers} (attn, mlp) "
+                                 f"code pairs, attn in 0 dense / 1 budgeted / 2 skip, mlp in 0 / 2")
+            check_budget(*self.attention_budget)
+
+    def _draft_forward(self, draft_params, tokens, cache, mask):
+        """``(logits [B, T, V], cache)`` of one draft forward under the plan."""
+        if self.static_codes is not None:
+            sinks, window = self.attention_budget
+            logits, cache, _ = budgeted_forward(draft_params, tokens, cache, config=self.config,
+                                                plan=self.static_codes, sinks=sinks, window=window)
+            return logits, cache
+        out = forward(draft_params, tokens, cache, config=self.config, skip_mask=mask)
+        return out.logits, out.cache
 
     def initial_state(self, skip_mask=None, gamma_cap: Optional[int] = None) -> dict:
         """``skip_mask`` ``[L, 2]`` (default: the full model, the draft before the first plan);
@@ -138,15 +173,15 @@ class KnapSpecDraft(DraftPolicyBase):
         return jnp.take_along_axis(probs, token[:, None], axis=-1)[:, 0]
 
     def propose(self, draft_params, state, target_cache, pending, previous, committed, *, gamma, sampling, key):
-        mask = state["skip_mask"]
+        mask = self.static_mask if self.static_mask is not None else state["skip_mask"]
         batch = pending.shape[0]
         vocab = self.config.vocab_size
         limit = jnp.clip(state.get("gamma_cap", gamma), 1, gamma)  # the planned gamma (dynamic: no recompile)
         threshold = -1.0 if self.early_exit is None else float(self.early_exit)
         cache = target_cache.with_lengths(committed - 1)
-        out = forward(draft_params, pending[:, None], cache, config=self.config, skip_mask=mask)
+        logits, first_cache = self._draft_forward(draft_params, pending[:, None], cache, mask)
         keys = jax.random.split(key, gamma)
-        logits = out.logits[:, 0]
+        logits = logits[:, 0]
         first = sample_token(logits, keys[0], sampling)
         tokens = jnp.zeros((batch, gamma), jnp.int32).at[:, 0].set(first)
         probs = None
@@ -161,17 +196,17 @@ class KnapSpecDraft(DraftPolicyBase):
         def body(carry):
             i, cache, tokens, probs, confident = carry
             last = jax.lax.dynamic_index_in_dim(tokens, i - 1, axis=1, keepdims=False)
-            result = forward(draft_params, last[:, None], cache, config=self.config, skip_mask=mask)
-            logits = result.logits[:, 0]
+            logits, new_cache = self._draft_forward(draft_params, last[:, None], cache, mask)
+            logits = logits[:, 0]
             token = sample_token(logits, keys[i], sampling)
             tokens = jax.lax.dynamic_update_index_in_dim(tokens, token, i, axis=1)
             if probs is not None:
                 probs = jax.lax.dynamic_update_index_in_dim(probs, sampling_probs(logits, sampling), i, axis=1)
             confident = confident & (self._confidence(logits, token, sampling) >= threshold)
-            return i + 1, result.cache, tokens, probs, confident
+            return i + 1, new_cache, tokens, probs, confident
 
         drafted, cache, tokens, probs, _ = jax.lax.while_loop(
-            cond, body, (jnp.int32(1), out.cache, tokens, probs, confident))
+            cond, body, (jnp.int32(1), first_cache, tokens, probs, confident))
         real = jnp.arange(gamma)[None, :] < drafted
         filler = jax.lax.dynamic_index_in_dim(tokens, drafted - 1, axis=1, keepdims=True)  # [B, 1]
         tokens = jnp.where(real, tokens, filler)
@@ -658,7 +693,8 @@ def knapspec_generate(target_params, target_config: ModelConfig, prompts: Sequen
                       context_n: Optional[float] = None, warmup: bool = False, planner=None,
                       initial_plan: Optional[Tuple[np.ndarray, int]] = None, replan: bool = True,
                       prefilled=None, profile: bool = False, mesh=None, rules=None,
-                      allow_beyond_context: bool = False) -> SpeculativeResult:
+                      allow_beyond_context: bool = False, static_plan: bool = True,
+                      attention_plan: Optional[Tuple[np.ndarray, int, int]] = None) -> SpeculativeResult:
     """Greedy or sampled speculative generation with KnapSpec self-drafting: the engine's
     :func:`~jaxspec.decoding.speculative.speculative_generate` with :class:`KnapSpecDraft` and a
     :class:`KnapSpecController`.
@@ -670,6 +706,10 @@ def knapspec_generate(target_params, target_config: ModelConfig, prompts: Sequen
     ``planner`` (default ``KnapSpecPlanner(latency, knapspec)``) chooses each plan;
     ``initial_plan=(mask [L, 2], gamma)`` replaces the full-model draft before the first plan
     (gamma 0: plain decoding); ``replan=False`` keeps it for the whole run (a static skip set).
+    ``static_plan`` (with ``replan=False`` and an ``initial_plan``): the draft forward is compiled
+    for that plan (``KnapSpecDraft.static_mask``: skipped sub-layers removed at trace time, no
+    per-sub-layer ``lax.cond``); False keeps the dynamic mask. ``attention_plan=(codes [L, 2], sinks,
+    window)`` (with ``replan=False``): draft with that three-choice plan (docs/methods.md §5.2) instead.
 
     ``prefilled=(cache, first_logits)``: the prompts already prefilled into a cache of
     ``capacity`` slots (e.g. one prefill shared by several methods in a benchmark); each run
@@ -693,7 +733,17 @@ def knapspec_generate(target_params, target_config: ModelConfig, prompts: Sequen
         if latency is None:
             raise ValueError("knapspec_generate needs a latency model (or a planner, or replan=False)")
         planner = KnapSpecPlanner(latency, knapspec)
-    policy = KnapSpecDraft(target_config, early_exit=knapspec.early_exit)
+    static_mask = None
+    if static_plan and not replan and initial_plan is not None:
+        static_mask = freeze_skip_mask(initial_plan[0])
+    codes = budget = None
+    if attention_plan is not None:
+        if replan or initial_plan is None:
+            raise ValueError("attention_plan is a fixed plan: it needs replan=False and an initial_plan")
+        codes = tuple((int(a), int(m)) for a, m in np.asarray(attention_plan[0], np.int64))
+        budget, static_mask = (int(attention_plan[1]), int(attention_plan[2])), None
+    policy = KnapSpecDraft(target_config, early_exit=knapspec.early_exit, static_mask=static_mask,
+                           static_codes=codes, attention_budget=budget)
     controller = KnapSpecController(knapspec, planner, latency=latency, context_n=context_n,
                                     initial_plan=initial_plan, replan=replan)
     return speculative_generate(target_params, target_config, prompts, draft_policy=policy,
@@ -703,6 +753,69 @@ def knapspec_generate(target_params, target_config: ModelConfig, prompts: Sequen
                                 allow_beyond_context=allow_beyond_context)
 
 
+def knapspec_budget_generate(target_params, target_config: ModelConfig, prompts: Sequence[Sequence[int]], *,
+                             latency: LatencyModel, sinks: int, window: int, reference_tokens: int = 64,
+                             knapspec: KnapSpecConfig = KnapSpecConfig(), engine: Optional[EngineConfig] = None,
+                             max_new_tokens: int = 64, sampling: SamplingConfig = SamplingConfig(),
+                             stop_tokens: Sequence[int] = (), seed: int = 0, capacity: Optional[int] = None,
+                             context_n: Optional[float] = None, warmup: bool = False,
+                             allow_beyond_context: bool = False) -> SpeculativeResult:
+    """KnapSpec with budgeted attention (docs/methods.md §5.2): one three-choice plan
+    (:func:`~jaxspec.knapspec.budgeted.plan_choices`) on the last ``reference_tokens`` prompt tokens of
+    each row (attending to the prompt before them), then a fixed, statically compiled draft for the
+    whole run. ``timings["plan_s"]`` (inside ``decode_s``) is the plan; ``metrics["budget_plan"]`` the
+    plan's codes, gamma, predicted TPT and alpha."""
+    from jaxspec.decoding.autoregressive import pad_prompts, prefill
+    from jaxspec.models.cache import init_cache
+
+    check_budget(sinks, window)
+    if reference_tokens < 1:
+        raise ValueError(f"reference_tokens={reference_tokens} must be >= 1")
+    tokens, lengths = pad_prompts(prompts)
+    if engine is None:
+        engine = EngineConfig(gamma=knapspec.gamma_max, sampling=sampling, max_new_tokens=max_new_tokens,
+                              stop_tokens=tuple(int(t) for t in stop_tokens))
+    capacity = int(capacity) if capacity is not None else int(lengths.max()) + engine.max_new_tokens + engine.gamma + 2
+    cache = init_cache(target_config, len(prompts), capacity)
+    prefilled = prefill(target_params, target_config, tokens, lengths, cache)
+    jax.block_until_ready(prefilled)
+    r = int(min(reference_tokens, int(lengths.min()) - 1))
+    if r < 1:
+        raise ValueError(f"prompts of {int(lengths.min())} tokens leave no reference tokens for the plan")
+    prefix = lengths - r
+    ref = np.stack([tokens[b, prefix[b]: prefix[b] + r] for b in range(len(prompts))]).astype(np.int32)
+    n = context_n if context_n is not None else effective_context(target_config, lengths + engine.max_new_tokens,
+                                                                  capacity)
+
+    def plan():
+        return plan_choices(target_params, target_config, prefilled[0], jnp.asarray(ref),
+                            jnp.ones(ref.shape, jnp.float32), jnp.asarray(prefix, jnp.int32), latency, float(n),
+                            sinks=sinks, window=window, tau=knapspec.tau, weight_cap=knapspec.weight_cap,
+                            gammas=knapspec.plan_gammas)
+
+    if warmup:  # compile the DP outside the timed plan, as the warm-up run does for the other planners
+        plan()
+    start = time.perf_counter()
+    best, cands, weights = plan()
+    plan_s = time.perf_counter() - start
+    codes = best["plan"] if best is not None else np.zeros((target_config.num_layers, 2), np.int8)
+    gamma = min(int(best["gamma"]) if best is not None else knapspec.gamma_max, engine.gamma)
+    result = knapspec_generate(target_params, target_config, prompts, knapspec=knapspec, engine=engine, seed=seed,
+                               capacity=capacity, warmup=warmup, replan=False, prefilled=prefilled,
+                               initial_plan=(codes == SKIP, gamma), attention_plan=(codes, sinks, window),
+                               allow_beyond_context=allow_beyond_context)
+    result.timings["plan_s"] = plan_s
+    result.timings["decode_s"] = result.timings.get("decode_s", 0.0) + plan_s
+    result.metrics["budget_plan"] = {
+        "codes": np.asarray(codes).tolist(), "gamma": gamma, "sinks": int(sinks), "window": int(window),
+        "predicted_tpt": None if best is None else best["tpt"], "alpha": None if best is None else
+        float(cands.alpha[best["index"]]), "weights": list(weights), "candidates": len(cands),
+        "reference_tokens": int(r * len(prompts)), "n": float(n), "plan_s": plan_s,
+        "n_dense_attn": int((codes[:, 0] == DENSE).sum()), "n_budget_attn": int((codes[:, 0] == BUDGET).sum()),
+        "n_skip_attn": int((codes[:, 0] == SKIP).sum()), "n_skip_mlp": int((codes[:, 1] == SKIP).sum())}
+    return result
+
+
 __all__ = ["KnapSpecConfig", "KnapSpecController", "KnapSpecDraft", "KnapSpecPlanner", "KnapSpecSchedule", "NO_GAMMA_CAP",
            "PlanRecord",
-           "knapspec_generate", "plan_skip_set", "reference_allowance", "reference_window"]
+           "knapspec_budget_generate", "knapspec_generate", "plan_skip_set", "reference_allowance", "reference_window"]

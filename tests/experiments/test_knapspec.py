@@ -75,7 +75,8 @@ def test_experiment_end_to_end_on_a_tiny_random_model(tmp_path, monkeypatch):
     out = tmp_path / "ks.json"
     argv = ["knapspec", "--model", "random:smollm2-135m-shape", "--layers", "4", "--contexts", "64",
             "--max-new-tokens", "40", "--gamma-max", "2", "--gamma-buckets", "1", "--batches", "1",
-            "--methods", "knapspec,static-skip,knapspec-official", "--candidate-plans", "3",
+            "--methods", "knapspec,static-skip,knapspec-official,knapspec-budget", "--candidate-plans", "3",
+            "--candidate-reference-tokens", "8", "--attention-budget", "16", "--attention-sinks", "2",
             "--plan-cost-repeats", "1", "--device-tag", "test", "--latency-fit", "isolated", "--out", str(out),
             "--max-plan-fraction", "0",  # 40 tokens could not pay for a DP under a planning budget: plan anyway
             "--plot", str(tmp_path / "f.png")]
@@ -83,9 +84,11 @@ def test_experiment_end_to_end_on_a_tiny_random_model(tmp_path, monkeypatch):
     data = json.loads(out.read_text())
     cases = data["cases"]
     assert data["environment"]["load_average"] is not None
-    for method in ("knapspec", "static-skip", "knapspec-official"):
+    for method in ("knapspec", "static-skip", "knapspec-official", "knapspec-budget"):
         case = cases[f"test/summarize/ctx64/b1/{method}"]
         assert case["identical_to_ar"] is True  # greedy: every method reproduces AR
+        check = case["draft_step_check"]  # one draft step, dynamic and static, against the latency model
+        assert check["dynamic_s"] > 0 and check["static_s"] > 0 and check["predicted_s"] > 0
         assert case["tokens_per_s"] > 0 and case["ar_tokens_per_s"] > 0
         split = case["time_split_estimate"]
         assert split["draft_forward_s"] > 0 and split["verify_forward_s"] > 0
@@ -93,6 +96,10 @@ def test_experiment_end_to_end_on_a_tiny_random_model(tmp_path, monkeypatch):
     assert knapspec["plans"] and knapspec["plans"][0]["t_token"] > 0  # planned with the per-token constant
     assert knapspec["plan_allowance"] == {"tokens": None, "skip": False}  # no budget, no cap
     assert cases["test/summarize/ctx64/b1/knapspec-official"]["honor_gamma"] is False
+    budget_plan = cases["test/summarize/ctx64/b1/knapspec-budget"]["budget_plan"]
+    assert budget_plan["sinks"] == 2 and budget_plan["window"] == 14 and budget_plan["reference_tokens"] == 8
+    candidates = cases["test/summarize/ctx64/b1/candidates"]
+    assert candidates["reference_tokens_per_row"] == 8 and 0 < candidates["plan_share_of_ar_decode"]
     fixed = [k for k in cases if k.startswith("test/summarize/ctx64/b1/fixed/")]
     assert 1 <= len(fixed) <= 3
     assert cases["test/summarize/ctx64/b1/correlation"]["plans"] == len(fixed)

@@ -478,7 +478,9 @@ def test_cli_generate_knapspec_clasp_static(tmp_path, capsys):
     for method, extra in (("clasp", ["--clasp-skip-count", "1"]),
                           ("static-skip", ["--calibration-file", str(calibration), "--calibration-tokens", "200",
                                            "--static-skip-file", str(tmp_path / "static.json")]),
-                          ("knapspec", ["--knapspec-coupled", "--knapspec-objective", "tpl"])):
+                          ("knapspec", ["--knapspec-coupled", "--knapspec-objective", "tpl"]),
+                          ("knapspec-budget", ["--knapspec-attention-budget", "6", "--knapspec-attention-sinks", "2",
+                                               "--knapspec-budget-reference-tokens", "4"])):
         out_file = tmp_path / f"{method}-2.json"  # knapspec.json holds the first run (other options)
         assert main(base + ["--method", method, "--out", str(out_file)] + extra) == 0
         err = capsys.readouterr().err
@@ -489,6 +491,10 @@ def test_cli_generate_knapspec_clasp_static(tmp_path, capsys):
             assert all(h["n_skip_attn"] == h["n_skip_mlp"] == 1 for h in results["knapspec"]["plan_history"])
         if method == "static-skip":
             assert (tmp_path / "static.json").exists() and results["knapspec"]["static_skip"]["loaded"] is False
+        if method == "knapspec-budget":
+            plan = results["knapspec"]["budget_plan"]
+            assert plan["sinks"] == 2 and plan["window"] == 4 and plan["reference_tokens"] == 4
+            assert results["knapspec"]["plan_history"] == [] and plan["candidates"] >= 1
     # the default planning budget with a latency profile whose verification-row cost makes one DP
     # unaffordable for 48 tokens: no plan, plain decoding, and the CLI says why
     import dataclasses
@@ -508,6 +514,8 @@ def test_cli_generate_knapspec_clasp_static(tmp_path, capsys):
     assert results["identical_to_ar"] is True and k["plan_history"] == [] and k["plan_allowance"]["skip"] is True
     assert k["ar_tokens"] == 47 and k["draft_steps"] == 0
     assert main(base + ["--method", "knapspec", "--knapspec-interval", "3"]) == 2  # validated before loading
+    assert main(base + ["--method", "knapspec-budget", "--knapspec-attention-budget", "4",
+                        "--knapspec-attention-sinks", "4"]) == 2
 
 
 def test_knapspec_warmup_and_profile_come_from_the_engine(params, ar_rows):
@@ -520,3 +528,26 @@ def test_knapspec_warmup_and_profile_come_from_the_engine(params, ar_rows):
     assert result.timings["compile_s"] >= 0 and result.timings["profile_rounds"] > 0
     assert result.timings["profile_draft_s"] > 0 and result.timings["profile_verify_s"] > 0
     assert [p["round"] for p in result.metrics["knapspec_plans"]][:2] == [2, 6]
+
+
+def test_fixed_plan_compiles_a_static_draft_equal_to_the_dynamic_mask(params, ar_rows):
+    """A fixed plan (replan=False) drafts with the plan's executed sub-layers only (static mask, no
+    lax.cond): same tokens, acceptance and draft steps as the dynamic mask, and greedy == AR."""
+    mask = np.zeros((TARGET.num_layers, 2), bool)
+    mask[1, 0] = mask[2, 1] = mask[3, 0] = True
+    runs = {}
+    for static in (True, False):
+        result = knapspec_generate(params, TARGET, PROMPTS, knapspec=KNAP, max_new_tokens=NEW, replan=False,
+                                   initial_plan=(mask, 3), static_plan=static)
+        runs[static] = result
+        assert result.rows() == ar_rows
+    assert runs[True].metrics["acceptance_rate"] == runs[False].metrics["acceptance_rate"]
+    assert runs[True].metrics["draft_steps"] == runs[False].metrics["draft_steps"]
+    policy = KnapSpecDraft(TARGET, static_mask=tuple((bool(a), bool(m)) for a, m in mask))
+    jaxpr = str(jax.make_jaxpr(lambda s: policy.propose(
+        params, s, init_cache(TARGET, 1, 16).with_lengths(jnp.ones((1,), jnp.int32)), jnp.zeros((1,), jnp.int32),
+        jnp.zeros((1,), jnp.int32), jnp.full((1,), 2, jnp.int32), gamma=2, sampling=SamplingConfig(),
+        key=jax.random.PRNGKey(0)))(policy.initial_state()))
+    assert " cond[" not in jaxpr  # no per-sub-layer conditional left in the static draft
+    with pytest.raises(ValueError, match="static_mask"):
+        KnapSpecDraft(TARGET, static_mask=((True, False),))

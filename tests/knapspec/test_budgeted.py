@@ -1,0 +1,211 @@
+"""KnapSpec with budgeted attention (docs/methods.md §5.2): the three-choice DP (scan) vs brute force,
+its weights, the budgeted forward, and the planner."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxspec.config import ModelConfig
+from jaxspec.knapspec import budgeted as bd
+from jaxspec.knapspec import dp, latency
+from jaxspec.models.cache import init_cache
+from jaxspec.models.llama import forward_jit, forward_static_skip, init_params
+
+TINY = ModelConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=5, num_heads=4, num_kv_heads=2,
+                   head_dim=16, dtype="float32")
+
+
+def test_choice_weights_and_indices():
+    assert bd.choice_weights(4.0, 1.0, 1.0) == (4, 1, 1)  # budgeted attention saves 3
+    assert bd.choice_weights(4.0, 9.0, 1.0) == (4, 4, 1)  # never heavier than dense
+    assert bd.choice_weights(1.0, 0.2, 3.0) == (1, 0, 3)  # attention the lighter: budgeted saves 1
+    idx = np.asarray(bd.sink_window_indices(jnp.asarray([10, 3]), 2, 3))
+    np.testing.assert_array_equal(idx, [[0, 1, 7, 8, 9], [0, 1, 0, 1, 2]])
+    with pytest.raises(ValueError, match="window"):
+        bd.check_budget(4, 0)
+
+
+def _instance(num_layers, tokens=3, hidden=24, seed=0, beta=0.45):
+    """Orthogonal increments (as the two-choice test): sub-layer k adds a_k e_k; a budgeted Attention
+    adds a_k (beta e_k + sqrt(beta - beta^2) f_k) with f_k orthogonal to the target. Both the dot product
+    with the target and the squared norm then grow by beta a_k^2, so the cosine at every depth is a
+    monotone function of one additive mass: optimal substructure, the DP is exact."""
+    rng = np.random.RandomState(seed)
+    n = num_layers - 1
+    mags = rng.uniform(0.3, 1.5, size=2 * n + 1)
+    mags[0] = 1.2
+    scale = rng.uniform(0.5, 2.0, size=tokens)
+    bases = [np.linalg.qr(rng.randn(hidden, hidden))[0] for _ in range(tokens)]
+    inc = np.stack([np.stack([scale[t] * mags[k] * bases[t][:, k] for t in range(tokens)])
+                    for k in range(2 * n + 1)]).astype(np.float32)  # [2n+1, T, H]
+    extra = np.stack([np.stack([scale[t] * mags[1 + 2 * k] * bases[t][:, 2 * n + 1 + k] for t in range(tokens)])
+                      for k in range(n)]).astype(np.float32)  # [n, T, H]
+    budget_inc = beta * inc[1::2] + np.sqrt(beta - beta ** 2) * extra  # the attention sub-layers' budgeted step
+    g0 = jnp.asarray(inc[0])
+    steps = jnp.asarray(inc[1:].reshape(n, 2, tokens, hidden))
+    targets = jnp.asarray(np.cumsum(inc, axis=0)[1:].reshape(n, 2, tokens, hidden))
+    can_skip = np.arange(1, num_layers) < num_layers - 1
+    return g0, steps, jnp.asarray(budget_inc), targets, can_skip
+
+
+@pytest.mark.parametrize("weights", [(2, 1, 1), (3, 1, 1), (1, 0, 3)])
+def test_three_choice_dp_equals_brute_force(weights):
+    """DP == exhaustive search over every plan (dense / budgeted / skipped Attention, executed / skipped
+    MLP) for every saved weight, in value and plan, on instances with optimal substructure."""
+    w_attn, w_budget, w_mlp = weights
+    num_layers = 5
+    g0, steps, budget_inc, targets, can_skip = _instance(num_layers)
+    token_mask = jnp.ones(g0.shape[:1])
+    budget = dp.skip_budget(w_attn, w_mlp, num_layers)
+    tau = 0.6
+    xs = (steps[:, 0], steps[:, 1], budget_inc)
+    scan = jax.jit(lambda: bd.dp_scan_choices(
+        lambda x, g: g + x[0], lambda x, g: g + x[2], lambda x, g: g + x[1], xs, g0, targets, jnp.asarray(can_skip),
+        token_mask, w_attn=w_attn, w_budget=w_budget, w_mlp=w_mlp, budget=budget, tau=tau))
+    values, choice, valid, _ = scan()
+    trace = bd.ChoiceTrace(np.asarray(values, np.float64), np.asarray(choice), np.asarray(valid))
+    plans, slots = bd.backtrack_choices(trace, num_layers, w_attn, w_budget, w_mlp)
+
+    layers = [(steps[k, 0], steps[k, 1], budget_inc[k]) for k in range(num_layers - 1)]
+    single = lambda kind, x, h: h + x[{0: 0, 1: 1, 2: 2}[kind]]  # noqa: E731
+    tgt = [(targets[k, 0], targets[k, 1]) for k in range(num_layers - 1)]
+    best = bd.brute_force_choices(single, layers, g0, tgt, can_skip, token_mask, w_attn=w_attn, w_budget=w_budget,
+                                  w_mlp=w_mlp, budget=budget, tau=tau)
+    assert sorted(best) == slots.tolist()
+    assert (plans == bd.BUDGET).any()  # the third choice is used by some optimum
+    for c, j in enumerate(slots):
+        value, nondense = best[int(j)]
+        assert trace.final_values[j] == pytest.approx(value, rel=1e-5)
+        expected = np.zeros((num_layers, 2), np.int8)
+        for layer, col, code in nondense:
+            expected[1 + layer, col] = code
+        np.testing.assert_array_equal(plans[c], expected)
+    # the two-choice DP is the special case without the budgeted option: its weight classes are a subset
+    two = dp.brute_force(lambda kind, x, h: h + x[kind], [(s[0], s[1]) for s in layers], g0, tgt, can_skip,
+                         token_mask, w_attn=w_attn, w_mlp=w_mlp, budget=budget, tau=tau)
+    for j, (value, _) in two.items():
+        assert best[j][0] >= value - 1e-6
+
+
+@pytest.fixture(scope="module")
+def tiny_problem():
+    params = init_params(TINY, jax.random.PRNGKey(0), scale=0.2)
+    batch, prompt, width = 2, 20, 6
+    rng = np.random.RandomState(0)
+    seq = rng.randint(0, TINY.vocab_size, (batch, prompt + width))
+    cache = forward_jit(params, jnp.asarray(seq), init_cache(TINY, batch, 48), config=TINY).cache
+    prefix = jnp.asarray([prompt, prompt - 3], jnp.int32)
+    tokens = jnp.asarray(np.stack([seq[0, prompt:prompt + width], seq[1, prompt - 3:prompt - 3 + width]]))
+    token_mask = jnp.ones((batch, width), jnp.float32)
+    states = dp.boundary_states(params, TINY, tokens, cache, prefix)
+    return params, cache, prefix, tokens, token_mask, states
+
+
+def test_model_dp_is_realised_by_the_budgeted_forward_and_bounded_by_brute_force(tiny_problem):
+    """Every candidate plan, run through budgeted_forward (what a draft executes), reproduces the DP's
+    final state, cosine and alpha; no candidate beats the exhaustive optimum of its weight."""
+    params, cache, prefix, tokens, token_mask, states = tiny_problem
+    sinks, window, w = 2, 4, (3, 1, 1)
+    cands = bd.knapsack_dp_choices(params, TINY, cache, prefix, states, token_mask, w_attn=w[0], w_budget=w[1],
+                                   w_mlp=w[2], sinks=sinks, window=window, budget=5, keep_states=True)
+    assert len(cands) > 3 and (cands.plans == bd.BUDGET).any()
+    assert cands.weights[0] == 0 and not cands.plans[0].any() and cands.alpha[0] == 1.0
+    teacher = np.argmax(np.asarray(forward_jit(params, tokens, cache.with_lengths(prefix), config=TINY).logits), -1)
+    saved = {(0, 0): 0, (0, 1): w[0] - w[1], (0, 2): w[0], (1, 0): 0, (1, 2): w[2]}
+    for c, plan in enumerate(cands.plans):
+        assert sum(saved[(col, int(code))] for code_row in [plan] for col in (0, 1)
+                   for code in code_row[:, col]) == cands.weights[c]
+        logits, _, hidden = bd.budgeted_forward_jit(params, tokens, cache.with_lengths(prefix), config=TINY,
+                                                    plan=bd.freeze_plan(plan), sinks=sinks, window=window,
+                                                    return_hidden=True)
+        np.testing.assert_allclose(cands.final_states[c], np.asarray(hidden), rtol=1e-4, atol=1e-4)
+        cos = float(dp.cos_sum(hidden, states[-1], token_mask)) / float(token_mask.sum())
+        assert cos == pytest.approx(cands.cosine[c], abs=1e-5)
+        assert ((np.argmax(np.asarray(logits), -1) == teacher).mean()) == pytest.approx(cands.alpha[c], abs=1e-6)
+    apply_single, layers, targets, can_skip = dp.model_problem(params, dp.dp_config(TINY), cache, prefix, states)
+
+    def single(kind, layer_x, h):
+        if kind < 2:
+            return apply_single(kind, layer_x, h)
+        return _budgeted_single(layer_x, h, prefix, sinks, window)
+
+    best = bd.brute_force_choices(single, layers, states[2], targets, can_skip, token_mask, w_attn=w[0],
+                                  w_budget=w[1], w_mlp=w[2], budget=cands.budget)
+    assert set(cands.weights.tolist()) <= set(best)
+    for c, j in enumerate(cands.weights):
+        assert cands.cosine[c] <= best[int(j)][0] / float(token_mask.sum()) + 1e-6
+
+
+@jax.jit
+def _budgeted_jit(layer_x, h, prefix, indices):
+    from jaxspec.models.layers import attention_sublayer, default_positions, rope_tables
+
+    layer, ck, cv = layer_x
+    cos, sin = rope_tables(TINY, default_positions(prefix, h.shape[1]))
+    return attention_sublayer(layer, h, TINY, cos, sin, ck, cv, prefix, indices).hidden
+
+
+def _budgeted_single(layer_x, h, prefix, sinks, window):
+    return _budgeted_jit(layer_x, h, prefix, bd.sink_window_indices(prefix, sinks, window))
+
+
+def test_budgeted_forward_edge_cases(tiny_problem):
+    """All dense = the forward; a window covering the history = dense; skip codes = the static skip forward."""
+    params, cache, prefix, tokens, _, _ = tiny_problem
+    c = cache.with_lengths(prefix)
+    ref = np.asarray(forward_jit(params, tokens, c, config=TINY).logits)
+    dense = bd.freeze_plan(np.zeros((TINY.num_layers, 2), np.int8))
+    out = bd.budgeted_forward_jit(params, tokens, c, config=TINY, plan=dense, sinks=1, window=2)
+    np.testing.assert_allclose(np.asarray(out[0]), ref, rtol=1e-5, atol=1e-5)
+    all_budget = np.zeros((TINY.num_layers, 2), np.int8)
+    all_budget[:, 0] = bd.BUDGET
+    wide = bd.budgeted_forward_jit(params, tokens, c, config=TINY, plan=bd.freeze_plan(all_budget), sinks=4, window=40)
+    np.testing.assert_allclose(np.asarray(wide[0]), ref, rtol=1e-4, atol=1e-4)
+    narrow = bd.budgeted_forward_jit(params, tokens, c, config=TINY, plan=bd.freeze_plan(all_budget), sinks=1,
+                                     window=2)
+    assert np.abs(np.asarray(narrow[0]) - ref).max() > 1e-3
+    skips = np.zeros((TINY.num_layers, 2), np.int8)
+    skips[2, 0] = skips[3, 1] = bd.SKIP
+    out = bd.budgeted_forward_jit(params, tokens, c, config=TINY, plan=bd.freeze_plan(skips), sinks=1, window=2)
+    static = forward_static_skip(params, tokens, c, config=TINY, skip_mask=skips == bd.SKIP).logits
+    np.testing.assert_allclose(np.asarray(out[0]), np.asarray(static), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(np.asarray(out[1].lengths), np.asarray(prefix) + tokens.shape[1])
+
+
+def test_plan_choices_prefers_budgeted_attention_at_long_context(tiny_problem):
+    """With attention dominating (t_attn(n) >> t_attn(K)) the grid search's plan uses the budget, and
+    its predicted draft time is the latency model's for that plan."""
+    params, cache, prefix, tokens, token_mask, _ = tiny_problem
+    lat = latency.LatencyModel(c1=1.0, c2=1.0, c3=0.1)  # t_attn(n) = n + 0.1, t_mlp = 1
+    best, cands, weights = bd.plan_choices(params, TINY, cache, tokens, token_mask, prefix, lat, 20.0, sinks=1,
+                                           window=2, tau=0.3)
+    assert weights[0] > weights[1]
+    assert best is not None and best["gamma"] >= 1
+    plan = best["plan"]
+    assert (plan != bd.DENSE).any()
+    n_dense, n_budget = int((plan[:, 0] == bd.DENSE).sum()), int((plan[:, 0] == bd.BUDGET).sum())
+    expected = n_dense * lat.t_attn(20.0) + n_budget * lat.t_attn(3.0) + int((plan[:, 1] == 0).sum()) * lat.t_mlp() \
+        + lat.t_token()
+    assert bd.plan_draft_time(plan, lat, 20.0, 3) == pytest.approx(expected)
+
+
+def test_budget_generate_is_exact_and_drafts_with_the_plan():
+    """Greedy KnapSpec with budgeted attention (one plan on the prompt tail, a static three-choice
+    draft) equals greedy AR; the plan it reports is the one the draft ran."""
+    from jaxspec.decoding.autoregressive import generate
+    from jaxspec.knapspec.policy import KnapSpecConfig, KnapSpecDraft, knapspec_budget_generate
+
+    params = init_params(TINY, jax.random.PRNGKey(1), scale=0.2)
+    prompts = [np.random.RandomState(1).randint(0, 97, n).tolist() for n in (30, 24)]
+    lat = latency.LatencyModel(c1=1.0, c2=1.0, c3=0.1)
+    knap = KnapSpecConfig(gamma_max=4, gamma_buckets=(), max_plan_fraction=None, probe_rounds=None, tau=0.3,
+                          gammas=(1, 2, 3, 4))  # no gamma 0 in the grid: the run drafts
+    result = knapspec_budget_generate(params, TINY, prompts, latency=lat, sinks=1, window=4, reference_tokens=8,
+                                      knapspec=knap, max_new_tokens=12)
+    assert result.rows() == generate(params, TINY, prompts, 12).rows()
+    plan = result.metrics["budget_plan"]
+    assert plan["reference_tokens"] == 16 and plan["gamma"] >= 1 and result.timings["plan_s"] > 0
+    assert plan["n_budget_attn"] + plan["n_skip_attn"] + plan["n_skip_mlp"] > 0
+    with pytest.raises(ValueError, match="static_codes"):
+        KnapSpecDraft(TINY, static_codes=((0, 1),) * TINY.num_layers, attention_budget=(1, 4))
