@@ -55,12 +55,12 @@ def add_dustin_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--dustin-mode", default="hybrid", choices=["hybrid", "target", "draft"],
                        help="dustin: Dustin-H (both signals), Dustin-T (target signal only), Dustin-D (draft only)")
     group.add_argument("--draft-kv", default="full", choices=["full", "streaming", "verify-set"],
-                       help="dustin: what the draft's attention reads of its cache (docs/methods.md §5.8): all of it, "
+                       help="dustin: what the draft's attention reads of its cache (docs/methods.md §5.1): all of it, "
                             "4 sinks + a recent window (MagicDec's view), or the previous round's I_verify + a recent "
                             "window; K/V writes and the lookahead signal stay over the full cache")
     group.add_argument("--arbitrate", type=int, default=None, metavar="ROUNDS",
                        help="dustin / streaming / snapkv / magicdec: measured choice between the method and plain "
-                            "decoding (docs/methods.md §5.9): time ROUNDS speculative rounds against as many AR "
+                            "decoding (docs/methods.md §5.2): time ROUNDS speculative rounds against as many AR "
                             "steps on the live sequence, keep the faster for the rest of the run")
     group.add_argument("--draft-window", type=int, default=None, metavar="W",
                        help="dustin with --draft-kv streaming|verify-set: the recent window (default K - 4 for "
@@ -193,7 +193,7 @@ def dustin_config_for(args, target_config, draft_config, skip_mask) -> Tuple[Any
         print(f"[dustin] no --dustin-profile: using the unprofiled default {config.to_dict()}", file=sys.stderr)
     check_self_draft_layers(config, skip_mask)
     draft_kv = getattr(args, "draft_kv", "full")
-    if draft_kv != "full":  # docs/methods.md §5.8: the draft's view of its cache, not part of the profile
+    if draft_kv != "full":  # docs/methods.md §5.1: the draft's view of its cache, not part of the profile
         config = config.replace(draft_kv=draft_kv, draft_window=getattr(args, "draft_window", None))
     return config, info
 

@@ -1,4 +1,4 @@
-"""Measured arbitration between speculative rounds and plain decoding (docs/methods.md §5.9).
+"""Measured arbitration between speculative rounds and plain decoding (docs/methods.md §5.2).
 
 :func:`measured_arbitration` is the one rule, shared by KnapSpec's driver (after a plan that drafts,
 :class:`~jaxspec.knapspec.policy.KnapSpecController`) and :class:`MeasuredChoiceController` (any

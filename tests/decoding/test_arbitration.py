@@ -1,4 +1,4 @@
-"""Measured choice between speculative rounds and plain decoding (docs/methods.md §5.9): the faster mode wins on
+"""Measured choice between speculative rounds and plain decoding (docs/methods.md §5.2): the faster mode wins on
 the live sequence, the output stays AR's, decisions are remembered per (context bucket, batch)."""
 
 import time

@@ -1,4 +1,4 @@
-"""Dustin with a sparse draft KV (docs/methods.md §5.8): the draft reads sinks + window or the previous round's
+"""Dustin with a sparse draft KV (docs/methods.md §5.1): the draft reads sinks + window or the previous round's
 I_verify + window of its cache, K/V writes and s_D still over the full cache (tiny random models)."""
 
 import jax
