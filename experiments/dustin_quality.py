@@ -54,6 +54,17 @@ def add_dustin_args(parser: argparse.ArgumentParser) -> None:
                             "unprofiled default config is used and labelled as such")
     group.add_argument("--dustin-mode", default="hybrid", choices=["hybrid", "target", "draft"],
                        help="dustin: Dustin-H (both signals), Dustin-T (target signal only), Dustin-D (draft only)")
+    group.add_argument("--draft-kv", default="full", choices=["full", "streaming", "verify-set"],
+                       help="dustin: what the draft's attention reads of its cache (docs/methods.md §5.1): all of it, "
+                            "4 sinks + a recent window (MagicDec's view), or the previous round's I_verify + a recent "
+                            "window; K/V writes and the lookahead signal stay over the full cache")
+    group.add_argument("--arbitrate", type=int, default=None, metavar="ROUNDS",
+                       help="dustin / streaming / snapkv / magicdec: measured choice between the method and plain "
+                            "decoding (docs/methods.md §5.2): time ROUNDS speculative rounds against as many AR "
+                            "steps on the live sequence, keep the faster for the rest of the run")
+    group.add_argument("--draft-window", type=int, default=None, metavar="W",
+                       help="dustin with --draft-kv streaming|verify-set: the recent window (default K - 4 for "
+                            "streaming, the verifier's window w for verify-set)")
 
 
 def _supported_budgets() -> str:
@@ -84,6 +95,19 @@ def validate(args) -> None:
         raise ValueError(f"--dustin-profile is a dustin option; --method {method} does not take it")
     if args.dustin_mode != "hybrid" and method != "dustin":
         raise ValueError(f"--dustin-mode is a dustin option; --method {method} does not take it")
+    if args.draft_kv != "full" and method != "dustin":
+        raise ValueError(f"--draft-kv is a dustin option (--method magicdec is the streaming draft with dense "
+                         f"verification); --method {method} does not take it")
+    if args.arbitrate is not None:
+        if method == "quest":
+            raise ValueError("--arbitrate: --method quest runs its own verification loop; use another method")
+        if args.arbitrate < 1:
+            raise ValueError(f"--arbitrate={args.arbitrate} must be >= 1 (speculative rounds per probe)")
+    if args.draft_window is not None:
+        if args.draft_kv == "full":
+            raise ValueError(f"--draft-window={args.draft_window} needs --draft-kv streaming or verify-set")
+        if args.draft_window < 1:
+            raise ValueError(f"--draft-window={args.draft_window} must be >= 1")
     if method == "quest" and (args.profile or args.fixed_tau is not None):
         raise ValueError("--method quest runs its own verification loop: --profile and --fixed-tau are not supported")
     if args.dustin_profile:
@@ -168,6 +192,9 @@ def dustin_config_for(args, target_config, draft_config, skip_mask) -> Tuple[Any
                                          "one middle draft layer, heads 0..3, m = (k - s - w) / 2"}
         print(f"[dustin] no --dustin-profile: using the unprofiled default {config.to_dict()}", file=sys.stderr)
     check_self_draft_layers(config, skip_mask)
+    draft_kv = getattr(args, "draft_kv", "full")
+    if draft_kv != "full":  # docs/methods.md §5.1: the draft's view of its cache, not part of the profile
+        config = config.replace(draft_kv=draft_kv, draft_window=getattr(args, "draft_window", None))
     return config, info
 
 
@@ -212,6 +239,9 @@ def run_sparse(args, model, prompts, sampling, stops, out):
             dustin, info = dustin_config_for(args, config, draft_config, mask)
             draft_policy, verify_policy = dustin_policies(dustin, config, draft_config)
             sparse.update(dustin=dustin.to_dict(), mode=dustin.mode, m=dustin.effective_m, **info)
+            fixed = {"streaming": f"{dustin.sinks} sinks", "verify-set": "the previous round's I_verify"}
+            sparse["draft_kv"] = dustin.draft_kv if dustin.draft_kv == "full" else \
+                f"{dustin.draft_kv}: {fixed[dustin.draft_kv]} + a {dustin.draft_window_size}-token window"
         else:
             draft_policy = SeparateDraft(draft_config) if draft is not None else SelfDraft(config)
             if method == "streaming":
@@ -232,6 +262,11 @@ def run_sparse(args, model, prompts, sampling, stops, out):
         result = quest_speculative_generate(model.params, config, prompts, verify_policy=verify_policy, **common)
     else:
         kwargs = {} if verify_policy is None else {"verify_policy": verify_policy}
+        if args.arbitrate is not None:
+            from jaxspec.decoding.arbitration import MeasuredChoiceController
+
+            kwargs["controller"] = MeasuredChoiceController(probe_rounds=args.arbitrate)
+            sparse["arbitrate"] = {"probe_rounds": args.arbitrate}
         result = speculative_generate(model.params, config, prompts, profile=args.profile, **common, **kwargs)
     out["sparse"] = sparse
     return result

@@ -58,7 +58,9 @@ class DraftPolicy(Protocol):
 
     def propose(self, draft_params, state, target_cache: KVCache, pending, previous, committed, *, gamma: int,
                 sampling: SamplingConfig, key) -> Proposal:
-        """Traced, every round: draft ``gamma`` (static) tokens after ``pending``."""
+        """Traced, every round: draft ``gamma`` (static) tokens after ``pending``. When the verify
+        policy's :meth:`VerifyPolicy.draft_feedback` is not ``None``, the engine also passes it as
+        ``feedback=`` (only drafts meant to pair with such a verify policy take it)."""
 
 
 class DraftPolicyBase:
@@ -102,6 +104,12 @@ class VerifyPolicy(Protocol):
         round, 0 for finished rows; verification row ``num_committed - 1`` is the last one now in the
         target cache)."""
 
+    def draft_feedback(self, state) -> Any:
+        """Traced, before each draft: what of the verify state the draft sees (``propose(...,
+        feedback=)``), e.g. the last round's verified positions for a draft that attends to the same
+        ones (docs/methods.md §5, "sparse draft KV"); ``None`` (the default): nothing, and ``propose``
+        gets no ``feedback`` argument."""
+
 
 class VerifyPolicyBase:
     """Defaults of :class:`VerifyPolicy`: dense, stateless, nothing probed, the model's forward."""
@@ -123,6 +131,9 @@ class VerifyPolicyBase:
 
     def update(self, state, probes, num_committed, committed):
         return state
+
+    def draft_feedback(self, state):
+        return None
 
 
 # ---------------------------------------------------------------------------- controllers

@@ -154,11 +154,14 @@ def init_draft_counts(gamma: int) -> Dict[str, jax.Array]:
     return {"drafted_histogram": jnp.zeros((gamma + 1,), jnp.int32), "attempts": jnp.zeros((gamma,), jnp.int32)}
 
 
-def draft_phase(target_params, draft_params, draft_state, target_cache, pending, previous, committed, key, *,
-                 target_config, draft_policy, engine):
+def draft_phase(target_params, draft_params, draft_state, target_cache, pending, previous, committed, key,
+                feedback=None, *, target_config, draft_policy, engine):
+    """The draft policy's ``propose``; ``feedback``: the verify policy's ``draft_feedback(verify_state)``,
+    passed on as ``feedback=`` when it is not ``None``."""
     key, sub = jax.random.split(key)
+    extra = {} if feedback is None else {"feedback": feedback}
     proposal = draft_policy.propose(draft_params, draft_state, target_cache, pending, previous, committed,
-                                    gamma=engine.gamma, sampling=engine.sampling, key=sub)
+                                    gamma=engine.gamma, sampling=engine.sampling, key=sub, **extra)
     return proposal, key
 
 
@@ -228,7 +231,8 @@ def commit_phase(state: LoopState, proposal: Proposal, target_logits, target_cac
 
 def _round(target_params, draft_params, state, *, target_config, draft_policy, verify_policy, engine):
     proposal, key = draft_phase(target_params, draft_params, state.draft_state, state.target_cache, state.pending,
-                                 state.previous, state.committed, state.key, target_config=target_config,
+                                 state.previous, state.committed, state.key,
+                                 verify_policy.draft_feedback(state.verify_state), target_config=target_config,
                                  draft_policy=draft_policy, engine=engine)
     logits, cache, probes = verify_phase(target_params, proposal.target_cache, state.verify_state, state.committed,
                                           state.pending, proposal.tokens, proposal.signals,
@@ -682,7 +686,8 @@ def _profile(target_params, draft_params, state, static, max_rounds: Optional[in
     while int(state.round) < limit and not bool(jnp.all(state.done)):
         t0 = time.perf_counter()
         proposal, key = draft_phase_jit(target_params, draft_params, state.draft_state, state.target_cache,
-                                        state.pending, state.previous, state.committed, state.key, **phase_static)
+                                        state.pending, state.previous, state.committed, state.key,
+                                        static["verify_policy"].draft_feedback(state.verify_state), **phase_static)
         jax.block_until_ready(proposal)
         t1 = time.perf_counter()
         logits, cache, probes = verify_phase_jit(target_params, proposal.target_cache, state.verify_state,

@@ -12,6 +12,9 @@ from typing import Optional, Tuple
 SUPPORTED_BUDGETS = (128, 256, 512, 1024, 2048)
 #: Dustin-H (hybrid), Dustin-T (target signal only), Dustin-D (draft signal only), docs/methods.md §3.6.
 MODES = ("hybrid", "target", "draft")
+#: what the draft's attention reads of its own cache (docs/methods.md §5.x "sparse draft KV"): everything, a
+#: StreamingLLM view (sinks + window), or the previous round's I_verify plus a recent window.
+DRAFT_KV = ("full", "streaming", "verify-set")
 
 
 class BudgetError(ValueError):
@@ -45,6 +48,13 @@ class DustinConfig:
       draft_layers, draft_heads: the draft SRH layers and, per layer, its query heads.
       mode: ``"hybrid"`` (Dustin-H), ``"target"`` (Dustin-T: m = 0) or ``"draft"``
         (Dustin-D: m = k - s - w).
+      draft_kv: what the draft's attention reads of its cache (docs/methods.md §5, "sparse draft KV"):
+        ``"full"`` (all of it, the paper), ``"streaming"`` (``sinks`` + the last ``draft_window``
+        positions, MagicDec's view) or ``"verify-set"`` (the previous round's ``I_verify`` + the last
+        ``draft_window`` positions). K/V writes always go to the full cache, and ``s_D`` is always scored
+        over the draft SRH layers' full history.
+      draft_window: the recent window of a sparse draft KV; ``None`` = ``k - sinks`` for ``"streaming"``
+        (the draft reads k positions, as the verifier) and ``w`` for ``"verify-set"``.
     """
 
     budget: int = 512
@@ -56,6 +66,8 @@ class DustinConfig:
     draft_layers: Tuple[int, ...] = ()
     draft_heads: Tuple[Tuple[int, ...], ...] = ()
     mode: str = "hybrid"
+    draft_kv: str = "full"
+    draft_window: Optional[int] = None
 
     def __post_init__(self):
         check_budget(self.budget)
@@ -64,6 +76,11 @@ class DustinConfig:
         object.__setattr__(self, "draft_heads", tuple(tuple(int(h) for h in hs) for hs in self.draft_heads))
         if self.mode not in MODES:
             raise ValueError(f"mode={self.mode!r}; valid: {MODES} (Dustin-H, Dustin-T, Dustin-D)")
+        if self.draft_kv not in DRAFT_KV:
+            raise ValueError(f"draft_kv={self.draft_kv!r}; valid: {DRAFT_KV}")
+        if self.draft_window is not None and (isinstance(self.draft_window, bool) or
+                                              not isinstance(self.draft_window, int) or self.draft_window < 1):
+            raise ValueError(f"draft_window={self.draft_window!r} must be None (the default) or an integer >= 1")
         if not isinstance(self.sinks, int) or self.sinks < 0:
             raise ValueError(f"sinks={self.sinks!r} must be an integer >= 0")
         if self.window is not None and (not isinstance(self.window, int) or self.window < 0):
@@ -104,6 +121,15 @@ class DustinConfig:
         return self.free_budget // 2 if self.m is None else self.m
 
     @property
+    def draft_window_size(self) -> int:
+        """The recent window a sparse draft KV reads (0 for ``draft_kv="full"``)."""
+        if self.draft_kv == "full":
+            return 0
+        if self.draft_window is not None:
+            return self.draft_window
+        return self.budget - self.sinks if self.draft_kv == "streaming" else max(self.window_size, 1)
+
+    @property
     def uses_target_signal(self) -> bool:
         return self.effective_m < self.free_budget
 
@@ -126,7 +152,8 @@ class DustinConfig:
         return {"budget": self.budget, "sinks": self.sinks, "window": self.window, "m": self.m,
                 "target_layer": self.target_layer, "target_heads": list(self.target_heads),
                 "draft_layers": list(self.draft_layers), "draft_heads": [list(h) for h in self.draft_heads],
-                "mode": self.mode}
+                "mode": self.mode,
+                **({"draft_kv": self.draft_kv, "draft_window": self.draft_window} if self.draft_kv != "full" else {})}
 
     @classmethod
     def from_dict(cls, data) -> "DustinConfig":

@@ -26,7 +26,7 @@ here; on the XLA path a slice of what attention computes anyway, on the Pallas p
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Tuple
+from typing import Any, NamedTuple, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -45,12 +45,51 @@ def _probe_heads(layers, heads) -> Tuple[Tuple[int, int], ...]:
     return tuple((int(layer), int(h)) for layer, hs in zip(layers, heads) for h in hs)
 
 
+def draft_history_indices(draft_kv: str, lengths, *, sinks: int, window: int, feedback=None):
+    """The cache slots ``[B, K]`` a draft forward over a cache of ``lengths [B]`` valid positions attends
+    to (docs/methods.md §5, "sparse draft KV"), or ``None`` (``"full"``: all of them). Both sparse views
+    are a fixed part plus the last ``window`` positions; slots of the fixed part inside the window (or
+    negative) are dropped (``-1``), so no slot repeats:
+
+    * ``"streaming"``: the sinks ``0 .. sinks-1`` -- the StreamingLLM set of
+      ``jaxspec.baselines.streaming.streaming_indices`` (MagicDec's view), in another slot order;
+    * ``"verify-set"``: ``feedback [B, K_v]``, the previous round's ``I_verify`` (target cache slots; a
+      separate draft's cache holds the same tokens at the same slots), then the window (the tokens
+      committed since, and the draft's own recent context).
+    """
+    if draft_kv == "full":
+        return None
+    n = jnp.asarray(lengths, jnp.int32)[:, None]
+    if draft_kv == "streaming":
+        fixed = jnp.broadcast_to(jnp.arange(sinks, dtype=jnp.int32)[None, :], (n.shape[0], sinks))
+    elif draft_kv == "verify-set":
+        if feedback is None:
+            raise TypeError("draft_kv='verify-set' needs the verify policy's I_verify as feedback: pair the draft "
+                            "with DustinVerify of the same config (dustin_policies)")
+        fixed = jnp.asarray(feedback, jnp.int32)
+    else:
+        raise ValueError(f"draft_kv={draft_kv!r}; valid: full, streaming, verify-set")
+    start = n - window
+    recent = start + jnp.arange(window, dtype=jnp.int32)[None, :]
+    recent = jnp.where(recent >= 0, recent, -1)
+    fixed = jnp.where((fixed >= 0) & (fixed < start), fixed, -1)
+    return jnp.concatenate([fixed, recent], axis=1)
+
+
 def _drafting_queries(first, step_forward, first_logits_row, cache, gamma, sampling, key):
-    """Run the draft loop collecting the probe queries of every drafting step.
+    """Run the draft loop collecting the probe queries of every drafting step (none when the forwards
+    probe no head: then ``queries`` is ``None``).
 
     ``first``: the probes of the first draft forward (its last row is ``pending``);
     ``step_forward(cache, token) -> ForwardOutput``.
     """
+    if first.probes is None:
+        def plain(cache, token):
+            result = step_forward(cache, token)
+            return result.logits[:, 0], result.cache
+
+        tokens, probs, cache = draft_loop(plain, first.logits[:, first_logits_row], cache, gamma, sampling, key)
+        return tokens, probs, cache, None
     q0 = first.probes.queries[:, :, first_logits_row]  # [B, P, D]
     batch, heads, dim = q0.shape
     buffer = jnp.zeros((batch, heads, gamma, dim), jnp.float32).at[:, :, 0].set(q0)
@@ -66,74 +105,103 @@ def _drafting_queries(first, step_forward, first_logits_row, cache, gamma, sampl
     return tokens, probs, cache, buffer
 
 
+class _SparseDraftKV:
+    """The draft-KV fields shared by :class:`DustinDraft` and :class:`DustinSelfDraft`
+    (``DustinConfig.draft_kv`` / ``sinks`` / ``draft_window_size``)."""
+
+    @property
+    def probe_heads(self):
+        return _probe_heads(self.layers, self.heads)
+
+    def _forward(self, draft_params, tokens, cache, feedback, **options):
+        """A draft forward: K/V written to the full cache, history attention restricted to
+        :func:`draft_history_indices` of ``cache.lengths`` (one set for every new token)."""
+        indices = draft_history_indices(self.draft_kv, cache.lengths, sinks=self.sinks, window=self.window,
+                                        feedback=feedback)
+        return forward(draft_params, tokens, cache, config=self.config, verify_indices=indices,
+                       probe_heads=self.probe_heads, **options)
+
+    def _signals(self, queries, cache):
+        if queries is None:
+            return None
+        # s_D over the SRH layers' full history (docs/methods.md §5): the keys of the whole draft cache
+        return DraftSignals(queries=queries, keys=tuple(cache.keys[layer] for layer in self.layers))
+
+
+def _draft_kv_fields(dustin: DustinConfig) -> dict:
+    return dict(draft_kv=dustin.draft_kv, sinks=dustin.sinks, window=dustin.draft_window_size)
+
+
 @dataclasses.dataclass(frozen=True)
-class DustinDraft(SeparateDraft):
-    """A separate draft model that returns Dustin's lookahead signals (see the module doc)."""
+class DustinDraft(_SparseDraftKV, SeparateDraft):
+    """A separate draft model that returns Dustin's lookahead signals (see the module doc); with
+    ``draft_kv`` other than ``"full"`` its attention reads a budget of its cache (docs/methods.md §5)."""
 
     name: str = "dustin-draft"
     layers: Tuple[int, ...] = ()
     heads: Tuple[Tuple[int, ...], ...] = ()
+    draft_kv: str = "full"
+    sinks: int = 4
+    window: int = 0
 
     @classmethod
     def from_config(cls, draft_config: ModelConfig, dustin: DustinConfig) -> "DustinDraft":
         dustin.check_models(draft_config=draft_config)
-        return cls(config=draft_config, layers=dustin.draft_layers, heads=dustin.draft_heads)
+        return cls(config=draft_config, layers=dustin.draft_layers, heads=dustin.draft_heads,
+                   **_draft_kv_fields(dustin))
 
-    @property
-    def probe_heads(self):
-        return _probe_heads(self.layers, self.heads)
-
-    def propose(self, draft_params, state, target_cache, pending, previous, committed, *, gamma, sampling, key):
-        probe = self.probe_heads
-        if not probe:
-            return super().propose(draft_params, state, target_cache, pending, previous, committed, gamma=gamma,
-                                   sampling=sampling, key=key)
+    def propose(self, draft_params, state, target_cache, pending, previous, committed, *, gamma, sampling, key,
+                feedback=None):
+        # the [previous, pending] first step shares one index set (as MagicDecDraft): the window ends at the
+        # cached history, so pending also sees previous
         cache = state.with_lengths(committed - 2)
-        first = forward(draft_params, jnp.stack([previous, pending], axis=1), cache, config=self.config,
-                         probe_heads=probe)
+        first = self._forward(draft_params, jnp.stack([previous, pending], axis=1), cache, feedback)
 
         def step_forward(cache, token):
-            return forward(draft_params, token[:, None], cache, config=self.config, probe_heads=probe)
+            return self._forward(draft_params, token[:, None], cache, feedback)
 
         tokens, probs, cache, queries = _drafting_queries(first, step_forward, 1, first.cache, gamma, sampling, key)
-        signals = DraftSignals(queries=queries, keys=tuple(cache.keys[layer] for layer in self.layers))
-        return Proposal(tokens, probs, cache, target_cache, signals=signals)
+        return Proposal(tokens, probs, cache, target_cache, signals=self._signals(queries, cache))
 
 
 @dataclasses.dataclass(frozen=True)
-class DustinSelfDraft(SelfDraft):
+class DustinSelfDraft(_SparseDraftKV, SelfDraft):
     """A self-draft (the target with sub-layers skipped) that returns Dustin's lookahead signals.
-    The draft SRH layers must be layers whose attention the skip mask executes."""
+    The draft SRH layers must be layers whose attention the skip mask executes. With ``draft_kv``
+    other than ``"full"`` its attention reads a budget of the target cache (docs/methods.md §5)."""
 
     name: str = "dustin-self-draft"
     layers: Tuple[int, ...] = ()
     heads: Tuple[Tuple[int, ...], ...] = ()
+    draft_kv: str = "full"
+    sinks: int = 4
+    window: int = 0
 
     @classmethod
     def from_config(cls, target_config: ModelConfig, dustin: DustinConfig) -> "DustinSelfDraft":
         dustin.check_models(draft_config=target_config)
-        return cls(config=target_config, layers=dustin.draft_layers, heads=dustin.draft_heads)
+        return cls(config=target_config, layers=dustin.draft_layers, heads=dustin.draft_heads,
+                   **_draft_kv_fields(dustin))
 
-    @property
-    def probe_heads(self):
-        return _probe_heads(self.layers, self.heads)
-
-    def propose(self, draft_params, state, target_cache, pending, previous, committed, *, gamma, sampling, key):
-        probe = self.probe_heads
-        if not probe:
-            return super().propose(draft_params, state, target_cache, pending, previous, committed, gamma=gamma,
-                                   sampling=sampling, key=key)
+    def propose(self, draft_params, state, target_cache, pending, previous, committed, *, gamma, sampling, key,
+                feedback=None):
         mask = state["skip_mask"]
         cache = target_cache.with_lengths(committed - 1)
-        first = forward(draft_params, pending[:, None], cache, config=self.config, skip_mask=mask, probe_heads=probe)
+        first = self._forward(draft_params, pending[:, None], cache, feedback, skip_mask=mask)
 
         def step_forward(cache, token):
-            return forward(draft_params, token[:, None], cache, config=self.config, skip_mask=mask,
-                            probe_heads=probe)
+            return self._forward(draft_params, token[:, None], cache, feedback, skip_mask=mask)
 
         tokens, probs, cache, queries = _drafting_queries(first, step_forward, 0, first.cache, gamma, sampling, key)
-        signals = DraftSignals(queries=queries, keys=tuple(cache.keys[layer] for layer in self.layers))
-        return Proposal(tokens, probs, state, cache, signals=signals)
+        return Proposal(tokens, probs, state, cache, signals=self._signals(queries, cache))
+
+
+class VerifiedProbes(NamedTuple):
+    """:meth:`DustinVerify.verify_forward`'s probes with ``draft_kv="verify-set"``: the forward's
+    probes and this round's ``I_verify [B, k]``."""
+
+    probes: Any
+    indices: jax.Array
 
 
 def last_prompt_query_fn(params, tokens, cache, *, config, probe_heads):
@@ -164,18 +232,30 @@ class DustinVerify(VerifyPolicyBase):
     def probe_heads(self) -> Tuple[Tuple[int, int], ...]:
         return self.dustin.target_probe_heads if self.dustin.uses_target_signal else ()
 
+    @property
+    def shares_verify_set(self) -> bool:
+        """``draft_kv="verify-set"``: the state also keeps the last ``I_verify`` for the draft."""
+        return self.dustin.draft_kv == "verify-set"
+
     def prefill(self, target_params, target_cache, tokens, prompt_lengths) -> dict:
         """The state after prefill: the target SRH queries of each row's last prompt token
         (a one-token forward that rewrites that token's K/V with the same values; the cache
-        passed in is not modified)."""
+        passed in is not modified); with ``draft_kv="verify-set"`` also ``"indices" [B, k]``, the
+        StreamingLLM set (sinks + the last ``k - sinks``) of the prompt history, which the first
+        round's draft reads in place of a previous ``I_verify``."""
         batch = target_cache.batch_size
-        if not self.probe_heads:
-            return {"query": jnp.zeros((batch, 0, self.target_config.head_dim), jnp.float32)}
         lengths = np.asarray(prompt_lengths, np.int32)
+        state = {}
+        if self.shares_verify_set:
+            cfg = self.dustin
+            state["indices"] = draft_history_indices("streaming", jnp.asarray(lengths - 1), sinks=cfg.sinks,
+                                                     window=cfg.budget - cfg.sinks)
+        if not self.probe_heads:
+            return {"query": jnp.zeros((batch, 0, self.target_config.head_dim), jnp.float32), **state}
         last = np.asarray(tokens)[np.arange(batch), lengths - 1]
         return {"query": last_prompt_query(target_params, jnp.asarray(last[:, None], jnp.int32),
                                             target_cache.with_lengths(jnp.asarray(lengths - 1)),
-                                            config=self.target_config, probe_heads=self.probe_heads)}
+                                            config=self.target_config, probe_heads=self.probe_heads), **state}
 
     def scores(self, state, target_cache, committed, signals):
         """``(s_D, s_T)`` ``[B, S]`` for this round (``None`` where the mode does not use one)."""
@@ -198,12 +278,30 @@ class DustinVerify(VerifyPolicyBase):
         s_draft, s_target = self.scores(state, target_cache, committed, signals)
         return select_for_config(self.dustin, s_draft, s_target, committed - 1)
 
+    def verify_forward(self, target_params, rows, target_cache, committed, signals, *, config, state):
+        """The base class's forward; with ``draft_kv="verify-set"`` its probes also carry this round's
+        ``I_verify`` (:class:`VerifiedProbes`), which :meth:`update` keeps for the next draft."""
+        indices = self.verify_indices(state, target_cache, committed, signals)
+        result = forward(target_params, rows, target_cache.with_lengths(committed - 1), config=config,
+                         verify_indices=indices, probe_heads=tuple(self.probe_heads))
+        if not self.shares_verify_set:
+            return result
+        return result._replace(probes=VerifiedProbes(result.probes, indices))
+
     def update(self, state, probes, num_committed, committed):
+        extra = {}
+        if self.shares_verify_set:
+            probes, indices = probes.probes, probes.indices
+            extra["indices"] = jnp.where((num_committed > 0)[:, None], indices, state["indices"])
         if not self.probe_heads:
-            return state
+            return {**state, **extra}
         row = jnp.maximum(num_committed - 1, 0)[:, None, None, None]
         query = jnp.take_along_axis(probes.queries, row, axis=2)[:, :, 0]  # [B, P, D]
-        return {"query": jnp.where((num_committed > 0)[:, None, None], query, state["query"])}
+        return {"query": jnp.where((num_committed > 0)[:, None, None], query, state["query"]), **extra}
+
+    def draft_feedback(self, state):
+        """``draft_kv="verify-set"``: the last round's ``I_verify`` ``[B, k]`` (the draft attends to it)."""
+        return state["indices"] if self.shares_verify_set else None
 
 
 def dustin_policies(dustin: DustinConfig, target_config: ModelConfig, draft_config: Optional[ModelConfig] = None):

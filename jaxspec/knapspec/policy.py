@@ -87,6 +87,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.config import ModelConfig
+from jaxspec.decoding.arbitration import measured_arbitration
 from jaxspec.decoding.contract import Chunk, DraftPolicyBase, ScriptedController
 from jaxspec.decoding.policies import DenseVerify, Proposal
 from jaxspec.decoding.sampling import SamplingConfig, sample_token, sampling_probs
@@ -563,33 +564,27 @@ class KnapSpecController(ScriptedController):
 
         def arbitrate(n):
             """Time ``probe_rounds`` speculative rounds under the new plan, then as many plain-decoding
-            steps; keep the faster (tokens committed per second) until the next plan. The plain-decoding
-            rate is the better of the probe's and the latency model's (active rows per ``a t_step(n)``):
-            a short probe's fixed per-call cost (dispatch, host syncs) weighs more on a few cheap AR
-            steps than on the longer speculative rounds, which would favour drafting."""
+            steps; keep the faster (tokens committed per second) until the next plan
+            (:func:`~jaxspec.decoding.arbitration.measured_arbitration`). The plain-decoding rate is the
+            better of the probe's and the latency model's (active rows per ``a t_step(n)``): a short
+            probe's fixed per-call cost (dispatch, host syncs) weighs more on a few cheap AR steps than
+            on the longer speculative rounds, which would favour drafting."""
             rounds = knapspec.probe
             speculative_gamma = current["gamma"]
-            active = int(np.sum(~np.asarray(run.state.done)))
-            n0, t0 = run.committed_total(), time.perf_counter()
-            spec_rounds = yield from advance(rounds)
-            n1, t1 = run.committed_total(), time.perf_counter()
-            if run.finished():
-                return None, spec_rounds
-            current["gamma"] = 0
-            ar_steps = yield from advance(rounds)
-            n2, t2 = run.committed_total(), time.perf_counter()
-            spec_rate, ar_measured = (n1 - n0) / max(t1 - t0, 1e-9), (n2 - n1) / max(t2 - t1, 1e-9)
+
+            def plain():
+                current["gamma"] = 0
+                return (yield from advance(rounds))
+
             ar_model = None
             if model is not None:
-                ar_model = active / max(model.a * model.t_step(n, config.num_layers), 1e-12)
-            ar_rate = max(ar_measured, ar_model or 0.0)
-            if spec_rate >= ar_rate:
+                def ar_model(active):
+                    return active / max(model.a * model.t_step(n, config.num_layers), 1e-12)
+            probe, units = yield from measured_arbitration(run, lambda: advance(rounds), plain, rounds=rounds,
+                                                           ar_model_rate=ar_model)
+            if probe is not None and probe["choice"] == "speculative":
                 current["gamma"] = speculative_gamma
-            probe = {"rounds": int(rounds), "speculative_tokens": n1 - n0, "speculative_s": t1 - t0,
-                     "ar_tokens": n2 - n1, "ar_s": t2 - t1, "speculative_tokens_per_s": spec_rate,
-                     "ar_tokens_per_s": ar_rate, "ar_tokens_per_s_measured": ar_measured,
-                     "ar_tokens_per_s_model": ar_model, "choice": "speculative" if current["gamma"] else "ar"}
-            return probe, spec_rounds + ar_steps
+            return probe, units
 
         if self.initial_plan is not None:
             mask, gamma = self.initial_plan

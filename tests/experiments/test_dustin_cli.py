@@ -85,11 +85,33 @@ def test_generate_sparse_methods(folders, tmp_path):
      "is for another model"),
     (["--method", "dustin", "--budget", "128", "--draft", "x", "--dustin-profile", SMOL_PROFILE],
      "profiles a self-draft"),
+    (["--method", "streaming", "--budget", "128", "--draft", "x", "--draft-kv", "streaming"],
+     "--draft-kv is a dustin option"),
+    (["--method", "dustin", "--budget", "128", "--draft", "x", "--draft-window", "8"],
+     "needs --draft-kv streaming or verify-set"),
+    (["--method", "dustin", "--budget", "128", "--draft", "x", "--draft-kv", "verify-set", "--draft-window", "0"],
+     "--draft-window=0 must be >= 1"),
+    (["--method", "dustin", "--budget", "128", "--draft", "x", "--arbitrate", "0"], "--arbitrate=0 must be >= 1"),
 ])
 def test_generate_bad_input(folders, capsys, extra, message):
     target, _ = folders
     assert main(_base(target, *extra)) == 2
     assert message in capsys.readouterr().err
+
+
+def test_generate_sparse_draft_kv_and_arbitrate(folders, tmp_path):
+    """--draft-kv verify-set with k >= the context equals dense ClassicSD; --arbitrate records its probe."""
+    target, draft = folders
+    dense = tmp_path / "sd.json"
+    assert main(_base(target, "--method", "sd", "--draft", str(draft), "--out", str(dense))) == 0
+    path = tmp_path / "verify-set.json"
+    assert main(_base(target, "--method", "dustin", "--budget", "2048", "--draft", str(draft), "--draft-kv",
+                      "verify-set", "--arbitrate", "2", "--out", str(path))) == 0
+    results = _results(path)
+    assert results["tokens"] == _results(dense)["tokens"]
+    assert results["sparse"]["draft_kv"].startswith("verify-set") and results["sparse"]["dustin"]["draft_kv"] == \
+        "verify-set"
+    assert results["metrics"]["arbitration"]["events"][0]["choice"] in ("speculative", "ar")
 
 
 def _haystack(tmp_path):

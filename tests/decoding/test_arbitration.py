@@ -1,0 +1,78 @@
+"""Measured choice between speculative rounds and plain decoding (docs/methods.md §5.2): the faster mode wins on
+the live sequence, the output stays AR's, decisions are remembered per (context bucket, batch)."""
+
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from jaxspec.config import ModelConfig
+from jaxspec.decoding import speculative as engine_module
+from jaxspec.decoding.arbitration import MeasuredChoiceController
+from jaxspec.decoding.autoregressive import generate
+from jaxspec.decoding.policies import SelfDraft, parse_skip_spec
+from jaxspec.decoding.speculative import EngineConfig, speculative_generate
+from jaxspec.models.llama import init_params
+
+TARGET = ModelConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=3, num_heads=4, num_kv_heads=2,
+                     head_dim=16, dtype="float32")
+PROMPTS = [np.random.RandomState(0).randint(0, 97, n).tolist() for n in (5, 17, 40)]
+NEW = 24
+
+
+@pytest.fixture(scope="module")
+def params():
+    return init_params(TARGET, jax.random.PRNGKey(0), scale=0.2)
+
+
+def _run(params, controller, warmup=False):
+    policy = SelfDraft(TARGET)
+    return speculative_generate(params, TARGET, PROMPTS, draft_policy=policy,
+                                draft_state=policy.initial_state(parse_skip_spec("mlp:1", 3)),
+                                engine=EngineConfig(gamma=3, max_new_tokens=NEW), controller=controller,
+                                warmup=warmup)
+
+
+@pytest.mark.parametrize("slow", ["speculative", "ar"])
+def test_measured_choice_keeps_the_faster_mode(params, monkeypatch, slow):
+    """Slowing one mode on the host (a sleep after each call) makes the choice certain; the output is
+    AR's either way; a timed run's decision is reused by the next run at the same (context, batch)."""
+    side = {"speculative": "run_loop", "ar": "plain_decode"}[slow]
+    real = getattr(engine_module, side)
+
+    def slowed(*args, **kwargs):
+        out = real(*args, **kwargs)
+        jax.block_until_ready(out)
+        time.sleep(0.3)
+        return out
+
+    monkeypatch.setattr(engine_module, side, slowed)
+    ar_rows = generate(params, TARGET, PROMPTS, NEW).rows()
+    controller = MeasuredChoiceController(probe_rounds=2)
+    result = _run(params, controller)
+    assert result.rows() == ar_rows
+    info = result.metrics["arbitration"]
+    winner = "ar" if slow == "speculative" else "speculative"
+    probe = info["events"][0]["probe"]
+    assert info["choice"] == winner and probe["choice"] == winner
+    assert probe["speculative_tokens"] > 0 and probe["ar_tokens"] > 0
+    assert (probe["ar_tokens_per_s"] > probe["speculative_tokens_per_s"]) == (winner == "ar")
+    assert (result.metrics["ar_tokens"] > probe["ar_tokens"]) == (winner == "ar")  # AR ran past its probe
+    key = (info["events"][0]["context_bucket"], info["events"][0]["active_rows"])
+    assert key == (32, 3) and controller.decisions == {key: winner}
+    again = _run(params, controller)
+    assert again.rows() == ar_rows and again.metrics["arbitration"]["events"][0]["remembered"]
+    assert (again.metrics["ar_tokens"] > 0) == (winner == "ar")
+
+
+def test_warmup_decisions_not_remembered_and_errors(params):
+    controller = MeasuredChoiceController(probe_rounds=2, reprobe_rounds=3)
+    result = _run(params, controller, warmup=True)
+    assert result.rows() == generate(params, TARGET, PROMPTS, NEW).rows()
+    events = result.metrics["arbitration"]["events"]
+    # the timed run probed afresh (the warm-up run's decision, with its compiles, was not kept) and re-probed
+    assert not events[0]["remembered"] and len(events) >= 2
+    for bad in (dict(probe_rounds=0), dict(reprobe_rounds=0), dict(probe_rounds=True)):
+        with pytest.raises(ValueError, match="must be"):
+            MeasuredChoiceController(**bad)
