@@ -54,6 +54,10 @@ def add_dustin_args(parser: argparse.ArgumentParser) -> None:
                             "unprofiled default config is used and labelled as such")
     group.add_argument("--dustin-mode", default="hybrid", choices=["hybrid", "target", "draft"],
                        help="dustin: Dustin-H (both signals), Dustin-T (target signal only), Dustin-D (draft only)")
+    group.add_argument("--dustin-m-rule", default="fixed", choices=["fixed", "coverage"],
+                       help="dustin (hybrid): the split m of the budget -- the profiled m every round (fixed) or, per "
+                            "round and row, the candidate m covering the most of both signals' mass (coverage, "
+                            "docs/methods.md §3.8)")
 
 
 def _supported_budgets() -> str:
@@ -84,6 +88,10 @@ def validate(args) -> None:
         raise ValueError(f"--dustin-profile is a dustin option; --method {method} does not take it")
     if args.dustin_mode != "hybrid" and method != "dustin":
         raise ValueError(f"--dustin-mode is a dustin option; --method {method} does not take it")
+    m_rule = getattr(args, "dustin_m_rule", "fixed")
+    if m_rule != "fixed" and (method != "dustin" or args.dustin_mode != "hybrid"):
+        raise ValueError(f"--dustin-m-rule {m_rule} chooses Dustin-H's split: it needs --method dustin with "
+                         f"--dustin-mode hybrid (got --method {method} --dustin-mode {args.dustin_mode})")
     if method == "quest" and (args.profile or args.fixed_tau is not None):
         raise ValueError("--method quest runs its own verification loop: --profile and --fixed-tau are not supported")
     if args.dustin_profile:
@@ -168,6 +176,10 @@ def dustin_config_for(args, target_config, draft_config, skip_mask) -> Tuple[Any
                                          "one middle draft layer, heads 0..3, m = (k - s - w) / 2"}
         print(f"[dustin] no --dustin-profile: using the unprofiled default {config.to_dict()}", file=sys.stderr)
     check_self_draft_layers(config, skip_mask)
+    if getattr(args, "dustin_m_rule", "fixed") != "fixed":
+        config = config.replace(m_rule=args.dustin_m_rule)
+        info["m_rule"] = args.dustin_m_rule
+        info["m_candidates"] = list(config.m_candidates)
     return config, info
 
 
@@ -369,6 +381,10 @@ class Method:
 
 DUSTIN_MODES = {"dustin-h": "hybrid", "dustin-t": "target", "dustin-d": "draft"}
 ALL_METHODS = ("dustin-h", "dustin-t", "dustin-d", "streaming", "quest", "snapkv", "magicdec")
+#: Dustin-H with the input-aware m (docs/methods.md §3.8) and with the per-round ARR-maximising m (an
+#: oracle: it reads the full-KV verification's attention); not in the default --methods.
+M_RULE_METHODS = {"dustin-h-ia": "coverage", "dustin-h-oracle": "oracle"}
+QUALITY_METHODS = ALL_METHODS[:1] + tuple(M_RULE_METHODS) + ALL_METHODS[1:]
 
 
 def _jax():
@@ -505,6 +521,7 @@ class QualityRunner:
         from jaxspec.decoding.speculative import EngineConfig
 
         self.target, self.draft, self.mask, self.profile = target, draft, mask, profile
+        self.m_rule_stats: Dict[str, Dict[str, list]] = {}  # per method key, per round (docs/methods.md §3.8)
         self.tcfg = target.config
         self.dcfg = draft.config if draft is not None else target.config
         self.engine = EngineConfig(gamma=gamma, sampling=SamplingConfig(), max_new_tokens=max_new_tokens,
@@ -528,6 +545,10 @@ class QualityRunner:
         for budget in budgets:
             for name in names:
                 dustin = profile_config(self.profile, budget, DUSTIN_MODES[name]) if name in DUSTIN_MODES else None
+                if name in M_RULE_METHODS:
+                    dustin = profile_config(self.profile, budget, "hybrid")
+                    if name == "dustin-h-ia":
+                        dustin = dustin.replace(m_rule="coverage")
                 out.append(Method(name, budget, dustin))
         return out
 
@@ -648,11 +669,20 @@ class QualityRunner:
                 for m in arr_methods:
                     if m.name in ("quest", "magicdec"):
                         continue
+                    if m.name in M_RULE_METHODS:
+                        arr_sums[m.key] += self.m_rule_round(m, weights, state.verify_state, cache.keys,
+                                                             state.committed, draft_q, draft_keys, select_static)
+                        continue
+                    t_select = time.perf_counter()
                     indices = cached_jit(f"select/{m.key}", _select, static_argnames=(
                         "method_name", "budget", "dustin", "probe_t", "probe_d", "target_qpk", "draft_qpk",
                         "capacity", "max_generated"))(
                         m.name, m.budget, m.dustin, state.verify_state, cache.keys, state.committed, draft_q,
                         draft_keys, snaps.get(m.budget), **select_static)
+                    indices.block_until_ready()
+                    if m.name == "dustin-h":
+                        self.m_rule_stats.setdefault(m.key, {}).setdefault("select_s", []).append(
+                            time.perf_counter() - t_select)
                     arr_sums[m.key] += float(recall_of_indices(weights, indices)[0])
                 if quest_budgets:
                     quest = _round_arr(weights, hprobs, queries, cache.keys, history, quest_budgets, config=tcfg)
@@ -666,7 +696,10 @@ class QualityRunner:
                 queries = None
             else:
                 indices = None
-                if method.name not in ("dense", "magicdec"):
+                if method.name == "dustin-h-oracle":
+                    indices = self.oracle_indices(method, rows, cache, state.verify_state, state.committed, draft_q,
+                                                  draft_keys, select_static)
+                elif method.name not in ("dense", "magicdec"):
                     indices = cached_jit(f"select/{method.key}", _select, static_argnames=(
                         "method_name", "budget", "dustin", "probe_t", "probe_d", "target_qpk", "draft_qpk",
                         "capacity", "max_generated"))(
@@ -689,6 +722,89 @@ class QualityRunner:
         metrics = speculative.summarize(state, engine)
         arr = {k: v / max(arr_rounds, 1) for k, v in arr_sums.items()} if reference else {}
         return generated, metrics, arr
+
+    # -- input-aware and oracle m (docs/methods.md §3.8)
+    def _signals(self, method, query, target_keys, committed, draft_q, draft_keys, select_static):
+        static = {k: v for k, v in select_static.items() if k != "max_generated"}
+        return cached_jit(f"signals/{method.key}", _dustin_signals, static_argnames=(
+            "dustin", "probe_t", "probe_d", "target_qpk", "draft_qpk", "capacity"))(
+            method.dustin, query, target_keys, committed, draft_q, draft_keys, **static)
+
+    def _arr_curve(self, method, weights, s_draft, s_target, committed):
+        from jaxspec.dustin.search import sweep_m
+
+        cfg = method.dustin
+        return sweep_m(np.asarray(weights), np.asarray(s_draft), np.asarray(s_target), np.asarray(committed - 1),
+                       k=cfg.budget, sinks=cfg.sinks, window=cfg.window_size)
+
+    def m_rule_round(self, method, weights, query, target_keys, committed, draft_q, draft_keys, select_static) -> float:
+        """One reference round of ``dustin-h-ia`` / ``dustin-h-oracle``: its ARR; records the chosen m
+        (and, for the input-aware rule, the selection time beside the fixed rule's on the same signals)."""
+        from jaxspec.dustin.arr import recall_of_indices
+        from jaxspec.dustin.selection import select_input_aware, select_verify_indices
+
+        cfg = method.dustin
+        stats = self.m_rule_stats.setdefault(method.key, {})
+        if not (cfg.uses_draft_signal and cfg.uses_target_signal):  # one signal only: no split to choose
+            stats.setdefault("m", []).append(cfg.effective_m)
+            indices = cached_jit(f"select/{method.key}", _select, static_argnames=(
+                "method_name", "budget", "dustin", "probe_t", "probe_d", "target_qpk", "draft_qpk", "capacity",
+                "max_generated"))("dustin-h", cfg.budget, cfg.replace(m_rule="fixed"), query, target_keys, committed,
+                                  draft_q, draft_keys, None, **select_static)
+            return float(recall_of_indices(weights, indices)[0])
+        s_draft, s_target = self._signals(method, query, target_keys, committed, draft_q, draft_keys, select_static)
+        history = committed - 1
+        if method.name == "dustin-h-oracle":
+            curve = self._arr_curve(method, weights, s_draft, s_target, committed)
+            best = int(np.argmax(curve))
+            stats.setdefault("m", []).append(best)
+            stats.setdefault("fixed_arr_from_curve", []).append(float(curve[cfg.effective_m]))
+            return float(curve[best])
+        # selection only (signals given), best of 3 calls each: fixed m vs the coverage rule
+        timings = {}
+        for name, call in (("fixed", lambda: select_verify_indices(
+                s_draft, s_target, history, k=cfg.budget, sinks=cfg.sinks, window=cfg.window_size,
+                m=cfg.effective_m)),
+                           ("input-aware", lambda: select_input_aware(
+                s_draft, s_target, history, k=cfg.budget, sinks=cfg.sinks, window=cfg.window_size,
+                candidates=cfg.m_candidates))):
+            jax_out = call()  # compiled on the first round
+            jax_out = jax_out[0] if isinstance(jax_out, tuple) else jax_out
+            jax_out.block_until_ready()
+            best_t = float("inf")
+            for _ in range(3):
+                t0 = time.perf_counter()
+                out = call()
+                (out[0] if isinstance(out, tuple) else out).block_until_ready()
+                best_t = min(best_t, time.perf_counter() - t0)
+            timings[name] = best_t
+        stats.setdefault("selection_s_fixed", []).append(timings["fixed"])
+        stats.setdefault("selection_s_input_aware", []).append(timings["input-aware"])
+        indices, chosen = select_input_aware(s_draft, s_target, history, k=cfg.budget, sinks=cfg.sinks,
+                                             window=cfg.window_size, candidates=cfg.m_candidates)
+        stats.setdefault("m", []).append(int(chosen[0]))
+        return float(recall_of_indices(weights, indices)[0])
+
+    def oracle_indices(self, method, rows, cache, query, committed, draft_q, draft_keys, select_static):
+        """``I_verify`` with the m maximising this round's ARR, read from a full-KV forward of the
+        round (an oracle: it costs a dense verification)."""
+        from jaxspec.dustin.arr import recall_weights
+        from jaxspec.dustin.selection import select_verify_indices_rows
+
+        _, jnp = _jax()
+        cfg = method.dustin
+        if not (cfg.uses_draft_signal and cfg.uses_target_signal):  # one signal only: the fixed selection
+            return cached_jit(f"select/{method.key}", _select, static_argnames=(
+                "method_name", "budget", "dustin", "probe_t", "probe_d", "target_qpk", "draft_qpk", "capacity",
+                "max_generated"))("dustin-h", cfg.budget, cfg, query, cache.keys, committed, draft_q, draft_keys,
+                                  None, **select_static)
+        _, _, _, hprobs = cached_jit("reference", _reference_forward, static_argnames=("config",))(
+            self.target.params, rows, cache, config=self.tcfg)
+        weights = recall_weights(hprobs, committed - 1)
+        s_draft, s_target = self._signals(method, query, cache.keys, committed, draft_q, draft_keys, select_static)
+        best = int(np.argmax(self._arr_curve(method, weights, s_draft, s_target, committed)))
+        return select_verify_indices_rows(s_draft, s_target, committed - 1, jnp.asarray([best], jnp.int32),
+                                          k=cfg.budget, sinks=cfg.sinks, window=cfg.window_size)
 
     # -- teacher-forced perplexity
     def draft_chunk_scores(self, base, text: Sequence[int]):
@@ -774,6 +890,23 @@ class QualityRunner:
             if probe_t:
                 query = queries[:, :, -1]
         return {"nll": nll / count, "ppl": float(np.exp(nll / count)), "tokens": count}
+
+
+def _dustin_signals(dustin, query, target_keys, committed, draft_q, draft_keys, *, probe_t, probe_d, target_qpk,
+                    draft_qpk, capacity):
+    """``(s_D, s_T) [B, S]`` of a hybrid Dustin config (traced; the inputs of :func:`_select`)."""
+    from jaxspec.dustin.signals import DraftSignals, draft_signal, target_signal
+
+    _, jnp = _jax()
+    cfg = dustin
+    history = (committed - 1).astype(jnp.int32)
+    rows = [probe_t.index((cfg.target_layer, h)) for h in cfg.target_heads]
+    s_target = target_signal(query[:, rows], target_keys[cfg.target_layer], history, cfg.target_heads, target_qpk)
+    layers = sorted({layer for layer, _ in probe_d})
+    keys = tuple(draft_keys[layers.index(layer)] for layer in cfg.draft_layers)
+    s_draft = draft_signal(DraftSignals(queries=draft_q[:, _draft_rows(cfg, probe_d)], keys=keys), history,
+                           cfg.draft_heads, draft_qpk, capacity)
+    return s_draft, s_target
 
 
 def _select_from_scores(method_name, budget, dustin, query, target_keys, committed, draft_scores, snap, *, probe_t,
@@ -870,9 +1003,9 @@ def cmd_dustin_quality(args) -> Dict[str, Any]:
 
     budgets = _check_budgets(args.budgets)
     names = [m.strip() for m in args.methods.split(",") if m.strip()]
-    bad = [m for m in names if m not in ALL_METHODS]
+    bad = [m for m in names if m not in QUALITY_METHODS]
     if bad:
-        raise ValueError(f"unknown --methods {bad}; valid: {', '.join(ALL_METHODS)}")
+        raise ValueError(f"unknown --methods {bad}; valid: {', '.join(QUALITY_METHODS)}")
     per_length = {}
     for part in args.items.split(","):
         try:
@@ -936,7 +1069,7 @@ def cmd_dustin_quality(args) -> Dict[str, Any]:
         draft_scores = runner.draft_chunk_scores(base0, text)
         ppl = {"dense": runner.perplexity(base0, text, Method("dense"), draft_scores)}
         for m in methods:
-            if m.name != "magicdec" and not writer.has(f"{item}/{m.key}"):
+            if m.name not in ("magicdec", "dustin-h-oracle") and not writer.has(f"{item}/{m.key}"):
                 ppl[m.key] = runner.perplexity(base0, text, m, draft_scores)
                 release_memory()
                 print(f"[dustin-quality]   ppl {m.key:16s} {ppl[m.key]['ppl']:.2f} ({time.perf_counter() - t0:.0f} s); "
@@ -949,6 +1082,7 @@ def cmd_dustin_quality(args) -> Dict[str, Any]:
         if writer.has(f"{item}/dense"):
             dense = writer.get(f"{item}/dense")
         else:
+            runner.m_rule_stats = {}
             generated, metrics, arr = runner.decode(base, Method("dense"), reference=True, arr_methods=methods)
             release_memory()
             text_out = target.tokenizer.decode(generated, skip_special_tokens=True)
@@ -957,6 +1091,8 @@ def cmd_dustin_quality(args) -> Dict[str, Any]:
                      "tau": metrics["tau"], "ppl": ppl["dense"]["ppl"], "nll": ppl["dense"]["nll"],
                      "ppl_tokens": ppl["dense"]["tokens"], "arr": arr, "rounds": metrics["rounds"],
                      "seconds": time.perf_counter() - t0}
+            if runner.m_rule_stats:
+                dense["m_rule"] = m_rule_summary(runner.m_rule_stats)
             writer.add(f"{item}/dense", dense)
         print(f"[dustin-quality]   dense: tau {_fmt(dense['tau'])}, accuracy {dense['accuracy']:.0f}, "
               f"{dense['text'][:60]!r} ({time.perf_counter() - t0:.0f} s); {memory_summary()}", file=sys.stderr, flush=True)
@@ -980,10 +1116,19 @@ def cmd_dustin_quality(args) -> Dict[str, Any]:
                 record["note"] = "dense verification: output, accuracy and perplexity equal dense by construction"
             if m.dustin is not None:
                 record["m"] = m.dustin.effective_m
+            if m.name in M_RULE_METHODS:
+                record["m_rule"] = M_RULE_METHODS[m.name]
+                record.update(dense.get("m_rule", {}).get(m.key, {}))
+                if m.name == "dustin-h-oracle":
+                    record["ppl"] = record["nll"] = None
+                    record["note"] = ("oracle: per round the m maximising ARR on the full-KV verification (a dense "
+                                      "forward each round); no perplexity")
+                else:
+                    record["m_candidates"] = list(m.dustin.m_candidates)
             writer.add(key, record)
             arr_text = "-" if record["arr"] is None else f"{record['arr']:.3f}"
             print(f"[dustin-quality]   {m.key:16s} ARR {arr_text} match {rate:.2f} first_div {first} acc "
-                  f"{record['accuracy']:.0f} tau {_fmt(metrics['tau'])} ppl {record['ppl']:.2f} "
+                  f"{record['accuracy']:.0f} tau {_fmt(metrics['tau'])} ppl {_fmt(record['ppl'])} "
                   f"({time.perf_counter() - t1:.0f} s; total {time.perf_counter() - started:.0f} s); {memory_summary()}",
                   file=sys.stderr, flush=True)
         del base
@@ -994,6 +1139,27 @@ def cmd_dustin_quality(args) -> Dict[str, Any]:
     if args.plot:
         plot_arr(writer.data["cases"], args.plot, title=f"{args.model} + {args.draft or args.draft_skip}")
     return writer.data
+
+
+def m_rule_summary(stats: Dict[str, Dict[str, list]]) -> Dict[str, Dict[str, Any]]:
+    """Per method key: the chosen m per round and the mean selection seconds per round (fixed vs
+    input-aware on the same signals; the rounds after the first, which compiles)."""
+    out: Dict[str, Dict[str, Any]] = {}
+    for key, values in stats.items():
+        record: Dict[str, Any] = {}
+        if "m" in values:
+            record["m_per_round"] = [int(x) for x in values["m"]]
+        if "fixed_arr_from_curve" in values:
+            record["fixed_arr_from_curve"] = float(np.mean(values["fixed_arr_from_curve"]))
+        for name in ("selection_s_fixed", "selection_s_input_aware"):
+            if values.get(name):
+                record[name] = float(np.mean(values[name]))
+        if len(values.get("select_s", [])) > 1:  # signals + selection of the fixed rule; the first round compiles
+            record["signals_and_selection_s"] = float(np.mean(values["select_s"][1:]))
+        if record.get("selection_s_fixed"):
+            record["selection_cost_ratio"] = record["selection_s_input_aware"] / record["selection_s_fixed"]
+        out[key] = record
+    return out
 
 
 def quality_table(cases: Dict[str, Any]) -> List[Dict[str, Any]]:
@@ -1008,7 +1174,7 @@ def quality_table(cases: Dict[str, Any]) -> List[Dict[str, Any]]:
             record = {k: v for k, v in record.items() if k not in token_fields}
         name = record.get("method", "dense (ClassicSD)")
         groups.setdefault((name, record.get("budget")), []).append(record)
-    order = {name: i for i, name in enumerate(("dense (ClassicSD)",) + ALL_METHODS)}
+    order = {name: i for i, name in enumerate(("dense (ClassicSD)",) + QUALITY_METHODS)}
     rows = []
     for (name, budget), records in sorted(groups.items(), key=lambda kv: (order.get(kv[0][0], 99), kv[0][1] or 0)):
         def mean(field):
@@ -1041,7 +1207,7 @@ def quality_markdown(cases: Dict[str, Any], budgets: Sequence[int] = (128, 256, 
     if dense:
         lines.append(f"| dense (ClassicSD) | 1 | 1 | 1 | {_fmt(dense['accuracy'])} | {_fmt(dense['ppl'])} | "
                      f"{_fmt(dense['tau'])} |")
-    for name in ALL_METHODS:
+    for name in QUALITY_METHODS:
         if not any((name, b) in by for b in budgets):
             continue
         lines.append(f"| {name} | {cell(name, 'ARR', '{:.3f}')} | {cell(name, 'match', '{:.2f}')} | "
@@ -1058,7 +1224,7 @@ def plot_arr(cases: Dict[str, Any], path: str, title: str = "") -> None:
 
     rows = [r for r in quality_table(cases) if r["method"] not in ("dense (ClassicSD)", "magicdec") and r["ARR"]]
     fig, ax = plt.subplots(figsize=(6, 4))
-    for name in [m for m in ALL_METHODS if m != "magicdec"]:
+    for name in [m for m in QUALITY_METHODS if m != "magicdec"]:
         points = sorted((r["k"], r["ARR"]) for r in rows if r["method"] == name)
         if points:
             ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)

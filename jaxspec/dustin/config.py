@@ -12,6 +12,9 @@ from typing import Optional, Tuple
 SUPPORTED_BUDGETS = (128, 256, 512, 1024, 2048)
 #: Dustin-H (hybrid), Dustin-T (target signal only), Dustin-D (draft signal only), docs/methods.md §3.6.
 MODES = ("hybrid", "target", "draft")
+#: How the hybrid split m is chosen (docs/methods.md §3.8): the profiled m, or per round and row
+#: among candidates around it by the coverage of both signals' mass.
+M_RULES = ("fixed", "coverage")
 
 
 class BudgetError(ValueError):
@@ -45,6 +48,10 @@ class DustinConfig:
       draft_layers, draft_heads: the draft SRH layers and, per layer, its query heads.
       mode: ``"hybrid"`` (Dustin-H), ``"target"`` (Dustin-T: m = 0) or ``"draft"``
         (Dustin-D: m = k - s - w).
+      m_rule: ``"fixed"`` (m as above, every round) or ``"coverage"`` (hybrid only: per round and
+        row, the m among :attr:`m_candidates` whose selection covers the most of both signals'
+        mass, docs/methods.md §3.8).
+      m_spread: the coverage rule's candidates are m and m -/+ ``m_spread * (k - s - w)``, clipped.
     """
 
     budget: int = 512
@@ -56,6 +63,8 @@ class DustinConfig:
     draft_layers: Tuple[int, ...] = ()
     draft_heads: Tuple[Tuple[int, ...], ...] = ()
     mode: str = "hybrid"
+    m_rule: str = "fixed"
+    m_spread: float = 0.25
 
     def __post_init__(self):
         check_budget(self.budget)
@@ -64,6 +73,13 @@ class DustinConfig:
         object.__setattr__(self, "draft_heads", tuple(tuple(int(h) for h in hs) for hs in self.draft_heads))
         if self.mode not in MODES:
             raise ValueError(f"mode={self.mode!r}; valid: {MODES} (Dustin-H, Dustin-T, Dustin-D)")
+        if self.m_rule not in M_RULES:
+            raise ValueError(f"m_rule={self.m_rule!r}; valid: {M_RULES}")
+        if isinstance(self.m_spread, bool) or not isinstance(self.m_spread, (int, float)) or not 0 < self.m_spread <= 1:
+            raise ValueError(f"m_spread={self.m_spread!r} must be a number in (0, 1]")
+        if self.m_rule != "fixed" and self.mode != "hybrid":
+            raise ValueError(f"m_rule={self.m_rule!r} chooses the hybrid split: it needs mode='hybrid', not "
+                             f"{self.mode!r}")
         if not isinstance(self.sinks, int) or self.sinks < 0:
             raise ValueError(f"sinks={self.sinks!r} must be an integer >= 0")
         if self.window is not None and (not isinstance(self.window, int) or self.window < 0):
@@ -104,6 +120,24 @@ class DustinConfig:
         return self.free_budget // 2 if self.m is None else self.m
 
     @property
+    def input_aware(self) -> bool:
+        """The coverage rule is in force (hybrid with both signals and more than one candidate)."""
+        return (self.m_rule == "coverage" and self.uses_draft_signal and self.uses_target_signal
+                and len(self.m_candidates) > 1)
+
+    @property
+    def m_candidates(self) -> Tuple[int, ...]:
+        """The coverage rule's candidate m values, the profiled m first (ties keep it)."""
+        m, free = self.effective_m, self.free_budget
+        step = int(round(self.m_spread * free))
+        out = []
+        for value in (m, m - step, m + step):
+            value = min(max(value, 0), free)
+            if value not in out:
+                out.append(value)
+        return tuple(out)
+
+    @property
     def uses_target_signal(self) -> bool:
         return self.effective_m < self.free_budget
 
@@ -126,7 +160,8 @@ class DustinConfig:
         return {"budget": self.budget, "sinks": self.sinks, "window": self.window, "m": self.m,
                 "target_layer": self.target_layer, "target_heads": list(self.target_heads),
                 "draft_layers": list(self.draft_layers), "draft_heads": [list(h) for h in self.draft_heads],
-                "mode": self.mode}
+                "mode": self.mode,
+                **({"m_rule": self.m_rule, "m_spread": self.m_spread} if self.m_rule != "fixed" else {})}
 
     @classmethod
     def from_dict(cls, data) -> "DustinConfig":

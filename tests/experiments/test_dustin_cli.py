@@ -188,3 +188,40 @@ def test_quality_releases_compiled_code_between_lengths(folders, tmp_path, monke
     assert calls.count(True) == 1  # one length change
     # per item: 2 perplexities + dense + 2 decodes + the item's end
     assert calls.count(False) == 2 * 6
+
+
+@pytest.mark.slow
+def test_quality_input_aware_and_oracle_m(folders, tmp_path):
+    """`dustin-quality --methods dustin-h,dustin-h-ia,dustin-h-oracle`: per round the oracle's m maximises ARR
+    (so its ARR bounds both rules, and its curve at the profiled m is the fixed rule's ARR); the
+    input-aware record has its chosen m per round and the selection time beside the fixed rule's;
+    with k = 512 above the ~400-token context all three are dense (same output)."""
+    target, draft = folders
+    haystack = _haystack(tmp_path)
+    common = ["--model", str(target), "--draft", str(draft), "--source", str(haystack), "--gamma", "3"]
+    profile = tmp_path / "profile.json"
+    assert main(["dustin-profile", *common, "--budgets", "128,512", "--lengths", "400", "--kinds", "passkey",
+                 "--depths", "0.3", "--max-new-tokens", "3", "--srh-max-new-tokens", "2", "--recall-threshold", "-1",
+                 "--profile-file", str(profile), "--out", str(tmp_path / "p.json")]) == 0
+    saved = json.loads(profile.read_text())  # random weights keep no draft layer: give the configs two, m = 40
+    for config in saved["configs"].values():
+        config.update(draft_layers=[0, 1], draft_heads=[[0, 1], [2, 3]], m=40)
+    profile.write_text(json.dumps(saved))
+    out = tmp_path / "quality.json"
+    assert main(["dustin-quality", *common, "--dustin-profile", str(profile), "--budgets", "128,512", "--methods",
+                 "dustin-h,dustin-h-ia,dustin-h-oracle", "--items", "400:1", "--kinds", "passkey", "--depths", "0.5",
+                 "--max-new-tokens", "6", "--ppl-tokens", "8", "--out", str(out)]) == 0
+    cases = json.loads(out.read_text())["cases"]
+    item = next(k[:-len("/dense")] for k in cases if k.endswith("/dense"))
+    dense = cases[f"{item}/dense"]
+    fixed, aware, oracle = (cases[f"{item}/{m}/k128"] for m in ("dustin-h", "dustin-h-ia", "dustin-h-oracle"))
+    assert oracle["arr"] >= max(fixed["arr"], aware["arr"]) - 1e-6
+    assert oracle["fixed_arr_from_curve"] == pytest.approx(fixed["arr"], abs=1e-5)
+    assert len(oracle["m_per_round"]) == len(aware["m_per_round"]) == dense["rounds"]
+    assert set(aware["m_per_round"]) <= set(aware["m_candidates"]) and aware["m_candidates"][0] == fixed["m"]
+    assert aware["selection_s_fixed"] > 0 and aware["selection_s_input_aware"] > 0 and oracle["ppl"] is None
+    for method in ("dustin-h", "dustin-h-ia", "dustin-h-oracle"):
+        assert cases[f"{item}/{method}/k512"]["tokens"] == dense["tokens"], method
+        assert cases[f"{item}/{method}/k512"]["arr"] == pytest.approx(1.0, abs=1e-5)
+    assert main(["generate", "--model", str(target), "--method", "streaming", "--budget", "128", "--draft",
+                 str(draft), "--dustin-m-rule", "coverage", "--prompt", "x"]) == 2
