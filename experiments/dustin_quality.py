@@ -54,10 +54,10 @@ def add_dustin_args(parser: argparse.ArgumentParser) -> None:
                             "unprofiled default config is used and labelled as such")
     group.add_argument("--dustin-mode", default="hybrid", choices=["hybrid", "target", "draft"],
                        help="dustin: Dustin-H (both signals), Dustin-T (target signal only), Dustin-D (draft only)")
-    group.add_argument("--dustin-m-rule", default="fixed", choices=["fixed", "coverage"],
-                       help="dustin (hybrid): the split m of the budget -- the profiled m every round (fixed) or, per "
-                            "round and row, the candidate m covering the most of both signals' mass (coverage, "
-                            "docs/methods.md §3.8)")
+    group.add_argument("--dustin-m-rule", default="fixed", choices=["fixed", "max-mass", "coverage"],
+                       help="dustin (hybrid): the split m of the budget -- the profiled m every round (fixed); per "
+                            "round and row, positions ranked by the larger normalised signal mass (max-mass) or the "
+                            "candidate m covering the most of both signals' mass (coverage); docs/methods.md §3.8")
 
 
 def _supported_budgets() -> str:
@@ -381,9 +381,9 @@ class Method:
 
 DUSTIN_MODES = {"dustin-h": "hybrid", "dustin-t": "target", "dustin-d": "draft"}
 ALL_METHODS = ("dustin-h", "dustin-t", "dustin-d", "streaming", "quest", "snapkv", "magicdec")
-#: Dustin-H with the input-aware m (docs/methods.md §3.8) and with the per-round ARR-maximising m (an
-#: oracle: it reads the full-KV verification's attention); not in the default --methods.
-M_RULE_METHODS = {"dustin-h-ia": "coverage", "dustin-h-oracle": "oracle"}
+#: Dustin-H with an input-aware m (docs/methods.md §3.8: max-mass, coverage) and with the per-round
+#: ARR-maximising m (an oracle: it reads the full-KV verification's attention); not in the default --methods.
+M_RULE_METHODS = {"dustin-h-ia": "max-mass", "dustin-h-cov": "coverage", "dustin-h-oracle": "oracle"}
 QUALITY_METHODS = ALL_METHODS[:1] + tuple(M_RULE_METHODS) + ALL_METHODS[1:]
 
 
@@ -547,8 +547,8 @@ class QualityRunner:
                 dustin = profile_config(self.profile, budget, DUSTIN_MODES[name]) if name in DUSTIN_MODES else None
                 if name in M_RULE_METHODS:
                     dustin = profile_config(self.profile, budget, "hybrid")
-                    if name == "dustin-h-ia":
-                        dustin = dustin.replace(m_rule="coverage")
+                    if name != "dustin-h-oracle":
+                        dustin = dustin.replace(m_rule=M_RULE_METHODS[name])
                 out.append(Method(name, budget, dustin))
         return out
 
@@ -741,7 +741,8 @@ class QualityRunner:
         """One reference round of ``dustin-h-ia`` / ``dustin-h-oracle``: its ARR; records the chosen m
         (and, for the input-aware rule, the selection time beside the fixed rule's on the same signals)."""
         from jaxspec.dustin.arr import recall_of_indices
-        from jaxspec.dustin.selection import select_input_aware, select_verify_indices
+        from jaxspec.dustin.selection import (max_mass_split, select_input_aware, select_max_mass,
+                                              select_verify_indices)
 
         cfg = method.dustin
         stats = self.m_rule_stats.setdefault(method.key, {})
@@ -760,14 +761,16 @@ class QualityRunner:
             stats.setdefault("m", []).append(best)
             stats.setdefault("fixed_arr_from_curve", []).append(float(curve[cfg.effective_m]))
             return float(curve[best])
-        # selection only (signals given), best of 3 calls each: fixed m vs the coverage rule
+        # selection only (signals given), best of 3 calls each: fixed m vs this rule
+        shape = dict(k=cfg.budget, sinks=cfg.sinks, window=cfg.window_size)
+        if cfg.m_rule == "max-mass":
+            rule = lambda: select_max_mass(s_draft, s_target, history, balance=cfg.m_balance, **shape)  # noqa: E731
+        else:
+            rule = lambda: select_input_aware(s_draft, s_target, history, candidates=cfg.m_candidates, **shape)  # noqa: E731
         timings = {}
-        for name, call in (("fixed", lambda: select_verify_indices(
-                s_draft, s_target, history, k=cfg.budget, sinks=cfg.sinks, window=cfg.window_size,
-                m=cfg.effective_m)),
-                           ("input-aware", lambda: select_input_aware(
-                s_draft, s_target, history, k=cfg.budget, sinks=cfg.sinks, window=cfg.window_size,
-                candidates=cfg.m_candidates))):
+        for name, call in (("fixed", lambda: select_verify_indices(s_draft, s_target, history, m=cfg.effective_m,
+                                                                   **shape)),
+                           ("input-aware", rule)):
             jax_out = call()  # compiled on the first round
             jax_out = jax_out[0] if isinstance(jax_out, tuple) else jax_out
             jax_out.block_until_ready()
@@ -780,8 +783,12 @@ class QualityRunner:
             timings[name] = best_t
         stats.setdefault("selection_s_fixed", []).append(timings["fixed"])
         stats.setdefault("selection_s_input_aware", []).append(timings["input-aware"])
-        indices, chosen = select_input_aware(s_draft, s_target, history, k=cfg.budget, sinks=cfg.sinks,
-                                             window=cfg.window_size, candidates=cfg.m_candidates)
+        if cfg.m_rule == "max-mass":
+            indices = rule()
+            chosen = max_mass_split(s_draft, s_target, history, indices, sinks=cfg.sinks, window=cfg.window_size,
+                                    balance=cfg.m_balance)
+        else:
+            indices, chosen = rule()
         stats.setdefault("m", []).append(int(chosen[0]))
         return float(recall_of_indices(weights, indices)[0])
 
@@ -1123,8 +1130,10 @@ def cmd_dustin_quality(args) -> Dict[str, Any]:
                     record["ppl"] = record["nll"] = None
                     record["note"] = ("oracle: per round the m maximising ARR on the full-KV verification (a dense "
                                       "forward each round); no perplexity")
-                else:
+                elif m.dustin.m_rule == "coverage":
                     record["m_candidates"] = list(m.dustin.m_candidates)
+                else:
+                    record["m_balance"] = m.dustin.m_balance
             writer.add(key, record)
             arr_text = "-" if record["arr"] is None else f"{record['arr']:.3f}"
             print(f"[dustin-quality]   {m.key:16s} ARR {arr_text} match {rate:.2f} first_div {first} acc "

@@ -12,9 +12,10 @@ from typing import Optional, Tuple
 SUPPORTED_BUDGETS = (128, 256, 512, 1024, 2048)
 #: Dustin-H (hybrid), Dustin-T (target signal only), Dustin-D (draft signal only), docs/methods.md §3.6.
 MODES = ("hybrid", "target", "draft")
-#: How the hybrid split m is chosen (docs/methods.md §3.8): the profiled m, or per round and row
-#: among candidates around it by the coverage of both signals' mass.
-M_RULES = ("fixed", "coverage")
+#: How the hybrid split m is chosen (docs/methods.md §3.8): the profiled m; per round and row by ranking
+#: each position by the larger of its two normalised signal masses (max-mass); or per round and row
+#: among candidates around the profiled m by the coverage of both signals' mass (coverage).
+M_RULES = ("fixed", "max-mass", "coverage")
 
 
 class BudgetError(ValueError):
@@ -48,9 +49,11 @@ class DustinConfig:
       draft_layers, draft_heads: the draft SRH layers and, per layer, its query heads.
       mode: ``"hybrid"`` (Dustin-H), ``"target"`` (Dustin-T: m = 0) or ``"draft"``
         (Dustin-D: m = k - s - w).
-      m_rule: ``"fixed"`` (m as above, every round) or ``"coverage"`` (hybrid only: per round and
-        row, the m among :attr:`m_candidates` whose selection covers the most of both signals'
-        mass, docs/methods.md §3.8).
+      m_rule: ``"fixed"`` (m as above, every round); hybrid only, per round and row
+        (docs/methods.md §3.8): ``"max-mass"`` (top ``k - s - w`` by ``max(p_D, lambda p_T)`` of the
+        normalised signals, ``lambda`` = :attr:`m_balance` from the profiled m; one radix selection)
+        or ``"coverage"`` (the m among :attr:`m_candidates` whose selection covers the most of both
+        signals' mass).
       m_spread: the coverage rule's candidates are m and m -/+ ``m_spread * (k - s - w)``, clipped.
     """
 
@@ -64,7 +67,7 @@ class DustinConfig:
     draft_heads: Tuple[Tuple[int, ...], ...] = ()
     mode: str = "hybrid"
     m_rule: str = "fixed"
-    m_spread: float = 0.25
+    m_spread: float = 0.1
 
     def __post_init__(self):
         check_budget(self.budget)
@@ -122,8 +125,15 @@ class DustinConfig:
     @property
     def input_aware(self) -> bool:
         """The coverage rule is in force (hybrid with both signals and more than one candidate)."""
-        return (self.m_rule == "coverage" and self.uses_draft_signal and self.uses_target_signal
+        return (self.m_rule != "fixed" and self.uses_draft_signal and self.uses_target_signal
                 and len(self.m_candidates) > 1)
+
+    @property
+    def m_balance(self) -> float:
+        """max-mass's weight of the target signal, ``(k - s - w - m) / m`` for the profiled m: the
+        split m when both signals' sorted masses fall off like ``1 / rank`` (docs/methods.md §3.8)."""
+        m = self.effective_m
+        return (self.free_budget - m) / m if m > 0 else float("inf")
 
     @property
     def m_candidates(self) -> Tuple[int, ...]:

@@ -181,8 +181,12 @@ def select_verify_indices(s_draft: Optional[jax.Array], s_target: Optional[jax.A
 
 def select_for_config(config: DustinConfig, s_draft, s_target, lengths) -> jax.Array:
     """:func:`select_verify_indices` with the budget, sinks, window and m of ``config`` (its mode);
-    ``config.m_rule == "coverage"`` (hybrid): the input-aware m of :func:`select_input_aware`."""
+    ``config.m_rule`` "max-mass" / "coverage" (hybrid): the input-aware m of :func:`select_max_mass` /
+    :func:`select_input_aware`."""
     m = config.effective_m
+    if config.input_aware and config.m_rule == "max-mass":
+        return select_max_mass(s_draft, s_target, lengths, k=config.budget, sinks=config.sinks,
+                               window=config.window_size, balance=config.m_balance)
     if config.input_aware:
         return select_input_aware(s_draft, s_target, lengths, k=config.budget, sinks=config.sinks,
                                   window=config.window_size, candidates=config.m_candidates)[0]
@@ -267,3 +271,34 @@ def select_input_aware(s_draft: jax.Array, s_target: jax.Array, lengths: jax.Arr
     best = jnp.argmax(covered, axis=1)
     chosen = indices.reshape(batch, c, k)[jnp.arange(batch), best]
     return chosen, jnp.asarray(candidates, jnp.int32)[best]
+
+
+@functools.partial(jax.jit, static_argnames=("k", "sinks", "window", "balance"))
+def select_max_mass(s_draft: jax.Array, s_target: jax.Array, lengths: jax.Array, *, k: int, sinks: int, window: int,
+                    balance: float) -> jax.Array:
+    """Input-aware m by ranking (docs/methods.md §3.8): sinks + window + the top ``k - s - w`` positions
+    by ``max(p_D[i], balance * p_T[i])``, ``p`` = each signal normalised over the non-protected
+    positions. The set is a hybrid selection (a top set of ``s_D`` united with a top set of
+    ``s_T``), its split m per row set by where each signal's mass lies; one radix selection."""
+    width = max(k, s_draft.shape[1])
+    s_draft = _pad_width(s_draft.astype(jnp.float32), width)
+    s_target = _pad_width(s_target.astype(jnp.float32), width)
+    score = jnp.maximum(signal_mass(s_draft, lengths, sinks=sinks, window=window),
+                        jnp.float32(balance) * signal_mass(s_target, lengths, sinks=sinks, window=window))
+    return select_top_k(score, lengths, k=k, sinks=sinks, window=window)
+
+
+@functools.partial(jax.jit, static_argnames=("sinks", "window", "balance"))
+def max_mass_split(s_draft: jax.Array, s_target: jax.Array, lengths: jax.Array, indices: jax.Array, *, sinks: int,
+                   window: int, balance: float) -> jax.Array:
+    """The split m ``[B]`` of a :func:`select_max_mass` set ``indices``: its chosen non-protected positions
+    whose draft mass reaches the selection threshold (those a top-m of ``s_D`` holds)."""
+    width = max(indices.shape[1], s_draft.shape[1])
+    p_d = signal_mass(_pad_width(s_draft.astype(jnp.float32), width), lengths, sinks=sinks, window=window)
+    p_t = signal_mass(_pad_width(s_target.astype(jnp.float32), width), lengths, sinks=sinks, window=window)
+    score = jnp.maximum(p_d, jnp.float32(balance) * p_t)
+    positions = jnp.arange(width)[None, :]
+    lengths = lengths.astype(jnp.int32)[:, None]
+    free = (positions >= sinks) & (positions < lengths - window) & indices_to_mask(indices, width)
+    threshold = jnp.min(jnp.where(free, score, jnp.inf), axis=1, keepdims=True)
+    return jnp.sum(free & (p_d >= threshold), axis=1).astype(jnp.int32)

@@ -497,9 +497,9 @@ def test_m_rule_config():
     cfg = _dustin_config(128, m=70)  # free = 92
     assert cfg.m_rule == "fixed" and not cfg.input_aware and "m_rule" not in cfg.to_dict()
     aware = cfg.replace(m_rule="coverage")
-    assert aware.m_candidates == (70, 47, 92) and aware.input_aware  # 92 = 70 + 23 clipped to k - s - w
+    assert aware.m_candidates == (70, 61, 79) and aware.input_aware  # 70 -/+ round(0.1 * 92)
     assert DustinConfig.from_dict(aware.to_dict()) == aware
-    assert cfg.replace(m=0, m_rule="coverage").m_candidates == (0, 23)
+    assert cfg.replace(m=0, m_rule="coverage", m_spread=0.25).m_candidates == (0, 23)  # clipped at 0
     assert not cfg.replace(m=92, m_rule="coverage").input_aware  # m = k - s - w: no target share, nothing to choose
     for bad, message in ((dict(m_rule="adaptive"), "m_rule='adaptive'"), (dict(m_spread=0.0), "m_spread=0.0"),
                          (dict(m_rule="coverage", mode="target"), "needs mode='hybrid'")):
@@ -553,3 +553,28 @@ def test_input_aware_m_through_the_engine(models, dense_run):
                                   verify_policy=verify, engine=engine)
     rows = result.rows()
     assert [len(r) for r in rows] == [16, 16, 16] and rows[2] == dense_rows[2]  # 40-token prompt: dense
+
+
+def test_max_mass_selection_is_a_hybrid_split():
+    """max-mass's set equals the fixed rule's set at the split m it reports (a top set of s_D plus the
+    best of s_T); a history within k is dense."""
+    from jaxspec.dustin.selection import max_mass_split, select_max_mass
+
+    rng = np.random.RandomState(4)
+    batch, seq, k, sinks, window = 3, 500, 128, 4, 32
+    s_d = jnp.asarray(rng.rand(batch, seq).astype(np.float32) ** 6)
+    s_t = jnp.asarray(rng.rand(batch, seq).astype(np.float32) ** 3)
+    lengths = jnp.asarray([500, 300, 120])
+    for balance in (0.25, 1.0, 4.0):
+        chosen = select_max_mass(s_d, s_t, lengths, k=k, sinks=sinks, window=window, balance=balance)
+        ms = np.asarray(max_mass_split(s_d, s_t, lengths, chosen, sinks=sinks, window=window, balance=balance))
+        for b in range(batch):
+            fixed = select_verify_indices(s_d[b:b + 1], s_t[b:b + 1], lengths[b:b + 1], k=k, sinks=sinks,
+                                          window=window, m=int(ms[b]))
+            if int(lengths[b]) > k:
+                np.testing.assert_array_equal(np.asarray(chosen)[b], np.asarray(fixed)[0])
+                assert 0 <= ms[b] <= k - sinks - window
+            else:
+                assert set(np.asarray(chosen)[b][np.asarray(chosen)[b] >= 0]) == set(range(int(lengths[b])))
+    cfg = _dustin_config(128, m=23).replace(m_rule="max-mass")
+    assert cfg.m_balance == (92 - 23) / 23 and cfg.input_aware

@@ -209,19 +209,21 @@ def test_quality_input_aware_and_oracle_m(folders, tmp_path):
     profile.write_text(json.dumps(saved))
     out = tmp_path / "quality.json"
     assert main(["dustin-quality", *common, "--dustin-profile", str(profile), "--budgets", "128,512", "--methods",
-                 "dustin-h,dustin-h-ia,dustin-h-oracle", "--items", "400:1", "--kinds", "passkey", "--depths", "0.5",
+                 "dustin-h,dustin-h-ia,dustin-h-cov,dustin-h-oracle", "--items", "400:1", "--kinds", "passkey", "--depths", "0.5",
                  "--max-new-tokens", "6", "--ppl-tokens", "8", "--out", str(out)]) == 0
     cases = json.loads(out.read_text())["cases"]
     item = next(k[:-len("/dense")] for k in cases if k.endswith("/dense"))
     dense = cases[f"{item}/dense"]
-    fixed, aware, oracle = (cases[f"{item}/{m}/k128"] for m in ("dustin-h", "dustin-h-ia", "dustin-h-oracle"))
-    assert oracle["arr"] >= max(fixed["arr"], aware["arr"]) - 1e-6
+    fixed, aware, cover, oracle = (cases[f"{item}/{m}/k128"]
+                                   for m in ("dustin-h", "dustin-h-ia", "dustin-h-cov", "dustin-h-oracle"))
+    assert oracle["arr"] >= max(fixed["arr"], aware["arr"], cover["arr"]) - 1e-6
     assert oracle["fixed_arr_from_curve"] == pytest.approx(fixed["arr"], abs=1e-5)
-    assert len(oracle["m_per_round"]) == len(aware["m_per_round"]) == dense["rounds"]
-    assert set(aware["m_per_round"]) <= set(aware["m_candidates"]) and aware["m_candidates"][0] == fixed["m"]
+    assert len(oracle["m_per_round"]) == len(aware["m_per_round"]) == len(cover["m_per_round"]) == dense["rounds"]
+    assert set(cover["m_per_round"]) <= set(cover["m_candidates"]) and cover["m_candidates"][0] == fixed["m"]
+    assert all(0 <= m <= 128 - 4 - 32 for m in aware["m_per_round"]) and aware["m_balance"] == (92 - 40) / 40
     assert aware["selection_s_fixed"] > 0 and aware["selection_s_input_aware"] > 0 and oracle["ppl"] is None
-    for method in ("dustin-h", "dustin-h-ia", "dustin-h-oracle"):
+    for method in ("dustin-h", "dustin-h-ia", "dustin-h-cov", "dustin-h-oracle"):
         assert cases[f"{item}/{method}/k512"]["tokens"] == dense["tokens"], method
         assert cases[f"{item}/{method}/k512"]["arr"] == pytest.approx(1.0, abs=1e-5)
     assert main(["generate", "--model", str(target), "--method", "streaming", "--budget", "128", "--draft",
-                 str(draft), "--dustin-m-rule", "coverage", "--prompt", "x"]) == 2
+                 str(draft), "--dustin-m-rule", "max-mass", "--prompt", "x"]) == 2
