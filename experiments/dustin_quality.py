@@ -57,7 +57,7 @@ def add_dustin_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--dustin-m-rule", default="fixed", choices=["fixed", "max-mass", "coverage"],
                        help="dustin (hybrid): the split m of the budget -- the profiled m every round (fixed); per "
                             "round and row, positions ranked by the larger normalised signal mass (max-mass) or the "
-                            "candidate m covering the most of both signals' mass (coverage); docs/methods.md §3.8")
+                            "candidate m covering the most of both signals' mass (coverage); docs/methods.md §3.7")
 
 
 def _supported_budgets() -> str:
@@ -381,7 +381,7 @@ class Method:
 
 DUSTIN_MODES = {"dustin-h": "hybrid", "dustin-t": "target", "dustin-d": "draft"}
 ALL_METHODS = ("dustin-h", "dustin-t", "dustin-d", "streaming", "quest", "snapkv", "magicdec")
-#: Dustin-H with an input-aware m (docs/methods.md §3.8: max-mass, coverage) and with the per-round
+#: Dustin-H with an input-aware m (docs/methods.md §3.7: max-mass, coverage) and with the per-round
 #: ARR-maximising m (an oracle: it reads the full-KV verification's attention); not in the default --methods.
 M_RULE_METHODS = {"dustin-h-ia": "max-mass", "dustin-h-cov": "coverage", "dustin-h-oracle": "oracle"}
 QUALITY_METHODS = ALL_METHODS[:1] + tuple(M_RULE_METHODS) + ALL_METHODS[1:]
@@ -521,7 +521,7 @@ class QualityRunner:
         from jaxspec.decoding.speculative import EngineConfig
 
         self.target, self.draft, self.mask, self.profile = target, draft, mask, profile
-        self.m_rule_stats: Dict[str, Dict[str, list]] = {}  # per method key, per round (docs/methods.md §3.8)
+        self.m_rule_stats: Dict[str, Dict[str, list]] = {}  # per method key, per round (docs/methods.md §3.7)
         self.tcfg = target.config
         self.dcfg = draft.config if draft is not None else target.config
         self.engine = EngineConfig(gamma=gamma, sampling=SamplingConfig(), max_new_tokens=max_new_tokens,
@@ -723,7 +723,7 @@ class QualityRunner:
         arr = {k: v / max(arr_rounds, 1) for k, v in arr_sums.items()} if reference else {}
         return generated, metrics, arr
 
-    # -- input-aware and oracle m (docs/methods.md §3.8)
+    # -- input-aware and oracle m (docs/methods.md §3.7)
     def _signals(self, method, query, target_keys, committed, draft_q, draft_keys, select_static):
         static = {k: v for k, v in select_static.items() if k != "max_generated"}
         return cached_jit(f"signals/{method.key}", _dustin_signals, static_argnames=(
@@ -1146,7 +1146,8 @@ def cmd_dustin_quality(args) -> Dict[str, Any]:
     print_table(rows, title=f"dustin-quality: mean over items ({len(items)} items)")
     print(quality_markdown(writer.data["cases"], budgets))
     if args.plot:
-        plot_arr(writer.data["cases"], args.plot, title=f"{args.model} + {args.draft or args.draft_skip}")
+        plot = plot_m_rules if any(name in M_RULE_METHODS for name in names) else plot_arr
+        plot(writer.data["cases"], args.plot, title=f"{args.model} + {args.draft or args.draft_skip}")
     return writer.data
 
 
@@ -1243,6 +1244,80 @@ def plot_arr(cases: Dict[str, Any], path: str, title: str = "") -> None:
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
+    fig.tight_layout()
+    pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def m_rule_rows(cases: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """Per k (mean over items): ARR of fixed m (dustin-h), each input-aware rule and the oracle, the
+    share of the fixed-m-to-oracle ARR gap each rule closes, agreement with dense, accuracy, and
+    the selection seconds per round (fixed vs each rule, on the same signals)."""
+    by: Dict[Tuple[str, int], List[dict]] = {}
+    for record in cases.values():
+        if record.get("method") in ("dustin-h",) + tuple(M_RULE_METHODS):
+            by.setdefault((record["method"], record["budget"]), []).append(record)
+    rows = []
+    for budget in sorted({b for _, b in by}):
+        def mean(method, field):
+            values = [r[field] for r in by.get((method, budget), []) if r.get(field) is not None]
+            return float(np.mean(values)) if values else None
+
+        fixed, oracle = mean("dustin-h", "arr"), mean("dustin-h-oracle", "arr")
+        row = {"k": budget, "items": len(by.get(("dustin-h", budget), [])), "arr_fixed": fixed, "arr_oracle": oracle,
+               "match_fixed": mean("dustin-h", "match_rate"), "match_oracle": mean("dustin-h-oracle", "match_rate"),
+               "accuracy_fixed": mean("dustin-h", "accuracy"), "accuracy_oracle": mean("dustin-h-oracle", "accuracy")}
+        for method, tag in (("dustin-h-ia", "max_mass"), ("dustin-h-cov", "coverage")):
+            arr = mean(method, "arr")
+            row[f"arr_{tag}"] = arr
+            row[f"match_{tag}"] = mean(method, "match_rate")
+            row[f"accuracy_{tag}"] = mean(method, "accuracy")
+            gap = None if oracle is None or fixed is None else oracle - fixed
+            row[f"gap_closed_{tag}"] = (arr - fixed) / gap if arr is not None and gap and gap > 0 else None
+            row[f"selection_s_{tag}"] = mean(method, "selection_s_input_aware")
+            row[f"selection_s_fixed_{tag}"] = mean(method, "selection_s_fixed")
+            ratios = [r["selection_cost_ratio"] for r in by.get((method, budget), []) if r.get("selection_cost_ratio")]
+            row[f"selection_ratio_{tag}"] = float(np.mean(ratios)) if ratios else None
+        rows.append(row)
+    return rows
+
+
+def plot_m_rules(cases: Dict[str, Any], path: str, title: str = "") -> None:
+    """Left: ARR gap to dense (1 - ARR) per k for fixed m, max-mass, coverage and the oracle; right:
+    selection time per round (fixed vs each rule, same signals)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = m_rule_rows(cases)
+    ks = [r["k"] for r in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for field, label in (("arr_fixed", "fixed m (profile)"), ("arr_max_mass", "input-aware: max-mass"),
+                         ("arr_coverage", "input-aware: coverage"), ("arr_oracle", "oracle m per round")):
+        points = [(r["k"], 1 - r[field]) for r in rows if r.get(field) is not None]
+        if points:
+            left.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
+    left.set_xscale("log", base=2)
+    left.set_yscale("log")
+    left.set_xlabel("KV budget k")
+    left.set_ylabel("1 - ARR (gap to dense verification)")
+    left.grid(alpha=0.3)
+    left.legend(fontsize=8)
+    width = 0.25
+    for i, (field, label) in enumerate((("selection_s_fixed_max_mass", "fixed m"), ("selection_s_max_mass", "max-mass"),
+                                        ("selection_s_coverage", "coverage"))):
+        values = [(j, r[field] * 1e3) for j, r in enumerate(rows) if r.get(field) is not None]
+        if values:
+            right.bar([j + (i - 1) * width for j, _ in values], [v for _, v in values], width, label=label)
+    right.set_xticks(range(len(ks)))
+    right.set_xticklabels([str(k) for k in ks])
+    right.set_xlabel("KV budget k")
+    right.set_ylabel("selection per round (ms, signals given)")
+    right.grid(alpha=0.3, axis="y")
+    right.legend(fontsize=8)
+    fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)

@@ -12,7 +12,7 @@ from typing import Optional, Tuple
 SUPPORTED_BUDGETS = (128, 256, 512, 1024, 2048)
 #: Dustin-H (hybrid), Dustin-T (target signal only), Dustin-D (draft signal only), docs/methods.md §3.6.
 MODES = ("hybrid", "target", "draft")
-#: How the hybrid split m is chosen (docs/methods.md §3.8): the profiled m; per round and row by ranking
+#: How the hybrid split m is chosen (docs/methods.md §3.7): the profiled m; per round and row by ranking
 #: each position by the larger of its two normalised signal masses (max-mass); or per round and row
 #: among candidates around the profiled m by the coverage of both signals' mass (coverage).
 M_RULES = ("fixed", "max-mass", "coverage")
@@ -50,7 +50,7 @@ class DustinConfig:
       mode: ``"hybrid"`` (Dustin-H), ``"target"`` (Dustin-T: m = 0) or ``"draft"``
         (Dustin-D: m = k - s - w).
       m_rule: ``"fixed"`` (m as above, every round); hybrid only, per round and row
-        (docs/methods.md §3.8): ``"max-mass"`` (top ``k - s - w`` by ``max(p_D, lambda p_T)`` of the
+        (docs/methods.md §3.7): ``"max-mass"`` (top ``k - s - w`` by ``max(p_D, lambda p_T)`` of the
         normalised signals, ``lambda`` = :attr:`m_balance` from the profiled m; one radix selection)
         or ``"coverage"`` (the m among :attr:`m_candidates` whose selection covers the most of both
         signals' mass).
@@ -131,7 +131,7 @@ class DustinConfig:
     @property
     def m_balance(self) -> float:
         """max-mass's weight of the target signal, ``(k - s - w - m) / m`` for the profiled m: the
-        split m when both signals' sorted masses fall off like ``1 / rank`` (docs/methods.md §3.8)."""
+        split m when both signals' sorted masses fall off like ``1 / rank`` (docs/methods.md §3.7)."""
         m = self.effective_m
         return (self.free_budget - m) / m if m > 0 else float("inf")
 

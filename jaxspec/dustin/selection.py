@@ -194,7 +194,7 @@ def select_for_config(config: DustinConfig, s_draft, s_target, lengths) -> jax.A
                                  k=config.budget, sinks=config.sinks, window=config.window_size, m=m)
 
 
-# ---------------------------------------------------------------------------- per-row m (docs/methods.md §3.8)
+# ---------------------------------------------------------------------------- per-row m (docs/methods.md §3.7)
 def top_rows_mask(scores: jax.Array, lengths: jax.Array, counts: jax.Array, *, sinks: int, window: int) -> jax.Array:
     """``[B, S]`` bool: sinks + window + the top ``counts[b] - #protected`` scores among the rest of row b
     (``counts [B]`` int32, traced: a per-row budget). The same exact radix select as
@@ -249,7 +249,7 @@ def signal_mass(scores: jax.Array, lengths: jax.Array, *, sinks: int, window: in
 @functools.partial(jax.jit, static_argnames=("k", "sinks", "window", "candidates"))
 def select_input_aware(s_draft: jax.Array, s_target: jax.Array, lengths: jax.Array, *, k: int, sinks: int,
                        window: int, candidates: tuple):
-    """Input-aware m (docs/methods.md §3.8): per row, the candidate m (static tuple, the profiled m
+    """Input-aware m (docs/methods.md §3.7): per row, the candidate m (static tuple, the profiled m
     first) whose hybrid selection covers the most of both signals' mass,
     ``sum_{i in I(m)} (s_D[i] / sum s_D + s_T[i] / sum s_T)`` over the non-protected positions.
     All candidates are selected in one batched call (rows ``B x C``); ties keep the earlier
@@ -276,7 +276,7 @@ def select_input_aware(s_draft: jax.Array, s_target: jax.Array, lengths: jax.Arr
 @functools.partial(jax.jit, static_argnames=("k", "sinks", "window", "balance"))
 def select_max_mass(s_draft: jax.Array, s_target: jax.Array, lengths: jax.Array, *, k: int, sinks: int, window: int,
                     balance: float) -> jax.Array:
-    """Input-aware m by ranking (docs/methods.md §3.8): sinks + window + the top ``k - s - w`` positions
+    """Input-aware m by ranking (docs/methods.md §3.7): sinks + window + the top ``k - s - w`` positions
     by ``max(p_D[i], balance * p_T[i])``, ``p`` = each signal normalised over the non-protected
     positions. The set is a hybrid selection (a top set of ``s_D`` united with a top set of
     ``s_T``), its split m per row set by where each signal's mass lies; one radix selection."""

@@ -492,7 +492,7 @@ def test_profile_pipeline_calibration_split(models, tmp_path):
     assert DustinProfile.load(path).configs == profile.configs
 
 
-# ---------------------------------------------------------------------------- input-aware m (docs/methods.md §3.8)
+# ---------------------------------------------------------------------------- input-aware m (docs/methods.md §3.7)
 def test_m_rule_config():
     cfg = _dustin_config(128, m=70)  # free = 92
     assert cfg.m_rule == "fixed" and not cfg.input_aware and "m_rule" not in cfg.to_dict()

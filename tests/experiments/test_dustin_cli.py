@@ -192,10 +192,12 @@ def test_quality_releases_compiled_code_between_lengths(folders, tmp_path, monke
 
 @pytest.mark.slow
 def test_quality_input_aware_and_oracle_m(folders, tmp_path):
-    """`dustin-quality --methods dustin-h,dustin-h-ia,dustin-h-oracle`: per round the oracle's m maximises ARR
+    """`dustin-quality --methods dustin-h,dustin-h-ia,dustin-h-cov,dustin-h-oracle`: per round the oracle's m maximises ARR
     (so its ARR bounds both rules, and its curve at the profiled m is the fixed rule's ARR); the
     input-aware record has its chosen m per round and the selection time beside the fixed rule's;
-    with k = 512 above the ~400-token context all three are dense (same output)."""
+    with k = 512 above the ~400-token context all four are dense (same output)."""
+    from experiments import dustin_quality
+
     target, draft = folders
     haystack = _haystack(tmp_path)
     common = ["--model", str(target), "--draft", str(draft), "--source", str(haystack), "--gamma", "3"]
@@ -225,5 +227,8 @@ def test_quality_input_aware_and_oracle_m(folders, tmp_path):
     for method in ("dustin-h", "dustin-h-ia", "dustin-h-cov", "dustin-h-oracle"):
         assert cases[f"{item}/{method}/k512"]["tokens"] == dense["tokens"], method
         assert cases[f"{item}/{method}/k512"]["arr"] == pytest.approx(1.0, abs=1e-5)
+    plot = tmp_path / "m.png"
+    dustin_quality.plot_m_rules(cases, str(plot))
+    assert plot.exists() and dustin_quality.m_rule_rows(cases)[0]["k"] == 128
     assert main(["generate", "--model", str(target), "--method", "streaming", "--budget", "128", "--draft",
                  str(draft), "--dustin-m-rule", "max-mass", "--prompt", "x"]) == 2
