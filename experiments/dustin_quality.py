@@ -1320,7 +1320,7 @@ def plot_m_rules(cases: Dict[str, Any], path: str, title: str = "") -> None:
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, metadata={"Software": None})
     plt.close(fig)
 
 
