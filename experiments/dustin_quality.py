@@ -1319,8 +1319,9 @@ def plot_m_rules(cases: Dict[str, Any], path: str, title: str = "") -> None:
     right.legend(fontsize=8)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120, metadata={"Software": None})
+    if isinstance(path, (str, pathlib.Path)):
+        pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120, format="png", metadata={"Software": None})
     plt.close(fig)
 
 
