@@ -179,7 +179,8 @@ def dustin_config_for(args, target_config, draft_config, skip_mask) -> Tuple[Any
     if getattr(args, "dustin_m_rule", "fixed") != "fixed":
         config = config.replace(m_rule=args.dustin_m_rule)
         info["m_rule"] = args.dustin_m_rule
-        info["m_candidates"] = list(config.m_candidates)
+        info["m_candidates" if args.dustin_m_rule == "coverage" else "m_balance"] = (
+            list(config.m_candidates) if args.dustin_m_rule == "coverage" else config.m_balance)
     return config, info
 
 

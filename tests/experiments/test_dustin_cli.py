@@ -85,6 +85,8 @@ def test_generate_sparse_methods(folders, tmp_path):
      "is for another model"),
     (["--method", "dustin", "--budget", "128", "--draft", "x", "--dustin-profile", SMOL_PROFILE],
      "profiles a self-draft"),
+    (["--method", "dustin", "--budget", "128", "--draft-skip", "mlp:1", "--dustin-mode", "target", "--dustin-m-rule",
+      "max-mass"], "needs --method dustin with --dustin-mode hybrid"),
 ])
 def test_generate_bad_input(folders, capsys, extra, message):
     target, _ = folders
@@ -232,3 +234,18 @@ def test_quality_input_aware_and_oracle_m(folders, tmp_path):
     assert plot.exists() and dustin_quality.m_rule_rows(cases)[0]["k"] == 128
     assert main(["generate", "--model", str(target), "--method", "streaming", "--budget", "128", "--draft",
                  str(draft), "--dustin-m-rule", "max-mass", "--prompt", "x"]) == 2
+
+
+@pytest.mark.slow
+def test_generate_input_aware_m(folders, tmp_path):
+    """`generate --method dustin --dustin-m-rule max-mass|coverage`: with k >= the context exactly dense
+    ClassicSD (greedy == AR); labelled in the JSON."""
+    target, draft = folders
+    dense = tmp_path / "sd.json"
+    assert main(_base(target, "--method", "sd", "--draft", str(draft), "--out", str(dense))) == 0
+    for rule in ("max-mass", "coverage"):
+        path = tmp_path / f"{rule}.json"
+        assert main(_base(target, "--method", "dustin", "--budget", "2048", "--draft", str(draft), "--dustin-m-rule",
+                          rule, "--out", str(path))) == 0
+        results = _results(path)
+        assert results["tokens"] == _results(dense)["tokens"] and results["sparse"]["m_rule"] == rule
