@@ -1254,32 +1254,52 @@ def plot_arr(cases: Dict[str, Any], path: str, title: str = "") -> None:
 def m_rule_rows(cases: Dict[str, Any]) -> List[Dict[str, Any]]:
     """Per k (mean over items): ARR of fixed m (dustin-h), each input-aware rule and the oracle, the
     share of the fixed-m-to-oracle ARR gap each rule closes, agreement with dense, accuracy, and
-    the selection seconds per round (fixed vs each rule, on the same signals)."""
-    by: Dict[Tuple[str, int], List[dict]] = {}
+    the selection seconds per round (fixed vs each rule, on the same signals). ARR and the
+    per-round records come from the dense reference runs (``arr``, ``m_rule``), so they exist as
+    soon as an item's reference is measured; agreement and accuracy from each method's decode."""
+    methods = ("dustin-h",) + tuple(M_RULE_METHODS)
+    arrs: Dict[Tuple[str, int], List[float]] = {}
+    stats: Dict[Tuple[str, int], List[dict]] = {}
+    decodes: Dict[Tuple[str, int], List[dict]] = {}
     for record in cases.values():
-        if record.get("method") in ("dustin-h",) + tuple(M_RULE_METHODS):
-            by.setdefault((record["method"], record["budget"]), []).append(record)
-    rows = []
-    for budget in sorted({b for _, b in by}):
-        def mean(method, field):
-            values = [r[field] for r in by.get((method, budget), []) if r.get(field) is not None]
-            return float(np.mean(values)) if values else None
+        if "method" in record:
+            if record["method"] in methods:
+                decodes.setdefault((record["method"], record["budget"]), []).append(record)
+            continue
+        for key, value in (record.get("arr") or {}).items():
+            name, _, budget = key.rpartition("/k")
+            if name in methods and value is not None:
+                arrs.setdefault((name, int(budget)), []).append(value)
+        for key, value in (record.get("m_rule") or {}).items():
+            name, _, budget = key.rpartition("/k")
+            stats.setdefault((name, int(budget)), []).append(value)
 
-        fixed, oracle = mean("dustin-h", "arr"), mean("dustin-h-oracle", "arr")
-        row = {"k": budget, "items": len(by.get(("dustin-h", budget), [])), "arr_fixed": fixed, "arr_oracle": oracle,
-               "match_fixed": mean("dustin-h", "match_rate"), "match_oracle": mean("dustin-h-oracle", "match_rate"),
-               "accuracy_fixed": mean("dustin-h", "accuracy"), "accuracy_oracle": mean("dustin-h-oracle", "accuracy")}
-        for method, tag in (("dustin-h-ia", "max_mass"), ("dustin-h-cov", "coverage")):
-            arr = mean(method, "arr")
+    def mean(values):
+        values = [x for x in values if x is not None]
+        return float(np.mean(values)) if values else None
+
+    rows = []
+    for budget in sorted({b for _, b in arrs}):
+        fixed, oracle = mean(arrs.get(("dustin-h", budget), [])), mean(arrs.get(("dustin-h-oracle", budget), []))
+        row = {"k": budget, "items": len(arrs.get(("dustin-h", budget), [])),
+               "m_fixed": mean([r.get("m") for r in decodes.get(("dustin-h", budget), [])])}
+        for method, tag in (("dustin-h", "fixed"), ("dustin-h-ia", "max_mass"), ("dustin-h-cov", "coverage"),
+                            ("dustin-h-oracle", "oracle")):
+            arr = mean(arrs.get((method, budget), []))
             row[f"arr_{tag}"] = arr
-            row[f"match_{tag}"] = mean(method, "match_rate")
-            row[f"accuracy_{tag}"] = mean(method, "accuracy")
-            gap = None if oracle is None or fixed is None else oracle - fixed
-            row[f"gap_closed_{tag}"] = (arr - fixed) / gap if arr is not None and gap and gap > 0 else None
-            row[f"selection_s_{tag}"] = mean(method, "selection_s_input_aware")
-            row[f"selection_s_fixed_{tag}"] = mean(method, "selection_s_fixed")
-            ratios = [r["selection_cost_ratio"] for r in by.get((method, budget), []) if r.get("selection_cost_ratio")]
-            row[f"selection_ratio_{tag}"] = float(np.mean(ratios)) if ratios else None
+            row[f"match_{tag}"] = mean([r.get("match_rate") for r in decodes.get((method, budget), [])])
+            row[f"accuracy_{tag}"] = mean([r.get("accuracy") for r in decodes.get((method, budget), [])])
+            if method in ("dustin-h-ia", "dustin-h-cov"):
+                gap = None if oracle is None or fixed is None else oracle - fixed
+                row[f"gap_closed_{tag}"] = (arr - fixed) / gap if arr is not None and gap and gap > 0 else None
+                per_item = stats.get((method, budget), [])
+                row[f"selection_s_{tag}"] = mean([r.get("selection_s_input_aware") for r in per_item])
+                row[f"selection_s_fixed_{tag}"] = mean([r.get("selection_s_fixed") for r in per_item])
+                row[f"selection_ratio_{tag}"] = mean([r.get("selection_cost_ratio") for r in per_item])
+                row[f"mean_m_{tag}"] = mean([float(np.mean(r["m_per_round"])) for r in per_item if r.get("m_per_round")])
+            if method == "dustin-h-oracle":
+                row["mean_m_oracle"] = mean([float(np.mean(r["m_per_round"])) for r in stats.get((method, budget), [])
+                                             if r.get("m_per_round")])
         rows.append(row)
     return rows
 
