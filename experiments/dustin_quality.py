@@ -747,7 +747,8 @@ class QualityRunner:
 
         cfg = method.dustin
         stats = self.m_rule_stats.setdefault(method.key, {})
-        if not (cfg.uses_draft_signal and cfg.uses_target_signal):  # one signal only: no split to choose
+        both = cfg.input_aware if method.name != "dustin-h-oracle" else bool(cfg.draft_layers and cfg.target_heads)
+        if not both:  # no split to choose (no draft layer, or the rule has no choice at this m)
             stats.setdefault("m", []).append(cfg.effective_m)
             indices = cached_jit(f"select/{method.key}", _select, static_argnames=(
                 "method_name", "budget", "dustin", "probe_t", "probe_d", "target_qpk", "draft_qpk", "capacity",
@@ -801,7 +802,7 @@ class QualityRunner:
 
         _, jnp = _jax()
         cfg = method.dustin
-        if not (cfg.uses_draft_signal and cfg.uses_target_signal):  # one signal only: the fixed selection
+        if not (cfg.draft_layers and cfg.target_heads):  # one signal only: the fixed selection
             return cached_jit(f"select/{method.key}", _select, static_argnames=(
                 "method_name", "budget", "dustin", "probe_t", "probe_d", "target_qpk", "draft_qpk", "capacity",
                 "max_generated"))("dustin-h", cfg.budget, cfg, query, cache.keys, committed, draft_q, draft_keys,

@@ -124,9 +124,13 @@ class DustinConfig:
 
     @property
     def input_aware(self) -> bool:
-        """The coverage rule is in force (hybrid with both signals and more than one candidate)."""
-        return (self.m_rule != "fixed" and self.uses_draft_signal and self.uses_target_signal
-                and len(self.m_candidates) > 1)
+        """An input-aware rule is in force: hybrid with draft layers and target heads, and a choice to
+        make (max-mass: 0 < m < k - s - w; coverage: more than one candidate)."""
+        if self.m_rule == "fixed" or self.mode != "hybrid" or not self.draft_layers or not self.target_heads:
+            return False
+        if self.m_rule == "max-mass":
+            return 0 < self.effective_m < self.free_budget
+        return len(self.m_candidates) > 1
 
     @property
     def m_balance(self) -> float:
@@ -149,11 +153,11 @@ class DustinConfig:
 
     @property
     def uses_target_signal(self) -> bool:
-        return self.effective_m < self.free_budget
+        return self.effective_m < self.free_budget or self.input_aware
 
     @property
     def uses_draft_signal(self) -> bool:
-        return self.effective_m > 0
+        return self.effective_m > 0 or self.input_aware
 
     @property
     def target_probe_heads(self) -> Tuple[Tuple[int, int], ...]:

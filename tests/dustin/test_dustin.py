@@ -500,7 +500,10 @@ def test_m_rule_config():
     assert aware.m_candidates == (70, 61, 79) and aware.input_aware  # 70 -/+ round(0.1 * 92)
     assert DustinConfig.from_dict(aware.to_dict()) == aware
     assert cfg.replace(m=0, m_rule="coverage", m_spread=0.25).m_candidates == (0, 23)  # clipped at 0
-    assert not cfg.replace(m=92, m_rule="coverage").input_aware  # m = k - s - w: no target share, nothing to choose
+    # m = k - s - w (Dustin-D's split): coverage can still move m down (so it needs s_T); max-mass cannot
+    at_free = cfg.replace(m=92, m_rule="coverage")
+    assert at_free.input_aware and at_free.m_candidates == (92, 83) and at_free.uses_target_signal
+    assert not cfg.replace(m=92, m_rule="max-mass").input_aware and not cfg.replace(m=92).uses_target_signal
     for bad, message in ((dict(m_rule="adaptive"), "m_rule='adaptive'"), (dict(m_spread=0.0), "m_spread=0.0"),
                          (dict(m_rule="coverage", mode="target"), "needs mode='hybrid'")):
         with pytest.raises(ValueError, match=message):
