@@ -153,6 +153,8 @@ QUALITY = {"qwen2.5-coder-1.5b": ("dustin_quality/dustin_quality_qwen2.5-coder-1
                                   "dustin_quality/dustin_quality_qwen2.5-coder-1.5b_4k-8k_cpu.json",
                                   "dustin_quality/dustin_quality_qwen2.5-coder-1.5b_16k_cpu.json"),
            "smollm2-135m": ("dustin_quality/dustin_quality_smollm2-135m_2k-8k_cpu.json",)}
+#: fixed m, the input-aware rules and the per-round oracle (docs/methods.md §3.7), per model
+INPUT_AWARE_M = {"smollm2-135m": "dustin_quality/dustin_quality_input_aware_m_smollm2-135m_2k_cpu.json"}
 QUALITY_PAIR = {"qwen2.5-coder-1.5b": "Qwen2.5-Coder-1.5B + Qwen2.5-Coder-0.5B draft",
                 "smollm2-135m": "SmolLM2-135M, self-draft mlp:10-12"}
 K = "knapspec/knapspec_"
@@ -211,6 +213,18 @@ def _quality(model, context, method, budget, field):
     def get(_):
         rows = quality_rows(quality_cases(model, context))
         return read_path(rows, ({"method": method, "k": budget}, field))
+    return get
+
+
+def m_rule_rows(cases):
+    from experiments.dustin_quality import m_rule_rows as rows
+
+    return rows(cases)
+
+
+def _m_rule(budget, field):
+    def get(data):
+        return read_path(m_rule_rows(data["cases"]), ({"k": budget}, field))
     return get
 
 
@@ -351,6 +365,28 @@ def _figures() -> List[Figure]:
         add(Figure(f"dustin/quality/{model}/ctx{ctx}/k512/dustin-h/retrieval-accuracy",
                    f"retrieval accuracy, dustin-h, {model}, {ctx // 1024}k items, k = 512", "fraction", source,
                    _quality(model, ctx, "dustin-h", 512, "accuracy")))
+    # Dustin input-aware m
+    for model, source in INPUT_AWARE_M.items():
+        for row in m_rule_rows(load(source)["cases"]):
+            ctx = {c["context"] for c in load(source)["cases"].values() if "context" in c}.pop()
+            base = f"dustin/input-aware-m/{model}/ctx{ctx}/k{row['k']}"
+            for tag, field in (("fixed", "fixed"), ("input-aware", "max_mass"), ("input-aware-coverage", "coverage"),
+                               ("oracle", "oracle")):
+                if row.get(f"arr_{field}") is None:
+                    continue
+                add(Figure(f"{base}/{tag}/arr", f"ARR, Dustin-H {tag} m, {model}, {ctx // 1024}k, k = {row['k']}",
+                           "fraction", source, _m_rule(row["k"], f"arr_{field}")))
+                add(Figure(f"{base}/{tag}/agreement", f"token match with dense, Dustin-H {tag} m, k = {row['k']}",
+                           "fraction", source, _m_rule(row["k"], f"match_{field}")))
+            for tag, field in (("input-aware", "max_mass"), ("input-aware-coverage", "coverage")):
+                if row.get(f"gap_closed_{field}") is None or row.get(f"selection_ratio_{field}") is None:
+                    continue
+                add(Figure(f"{base}/{tag}/gap-closed", f"share of the fixed-to-oracle ARR gap closed, {tag}, "
+                           f"k = {row['k']}", "%", source, _m_rule(row["k"], f"gap_closed_{field}"), scale=100,
+                           target="target >= 33 % (mean over k)"))
+                add(Figure(f"{base}/{tag}/selection-cost-vs-fixed", f"selection time per round / fixed m's, {tag}, "
+                           f"k = {row['k']}", "x", source, _m_rule(row["k"], f"selection_ratio_{field}"),
+                           target="target <= 1.1"))
     # KnapSpec
     for label, source, tag, ctx, batch, other in KNAPSPEC_RUNS:
         model = source[len(K):].split("_")[0]
@@ -825,6 +861,14 @@ for _source, _title, _ctx in (
     PLOTS[_name.replace(".json", ".png")] = _arr(_source, _title, _ctx)
 
 
+@_plot("dustin_quality/dustin_quality_input_aware_m_smollm2-135m_2k_cpu.png")
+def input_aware_m_plot(fig_path) -> None:
+    from experiments.dustin_quality import plot_m_rules
+
+    plot_m_rules(load(INPUT_AWARE_M["smollm2-135m"])["cases"], fig_path,
+                 title="smollm2-135m + mlp:10-12 self-draft, 2k: input-aware m")
+
+
 @_plot("knapspec/knapspec_speedup_qwen2.5-7b-shape_smollm2-135m_h200_cpu.png")
 def knapspec_plot(fig_path) -> None:
     """KnapSpec, CLaSp and the always-draft emulation against paired AR, one bar group per run."""
@@ -999,6 +1043,24 @@ def results_markdown() -> str:
                  f"(Dustin-H {v('dustin/quality/smollm2-135m/ctx2048/k1024/dustin-h/arr')}, Quest "
                  f"{v('dustin/quality/smollm2-135m/ctx2048/k1024/quest/arr')} at 2k); at 8k SmolLM2 fails both tasks "
                  "even densely, so its accuracy says nothing."]),
+        section("Dustin: input-aware m",
+                "The split m of Dustin-H's budget chosen per round and row from the two signals (docs/methods.md "
+                "§3.7), against the profile's fixed m and an oracle that takes, every round, the m maximising that "
+                "round's ARR (read from the full-KV verification). SmolLM2-135M with its mlp:10-12 self-draft and "
+                "its committed profile, CPU, float32, greedy, gamma 4, 16 new tokens, "
+                f"{len({c['task'] for c in load(INPUT_AWARE_M['smollm2-135m'])['cases'].values() if 'task' in c})}"
+                " seeded evaluation-split item(s) at 2k, means over items. The gap closed is (ARR of the rule − ARR "
+                "of fixed m) / (ARR of the oracle − ARR of fixed m). Selection time: the selection alone on the "
+                "same signals (the signals cost the same for every rule), best of 3 calls, mean over rounds; "
+                "\"-\" where the profile's m is k − s − w (Dustin-D: one signal, no split to choose, both rules "
+                "select as fixed m).",
+                ("dustin/input-aware-m/",),
+                [m_rule_table(INPUT_AWARE_M["smollm2-135m"]),
+                 "![input-aware m](../experiments/results/dustin_quality/"
+                 "dustin_quality_input_aware_m_smollm2-135m_2k_cpu.png)"],
+                m_rule_verdicts(INPUT_AWARE_M["smollm2-135m"])
+                + ["Not measured: the Qwen2.5-Coder pair (its suite step is in cpu-dustin-quality; both float32 "
+                   "models did not fit in memory beside other work), 4k and beyond, and the H200 at 16k-32k."]),
         section("Dustin: speed",
                 "One H200: random-weight Qwen2.5-7B-shaped target, Qwen2.5-0.5B-shaped draft, Pallas attention in "
                 "both, gamma 4, k = 512, 64 new tokens, acceptance fixed to the real Qwen2.5-Coder pair's tau "
@@ -1094,6 +1156,67 @@ def _quality_blocks() -> List[str]:
         if name.startswith("dustin_quality/"):
             blocks.append(f"![ARR vs k](../experiments/results/{name})")
     return blocks
+
+
+def m_rule_table(source: str) -> str:
+    """Fixed m, max-mass, coverage and the oracle per k: ARR, gap closed, agreement, accuracy, selection time."""
+    cases = load(source)["cases"]
+    rows = m_rule_rows(cases)
+
+    def f3(x):
+        return "-" if x is None else f"{x:.4f}"
+
+    def f2(x):
+        return "-" if x is None else f"{x:.2f}"
+
+    def pct(x):
+        return "-" if x is None else f"{100 * x:.0f} %"
+
+    def ms(x):
+        return "-" if x is None else f"{1e3 * x:.3f}"
+
+    lines = ["| k | ARR fixed / max-mass / coverage / oracle | gap closed max-mass / coverage | token match vs dense "
+             "fixed / max-mass / coverage / oracle | accuracy fixed / max-mass / coverage / oracle | selection ms per "
+             "round fixed / max-mass / coverage | mean m per round fixed / max-mass / coverage / oracle |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(
+            f"| {r['k']} | {' / '.join(f3(r[f'arr_{t}']) for t in ('fixed', 'max_mass', 'coverage', 'oracle'))} "
+            f"| {pct(r['gap_closed_max_mass'])} / {pct(r['gap_closed_coverage'])} "
+            f"| {' / '.join(f2(r[f'match_{t}']) for t in ('fixed', 'max_mass', 'coverage', 'oracle'))} "
+            f"| {' / '.join(f2(r[f'accuracy_{t}']) for t in ('fixed', 'max_mass', 'coverage', 'oracle'))} "
+            f"| {ms(r['selection_s_fixed_max_mass'])} / {ms(r['selection_s_max_mass'])} / "
+            f"{ms(r['selection_s_coverage'])} "
+            f"| {' / '.join('-' if r.get(f) is None else f'{r[f]:.0f}' for f in ('m_fixed', 'mean_m_max_mass', 'mean_m_coverage', 'mean_m_oracle'))} |")
+    return "\n".join(lines)
+
+
+def m_rule_verdicts(source: str) -> List[str]:
+    """The targets of the input-aware m against the measured rows (computed, not written by hand)."""
+    rows = m_rule_rows(load(source)["cases"])
+    out = []
+    for tag, name in (("max_mass", "max-mass"), ("coverage", "coverage")):
+        worse = [r["k"] for r in rows if r[f"arr_{tag}"] is not None and r[f"arr_{tag}"] < r["arr_fixed"] - 1e-9]
+        in_force = [r for r in rows if r[f"selection_ratio_{tag}"] is not None]
+
+        def closed(rs):
+            values = [r[f"gap_closed_{tag}"] or 0.0 for r in rs if r["arr_oracle"] is not None]
+            return sum(values) / len(values) if values else None
+
+        every, forced = closed(rows), closed(in_force)
+        ratios = [r[f"selection_ratio_{tag}"] for r in in_force]
+        out.append(
+            f"{name}: ARR at least fixed m's at every k: **{'met' if not worse else 'missed'}**"
+            + (f" (below at k = {', '.join(map(str, worse))})" if worse else "")
+            + "; share of the fixed-to-oracle ARR gap closed, mean over all k: "
+            + ("-" if every is None else f"{100 * every:.0f} %")
+            + f" (target >= 33 %: **{'met' if every is not None and every >= 1 / 3 else 'missed'}**), over the k where "
+            + f"the rule is in force (k = {', '.join(str(r['k']) for r in in_force) or 'none'}): "
+            + ("-" if forced is None else f"{100 * forced:.0f} %")
+            + "; selection time per round / fixed m's there: "
+            + (", ".join(f"{x:.2f}x" for x in ratios) or "-")
+            + f" (target <= 1.1x: **{'met' if ratios and max(ratios) <= 1.1 else 'missed'}**).")
+    return out
 
 
 # ---------------------------------------------------------------------------- README block, index
