@@ -1301,6 +1301,8 @@ def m_rule_rows(cases: Dict[str, Any]) -> List[Dict[str, Any]]:
             if method == "dustin-h-oracle":
                 row["mean_m_oracle"] = mean([float(np.mean(r["m_per_round"])) for r in stats.get((method, budget), [])
                                              if r.get("m_per_round")])
+        row["selection_s_fixed"] = next((row[f"selection_s_fixed_{t}"] for t in ("max_mass", "coverage")
+                                         if row.get(f"selection_s_fixed_{t}") is not None), None)
         rows.append(row)
     return rows
 
@@ -1328,7 +1330,7 @@ def plot_m_rules(cases: Dict[str, Any], path: str, title: str = "") -> None:
     left.grid(alpha=0.3)
     left.legend(fontsize=8)
     width = 0.25
-    for i, (field, label) in enumerate((("selection_s_fixed_max_mass", "fixed m"), ("selection_s_max_mass", "max-mass"),
+    for i, (field, label) in enumerate((("selection_s_fixed", "fixed m"), ("selection_s_max_mass", "max-mass"),
                                         ("selection_s_coverage", "coverage"))):
         values = [(j, r[field] * 1e3) for j, r in enumerate(rows) if r.get(field) is not None]
         if values:
