@@ -65,6 +65,10 @@ def add_dustin_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--draft-window", type=int, default=None, metavar="W",
                        help="dustin with --draft-kv streaming|verify-set: the recent window (default K - 4 for "
                             "streaming, the verifier's window w for verify-set)")
+    group.add_argument("--dustin-m-rule", default="fixed", choices=["fixed", "max-mass", "coverage"],
+                       help="dustin (hybrid): the split m of the budget -- the profiled m every round (fixed); per "
+                            "round and row, positions ranked by the larger normalised signal mass (max-mass) or the "
+                            "candidate m covering the most of both signals' mass (coverage); docs/methods.md §3.7")
 
 
 def _supported_budgets() -> str:
@@ -108,6 +112,10 @@ def validate(args) -> None:
             raise ValueError(f"--draft-window={args.draft_window} needs --draft-kv streaming or verify-set")
         if args.draft_window < 1:
             raise ValueError(f"--draft-window={args.draft_window} must be >= 1")
+    m_rule = getattr(args, "dustin_m_rule", "fixed")
+    if m_rule != "fixed" and (method != "dustin" or args.dustin_mode != "hybrid"):
+        raise ValueError(f"--dustin-m-rule {m_rule} chooses Dustin-H's split: it needs --method dustin with "
+                         f"--dustin-mode hybrid (got --method {method} --dustin-mode {args.dustin_mode})")
     if method == "quest" and (args.profile or args.fixed_tau is not None):
         raise ValueError("--method quest runs its own verification loop: --profile and --fixed-tau are not supported")
     if args.dustin_profile:
@@ -195,6 +203,11 @@ def dustin_config_for(args, target_config, draft_config, skip_mask) -> Tuple[Any
     draft_kv = getattr(args, "draft_kv", "full")
     if draft_kv != "full":  # docs/methods.md §5.1: the draft's view of its cache, not part of the profile
         config = config.replace(draft_kv=draft_kv, draft_window=getattr(args, "draft_window", None))
+    if getattr(args, "dustin_m_rule", "fixed") != "fixed":
+        config = config.replace(m_rule=args.dustin_m_rule)
+        info["m_rule"] = args.dustin_m_rule
+        info["m_candidates" if args.dustin_m_rule == "coverage" else "m_balance"] = (
+            list(config.m_candidates) if args.dustin_m_rule == "coverage" else config.m_balance)
     return config, info
 
 
@@ -404,6 +417,10 @@ class Method:
 
 DUSTIN_MODES = {"dustin-h": "hybrid", "dustin-t": "target", "dustin-d": "draft"}
 ALL_METHODS = ("dustin-h", "dustin-t", "dustin-d", "streaming", "quest", "snapkv", "magicdec")
+#: Dustin-H with an input-aware m (docs/methods.md §3.7: max-mass, coverage) and with the per-round
+#: ARR-maximising m (an oracle: it reads the full-KV verification's attention); not in the default --methods.
+M_RULE_METHODS = {"dustin-h-ia": "max-mass", "dustin-h-cov": "coverage", "dustin-h-oracle": "oracle"}
+QUALITY_METHODS = ALL_METHODS[:1] + tuple(M_RULE_METHODS) + ALL_METHODS[1:]
 
 
 def _jax():
@@ -540,6 +557,7 @@ class QualityRunner:
         from jaxspec.decoding.speculative import EngineConfig
 
         self.target, self.draft, self.mask, self.profile = target, draft, mask, profile
+        self.m_rule_stats: Dict[str, Dict[str, list]] = {}  # per method key, per round (docs/methods.md §3.7)
         self.tcfg = target.config
         self.dcfg = draft.config if draft is not None else target.config
         self.engine = EngineConfig(gamma=gamma, sampling=SamplingConfig(), max_new_tokens=max_new_tokens,
@@ -563,6 +581,10 @@ class QualityRunner:
         for budget in budgets:
             for name in names:
                 dustin = profile_config(self.profile, budget, DUSTIN_MODES[name]) if name in DUSTIN_MODES else None
+                if name in M_RULE_METHODS:
+                    dustin = profile_config(self.profile, budget, "hybrid")
+                    if name != "dustin-h-oracle":
+                        dustin = dustin.replace(m_rule=M_RULE_METHODS[name])
                 out.append(Method(name, budget, dustin))
         return out
 
@@ -683,11 +705,20 @@ class QualityRunner:
                 for m in arr_methods:
                     if m.name in ("quest", "magicdec"):
                         continue
+                    if m.name in M_RULE_METHODS:
+                        arr_sums[m.key] += self.m_rule_round(m, weights, state.verify_state, cache.keys,
+                                                             state.committed, draft_q, draft_keys, select_static)
+                        continue
+                    t_select = time.perf_counter()
                     indices = cached_jit(f"select/{m.key}", _select, static_argnames=(
                         "method_name", "budget", "dustin", "probe_t", "probe_d", "target_qpk", "draft_qpk",
                         "capacity", "max_generated"))(
                         m.name, m.budget, m.dustin, state.verify_state, cache.keys, state.committed, draft_q,
                         draft_keys, snaps.get(m.budget), **select_static)
+                    indices.block_until_ready()
+                    if m.name == "dustin-h":
+                        self.m_rule_stats.setdefault(m.key, {}).setdefault("select_s", []).append(
+                            time.perf_counter() - t_select)
                     arr_sums[m.key] += float(recall_of_indices(weights, indices)[0])
                 if quest_budgets:
                     quest = _round_arr(weights, hprobs, queries, cache.keys, history, quest_budgets, config=tcfg)
@@ -701,7 +732,10 @@ class QualityRunner:
                 queries = None
             else:
                 indices = None
-                if method.name not in ("dense", "magicdec"):
+                if method.name == "dustin-h-oracle":
+                    indices = self.oracle_indices(method, rows, cache, state.verify_state, state.committed, draft_q,
+                                                  draft_keys, select_static)
+                elif method.name not in ("dense", "magicdec"):
                     indices = cached_jit(f"select/{method.key}", _select, static_argnames=(
                         "method_name", "budget", "dustin", "probe_t", "probe_d", "target_qpk", "draft_qpk",
                         "capacity", "max_generated"))(
@@ -724,6 +758,97 @@ class QualityRunner:
         metrics = speculative.summarize(state, engine)
         arr = {k: v / max(arr_rounds, 1) for k, v in arr_sums.items()} if reference else {}
         return generated, metrics, arr
+
+    # -- input-aware and oracle m (docs/methods.md §3.7)
+    def _signals(self, method, query, target_keys, committed, draft_q, draft_keys, select_static):
+        static = {k: v for k, v in select_static.items() if k != "max_generated"}
+        return cached_jit(f"signals/{method.key}", _dustin_signals, static_argnames=(
+            "dustin", "probe_t", "probe_d", "target_qpk", "draft_qpk", "capacity"))(
+            method.dustin, query, target_keys, committed, draft_q, draft_keys, **static)
+
+    def _arr_curve(self, method, weights, s_draft, s_target, committed):
+        from jaxspec.dustin.search import sweep_m
+
+        cfg = method.dustin
+        return sweep_m(np.asarray(weights), np.asarray(s_draft), np.asarray(s_target), np.asarray(committed - 1),
+                       k=cfg.budget, sinks=cfg.sinks, window=cfg.window_size)
+
+    def m_rule_round(self, method, weights, query, target_keys, committed, draft_q, draft_keys, select_static) -> float:
+        """One reference round of ``dustin-h-ia`` / ``dustin-h-oracle``: its ARR; records the chosen m
+        (and, for the input-aware rule, the selection time beside the fixed rule's on the same signals)."""
+        from jaxspec.dustin.arr import recall_of_indices
+        from jaxspec.dustin.selection import (max_mass_split, select_input_aware, select_max_mass,
+                                              select_verify_indices)
+
+        cfg = method.dustin
+        stats = self.m_rule_stats.setdefault(method.key, {})
+        both = cfg.input_aware if method.name != "dustin-h-oracle" else bool(cfg.draft_layers and cfg.target_heads)
+        if not both:  # no split to choose (no draft layer, or the rule has no choice at this m)
+            stats.setdefault("m", []).append(cfg.effective_m)
+            indices = cached_jit(f"select/{method.key}", _select, static_argnames=(
+                "method_name", "budget", "dustin", "probe_t", "probe_d", "target_qpk", "draft_qpk", "capacity",
+                "max_generated"))("dustin-h", cfg.budget, cfg.replace(m_rule="fixed"), query, target_keys, committed,
+                                  draft_q, draft_keys, None, **select_static)
+            return float(recall_of_indices(weights, indices)[0])
+        s_draft, s_target = self._signals(method, query, target_keys, committed, draft_q, draft_keys, select_static)
+        history = committed - 1
+        if method.name == "dustin-h-oracle":
+            curve = self._arr_curve(method, weights, s_draft, s_target, committed)
+            best = int(np.argmax(curve))
+            stats.setdefault("m", []).append(best)
+            stats.setdefault("fixed_arr_from_curve", []).append(float(curve[cfg.effective_m]))
+            return float(curve[best])
+        # selection only (signals given), best of 3 calls each: fixed m vs this rule
+        shape = dict(k=cfg.budget, sinks=cfg.sinks, window=cfg.window_size)
+        if cfg.m_rule == "max-mass":
+            rule = lambda: select_max_mass(s_draft, s_target, history, balance=cfg.m_balance, **shape)  # noqa: E731
+        else:
+            rule = lambda: select_input_aware(s_draft, s_target, history, candidates=cfg.m_candidates, **shape)  # noqa: E731
+        timings = {}
+        for name, call in (("fixed", lambda: select_verify_indices(s_draft, s_target, history, m=cfg.effective_m,
+                                                                   **shape)),
+                           ("input-aware", rule)):
+            jax_out = call()  # compiled on the first round
+            jax_out = jax_out[0] if isinstance(jax_out, tuple) else jax_out
+            jax_out.block_until_ready()
+            best_t = float("inf")
+            for _ in range(3):
+                t0 = time.perf_counter()
+                out = call()
+                (out[0] if isinstance(out, tuple) else out).block_until_ready()
+                best_t = min(best_t, time.perf_counter() - t0)
+            timings[name] = best_t
+        stats.setdefault("selection_s_fixed", []).append(timings["fixed"])
+        stats.setdefault("selection_s_input_aware", []).append(timings["input-aware"])
+        if cfg.m_rule == "max-mass":
+            indices = rule()
+            chosen = max_mass_split(s_draft, s_target, history, indices, sinks=cfg.sinks, window=cfg.window_size,
+                                    balance=cfg.m_balance)
+        else:
+            indices, chosen = rule()
+        stats.setdefault("m", []).append(int(chosen[0]))
+        return float(recall_of_indices(weights, indices)[0])
+
+    def oracle_indices(self, method, rows, cache, query, committed, draft_q, draft_keys, select_static):
+        """``I_verify`` with the m maximising this round's ARR, read from a full-KV forward of the
+        round (an oracle: it costs a dense verification)."""
+        from jaxspec.dustin.arr import recall_weights
+        from jaxspec.dustin.selection import select_verify_indices_rows
+
+        _, jnp = _jax()
+        cfg = method.dustin
+        if not (cfg.draft_layers and cfg.target_heads):  # one signal only: the fixed selection
+            return cached_jit(f"select/{method.key}", _select, static_argnames=(
+                "method_name", "budget", "dustin", "probe_t", "probe_d", "target_qpk", "draft_qpk", "capacity",
+                "max_generated"))("dustin-h", cfg.budget, cfg, query, cache.keys, committed, draft_q, draft_keys,
+                                  None, **select_static)
+        _, _, _, hprobs = cached_jit("reference", _reference_forward, static_argnames=("config",))(
+            self.target.params, rows, cache, config=self.tcfg)
+        weights = recall_weights(hprobs, committed - 1)
+        s_draft, s_target = self._signals(method, query, cache.keys, committed, draft_q, draft_keys, select_static)
+        best = int(np.argmax(self._arr_curve(method, weights, s_draft, s_target, committed)))
+        return select_verify_indices_rows(s_draft, s_target, committed - 1, jnp.asarray([best], jnp.int32),
+                                          k=cfg.budget, sinks=cfg.sinks, window=cfg.window_size)
 
     # -- teacher-forced perplexity
     def draft_chunk_scores(self, base, text: Sequence[int]):
@@ -809,6 +934,23 @@ class QualityRunner:
             if probe_t:
                 query = queries[:, :, -1]
         return {"nll": nll / count, "ppl": float(np.exp(nll / count)), "tokens": count}
+
+
+def _dustin_signals(dustin, query, target_keys, committed, draft_q, draft_keys, *, probe_t, probe_d, target_qpk,
+                    draft_qpk, capacity):
+    """``(s_D, s_T) [B, S]`` of a hybrid Dustin config (traced; the inputs of :func:`_select`)."""
+    from jaxspec.dustin.signals import DraftSignals, draft_signal, target_signal
+
+    _, jnp = _jax()
+    cfg = dustin
+    history = (committed - 1).astype(jnp.int32)
+    rows = [probe_t.index((cfg.target_layer, h)) for h in cfg.target_heads]
+    s_target = target_signal(query[:, rows], target_keys[cfg.target_layer], history, cfg.target_heads, target_qpk)
+    layers = sorted({layer for layer, _ in probe_d})
+    keys = tuple(draft_keys[layers.index(layer)] for layer in cfg.draft_layers)
+    s_draft = draft_signal(DraftSignals(queries=draft_q[:, _draft_rows(cfg, probe_d)], keys=keys), history,
+                           cfg.draft_heads, draft_qpk, capacity)
+    return s_draft, s_target
 
 
 def _select_from_scores(method_name, budget, dustin, query, target_keys, committed, draft_scores, snap, *, probe_t,
@@ -905,9 +1047,9 @@ def cmd_dustin_quality(args) -> Dict[str, Any]:
 
     budgets = _check_budgets(args.budgets)
     names = [m.strip() for m in args.methods.split(",") if m.strip()]
-    bad = [m for m in names if m not in ALL_METHODS]
+    bad = [m for m in names if m not in QUALITY_METHODS]
     if bad:
-        raise ValueError(f"unknown --methods {bad}; valid: {', '.join(ALL_METHODS)}")
+        raise ValueError(f"unknown --methods {bad}; valid: {', '.join(QUALITY_METHODS)}")
     per_length = {}
     for part in args.items.split(","):
         try:
@@ -971,7 +1113,7 @@ def cmd_dustin_quality(args) -> Dict[str, Any]:
         draft_scores = runner.draft_chunk_scores(base0, text)
         ppl = {"dense": runner.perplexity(base0, text, Method("dense"), draft_scores)}
         for m in methods:
-            if m.name != "magicdec" and not writer.has(f"{item}/{m.key}"):
+            if m.name not in ("magicdec", "dustin-h-oracle") and not writer.has(f"{item}/{m.key}"):
                 ppl[m.key] = runner.perplexity(base0, text, m, draft_scores)
                 release_memory()
                 print(f"[dustin-quality]   ppl {m.key:16s} {ppl[m.key]['ppl']:.2f} ({time.perf_counter() - t0:.0f} s); "
@@ -984,6 +1126,7 @@ def cmd_dustin_quality(args) -> Dict[str, Any]:
         if writer.has(f"{item}/dense"):
             dense = writer.get(f"{item}/dense")
         else:
+            runner.m_rule_stats = {}
             generated, metrics, arr = runner.decode(base, Method("dense"), reference=True, arr_methods=methods)
             release_memory()
             text_out = target.tokenizer.decode(generated, skip_special_tokens=True)
@@ -992,6 +1135,8 @@ def cmd_dustin_quality(args) -> Dict[str, Any]:
                      "tau": metrics["tau"], "ppl": ppl["dense"]["ppl"], "nll": ppl["dense"]["nll"],
                      "ppl_tokens": ppl["dense"]["tokens"], "arr": arr, "rounds": metrics["rounds"],
                      "seconds": time.perf_counter() - t0}
+            if runner.m_rule_stats:
+                dense["m_rule"] = m_rule_summary(runner.m_rule_stats)
             writer.add(f"{item}/dense", dense)
         print(f"[dustin-quality]   dense: tau {_fmt(dense['tau'])}, accuracy {dense['accuracy']:.0f}, "
               f"{dense['text'][:60]!r} ({time.perf_counter() - t0:.0f} s); {memory_summary()}", file=sys.stderr, flush=True)
@@ -1015,10 +1160,21 @@ def cmd_dustin_quality(args) -> Dict[str, Any]:
                 record["note"] = "dense verification: output, accuracy and perplexity equal dense by construction"
             if m.dustin is not None:
                 record["m"] = m.dustin.effective_m
+            if m.name in M_RULE_METHODS:
+                record["m_rule"] = M_RULE_METHODS[m.name]
+                record.update(dense.get("m_rule", {}).get(m.key, {}))
+                if m.name == "dustin-h-oracle":
+                    record["ppl"] = record["nll"] = None
+                    record["note"] = ("oracle: per round the m maximising ARR on the full-KV verification (a dense "
+                                      "forward each round); no perplexity")
+                elif m.dustin.m_rule == "coverage":
+                    record["m_candidates"] = list(m.dustin.m_candidates)
+                else:
+                    record["m_balance"] = m.dustin.m_balance
             writer.add(key, record)
             arr_text = "-" if record["arr"] is None else f"{record['arr']:.3f}"
             print(f"[dustin-quality]   {m.key:16s} ARR {arr_text} match {rate:.2f} first_div {first} acc "
-                  f"{record['accuracy']:.0f} tau {_fmt(metrics['tau'])} ppl {record['ppl']:.2f} "
+                  f"{record['accuracy']:.0f} tau {_fmt(metrics['tau'])} ppl {_fmt(record['ppl'])} "
                   f"({time.perf_counter() - t1:.0f} s; total {time.perf_counter() - started:.0f} s); {memory_summary()}",
                   file=sys.stderr, flush=True)
         del base
@@ -1027,8 +1183,30 @@ def cmd_dustin_quality(args) -> Dict[str, Any]:
     print_table(rows, title=f"dustin-quality: mean over items ({len(items)} items)")
     print(quality_markdown(writer.data["cases"], budgets))
     if args.plot:
-        plot_arr(writer.data["cases"], args.plot, title=f"{args.model} + {args.draft or args.draft_skip}")
+        plot = plot_m_rules if any(name in M_RULE_METHODS for name in names) else plot_arr
+        plot(writer.data["cases"], args.plot, title=f"{args.model} + {args.draft or args.draft_skip}")
     return writer.data
+
+
+def m_rule_summary(stats: Dict[str, Dict[str, list]]) -> Dict[str, Dict[str, Any]]:
+    """Per method key: the chosen m per round and the mean selection seconds per round (fixed vs
+    input-aware on the same signals; the rounds after the first, which compiles)."""
+    out: Dict[str, Dict[str, Any]] = {}
+    for key, values in stats.items():
+        record: Dict[str, Any] = {}
+        if "m" in values:
+            record["m_per_round"] = [int(x) for x in values["m"]]
+        if "fixed_arr_from_curve" in values:
+            record["fixed_arr_from_curve"] = float(np.mean(values["fixed_arr_from_curve"]))
+        for name in ("selection_s_fixed", "selection_s_input_aware"):
+            if values.get(name):
+                record[name] = float(np.mean(values[name]))
+        if len(values.get("select_s", [])) > 1:  # signals + selection of the fixed rule; the first round compiles
+            record["signals_and_selection_s"] = float(np.mean(values["select_s"][1:]))
+        if record.get("selection_s_fixed"):
+            record["selection_cost_ratio"] = record["selection_s_input_aware"] / record["selection_s_fixed"]
+        out[key] = record
+    return out
 
 
 def quality_table(cases: Dict[str, Any]) -> List[Dict[str, Any]]:
@@ -1043,7 +1221,7 @@ def quality_table(cases: Dict[str, Any]) -> List[Dict[str, Any]]:
             record = {k: v for k, v in record.items() if k not in token_fields}
         name = record.get("method", "dense (ClassicSD)")
         groups.setdefault((name, record.get("budget")), []).append(record)
-    order = {name: i for i, name in enumerate(("dense (ClassicSD)",) + ALL_METHODS)}
+    order = {name: i for i, name in enumerate(("dense (ClassicSD)",) + QUALITY_METHODS)}
     rows = []
     for (name, budget), records in sorted(groups.items(), key=lambda kv: (order.get(kv[0][0], 99), kv[0][1] or 0)):
         def mean(field):
@@ -1076,7 +1254,7 @@ def quality_markdown(cases: Dict[str, Any], budgets: Sequence[int] = (128, 256, 
     if dense:
         lines.append(f"| dense (ClassicSD) | 1 | 1 | 1 | {_fmt(dense['accuracy'])} | {_fmt(dense['ppl'])} | "
                      f"{_fmt(dense['tau'])} |")
-    for name in ALL_METHODS:
+    for name in QUALITY_METHODS:
         if not any((name, b) in by for b in budgets):
             continue
         lines.append(f"| {name} | {cell(name, 'ARR', '{:.3f}')} | {cell(name, 'match', '{:.2f}')} | "
@@ -1093,7 +1271,7 @@ def plot_arr(cases: Dict[str, Any], path: str, title: str = "") -> None:
 
     rows = [r for r in quality_table(cases) if r["method"] not in ("dense (ClassicSD)", "magicdec") and r["ARR"]]
     fig, ax = plt.subplots(figsize=(6, 4))
-    for name in [m for m in ALL_METHODS if m != "magicdec"]:
+    for name in [m for m in QUALITY_METHODS if m != "magicdec"]:
         points = sorted((r["k"], r["ARR"]) for r in rows if r["method"] == name)
         if points:
             ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
@@ -1106,6 +1284,103 @@ def plot_arr(cases: Dict[str, Any], path: str, title: str = "") -> None:
     fig.tight_layout()
     pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def m_rule_rows(cases: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """Per k (mean over items): ARR of fixed m (dustin-h), each input-aware rule and the oracle, the
+    share of the fixed-m-to-oracle ARR gap each rule closes, agreement with dense, accuracy, and
+    the selection seconds per round (fixed vs each rule, on the same signals). ARR and the
+    per-round records come from the dense reference runs (``arr``, ``m_rule``), so they exist as
+    soon as an item's reference is measured; agreement and accuracy from each method's decode."""
+    methods = ("dustin-h",) + tuple(M_RULE_METHODS)
+    arrs: Dict[Tuple[str, int], List[float]] = {}
+    stats: Dict[Tuple[str, int], List[dict]] = {}
+    decodes: Dict[Tuple[str, int], List[dict]] = {}
+    for record in cases.values():
+        if "method" in record:
+            if record["method"] in methods:
+                decodes.setdefault((record["method"], record["budget"]), []).append(record)
+            continue
+        for key, value in (record.get("arr") or {}).items():
+            name, _, budget = key.rpartition("/k")
+            if name in methods and value is not None:
+                arrs.setdefault((name, int(budget)), []).append(value)
+        for key, value in (record.get("m_rule") or {}).items():
+            name, _, budget = key.rpartition("/k")
+            stats.setdefault((name, int(budget)), []).append(value)
+
+    def mean(values):
+        values = [x for x in values if x is not None]
+        return float(np.mean(values)) if values else None
+
+    rows = []
+    for budget in sorted({b for _, b in arrs}):
+        fixed, oracle = mean(arrs.get(("dustin-h", budget), [])), mean(arrs.get(("dustin-h-oracle", budget), []))
+        row = {"k": budget, "items": len(arrs.get(("dustin-h", budget), [])),
+               "m_fixed": mean([r.get("m") for r in decodes.get(("dustin-h", budget), [])])}
+        for method, tag in (("dustin-h", "fixed"), ("dustin-h-ia", "max_mass"), ("dustin-h-cov", "coverage"),
+                            ("dustin-h-oracle", "oracle")):
+            arr = mean(arrs.get((method, budget), []))
+            row[f"arr_{tag}"] = arr
+            row[f"match_{tag}"] = mean([r.get("match_rate") for r in decodes.get((method, budget), [])])
+            row[f"accuracy_{tag}"] = mean([r.get("accuracy") for r in decodes.get((method, budget), [])])
+            if method in ("dustin-h-ia", "dustin-h-cov"):
+                gap = None if oracle is None or fixed is None else oracle - fixed
+                row[f"gap_closed_{tag}"] = (arr - fixed) / gap if arr is not None and gap and gap > 0 else None
+                per_item = stats.get((method, budget), [])
+                row[f"selection_s_{tag}"] = mean([r.get("selection_s_input_aware") for r in per_item])
+                row[f"selection_s_fixed_{tag}"] = mean([r.get("selection_s_fixed") for r in per_item])
+                row[f"selection_ratio_{tag}"] = mean([r.get("selection_cost_ratio") for r in per_item])
+                row[f"mean_m_{tag}"] = mean([float(np.mean(r["m_per_round"])) for r in per_item if r.get("m_per_round")])
+            if method == "dustin-h-oracle":
+                row["mean_m_oracle"] = mean([float(np.mean(r["m_per_round"])) for r in stats.get((method, budget), [])
+                                             if r.get("m_per_round")])
+        row["selection_s_fixed"] = next((row[f"selection_s_fixed_{t}"] for t in ("max_mass", "coverage")
+                                         if row.get(f"selection_s_fixed_{t}") is not None), None)
+        rows.append(row)
+    return rows
+
+
+def plot_m_rules(cases: Dict[str, Any], path: str, title: str = "") -> None:
+    """Left: ARR gap to dense (1 - ARR) per k for fixed m, max-mass, coverage and the oracle; right:
+    selection time per round (fixed vs each rule, same signals)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = m_rule_rows(cases)
+    ks = [r["k"] for r in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for field, label in (("arr_fixed", "fixed m (profile)"), ("arr_max_mass", "input-aware: max-mass"),
+                         ("arr_coverage", "input-aware: coverage"), ("arr_oracle", "oracle m per round")):
+        points = [(r["k"], 1 - r[field]) for r in rows if r.get(field) is not None]
+        if points:
+            left.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
+    left.set_xscale("log", base=2)
+    left.set_yscale("log")
+    left.set_xlabel("KV budget k")
+    left.set_ylabel("1 - ARR (gap to dense verification)")
+    left.grid(alpha=0.3)
+    left.legend(fontsize=8)
+    width = 0.25
+    for i, (field, label) in enumerate((("selection_s_fixed", "fixed m"), ("selection_s_max_mass", "max-mass"),
+                                        ("selection_s_coverage", "coverage"))):
+        values = [(j, r[field] * 1e3) for j, r in enumerate(rows) if r.get(field) is not None]
+        if values:
+            right.bar([j + (i - 1) * width for j, _ in values], [v for _, v in values], width, label=label)
+    right.set_xticks(range(len(ks)))
+    right.set_xticklabels([str(k) for k in ks])
+    right.set_xlabel("KV budget k")
+    right.set_ylabel("selection per round (ms, signals given)")
+    right.grid(alpha=0.3, axis="y")
+    right.legend(fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    if isinstance(path, (str, pathlib.Path)):
+        pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120, format="png", metadata={"Software": None})
     plt.close(fig)
 
 

@@ -105,7 +105,7 @@ def add_self_spec_args(parser: argparse.ArgumentParser) -> None:
                             "reported; gamma* = 0 does not switch to plain decoding)")
     group.add_argument("--knapspec-attention-budget", type=int, default=256, metavar="K",
                        help="knapspec-budget: history slots of a budgeted Attention sub-layer (sinks + window), the "
-                            "third choice of the DP (docs/methods.md §5.2)")
+                            "third choice of the DP (docs/methods.md §5.4)")
     group.add_argument("--knapspec-attention-sinks", type=int, default=4,
                        help="knapspec-budget: of the budget, the first cache slots (the rest is the recent window)")
     group.add_argument("--knapspec-budget-reference-tokens", type=int, default=64,
@@ -406,7 +406,7 @@ def register(subparsers) -> None:
                    help="reference tokens per row of the candidates' DP and of the plan-cost timing (the first AR "
                         "tokens after the prompt)")
     p.add_argument("--attention-budget", type=int, default=256, metavar="K",
-                   help="knapspec-budget: history slots of a budgeted Attention (sinks + window; docs/methods.md §5.2)")
+                   help="knapspec-budget: history slots of a budgeted Attention (sinks + window; docs/methods.md §5.4)")
     p.add_argument("--attention-sinks", type=int, default=4, help="knapspec-budget: sinks of the budget")
     p.add_argument("--plan-cost-repeats", type=int, default=3,
                    help="planner timings with / without the stacked-weights reuse per case (0: skip)")

@@ -158,6 +158,8 @@ QUALITY = {"qwen2.5-coder-1.5b": ("dustin_quality/dustin_quality_qwen2.5-coder-1
                                   "dustin_quality/dustin_quality_qwen2.5-coder-1.5b_4k-8k_cpu.json",
                                   "dustin_quality/dustin_quality_qwen2.5-coder-1.5b_16k_cpu.json"),
            "smollm2-135m": ("dustin_quality/dustin_quality_smollm2-135m_2k-8k_cpu.json",)}
+#: fixed m, the input-aware rules and the per-round oracle (docs/methods.md §3.7), per model
+INPUT_AWARE_M = {"smollm2-135m": "dustin_quality/dustin_quality_input_aware_m_smollm2-135m_2k_cpu.json"}
 QUALITY_PAIR = {"qwen2.5-coder-1.5b": "Qwen2.5-Coder-1.5B + Qwen2.5-Coder-0.5B draft",
                 "smollm2-135m": "SmolLM2-135M, self-draft mlp:10-12"}
 K = "knapspec/knapspec_"
@@ -236,6 +238,110 @@ def _quality(model, context, method, budget, field):
     def get(_):
         rows = quality_rows(quality_cases(model, context))
         return read_path(rows, ({"method": method, "k": budget}, field))
+    return get
+
+
+# ---------------------------------------------------------------------------- Dustin input-aware m (from the JSON)
+#: the dustin-quality methods of docs/methods.md §3.7 (max-mass, coverage, the per-round oracle)
+M_RULE_METHOD_NAMES = ("dustin-h-ia", "dustin-h-cov", "dustin-h-oracle")
+
+
+def m_rule_rows(cases: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """Per k (mean over items): ARR of fixed m (dustin-h), each input-aware rule and the oracle, the
+    share of the fixed-m-to-oracle ARR gap each rule closes, agreement with dense, accuracy, and
+    the selection seconds per round (fixed vs each rule, on the same signals). ARR and the
+    per-round records come from the dense reference runs (``arr``, ``m_rule``), so they exist as
+    soon as an item's reference is measured; agreement and accuracy from each method's decode."""
+    methods = ("dustin-h",) + M_RULE_METHOD_NAMES
+    arrs: Dict[Tuple[str, int], List[float]] = {}
+    stats: Dict[Tuple[str, int], List[dict]] = {}
+    decodes: Dict[Tuple[str, int], List[dict]] = {}
+    for record in cases.values():
+        if "method" in record:
+            if record["method"] in methods:
+                decodes.setdefault((record["method"], record["budget"]), []).append(record)
+            continue
+        for key, value in (record.get("arr") or {}).items():
+            name, _, budget = key.rpartition("/k")
+            if name in methods and value is not None:
+                arrs.setdefault((name, int(budget)), []).append(value)
+        for key, value in (record.get("m_rule") or {}).items():
+            name, _, budget = key.rpartition("/k")
+            stats.setdefault((name, int(budget)), []).append(value)
+
+    def mean(values):
+        values = [x for x in values if x is not None]
+        return sum(values) / len(values) if values else None
+
+    rows = []
+    for budget in sorted({b for _, b in arrs}):
+        fixed, oracle = mean(arrs.get(("dustin-h", budget), [])), mean(arrs.get(("dustin-h-oracle", budget), []))
+        row = {"k": budget, "items": len(arrs.get(("dustin-h", budget), [])),
+               "m_fixed": mean([r.get("m") for r in decodes.get(("dustin-h", budget), [])])}
+        for method, tag in (("dustin-h", "fixed"), ("dustin-h-ia", "max_mass"), ("dustin-h-cov", "coverage"),
+                            ("dustin-h-oracle", "oracle")):
+            arr = mean(arrs.get((method, budget), []))
+            row[f"arr_{tag}"] = arr
+            row[f"match_{tag}"] = mean([r.get("match_rate") for r in decodes.get((method, budget), [])])
+            row[f"accuracy_{tag}"] = mean([r.get("accuracy") for r in decodes.get((method, budget), [])])
+            if method in ("dustin-h-ia", "dustin-h-cov"):
+                gap = None if oracle is None or fixed is None else oracle - fixed
+                row[f"gap_closed_{tag}"] = (arr - fixed) / gap if arr is not None and gap and gap > 0 else None
+                per_item = stats.get((method, budget), [])
+                row[f"selection_s_{tag}"] = mean([r.get("selection_s_input_aware") for r in per_item])
+                row[f"selection_s_fixed_{tag}"] = mean([r.get("selection_s_fixed") for r in per_item])
+                row[f"selection_ratio_{tag}"] = mean([r.get("selection_cost_ratio") for r in per_item])
+                row[f"mean_m_{tag}"] = mean([mean(r["m_per_round"]) for r in per_item if r.get("m_per_round")])
+            if method == "dustin-h-oracle":
+                row["mean_m_oracle"] = mean([mean(r["m_per_round"]) for r in stats.get((method, budget), [])
+                                             if r.get("m_per_round")])
+        row["selection_s_fixed"] = next((row[f"selection_s_fixed_{t}"] for t in ("max_mass", "coverage")
+                                         if row.get(f"selection_s_fixed_{t}") is not None), None)
+        rows.append(row)
+    return rows
+
+
+def plot_m_rules(cases: Dict[str, Any], path: str, title: str = "") -> None:
+    """Left: ARR gap to dense (1 - ARR) per k for fixed m, max-mass, coverage and the oracle; right:
+    selection time per round (fixed vs each rule, same signals)."""
+    plt = _pyplot()
+
+    rows = m_rule_rows(cases)
+    ks = [r["k"] for r in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for field, label in (("arr_fixed", "fixed m (profile)"), ("arr_max_mass", "input-aware: max-mass"),
+                         ("arr_coverage", "input-aware: coverage"), ("arr_oracle", "oracle m per round")):
+        points = [(r["k"], 1 - r[field]) for r in rows if r.get(field) is not None]
+        if points:
+            left.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
+    left.set_xscale("log", base=2)
+    left.set_yscale("log")
+    left.set_xlabel("KV budget k")
+    left.set_ylabel("1 - ARR (gap to dense verification)")
+    left.grid(alpha=0.3)
+    left.legend(fontsize=8)
+    width = 0.25
+    for i, (field, label) in enumerate((("selection_s_fixed", "fixed m"), ("selection_s_max_mass", "max-mass"),
+                                        ("selection_s_coverage", "coverage"))):
+        values = [(j, r[field] * 1e3) for j, r in enumerate(rows) if r.get(field) is not None]
+        if values:
+            right.bar([j + (i - 1) * width for j, _ in values], [v for _, v in values], width, label=label)
+    right.set_xticks(range(len(ks)))
+    right.set_xticklabels([str(k) for k in ks])
+    right.set_xlabel("KV budget k")
+    right.set_ylabel("selection per round (ms, signals given)")
+    right.grid(alpha=0.3, axis="y")
+    right.legend(fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120, format="png", metadata={"Software": None})
+    plt.close(fig)
+
+
+
+def _m_rule(budget, field):
+    def get(data):
+        return read_path(m_rule_rows(data["cases"]), ({"k": budget}, field))
     return get
 
 
@@ -393,6 +499,28 @@ def _figures() -> List[Figure]:
         add(Figure(f"dustin/quality/{model}/ctx{ctx}/k512/dustin-h/retrieval-accuracy",
                    f"retrieval accuracy, dustin-h, {model}, {ctx // 1024}k items, k = 512", "fraction", source,
                    _quality(model, ctx, "dustin-h", 512, "accuracy")))
+    # Dustin input-aware m
+    for model, source in INPUT_AWARE_M.items():
+        for row in m_rule_rows(load(source)["cases"]):
+            ctx = {c["context"] for c in load(source)["cases"].values() if "context" in c}.pop()
+            base = f"dustin/input-aware-m/{model}/ctx{ctx}/k{row['k']}"
+            for tag, field in (("fixed", "fixed"), ("input-aware", "max_mass"), ("input-aware-coverage", "coverage"),
+                               ("oracle", "oracle")):
+                if row.get(f"arr_{field}") is None:
+                    continue
+                add(Figure(f"{base}/{tag}/arr", f"ARR, Dustin-H {tag} m, {model}, {ctx // 1024}k, k = {row['k']}",
+                           "fraction", source, _m_rule(row["k"], f"arr_{field}")))
+                add(Figure(f"{base}/{tag}/agreement", f"token match with dense, Dustin-H {tag} m, k = {row['k']}",
+                           "fraction", source, _m_rule(row["k"], f"match_{field}")))
+            for tag, field in (("input-aware", "max_mass"), ("input-aware-coverage", "coverage")):
+                if row.get(f"gap_closed_{field}") is None or row.get(f"selection_ratio_{field}") is None:
+                    continue
+                add(Figure(f"{base}/{tag}/gap-closed", f"share of the fixed-to-oracle ARR gap closed, {tag}, "
+                           f"k = {row['k']}", "%", source, _m_rule(row["k"], f"gap_closed_{field}"), scale=100,
+                           target="target >= 33 % (mean over k)"))
+                add(Figure(f"{base}/{tag}/selection-cost-vs-fixed", f"selection time per round / fixed m's, {tag}, "
+                           f"k = {row['k']}", "x", source, _m_rule(row["k"], f"selection_ratio_{field}"),
+                           target="target <= 1.1"))
     # KnapSpec
     for label, source, tag, ctx, batch, other in KNAPSPEC_RUNS:
         model = source[len(K):].split("_")[0]
@@ -886,6 +1014,12 @@ for _source, _title, _ctx in (
     PLOTS[_name.replace(".json", ".png")] = _arr(_source, _title, _ctx)
 
 
+@_plot("dustin_quality/dustin_quality_input_aware_m_smollm2-135m_2k_cpu.png")
+def input_aware_m_plot(fig_path) -> None:
+    plot_m_rules(load(INPUT_AWARE_M["smollm2-135m"])["cases"], fig_path,
+                 title="smollm2-135m + mlp:10-12 self-draft, 2k: input-aware m")
+
+
 @_plot("knapspec/knapspec_speedup_qwen2.5-7b-shape_smollm2-135m_h200_cpu.png")
 def knapspec_plot(fig_path) -> None:
     """KnapSpec, CLaSp and the always-draft emulation against paired AR, one bar group per run."""
@@ -1060,6 +1194,24 @@ def results_markdown() -> str:
                  f"(Dustin-H {v('dustin/quality/smollm2-135m/ctx2048/k1024/dustin-h/arr')}, Quest "
                  f"{v('dustin/quality/smollm2-135m/ctx2048/k1024/quest/arr')} at 2k); at 8k SmolLM2 fails both tasks "
                  "even densely, so its accuracy says nothing."]),
+        section("Dustin: input-aware m",
+                "The split m of Dustin-H's budget chosen per round and row from the two signals (docs/methods.md "
+                "§3.7), against the profile's fixed m and an oracle that takes, every round, the m maximising that "
+                "round's ARR (read from the full-KV verification). SmolLM2-135M with its mlp:10-12 self-draft and "
+                "its committed profile, CPU, float32, greedy, gamma 4, 16 new tokens, "
+                f"{len({c['task'] for c in load(INPUT_AWARE_M['smollm2-135m'])['cases'].values() if 'task' in c})}"
+                " seeded evaluation-split item(s) at 2k, means over items. The gap closed is (ARR of the rule − ARR "
+                "of fixed m) / (ARR of the oracle − ARR of fixed m). Selection time: the selection alone on the "
+                "same signals (the signals cost the same for every rule), best of 3 calls, mean over rounds; "
+                "\"-\" where the profile's m is k − s − w (Dustin-D: one signal, no split to choose, both rules "
+                "select as fixed m).",
+                ("dustin/input-aware-m/",),
+                [m_rule_table(INPUT_AWARE_M["smollm2-135m"]),
+                 "![input-aware m](../experiments/results/dustin_quality/"
+                 "dustin_quality_input_aware_m_smollm2-135m_2k_cpu.png)"],
+                m_rule_verdicts(INPUT_AWARE_M["smollm2-135m"])
+                + ["Not measured: the Qwen2.5-Coder pair (its suite step is in cpu-dustin-quality; both float32 "
+                   "models did not fit in memory beside other work), 4k and beyond, and the H200 at 16k-32k."]),
         section("Dustin: speed",
                 "One H200: random-weight Qwen2.5-7B-shaped target, Qwen2.5-0.5B-shaped draft, Pallas attention in "
                 "both, gamma 4, k = 512, 64 new tokens, acceptance fixed to the real Qwen2.5-Coder pair's tau "
@@ -1183,6 +1335,67 @@ def _quality_blocks() -> List[str]:
         if name.startswith("dustin_quality/"):
             blocks.append(f"![ARR vs k](../experiments/results/{name})")
     return blocks
+
+
+def m_rule_table(source: str) -> str:
+    """Fixed m, max-mass, coverage and the oracle per k: ARR, gap closed, agreement, accuracy, selection time."""
+    cases = load(source)["cases"]
+    rows = m_rule_rows(cases)
+
+    def f3(x):
+        return "-" if x is None else f"{x:.4f}"
+
+    def f2(x):
+        return "-" if x is None else f"{x:.2f}"
+
+    def pct(x):
+        return "-" if x is None else f"{100 * x:.0f} %"
+
+    def ms(x):
+        return "-" if x is None else f"{1e3 * x:.3f}"
+
+    lines = ["| k | ARR fixed / max-mass / coverage / oracle | gap closed max-mass / coverage | token match vs dense "
+             "fixed / max-mass / coverage / oracle | accuracy fixed / max-mass / coverage / oracle | selection ms per "
+             "round fixed / max-mass / coverage | mean m per round fixed / max-mass / coverage / oracle |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(
+            f"| {r['k']} | {' / '.join(f3(r[f'arr_{t}']) for t in ('fixed', 'max_mass', 'coverage', 'oracle'))} "
+            f"| {pct(r['gap_closed_max_mass'])} / {pct(r['gap_closed_coverage'])} "
+            f"| {' / '.join(f2(r[f'match_{t}']) for t in ('fixed', 'max_mass', 'coverage', 'oracle'))} "
+            f"| {' / '.join(f2(r[f'accuracy_{t}']) for t in ('fixed', 'max_mass', 'coverage', 'oracle'))} "
+            f"| {ms(r['selection_s_fixed'])} / {ms(r['selection_s_max_mass'])} / "
+            f"{ms(r['selection_s_coverage'])} "
+            f"| {' / '.join('-' if r.get(f) is None else f'{r[f]:.0f}' for f in ('m_fixed', 'mean_m_max_mass', 'mean_m_coverage', 'mean_m_oracle'))} |")
+    return "\n".join(lines)
+
+
+def m_rule_verdicts(source: str) -> List[str]:
+    """The targets of the input-aware m against the measured rows (computed, not written by hand)."""
+    rows = m_rule_rows(load(source)["cases"])
+    out = []
+    for tag, name in (("max_mass", "max-mass"), ("coverage", "coverage")):
+        worse = [r["k"] for r in rows if r[f"arr_{tag}"] is not None and r[f"arr_{tag}"] < r["arr_fixed"] - 1e-9]
+        in_force = [r for r in rows if r[f"selection_ratio_{tag}"] is not None]
+
+        def closed(rs):
+            values = [r[f"gap_closed_{tag}"] or 0.0 for r in rs if r["arr_oracle"] is not None]
+            return sum(values) / len(values) if values else None
+
+        every, forced = closed(rows), closed(in_force)
+        ratios = [r[f"selection_ratio_{tag}"] for r in in_force]
+        out.append(
+            f"{name}: ARR at least fixed m's at every k: **{'met' if not worse else 'missed'}**"
+            + (f" (below at k = {', '.join(map(str, worse))})" if worse else "")
+            + "; share of the fixed-to-oracle ARR gap closed, mean over all k: "
+            + ("-" if every is None else f"{100 * every:.0f} %")
+            + f" (target >= 33 %: **{'met' if every is not None and every >= 1 / 3 else 'missed'}**), over the k where "
+            + f"the rule is in force (k = {', '.join(str(r['k']) for r in in_force) or 'none'}): "
+            + ("-" if forced is None else f"{100 * forced:.0f} %")
+            + "; selection time per round / fixed m's there: "
+            + (", ".join(f"{x:.2f}x" for x in ratios) or "-")
+            + f" (target <= 1.1x: **{'met' if ratios and max(ratios) <= 1.1 else 'missed'}**).")
+    return out
 
 
 # ---------------------------------------------------------------------------- README block, index

@@ -15,6 +15,10 @@ MODES = ("hybrid", "target", "draft")
 #: what the draft's attention reads of its own cache (docs/methods.md §5.x "sparse draft KV"): everything, a
 #: StreamingLLM view (sinks + window), or the previous round's I_verify plus a recent window.
 DRAFT_KV = ("full", "streaming", "verify-set")
+#: How the hybrid split m is chosen (docs/methods.md §3.7): the profiled m; per round and row by ranking
+#: each position by the larger of its two normalised signal masses (max-mass); or per round and row
+#: among candidates around the profiled m by the coverage of both signals' mass (coverage).
+M_RULES = ("fixed", "max-mass", "coverage")
 
 
 class BudgetError(ValueError):
@@ -55,6 +59,12 @@ class DustinConfig:
         over the draft SRH layers' full history.
       draft_window: the recent window of a sparse draft KV; ``None`` = ``k - sinks`` for ``"streaming"``
         (the draft reads k positions, as the verifier) and ``w`` for ``"verify-set"``.
+      m_rule: ``"fixed"`` (m as above, every round); hybrid only, per round and row
+        (docs/methods.md §3.7): ``"max-mass"`` (top ``k - s - w`` by ``max(p_D, lambda p_T)`` of the
+        normalised signals, ``lambda`` = :attr:`m_balance` from the profiled m; one radix selection)
+        or ``"coverage"`` (the m among :attr:`m_candidates` whose selection covers the most of both
+        signals' mass).
+      m_spread: the coverage rule's candidates are m and m -/+ ``m_spread * (k - s - w)``, clipped.
     """
 
     budget: int = 512
@@ -68,6 +78,8 @@ class DustinConfig:
     mode: str = "hybrid"
     draft_kv: str = "full"
     draft_window: Optional[int] = None
+    m_rule: str = "fixed"
+    m_spread: float = 0.1
 
     def __post_init__(self):
         check_budget(self.budget)
@@ -81,6 +93,13 @@ class DustinConfig:
         if self.draft_window is not None and (isinstance(self.draft_window, bool) or
                                               not isinstance(self.draft_window, int) or self.draft_window < 1):
             raise ValueError(f"draft_window={self.draft_window!r} must be None (the default) or an integer >= 1")
+        if self.m_rule not in M_RULES:
+            raise ValueError(f"m_rule={self.m_rule!r}; valid: {M_RULES}")
+        if isinstance(self.m_spread, bool) or not isinstance(self.m_spread, (int, float)) or not 0 < self.m_spread <= 1:
+            raise ValueError(f"m_spread={self.m_spread!r} must be a number in (0, 1]")
+        if self.m_rule != "fixed" and self.mode != "hybrid":
+            raise ValueError(f"m_rule={self.m_rule!r} chooses the hybrid split: it needs mode='hybrid', not "
+                             f"{self.mode!r}")
         if not isinstance(self.sinks, int) or self.sinks < 0:
             raise ValueError(f"sinks={self.sinks!r} must be an integer >= 0")
         if self.window is not None and (not isinstance(self.window, int) or self.window < 0):
@@ -128,14 +147,41 @@ class DustinConfig:
         if self.draft_window is not None:
             return self.draft_window
         return self.budget - self.sinks if self.draft_kv == "streaming" else max(self.window_size, 1)
+    def input_aware(self) -> bool:
+        """An input-aware rule is in force: hybrid with draft layers and target heads, and a choice to
+        make (max-mass: 0 < m < k - s - w; coverage: more than one candidate)."""
+        if self.m_rule == "fixed" or self.mode != "hybrid" or not self.draft_layers or not self.target_heads:
+            return False
+        if self.m_rule == "max-mass":
+            return 0 < self.effective_m < self.free_budget
+        return len(self.m_candidates) > 1
+
+    @property
+    def m_balance(self) -> float:
+        """max-mass's weight of the target signal, ``(k - s - w - m) / m`` for the profiled m: the
+        split m when both signals' sorted masses fall off like ``1 / rank`` (docs/methods.md §3.7)."""
+        m = self.effective_m
+        return (self.free_budget - m) / m if m > 0 else float("inf")
+
+    @property
+    def m_candidates(self) -> Tuple[int, ...]:
+        """The coverage rule's candidate m values, the profiled m first (ties keep it)."""
+        m, free = self.effective_m, self.free_budget
+        step = int(round(self.m_spread * free))
+        out = []
+        for value in (m, m - step, m + step):
+            value = min(max(value, 0), free)
+            if value not in out:
+                out.append(value)
+        return tuple(out)
 
     @property
     def uses_target_signal(self) -> bool:
-        return self.effective_m < self.free_budget
+        return self.effective_m < self.free_budget or self.input_aware
 
     @property
     def uses_draft_signal(self) -> bool:
-        return self.effective_m > 0
+        return self.effective_m > 0 or self.input_aware
 
     @property
     def target_probe_heads(self) -> Tuple[Tuple[int, int], ...]:
@@ -153,7 +199,8 @@ class DustinConfig:
                 "target_layer": self.target_layer, "target_heads": list(self.target_heads),
                 "draft_layers": list(self.draft_layers), "draft_heads": [list(h) for h in self.draft_heads],
                 "mode": self.mode,
-                **({"draft_kv": self.draft_kv, "draft_window": self.draft_window} if self.draft_kv != "full" else {})}
+                **({"draft_kv": self.draft_kv, "draft_window": self.draft_window} if self.draft_kv != "full" else {}),
+                **({"m_rule": self.m_rule, "m_spread": self.m_spread} if self.m_rule != "fixed" else {})}
 
     @classmethod
     def from_dict(cls, data) -> "DustinConfig":

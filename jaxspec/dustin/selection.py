@@ -180,7 +180,125 @@ def select_verify_indices(s_draft: Optional[jax.Array], s_target: Optional[jax.A
 
 
 def select_for_config(config: DustinConfig, s_draft, s_target, lengths) -> jax.Array:
-    """:func:`select_verify_indices` with the budget, sinks, window and m of ``config`` (its mode)."""
+    """:func:`select_verify_indices` with the budget, sinks, window and m of ``config`` (its mode);
+    ``config.m_rule`` "max-mass" / "coverage" (hybrid): the input-aware m of :func:`select_max_mass` /
+    :func:`select_input_aware`."""
     m = config.effective_m
+    if config.input_aware and config.m_rule == "max-mass":
+        return select_max_mass(s_draft, s_target, lengths, k=config.budget, sinks=config.sinks,
+                               window=config.window_size, balance=config.m_balance)
+    if config.input_aware:
+        return select_input_aware(s_draft, s_target, lengths, k=config.budget, sinks=config.sinks,
+                                  window=config.window_size, candidates=config.m_candidates)[0]
     return select_verify_indices(s_draft if m > 0 else None, s_target if m < config.free_budget else None, lengths,
                                  k=config.budget, sinks=config.sinks, window=config.window_size, m=m)
+
+
+# ---------------------------------------------------------------------------- per-row m (docs/methods.md §3.7)
+def top_rows_mask(scores: jax.Array, lengths: jax.Array, counts: jax.Array, *, sinks: int, window: int) -> jax.Array:
+    """``[B, S]`` bool: sinks + window + the top ``counts[b] - #protected`` scores among the rest of row b
+    (``counts [B]`` int32, traced: a per-row budget). The same exact radix select as
+    :func:`select_top_k` (ties to the lower position)."""
+    seq = scores.shape[1]
+    positions = jnp.arange(seq, dtype=jnp.int32)[None, :]
+    lengths = lengths.astype(jnp.int32)[:, None]
+    valid = positions < lengths
+    protected = valid & ((positions < sinks) | (positions >= lengths - window))
+    candidate = valid & ~protected
+    remaining = counts.astype(jnp.int32) - jnp.sum(protected, axis=1)
+    wanted = jnp.minimum(remaining, jnp.sum(candidate, axis=1))
+    keys = order_preserving_keys(scores)
+    threshold, equal_needed = radix_threshold(keys, candidate, jnp.clip(wanted, 1, None))
+    greater = candidate & (keys > threshold[:, None])
+    equal = candidate & (keys == threshold[:, None])
+    take = greater | (equal & (jnp.cumsum(equal.astype(jnp.int32), axis=1) <= equal_needed[:, None]))
+    return protected | (take & (wanted > 0)[:, None])
+
+
+@functools.partial(jax.jit, static_argnames=("k", "sinks", "window"))
+def select_verify_indices_rows(s_draft: jax.Array, s_target: jax.Array, lengths: jax.Array, m_rows: jax.Array, *,
+                               k: int, sinks: int, window: int) -> jax.Array:
+    """:func:`select_verify_indices` with a per-row ``m_rows [B]`` (int32, traced, each in
+    ``0..k - s - w``): top ``m_rows[b]`` by ``s_D``, the rest of the budget by ``s_T``. Equals the
+    fixed rule row by row (same two radix selections, so the same cost)."""
+    free = k - sinks - window
+    if free < 0:
+        raise ValueError(f"sinks={sinks} + window={window} exceed the budget k={k}")
+    width = max(k, s_draft.shape[1])
+    s_draft = _pad_width(s_draft.astype(jnp.float32), width)
+    s_target = _pad_width(s_target.astype(jnp.float32), width)
+    lengths = lengths.astype(jnp.int32)
+    m_rows = jnp.clip(m_rows.astype(jnp.int32), 0, free)
+    first = top_rows_mask(s_draft, lengths, sinks + window + m_rows, sinks=sinks, window=window)
+    lifted = jnp.where(first, jnp.inf, s_target)
+    return select_top_k(lifted, lengths, k=k, sinks=sinks, window=window)
+
+
+def signal_mass(scores: jax.Array, lengths: jax.Array, *, sinks: int, window: int) -> jax.Array:
+    """``scores [B, S]`` normalised to sum 1 over each row's non-protected valid positions (the
+    positions the split decides about); a row without such positions is all zero."""
+    seq = scores.shape[1]
+    positions = jnp.arange(seq, dtype=jnp.int32)[None, :]
+    lengths = lengths.astype(jnp.int32)[:, None]
+    candidate = (positions < lengths) & (positions >= sinks) & (positions < lengths - window)
+    x = jnp.where(candidate, jnp.maximum(scores.astype(jnp.float32), 0.0), 0.0)
+    total = jnp.sum(x, axis=1, keepdims=True)
+    return x / jnp.where(total > 0, total, 1.0)
+
+
+@functools.partial(jax.jit, static_argnames=("k", "sinks", "window", "candidates"))
+def select_input_aware(s_draft: jax.Array, s_target: jax.Array, lengths: jax.Array, *, k: int, sinks: int,
+                       window: int, candidates: tuple):
+    """Input-aware m (docs/methods.md §3.7): per row, the candidate m (static tuple, the profiled m
+    first) whose hybrid selection covers the most of both signals' mass,
+    ``sum_{i in I(m)} (s_D[i] / sum s_D + s_T[i] / sum s_T)`` over the non-protected positions.
+    All candidates are selected in one batched call (rows ``B x C``); ties keep the earlier
+    candidate (the profiled m). Returns (``I_verify [B, k]``, chosen m ``[B]`` int32)."""
+    if not candidates:
+        raise ValueError("candidates must name at least one m")
+    batch, seq = s_draft.shape
+    c = len(candidates)
+    width = max(k, seq)
+    s_draft = _pad_width(s_draft.astype(jnp.float32), width)
+    s_target = _pad_width(s_target.astype(jnp.float32), width)
+    mass = (signal_mass(s_draft, lengths, sinks=sinks, window=window)
+            + signal_mass(s_target, lengths, sinks=sinks, window=window))
+    rep = lambda x: jnp.repeat(x, c, axis=0)  # noqa: E731  row b -> rows b*C .. b*C + C - 1
+    m_rows = jnp.tile(jnp.asarray(candidates, jnp.int32), batch)
+    indices = select_verify_indices_rows(rep(s_draft), rep(s_target), rep(lengths), m_rows, k=k, sinks=sinks,
+                                         window=window)
+    covered = jnp.sum(jnp.where(indices_to_mask(indices, width), rep(mass), 0.0), axis=1).reshape(batch, c)
+    best = jnp.argmax(covered, axis=1)
+    chosen = indices.reshape(batch, c, k)[jnp.arange(batch), best]
+    return chosen, jnp.asarray(candidates, jnp.int32)[best]
+
+
+@functools.partial(jax.jit, static_argnames=("k", "sinks", "window", "balance"))
+def select_max_mass(s_draft: jax.Array, s_target: jax.Array, lengths: jax.Array, *, k: int, sinks: int, window: int,
+                    balance: float) -> jax.Array:
+    """Input-aware m by ranking (docs/methods.md §3.7): sinks + window + the top ``k - s - w`` positions
+    by ``max(p_D[i], balance * p_T[i])``, ``p`` = each signal normalised over the non-protected
+    positions. The set is a hybrid selection (a top set of ``s_D`` united with a top set of
+    ``s_T``), its split m per row set by where each signal's mass lies; one radix selection."""
+    width = max(k, s_draft.shape[1])
+    s_draft = _pad_width(s_draft.astype(jnp.float32), width)
+    s_target = _pad_width(s_target.astype(jnp.float32), width)
+    score = jnp.maximum(signal_mass(s_draft, lengths, sinks=sinks, window=window),
+                        jnp.float32(balance) * signal_mass(s_target, lengths, sinks=sinks, window=window))
+    return select_top_k(score, lengths, k=k, sinks=sinks, window=window)
+
+
+@functools.partial(jax.jit, static_argnames=("sinks", "window", "balance"))
+def max_mass_split(s_draft: jax.Array, s_target: jax.Array, lengths: jax.Array, indices: jax.Array, *, sinks: int,
+                   window: int, balance: float) -> jax.Array:
+    """The split m ``[B]`` of a :func:`select_max_mass` set ``indices``: its chosen non-protected positions
+    whose draft mass reaches the selection threshold (those a top-m of ``s_D`` holds)."""
+    width = max(indices.shape[1], s_draft.shape[1])
+    p_d = signal_mass(_pad_width(s_draft.astype(jnp.float32), width), lengths, sinks=sinks, window=window)
+    p_t = signal_mass(_pad_width(s_target.astype(jnp.float32), width), lengths, sinks=sinks, window=window)
+    score = jnp.maximum(p_d, jnp.float32(balance) * p_t)
+    positions = jnp.arange(width)[None, :]
+    lengths = lengths.astype(jnp.int32)[:, None]
+    free = (positions >= sinks) & (positions < lengths - window) & indices_to_mask(indices, width)
+    threshold = jnp.min(jnp.where(free, score, jnp.inf), axis=1, keepdims=True)
+    return jnp.sum(free & (p_d >= threshold), axis=1).astype(jnp.int32)

@@ -1,4 +1,4 @@
-"""KnapSpec with budgeted attention as a third choice (docs/methods.md §5.2).
+"""KnapSpec with budgeted attention as a third choice (docs/methods.md §5.4).
 
 The paper's DP (docs/methods.md §4.3, :mod:`jaxspec.knapspec.dp`) chooses, per sub-layer,
 *execute* or *skip*. Here every Attention sub-layer has a third choice: execute over a budget of

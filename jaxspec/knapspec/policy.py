@@ -112,12 +112,12 @@ class KnapSpecDraft(DraftPolicyBase):
     config: ModelConfig
     early_exit: Optional[float] = 0.7  # None: always draft gamma tokens
     name: str = "knapspec"
-    # a static plan (docs/methods.md §5.1): ``((skip_attn, skip_mlp), ...)`` per
+    # a static plan (docs/methods.md §5.3): ``((skip_attn, skip_mlp), ...)`` per
     # layer, removed at trace time -- the draft forward holds only the executed sub-layers and no
     # per-sub-layer ``lax.cond`` (one compile per distinct plan: the policy is a static argument of
     # the engine's loop). None: the dynamic ``state["skip_mask"]``.
     static_mask: Optional[Tuple[Tuple[bool, bool], ...]] = None
-    # a static three-choice plan (docs/methods.md §5.2): ``((attn code, mlp code), ...)`` (0 dense, 1 over
+    # a static three-choice plan (docs/methods.md §5.4): ``((attn code, mlp code), ...)`` (0 dense, 1 over
     # ``attention_budget = (sinks, window)`` history slots, 2 skip), run by budgeted_forward; None: off
     static_codes: Optional[Tuple[Tuple[int, int], ...]] = None
     attention_budget: Optional[Tuple[int, int]] = None
@@ -704,7 +704,7 @@ def knapspec_generate(target_params, target_config: ModelConfig, prompts: Sequen
     ``static_plan`` (with ``replan=False`` and an ``initial_plan``): the draft forward is compiled
     for that plan (``KnapSpecDraft.static_mask``: skipped sub-layers removed at trace time, no
     per-sub-layer ``lax.cond``); False keeps the dynamic mask. ``attention_plan=(codes [L, 2], sinks,
-    window)`` (with ``replan=False``): draft with that three-choice plan (docs/methods.md §5.2) instead.
+    window)`` (with ``replan=False``): draft with that three-choice plan (docs/methods.md §5.4) instead.
 
     ``prefilled=(cache, first_logits)``: the prompts already prefilled into a cache of
     ``capacity`` slots (e.g. one prefill shared by several methods in a benchmark); each run
@@ -755,7 +755,7 @@ def knapspec_budget_generate(target_params, target_config: ModelConfig, prompts:
                              stop_tokens: Sequence[int] = (), seed: int = 0, capacity: Optional[int] = None,
                              context_n: Optional[float] = None, warmup: bool = False,
                              allow_beyond_context: bool = False) -> SpeculativeResult:
-    """KnapSpec with budgeted attention (docs/methods.md §5.2): one three-choice plan
+    """KnapSpec with budgeted attention (docs/methods.md §5.4): one three-choice plan
     (:func:`~jaxspec.knapspec.budgeted.plan_choices`) on the last ``reference_tokens`` prompt tokens of
     each row (attending to the prompt before them), then a fixed, statically compiled draft for the
     whole run. ``timings["plan_s"]`` (inside ``decode_s``) is the plan; ``metrics["budget_plan"]`` the

@@ -490,3 +490,94 @@ def test_profile_pipeline_calibration_split(models, tmp_path):
     path = tmp_path / "profile.json"
     profile.save(path)
     assert DustinProfile.load(path).configs == profile.configs
+
+
+# ---------------------------------------------------------------------------- input-aware m (docs/methods.md §3.7)
+def test_m_rule_config():
+    cfg = _dustin_config(128, m=70)  # free = 92
+    assert cfg.m_rule == "fixed" and not cfg.input_aware and "m_rule" not in cfg.to_dict()
+    aware = cfg.replace(m_rule="coverage")
+    assert aware.m_candidates == (70, 61, 79) and aware.input_aware  # 70 -/+ round(0.1 * 92)
+    assert DustinConfig.from_dict(aware.to_dict()) == aware
+    assert cfg.replace(m=0, m_rule="coverage", m_spread=0.25).m_candidates == (0, 23)  # clipped at 0
+    # m = k - s - w (Dustin-D's split): coverage can still move m down (so it needs s_T); max-mass cannot
+    at_free = cfg.replace(m=92, m_rule="coverage")
+    assert at_free.input_aware and at_free.m_candidates == (92, 83) and at_free.uses_target_signal
+    assert not cfg.replace(m=92, m_rule="max-mass").input_aware and not cfg.replace(m=92).uses_target_signal
+    for bad, message in ((dict(m_rule="adaptive"), "m_rule='adaptive'"), (dict(m_spread=0.0), "m_spread=0.0"),
+                         (dict(m_rule="coverage", mode="target"), "needs mode='hybrid'")):
+        with pytest.raises(ValueError, match=message):
+            cfg.replace(**bad)
+
+
+def test_per_row_m_and_input_aware_selection():
+    from jaxspec.dustin.selection import select_input_aware, select_verify_indices_rows, signal_mass
+
+    rng = np.random.RandomState(3)
+    batch, seq, k, sinks, window = 4, 600, 128, 4, 32
+    s_d = jnp.asarray(rng.rand(batch, seq).astype(np.float32) ** 4)
+    s_t = jnp.asarray(np.round(rng.rand(batch, seq), 2).astype(np.float32))  # ties
+    lengths = jnp.asarray([600, 333, 100, 129])
+    ms = np.array([0, 17, 92, 50])
+    rows = np.asarray(select_verify_indices_rows(s_d, s_t, lengths, jnp.asarray(ms), k=k, sinks=sinks, window=window))
+    for b in range(batch):  # row by row the fixed rule with that row's m
+        fixed = select_verify_indices(s_d[b:b + 1], s_t[b:b + 1], lengths[b:b + 1], k=k, sinks=sinks, window=window,
+                                      m=int(ms[b]))
+        np.testing.assert_array_equal(rows[b], np.asarray(fixed)[0])
+    candidates = (50, 27, 73)
+    chosen, m = select_input_aware(s_d, s_t, lengths, k=k, sinks=sinks, window=window, candidates=candidates)
+    chosen, m = np.asarray(chosen), np.asarray(m)
+    mass = np.asarray(signal_mass(s_d, lengths, sinks=sinks, window=window)
+                      + signal_mass(s_t, lengths, sinks=sinks, window=window))
+    for b in range(batch):
+        cover = {}
+        for c in candidates:
+            idx = np.asarray(select_verify_indices(s_d[b:b + 1], s_t[b:b + 1], lengths[b:b + 1], k=k, sinks=sinks,
+                                                   window=window, m=c))[0]
+            cover[c] = mass[b, idx[idx >= 0]].sum()
+            if c == m[b]:
+                np.testing.assert_array_equal(chosen[b], idx)
+        assert cover[int(m[b])] >= max(cover.values()) - 1e-6
+        if int(lengths[b]) <= k:  # the whole history fits: dense whatever m
+            assert set(chosen[b][chosen[b] >= 0]) == set(range(int(lengths[b])))
+    assert m[0] != 50 or m[1] != 50  # random signals: the rule does move m somewhere
+
+
+def test_input_aware_m_through_the_engine(models, dense_run):
+    """k >= context with the coverage rule: exactly dense (== AR); k = 128: sparse, runs, one k-set per row."""
+    target_params, draft_params = models
+    engine, dense_rows = dense_run
+    draft, verify = dustin_policies(_dustin_config(512, m=100).replace(m_rule="coverage"), TARGET, DRAFT)
+    result = speculative_generate(target_params, TARGET, PROMPTS, draft_policy=draft, draft_params=draft_params,
+                                  verify_policy=verify, engine=engine)
+    assert result.rows() == dense_rows
+    draft, verify = dustin_policies(_dustin_config(128, m=30).replace(m_rule="coverage"), TARGET, DRAFT)
+    result = speculative_generate(target_params, TARGET, PROMPTS, draft_policy=draft, draft_params=draft_params,
+                                  verify_policy=verify, engine=engine)
+    rows = result.rows()
+    assert [len(r) for r in rows] == [16, 16, 16] and rows[2] == dense_rows[2]  # 40-token prompt: dense
+
+
+def test_max_mass_selection_is_a_hybrid_split():
+    """max-mass's set equals the fixed rule's set at the split m it reports (a top set of s_D plus the
+    best of s_T); a history within k is dense."""
+    from jaxspec.dustin.selection import max_mass_split, select_max_mass
+
+    rng = np.random.RandomState(4)
+    batch, seq, k, sinks, window = 3, 500, 128, 4, 32
+    s_d = jnp.asarray(rng.rand(batch, seq).astype(np.float32) ** 6)
+    s_t = jnp.asarray(rng.rand(batch, seq).astype(np.float32) ** 3)
+    lengths = jnp.asarray([500, 300, 120])
+    for balance in (0.25, 1.0, 4.0):
+        chosen = select_max_mass(s_d, s_t, lengths, k=k, sinks=sinks, window=window, balance=balance)
+        ms = np.asarray(max_mass_split(s_d, s_t, lengths, chosen, sinks=sinks, window=window, balance=balance))
+        for b in range(batch):
+            fixed = select_verify_indices(s_d[b:b + 1], s_t[b:b + 1], lengths[b:b + 1], k=k, sinks=sinks,
+                                          window=window, m=int(ms[b]))
+            if int(lengths[b]) > k:
+                np.testing.assert_array_equal(np.asarray(chosen)[b], np.asarray(fixed)[0])
+                assert 0 <= ms[b] <= k - sinks - window
+            else:
+                assert set(np.asarray(chosen)[b][np.asarray(chosen)[b] >= 0]) == set(range(int(lengths[b])))
+    cfg = _dustin_config(128, m=23).replace(m_rule="max-mass")
+    assert cfg.m_balance == (92 - 23) / 23 and cfg.input_aware

@@ -92,6 +92,8 @@ def test_generate_sparse_methods(folders, tmp_path):
     (["--method", "dustin", "--budget", "128", "--draft", "x", "--draft-kv", "verify-set", "--draft-window", "0"],
      "--draft-window=0 must be >= 1"),
     (["--method", "dustin", "--budget", "128", "--draft", "x", "--arbitrate", "0"], "--arbitrate=0 must be >= 1"),
+    (["--method", "dustin", "--budget", "128", "--draft-skip", "mlp:1", "--dustin-mode", "target", "--dustin-m-rule",
+      "max-mass"], "needs --method dustin with --dustin-mode hybrid"),
 ])
 def test_generate_bad_input(folders, capsys, extra, message):
     target, _ = folders
@@ -210,3 +212,62 @@ def test_quality_releases_compiled_code_between_lengths(folders, tmp_path, monke
     assert calls.count(True) == 1  # one length change
     # per item: 2 perplexities + dense + 2 decodes + the item's end
     assert calls.count(False) == 2 * 6
+
+
+@pytest.mark.slow
+def test_quality_input_aware_and_oracle_m(folders, tmp_path):
+    """`dustin-quality --methods dustin-h,dustin-h-ia,dustin-h-cov,dustin-h-oracle`: per round the oracle's m maximises ARR
+    (so its ARR bounds both rules, and its curve at the profiled m is the fixed rule's ARR); the
+    input-aware record has its chosen m per round and the selection time beside the fixed rule's;
+    with k = 512 above the ~400-token context all four are dense (same output)."""
+    from experiments import dustin_quality
+
+    target, draft = folders
+    haystack = _haystack(tmp_path)
+    common = ["--model", str(target), "--draft", str(draft), "--source", str(haystack), "--gamma", "3"]
+    profile = tmp_path / "profile.json"
+    assert main(["dustin-profile", *common, "--budgets", "128,512", "--lengths", "400", "--kinds", "passkey",
+                 "--depths", "0.3", "--max-new-tokens", "3", "--srh-max-new-tokens", "2", "--recall-threshold", "-1",
+                 "--profile-file", str(profile), "--out", str(tmp_path / "p.json")]) == 0
+    saved = json.loads(profile.read_text())  # random weights keep no draft layer: give the configs two, m = 40
+    for config in saved["configs"].values():
+        config.update(draft_layers=[0, 1], draft_heads=[[0, 1], [2, 3]], m=40)
+    profile.write_text(json.dumps(saved))
+    out = tmp_path / "quality.json"
+    assert main(["dustin-quality", *common, "--dustin-profile", str(profile), "--budgets", "128,512", "--methods",
+                 "dustin-h,dustin-h-ia,dustin-h-cov,dustin-h-oracle", "--items", "400:1", "--kinds", "passkey", "--depths", "0.5",
+                 "--max-new-tokens", "6", "--ppl-tokens", "8", "--out", str(out)]) == 0
+    cases = json.loads(out.read_text())["cases"]
+    item = next(k[:-len("/dense")] for k in cases if k.endswith("/dense"))
+    dense = cases[f"{item}/dense"]
+    fixed, aware, cover, oracle = (cases[f"{item}/{m}/k128"]
+                                   for m in ("dustin-h", "dustin-h-ia", "dustin-h-cov", "dustin-h-oracle"))
+    assert oracle["arr"] >= max(fixed["arr"], aware["arr"], cover["arr"]) - 1e-6
+    assert oracle["fixed_arr_from_curve"] == pytest.approx(fixed["arr"], abs=1e-5)
+    assert len(oracle["m_per_round"]) == len(aware["m_per_round"]) == len(cover["m_per_round"]) == dense["rounds"]
+    assert set(cover["m_per_round"]) <= set(cover["m_candidates"]) and cover["m_candidates"][0] == fixed["m"]
+    assert all(0 <= m <= 128 - 4 - 32 for m in aware["m_per_round"]) and aware["m_balance"] == (92 - 40) / 40
+    assert aware["selection_s_fixed"] > 0 and aware["selection_s_input_aware"] > 0 and oracle["ppl"] is None
+    for method in ("dustin-h", "dustin-h-ia", "dustin-h-cov", "dustin-h-oracle"):
+        assert cases[f"{item}/{method}/k512"]["tokens"] == dense["tokens"], method
+        assert cases[f"{item}/{method}/k512"]["arr"] == pytest.approx(1.0, abs=1e-5)
+    plot = tmp_path / "m.png"
+    dustin_quality.plot_m_rules(cases, str(plot))
+    assert plot.exists() and dustin_quality.m_rule_rows(cases)[0]["k"] == 128
+    assert main(["generate", "--model", str(target), "--method", "streaming", "--budget", "128", "--draft",
+                 str(draft), "--dustin-m-rule", "max-mass", "--prompt", "x"]) == 2
+
+
+@pytest.mark.slow
+def test_generate_input_aware_m(folders, tmp_path):
+    """`generate --method dustin --dustin-m-rule max-mass|coverage`: with k >= the context exactly dense
+    ClassicSD (greedy == AR); labelled in the JSON."""
+    target, draft = folders
+    dense = tmp_path / "sd.json"
+    assert main(_base(target, "--method", "sd", "--draft", str(draft), "--out", str(dense))) == 0
+    for rule in ("max-mass", "coverage"):
+        path = tmp_path / f"{rule}.json"
+        assert main(_base(target, "--method", "dustin", "--budget", "2048", "--draft", str(draft), "--dustin-m-rule",
+                          rule, "--out", str(path))) == 0
+        results = _results(path)
+        assert results["tokens"] == _results(dense)["tokens"] and results["sparse"]["m_rule"] == rule

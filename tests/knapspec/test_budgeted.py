@@ -1,4 +1,4 @@
-"""KnapSpec with budgeted attention (docs/methods.md §5.2): the three-choice DP (scan) vs brute force,
+"""KnapSpec with budgeted attention (docs/methods.md §5.4): the three-choice DP (scan) vs brute force,
 its weights, the budgeted forward, and the planner."""
 
 import jax
