@@ -1228,7 +1228,7 @@ def results_markdown() -> str:
                  f"is {v('dustin/trace/qwen2.5-7b-shape/ctx32768/b16/draft-dense-attention-share-of-busy')} of "
                  "Dustin's device time, while the target's sparse verification attention is "
                  f"{v('dustin/trace/qwen2.5-7b-shape/ctx32768/b16/target-sparse-attention-share-of-busy')} "
-                 "(a sparse draft KV with sparse verification, docs/methods.md §5, is not built); (3) selection "
+                 "(the sparse draft KV of docs/methods.md §5.1 came later and is not timed on the GPU yet); (3) selection "
                  f"costs {v(ds + '/selection-ms-per-round')} a round, "
                  f"{v(ds + '/selection-share-of-dense-attention')} of one verification's dense attention "
                  "(target ≤ 1 %).",
