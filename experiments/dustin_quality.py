@@ -1287,104 +1287,16 @@ def plot_arr(cases: Dict[str, Any], path: str, title: str = "") -> None:
     plt.close(fig)
 
 
-def m_rule_rows(cases: Dict[str, Any]) -> List[Dict[str, Any]]:
-    """Per k (mean over items): ARR of fixed m (dustin-h), each input-aware rule and the oracle, the
-    share of the fixed-m-to-oracle ARR gap each rule closes, agreement with dense, accuracy, and
-    the selection seconds per round (fixed vs each rule, on the same signals). ARR and the
-    per-round records come from the dense reference runs (``arr``, ``m_rule``), so they exist as
-    soon as an item's reference is measured; agreement and accuracy from each method's decode."""
-    methods = ("dustin-h",) + tuple(M_RULE_METHODS)
-    arrs: Dict[Tuple[str, int], List[float]] = {}
-    stats: Dict[Tuple[str, int], List[dict]] = {}
-    decodes: Dict[Tuple[str, int], List[dict]] = {}
-    for record in cases.values():
-        if "method" in record:
-            if record["method"] in methods:
-                decodes.setdefault((record["method"], record["budget"]), []).append(record)
-            continue
-        for key, value in (record.get("arr") or {}).items():
-            name, _, budget = key.rpartition("/k")
-            if name in methods and value is not None:
-                arrs.setdefault((name, int(budget)), []).append(value)
-        for key, value in (record.get("m_rule") or {}).items():
-            name, _, budget = key.rpartition("/k")
-            stats.setdefault((name, int(budget)), []).append(value)
+# ---------------------------------------------------------------------------- registration
+def plot_m_rules(cases: Dict[str, Any], path, title: str = "") -> None:
+    """The m-rule plot of :func:`experiments.tables.plot_m_rules`, its folder made first."""
+    from experiments.tables import plot_m_rules as plot
 
-    def mean(values):
-        values = [x for x in values if x is not None]
-        return float(np.mean(values)) if values else None
-
-    rows = []
-    for budget in sorted({b for _, b in arrs}):
-        fixed, oracle = mean(arrs.get(("dustin-h", budget), [])), mean(arrs.get(("dustin-h-oracle", budget), []))
-        row = {"k": budget, "items": len(arrs.get(("dustin-h", budget), [])),
-               "m_fixed": mean([r.get("m") for r in decodes.get(("dustin-h", budget), [])])}
-        for method, tag in (("dustin-h", "fixed"), ("dustin-h-ia", "max_mass"), ("dustin-h-cov", "coverage"),
-                            ("dustin-h-oracle", "oracle")):
-            arr = mean(arrs.get((method, budget), []))
-            row[f"arr_{tag}"] = arr
-            row[f"match_{tag}"] = mean([r.get("match_rate") for r in decodes.get((method, budget), [])])
-            row[f"accuracy_{tag}"] = mean([r.get("accuracy") for r in decodes.get((method, budget), [])])
-            if method in ("dustin-h-ia", "dustin-h-cov"):
-                gap = None if oracle is None or fixed is None else oracle - fixed
-                row[f"gap_closed_{tag}"] = (arr - fixed) / gap if arr is not None and gap and gap > 0 else None
-                per_item = stats.get((method, budget), [])
-                row[f"selection_s_{tag}"] = mean([r.get("selection_s_input_aware") for r in per_item])
-                row[f"selection_s_fixed_{tag}"] = mean([r.get("selection_s_fixed") for r in per_item])
-                row[f"selection_ratio_{tag}"] = mean([r.get("selection_cost_ratio") for r in per_item])
-                row[f"mean_m_{tag}"] = mean([float(np.mean(r["m_per_round"])) for r in per_item if r.get("m_per_round")])
-            if method == "dustin-h-oracle":
-                row["mean_m_oracle"] = mean([float(np.mean(r["m_per_round"])) for r in stats.get((method, budget), [])
-                                             if r.get("m_per_round")])
-        row["selection_s_fixed"] = next((row[f"selection_s_fixed_{t}"] for t in ("max_mass", "coverage")
-                                         if row.get(f"selection_s_fixed_{t}") is not None), None)
-        rows.append(row)
-    return rows
-
-
-def plot_m_rules(cases: Dict[str, Any], path: str, title: str = "") -> None:
-    """Left: ARR gap to dense (1 - ARR) per k for fixed m, max-mass, coverage and the oracle; right:
-    selection time per round (fixed vs each rule, same signals)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = m_rule_rows(cases)
-    ks = [r["k"] for r in rows]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    for field, label in (("arr_fixed", "fixed m (profile)"), ("arr_max_mass", "input-aware: max-mass"),
-                         ("arr_coverage", "input-aware: coverage"), ("arr_oracle", "oracle m per round")):
-        points = [(r["k"], 1 - r[field]) for r in rows if r.get(field) is not None]
-        if points:
-            left.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
-    left.set_xscale("log", base=2)
-    left.set_yscale("log")
-    left.set_xlabel("KV budget k")
-    left.set_ylabel("1 - ARR (gap to dense verification)")
-    left.grid(alpha=0.3)
-    left.legend(fontsize=8)
-    width = 0.25
-    for i, (field, label) in enumerate((("selection_s_fixed", "fixed m"), ("selection_s_max_mass", "max-mass"),
-                                        ("selection_s_coverage", "coverage"))):
-        values = [(j, r[field] * 1e3) for j, r in enumerate(rows) if r.get(field) is not None]
-        if values:
-            right.bar([j + (i - 1) * width for j, _ in values], [v for _, v in values], width, label=label)
-    right.set_xticks(range(len(ks)))
-    right.set_xticklabels([str(k) for k in ks])
-    right.set_xlabel("KV budget k")
-    right.set_ylabel("selection per round (ms, signals given)")
-    right.grid(alpha=0.3, axis="y")
-    right.legend(fontsize=8)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
     if isinstance(path, (str, pathlib.Path)):
         pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120, format="png", metadata={"Software": None})
-    plt.close(fig)
+    plot(cases, path, title)
 
 
-# ---------------------------------------------------------------------------- registration
 def _pair_args(parser, budgets_default: str) -> None:
     parser.add_argument("--model", default="smollm2-135m", help="target: registry name, .gguf, HF or orbax folder")
     parser.add_argument("--draft", default=None, help="separate draft model (same tokenizer)")
