@@ -147,6 +147,8 @@ class DustinConfig:
         if self.draft_window is not None:
             return self.draft_window
         return self.budget - self.sinks if self.draft_kv == "streaming" else max(self.window_size, 1)
+
+    @property
     def input_aware(self) -> bool:
         """An input-aware rule is in force: hybrid with draft layers and target heads, and a choice to
         make (max-mass: 0 < m < k - s - w; coverage: more than one candidate)."""
