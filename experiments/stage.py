@@ -5,14 +5,14 @@ bounded size. ``stage`` moves a registry model's GGUF there in chunks:
 
 1. on a machine with registry access::
 
-       python -m experiments.stage split qwen2.5-coder-1.5b qwen2.5-coder-0.5b --dir .carry/stage
+       python -m experiments.stage split qwen2.5-coder-1.5b qwen2.5-coder-0.5b --dir ~/jaxspec-transfer
 
    fetches each model (``jaxspec.models.registry``), cuts its file into chunks of at most
    ``--chunk-mib`` MiB (default 58, so one chunk plus a small source tree fits a 64 MiB
    transfer) and writes ``manifest.json`` (file name, size, sha256 of the file and of every chunk);
 2. on the target machine, once per transfer, with whatever chunks this transfer carried::
 
-       python -m experiments.stage receive --dir .carry/stage --stage-dir /tmp/jaxspec_stage
+       python -m experiments.stage receive --dir ~/jaxspec-transfer --stage-dir /tmp/jaxspec_stage
 
    verifies each carried chunk's sha256 and moves it into ``--stage-dir`` (a chunk already there
    and verified is skipped, so a transfer that is repeated or arrives twice costs nothing). When
@@ -86,17 +86,17 @@ def split(names: List[str], out_dir: pathlib.Path, chunk_mib: float) -> Dict:
     return manifest
 
 
-def _load_manifest(carry_dir: pathlib.Path) -> Dict:
-    path = carry_dir / MANIFEST
+def _load_manifest(transfer_dir: pathlib.Path) -> Dict:
+    path = transfer_dir / MANIFEST
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: carry the manifest written by `stage split` with every transfer")
     return json.loads(path.read_text())
 
 
-def receive(carry_dir: pathlib.Path, stage_dir: pathlib.Path, convert: str = "") -> Dict[str, str]:
+def receive(transfer_dir: pathlib.Path, stage_dir: pathlib.Path, convert: str = "") -> Dict[str, str]:
     from jaxspec.models.registry import cache_dir
 
-    manifest = _load_manifest(carry_dir)
+    manifest = _load_manifest(transfer_dir)
     stage_dir.mkdir(parents=True, exist_ok=True)
     state = {}
     for name, entry in manifest["models"].items():
@@ -107,16 +107,16 @@ def receive(carry_dir: pathlib.Path, stage_dir: pathlib.Path, convert: str = "")
         present = 0
         for chunk in entry["chunks"]:
             staged = stage_dir / chunk["name"]
-            carried = carry_dir / chunk["name"]
+            arrived = transfer_dir / chunk["name"]
             if staged.is_file() and staged.stat().st_size == chunk["size"]:
                 present += 1
                 continue
-            if carried.is_file():
-                digest = sha256_of(carried)
+            if arrived.is_file():
+                digest = sha256_of(arrived)
                 if digest != chunk["sha256"]:
-                    raise ValueError(f"{carried}: sha256 {digest} != manifest {chunk['sha256']} (damaged in transfer)")
+                    raise ValueError(f"{arrived}: sha256 {digest} != manifest {chunk['sha256']} (damaged in transfer)")
                 tmp = staged.with_suffix(".tmp")
-                shutil.copyfile(carried, tmp)
+                shutil.copyfile(arrived, tmp)
                 os.replace(tmp, staged)
                 present += 1
         total = len(entry["chunks"])

@@ -221,3 +221,40 @@ DUSTIN_SPEED_ARGS = ["dustin-speed", "--target-shape", "smollm2-135m-shape", "--
         "--override", "vocab_size=512,hidden_size=128,intermediate_size=256",
         "--contexts", "320", "--batches", "2", "--budget", "128", "--tau", "2.5", "--new-tokens", "6",
         "--repeats", "1", "--attention-backend", "xla", "--copy-gib", "0.01", "--draft-heads", "0,1"]
+
+
+# ---------------------------------------------------------------------------- kernel tests (GPU and TPU)
+def relative_norm_error(a, b) -> float:
+    """``|a - b| / |b|`` over all elements (float64)."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def kernel_inputs(seed, batch=3, kv_heads=2, rows=16, dim=32, seq=320, dtype=None):
+    """Random packed queries ``[B, Hkv, M, D]`` and a K/V cache ``[B, Hkv, S, D]`` for kernel tests."""
+    import jax
+    import jax.numpy as jnp
+
+    dtype = jnp.float32 if dtype is None else dtype
+    keys = jax.random.split(jax.random.PRNGKey(seed), 3)
+    q = (0.3 * jax.random.normal(keys[0], (batch, kv_heads, rows, dim))).astype(dtype)
+    k = jax.random.normal(keys[1], (batch, kv_heads, seq, dim)).astype(dtype)
+    v = jax.random.normal(keys[2], (batch, kv_heads, seq, dim)).astype(dtype)
+    return q, k, v
+
+
+def check_partials(partial, reference, tol, *, with_empty_row: bool = False) -> None:
+    """A kernel's merged ``(acc, l, m)`` against its reference: no NaN, the same empty (all-masked)
+    rows, the normalised output within ``tol`` (relative norm) and the same row maxima.
+    ``with_empty_row``: the inputs hold an all-masked row and some valid ones."""
+    from pallas_kernels.reference import normalize
+
+    acc, l, m = partial
+    _, ref_l, ref_m = reference
+    assert not np.isnan(np.asarray(acc)).any()
+    empty = np.asarray(ref_l) == 0
+    if with_empty_row:
+        assert empty.any() and not empty.all()
+    np.testing.assert_array_equal(np.asarray(l) == 0, empty)  # same rows are empty
+    assert relative_norm_error(normalize(partial), normalize(reference)) < tol
+    np.testing.assert_allclose(np.where(empty, 0, m), np.where(empty, 0, ref_m), rtol=1e-5, atol=1e-5)

@@ -18,36 +18,25 @@ from jaxspec.dustin.signals import srh_scores
 from jaxspec.models import attention
 from jaxspec.models.cache import init_cache
 from jaxspec.models.llama import forward_jit, init_params
-from pallas_kernels.reference import (clean_indices, dense_history_reference, merge_partials, normalize,
-                                      sparse_history_reference)
+from pallas_kernels.reference import clean_indices, dense_history_reference, merge_partials, sparse_history_reference
 from pallas_kernels.tpu_attention import tpu_dense_history_partials, tpu_sparse_history_partials
 from pallas_kernels.tpu_selection import tpu_srh_scores
+
+from tests.conftest import check_partials, kernel_inputs, relative_norm_error  # noqa: E402
 
 INTERPRET = jax.default_backend() != "tpu"
 
 
 def _rel(a, b):
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)
+    return relative_norm_error(a, b)
 
 
-def _inputs(seed, batch=3, kv_heads=2, rows=16, dim=32, seq=384, dtype=jnp.float32):
-    keys = jax.random.split(jax.random.PRNGKey(seed), 3)
-    q = (0.3 * jax.random.normal(keys[0], (batch, kv_heads, rows, dim))).astype(dtype)
-    k = jax.random.normal(keys[1], (batch, kv_heads, seq, dim)).astype(dtype)
-    v = jax.random.normal(keys[2], (batch, kv_heads, seq, dim)).astype(dtype)
-    return q, k, v
+def _inputs(seed, **kwargs):
+    return kernel_inputs(seed, **{"seq": 384, **kwargs})
 
 
 def _check(partial, reference, tol):
-    acc, l, m = partial
-    ref_acc, ref_l, ref_m = reference
-    assert not np.isnan(np.asarray(acc)).any()
-    empty = np.asarray(ref_l) == 0
-    assert empty.any() and not empty.all()  # the inputs always hold an all-masked row
-    np.testing.assert_array_equal(np.asarray(l) == 0, empty)
-    assert _rel(normalize(partial), normalize(reference)) < tol
-    np.testing.assert_allclose(np.where(empty, 0, m), np.where(empty, 0, ref_m), rtol=1e-5, atol=1e-5)
+    check_partials(partial, reference, tol, with_empty_row=True)
 
 
 @pytest.mark.parametrize("dtype,tol,block_k,splits", [(jnp.float32, 1e-5, 128, 1), (jnp.float32, 1e-5, 32, 4),
