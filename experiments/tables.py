@@ -485,8 +485,7 @@ def _figures() -> List[Figure]:
                    "tokens/round", source, ("results", "metrics", "tau")))
         add(Figure(f"{key}/acceptance-rate", f"its acceptance rate (accepted / drafted): {label}", "fraction", source,
                    ("results", "metrics", "acceptance_rate")))
-        add(Figure(f"{key}/speedup-vs-ar", f"its speed-up vs AR in the same process, compiles included: {label}",
-                   "x AR", source, ("results", "speedup_vs_ar")))
+        # no speed-up figure: these runs timed their compiles on a shared CPU (docs/results.md says so)
     # Dustin quality
     for model, ctx in (("qwen2.5-coder-1.5b", 2048), ("qwen2.5-coder-1.5b", 4096), ("qwen2.5-coder-1.5b", 8192),
                        ("qwen2.5-coder-1.5b", 16384), ("smollm2-135m", 2048), ("smollm2-135m", 8192)):
