@@ -19,6 +19,8 @@ verified rows); ``previous [B]`` is the one before it.
 
 from __future__ import annotations
 
+import abc
+
 import dataclasses
 from typing import Any, Dict, NamedTuple, Optional, Protocol, Tuple, runtime_checkable
 
@@ -63,8 +65,9 @@ class DraftPolicy(Protocol):
         ``feedback=`` (only drafts meant to pair with such a verify policy take it)."""
 
 
-class DraftPolicyBase:
-    """Defaults of :class:`DraftPolicy`: the target's config, a stateless prefill (``None``)."""
+class DraftPolicyBase(abc.ABC):
+    """Defaults of :class:`DraftPolicy`: the target's config, a stateless prefill (``None``).
+    ``propose`` has no default: a subclass without it cannot be instantiated."""
 
     def draft_model_config(self, target_config: ModelConfig) -> ModelConfig:
         return target_config
@@ -72,8 +75,9 @@ class DraftPolicyBase:
     def prefill(self, draft_params, tokens, prompt_lengths, capacity):
         return None
 
+    @abc.abstractmethod
     def propose(self, draft_params, state, target_cache, pending, previous, committed, *, gamma, sampling, key):
-        raise NotImplementedError(f"{type(self).__name__} must define propose")
+        """See :meth:`DraftPolicy.propose`."""
 
 
 # ---------------------------------------------------------------------------- verify policies
