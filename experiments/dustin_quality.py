@@ -211,16 +211,65 @@ def dustin_config_for(args, target_config, draft_config, skip_mask) -> Tuple[Any
     return config, info
 
 
-def run_sparse(args, model, prompts, sampling, stops, out):
-    """The runner of ``generate --method dustin | streaming | snapkv | quest | magicdec``."""
-    from jaxspec.baselines import (MagicDecDraft, MagicDecSelfDraft, QuestVerify, SnapKVVerify, StreamingVerify,
-                                   quest_speculative_generate)
-    from jaxspec.decoding.policies import SelfDraft, SeparateDraft, describe_skip_mask, parse_skip_spec
-    from jaxspec.decoding.speculative import (EngineConfig, acceptance_from_tau, check_compatible,
-                                              speculative_generate)
+def sparse_policies(args, config, draft_config=None, mask=None):
+    """The policies of ``--method args.method`` (dustin | streaming | snapkv | quest | magicdec) with
+    budget ``args.budget``: ``(draft_policy, draft_state, verify_policy, sparse, draft_info)``.
+    ``draft_config``: a separate draft model's config, else a self-draft (``mask``: its skip mask,
+    ``None`` = the whole target). ``draft_state`` is ``None`` where the policy's own ``prefill``
+    builds it; ``verify_policy`` ``None`` means dense verification; ``sparse`` describes the method
+    for the results; ``draft_info`` replaces the results' draft description (MagicDec's self-draft)."""
+    from jaxspec.baselines import MagicDecDraft, MagicDecSelfDraft, QuestVerify, SnapKVVerify, StreamingVerify
+    from jaxspec.decoding.policies import SelfDraft, SeparateDraft, describe_skip_mask
     from jaxspec.dustin import dustin_policies
 
     method, budget = args.method, args.budget
+    sparse: Dict[str, Any] = {"method": method, "budget": budget, "sinks": SINKS}
+    verify_policy = draft_info = None
+    if method == "magicdec":
+        if draft_config is not None:
+            draft_policy, draft_state = MagicDecDraft(draft_config, sinks=SINKS, window=budget - SINKS), None
+        else:
+            draft_policy = MagicDecSelfDraft(config, sinks=SINKS, window=budget - SINKS)
+            draft_state = draft_policy.initial_state(mask)
+            draft_info = {"self_draft_streaming": f"{SINKS} sinks + {budget - SINKS} window",
+                          **({"self_draft_skip": args.draft_skip, "skipped": describe_skip_mask(mask)}
+                             if mask is not None else {})}
+        sparse["draft_kv"] = f"StreamingLLM view, {SINKS} sinks + {budget - SINKS} window; dense verification"
+        return draft_policy, draft_state, verify_policy, sparse, draft_info
+    if method == "dustin":
+        dustin, info = dustin_config_for(args, config, draft_config, mask)
+        draft_policy, verify_policy = dustin_policies(dustin, config, draft_config)
+        sparse.update(dustin=dustin.to_dict(), mode=dustin.mode, m=dustin.effective_m, **info)
+        fixed = {"streaming": f"{dustin.sinks} sinks", "verify-set": "the previous round's I_verify"}
+        sparse["draft_kv"] = dustin.draft_kv if dustin.draft_kv == "full" else \
+            f"{dustin.draft_kv}: {fixed[dustin.draft_kv]} + a {dustin.draft_window_size}-token window"
+    else:
+        draft_policy = SeparateDraft(draft_config) if draft_config is not None else SelfDraft(config)
+        if method == "streaming":
+            verify_policy = StreamingVerify(sinks=SINKS, window=budget - SINKS)
+            sparse["window"] = budget - SINKS
+        elif method == "snapkv":
+            verify_policy = SnapKVVerify(config, budget=budget, max_generated=args.max_new_tokens)
+            sparse.update(observation_window=verify_policy.window, pooling=verify_policy.kernel,
+                          note="prompt selection of k positions + every generated token")
+        elif method == "quest":
+            verify_policy = QuestVerify(budget=budget)
+            sparse.update(page_size=verify_policy.page_size, pages=verify_policy.num_pages,
+                          dense_layers=verify_policy.dense_layers)
+        else:
+            raise ValueError(f"unknown sparse method {method!r}; valid: {', '.join(SPARSE_METHODS)}")
+    draft_state = draft_policy.initial_state(mask) if mask is not None else None
+    return draft_policy, draft_state, verify_policy, sparse, draft_info
+
+
+def run_sparse(args, model, prompts, sampling, stops, out):
+    """The runner of ``generate --method dustin | streaming | snapkv | quest | magicdec``."""
+    from jaxspec.baselines import quest_speculative_generate
+    from jaxspec.decoding.policies import describe_skip_mask, parse_skip_spec
+    from jaxspec.decoding.speculative import (EngineConfig, acceptance_from_tau, check_compatible,
+                                              speculative_generate)
+
+    method = args.method
     config = model.config
     fixed = acceptance_from_tau(args.fixed_tau, args.gamma) if args.fixed_tau is not None else None
     engine = EngineConfig(gamma=args.gamma, sampling=sampling, max_new_tokens=args.max_new_tokens,
@@ -234,41 +283,10 @@ def run_sparse(args, model, prompts, sampling, stops, out):
         mask = parse_skip_spec(args.draft_skip, config.num_layers)
         out["draft"] = {"self_draft_skip": args.draft_skip, "skipped": describe_skip_mask(mask)}
     draft_params = draft.params if draft is not None else None
-    draft_config = draft.config if draft is not None else None
-    sparse: Dict[str, Any] = {"method": method, "budget": budget, "sinks": SINKS}
-    verify_policy = None
-    if method == "magicdec":
-        if draft is not None:
-            draft_policy, draft_state = MagicDecDraft(draft_config, sinks=SINKS, window=budget - SINKS), None
-        else:
-            draft_policy = MagicDecSelfDraft(config, sinks=SINKS, window=budget - SINKS)
-            draft_state = draft_policy.initial_state(mask)
-            out["draft"] = {"self_draft_streaming": f"{SINKS} sinks + {budget - SINKS} window",
-                            **({"self_draft_skip": args.draft_skip, "skipped": describe_skip_mask(mask)}
-                               if mask is not None else {})}
-        sparse["draft_kv"] = f"StreamingLLM view, {SINKS} sinks + {budget - SINKS} window; dense verification"
-    else:
-        if method == "dustin":
-            dustin, info = dustin_config_for(args, config, draft_config, mask)
-            draft_policy, verify_policy = dustin_policies(dustin, config, draft_config)
-            sparse.update(dustin=dustin.to_dict(), mode=dustin.mode, m=dustin.effective_m, **info)
-            fixed = {"streaming": f"{dustin.sinks} sinks", "verify-set": "the previous round's I_verify"}
-            sparse["draft_kv"] = dustin.draft_kv if dustin.draft_kv == "full" else \
-                f"{dustin.draft_kv}: {fixed[dustin.draft_kv]} + a {dustin.draft_window_size}-token window"
-        else:
-            draft_policy = SeparateDraft(draft_config) if draft is not None else SelfDraft(config)
-            if method == "streaming":
-                verify_policy = StreamingVerify(sinks=SINKS, window=budget - SINKS)
-                sparse["window"] = budget - SINKS
-            elif method == "snapkv":
-                verify_policy = SnapKVVerify(config, budget=budget, max_generated=args.max_new_tokens)
-                sparse.update(observation_window=verify_policy.window, pooling=verify_policy.kernel,
-                              note="prompt selection of k positions + every generated token")
-            elif method == "quest":
-                verify_policy = QuestVerify(budget=budget)
-                sparse.update(page_size=verify_policy.page_size, pages=verify_policy.num_pages,
-                              dense_layers=verify_policy.dense_layers)
-        draft_state = draft_policy.initial_state(mask) if mask is not None else None
+    draft_policy, draft_state, verify_policy, sparse, draft_info = sparse_policies(
+        args, config, draft.config if draft is not None else None, mask)
+    if draft_info is not None:
+        out["draft"] = draft_info
     common = dict(draft_policy=draft_policy, draft_params=draft_params, draft_state=draft_state, engine=engine,
                   seed=args.seed, warmup=not args.no_warmup)
     if method == "quest":

@@ -175,6 +175,60 @@ def cmd_dustin_speed(args) -> Dict[str, Any]:
     return writer.data
 
 
+def method_round_bytes(method: str, *, target_config, draft_config, batch: int, context: int, budget: int,
+                       gamma: int, target_bytes: int, draft_bytes: int, dustin=None, sinks: int = 4,
+                       quest_page: int = 16, quest_dense_layers: int = 2) -> int:
+    """Fewest bytes one speculative round of ``method`` must read (weights once per forward, every
+    K/V entry attended, bfloat16): ``gamma`` draft forwards plus one verification forward.
+
+    ``classic`` / ``sd``: draft and target over the whole context; ``magicdec``: the draft over
+    ``budget`` positions; ``dustin``: the target over ``budget`` plus the keys of the SRH KV groups
+    (target and first draft SRH layer) over the context for the selection; ``streaming``: the
+    target over ``budget``; ``quest``: the first ``quest_dense_layers`` target layers dense, the
+    others over ``budget`` plus each page's min and max key (docs/methods.md §3)."""
+    draft_ctx = budget if method == "magicdec" else context
+    draft_round = gamma * decode_bytes_per_step(draft_config, batch, draft_ctx, draft_bytes)["total"]
+    if method in ("classic", "sd", "magicdec"):
+        return int(draft_round + decode_bytes_per_step(target_config, batch, context, target_bytes)["total"])
+    sparse = decode_bytes_per_step(target_config, batch, budget, target_bytes)
+    if method == "streaming":
+        return int(draft_round + sparse["total"])
+    if method == "dustin":
+        if dustin is None:
+            raise ValueError("method_round_bytes('dustin') needs the DustinConfig (its SRH heads)")
+        groups_t = {h // target_config.queries_per_kv for h in dustin.target_heads}
+        groups_d = {h // draft_config.queries_per_kv for h in dustin.draft_heads[0]} if dustin.draft_heads else set()
+        selection = 2 * batch * context * (len(groups_t) * target_config.head_dim
+                                           + len(groups_d) * draft_config.head_dim)
+        return int(draft_round + sparse["total"] + selection)
+    if method == "quest":
+        layers = target_config.num_layers
+        dense = min(quest_dense_layers, layers)
+        per_layer = lambda n: 2 * batch * target_config.num_kv_heads * n * target_config.head_dim * 2  # noqa: E731
+        pages = -(-context // quest_page)
+        kv = dense * per_layer(context) + (layers - dense) * (per_layer(budget) + per_layer(pages))
+        return int(draft_round + sparse["weights"] + kv)
+    raise ValueError(f"method_round_bytes: unknown method {method!r}; valid: classic, sd, magicdec, dustin, "
+                     f"streaming, quest")
+
+
+def selection_timing(draft_policy, verify_policy, draft_params, state, gamma: int, repeats: int = 10):
+    """Dustin's selection step alone (scores + exact top-k, ``verify_policy.verify_indices``) on the
+    signals of one draft proposal from ``state`` (a loop state): ``median_time``'s record."""
+    import jax
+
+    from jaxspec.decoding.sampling import SamplingConfig
+
+    committed = state.committed
+    signals = draft_policy.propose(draft_params, state.draft_state, state.target_cache, state.pending,
+                                   state.previous, committed, gamma=gamma, sampling=SamplingConfig(),
+                                   key=jax.random.PRNGKey(8)).signals
+    select = jax.jit(lambda vs, cache, c, sig: verify_policy.verify_indices(vs, cache, c, sig))
+    jax.block_until_ready(select(state.verify_state, state.target_cache, committed, signals))
+    return median_time(lambda: jax.block_until_ready(select(state.verify_state, state.target_cache, committed,
+                                                            signals)), repeats=repeats, warmup=2)
+
+
 def _measure_point(*, args, context, batch, holder, target_config, draft_config, target_params, draft_params,
                    dustin, engine, methods, bandwidth, budget, target_bytes, draft_bytes, scale, mesh, **_):
     import jax
@@ -212,7 +266,6 @@ def _measure_point(*, args, context, batch, holder, target_config, draft_config,
     if getattr(args, "trace", False):
         entry["ar"]["trace"] = trace_or_error(run_ar, f"[dustin-speed] trace ctx{context}/b{batch} ar")
     target_step = decode_bytes_per_step(target_config, batch, context, target_bytes)
-    draft_step = decode_bytes_per_step(draft_config, batch, context, draft_bytes)
     roof_ar = batch / (target_step["total"] / bandwidth)
     rows_here = [{"context": context, "batch": batch, "method": "ar", "tok_s": ar_tps, "speedup": 1.0,
                   "tau": 1.0, "roofline_tok_s": roof_ar, "roofline_speedup": 1.0}]
@@ -223,23 +276,16 @@ def _measure_point(*, args, context, batch, holder, target_config, draft_config,
         verify_state = None
         if method == "classic":
             draft_policy, verify_policy = SeparateDraft(draft_config), DenseVerify()
-            round_bytes = args.gamma * draft_step["total"] + target_step["total"]
         elif method == "magicdec":  # draft reads a StreamingLLM view of the same budget
             draft_policy = MagicDecDraft(draft_config, sinks=dustin.sinks, window=budget - dustin.sinks)
             verify_policy = DenseVerify()
-            round_bytes = (args.gamma * decode_bytes_per_step(draft_config, batch, budget, draft_bytes)["total"]
-                           + target_step["total"])
         else:
             draft_policy, verify_policy = dustin_policies(dustin, target_config, draft_config)
             verify_state = {"query": 0.1 * jax.random.normal(
                 jax.random.PRNGKey(7), (batch, len(verify_policy.probe_heads), target_config.head_dim))}
-            groups_t = {h // target_config.queries_per_kv for h in dustin.target_heads}
-            groups_d = {h // draft_config.queries_per_kv for h in dustin.draft_heads[0]}
-            selection_bytes = 2 * batch * context * (len(groups_t) * target_config.head_dim
-                                                     + len(groups_d) * draft_config.head_dim)
-            round_bytes = (args.gamma * draft_step["total"]
-                           + decode_bytes_per_step(target_config, batch, budget, target_bytes)["total"]
-                           + selection_bytes)
+        round_bytes = method_round_bytes(method, target_config=target_config, draft_config=draft_config,
+                                         batch=batch, context=context, budget=budget, gamma=args.gamma,
+                                         target_bytes=target_bytes, draft_bytes=draft_bytes, dustin=dustin)
         static = dict(target_config=target_config, draft_policy=draft_policy, verify_policy=verify_policy,
                       engine=engine)
 
@@ -270,16 +316,8 @@ def _measure_point(*, args, context, batch, holder, target_config, draft_config,
         row = {"context": context, "batch": batch, "method": method, "tok_s": tps, "speedup": tps / ar_tps,
                "tau": metrics["tau"], "roofline_tok_s": roof, "roofline_speedup": roof / roof_ar}
         if method == "dustin":  # the selection step alone, on this point's state
-            state = fresh_state()
-            committed = state.committed
-            proposal_signals = draft_policy.propose(
-                draft_params, state.draft_state, state.target_cache, state.pending, state.previous, committed,
-                gamma=args.gamma, sampling=SamplingConfig(), key=jax.random.PRNGKey(8)).signals
-            select = jax.jit(lambda vs, cache, c, sig: verify_policy.verify_indices(vs, cache, c, sig))
-            jax.block_until_ready(select(state.verify_state, state.target_cache, committed, proposal_signals))
-            sel = median_time(lambda: jax.block_until_ready(select(state.verify_state, state.target_cache,
-                                                                   committed, proposal_signals)),
-                              repeats=max(args.repeats, 10), warmup=2)
+            sel = selection_timing(draft_policy, verify_policy, draft_params, fresh_state(), args.gamma,
+                                   repeats=max(args.repeats, 10))
             entry["dustin"]["selection_timing"] = sel
             row["selection_ms"] = sel["median_s"] * 1e3
         if args.profile:  # per-round split from per-phase jitted calls (one host sync per phase)

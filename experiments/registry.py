@@ -27,6 +27,7 @@ EXPERIMENT_MODULES: Tuple[str, ...] = (
     "experiments.kernel_explore",  # kernel-explore
     "experiments.dustin_quality",  # dustin-profile, dustin-quality; the sparse methods
     "experiments.dustin_speed",  # dustin-speed
+    "experiments.pair_speed",  # pair-speed
     "experiments.knapspec",  # knapspec; the knapspec / clasp / static-skip methods
     "experiments.suite",  # suite
 )

@@ -1,0 +1,376 @@
+"""``pair-speed``: a real target + draft pair end to end at long context, every method side by side.
+
+For every (context, batch) *case*, row ``b`` of the batch is the window of ``--text-file``'s tokens
+starting at ``b * --row-stride`` (so the rows are different texts ending at different places),
+cut to exactly ``context`` tokens, no chat template. The target and the draft are prefilled
+once per case; every method then decodes from copies of both caches, greedy, with real
+acceptance (no fixed-acceptance mode), and each method's timed run is paired with an
+autoregressive run decoded just before it from the same prefilled cache in the same process.
+
+Methods (``--methods``; AR is always run, it is the baseline): ``sd`` (ClassicSD: the draft
+model, dense verification), ``magicdec`` (the draft reads 4 sinks + ``k - 4`` recent positions,
+dense verification), ``dustin`` (Dustin-H/T/D with the pair's ``--dustin-profile``),
+``streaming`` (StreamingLLM verification, 4 sinks + ``k - 4``), ``quest`` (Quest verification,
+pages of 16, first 2 layers dense). Every speculative method uses the same draft model and gamma.
+
+Per method and case: tokens/s, the speed-up against its paired AR run, tau, acceptance per draft
+position, agreement with AR's greedy tokens (match rate, first divergence per row;
+``identical_to_ar`` -- must hold for the dense-verification methods in float32), the roofline
+tokens/s from the bytes a round must read at the copy bandwidth measured in the same process
+(:func:`experiments.dustin_speed.method_round_bytes`), compile time apart. For the batches in
+``--profile-batches`` the per-round split (draft / selection / verification / other, per-phase
+jitted calls; Dustin's selection timed alone); for ``--trace-batches`` one profiler trace of the
+timed loop per method (kernel launches and device-busy share per round).
+
+``--backend-check N``: before the first case, the target's logits over the first ``N`` tokens of
+row 0 with the chosen attention backend against the XLA reference (max abs difference, argmax
+agreement), recorded once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import pathlib
+import sys
+import time
+from typing import Any, Dict, List, Sequence, Tuple
+
+import numpy as np
+
+from experiments.common import ResultWriter, config_of, print_table, progress_line
+
+METHODS = ("sd", "magicdec", "dustin", "streaming", "quest")
+#: dense verification: greedy output equals AR's (token for token in float32)
+DENSE_METHODS = ("sd", "magicdec")
+SPARSE_BUDGET_METHODS = ("magicdec", "dustin", "streaming", "quest")
+#: ``--backend-check`` fails when the last-position logits differ by more than this share of their scale
+BACKEND_CHECK_RTOL = 0.05
+
+
+def _ints(text: str, flag: str, allow_empty: bool = False) -> List[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"{flag}={text!r}: expected comma-separated integers") from None
+    if (not values and not allow_empty) or any(v < 1 for v in values):
+        raise ValueError(f"{flag}={text!r}: expected {'zero or ' if allow_empty else ''}more integers >= 1")
+    return values
+
+
+def check_args(args) -> Tuple[List[int], List[int], List[str]]:
+    """Every check that needs no model (before anything loads)."""
+    from jaxspec.dustin.config import check_budget
+
+    contexts = _ints(args.contexts, "--contexts")
+    batches = _ints(args.batches, "--batches")
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown or not methods:
+        raise ValueError(f"--methods={args.methods!r}: choose one or more of {', '.join(METHODS)} (AR always runs)")
+    _ints(args.profile_batches, "--profile-batches", allow_empty=True)
+    _ints(args.trace_batches, "--trace-batches", allow_empty=True)
+    if any(m in SPARSE_BUDGET_METHODS for m in methods):
+        check_budget(args.budget)
+        small = [c for c in contexts if c <= args.budget]
+        if small:
+            raise ValueError(f"--contexts {small} are not longer than --budget {args.budget}: the sparse methods "
+                             f"would attend to the whole history")
+    if "dustin" in methods and args.dustin_profile and not pathlib.Path(args.dustin_profile).is_file():
+        raise ValueError(f"--dustin-profile {args.dustin_profile}: no such file")
+    for flag in ("gamma", "max_new_tokens", "row_stride"):
+        if getattr(args, flag) < 1:
+            raise ValueError(f"--{flag.replace('_', '-')}={getattr(args, flag)}: must be >= 1")
+    if args.backend_check < 0:
+        raise ValueError(f"--backend-check={args.backend_check}: a token count >= 0 (0 = off)")
+    if not pathlib.Path(args.text_file).is_file():
+        raise ValueError(f"--text-file {args.text_file}: no such file")
+    return contexts, batches, methods
+
+
+def row_windows(ids: Sequence[int], context: int, batch: int, stride: int) -> np.ndarray:
+    """``[batch, context]`` token windows of ``ids``, row ``b`` starting at ``b * stride``."""
+    needed = context + (batch - 1) * stride
+    if len(ids) < needed:
+        raise ValueError(f"the text has {len(ids)} tokens; {batch} rows of {context} tokens {stride} apart need "
+                         f"{needed} (a longer --text-file or a smaller --row-stride)")
+    ids = np.asarray(ids, np.int32)
+    return np.stack([ids[b * stride: b * stride + context] for b in range(batch)])
+
+
+def agreement(tokens: np.ndarray, reference: np.ndarray) -> Dict[str, Any]:
+    """Token match rate with ``reference`` and each row's first differing position (``None``: none)."""
+    same = tokens == reference
+    first = [None if row.all() else int(np.argmin(row)) for row in same]
+    return {"match_rate": float(same.mean()), "first_divergence": first, "identical": bool(same.all())}
+
+
+def sparse_args(args, method: str) -> argparse.Namespace:
+    """The ``generate``-style options :func:`experiments.dustin_quality.sparse_policies` reads."""
+    return argparse.Namespace(method=method, budget=args.budget, dustin_profile=args.dustin_profile,
+                              dustin_mode=args.dustin_mode, draft_kv="full", draft_window=None,
+                              dustin_m_rule="fixed", draft_skip=None, max_new_tokens=args.max_new_tokens)
+
+
+def build_policies(args, method: str, target_config, draft_config):
+    """``(draft_policy, verify_policy, description)`` of one method with the separate draft."""
+    from jaxspec.decoding.policies import DenseVerify, SeparateDraft
+
+    if method == "sd":
+        return SeparateDraft(draft_config), DenseVerify(), {"method": "sd", "verification": "dense"}
+    from experiments.dustin_quality import sparse_policies
+
+    draft_policy, _, verify_policy, sparse, _ = sparse_policies(sparse_args(args, method), target_config,
+                                                                draft_config)
+    return draft_policy, verify_policy or DenseVerify(), sparse
+
+
+def backend_check(model, ids: Sequence[int], tokens: int) -> Dict[str, Any]:
+    """The target's logits over the first ``tokens`` ids with its attention backend vs XLA's."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxspec.decoding.autoregressive import prefill
+    from jaxspec.models.cache import init_cache
+
+    row = np.asarray(ids[:tokens], np.int32)[None]
+    lengths = np.array([row.shape[1]], np.int32)
+    out = {}
+    for name, config in (("backend", model.config), ("xla", dataclasses.replace(model.config,
+                                                                                  attention_backend="xla"))):
+        from jaxspec.models.attention import backend_of
+
+        capacity = backend_of(config).round_capacity(row.shape[1] + 8)
+        cache = init_cache(config, 1, capacity)
+        _, logits = prefill(model.params, config, row, lengths, cache)
+        out[name] = np.asarray(jnp.asarray(logits, jnp.float32))
+        jax.block_until_ready(logits)
+    diff = np.abs(out["backend"] - out["xla"])
+    result = {"tokens": int(row.shape[1]), "backend": model.config.attention_backend,
+              "max_abs_logit_diff": float(diff.max()), "logit_scale": float(np.abs(out["xla"]).max()),
+              "argmax_equal": bool((out["backend"].argmax(-1) == out["xla"].argmax(-1)).all()),
+              "tolerance": f"argmax equal and max |diff| <= {BACKEND_CHECK_RTOL} x the largest |logit|"}
+    if not result["argmax_equal"] or result["max_abs_logit_diff"] > BACKEND_CHECK_RTOL * result["logit_scale"]:
+        raise RuntimeError(f"--backend-check: the {result['backend']} attention disagrees with XLA's on "
+                           f"{result['tokens']} tokens (max |logit diff| {result['max_abs_logit_diff']:.4g} of "
+                           f"{result['logit_scale']:.4g}, argmax equal: {result['argmax_equal']}); not timing it")
+    return result
+
+
+def cmd_pair_speed(args) -> Dict[str, Any]:
+    import jax
+    import jax.numpy as jnp
+
+    from experiments.common import encode_prompt, load_model_timed
+    from experiments.decode_speed import copy_bandwidth, decode_bytes_per_step
+    from experiments.dustin_speed import method_round_bytes, selection_timing
+    from experiments.trace import trace_or_error
+    from jaxspec.decoding.autoregressive import decode_loop, prefill
+    from jaxspec.decoding.policies import SeparateDraft
+    from jaxspec.decoding.sampling import SamplingConfig
+    from jaxspec.decoding.speculative import (EngineConfig, check_compatible, prefill_loop_state, run_loop,
+                                              speculative_generate)
+    from jaxspec.models.attention import backend_of, get_backend
+    from jaxspec.models.cache import init_cache
+    from jaxspec.models.llama import param_bytes
+
+    contexts, batches, methods = check_args(args)
+    profile_batches = set(_ints(args.profile_batches, "--profile-batches", allow_empty=True))
+    trace_batches = set(_ints(args.trace_batches, "--trace-batches", allow_empty=True))
+    writer = ResultWriter(args.out, "pair-speed", config_of(args))
+    if not writer.has("copy_bandwidth"):
+        writer.add("copy_bandwidth", copy_bandwidth(args.copy_gib))
+    bandwidth = writer.get("copy_bandwidth")["bandwidth_Bps"]
+    backend = get_backend(args.attention_backend).name
+    model = load_model_timed(args.model, args.dtype, backend)
+    draft = load_model_timed(args.draft, args.dtype, backend)
+    check_compatible(model.config, draft.config, model.tokenizer, draft.tokenizer)
+    config, draft_config = model.config, draft.config
+    writer.set("models", {"target": {"source": model.source, "config": config.to_dict()},
+                          "draft": {"source": draft.source, "config": draft_config.to_dict()}})
+    ids = encode_prompt(model.tokenizer, pathlib.Path(args.text_file).read_text(), chat=False)
+    if args.backend_check and backend != "xla" and not writer.has("backend_check"):
+        progress_line(f"checking the {backend} attention against XLA on {args.backend_check} tokens")
+        writer.add("backend_check", backend_check(model, ids, args.backend_check))
+    target_bytes, draft_bytes = param_bytes(model.params), param_bytes(draft.params)
+    engine = EngineConfig(gamma=args.gamma, sampling=SamplingConfig(), max_new_tokens=args.max_new_tokens,
+                          stop_tokens=())
+    policies = {m: build_policies(args, m, config, draft_config) for m in methods}
+    rows: List[Dict[str, Any]] = []
+    for context in contexts:
+        for batch in batches:
+            key = f"ctx{context}/b{batch}"
+            if writer.has(key):
+                rows.extend(writer.get(key)["rows"])
+                continue
+            tokens = row_windows(ids, context, batch, args.row_stride)
+            lengths = np.full((batch,), context, np.int32)
+            capacity = backend_of(config).round_capacity(context + args.max_new_tokens + args.gamma + 2)
+            entry: Dict[str, Any] = {"context": context, "batch": batch, "capacity": capacity,
+                                     "row_starts": [b * args.row_stride for b in range(batch)]}
+            progress_line(f"{key}: prefilling the target and the draft ({batch} x {context} tokens)")
+            start = time.perf_counter()
+            cache = init_cache(config, batch, capacity)
+            prefilled = prefill(model.params, config, tokens, lengths, cache)
+            jax.block_until_ready(prefilled)
+            entry["target_prefill_s"] = time.perf_counter() - start  # compile included
+            start = time.perf_counter()
+            draft_cache = SeparateDraft(draft_config).prefill(draft.params, tokens, lengths, capacity)
+            jax.block_until_ready(draft_cache)
+            entry["draft_prefill_s"] = time.perf_counter() - start
+            # ---- AR, compiled once per case; one run paired with each method
+            start = time.perf_counter()
+            ar_compiled = decode_loop.lower(model.params, prefilled[0], prefilled[1], jax.random.PRNGKey(0),
+                                            config=config, sampling=SamplingConfig(),
+                                            max_new_tokens=args.max_new_tokens, stop_tokens=()).compile()
+            entry["ar_compile_s"] = time.perf_counter() - start
+
+            def ar_run():
+                c, logits = jax.tree.map(jnp.copy, prefilled)
+                jax.block_until_ready(c)
+                t0 = time.perf_counter()
+                out, _ = ar_compiled(model.params, c, logits, jax.random.PRNGKey(0))
+                out = np.asarray(out)
+                return out, time.perf_counter() - t0
+
+            ar_run()  # the first call allocates; not timed
+            target_step = decode_bytes_per_step(config, batch, context, target_bytes)
+            roof_ar = batch / (target_step["total"] / bandwidth)
+            ar_runs, ar_tokens = [], None
+            case_rows = []
+            for method in methods:
+                draft_policy, verify_policy, description = policies[method]
+                progress_line(f"{key}: {method} (a first run compiles, then the timed run)")
+                ar_tokens, ar_s = ar_run()
+                ar_tps = ar_tokens.size / ar_s
+                ar_runs.append({"before": method, "decode_s": ar_s, "tok_s": ar_tps})
+                result = speculative_generate(model.params, config, [], prompt_tokens=(tokens, lengths),
+                                              draft_policy=draft_policy, draft_params=draft.params,
+                                              draft_state=draft_cache, verify_policy=verify_policy, engine=engine,
+                                              capacity=capacity, warmup=True, profile=batch in profile_batches,
+                                              prefilled=prefilled)
+                spec_tokens = np.asarray(result.tokens)
+                tok_s = float(result.num_generated.sum()) / result.timings["decode_s"]
+                dustin = verify_policy.dustin if method == "dustin" else None
+                bytes_round = method_round_bytes(method, target_config=config, draft_config=draft_config,
+                                                 batch=batch, context=context, budget=args.budget,
+                                                 gamma=args.gamma, target_bytes=target_bytes,
+                                                 draft_bytes=draft_bytes, dustin=dustin)
+                metrics = result.metrics
+                roof = batch * metrics["tau_untruncated"] / (bytes_round / bandwidth)
+                record = {"description": description, "metrics": metrics, "timings": result.timings,
+                          "tok_s": tok_s, "paired_ar_tok_s": ar_tps, "speedup_vs_ar": tok_s / ar_tps,
+                          "agreement_with_ar": agreement(spec_tokens, ar_tokens), "round_bytes": bytes_round,
+                          "roofline_tok_s": roof, "roofline_speedup": roof / roof_ar,
+                          "tokens_row0": spec_tokens[0].tolist()}
+                row = {"context": context, "batch": batch, "method": method, "tok_s": tok_s,
+                       "speedup": tok_s / ar_tps, "tau": metrics["tau"], "match_ar": record["agreement_with_ar"][
+                           "match_rate"], "roofline_speedup": roof / roof_ar,
+                       "compile_s": result.timings.get("compile_s")}
+                if "profile_draft_s" in result.timings:
+                    t = result.timings
+                    rounds = max(t["profile_rounds"], 1)
+                    split = {"draft_ms": t["profile_draft_s"] / rounds * 1e3,
+                             "verify_ms": t["profile_verify_s"] / rounds * 1e3,
+                             "other_ms": t["profile_other_s"] / rounds * 1e3}
+                    if method == "dustin":
+                        state = _start_state(model, draft, draft_policy, verify_policy, draft_cache, prefilled,
+                                             tokens, lengths, capacity, engine, prefill_loop_state)
+                        sel = selection_timing(draft_policy, verify_policy, draft.params, state, args.gamma)
+                        split["selection_ms"] = sel["median_s"] * 1e3
+                        split["verification_ms"] = max(split["verify_ms"] - split["selection_ms"], 0.0)
+                        record["selection_timing"] = sel
+                        del state
+                    record["round_split_ms"] = split
+                    row.update(split)
+                if batch in trace_batches:
+                    def traced():
+                        state = _start_state(model, draft, draft_policy, verify_policy, draft_cache, prefilled,
+                                             tokens, lengths, capacity, engine, prefill_loop_state)
+                        jax.block_until_ready(state)
+                        holder["rounds"] = int(run_loop(model.params, draft.params, state, target_config=config,
+                                                        draft_policy=draft_policy, verify_policy=verify_policy,
+                                                        engine=engine).round)
+
+                    holder: Dict[str, int] = {}
+                    trace = trace_or_error(traced, f"[pair-speed] trace {key} {method}")
+                    record["trace"] = per_round_trace(trace, holder.get("rounds"))
+                    row["launches_per_round"] = record["trace"].get("launches_per_round")
+                    row["busy_share"] = record["trace"].get("busy_share")
+                record["row"] = row
+                entry[method] = record
+                case_rows.append(row)
+                del result
+            entry["ar"] = {"runs": ar_runs, "tok_s_mean": float(np.mean([r["tok_s"] for r in ar_runs])),
+                           "roofline_tok_s": roof_ar, "step_bytes": target_step, "tokens_row0": ar_tokens[0].tolist()}
+            if batch in trace_batches:
+                def traced_ar():
+                    ar_run()
+
+                entry["ar"]["trace"] = per_round_trace(trace_or_error(traced_ar, f"[pair-speed] trace {key} ar"),
+                                                       args.max_new_tokens)
+            ar_row = {"context": context, "batch": batch, "method": "ar", "tok_s": entry["ar"]["tok_s_mean"],
+                      "speedup": 1.0, "tau": 1.0, "match_ar": 1.0, "roofline_speedup": 1.0}
+            entry["rows"] = [ar_row] + case_rows
+            writer.add(key, entry)
+            rows.extend(entry["rows"])
+            del prefilled, draft_cache, ar_compiled
+    print_table(rows, columns=["context", "batch", "method", "tok_s", "speedup", "tau", "match_ar",
+                               "roofline_speedup", "draft_ms", "selection_ms", "verification_ms", "verify_ms",
+                               "other_ms", "launches_per_round", "busy_share", "compile_s"],
+                title=f"{args.model} + {args.draft} draft, {args.dtype}, {backend} attention, k={args.budget}, "
+                      f"gamma {args.gamma}, {args.max_new_tokens} new tokens, greedy, real acceptance; copy "
+                      f"bandwidth {bandwidth / 1e12:.2f} TB/s")
+    return writer.data
+
+
+def _start_state(model, draft, draft_policy, verify_policy, draft_cache, prefilled, tokens, lengths, capacity, engine,
+                 prefill_loop_state):
+    return prefill_loop_state(model.params, model.config, tokens, lengths, capacity, draft_policy=draft_policy,
+                              draft_params=draft.params, draft_state=draft_cache, verify_policy=verify_policy,
+                              verify_state=None, engine=engine, prefilled=prefilled)
+
+
+def per_round_trace(trace: Dict[str, Any], rounds) -> Dict[str, Any]:
+    """The trace summary plus launches per round and the device-busy share (busy / span and busy /
+    host wall time) of its first device plane."""
+    if "error" in trace or not trace.get("planes"):
+        return trace
+    name, plane = next(iter(trace["planes"].items()))
+    out = {"plane": name, "wall_s": trace["wall_s"], "busy_s": plane["busy_s"], "span_s": plane["span_s"],
+           "launches": plane["launches"], "distinct_kernels": plane["distinct_kernels"],
+           "busy_share": plane["busy_s"] / plane["span_s"] if plane["span_s"] else None,
+           "busy_share_of_wall": plane["busy_s"] / trace["wall_s"] if trace["wall_s"] else None,
+           "top_kernels": plane["top_kernels"][:10], "rounds": rounds}
+    if rounds:
+        out["launches_per_round"] = plane["launches"] / rounds
+    return out
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("pair-speed", help="a real target + draft pair at long context: AR, ClassicSD, "
+                                                 "MagicDec, Dustin, StreamingLLM, Quest side by side, real acceptance")
+    p.add_argument("--model", default="qwen2.5-coder-1.5b", help="target: registry name, .gguf, HF or orbax folder")
+    p.add_argument("--draft", default="qwen2.5-coder-0.5b", help="draft model (same tokenizer)")
+    p.add_argument("--text-file", default="experiments/prompts/emma_qwen_64k.txt",
+                   help="the rows' text (row b: its tokens from b * --row-stride, cut to the context)")
+    p.add_argument("--row-stride", type=int, default=2048, help="tokens between the starts of consecutive rows")
+    p.add_argument("--contexts", default="8000,16000,32000", help="prompt tokens per row")
+    p.add_argument("--batches", default="1,8,16")
+    p.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated: {', '.join(METHODS)} (plus AR)")
+    p.add_argument("--budget", type=int, default=512, help="k of the sparse methods")
+    p.add_argument("--dustin-profile", default="experiments/profiles/qwen2.5-coder-1.5b_qwen2.5-coder-0.5b.json",
+                   help="the pair's SRH profile (dustin-profile)")
+    p.add_argument("--dustin-mode", default="hybrid", choices=["hybrid", "target", "draft"])
+    p.add_argument("--gamma", type=int, default=4)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    from jaxspec.config import ATTENTION_BACKENDS
+
+    p.add_argument("--attention-backend", default="auto", choices=list(ATTENTION_BACKENDS))
+    p.add_argument("--profile-batches", default="", help="batches whose cases also measure the per-round split")
+    p.add_argument("--trace-batches", default="", help="batches whose cases also take one profiler trace per method")
+    p.add_argument("--backend-check", type=int, default=0, metavar="N",
+                   help="check the attention backend's logits against XLA's on N tokens first (0 = off)")
+    p.add_argument("--copy-gib", type=float, default=4.0, help="size of the copy-bandwidth measurement")
+    p.set_defaults(func=cmd_pair_speed)
