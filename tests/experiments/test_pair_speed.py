@@ -1,0 +1,301 @@
+"""``pair-speed``: its input checks, row windows, agreement, trace summary and round bytes on hand-made
+inputs, and one small end-to-end run on the real SmolLM2-135M as both target and draft (CPU, float32)."""
+
+import json
+import pathlib
+
+import numpy as np
+import pytest
+
+from experiments import pair_speed
+from experiments.dustin_speed import method_round_bytes
+from experiments.run import build_parser, main
+from jaxspec.config import ModelConfig
+from jaxspec.dustin.config import DustinConfig
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+TEXT = str(REPO / "experiments" / "prompts" / "emma_qwen_64k.txt")
+
+
+def _args(*extra, text_file=TEXT):
+    """Parsed ``pair-speed`` arguments: one case of 160 tokens, k = 128, no Dustin profile, plus ``extra``."""
+    return build_parser().parse_args(["pair-speed", "--contexts", "160", "--batches", "2", "--budget", "128",
+                                      "--methods", "sd,magicdec", "--dustin-profile", "", "--text-file", text_file,
+                                      *extra])
+
+
+# ---------------------------------------------------------------------------- check_args
+def test_check_args_accepts_good_input():
+    contexts, batches, methods = pair_speed.check_args(_args("--contexts", "160,320", "--batches", "1,4",
+                                                             "--methods", " sd, streaming ,quest",
+                                                             "--profile-batches", "4", "--trace-batches", ""))
+    assert (contexts, batches, methods) == ([160, 320], [1, 4], ["sd", "streaming", "quest"])
+    # ClassicSD alone reads no budget: a context of at most k is fine for it
+    assert pair_speed.check_args(_args("--contexts", "128", "--methods", "sd"))[0] == [128]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--methods", "sd,bogus"], "--methods='sd,bogus': choose one or more of sd, magicdec, dustin, streaming, quest"),
+    (["--methods", "ar"], "--methods='ar'"),  # AR is the baseline, not a method to name
+    (["--methods", ""], "--methods='': choose one or more of"),
+    (["--methods", " , "], "--methods=' , ': choose one or more of"),
+    (["--contexts", "128,160", "--methods", "sd,magicdec"], "--contexts [128] are not longer than --budget 128"),
+    (["--contexts", "100,128,160", "--methods", "streaming"], "--contexts [100, 128] are not longer than --budget 128"),
+    (["--methods", "quest", "--budget", "100"], "k=100 is not supported"),
+    (["--backend-check=-1"], "--backend-check=-1: a token count >= 0"),
+    (["--profile-batches", "x"], "--profile-batches='x': expected comma-separated integers"),
+    (["--profile-batches", "2,0"], "--profile-batches='2,0': expected zero or more integers >= 1"),
+    (["--trace-batches=-3"], "--trace-batches='-3': expected zero or more integers >= 1"),
+    (["--contexts", "160,x"], "--contexts='160,x': expected comma-separated integers"),
+    (["--batches", ""], "--batches='': expected more integers >= 1"),
+    (["--gamma", "0"], "--gamma=0: must be >= 1"),
+    (["--row-stride", "0"], "--row-stride=0: must be >= 1"),
+    (["--methods", "dustin", "--dustin-profile", "/no/such/profile.json"],
+     "--dustin-profile /no/such/profile.json: no such file"),
+])
+def test_check_args_refuses_bad_input(extra, message):
+    with pytest.raises(ValueError) as err:
+        pair_speed.check_args(_args(*extra))
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_check_args_refuses_a_missing_text_file(tmp_path):
+    missing = tmp_path / "no-such.txt"
+    with pytest.raises(ValueError) as err:
+        pair_speed.check_args(_args(text_file=str(missing)))
+    assert str(err.value) == f"--text-file {missing}: no such file"
+
+
+def test_bad_input_is_one_line_before_any_model_loads(tmp_path, capsys):
+    # a model that does not exist: the check must refuse the methods before trying to load it
+    argv = ["pair-speed", "--model", "no-such-model", "--draft", "no-such-model", "--methods", "sd,nope",
+            "--text-file", TEXT, "--out", str(tmp_path / "out.json")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --methods='sd,nope'") and "\n" not in err
+    assert not (tmp_path / "out.json").exists()
+
+
+# ---------------------------------------------------------------------------- row_windows
+def test_row_windows_rows_are_strided_slices():
+    ids = [(7 * i + 3) % 1000 for i in range(700)]
+    windows = pair_speed.row_windows(ids, context=100, batch=4, stride=200)
+    assert windows.shape == (4, 100) and windows.dtype == np.int32
+    for b in range(4):
+        assert windows[b].tolist() == ids[b * 200: b * 200 + 100]
+    # exactly enough tokens: the last row ends at the last token
+    exact = pair_speed.row_windows(ids[:700], context=100, batch=7, stride=100)
+    assert exact[-1].tolist() == ids[600:700]
+    # overlapping rows (stride < context)
+    overlap = pair_speed.row_windows(ids, context=50, batch=3, stride=10)
+    assert overlap[2].tolist() == ids[20:70] and overlap[1, 10:].tolist() == overlap[2, :40].tolist()
+
+
+def test_row_windows_too_short_text_names_the_counts():
+    with pytest.raises(ValueError) as err:
+        pair_speed.row_windows(list(range(100)), context=60, batch=3, stride=30)
+    message = str(err.value)
+    assert "the text has 100 tokens" in message and "3 rows of 60 tokens 30 apart need 120" in message
+    assert "\n" not in message
+    with pytest.raises(ValueError, match="has 119 tokens"):
+        pair_speed.row_windows(list(range(119)), context=60, batch=3, stride=30)
+    assert pair_speed.row_windows(list(range(120)), context=60, batch=3, stride=30).shape == (3, 60)
+
+
+# ---------------------------------------------------------------------------- agreement
+def test_agreement_match_rate_and_first_divergence():
+    tokens = np.array([[1, 2, 3, 4], [1, 2, 3, 4], [5, 6, 7, 8]])
+    reference = np.array([[1, 2, 3, 4], [1, 9, 3, 0], [0, 6, 7, 8]])
+    result = pair_speed.agreement(tokens, reference)
+    assert result == {"match_rate": 9 / 12, "first_divergence": [None, 1, 0], "identical": False}
+    # a divergence only at the last position
+    result = pair_speed.agreement(np.array([[4, 4, 4]]), np.array([[4, 4, 5]]))
+    assert result == {"match_rate": 2 / 3, "first_divergence": [2], "identical": False}
+    same = pair_speed.agreement(reference, reference.copy())
+    assert same == {"match_rate": 1.0, "first_divergence": [None, None, None], "identical": True}
+    json.dumps(same)  # plain Python types: it goes into the results file
+
+
+# ---------------------------------------------------------------------------- per_round_trace
+def _plane(busy, span, launches, kernels=12):
+    return {"busy_s": busy, "span_s": span, "launches": launches, "distinct_kernels": kernels,
+            "top_kernels": [[f"kernel{i}", 0.01 * (kernels - i), 3] for i in range(kernels)]}
+
+
+def test_per_round_trace_from_a_synthetic_trace():
+    trace = {"wall_s": 0.5, "planes": {"/device:GPU:0": _plane(0.2, 0.4, 120),
+                                       "/device:GPU:1": _plane(0.1, 0.1, 7)}}
+    out = pair_speed.per_round_trace(trace, 4)
+    assert out["plane"] == "/device:GPU:0"  # the first device plane
+    assert out["launches_per_round"] == 30.0
+    assert out["busy_share"] == pytest.approx(0.5)
+    assert out["busy_share_of_wall"] == pytest.approx(0.4)
+    assert (out["wall_s"], out["busy_s"], out["span_s"], out["launches"], out["rounds"]) == (0.5, 0.2, 0.4, 120, 4)
+    assert out["distinct_kernels"] == 12
+    assert out["top_kernels"] == trace["planes"]["/device:GPU:0"]["top_kernels"][:10]
+    # no round count: no launches per round; an empty span or wall: no share (not a division by zero)
+    out = pair_speed.per_round_trace({"wall_s": 0.0, "planes": {"p": _plane(0.0, 0.0, 5, kernels=2)}}, None)
+    assert "launches_per_round" not in out and out["busy_share"] is None and out["busy_share_of_wall"] is None
+    assert len(out["top_kernels"]) == 2
+
+
+def test_per_round_trace_passes_errors_through():
+    error = {"error": "RuntimeError('profiler unavailable')"}
+    assert pair_speed.per_round_trace(error, 7) is error
+    empty = {"wall_s": 0.3, "planes": {}}
+    assert pair_speed.per_round_trace(empty, 7) is empty
+
+
+# ---------------------------------------------------------------------------- method_round_bytes
+#: target: untied head, 3 layers, 4 query / 2 KV heads of 8; draft: tied, 2 layers, 4 query / 2 KV heads of 2
+TARGET = ModelConfig(vocab_size=100, hidden_size=16, intermediate_size=32, num_layers=3, num_heads=4,
+                     num_kv_heads=2, head_dim=8, tie_word_embeddings=False, attention_backend="xla")
+DRAFT = ModelConfig(vocab_size=100, hidden_size=8, intermediate_size=16, num_layers=2, num_heads=4,
+                    num_kv_heads=2, head_dim=2, tie_word_embeddings=True, attention_backend="xla")
+TARGET_BYTES, DRAFT_BYTES = 100_000, 30_000
+BATCH, CONTEXT, BUDGET, GAMMA = 2, 400, 128, 3
+
+
+def _bytes(method, context=CONTEXT, **kw):
+    return method_round_bytes(method, target_config=TARGET, draft_config=DRAFT, batch=BATCH, context=context,
+                              budget=BUDGET, gamma=GAMMA, target_bytes=TARGET_BYTES, draft_bytes=DRAFT_BYTES, **kw)
+
+
+def test_method_round_bytes_by_hand():
+    # bfloat16 (2 bytes). Weights read per forward: the target's untied embedding table is not read
+    # (one row per sequence): 100_000 - 100 * 16 * 2 = 96_800; the draft's tied table is its LM head: 30_000.
+    target_w, draft_w = 96_800, 30_000
+    # K and V of every layer: target 2 * 3 layers * 2 rows * 2 KV heads * 8 * 2 bytes = 384 per position,
+    # draft 2 * 2 * 2 * 2 * 2 * 2 = 64 per position
+    target_kv, draft_kv = 384, 64
+    draft_round = 3 * (draft_w + draft_kv * 400)  # gamma = 3 draft forwards over the whole context
+    assert draft_round == 166_800
+    assert _bytes("sd") == draft_round + target_w + target_kv * 400 == 417_200
+    assert _bytes("classic") == _bytes("sd")
+    # MagicDec: the draft reads k = 128 positions; dense verification
+    assert _bytes("magicdec") == 3 * (draft_w + draft_kv * 128) + target_w + target_kv * 400 == 364_976
+    # StreamingLLM: the target reads k positions
+    assert _bytes("streaming") == draft_round + target_w + target_kv * 128 == 312_752
+    # Quest: 2 dense layers over 400; the third over 128 plus a min and a max key of each of the 25 pages
+    per_layer = 2 * 2 * 2 * 8 * 2  # (K+V or min+max) * rows * KV heads * head_dim * bytes = 128 per position
+    assert _bytes("quest") == draft_round + target_w + 2 * per_layer * 400 + per_layer * (128 + 25) == 385_584
+    # 401 positions: 26 pages (the last one partial)
+    assert _bytes("quest", context=401) == (3 * (draft_w + draft_kv * 401) + target_w + 2 * per_layer * 401
+                                            + per_layer * (128 + 26)) == 386_160
+    # Dustin: the target over k plus the selection reading the keys of the SRH KV groups over the whole
+    # context: target query heads 0, 1, 2 -> KV groups {0, 1}; the first draft SRH layer's heads 0, 1 -> group {0}
+    # (only the first draft SRH layer counts: the second one's head 2, group 1, is not read)
+    dustin = DustinConfig(budget=128, target_layer=1, target_heads=(0, 1, 2), draft_layers=(0, 1),
+                          draft_heads=((0, 1), (2,)))
+    selection = 2 * 2 * 400 * (2 * 8 + 1 * 2)  # bytes * rows * positions * (groups x head_dim, both models)
+    assert selection == 28_800
+    assert _bytes("dustin", dustin=dustin) == draft_round + target_w + target_kv * 128 + selection == 341_552
+    # a target-only Dustin (no draft SRH layer) reads only the target groups' keys
+    target_only = DustinConfig(budget=128, target_heads=(3,), mode="target")
+    assert _bytes("dustin", dustin=target_only) == draft_round + target_w + target_kv * 128 + 2 * 2 * 400 * 8
+
+
+def test_method_round_bytes_orders_and_errors():
+    for method in ("magicdec", "streaming", "quest"):
+        assert _bytes(method) < _bytes("sd"), method
+    # a budget covering the context: MagicDec and StreamingLLM read what ClassicSD reads
+    assert _bytes("magicdec", context=BUDGET) == _bytes("sd", context=BUDGET)
+    assert _bytes("streaming", context=BUDGET) == _bytes("sd", context=BUDGET)
+    with pytest.raises(ValueError, match="unknown method 'ar'"):
+        _bytes("ar")
+    with pytest.raises(ValueError, match="unknown method 'bogus'"):
+        _bytes("bogus")
+    with pytest.raises(ValueError, match="needs the DustinConfig"):
+        _bytes("dustin")
+
+
+def test_every_method_builds_its_policies_and_bytes():
+    """``build_policies`` for each method (no model loads): dense verification exactly for sd / magicdec,
+    and every method's verify policy feeds ``method_round_bytes`` (Dustin through its DustinConfig)."""
+    from jaxspec.decoding.policies import DenseVerify
+
+    target = TARGET.replace(num_layers=4)
+    draft = DRAFT.replace(num_layers=4)
+    args = _args("--methods", ",".join(pair_speed.METHODS), "--contexts", "400")
+    assert pair_speed.check_args(args)[2] == list(pair_speed.METHODS)
+    for method in pair_speed.METHODS:
+        _, verify_policy, description = pair_speed.build_policies(args, method, target, draft)
+        assert description["method"] == method
+        assert isinstance(verify_policy, DenseVerify) == (method in pair_speed.DENSE_METHODS), method
+        dustin = verify_policy.dustin if method == "dustin" else None
+        if method == "dustin":
+            assert dustin.budget == 128 and dustin.mode == "hybrid"
+        assert method_round_bytes(method, target_config=target, draft_config=draft, batch=1, context=400,
+                                  budget=128, gamma=4, target_bytes=10**6, draft_bytes=10**5, dustin=dustin) > 0
+
+
+# ---------------------------------------------------------------------------- end to end
+E2E = ["pair-speed", "--model", "smollm2-135m", "--draft", "smollm2-135m", "--dtype", "float32",
+       "--attention-backend", "xla", "--contexts", "160", "--batches", "2", "--budget", "128",
+       "--max-new-tokens", "6", "--methods", "sd,magicdec,streaming", "--dustin-profile", "",
+       "--text-file", TEXT, "--copy-gib", "0.01"]
+
+
+@pytest.mark.slow
+def test_pair_speed_end_to_end_and_resume(tmp_path, monkeypatch):
+    """Real SmolLM2-135M as target and draft (greedy, float32): dense verification is AR token for token,
+    the JSON holds the bandwidth, the bytes and the rows, and a rerun resumes without measuring again."""
+    out = tmp_path / "pair.json"
+    assert main(E2E + ["--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["experiment"] == "pair-speed"
+    bandwidth = data["cases"]["copy_bandwidth"]["bandwidth_Bps"]
+    assert bandwidth > 0 and data["cases"]["copy_bandwidth"]["bytes"] > 0
+    case = data["cases"]["ctx160/b2"]
+    assert (case["context"], case["batch"], case["row_starts"]) == (160, 2, [0, 2048])
+    assert case["capacity"] >= 160 + 6 + 4
+    gamma = data["config"]["gamma"]
+    assert gamma == 4
+    for method in ("sd", "magicdec", "streaming"):
+        record = case[method]
+        tau = record["metrics"]["tau"]
+        assert 1 <= tau <= gamma + 1, (method, tau)
+        assert record["tok_s"] > 0 and record["paired_ar_tok_s"] > 0
+        assert record["speedup_vs_ar"] == pytest.approx(record["tok_s"] / record["paired_ar_tok_s"])
+        assert len(record["metrics"]["acceptance_rate_per_position"]) == gamma
+        assert len(record["tokens_row0"]) == 6
+        agreement = record["agreement_with_ar"]
+        assert len(agreement["first_divergence"]) == 2
+        if method in pair_speed.DENSE_METHODS:
+            # greedy speculative decoding with dense verification is AR, token for token, in float32
+            assert agreement["identical"] is True and agreement["match_rate"] == 1.0, (method, agreement)
+            assert agreement["first_divergence"] == [None, None]
+            assert record["tokens_row0"] == case["ar"]["tokens_row0"]
+    assert case["magicdec"]["description"]["draft_kv"].startswith("StreamingLLM view, 4 sinks + 124 window")
+    assert case["streaming"]["description"]["window"] == 124
+    # the rooflines from the bytes at the measured bandwidth; the draft is the target, so a ClassicSD
+    # round reads exactly gamma + 1 target decode steps
+    step = case["ar"]["step_bytes"]["total"]
+    assert case["ar"]["roofline_tok_s"] == pytest.approx(2 / (step / bandwidth))
+    assert case["sd"]["round_bytes"] == (gamma + 1) * step
+    assert case["magicdec"]["round_bytes"] < case["sd"]["round_bytes"]
+    assert case["streaming"]["round_bytes"] < case["sd"]["round_bytes"]
+    assert len(case["ar"]["runs"]) == 3 and [r["before"] for r in case["ar"]["runs"]] == ["sd", "magicdec",
+                                                                                           "streaming"]
+    # the row table: AR first, then each method with its tau and match rate
+    rows = case["rows"]
+    assert [r["method"] for r in rows] == ["ar", "sd", "magicdec", "streaming"]
+    assert rows[0]["speedup"] == 1.0 and rows[0]["tau"] == 1.0
+    for row in rows[1:]:
+        record = case[row["method"]]
+        assert row["tau"] == record["metrics"]["tau"] and row["match_ar"] == record["agreement_with_ar"]["match_rate"]
+        assert row["speedup"] == pytest.approx(record["speedup_vs_ar"]) and row["tok_s"] > 0
+        assert row["compile_s"] > 0
+    assert data["models"]["target"]["config"]["num_layers"] == 30
+
+    # a rerun with the same --out resumes: no bandwidth measurement, no prefill, no decoding
+    def refuse(*args, **kwargs):
+        raise AssertionError("the resumed case was measured again")
+
+    monkeypatch.setattr("experiments.decode_speed.copy_bandwidth", refuse)
+    monkeypatch.setattr("jaxspec.decoding.autoregressive.prefill", refuse)
+    monkeypatch.setattr("jaxspec.decoding.speculative.speculative_generate", refuse)
+    assert main(E2E + ["--out", str(out)]) == 0
+    again = json.loads(out.read_text())
+    assert again["cases"] == data["cases"]
