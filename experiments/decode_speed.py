@@ -7,7 +7,8 @@
 * ``bench-sd``: speculative against autoregressive decoding. Caches are filled with random K/V up
   to the context (a prefill of random weights measures nothing useful), and **fixed-acceptance
   mode**: each round accepts a number of draft tokens drawn from the distribution whose mean
-  tokens/round is ``--tau`` (taken from a real run, e.g. SmolLM2's self-draft, via ``--tau-from``).
+  tokens/round is ``--tau`` (taken from a real run, e.g. SmolLM2's self-draft, via ``--tau-from``
+  and one ``generate --method sd`` JSON; ``dustin-speed`` also reads ``pair-speed`` JSONs).
   Every row of the output says so. Autoregressive decoding runs in the same process on the same
   cache buffers, so the speed-up is measured side by side.
 """
@@ -17,7 +18,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import Any, Dict, Iterable
+from typing import Any, Dict, Iterable, Optional
 
 import numpy as np
 
@@ -180,31 +181,71 @@ def cmd_bench_skip(args) -> Dict[str, Any]:
     return writer.data
 
 
-def _tau(args) -> Dict[str, Any]:
+#: the top-level ``acceptance`` record's mode of a fixed-acceptance benchmark
+FIXED_ACCEPTANCE_MODE = ("fixed acceptance (systems benchmark, random weights): accepted counts drawn from the "
+                         "distribution with this mean tokens/round")
+
+
+def tau_paths(text: str) -> list:
+    """``--tau-from``'s comma-separated paths (one or more)."""
+    paths = [p.strip() for p in str(text).split(",") if p.strip()]
+    if not paths:
+        raise ValueError(f"--tau-from {text!r}: give one or more JSON files")
+    return paths
+
+
+def read_tau_json(path: str) -> Any:
+    """One ``--tau-from`` file, parsed (a one-line error when it is missing or not JSON)."""
+    try:
+        text = open(path).read()
+    except OSError as err:
+        raise ValueError(f"--tau-from {path}: cannot read it ({err.strerror or err})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"--tau-from {path}: not JSON ({err})") from None
+
+
+def is_pair_speed(data: Any) -> bool:
+    """A ``pair-speed`` results file (taus per case and method), not a ``generate`` JSON."""
+    return isinstance(data, dict) and data.get("experiment") == "pair-speed"
+
+
+def one_tau(args, loaded=None) -> Dict[str, Any]:
+    """The one tau of ``--tau T`` or of ``--tau-from FILE`` (a ``generate --method sd`` JSON's
+    ``results.metrics.tau``). ``loaded``: ``[(path, data)]`` already read. ``pair-speed`` files
+    (a tau per point and method) are refused: only ``dustin-speed`` reads them."""
     if args.tau_from:
-        try:
-            data = json.loads(open(args.tau_from).read())
-        except json.JSONDecodeError as err:
-            raise ValueError(f"--tau-from {args.tau_from}: not JSON ({err})") from None
+        loaded = loaded if loaded is not None else [(p, read_tau_json(p)) for p in tau_paths(args.tau_from)]
+        pair = [path for path, data in loaded if is_pair_speed(data)]
+        if pair:
+            raise ValueError(f"--tau-from {pair[0]}: a pair-speed JSON (a tau per point and method); this benchmark "
+                             f"takes one tau: --tau T or one `generate --method sd` JSON (dustin-speed reads "
+                             f"pair-speed files)")
+        if len(loaded) > 1:
+            raise ValueError(f"--tau-from {args.tau_from}: several files must all be pair-speed JSONs (dustin-speed); "
+                             f"a `generate --method sd` JSON gives one tau alone")
+        path, data = loaded[0]
         results = data.get("results", data) if isinstance(data, dict) else None
         tau = (results.get("metrics") or {}).get("tau") if isinstance(results, dict) else None
         if not isinstance(tau, (int, float)):
-            raise ValueError(f"--tau-from {args.tau_from}: no results.metrics.tau; give the JSON of a "
-                             f"`generate --method sd` run")
-        return {"tau": float(tau), "source": args.tau_from,
+            raise ValueError(f"--tau-from {path}: no results.metrics.tau; give the JSON of a "
+                             f"`generate --method sd` run (or pair-speed JSONs, for dustin-speed)")
+        return {"tau": float(tau), "source": path,
                 "measured_with": {k: results.get(k) for k in ("model", "draft", "gamma")}}
     if args.tau is None:
         raise ValueError("give --tau T or --tau-from FILE (a generate --method sd JSON)")
     return {"tau": float(args.tau), "source": "--tau"}
 
 
-def fixed_acceptance_writer(args, experiment: str):
+def fixed_acceptance_writer(args, experiment: str, acceptance: Optional[Dict[str, Any]] = None):
     """The results file of a fixed-acceptance benchmark: ``(writer, tau record, copy bandwidth B/s)``,
-    the acceptance mode and the measured copy bandwidth recorded once (kept on resume)."""
-    tau = _tau(args)
+    the acceptance record and the measured copy bandwidth recorded once (kept on resume).
+    ``acceptance``: the whole top-level record, already made (with its ``mode``); default: the one
+    tau of :func:`one_tau` with :data:`FIXED_ACCEPTANCE_MODE`."""
+    tau = one_tau(args) if acceptance is None else acceptance
     writer = ResultWriter(args.out, experiment, config_of(args))
-    writer.set("acceptance", {**tau, "mode": "fixed acceptance (systems benchmark, random weights): accepted "
-                                             "counts drawn from the distribution with this mean tokens/round"})
+    writer.set("acceptance", {**tau, "mode": FIXED_ACCEPTANCE_MODE} if acceptance is None else acceptance)
     if not writer.has("copy_bandwidth"):
         writer.add("copy_bandwidth", copy_bandwidth(args.copy_gib))
     return writer, tau, writer.get("copy_bandwidth")["bandwidth_Bps"]
@@ -373,7 +414,9 @@ def register(subparsers) -> None:
     bench.add_argument("--batches", default="8,16")
     bench.add_argument("--gamma", type=int, default=4)
     bench.add_argument("--tau", type=float, default=None, help="mean tokens per round of the fixed acceptance")
-    bench.add_argument("--tau-from", default=None, help="take tau from a generate --method sd JSON")
+    bench.add_argument("--tau-from", default=None, metavar="FILE",
+                       help="take tau from a generate --method sd JSON (results.metrics.tau; pair-speed JSONs, a "
+                            "tau per point and method, are for dustin-speed)")
     bench.add_argument("--new-tokens", type=int, default=64)
     bench.add_argument("--repeats", type=int, default=3)
     bench.add_argument("--profile", action="store_true", help="also measure the draft/verify/other split")

@@ -2,9 +2,28 @@
 
 As ``bench-sd``: random weights, caches filled with random K/V up to the context, and
 **fixed-acceptance mode** (accepted counts drawn from the distribution whose mean tokens/round
-is ``--tau``; every row says so), all methods in one process on the same cache buffers, so the
-speed-ups are side by side. Dustin's signals and selection run for real every round (random
-weights make the selected positions meaningless, not their cost).
+is a tau measured elsewhere; every row says so), all methods in one process on the same cache
+buffers, so the speed-ups are side by side. Dustin's signals and selection run for real every
+round (random weights make the selected positions meaningless, not their cost).
+
+Where the tau comes from:
+
+* ``--tau T``, or ``--tau-from FILE`` with one ``generate --method sd`` JSON
+  (``results.metrics.tau``): one tau for every point and method.
+* ``--tau-from A.json,B.json,...``: one or more ``pair-speed`` JSONs (a real pair, real
+  acceptance). Each point (context, batch) and method takes the tau pair-speed measured for that
+  method -- classic <- ``sd``, magicdec <- ``magicdec``, dustin <- ``dustin``, the per-round mean
+  ``metrics.tau_untruncated`` (what the fixed acceptance draws from; ``metrics.tau`` also counts
+  the last rounds cut short by the token limit) -- at the same batch and the nearest measured
+  context (ties: the larger context). Refused up front, before any model is built or anything
+  timed: files with another gamma than ``--gamma`` (or, when magicdec or dustin run, another
+  budget than ``--budget``), files of different pairs (model, draft, dtype), one case in two
+  files, a batch no case has, a method no case at that batch measured.
+
+Each case records, per method, the tau it ran with and where from (``<method>.fixed_tau``: the
+file, the case key, its context and the distance to this point's); the top-level ``acceptance``
+says the mode and the sources (with pair-speed files: their pair, gamma, budget and cases, and
+the tau of every point and method).
 
 Per point (context, batch): tokens/s of every method and its speed-up vs AR; for Dustin the
 selection step timed alone (scores + exact top-k on the round's state) and the self-attention
@@ -19,16 +38,23 @@ SRHs for random weights: the target's 4 heads are spread over 4 KV groups (the e
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict
+from typing import Any, Dict, List
 
 import numpy as np
 
 from jaxspec.config import ATTENTION_BACKENDS
 from experiments.common import median_time, print_table
-from experiments.decode_speed import (check_positive, decode_bytes_per_step, fixed_acceptance_writer, int_list,
-                                      time_rounds)
+from experiments.decode_speed import (FIXED_ACCEPTANCE_MODE, check_positive, decode_bytes_per_step,
+                                      fixed_acceptance_writer, int_list, is_pair_speed, one_tau, read_tau_json,
+                                      tau_paths, time_rounds)
 
 METHODS = ("ar", "classic", "magicdec", "dustin")
+#: the pair-speed method whose measured tau each speculative method here runs with
+PAIR_SPEED_TAU_OF = {"classic": "sd", "magicdec": "magicdec", "dustin": "dustin"}
+#: the field of a pair-speed method's ``metrics`` taken as the fixed acceptance's mean tokens/round
+PAIR_SPEED_TAU_FIELD = "tau_untruncated"
+#: methods whose acceptance depends on the budget k (their pair-speed tau must be at ``--budget``)
+BUDGET_METHODS = ("magicdec", "dustin")
 
 
 def _ints(text: str):
@@ -95,11 +121,127 @@ def allreduce_cost(mesh, rows: int, hidden: int, count: int, iters: int = 10, re
             "bytes_each": rows * hidden * 2}
 
 
+def pair_speed_cases(loaded, *, gamma: int, budget: int, methods) -> List[Dict[str, Any]]:
+    """The measured cases of the pair-speed files ``loaded`` (``[(path, data)]``), checked against
+    ``--gamma`` / ``--budget`` (the budget only when one of ``methods`` depends on it) and each
+    other (one pair, each case in one file): ``[{"file", "case", "context", "batch", "taus":
+    {pair-speed method: {"tau", "tau_truncated"}}}]``."""
+    pair_of, seen, cases = None, {}, []
+    wanted = sorted(set(PAIR_SPEED_TAU_OF.values()))
+    for path, data in loaded:
+        if not is_pair_speed(data):
+            kind = data.get("experiment") if isinstance(data, dict) else type(data).__name__
+            raise ValueError(f"--tau-from {path}: not a pair-speed JSON ({kind!r}); with pair-speed files every "
+                             f"file must be one (a generate JSON gives one tau alone)")
+        config = data.get("config") or {}
+        if config.get("gamma") != gamma:
+            raise ValueError(f"--tau-from {path}: measured with gamma {config.get('gamma')}, not --gamma {gamma} "
+                             f"(its taus are means over 1..gamma + 1 tokens a round); pass --gamma "
+                             f"{config.get('gamma')} or files measured at gamma {gamma}")
+        if any(m in BUDGET_METHODS for m in methods) and config.get("budget") != budget:
+            raise ValueError(f"--tau-from {path}: measured with budget {config.get('budget')}, not --budget {budget} "
+                             f"(the acceptance of {', '.join(m for m in methods if m in BUDGET_METHODS)} depends "
+                             f"on it)")
+        pair = {k: config.get(k) for k in ("model", "draft", "dtype")}
+        if pair_of is None:
+            pair_of = (path, pair)
+        elif pair != pair_of[1]:
+            raise ValueError(f"--tau-from {path}: measured {pair}, but {pair_of[0]} measured {pair_of[1]}; pass the "
+                             f"files of one pair")
+        for key, case in (data.get("cases") or {}).items():
+            if not isinstance(case, dict) or not isinstance(case.get("context"), int) \
+                    or not isinstance(case.get("batch"), int):
+                continue  # copy_bandwidth, backend_check
+            point = (case["context"], case["batch"])
+            if point in seen:
+                raise ValueError(f"--tau-from {path}: case {key} is also in {seen[point]}; pass one of them")
+            seen[point] = path
+            taus = {}
+            for method in wanted:
+                record = case.get(method)
+                metrics = record.get("metrics") if isinstance(record, dict) else None
+                tau = metrics.get(PAIR_SPEED_TAU_FIELD) if isinstance(metrics, dict) else None
+                if not isinstance(tau, (int, float)):
+                    continue  # not measured in this case
+                if not 1.0 <= tau <= gamma + 1:
+                    raise ValueError(f"--tau-from {path}: {key} {method} metrics.{PAIR_SPEED_TAU_FIELD}={tau} lies "
+                                     f"outside [1, gamma + 1 = {gamma + 1}]")
+                taus[method] = {"tau": float(tau), "tau_truncated": metrics.get("tau")}
+            cases.append({"file": path, "case": key, "context": case["context"], "batch": case["batch"],
+                          "taus": taus})
+    return cases
+
+
+def nearest_case(cases, context: int, batch: int, method: str):
+    """The case of ``cases`` (:func:`pair_speed_cases`) at ``batch`` that measured ``method`` with
+    the context nearest ``context``, ties to the larger context; None when there is none."""
+    here = [c for c in cases if c["batch"] == batch and method in c["taus"]]
+    return min(here, key=lambda c: (abs(c["context"] - context), -c["context"]), default=None)
+
+
+def acceptance_plan(args, contexts, batches, methods) -> Dict[str, Any]:
+    """The fixed acceptance of every point and speculative method, decided (and every source
+    checked) before any model is built: ``{"record": the top-level acceptance record, "points":
+    {"ctx{C}/b{B}": {method: {"tau", ...where from}}}, "title": the table title's part,
+    "pair_speed": bool}``."""
+    from jaxspec.decoding.speculative import acceptance_from_tau
+
+    speculative = [m for m in methods if m != "ar"]
+    loaded = [(p, read_tau_json(p)) for p in tau_paths(args.tau_from)] if args.tau_from else None
+    if not loaded or not any(is_pair_speed(data) for _, data in loaded):  # one tau for everything
+        tau = one_tau(args, loaded)
+        acceptance_from_tau(tau["tau"], args.gamma)  # in [1, gamma + 1]
+        source = {"tau": tau["tau"], "source": tau["source"]}
+        if loaded:
+            source["field"] = "results.metrics.tau"
+        points = {f"ctx{c}/b{b}": {m: dict(source) for m in speculative} for c in contexts for b in batches}
+        return {"record": {**tau, "mode": FIXED_ACCEPTANCE_MODE}, "points": points, "pair_speed": False,
+                "title": f"FIXED acceptance tau={tau['tau']:.2f} ({tau['source']})"}
+    cases = pair_speed_cases(loaded, gamma=args.gamma, budget=args.budget, methods=speculative)
+    paths = ",".join(path for path, _ in loaded)
+    points: Dict[str, Dict[str, Any]] = {}
+    for context in contexts:
+        for batch in batches:
+            here = {}
+            for method in speculative:
+                source = PAIR_SPEED_TAU_OF[method]
+                case = nearest_case(cases, context, batch, source)
+                if case is None:
+                    measured_batches = sorted({c["batch"] for c in cases})
+                    if batch not in measured_batches:
+                        raise ValueError(f"--tau-from {paths}: no case at batch {batch} (measured batches: "
+                                         f"{', '.join(map(str, measured_batches)) or 'none'}); run pair-speed "
+                                         f"--batches {batch} or drop it from --batches")
+                    raise ValueError(f"--tau-from {paths}: no case at batch {batch} measured {source} (the tau of "
+                                     f"{method}); run pair-speed with --methods {source} or drop {method} from "
+                                     f"--methods")
+                measured = case["taus"][source]
+                here[method] = {"tau": measured["tau"], "file": case["file"], "case": case["case"],
+                                "context": case["context"], "context_distance": abs(case["context"] - context),
+                                "method": source, "field": f"metrics.{PAIR_SPEED_TAU_FIELD}",
+                                "tau_truncated": measured["tau_truncated"]}
+            points[f"ctx{context}/b{batch}"] = here
+    files = []
+    for path, data in loaded:
+        config = data.get("config") or {}
+        files.append({"path": path, **{k: config.get(k) for k in ("model", "draft", "gamma", "budget", "dtype")},
+                      "cases": sorted(c["case"] for c in cases if c["file"] == path)})
+    record = {"mode": "fixed acceptance (systems benchmark, random weights): accepted counts drawn, per point and "
+                      "method, from the distribution with the mean tokens/round pair-speed measured for that method "
+                      f"(metrics.{PAIR_SPEED_TAU_FIELD}) at the same batch and the nearest measured context (ties: "
+                      "the larger); each case's <method>.fixed_tau says which",
+              "source": "pair-speed", "files": files, "method_from": {m: PAIR_SPEED_TAU_OF[m] for m in speculative},
+              "points": {key: {m: {k: r[k] for k in ("tau", "file", "case", "context_distance")}
+                               for m, r in here.items()} for key, here in points.items()}}
+    return {"record": record, "points": points, "pair_speed": True,
+            "title": f"FIXED acceptance, tau per point and method as pair-speed measured it ({paths}; columns "
+                     f"fixed_tau, tau_case)"}
+
+
 def cmd_dustin_speed(args) -> Dict[str, Any]:
     import jax
 
     from jaxspec.config import preset
-    from jaxspec.decoding.speculative import EngineConfig, acceptance_from_tau
     from jaxspec.dustin.config import DustinConfig, check_budget
     from jaxspec.models.cache import random_cache
     from jaxspec.models.llama import param_bytes
@@ -111,9 +253,10 @@ def cmd_dustin_speed(args) -> Dict[str, Any]:
         raise ValueError(f"--methods {args.methods!r}: choose from {','.join(METHODS)} (ar is required: the "
                          f"speed-ups are against it)")
     budget = check_budget(args.budget)
-    int_list(args.contexts, "--contexts"), int_list(args.batches, "--batches")
+    contexts, batches = int_list(args.contexts, "--contexts"), int_list(args.batches, "--batches")
     check_positive(args, ("gamma", "new_tokens", "repeats"))
-    writer, tau, bandwidth = fixed_acceptance_writer(args, "dustin-speed")
+    plan = acceptance_plan(args, contexts, batches, methods)  # every tau source checked before anything runs
+    writer, _, bandwidth = fixed_acceptance_writer(args, "dustin-speed", acceptance=plan["record"])
     backend = args.attention_backend
     overrides = _overrides(args.override)
     if args.layers:
@@ -137,14 +280,13 @@ def cmd_dustin_speed(args) -> Dict[str, Any]:
     dustin = DustinConfig(budget=budget, target_layer=target_config.num_layers // 2, target_heads=target_heads,
                           draft_layers=(draft_layer,), draft_heads=(_ints(args.draft_heads),), mode="hybrid")
     writer.set("dustin_config", dustin.to_dict())
-    fixed = acceptance_from_tau(tau["tau"], args.gamma)
-    engine = EngineConfig(gamma=args.gamma, max_new_tokens=args.new_tokens, fixed_acceptance=fixed)
     target_bytes, draft_bytes = param_bytes(target_params), param_bytes(draft_params)
     scale = 1.0 / np.sqrt(target_config.head_dim)
     rows = []
-    for context in _ints(args.contexts):
-        for batch in _ints(args.batches):
+    for context in contexts:
+        for batch in batches:
             key = f"ctx{context}/b{batch}"
+            taus = plan["points"][key]
             if writer.has(key):
                 rows.extend(writer.get(key)["rows"])
                 continue
@@ -166,12 +308,13 @@ def cmd_dustin_speed(args) -> Dict[str, Any]:
             writer.add(key, entry)
             rows.extend(rows_here)
             del holder
-    print_table(rows, columns=["context", "batch", "method", "tok_s", "speedup", "tau", "roofline_tok_s",
-                               "roofline_speedup", "selection_ms", "attn_dense_ms", "attn_sparse_ms", "attn_speedup",
-                               "allreduce_ms_per_step"],
-                title=f"{args.target_shape} target + {args.draft_shape} draft, k={budget}, FIXED acceptance "
-                      f"tau={tau['tau']:.2f} ({tau['source']}); copy bandwidth {bandwidth / 1e12:.2f} TB/s"
-                      + (f"; mesh {dict(mesh.shape)}" if mesh is not None else ""))
+    print_table(rows, columns=["context", "batch", "method", "tok_s", "speedup", "tau", "fixed_tau"]
+                + (["tau_case"] if plan["pair_speed"] else [])
+                + ["roofline_tok_s", "roofline_speedup", "selection_ms", "attn_dense_ms", "attn_sparse_ms",
+                   "attn_speedup", "allreduce_ms_per_step"],
+                title=f"{args.target_shape} target + {args.draft_shape} draft, k={budget}, {plan['title']}; copy "
+                      f"bandwidth {bandwidth / 1e12:.2f} TB/s" + (f"; mesh {dict(mesh.shape)}" if mesh is not None
+                                                                 else ""))
     return writer.data
 
 
@@ -230,7 +373,9 @@ def selection_timing(draft_policy, verify_policy, draft_params, state, gamma: in
 
 
 def _measure_point(*, args, context, batch, holder, target_config, draft_config, target_params, draft_params,
-                   dustin, engine, methods, bandwidth, budget, target_bytes, draft_bytes, scale, mesh, **_):
+                   dustin, taus, methods, bandwidth, budget, target_bytes, draft_bytes, scale, mesh, **_):
+    """One point: ``taus`` maps each speculative method to its fixed tau and its source
+    (:func:`acceptance_plan`)."""
     import jax
     import jax.numpy as jnp
 
@@ -240,14 +385,16 @@ def _measure_point(*, args, context, batch, holder, target_config, draft_config,
     from jaxspec.decoding.autoregressive import decode_loop
     from jaxspec.decoding.policies import DenseVerify, SeparateDraft
     from jaxspec.decoding.sampling import SamplingConfig
-    from jaxspec.decoding.speculative import loop_state_from_caches, profile_phases, summarize
+    from jaxspec.decoding.speculative import (EngineConfig, acceptance_from_tau, loop_state_from_caches,
+                                              profile_phases, summarize)
     from jaxspec.dustin.policy import dustin_policies
     from jaxspec.models.attention import backend_of
     from pallas_kernels.attention import merged_history, pack_queries
     from pallas_kernels.reference import merge_partials
 
     pending = jnp.full((batch,), 11, jnp.int32)
-    entry: Dict[str, Any] = {"acceptance": "fixed (see top-level 'acceptance')",
+    entry: Dict[str, Any] = {"acceptance": "fixed (see top-level 'acceptance'; each method's tau and its source "
+                                           "under its 'fixed_tau')",
                              "cache_fill": "random K/V up to the context (random weights; no prefill)"}
     # ---- AR
     logits = jax.random.normal(jax.random.PRNGKey(4), (batch, target_config.vocab_size), jnp.float32)
@@ -274,6 +421,9 @@ def _measure_point(*, args, context, batch, holder, target_config, draft_config,
         if method == "ar":
             continue
         verify_state = None
+        fixed_tau = taus[method]
+        engine = EngineConfig(gamma=args.gamma, max_new_tokens=args.new_tokens,
+                              fixed_acceptance=acceptance_from_tau(fixed_tau["tau"], args.gamma))
         if method == "classic":
             draft_policy, verify_policy = SeparateDraft(draft_config), DenseVerify()
         elif method == "magicdec":  # draft reads a StreamingLLM view of the same budget
@@ -310,11 +460,14 @@ def _measure_point(*, args, context, batch, holder, target_config, draft_config,
             trace = trace_or_error(run_once, f"[dustin-speed] trace ctx{context}/b{batch} {method}")
         roof = batch * metrics["tau_untruncated"] / (round_bytes / bandwidth)
         entry[method] = {"timing": timing, "compile_s": compile_s, "metrics": metrics, "tok_s": tps,
-                         "round_bytes": round_bytes}
+                         "round_bytes": round_bytes, "fixed_tau": fixed_tau}
         if trace is not None:
             entry[method]["trace"] = trace
         row = {"context": context, "batch": batch, "method": method, "tok_s": tps, "speedup": tps / ar_tps,
-               "tau": metrics["tau"], "roofline_tok_s": roof, "roofline_speedup": roof / roof_ar}
+               "tau": metrics["tau"], "fixed_tau": fixed_tau["tau"], "roofline_tok_s": roof,
+               "roofline_speedup": roof / roof_ar}
+        if "case" in fixed_tau:
+            row["tau_case"] = fixed_tau["case"]
         if method == "dustin":  # the selection step alone, on this point's state
             sel = selection_timing(draft_policy, verify_policy, draft_params, fresh_state(), args.gamma,
                                    repeats=max(args.repeats, 10))
@@ -384,8 +537,15 @@ def register(subparsers) -> None:
     bench.add_argument("--budget", type=int, default=512)
     bench.add_argument("--methods", default=",".join(METHODS))
     bench.add_argument("--gamma", type=int, default=4)
-    bench.add_argument("--tau", type=float, default=None, help="mean tokens per round of the fixed acceptance")
-    bench.add_argument("--tau-from", default=None, help="take tau from a generate --method sd JSON")
+    bench.add_argument("--tau", type=float, default=None,
+                       help="mean tokens per round of the fixed acceptance, for every point and method")
+    bench.add_argument("--tau-from", default=None, metavar="FILE[,FILE...]",
+                       help="take tau from one generate --method sd JSON (results.metrics.tau, for every point and "
+                            "method) or from one or more comma-separated pair-speed JSONs: each point and method "
+                            "takes the tau pair-speed measured for that method (classic <- sd, magicdec <- "
+                            "magicdec, dustin <- dustin; metrics.tau_untruncated) at the same batch and the nearest "
+                            "measured context (ties: the larger); their gamma must be --gamma (and their budget "
+                            "--budget when magicdec or dustin run)")
     bench.add_argument("--target-heads", default="", help="target SRH query heads (default: one per KV group, 4)")
     bench.add_argument("--draft-layer", type=int, default=-1, help="draft SRH layer (default: the middle one)")
     bench.add_argument("--draft-heads", default="0,1,2,3")

@@ -223,6 +223,24 @@ DUSTIN_SPEED_ARGS = ["dustin-speed", "--target-shape", "smollm2-135m-shape", "--
         "--repeats", "1", "--attention-backend", "xla", "--copy-gib", "0.01", "--draft-heads", "0,1"]
 
 
+
+def write_pair_speed_json(path, cases, *, gamma=4, budget=128, model="target-m", draft="draft-m", dtype="bfloat16"):
+    """A synthetic ``pair-speed`` results file at ``path`` (what ``dustin-speed --tau-from`` reads):
+    ``cases`` maps ``(context, batch)`` to ``{method: tau}``; each method's ``metrics`` get
+    ``tau_untruncated = tau`` and ``tau = tau - 0.05`` (the truncated one, told apart). The
+    non-case entries pair-speed writes (``copy_bandwidth``) are there too. Returns ``str(path)``."""
+    import json
+
+    out = {"copy_bandwidth": {"bytes": 8, "median_s": 1.0, "bandwidth_Bps": 8.0}}
+    for (context, batch), taus in cases.items():
+        case = {"context": context, "batch": batch, "rows": []}
+        for method, tau in taus.items():
+            case[method] = {"metrics": {"tau": tau - 0.05, "tau_untruncated": tau, "gamma": gamma}, "tok_s": 1.0}
+        out[f"ctx{context}/b{batch}"] = case
+    config = {"model": model, "draft": draft, "gamma": gamma, "budget": budget, "dtype": dtype, "contexts": "x"}
+    path.write_text(json.dumps({"experiment": "pair-speed", "config": config, "environment": {}, "cases": out}))
+    return str(path)
+
 # ---------------------------------------------------------------------------- kernel tests (GPU and TPU)
 def relative_norm_error(a, b) -> float:
     """``|a - b| / |b|`` over all elements (float64)."""
