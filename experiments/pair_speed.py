@@ -25,6 +25,10 @@ timed loop per method (kernel launches and device-busy share per round).
 ``--backend-check N``: before the first case, the target's logits over the first ``N`` tokens of
 row 0 with the chosen attention backend against the XLA reference (max abs difference, argmax
 agreement), recorded once.
+
+Each method's record is written as soon as it is measured: a rerun with the same ``--out`` skips
+finished cases and, in an interrupted case (``"complete": false``), the finished methods (the
+case is prefilled again for the rest).
 """
 
 from __future__ import annotations
@@ -200,14 +204,17 @@ def cmd_pair_speed(args) -> Dict[str, Any]:
     for context in contexts:
         for batch in batches:
             key = f"ctx{context}/b{batch}"
-            if writer.has(key):
-                rows.extend(writer.get(key)["rows"])
+            previous = writer.get(key) if writer.has(key) else None
+            if previous is not None and previous.get("complete", True):
+                rows.extend(previous["rows"])
                 continue
             tokens = row_windows(ids, context, batch, args.row_stride)
             lengths = np.full((batch,), context, np.int32)
             capacity = backend_of(config).round_capacity(context + args.max_new_tokens + args.gamma + 2)
             entry: Dict[str, Any] = {"context": context, "batch": batch, "capacity": capacity,
-                                     "row_starts": [b * args.row_stride for b in range(batch)]}
+                                     "row_starts": [b * args.row_stride for b in range(batch)], "complete": False}
+            if previous is not None:  # an interrupted case: keep the methods it finished
+                entry.update({m: previous[m] for m in methods if m in previous})
             progress_line(f"{key}: prefilling the target and the draft ({batch} x {context} tokens)")
             start = time.perf_counter()
             cache = init_cache(config, batch, capacity)
@@ -236,9 +243,13 @@ def cmd_pair_speed(args) -> Dict[str, Any]:
             ar_run()  # the first call allocates; not timed
             target_step = decode_bytes_per_step(config, batch, context, target_bytes)
             roof_ar = batch / (target_step["total"] / bandwidth)
-            ar_runs, ar_tokens = [], None
+            ar_runs = list((previous or {}).get("ar", {}).get("runs", []))
+            ar_tokens = None
             case_rows = []
             for method in methods:
+                if method in entry:  # finished before an interruption
+                    case_rows.append(entry[method]["row"])
+                    continue
                 draft_policy, verify_policy, description = policies[method]
                 progress_line(f"{key}: {method} (a first run compiles, then the timed run)")
                 ar_tokens, ar_s = ar_run()
@@ -299,8 +310,12 @@ def cmd_pair_speed(args) -> Dict[str, Any]:
                     row["busy_share"] = record["trace"].get("busy_share")
                 record["row"] = row
                 entry[method] = record
+                entry["ar"] = {"runs": ar_runs}
+                writer.add(key, entry)  # resumable per method (still "complete": false)
                 case_rows.append(row)
                 del result
+            if ar_tokens is None:  # every method came from the interrupted run
+                ar_tokens, _ = ar_run()
             entry["ar"] = {"runs": ar_runs, "tok_s_mean": float(np.mean([r["tok_s"] for r in ar_runs])),
                            "roofline_tok_s": roof_ar, "step_bytes": target_step, "tokens_row0": ar_tokens[0].tolist()}
             if batch in trace_batches:
@@ -312,6 +327,7 @@ def cmd_pair_speed(args) -> Dict[str, Any]:
             ar_row = {"context": context, "batch": batch, "method": "ar", "tok_s": entry["ar"]["tok_s_mean"],
                       "speedup": 1.0, "tau": 1.0, "match_ar": 1.0, "roofline_speedup": 1.0}
             entry["rows"] = [ar_row] + case_rows
+            entry["complete"] = True
             writer.add(key, entry)
             rows.extend(entry["rows"])
             del prefilled, draft_cache, ar_compiled
