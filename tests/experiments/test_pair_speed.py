@@ -299,3 +299,31 @@ def test_pair_speed_end_to_end_and_resume(tmp_path, monkeypatch):
     assert main(E2E + ["--out", str(out)]) == 0
     again = json.loads(out.read_text())
     assert again["cases"] == data["cases"]
+
+    # an interrupted case ("complete": false, magicdec and streaming not measured) measures only those
+    partial = json.loads(out.read_text())
+    case = partial["cases"]["ctx160/b2"]
+    for name in ("magicdec", "streaming"):
+        del case[name]
+    case["complete"] = False
+    case["ar"] = {"runs": case["ar"]["runs"][:1]}
+    del case["rows"]
+    out.write_text(json.dumps(partial))
+    monkeypatch.undo()
+    from jaxspec.decoding import speculative
+
+    measured = []
+    real = speculative.speculative_generate
+
+    def counting(*args, **kwargs):
+        measured.append(kwargs["draft_policy"].name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr("jaxspec.decoding.speculative.speculative_generate", counting)
+    assert main(E2E + ["--out", str(out)]) == 0
+    resumed = json.loads(out.read_text())["cases"]["ctx160/b2"]
+    assert measured == ["magicdec", "draft-model"]  # magicdec, then streaming (a plain draft); not sd again
+    assert resumed["complete"] is True and resumed["sd"] == data["cases"]["ctx160/b2"]["sd"]
+    assert [r["method"] for r in resumed["rows"]] == ["ar", "sd", "magicdec", "streaming"]
+    assert [r["before"] for r in resumed["ar"]["runs"]] == ["sd", "magicdec", "streaming"]
+    assert resumed["streaming"]["agreement_with_ar"]["first_divergence"] is not None
