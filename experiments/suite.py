@@ -30,6 +30,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 import tomllib
 from typing import Any, Dict, List, Optional, Sequence
@@ -184,18 +185,45 @@ def select_steps(suite: Suite, names: Optional[str]) -> List[Step]:
     return [s for s in suite.steps if s.name in wanted]
 
 
+class Terminated(Exception):
+    """The suite runner got SIGTERM / SIGHUP (e.g. from ``timeout`` or a batch scheduler)."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated(signal.Signals(signum).name)
+
+
+def _kill_group(process) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    process.wait()
+
+
 def run_step(step: Step, timeout: Optional[float]) -> Dict[str, Any]:
-    """One step as a subprocess in its own process group (killed as a whole on timeout)."""
+    """One step as a subprocess in its own process group, killed as a whole on timeout and when
+    the runner itself is stopped (Ctrl-C, SIGTERM, SIGHUP): a step never outlives its suite, so
+    no stray process keeps a device busy under the next measurement."""
     command = [sys.executable, "-m", "experiments.run", *step.argv()]
     start = time.perf_counter()
-    process = subprocess.Popen(command, cwd=REPO, start_new_session=True, env={**os.environ, **dict(step.env)})
+    handlers = {}
+    if threading.current_thread() is threading.main_thread():  # signal handlers: main thread only
+        handlers = {sig: signal.signal(sig, _raise_terminated) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        rc = process.wait(timeout=timeout)
-        status = "ok" if rc == 0 else "failed"
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-        rc, status = None, "timed out"
+        process = subprocess.Popen(command, cwd=REPO, start_new_session=True, env={**os.environ, **dict(step.env)})
+        try:
+            rc = process.wait(timeout=timeout)
+            status = "ok" if rc == 0 else "failed"
+        except subprocess.TimeoutExpired:
+            _kill_group(process)
+            rc, status = None, "timed out"
+        except BaseException:  # KeyboardInterrupt, Terminated: take the step down, then stop
+            _kill_group(process)
+            raise
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
     return {"step": step.name, "status": status, "rc": rc, "seconds": time.perf_counter() - start,
             "timeout_s": timeout, "run": step.run}
 

@@ -343,6 +343,62 @@ def test_suite_runs_steps_reports_and_fails(tmp_path, capsys):
     assert "not run (time budget)" in capsys.readouterr().out
 
 
+def _children(pid):
+    """Pids whose parent is ``pid`` (Linux /proc)."""
+    found = []
+    for entry in pathlib.Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def _alive(pid):
+    try:
+        state = (pathlib.Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not pathlib.Path("/proc/self/stat").exists(), reason="needs Linux /proc")
+def test_a_terminated_suite_takes_its_running_step_down(tmp_path):
+    """SIGTERM to the runner (what ``timeout`` sends) kills the step's whole process group: a step
+    must not keep running (and sharing the device) after its suite was stopped."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    d = tmp_path / "suites"
+    _suite(d, "long", 'description = "one long step"\ndevice = "cpu"\n[[steps]]\nname = "long"\n'
+                      'run = "bench-decode --shape smollm2-135m-shape --contexts 4096 --batches 8 --new-tokens 4096"\n')
+    runner = subprocess.Popen([sys.executable, "-m", "experiments.run", "suite", "long", "--suites-dir", str(d)],
+                              cwd=pathlib.Path(__file__).resolve().parents[2], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        children = []
+        while not children and time.time() < deadline and runner.poll() is None:
+            time.sleep(0.2)
+            children = _children(runner.pid)
+        assert children, "the suite never started its step"
+        time.sleep(1.0)
+        runner.send_signal(signal.SIGTERM)
+        assert runner.wait(timeout=60) != 0
+        deadline = time.time() + 30
+        while any(_alive(c) for c in children) and time.time() < deadline:
+            time.sleep(0.2)
+        assert not any(_alive(c) for c in children), "the step outlived its terminated suite"
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+
+
 # ---------------------------------------------------------------------------- demo and the compilation cache
 def test_compilation_cache_on_by_default_and_opt_out(tmp_path, monkeypatch):
     import jax
