@@ -152,6 +152,10 @@ REAL_PAIR = tuple((slug, label, f"generate/generate_qwen2.5-coder-1.5b_{tag}-qwe
 PS = "pair_speed/pair_speed_qwen2.5-coder-1.5b_0.5b_"
 #: pair-speed files with bfloat16 speed cases, in the suite's order (a file may hold no case yet)
 PAIR_SPEED = (f"{PS}32k_b16_h200.json", f"{PS}16k_b16_h200.json", f"{PS}8k_h200.json")
+#: pair-speed files measured while another pair-speed process used the same GPU (see the section's first note)
+PAIR_SPEED_SHARED_GPU = frozenset({
+    "pair_speed_qwen2.5-coder-1.5b_0.5b_32k_b16_h200.json", "pair_speed_qwen2.5-coder-1.5b_0.5b_16k_b16_h200.json",
+    "pair_speed_qwen2.5-coder-1.5b_0.5b_8k_h200.json"})
 PAIR_SPEED_F32 = f"{PS}8k_b2_f32_identity_h200.json"   # float32: greedy ClassicSD / MagicDec = AR
 PAIR_SPEED_CHECK = f"{PS}8k_h200.json"                  # holds the Pallas-vs-XLA logits check
 PAIR_SPEED_SUITE = "h200-qwen-pair"
@@ -519,7 +523,8 @@ def _figures() -> List[Figure]:
         for key, case in pair_cases(source):
             base = f"real-pair/h200/{key}"
             what = (f"real Qwen2.5-Coder pair (pair-speed), {case['context'] // 1000}k, batch {case['batch']}, "
-                    f"{dtype}, Pallas")
+                    f"{dtype}, Pallas" + (", shared GPU (provisional)" if pathlib.Path(source).name
+                                          in PAIR_SPEED_SHARED_GPU else ""))
             add(Figure(f"{base}/ar/tok_s", f"{what}: AR, mean of its paired runs", "tokens/s", source,
                        _pair_ar_tok_s(key)))
             for method, label in PAIR_METHODS:
@@ -645,7 +650,8 @@ FIGURES = _figures()
 BY_KEY = {fig.key: fig for fig in FIGURES}
 README_KEYS = (  # the README's short table
     "dustin/speed/qwen2.5-7b-shape/ctx32768/b16/speedup-vs-ar",
-    "dustin/real-pair/qwen2.5-coder-1.5b+qwen2.5-coder-0.5b/ctx8k/b1/h200/dustin/speedup-vs-ar",
+    "real-pair/h200/ctx32000/b16/dustin/speedup",
+    "real-pair/h200/ctx32000/b16/sd/speedup",
     "dustin/quality/qwen2.5-coder-1.5b/ctx8192/k512/dustin-h/arr",
     "kernels/dense-attention/qwen2.5-7b/ctx32768/b16/bandwidth",
     "kernels/sparse-attention/qwen2.5-7b/ctx32768/b16/k512/speedup-vs-dense",
@@ -1211,6 +1217,21 @@ def pair_speed_blocks() -> List[str]:
                 head += (f" — **partial**: measured {', '.join(done)}; not yet {', '.join(partial[key])} (rerunning "
                          "the step resumes at the next method)")
             blocks.append(head + ":\n\n" + pair_case_table(source, key, case))
+            split = pair_split_table(case)
+            same_draft = [case[m]["round_split_ms"]["draft_ms"] for m in ("sd", "streaming", "quest")
+                          if "round_split_ms" in case.get(m, {})]
+            if split and len(same_draft) > 1 and max(same_draft) > 1.5 * min(same_draft):
+                split += (f"\n\n**Not a reliable split**: ClassicSD, StreamingLLM and Quest run the same draft "
+                          f"model, yet its draft time ranges {min(same_draft):.1f}-{max(same_draft):.1f} ms a round "
+                          "here (compiles inside the profiled rounds, or the shared GPU); the trace columns come "
+                          "from the fused loop and do not have this problem.")
+            if split:
+                blocks.append(f"Per-round split and profiler trace, {case['context'] // 1000}k, batch "
+                              f"{case['batch']}: the split comes from a further run with one jitted call and one "
+                              "host sync per phase (so it is slower than the fused loop, and the shares, not the "
+                              "sums, are what it says); the trace is one run of the fused loop (kernels launched "
+                              "per loop round, device-busy time over the span of its kernels and over host wall "
+                              "time).\n\n" + split)
         if missing:
             blocks.append(f"`{source}` (step `{_step_of(source)}`): not measured yet: {', '.join(missing)}"
                           + (" — only its Pallas-vs-XLA logits check ran (below)." if not pair_cases(source)
@@ -1263,6 +1284,31 @@ def pair_speed_blocks() -> List[str]:
     return blocks
 
 
+def pair_split_table(case: Dict[str, Any]) -> str:
+    """The per-round split (``round_split_ms``) and trace summary of each method of a case that has them."""
+    lines = ["| method | draft ms | selection ms | verification ms | other ms | draft share | kernels / round "
+             "| busy / span | busy / wall |", "|---|---|---|---|---|---|---|---|---|"]
+    rows = 0
+    for method, label in [("ar", "AR (per step)")] + list(PAIR_METHODS):
+        r = case.get(method) or {}
+        split, trace = r.get("round_split_ms"), r.get("trace") or {}
+        if not split and "launches" not in trace:
+            continue
+        rows += 1
+        cells = ["–"] * 5
+        if split:
+            verification = split.get("verification_ms", split["verify_ms"])
+            total = split["draft_ms"] + split["verify_ms"] + split["other_ms"]
+            cells = [f"{split['draft_ms']:.1f}", f"{split['selection_ms']:.2f}" if "selection_ms" in split else "–",
+                     f"{verification:.1f}", f"{split['other_ms']:.1f}", f"{100 * split['draft_ms'] / total:.0f} %"]
+        launches = trace.get("launches_per_round")
+        cells += [f"{launches:.0f}" if launches else "–",
+                  f"{100 * trace['busy_share']:.0f} %" if trace.get("busy_share") else "–",
+                  f"{100 * trace['busy_share_of_wall']:.0f} %" if trace.get("busy_share_of_wall") else "–"]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) if rows else ""
+
+
 def _case(context: int, batch: int) -> Optional[Tuple[str, Dict[str, Any]]]:
     for source in PAIR_SPEED:
         for key, case in pair_cases(source):
@@ -1283,12 +1329,24 @@ def pair_speed_notes() -> List[str]:
         return f"{c['context'] // 1000}k/b{c['batch']}"
 
     out = []
+    shared = [(k, c) for s, k, c in cases if pathlib.Path(s).name in PAIR_SPEED_SHARED_GPU]
+    if shared:
+        spreads = "; ".join(f"{where(c)} {min(r['tok_s'] for r in c['ar']['runs']):.0f}-"
+                            f"{max(r['tok_s'] for r in c['ar']['runs']):.0f}" for _, c in shared
+                            if c.get("ar", {}).get("runs"))
+        out.append("**Measured on a shared GPU.** " + ", ".join(where(c) for _, c in shared) + " ran while a second "
+                   "pair-speed process decoded on the same H200 for part of the time (a suite runner stopped by a "
+                   "time limit left its step running; `suite` now kills the step of a stopped runner). tau, "
+                   "acceptance and the match rates do not depend on it; tokens/s and speed-ups are provisional "
+                   "until these steps are re-run alone. The paired AR runs (tokens/s, lowest-highest) were " + spreads
+                   + ". The float32 identity check and the logits check ran alone.")
     main = _case(32000, 16)
     if main and all(m in main[1] for m in ("sd", "magicdec", "dustin")):
         c = main[1]
         met = c["dustin"]["speedup_vs_ar"] > max(c["sd"]["speedup_vs_ar"], c["magicdec"]["speedup_vs_ar"])
+        caveat = " (provisional: shared GPU)" if any(c is cc for _, cc in shared) else ""
         text = (f"At 32k, batch 16, Dustin-H faster than ClassicSD and MagicDec on real weights: "
-                f"**{'met' if met else 'missed'}** — Dustin-H {c['dustin']['speedup_vs_ar']:.2f}x AR "
+                f"**{'met' if met else 'missed'}**{caveat} — Dustin-H {c['dustin']['speedup_vs_ar']:.2f}x AR "
                 f"({c['dustin']['tok_s']:.0f} tokens/s), ClassicSD {c['sd']['speedup_vs_ar']:.2f}x, MagicDec "
                 f"{c['magicdec']['speedup_vs_ar']:.2f}x.")
         fastest = max(pair_methods(c), key=lambda m: c[m]["speedup_vs_ar"])
