@@ -320,7 +320,7 @@ def cmd_dustin_speed(args) -> Dict[str, Any]:
 
 def method_round_bytes(method: str, *, target_config, draft_config, batch: int, context: int, budget: int,
                        gamma: int, target_bytes: int, draft_bytes: int, dustin=None, sinks: int = 4,
-                       quest_page: int = 16, quest_dense_layers: int = 2) -> int:
+                       quest_page: int = 16, quest_dense_layers: int = 2, dtype_bytes: int = 2) -> int:
     """Fewest bytes one speculative round of ``method`` must read (weights once per forward, every
     K/V entry attended, bfloat16): ``gamma`` draft forwards plus one verification forward.
 
@@ -328,12 +328,16 @@ def method_round_bytes(method: str, *, target_config, draft_config, batch: int, 
     ``budget`` positions; ``dustin``: the target over ``budget`` plus the keys of the SRH KV groups
     (target and first draft SRH layer) over the context for the selection; ``streaming``: the
     target over ``budget``; ``quest``: the first ``quest_dense_layers`` target layers dense, the
-    others over ``budget`` plus each page's min and max key (docs/methods.md §3)."""
+    others over ``budget`` plus each page's min and max key (docs/methods.md §3). ``dtype_bytes``: bytes
+    per cached K/V element (2 for bfloat16, 4 for float32)."""
     draft_ctx = budget if method == "magicdec" else context
-    draft_round = gamma * decode_bytes_per_step(draft_config, batch, draft_ctx, draft_bytes)["total"]
+    def step(config, n, params):
+        return decode_bytes_per_step(config, batch, n, params, dtype_bytes)
+
+    draft_round = gamma * step(draft_config, draft_ctx, draft_bytes)["total"]
     if method in ("classic", "sd", "magicdec"):
-        return int(draft_round + decode_bytes_per_step(target_config, batch, context, target_bytes)["total"])
-    sparse = decode_bytes_per_step(target_config, batch, budget, target_bytes)
+        return int(draft_round + step(target_config, context, target_bytes)["total"])
+    sparse = step(target_config, budget, target_bytes)
     if method == "streaming":
         return int(draft_round + sparse["total"])
     if method == "dustin":
@@ -341,13 +345,13 @@ def method_round_bytes(method: str, *, target_config, draft_config, batch: int, 
             raise ValueError("method_round_bytes('dustin') needs the DustinConfig (its SRH heads)")
         groups_t = {h // target_config.queries_per_kv for h in dustin.target_heads}
         groups_d = {h // draft_config.queries_per_kv for h in dustin.draft_heads[0]} if dustin.draft_heads else set()
-        selection = 2 * batch * context * (len(groups_t) * target_config.head_dim
-                                           + len(groups_d) * draft_config.head_dim)
+        selection = dtype_bytes * batch * context * (len(groups_t) * target_config.head_dim
+                                                     + len(groups_d) * draft_config.head_dim)
         return int(draft_round + sparse["total"] + selection)
     if method == "quest":
         layers = target_config.num_layers
         dense = min(quest_dense_layers, layers)
-        per_layer = lambda n: 2 * batch * target_config.num_kv_heads * n * target_config.head_dim * 2  # noqa: E731
+        per_layer = lambda n: 2 * batch * target_config.num_kv_heads * n * target_config.head_dim * dtype_bytes  # noqa: E731
         pages = -(-context // quest_page)
         kv = dense * per_layer(context) + (layers - dense) * (per_layer(budget) + per_layer(pages))
         return int(draft_round + sparse["weights"] + kv)

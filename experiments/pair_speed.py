@@ -197,6 +197,7 @@ def cmd_pair_speed(args) -> Dict[str, Any]:
         progress_line(f"checking the {backend} attention against XLA on {args.backend_check} tokens")
         writer.add("backend_check", backend_check(model, ids, args.backend_check))
     target_bytes, draft_bytes = param_bytes(model.params), param_bytes(draft.params)
+    kv_bytes = 4 if args.dtype == "float32" else 2  # bytes per cached K/V element (the cache has the model dtype)
     engine = EngineConfig(gamma=args.gamma, sampling=SamplingConfig(), max_new_tokens=args.max_new_tokens,
                           stop_tokens=())
     policies = {m: build_policies(args, m, config, draft_config) for m in methods}
@@ -241,7 +242,7 @@ def cmd_pair_speed(args) -> Dict[str, Any]:
                 return out, time.perf_counter() - t0
 
             ar_run()  # the first call allocates; not timed
-            target_step = decode_bytes_per_step(config, batch, context, target_bytes)
+            target_step = decode_bytes_per_step(config, batch, context, target_bytes, kv_bytes)
             roof_ar = batch / (target_step["total"] / bandwidth)
             ar_runs = list((previous or {}).get("ar", {}).get("runs", []))
             ar_tokens = None
@@ -266,7 +267,7 @@ def cmd_pair_speed(args) -> Dict[str, Any]:
                 bytes_round = method_round_bytes(method, target_config=config, draft_config=draft_config,
                                                  batch=batch, context=context, budget=args.budget,
                                                  gamma=args.gamma, target_bytes=target_bytes,
-                                                 draft_bytes=draft_bytes, dustin=dustin)
+                                                 draft_bytes=draft_bytes, dustin=dustin, dtype_bytes=kv_bytes)
                 metrics = result.metrics
                 roof = batch * metrics["tau_untruncated"] / (bytes_round / bandwidth)
                 record = {"description": description, "metrics": metrics, "timings": result.timings,
