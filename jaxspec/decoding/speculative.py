@@ -659,6 +659,8 @@ def _metrics(final: LoopState, gamma: int, engine: EngineConfig, plain_tokens: i
     return extra | {
         "rounds": int(final.round),
         "row_rounds": row_rounds,
+        # rounds each row was active in: the loop runs until the row with the most is done
+        "rounds_per_row": np.asarray(final.active_rounds).astype(int).tolist(),
         "tau": committed_in_rounds / row_rounds if row_rounds else None,
         "tau_untruncated": float((histogram * (np.arange(gamma + 1) + 1)).sum() / max(histogram.sum(), 1)),
         "accepted_histogram": histogram.tolist(),
