@@ -219,6 +219,9 @@ def test_default_controller_is_one_dispatch_and_a_chunked_one_keeps_the_output(m
     assert result.timings["profile_rounds"] > 0
     rounds_tokens = int((result.num_generated - 1).sum()) - result.metrics["plain_tokens"]
     assert result.metrics["tau"] == rounds_tokens / result.metrics["row_rounds"]
+    per_row = result.metrics["rounds_per_row"]
+    assert len(per_row) == len(PROMPTS) and sum(per_row) == result.metrics["row_rounds"]
+    assert max(per_row) <= result.metrics["rounds"]  # the loop ran until its busiest row was done
 
     class TooWide(Chunked):
         def start(self, run):
