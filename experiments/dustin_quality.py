@@ -62,6 +62,10 @@ def add_dustin_args(parser: argparse.ArgumentParser) -> None:
                        help="dustin / streaming / snapkv / magicdec: measured choice between the method and plain "
                             "decoding (docs/methods.md §5.2): time ROUNDS speculative rounds against as many AR "
                             "steps on the live sequence, keep the faster for the rest of the run")
+    group.add_argument("--arbitrate-tail", type=int, default=None, metavar="ROUNDS",
+                       help="with --arbitrate: while speculating, every ROUNDS rounds compare the time to finish the "
+                            "whole batch (it waits for its slowest row) with plain decoding's, and switch to plain "
+                            "decoding once that is sooner (docs/methods.md §5.2)")
     group.add_argument("--draft-window", type=int, default=None, metavar="W",
                        help="dustin with --draft-kv streaming|verify-set: the recent window (default K - 4 for "
                             "streaming, the verifier's window w for verify-set)")
@@ -107,6 +111,11 @@ def validate(args) -> None:
             raise ValueError("--arbitrate: --method quest runs its own verification loop; use another method")
         if args.arbitrate < 1:
             raise ValueError(f"--arbitrate={args.arbitrate} must be >= 1 (speculative rounds per probe)")
+    if getattr(args, "arbitrate_tail", None) is not None:
+        if args.arbitrate is None:
+            raise ValueError("--arbitrate-tail refines --arbitrate ROUNDS (the measured choice); give --arbitrate too")
+        if args.arbitrate_tail < 1:
+            raise ValueError(f"--arbitrate-tail={args.arbitrate_tail} must be >= 1 (rounds between tail checks)")
     if args.draft_window is not None:
         if args.draft_kv == "full":
             raise ValueError(f"--draft-window={args.draft_window} needs --draft-kv streaming or verify-set")
@@ -296,8 +305,9 @@ def run_sparse(args, model, prompts, sampling, stops, out):
         if args.arbitrate is not None:
             from jaxspec.decoding.arbitration import MeasuredChoiceController
 
-            kwargs["controller"] = MeasuredChoiceController(probe_rounds=args.arbitrate)
-            sparse["arbitrate"] = {"probe_rounds": args.arbitrate}
+            tail = getattr(args, "arbitrate_tail", None)
+            kwargs["controller"] = MeasuredChoiceController(probe_rounds=args.arbitrate, tail_check=tail)
+            sparse["arbitrate"] = {"probe_rounds": args.arbitrate, "tail_check": tail}
         result = speculative_generate(model.params, config, prompts, profile=args.profile, **common, **kwargs)
     out["sparse"] = sparse
     return result

@@ -48,6 +48,8 @@ METHODS = ("sd", "magicdec", "dustin", "streaming", "quest")
 #: dense verification: greedy output equals AR's (token for token in float32)
 DENSE_METHODS = ("sd", "magicdec")
 SPARSE_BUDGET_METHODS = ("magicdec", "dustin", "streaming", "quest")
+#: options recorded in a results file's config only when set
+OPTIONAL_CONFIG = ("arbitrate", "arbitrate_tail")
 #: ``--backend-check`` fails when the last-position logits differ by more than this share of their scale
 BACKEND_CHECK_RTOL = 0.05
 
@@ -85,6 +87,13 @@ def check_args(args) -> Tuple[List[int], List[int], List[str]]:
     for flag in ("gamma", "max_new_tokens", "row_stride"):
         if getattr(args, flag) < 1:
             raise ValueError(f"--{flag.replace('_', '-')}={getattr(args, flag)}: must be >= 1")
+    if args.arbitrate < 0 or args.arbitrate_tail < 0:
+        raise ValueError(f"--arbitrate={args.arbitrate} / --arbitrate-tail={args.arbitrate_tail}: rounds >= 0 "
+                         f"(0 = off)")
+    if args.arbitrate_tail and not args.arbitrate:
+        raise ValueError("--arbitrate-tail refines --arbitrate ROUNDS (the measured choice); give --arbitrate too")
+    if args.arbitrate and "quest" in methods:
+        raise ValueError("--arbitrate: quest is not run under the measured choice; drop it from --methods")
     if args.backend_check < 0:
         raise ValueError(f"--backend-check={args.backend_check}: a token count >= 0 (0 = off)")
     if not pathlib.Path(args.text_file).is_file():
@@ -181,7 +190,9 @@ def cmd_pair_speed(args) -> Dict[str, Any]:
     contexts, batches, methods = check_args(args)
     profile_batches = set(_ints(args.profile_batches, "--profile-batches", allow_empty=True))
     trace_batches = set(_ints(args.trace_batches, "--trace-batches", allow_empty=True))
-    writer = ResultWriter(args.out, "pair-speed", config_of(args))
+    # options at their "off" default stay out of the config, so files written before they existed still resume
+    writer = ResultWriter(args.out, "pair-speed", config_of(args, exclude=[k for k in OPTIONAL_CONFIG
+                                                                            if not getattr(args, k)]))
     if not writer.has("copy_bandwidth"):
         writer.add("copy_bandwidth", copy_bandwidth(args.copy_gib))
     bandwidth = writer.get("copy_bandwidth")["bandwidth_Bps"]
@@ -256,11 +267,17 @@ def cmd_pair_speed(args) -> Dict[str, Any]:
                 ar_tokens, ar_s = ar_run()
                 ar_tps = ar_tokens.size / ar_s
                 ar_runs.append({"before": method, "decode_s": ar_s, "tok_s": ar_tps})
+                controller = None
+                if args.arbitrate:  # the measured choice (docs/methods.md §5.2), probed afresh in the timed run
+                    from jaxspec.decoding.arbitration import MeasuredChoiceController
+
+                    controller = MeasuredChoiceController(probe_rounds=args.arbitrate, remember=False,
+                                                          tail_check=args.arbitrate_tail or None)
                 result = speculative_generate(model.params, config, [], prompt_tokens=(tokens, lengths),
                                               draft_policy=draft_policy, draft_params=draft.params,
                                               draft_state=draft_cache, verify_policy=verify_policy, engine=engine,
                                               capacity=capacity, warmup=True, profile=batch in profile_batches,
-                                              prefilled=prefilled)
+                                              prefilled=prefilled, controller=controller)
                 spec_tokens = np.asarray(result.tokens)
                 tok_s = float(result.num_generated.sum()) / result.timings["decode_s"]
                 dustin = verify_policy.dustin if method == "dustin" else None
@@ -309,6 +326,8 @@ def cmd_pair_speed(args) -> Dict[str, Any]:
                     record["trace"] = per_round_trace(trace, holder.get("rounds"))
                     row["launches_per_round"] = record["trace"].get("launches_per_round")
                     row["busy_share"] = record["trace"].get("busy_share")
+                if "arbitration" in metrics:  # the measured choice: what it ran
+                    row["choice"] = metrics["arbitration"]["choice"]
                 record["row"] = row
                 entry[method] = record
                 entry["ar"] = {"runs": ar_runs}
@@ -334,7 +353,7 @@ def cmd_pair_speed(args) -> Dict[str, Any]:
             del prefilled, draft_cache, ar_compiled
     print_table(rows, columns=["context", "batch", "method", "tok_s", "speedup", "tau", "match_ar",
                                "roofline_speedup", "draft_ms", "selection_ms", "verification_ms", "verify_ms",
-                               "other_ms", "launches_per_round", "busy_share", "compile_s"],
+                               "other_ms", "launches_per_round", "busy_share", "choice", "compile_s"],
                 title=f"{args.model} + {args.draft} draft, {args.dtype}, {backend} attention, k={args.budget}, "
                       f"gamma {args.gamma}, {args.max_new_tokens} new tokens, greedy, real acceptance; copy "
                       f"bandwidth {bandwidth / 1e12:.2f} TB/s")
@@ -389,5 +408,10 @@ def register(subparsers) -> None:
     p.add_argument("--trace-batches", default="", help="batches whose cases also take one profiler trace per method")
     p.add_argument("--backend-check", type=int, default=0, metavar="N",
                    help="check the attention backend's logits against XLA's on N tokens first (0 = off)")
+    p.add_argument("--arbitrate", type=int, default=0, metavar="ROUNDS",
+                   help="run every method under the measured choice between speculation and plain decoding "
+                        "(probe ROUNDS rounds against as many AR steps; docs/methods.md §5.2); 0 = off")
+    p.add_argument("--arbitrate-tail", type=int, default=0, metavar="ROUNDS",
+                   help="with --arbitrate: the tail check every ROUNDS speculative rounds (0 = off)")
     p.add_argument("--copy-gib", type=float, default=4.0, help="size of the copy-bandwidth measurement")
     p.set_defaults(func=cmd_pair_speed)

@@ -46,7 +46,9 @@ def measured_arbitration(run, speculative: Callable, plain: Callable, *, rounds:
     ar_model = None if ar_model_rate is None else float(ar_model_rate(active))
     ar_rate = max(ar_measured, ar_model or 0.0)
     probe = {"rounds": int(rounds), "speculative_tokens": n1 - n0, "speculative_s": t1 - t0,
-             "ar_tokens": n2 - n1, "ar_s": t2 - t1, "speculative_tokens_per_s": spec_rate,
+             "ar_tokens": n2 - n1, "ar_s": t2 - t1, "ar_steps": int(plain_units),
+             "ar_step_s": (t2 - t1) / plain_units if plain_units else None,
+             "speculative_tokens_per_s": spec_rate,
              "ar_tokens_per_s": ar_rate, "ar_tokens_per_s_measured": ar_measured,
              "ar_tokens_per_s_model": ar_model, "choice": "speculative" if spec_rate >= ar_rate else "ar"}
     return probe, spec_units + plain_units
@@ -67,21 +69,45 @@ def context_bucket(run) -> int:
     return int(2 ** int(np.ceil(np.log2(max(float(np.mean(lengths)), 1.0)))))
 
 
+def finish_times(round_s: float, step_s: float, left, tokens_per_round) -> Tuple[float, float]:
+    """Seconds until every active row is done ``(speculative, plain)``: the batched loop runs until
+    its slowest row finishes, so speculation needs ``max_i left_i / tokens_per_round_i`` rounds of
+    ``round_s`` and plain decoding ``max_i left_i`` steps of ``step_s`` (docs/methods.md §5.2)."""
+    left = np.asarray(left, np.float64)
+    rate = np.maximum(np.asarray(tokens_per_round, np.float64), 1e-9)
+    if left.size == 0:
+        return 0.0, 0.0
+    return float(round_s * np.max(np.ceil(left / rate))), float(step_s * np.max(left))
+
+
 class MeasuredChoiceController(ScriptedController):
     """Speculation only where it pays: probe ``probe_rounds`` speculative rounds against as many plain
     decoding steps on the live sequence (:func:`measured_arbitration`), then run the rest of the run
     (or ``reprobe_rounds`` rounds, then probe again) in the faster mode. Decisions of timed runs are
     remembered per ``(context bucket, active rows)`` (see the module doc); ``remember=False`` probes
-    every run. ``metrics["arbitration"]`` lists the probes and the choices."""
+    every run. ``metrics["arbitration"]`` lists the probes and the choices.
 
-    def __init__(self, probe_rounds: int = 8, reprobe_rounds: Optional[int] = None, remember: bool = True):
+    ``tail_check=R``: while speculating, return to the host every ``R`` rounds and compare the time
+    to finish the whole batch both ways (:func:`finish_times`: each row's own tokens per round since
+    speculation began, the measured round time, the probe's plain step time); switch to plain
+    decoding for the rest once that is sooner. A probe's rates are means over the rows, but the
+    loop waits for its slowest row, so a batch with a few low-acceptance rows can be faster in plain
+    decoding than its probe says (docs/methods.md §5.2)."""
+
+    def __init__(self, probe_rounds: int = 8, reprobe_rounds: Optional[int] = None, remember: bool = True,
+                 tail_check: Optional[int] = None):
         if isinstance(probe_rounds, bool) or not isinstance(probe_rounds, int) or probe_rounds < 1:
             raise ValueError(f"probe_rounds={probe_rounds!r} must be an integer >= 1")
         if reprobe_rounds is not None and (isinstance(reprobe_rounds, bool) or not isinstance(reprobe_rounds, int)
                                            or reprobe_rounds < 1):
             raise ValueError(f"reprobe_rounds={reprobe_rounds!r} must be None (probe once) or an integer >= 1")
+        if tail_check is not None and (isinstance(tail_check, bool) or not isinstance(tail_check, int)
+                                       or tail_check < 1):
+            raise ValueError(f"tail_check={tail_check!r} must be None (no tail check) or an integer >= 1")
         self.probe_rounds, self.reprobe_rounds, self.remember = probe_rounds, reprobe_rounds, remember
+        self.tail_check = tail_check
         self.decisions: Dict[Tuple[int, int], str] = {}
+        self.step_seconds: Dict[Tuple[int, int], float] = {}  # the probes' plain step time per key
 
     def _speculative(self, run, rounds: int):
         # a bounded chunk, never None: the traced round limit keeps one compile for probes and stretches
@@ -110,12 +136,19 @@ class MeasuredChoiceController(ScriptedController):
                 choice = probe["choice"]
                 if self.remember and not run.warmup and not run.profiling:
                     self.decisions[key] = choice
+                    if probe.get("ar_step_s"):
+                        self.step_seconds[key] = probe["ar_step_s"]
+            step_s = probe.get("ar_step_s") if probe is not None else self.step_seconds.get(key)
             self.events.append({"context_bucket": key[0], "active_rows": key[1], "choice": choice,
                                 "probe": probe, "remembered": probe is None})
             span = limit if self.reprobe_rounds is None else self.reprobe_rounds
             if run.finished():
                 break
-            if choice == "speculative":
+            if choice == "speculative" and self.tail_check is not None and step_s:
+                if (yield from self._speculate_to_tail(run, span, step_s)):
+                    continue  # span done (re-probe) or every row finished
+                yield from self._plain(run, remaining_steps(run))  # the tail in plain decoding
+            elif choice == "speculative":
                 yield from self._speculative(run, span)
             else:
                 yield from self._plain(run, span if self.reprobe_rounds is not None else remaining_steps(run))
@@ -123,14 +156,39 @@ class MeasuredChoiceController(ScriptedController):
             if not run.finished():
                 yield Chunk(plain_steps=1)
 
+    def _speculate_to_tail(self, run, span: int, step_s: float):
+        """Speculate for up to ``span`` rounds in chunks of ``tail_check``; returns True when the span
+        ended or every row finished, False when plain decoding will finish the batch sooner."""
+        start_out = np.asarray(run.state.num_out).copy()
+        spent, rounds = 0.0, 0
+        while rounds < span and not run.finished():
+            t0 = time.perf_counter()
+            rounds += (yield from self._speculative(run, min(self.tail_check, span - rounds)))
+            spent += time.perf_counter() - t0
+            if run.finished() or rounds >= span:
+                return True
+            state = run.state
+            active = ~np.asarray(state.done)
+            out = np.asarray(state.num_out)
+            left = run.engine.max_new_tokens - out[active]
+            per_round = (out - start_out)[active] / max(rounds, 1)
+            spec_s, plain_s = finish_times(spent / max(rounds, 1), step_s, left, per_round)
+            if plain_s < spec_s:
+                self.events.append({"context_bucket": context_bucket(run), "active_rows": int(active.sum()),
+                                    "choice": "ar", "reason": "tail", "after_rounds": rounds,
+                                    "speculative_finish_s": spec_s, "plain_finish_s": plain_s,
+                                    "remembered": False, "probe": None})
+                return False
+        return True
+
     def finish(self, run) -> Tuple[Dict[str, Any], Dict[str, Any]]:
         counters = run.counters
         choices = [event["choice"] for event in self.events]
         metrics = {"arbitration": {"probe_rounds": self.probe_rounds, "reprobe_rounds": self.reprobe_rounds,
-                                   "events": self.events,
+                                   "tail_check": self.tail_check, "events": self.events,
                                    "choice": choices[-1] if choices else "speculative"},
                    "ar_steps": counters.plain_steps, "ar_tokens": counters.plain_tokens}
         return metrics, {}
 
 
-__all__ = ["MeasuredChoiceController", "context_bucket", "measured_arbitration", "remaining_steps"]
+__all__ = ["MeasuredChoiceController", "context_bucket", "finish_times", "measured_arbitration", "remaining_steps"]

@@ -76,3 +76,58 @@ def test_warmup_decisions_not_remembered_and_errors(params):
     for bad in (dict(probe_rounds=0), dict(reprobe_rounds=0), dict(probe_rounds=True)):
         with pytest.raises(ValueError, match="must be"):
             MeasuredChoiceController(**bad)
+
+
+def test_finish_times_wait_for_the_slowest_row():
+    from jaxspec.decoding.arbitration import finish_times
+
+    # brute force: run rounds until every row has its tokens, each row committing its own rate per round
+    left, rate = np.array([10, 40, 7]), np.array([3.0, 1.5, 4.0])
+    rounds, done = 0, np.zeros(3)
+    while (done < left).any():
+        done += rate
+        rounds += 1
+    spec, plain = finish_times(0.02, 0.006, left, rate)
+    assert spec == pytest.approx(0.02 * rounds) and plain == pytest.approx(0.006 * 40)
+    assert rounds == 27  # the 1.5-tokens-per-round row decides, not the mean rate
+    assert finish_times(0.02, 0.006, [], []) == (0.0, 0.0)
+
+
+@pytest.mark.parametrize("tail_prefers_plain", [True, False])
+def test_tail_check_switches_to_plain_decoding_only_when_it_finishes_sooner(params, monkeypatch, tail_prefers_plain):
+    """The tail rule switches the rest of the run to plain decoding exactly when its estimate says plain
+    finishes the batch sooner; the output stays AR's either way."""
+    from jaxspec.decoding import arbitration
+
+    calls = []
+
+    def estimate(round_s, step_s, left, per_round):
+        calls.append((round_s, step_s, np.asarray(left).tolist(), np.asarray(per_round).tolist()))
+        return (1.0, 0.5) if tail_prefers_plain else (0.5, 1.0)
+
+    real_arbitration = arbitration.measured_arbitration
+
+    def speculative_wins(*args, **kwargs):  # the probe picks speculation, whatever the host timings
+        probe, units = yield from real_arbitration(*args, **kwargs)
+        if probe is not None:
+            probe["choice"] = "speculative"
+        return probe, units
+
+    monkeypatch.setattr(arbitration, "finish_times", estimate)
+    monkeypatch.setattr(arbitration, "measured_arbitration", speculative_wins)
+    controller = MeasuredChoiceController(probe_rounds=2, tail_check=1, remember=False)
+    result = _run(params, controller)
+    assert result.rows() == generate(params, TARGET, PROMPTS, NEW).rows()
+    info = result.metrics["arbitration"]
+    probe = info["events"][0]["probe"]
+    assert probe["ar_step_s"] == pytest.approx(probe["ar_s"] / probe["ar_steps"]) and probe["ar_steps"] == 2
+    assert calls and all(step == probe["ar_step_s"] and len(left) == len(rate) for _, step, left, rate in calls)
+    tail = [e for e in info["events"] if e.get("reason") == "tail"]
+    if tail_prefers_plain:
+        assert len(calls) == 1 and len(tail) == 1 and info["choice"] == "ar"
+        assert result.metrics["ar_tokens"] > probe["ar_tokens"]  # the rest ran in plain decoding
+    else:
+        assert len(calls) >= 2 and not tail and info["choice"] == "speculative"
+        assert result.metrics["ar_tokens"] == probe["ar_tokens"]  # only the probe's plain steps
+    with pytest.raises(ValueError, match="tail_check"):
+        MeasuredChoiceController(tail_check=0)

@@ -52,6 +52,9 @@ def test_check_args_accepts_good_input():
     (["--row-stride", "0"], "--row-stride=0: must be >= 1"),
     (["--methods", "dustin", "--dustin-profile", "/no/such/profile.json"],
      "--dustin-profile /no/such/profile.json: no such file"),
+    (["--arbitrate-tail", "4"], "--arbitrate-tail refines --arbitrate ROUNDS"),
+    (["--arbitrate", "8", "--methods", "sd,quest"], "quest is not run under the measured choice"),
+    (["--arbitrate=-1"], "--arbitrate=-1 / --arbitrate-tail=0: rounds >= 0"),
 ])
 def test_check_args_refuses_bad_input(extra, message):
     with pytest.raises(ValueError) as err:
