@@ -440,12 +440,25 @@ def _quiet_orbax() -> Iterator[None]:
 
 
 # ---------------------------------------------------------------------------- one entry point
+#: set to 0 to neither read nor write the converted (orbax) copy of a registry model: each load then
+#: dequantises the GGUF file again, which on a many-core machine costs about what reading the copy
+#: does, and saves writing it once (docs/gpu.md, staging)
+CONVERTED_CACHE_ENV = "JAXSPEC_CONVERTED_CACHE"
+
+
 def load_model(source: str, dtype: str = "bfloat16", with_tokenizer: bool = True, progress: bool = True,
                use_converted_cache: bool = True) -> LoadedModel:
-    """Load weights (and tokenizer) from a registry name, a GGUF file, an HF folder or an orbax folder."""
+    """Load weights (and tokenizer) from a registry name, a GGUF file, an HF folder or an orbax folder.
+
+    A registry model is dequantised once and kept as a converted orbax copy in the cache, unless
+    ``use_converted_cache=False`` or ``$JAXSPEC_CONVERTED_CACHE=0``."""
     from jaxspec import assets
     from jaxspec.models import registry
 
+    setting = os.environ.get(CONVERTED_CACHE_ENV, "1").strip()
+    if setting not in ("0", "1", ""):
+        raise ValueError(f"${CONVERTED_CACHE_ENV}={setting!r}: use 1 (keep a converted copy, the default) or 0")
+    use_converted_cache = use_converted_cache and setting != "0"
     path = pathlib.Path(os.path.expanduser(str(source)))
     if str(source) in registry.KNOWN_MODELS:
         gguf_path = registry.resolve_model_file(str(source), progress=progress)

@@ -455,3 +455,31 @@ def test_corrupt_converted_cache_is_reported_in_one_line_and_converted_again(
     # The rewritten cache restores cleanly (nothing said).
     load_model(name, dtype="float32", with_tokenizer=False, progress=False)
     assert capfd.readouterr().err.strip() == ""
+
+
+def test_converted_cache_can_be_turned_off(tiny_llama_gguf, tmp_path, monkeypatch):
+    """``$JAXSPEC_CONVERTED_CACHE=0``: a registry model is dequantised from its GGUF file on every load;
+    no converted copy is read or written (a bad value is refused naming it)."""
+    from jaxspec.models import loading
+
+    name = "tiny-registry-model"
+    monkeypatch.setenv("JAXSPEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setitem(registry.KNOWN_MODELS, name, registry.KNOWN_MODELS["smollm2-135m"])
+    monkeypatch.setattr(registry, "resolve_model_file", lambda source, progress=True: tiny_llama_gguf)
+    monkeypatch.setattr(loading, "load_gguf_tokenizer", lambda path: None)
+    reference = load_model(name, dtype="float32", with_tokenizer=False, progress=False)  # writes the copy
+    assert (tmp_path / "cache" / "converted" / name / "jaxspec_config.json").is_file()
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the converted copy was used")
+
+    monkeypatch.setattr(loading, "save_checkpoint", refuse)
+    monkeypatch.setattr(loading, "load_checkpoint", refuse)
+    monkeypatch.setenv("JAXSPEC_CONVERTED_CACHE", "0")
+    fresh = load_model(name, dtype="float32", with_tokenizer=False, progress=False)
+    for path, value in jax.tree_util.tree_leaves_with_path(reference.params):
+        np.testing.assert_array_equal(np.asarray(dict(jax.tree_util.tree_leaves_with_path(fresh.params))[path]),
+                                      np.asarray(value), err_msg=str(path))
+    monkeypatch.setenv("JAXSPEC_CONVERTED_CACHE", "no")
+    with pytest.raises(ValueError, match=r"\$JAXSPEC_CONVERTED_CACHE='no': use 1"):
+        load_model(name, dtype="float32", with_tokenizer=False, progress=False)
