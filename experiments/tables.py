@@ -172,7 +172,10 @@ QUALITY = {"qwen2.5-coder-1.5b": ("dustin_quality/dustin_quality_qwen2.5-coder-1
                                   "dustin_quality/dustin_quality_qwen2.5-coder-1.5b_16k_cpu.json"),
            "smollm2-135m": ("dustin_quality/dustin_quality_smollm2-135m_2k-8k_cpu.json",)}
 #: fixed m, the input-aware rules and the per-round oracle (docs/methods.md §3.7), per model
-INPUT_AWARE_M = {"smollm2-135m": "dustin_quality/dustin_quality_input_aware_m_smollm2-135m_2k_cpu.json"}
+INPUT_AWARE_M = {"smollm2-135m": "dustin_quality/dustin_quality_input_aware_m_smollm2-135m_2k_cpu.json",
+                 "qwen2.5-coder-1.5b": "dustin_quality/dustin_quality_input_aware_m_qwen2.5-coder-1.5b_2k_cpu.json"}
+#: how each input-aware-m run drafts
+INPUT_AWARE_M_DRAFT = {"smollm2-135m": "mlp:10-12 self-draft", "qwen2.5-coder-1.5b": "qwen2.5-coder-0.5b draft"}
 QUALITY_PAIR = {"qwen2.5-coder-1.5b": "Qwen2.5-Coder-1.5B + Qwen2.5-Coder-0.5B draft",
                 "smollm2-135m": "SmolLM2-135M, self-draft mlp:10-12"}
 K = "knapspec/knapspec_"
@@ -1106,10 +1109,15 @@ for _source, _title, _ctx in (
     PLOTS[_name.replace(".json", ".png")] = _arr(_source, _title, _ctx)
 
 
-@_plot("dustin_quality/dustin_quality_input_aware_m_smollm2-135m_2k_cpu.png")
-def input_aware_m_plot(fig_path) -> None:
-    plot_m_rules(load(INPUT_AWARE_M["smollm2-135m"])["cases"], fig_path,
-                 title="smollm2-135m + mlp:10-12 self-draft, 2k: input-aware m")
+def _m_rules_plot(model):
+    def draw(fig_path) -> None:
+        plot_m_rules(load(INPUT_AWARE_M[model])["cases"], fig_path,
+                     title=f"{model} + {INPUT_AWARE_M_DRAFT[model]}, 2k: input-aware m")
+    return draw
+
+
+for _model, _source in INPUT_AWARE_M.items():
+    PLOTS[_source.replace(".json", ".png")] = _m_rules_plot(_model)
 
 
 @_plot("knapspec/knapspec_speedup_qwen2.5-7b-shape_smollm2-135m_h200_cpu.png")
@@ -1643,20 +1651,21 @@ def results_markdown() -> str:
                 "The split m of Dustin-H's budget chosen per round and row from the two signals (docs/methods.md "
                 "§3.7), against the profile's fixed m and an oracle that takes, every round, the m maximising that "
                 "round's ARR (read from the full-KV verification). SmolLM2-135M with its mlp:10-12 self-draft and "
-                "its committed profile, CPU, float32, greedy, gamma 4, 16 new tokens, "
-                f"{len({c['task'] for c in load(INPUT_AWARE_M['smollm2-135m'])['cases'].values() if 'task' in c})}"
-                " seeded evaluation-split item(s) at 2k, means over items. The gap closed is (ARR of the rule − ARR "
+                "the Qwen2.5-Coder-1.5B with its 0.5B draft, each with its committed profile, CPU, float32, greedy, "
+                "gamma 4, 16 new tokens, "
+                + ", ".join(f"{len({c['task'] for c in load(src)['cases'].values() if 'task' in c})} ({m})"
+                            for m, src in INPUT_AWARE_M.items())
+                + " seeded evaluation-split item(s) at 2k, means over items. The gap closed is (ARR of the rule − ARR "
                 "of fixed m) / (ARR of the oracle − ARR of fixed m). Selection time: the selection alone on the "
                 "same signals (the signals cost the same for every rule), best of 3 calls, mean over rounds; "
                 "\"-\" where the profile's m is k − s − w (Dustin-D: one signal, no split to choose, both rules "
                 "select as fixed m).",
                 ("dustin/input-aware-m/",),
-                [m_rule_table(INPUT_AWARE_M["smollm2-135m"]),
-                 "![input-aware m](../experiments/results/dustin_quality/"
-                 "dustin_quality_input_aware_m_smollm2-135m_2k_cpu.png)"],
-                m_rule_verdicts(INPUT_AWARE_M["smollm2-135m"])
-                + ["Not measured: the Qwen2.5-Coder pair (its suite step is in cpu-dustin-quality; both float32 "
-                   "models did not fit in memory beside other work), 4k and beyond, and the H200 at 16k-32k."]),
+                [block for m, src in INPUT_AWARE_M.items()
+                 for block in (f"{m} + {INPUT_AWARE_M_DRAFT[m]} (`{src}`):\n\n" + m_rule_table(src),
+                               f"![input-aware m, {m}](../experiments/results/{src.replace('.json', '.png')})")],
+                [f"{m}: {line}" for m, src in INPUT_AWARE_M.items() for line in m_rule_verdicts(src)]
+                + ["Not measured: 4k and beyond, and the H200 at 16k-32k."]),
         section("Dustin: speed",
                 "One H200: random-weight Qwen2.5-7B-shaped target, Qwen2.5-0.5B-shaped draft, Pallas attention in "
                 "both, gamma 4, k = 512, 64 new tokens, acceptance fixed to the real Qwen2.5-Coder pair's tau "
