@@ -6,7 +6,10 @@
 
   - ``dustin``: Dustin verification (``--dustin-mode hybrid|target|draft`` = Dustin-H/T/D), the
     per-budget config of ``--dustin-profile FILE`` (written by ``dustin-profile``), else an
-    unprofiled default (labelled in the JSON);
+    unprofiled default (labelled in the JSON); with ``--draft-skip SPEC --draft-kv streaming`` the
+    self-draft reads a StreamingLLM view of the target cache (MagicDec's self-draft) and still gives the
+    lookahead signal over the full keys (docs/methods.md §5.5); KnapSpec's re-planned self-draft with
+    Dustin verification is ``--method knapspec-dustin`` (:mod:`experiments.knapspec`);
   - ``streaming``: StreamingLLM verification (4 sinks + the last ``K - 4`` positions);
   - ``snapkv``: SnapKV verification (static prompt selection of ``K`` positions after prefill +
     every generated token);

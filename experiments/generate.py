@@ -47,7 +47,8 @@ def add_generate_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--method", default="ar", choices=methods,
                         help="ar = autoregressive, sd = speculative; knapspec, clasp, static-skip, knapspec-budget = layer-skipping "
-                             "self-speculation (KnapSpec and its baselines); dustin, streaming, snapkv, quest, "
+                             "self-speculation (KnapSpec and its baselines); knapspec-dustin = KnapSpec plans with "
+                             "Dustin verification (--budget K); dustin, streaming, snapkv, quest, "
                              "magicdec = sparse attention with --budget K (Dustin and its baselines)")
     parser.add_argument("--draft", help="sd: draft model source (same tokenizer as --model)")
     parser.add_argument("--draft-skip", help="sd: self-draft skipping sub-layers, e.g. 'mlp:odd' or 'attn:4-9;mlp:12'")
@@ -114,11 +115,11 @@ def check_generate_args(args) -> None:
         raise ValueError("--compare-ar compares a speculative method with autoregressive decoding; --method ar is "
                          "autoregressive already")
     for family in registry.METHOD_ARGUMENTS:
-        if registered is not None and registered.family == family:
+        if registered is not None and (registered.family == family or family in registered.also):
             continue
         for dest, default in registry.family_defaults(family).items():
             if getattr(args, dest) != default:
-                users = [m.name for m in registry.METHODS.values() if m.family == family]
+                users = [m.name for m in registry.METHODS.values() if m.family == family or family in m.also]
                 raise ValueError(f"--{dest.replace('_', '-')} is an option of --method {' / '.join(users)}; "
                                  f"--method {method} does not take it")
     if "gamma" in takes:

@@ -74,6 +74,9 @@ DEFAULT_LATENCY_FIT = "forward"
 # sub-layers, gamma* and the gamma used, predicted TPT, alpha, seconds) and the planning time as a
 # fraction of the decode time (planning runs inside the timed decode).
 SELF_SPEC_METHODS = ("knapspec", "clasp", "static-skip", "knapspec-budget")
+#: KnapSpec plans (the draft SRH layers' Attention kept executed) + Dustin verification (docs/methods.md §5.5);
+#: reads the self-speculative options and the sparse ones (--budget, --dustin-profile, --dustin-mode, --draft-kv, ...)
+KNAPSPEC_DUSTIN = "knapspec-dustin"
 DEFAULT_CALIBRATION_FILE = DEMO_PROMPT_FILE
 
 
@@ -190,6 +193,42 @@ def validate_self_spec(args) -> None:
             raise ValueError(f"--knapspec-budget-reference-tokens={args.knapspec_budget_reference_tokens}: "
                              f"must be >= 1")
     knapspec_config_from_args(args)  # validates the knobs
+
+
+def validate_knapspec_dustin(args) -> None:
+    """Checks before any model loads (``generate --method knapspec-dustin``): the KnapSpec knobs, then the
+    Dustin ones (budget, profile, draft KV)."""
+    from jaxspec.dustin.config import check_budget
+    from jaxspec.dustin.search import DustinProfile
+
+    validate_self_spec(args)
+    defaults = registry.family_defaults("self-speculative")
+    if args.knapspec_coupled:
+        raise ValueError("--knapspec-coupled skips whole layers; --method knapspec-dustin keeps the SRH layers' "
+                         "Attention sub-layers executed, which needs the sub-layer DP")
+    if args.knapspec_early_exit != defaults["knapspec_early_exit"]:
+        raise ValueError(f"--knapspec-early-exit={args.knapspec_early_exit}: --method knapspec-dustin drafts every "
+                         f"token of a round (no early exit); drop the option")
+    if args.budget is None:
+        raise ValueError("--method knapspec-dustin needs --budget K (one of 128, 256, 512, 1024, 2048)")
+    check_budget(args.budget)
+    if args.arbitrate is not None:
+        raise ValueError(f"--arbitrate={args.arbitrate}: --method knapspec-dustin arbitrates after each plan with "
+                         f"--knapspec-probe-rounds; drop --arbitrate")
+    if args.draft_window is not None:
+        if args.draft_kv == "full":
+            raise ValueError(f"--draft-window={args.draft_window} needs --draft-kv streaming or verify-set")
+        if args.draft_window < 1:
+            raise ValueError(f"--draft-window={args.draft_window} must be >= 1")
+    if args.dustin_m_rule != "fixed" and args.dustin_mode != "hybrid":
+        raise ValueError(f"--dustin-m-rule {args.dustin_m_rule} chooses Dustin-H's split: it needs --dustin-mode "
+                         f"hybrid (got {args.dustin_mode})")
+    if args.dustin_profile:
+        profile = DustinProfile.load(args.dustin_profile)  # missing / corrupt file: ProfileError (a ValueError)
+        profile.config(args.budget, args.dustin_mode)  # budget not profiled: ProfileError naming the profiled ones
+        if "self_draft_mask" not in profile.draft:
+            raise ValueError(f"{args.dustin_profile} profiles the separate draft {profile.draft.get('name')!r}; "
+                             f"--method knapspec-dustin needs a self-draft profile (its SRH layers are target layers)")
 
 
 def check_clasp_skip_count(count, num_layers: int) -> None:
@@ -321,6 +360,19 @@ def run_self_spec(args, model, prompts, sampling, stops, out):
                                           capacity=capacity)
         planner = f"knapspec-budget (K={args.knapspec_attention_budget}, one plan)"
         extra["budget_plan"] = result.metrics["budget_plan"]
+    elif method == KNAPSPEC_DUSTIN:
+        from experiments.dustin_quality import SINKS, dustin_config_for
+        from jaxspec.dustin.self_speculative import knapspec_dustin_config, knapspec_dustin_generate
+
+        dustin, info = dustin_config_for(args, config, None, None)  # a self-draft profile, no fixed mask
+        knapspec = knapspec_dustin_config(knapspec, dustin, config)  # refuses SRH layers outside the model
+        result = knapspec_dustin_generate(model.params, config, prompts, dustin=dustin, latency=latency,
+                                          knapspec=knapspec, **common)
+        planner = f"knapspec (attention of layers {list(knapspec.keep_attention)} kept) + dustin k={dustin.budget}"
+        sparse = {"method": "dustin", "budget": dustin.budget, "sinks": SINKS, "dustin": dustin.to_dict(),
+                  "mode": dustin.mode, "m": dustin.effective_m, "draft_kv": dustin.draft_kv, **info}
+        out["sparse"] = sparse
+        extra["keep_attention"] = list(knapspec.keep_attention)
     else:
         raise ValueError(f"unknown self-speculative method {method!r}")
     timings = result.timings
@@ -364,6 +416,9 @@ for _name in SELF_SPEC_METHODS:
     registry.register_method(registry.Method(name=_name, run=run_self_spec, family="self-speculative",
                                              validate=validate_self_spec, reserve=self_spec_reserve,
                                              report=report_self_spec))
+registry.register_method(registry.Method(name=KNAPSPEC_DUSTIN, run=run_self_spec, family="self-speculative",
+                                         validate=validate_knapspec_dustin, reserve=self_spec_reserve,
+                                         report=report_self_spec, also=frozenset({"sparse"})))
 registry.register_method_arguments("self-speculative", add_self_spec_args)
 
 

@@ -63,7 +63,8 @@ class Method:
     group's options are refused for methods of other families. ``takes``: the
     :data:`SPECULATIVE_OPTIONS` it reads. ``reserve(args)``: cache slots needed beyond prompt +
     new tokens (checked against the model's context before decoding). ``report(out, row)`` adds
-    the method's columns to the shared table's ``row`` and prints its own tables.
+    the method's columns to the shared table's ``row`` and prints its own tables. ``also``: other
+    families whose options the method reads too (``knapspec-dustin``: KnapSpec's and Dustin's).
     """
 
     name: str
@@ -73,6 +74,7 @@ class Method:
     takes: FrozenSet[str] = frozenset()
     reserve: Callable[[argparse.Namespace], int] = gamma_reserve
     report: Callable[[Dict[str, Any], Dict[str, Any]], None] = no_report
+    also: FrozenSet[str] = frozenset()
 
 
 METHODS: Dict[str, Method] = {}

@@ -7,7 +7,9 @@
 * :mod:`~jaxspec.dustin.arr` -- attention recall rate (exact, from a full-KV verification);
 * :mod:`~jaxspec.dustin.srh` -- semantic retrieval heads from needle-in-a-haystack runs;
 * :mod:`~jaxspec.dustin.search` -- calibration rounds, Algorithm 1, :class:`DustinProfile` (JSON);
-* :mod:`~jaxspec.dustin.policy` -- the engine's draft and verify policies.
+* :mod:`~jaxspec.dustin.policy` -- the engine's draft and verify policies;
+* :mod:`~jaxspec.dustin.self_speculative` -- KnapSpec plans + Dustin verification (a self-draft whose plans
+  keep the SRH layers' attention executed; docs/methods.md §5.5).
 """
 
 from jaxspec.dustin.config import MODES, SUPPORTED_BUDGETS, BudgetError, DustinConfig, check_budget, default_window

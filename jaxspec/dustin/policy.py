@@ -193,6 +193,8 @@ class DustinSelfDraft(_SparseDraftKV, SelfDraft):
             return self._forward(draft_params, token[:, None], cache, feedback, skip_mask=mask)
 
         tokens, probs, cache, queries = _drafting_queries(first, step_forward, 0, first.cache, gamma, sampling, key)
+        if "draft_steps" in state:  # a KnapSpec-driven state (knapspec_generate(draft_policy=...)) counts forwards
+            state = dict(state, draft_steps=state["draft_steps"] + gamma)
         return Proposal(tokens, probs, state, cache, signals=self._signals(queries, cache))
 
 

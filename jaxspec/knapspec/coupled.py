@@ -122,7 +122,7 @@ def coupled_knapsack_reference(params, config: ModelConfig, cache: KVCache, pref
             value = float(dp.cos_sum(h, target, token_mask))
             if value / denom >= tau and value > new.get(j, (None, -np.inf))[1]:
                 new[j] = (h, value, mask)
-        if can_skip[k]:
+        if np.all(can_skip[k]):  # a whole layer: both of its sub-layers skippable
             for j, (g, _, mask) in sorted(slots.items()):
                 if j + 1 > budget:
                     continue

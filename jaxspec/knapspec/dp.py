@@ -15,6 +15,10 @@ official code). Transition for sub-layer ``i`` (weight ``w_i``)::
     execute: candidate f_i(g[i-1][j])  -> slot j
     skip:    candidate g[i-1][j]       -> slot j + w_i     (not for layers 0 and L-1)
 
+A sub-layer may also be kept from skipping (``keep_attention``: layers whose Attention
+sub-layer every candidate executes, e.g. a self-draft's Dustin SRH layers, docs/methods.md §5.5);
+``can_skip`` is then per sub-layer, ``[n, 2]``, instead of per layer.
+
 A candidate whose *mean* cosine is ``< tau`` is pruned; each slot keeps the candidate of
 highest value (execute first; a skip replaces it only if strictly better). Layer 0 is always
 executed, so the DP starts at boundary 2 with ``g[2][0] = x_2``. Every surviving final slot
@@ -139,6 +143,33 @@ def _transition(g, valid, executed, target, token_mask, denom, *, w: int, skip_a
     return new_g, new_valid, new_val, choose_skip
 
 
+def sublayer_can_skip(can_skip, k: int, col: int) -> bool:
+    """Entry ``(k, col)`` of a ``can_skip`` given per layer ``[n]`` or per sub-layer ``[n, 2]``."""
+    entry = np.asarray(can_skip[k], bool)
+    return bool(entry) if entry.ndim == 0 else bool(entry[col])
+
+
+def check_keep_attention(keep_attention, num_layers: int) -> Tuple[int, ...]:
+    """``keep_attention`` as a sorted tuple of distinct layers, each in ``0 .. num_layers - 1`` (else a
+    ValueError naming the bad ones)."""
+    keep = tuple(sorted({int(x) for x in keep_attention}))
+    bad = [x for x in keep if not 0 <= x < num_layers]
+    if bad:
+        raise ValueError(f"keep_attention layers {bad} out of range: the model has layers 0..{num_layers - 1}")
+    return keep
+
+
+def scan_can_skip(num_layers: int, keep_attention: Tuple[int, ...] = ()) -> np.ndarray:
+    """``[L - 1, 2]`` bool: which sub-layers of layers ``1 .. L-1`` (the scanned ones) the DP may skip --
+    all but layer ``L - 1``'s and the Attention of the ``keep_attention`` layers."""
+    can = np.ones((num_layers - 1, 2), bool)
+    can[-1] = False
+    for layer in keep_attention:
+        if layer >= 1:
+            can[layer - 1, 0] = False
+    return can
+
+
 def dp_scan(apply_attn: Callable, apply_mlp: Callable, layer_xs, g0, targets, can_skip, token_mask, *,
             w_attn: int, w_mlp: int, budget: int, tau: float = DEFAULT_TAU):
     """The DP as a ``lax.scan`` over ``n`` layers, vectorised over the ``J = budget + 1`` slots.
@@ -147,7 +178,7 @@ def dp_scan(apply_attn: Callable, apply_mlp: Callable, layer_xs, g0, targets, ca
     sub-layer to all slot states at once; ``layer_xs`` is a pytree with leading axis ``n`` (one
     entry per scanned layer); ``g0 [*T, H]`` the state before the first scanned layer (slot 0);
     ``targets [n, 2, *T, H]`` the reference states after each scanned sub-layer;
-    ``can_skip [n]`` bool; ``token_mask [*T]``.
+    ``can_skip [n]`` bool (per layer) or ``[n, 2]`` (per sub-layer: Attention, MLP); ``token_mask [*T]``.
 
     Returns ``(values [n, 2, J], skipped [n, 2, J], valid [n, 2, J], final states [J, *T, H])``
     (traceable: call it inside ``jit``).
@@ -157,12 +188,15 @@ def dp_scan(apply_attn: Callable, apply_mlp: Callable, layer_xs, g0, targets, ca
     valid = jnp.arange(num_slots) == 0
     denom = jnp.maximum(jnp.sum(jnp.asarray(token_mask, jnp.float32)), 1.0)
     step = functools.partial(_transition, token_mask=token_mask, denom=denom, budget=budget, tau=tau)
+    can_skip = jnp.asarray(can_skip, bool)
+    if can_skip.ndim == 1:
+        can_skip = jnp.stack([can_skip, can_skip], axis=1)
 
     def body(carry, xs):
         g, valid = carry
         layer_x, target, skip_ok = xs
-        g1, v1, val1, ch1 = step(g, valid, apply_attn(layer_x, g), target[0], w=w_attn, skip_allowed=skip_ok)
-        g2, v2, val2, ch2 = step(g1, v1, apply_mlp(layer_x, g1), target[1], w=w_mlp, skip_allowed=skip_ok)
+        g1, v1, val1, ch1 = step(g, valid, apply_attn(layer_x, g), target[0], w=w_attn, skip_allowed=skip_ok[0])
+        g2, v2, val2, ch2 = step(g1, v1, apply_mlp(layer_x, g1), target[1], w=w_mlp, skip_allowed=skip_ok[1])
         return (g2, v2), (jnp.stack([val1, val2]), jnp.stack([ch1, ch2]), jnp.stack([v1, v2]))
 
     (g, valid), (values, skipped, valids) = jax.lax.scan(body, (g, valid), (layer_xs, targets, can_skip))
@@ -193,7 +227,7 @@ def dp_loop(apply_single: Callable, layers: Sequence[Any], g0, targets, can_skip
                 value = float(cos_sum(state, target, token_mask))
                 if value / denom >= tau and value > best.get(j, -np.inf):
                     new[j], best[j], came_from_skip[j] = state, value, False
-            if bool(can_skip[k]):
+            if sublayer_can_skip(can_skip, k, col):
                 for j in sorted(g):  # skip
                     to = j + w
                     if to > budget:
@@ -214,7 +248,8 @@ Skips = Tuple[Tuple[int, int], ...]
 
 def brute_force(apply_single: Callable, layers: Sequence[Any], g0, targets, can_skip, token_mask, *, w_attn: int,
                 w_mlp: int, budget: int, tau: float = DEFAULT_TAU) -> Dict[int, Tuple[float, Skips]]:
-    """Exhaustive search over every skip set of the skippable sub-layers (``can_skip``), with the
+    """Exhaustive search over every skip set of the skippable sub-layers (``can_skip``, per layer
+    ``[n]`` or per sub-layer ``[n, 2]``), with the
     DP's constraints: a path is pruned as soon as its mean cosine at some depth is ``< tau``, and
     its skipped weight must stay ``<= budget``. Returns ``{weight: (best final value, skipped
     (layer index, column) pairs)}`` (first found wins ties; execution is explored first)."""
@@ -234,7 +269,7 @@ def brute_force(apply_single: Callable, layers: Sequence[Any], g0, targets, can_
         v = float(cos_sum(state, target, token_mask))
         if v / denom >= tau:
             visit(k + 1, state, weight, skips, v)
-        if bool(can_skip[layer]) and weight + weights[col] <= budget:
+        if sublayer_can_skip(can_skip, layer, col) and weight + weights[col] <= budget:
             v = float(cos_sum(h, target, token_mask))
             if v / denom >= tau:
                 visit(k + 1, h, weight + weights[col], skips + ((layer, col),), v)
@@ -378,12 +413,12 @@ def stacked_scan_layers(params, reuse: bool = True):
 
 
 def _knapsack_dp_fn(params, stacked, cache: KVCache, prefix_len, states, token_mask, *, config, w_attn, w_mlp,
-                    budget, tau, branch_chunk, alpha_chunk, exit_threshold=None):
+                    budget, tau, branch_chunk, alpha_chunk, exit_threshold=None, keep_attention=()):
     num_layers = config.num_layers
     _, _, attn_all, mlp_all = _model_sublayers(config, prefix_len, states.shape[2], branch_chunk)
     layer_xs = (stacked, jnp.stack(cache.keys[1:]), jnp.stack(cache.values[1:]))
     targets = states[3:].reshape((num_layers - 1, 2) + states.shape[1:])
-    can_skip = jnp.arange(1, num_layers) < num_layers - 1
+    can_skip = jnp.asarray(scan_can_skip(num_layers, keep_attention))
     values, skipped, valid, final = dp_scan(attn_all, mlp_all, layer_xs, states[2], targets, can_skip, token_mask,
                                             w_attn=w_attn, w_mlp=w_mlp, budget=budget, tau=tau)
     stats = _agreement(params, config, final, states[-1], token_mask, alpha_chunk, exit_threshold)
@@ -391,7 +426,8 @@ def _knapsack_dp_fn(params, stacked, cache: KVCache, prefix_len, states, token_m
 
 
 _knapsack_dp = jax.jit(_knapsack_dp_fn, static_argnames=("config", "w_attn", "w_mlp", "budget", "tau",
-                                                          "branch_chunk", "alpha_chunk", "exit_threshold"))
+                                                          "branch_chunk", "alpha_chunk", "exit_threshold",
+                                                          "keep_attention"))
 
 
 @dataclasses.dataclass
@@ -424,7 +460,7 @@ def _trivial_candidates(params, config, states, token_mask, w_attn, w_mlp, budge
 def knapsack_dp(params, config: ModelConfig, cache: KVCache, prefix_len, states, token_mask=None, *, w_attn: int,
                 w_mlp: int, budget: Optional[int] = None, tau: float = DEFAULT_TAU, branch_chunk: Optional[int] = None,
                 alpha_chunk: int = 8, keep_states: bool = False, reuse_stacked: bool = True,
-                exit_threshold: Optional[float] = None) -> Candidates:
+                exit_threshold: Optional[float] = None, keep_attention: Sequence[int] = ()) -> Candidates:
     """Run the jit-compiled, scan-vectorised DP on the model.
 
     ``reuse_stacked``: keep the stacked layer weights between calls (:func:`stacked_scan_layers`).
@@ -435,8 +471,10 @@ def knapsack_dp(params, config: ModelConfig, cache: KVCache, prefix_len, states,
     ``token_mask [B, r]`` (default all ones) marks real reference tokens (padding = 0).
     ``exit_threshold``: also return each candidate's early-exit statistics at this draft
     confidence (``Candidates.confident`` / ``agree_confident``; for the exit-aware TPT).
+    ``keep_attention``: layers whose Attention sub-layer no candidate skips (module doc).
     """
     config = _dp_config(config)
+    keep_attention = check_keep_attention(keep_attention, config.num_layers)
     budget = skip_budget(w_attn, w_mlp, config.num_layers) if budget is None else int(budget)
     token_mask = jnp.ones(states.shape[1:3], jnp.float32) if token_mask is None else jnp.asarray(token_mask,
                                                                                                   jnp.float32)
@@ -447,7 +485,7 @@ def knapsack_dp(params, config: ModelConfig, cache: KVCache, prefix_len, states,
         outer, stacked_scan_layers(params, reuse_stacked), cache, jnp.asarray(prefix_len, jnp.int32), states,
         token_mask, config=config, w_attn=int(w_attn), w_mlp=int(w_mlp), budget=budget, tau=float(tau),
         branch_chunk=branch_chunk, alpha_chunk=alpha_chunk,
-        exit_threshold=None if exit_threshold is None else float(exit_threshold))
+        exit_threshold=None if exit_threshold is None else float(exit_threshold), keep_attention=keep_attention)
     trace = DPTrace(np.asarray(values, np.float64), np.asarray(skipped), np.asarray(valid), first_layer=1)
     masks, slots = backtrack(trace, config.num_layers, w_attn, w_mlp)
     denom = max(float(np.asarray(token_mask).sum()), 1.0)
@@ -466,12 +504,12 @@ def _apply_single_jit(layer_x, h, prefix_len, *, config, kind):
     return attn(layer_x, h) if kind == 0 else mlp(layer_x, h)
 
 
-def _model_problem(params, config, cache, prefix_len, states):
+def _model_problem(params, config, cache, prefix_len, states, keep_attention=()):
     """Arguments of the generic :func:`dp_loop` / :func:`brute_force` for the model."""
     prefix_len = jnp.asarray(prefix_len, jnp.int32)
     layers = [(params.layers[i], cache.keys[i], cache.values[i]) for i in range(1, config.num_layers)]
     targets = [(states[2 * i + 1], states[2 * i + 2]) for i in range(1, config.num_layers)]
-    can_skip = [i < config.num_layers - 1 for i in range(1, config.num_layers)]
+    can_skip = scan_can_skip(config.num_layers, check_keep_attention(keep_attention, config.num_layers))
 
     def apply_single(kind, layer_x, h):
         return _apply_single_jit(layer_x, h, prefix_len, config=config, kind=kind)
@@ -481,7 +519,7 @@ def _model_problem(params, config, cache, prefix_len, states):
 
 def knapsack_dp_reference(params, config: ModelConfig, cache: KVCache, prefix_len, states, token_mask=None, *,
                           w_attn: int, w_mlp: int, budget: Optional[int] = None,
-                          tau: float = DEFAULT_TAU) -> Candidates:
+                          tau: float = DEFAULT_TAU, keep_attention: Sequence[int] = ()) -> Candidates:
     """The same DP with the Python loop of :func:`dp_loop` (unbatched ``attention_sublayer`` per
     candidate): the reference for :func:`knapsack_dp`."""
     config = _dp_config(config)
@@ -490,7 +528,8 @@ def knapsack_dp_reference(params, config: ModelConfig, cache: KVCache, prefix_le
                                                                                                   jnp.float32)
     if config.num_layers < 2:
         return _trivial_candidates(params, config, states, token_mask, w_attn, w_mlp, budget)
-    apply_single, layers, targets, can_skip = _model_problem(params, config, cache, prefix_len, states)
+    apply_single, layers, targets, can_skip = _model_problem(params, config, cache, prefix_len, states,
+                                                             keep_attention)
     trace, final = dp_loop(apply_single, layers, states[2], targets, can_skip, token_mask, w_attn=w_attn,
                            w_mlp=w_mlp, budget=budget, tau=tau)
     masks, slots = backtrack(trace, config.num_layers, w_attn, w_mlp)
@@ -504,15 +543,16 @@ def knapsack_dp_reference(params, config: ModelConfig, cache: KVCache, prefix_le
 
 
 def knapsack_brute_force(params, config: ModelConfig, cache: KVCache, prefix_len, states, token_mask=None, *,
-                         w_attn: int, w_mlp: int, budget: Optional[int] = None,
-                         tau: float = DEFAULT_TAU) -> Dict[int, Tuple[float, np.ndarray]]:
+                         w_attn: int, w_mlp: int, budget: Optional[int] = None, tau: float = DEFAULT_TAU,
+                         keep_attention: Sequence[int] = ()) -> Dict[int, Tuple[float, np.ndarray]]:
     """Exhaustive search on the model (tiny models only: ``4^(L-2)`` skip sets):
     ``{skipped weight: (best mean final cosine, [L, 2] mask)}``."""
     config = _dp_config(config)
     budget = skip_budget(w_attn, w_mlp, config.num_layers) if budget is None else int(budget)
     token_mask = jnp.ones(states.shape[1:3], jnp.float32) if token_mask is None else jnp.asarray(token_mask,
                                                                                                   jnp.float32)
-    apply_single, layers, targets, can_skip = _model_problem(params, config, cache, prefix_len, states)
+    apply_single, layers, targets, can_skip = _model_problem(params, config, cache, prefix_len, states,
+                                                             keep_attention)
     found = brute_force(apply_single, layers, states[2], targets, can_skip, token_mask, w_attn=w_attn, w_mlp=w_mlp,
                         budget=budget, tau=tau)
     denom = max(float(np.asarray(token_mask).sum()), 1.0)
@@ -541,6 +581,7 @@ model_problem = _model_problem
 
 
 __all__ = ["DEFAULT_TAU", "WEIGHT_CAP", "Candidates", "DPTrace", "backtrack", "boundary_states", "brute_force",
+           "check_keep_attention", "scan_can_skip", "sublayer_can_skip",
            "cos_sum", "dp_loop", "dp_scan", "knapsack_brute_force", "knapsack_dp", "knapsack_dp_reference",
            "knapsack_weights", "skip_budget", "knapsack_exhaustive_count", "stacked_scan_layers", "agreement_alpha",
            "dp_config", "model_problem", "model_sublayers", "transition", "trivial_candidates"]

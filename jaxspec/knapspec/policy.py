@@ -94,8 +94,8 @@ from jaxspec.decoding.sampling import SamplingConfig, sample_token, sampling_pro
 from jaxspec.decoding.speculative import EngineConfig, SpeculativeResult, speculative_generate
 from jaxspec.knapspec.budgeted import BUDGET, DENSE, SKIP, budgeted_forward, check_budget, plan_choices
 from jaxspec.knapspec.coupled import plan_coupled_skip_set
-from jaxspec.knapspec.dp import (DEFAULT_TAU, WEIGHT_CAP, Candidates, boundary_states, knapsack_dp, knapsack_weights,
-                                 skip_budget)
+from jaxspec.knapspec.dp import (DEFAULT_TAU, WEIGHT_CAP, Candidates, boundary_states, check_keep_attention, knapsack_dp,
+                                 knapsack_weights, skip_budget)
 from jaxspec.knapspec.latency import LatencyModel, effective_context
 from jaxspec.knapspec.planner import GAMMA_GRID, Plan, Planner, PlannerBase, choose_plan
 from jaxspec.models.llama import forward, freeze_skip_mask
@@ -260,8 +260,18 @@ class KnapSpecConfig:
     # prediction's error: the DP ran 1.05-1.32x its predicted time on the CPU)
     allowance_margin: float = 0.75
     coupled: bool = False  # ablation: whole layers (Attention + MLP together) instead of sub-layers
+    # layers whose Attention sub-layer no plan skips (the DP never takes the skip transition there), e.g. a
+    # self-draft's Dustin SRH layers, whose executed attention supplies the lookahead signal (docs/methods.md
+    # §5.5); () = every Attention of layers 1 .. L-2 may be skipped (the paper)
+    keep_attention: Tuple[int, ...] = ()
 
     def __post_init__(self):
+        object.__setattr__(self, "keep_attention", tuple(sorted({int(x) for x in self.keep_attention})))
+        if any(x < 0 for x in self.keep_attention):
+            raise ValueError(f"keep_attention={self.keep_attention}: layers must be >= 0")
+        if self.keep_attention and self.coupled:
+            raise ValueError(f"keep_attention={self.keep_attention} keeps Attention sub-layers: it needs the "
+                             f"sub-layer DP, not coupled=True (whole layers)")
         if not 1 <= self.reference_rounds <= self.plan_round:
             raise ValueError(f"need 1 <= reference_rounds ({self.reference_rounds}) <= plan_round ({self.plan_round})")
         if self.reference_rounds > self.plan_interval or self.plan_interval < 1:
@@ -421,7 +431,8 @@ def plan_skip_set(target_params, config: ModelConfig, cache, tokens, token_mask,
     states = boundary_states(target_params, config, tokens, cache, prefix_len)
     threshold = exit_threshold(knapspec)
     candidates = knapsack_dp(target_params, config, cache, prefix_len, states, token_mask, w_attn=w_attn, w_mlp=w_mlp,
-                             tau=knapspec.tau, branch_chunk=knapspec.branch_chunk, exit_threshold=threshold)
+                             tau=knapspec.tau, branch_chunk=knapspec.branch_chunk, exit_threshold=threshold,
+                             keep_attention=knapspec.keep_attention)
     plan = choose_plan(candidates.masks, candidates.alpha, latency, n, gammas=knapspec.plan_gammas,
                        objective=knapspec.objective, exclude_full=knapspec.exclude_full,
                        exit_stats=None if threshold is None else (candidates.confident, candidates.agree_confident))
@@ -689,7 +700,8 @@ def knapspec_generate(target_params, target_config: ModelConfig, prompts: Sequen
                       initial_plan: Optional[Tuple[np.ndarray, int]] = None, replan: bool = True,
                       prefilled=None, profile: bool = False, mesh=None, rules=None,
                       allow_beyond_context: bool = False, static_plan: bool = True,
-                      attention_plan: Optional[Tuple[np.ndarray, int, int]] = None) -> SpeculativeResult:
+                      attention_plan: Optional[Tuple[np.ndarray, int, int]] = None,
+                      draft_policy=None) -> SpeculativeResult:
     """Greedy or sampled speculative generation with KnapSpec self-drafting: the engine's
     :func:`~jaxspec.decoding.speculative.speculative_generate` with :class:`KnapSpecDraft` and a
     :class:`KnapSpecController`.
@@ -705,6 +717,10 @@ def knapspec_generate(target_params, target_config: ModelConfig, prompts: Sequen
     for that plan (``KnapSpecDraft.static_mask``: skipped sub-layers removed at trace time, no
     per-sub-layer ``lax.cond``); False keeps the dynamic mask. ``attention_plan=(codes [L, 2], sinks,
     window)`` (with ``replan=False``): draft with that three-choice plan (docs/methods.md §5.4) instead.
+    ``draft_policy``: another self-draft in place of :class:`KnapSpecDraft` (e.g. Dustin's
+    ``DustinSelfDraft``, docs/methods.md §5.5): a policy with ``initial_state(skip_mask)`` whose state
+    holds ``"skip_mask"``; its state also gets ``"draft_steps"`` and ``"gamma_cap"`` (the controller sets the
+    mask and the cap of each plan; a policy that ignores the cap drafts the plan's gamma bucket).
 
     ``prefilled=(cache, first_logits)``: the prompts already prefilled into a cache of
     ``capacity`` slots (e.g. one prefill shared by several methods in a benchmark); each run
@@ -724,6 +740,7 @@ def knapspec_generate(target_params, target_config: ModelConfig, prompts: Sequen
         raise ValueError(f"engine gamma {engine.gamma} must equal knapspec.gamma_max {knapspec.gamma_max}")
     if engine.fixed_acceptance is not None:
         raise ValueError("knapspec_generate does not support fixed-acceptance mode")
+    check_keep_attention(knapspec.keep_attention, target_config.num_layers)
     if planner is None and replan:
         if latency is None:
             raise ValueError("knapspec_generate needs a latency model (or a planner, or replan=False)")
@@ -737,12 +754,20 @@ def knapspec_generate(target_params, target_config: ModelConfig, prompts: Sequen
             raise ValueError("attention_plan is a fixed plan: it needs replan=False and an initial_plan")
         codes = tuple((int(a), int(m)) for a, m in np.asarray(attention_plan[0], np.int64))
         budget, static_mask = (int(attention_plan[1]), int(attention_plan[2])), None
-    policy = KnapSpecDraft(target_config, early_exit=knapspec.early_exit, static_mask=static_mask,
-                           static_codes=codes, attention_budget=budget)
+    if draft_policy is None:
+        policy = KnapSpecDraft(target_config, early_exit=knapspec.early_exit, static_mask=static_mask,
+                               static_codes=codes, attention_budget=budget)
+        draft_state = policy.initial_state()
+    else:
+        if codes is not None:
+            raise ValueError("attention_plan runs KnapSpecDraft's budgeted forward: it takes no draft_policy")
+        policy = draft_policy
+        draft_state = dict(policy.initial_state(np.zeros((target_config.num_layers, 2), bool)),
+                           draft_steps=jnp.zeros((), jnp.int32), gamma_cap=jnp.int32(NO_GAMMA_CAP))
     controller = KnapSpecController(knapspec, planner, latency=latency, context_n=context_n,
                                     initial_plan=initial_plan, replan=replan)
     return speculative_generate(target_params, target_config, prompts, draft_policy=policy,
-                                draft_state=policy.initial_state(), verify_policy=verify_policy,
+                                draft_state=draft_state, verify_policy=verify_policy,
                                 verify_state=verify_state, engine=engine, seed=seed, capacity=capacity, warmup=warmup,
                                 profile=profile, controller=controller, prefilled=prefilled, mesh=mesh, rules=rules,
                                 allow_beyond_context=allow_beyond_context)

@@ -121,3 +121,19 @@ def test_verify_set_sparse_run(models, reference):
     sampled = _run(models, _config(128, "verify-set"), "mlp:1", engine=EngineConfig(
         gamma=3, max_new_tokens=8, sampling=SamplingConfig(temperature=0.8)))
     assert [len(r) for r in sampled.rows()] == [8, 8, 8]
+
+
+def test_streaming_self_draft_drafts_as_magicdec_self_draft(models):
+    """The StreamingLLM self-draft with Dustin verification (docs/methods.md §5.5): DustinSelfDraft with
+    draft_kv="streaming" reads the sinks + window of the target cache, so with the verification dense
+    (k >= context) its drafts and acceptance are MagicDecSelfDraft's with the same sinks, window and skip
+    mask, while it still returns the lookahead signal (the run with the draft signal in use completes)."""
+    from jaxspec.baselines import MagicDecSelfDraft
+
+    target_params, _ = models
+    result = _run(models, _config(512, "streaming", draft_window=24), "mlp:1")
+    policy = MagicDecSelfDraft(TARGET, sinks=4, window=24)
+    magicdec = speculative_generate(target_params, TARGET, PROMPTS, draft_policy=policy,
+                                   draft_state=policy.initial_state(parse_skip_spec("mlp:1", 2)), engine=ENGINE)
+    assert result.rows() == magicdec.rows()
+    assert result.metrics["accepted_histogram"] == magicdec.metrics["accepted_histogram"]

@@ -150,6 +150,17 @@ def test_os_error_is_one_line_not_a_traceback(tmp_path, capsys):
     (["--method", "knapspec", "--knapspec-gamma-buckets", "1,x"], "expected comma-separated integers"),
     (["--method", "streaming", "--budget", "128", "--draft-skip", "mlp:1", "--knapspec-interval", "9"],
      "--knapspec-interval is an option of --method knapspec"),
+    (["--method", "knapspec-dustin"], "--method knapspec-dustin needs --budget K"),
+    (["--method", "knapspec-dustin", "--budget", "100"], "KV budget k=100 is not supported"),
+    (["--method", "knapspec-dustin", "--budget", "128", "--draft-skip", "mlp:1"],
+     "--method knapspec-dustin does not take it"),
+    (["--method", "knapspec-dustin", "--budget", "128", "--knapspec-coupled"], "needs the sub-layer DP"),
+    (["--method", "knapspec-dustin", "--budget", "128", "--knapspec-early-exit", "0.5"],
+     "--knapspec-early-exit=0.5: --method knapspec-dustin drafts every token"),
+    (["--method", "knapspec-dustin", "--budget", "128", "--arbitrate", "8"], "--arbitrate=8: --method knapspec-dustin"),
+    (["--method", "knapspec-dustin", "--budget", "512", "--dustin-profile",
+      "experiments/profiles/qwen2.5-coder-1.5b_qwen2.5-coder-0.5b.json"], "needs a self-draft profile"),
+    (["--method", "knapspec", "--budget", "128"], "--budget is an option of --method dustin"),
 ])
 def test_generate_refuses_unused_or_bad_options_before_loading(capsys, extra, message):
     argv = ["generate", "--model", "/no/such/model", "--prompt", "x", *extra]
