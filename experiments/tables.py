@@ -149,6 +149,13 @@ E2E = {("ClassicSD (self-draft mlp:10-12)", "Pallas"): "generate/generate_smollm
 REAL_PAIR = tuple((slug, label, f"generate/generate_qwen2.5-coder-1.5b_{tag}-qwen2.5-coder-0.5b_8k_b1_xla_h200.json")
                   for slug, label, tag in (("classic", "ClassicSD", "sd"), ("magicdec", "MagicDec k = 512", "magicdec-k512"),
                                            ("dustin", "Dustin-H k = 512", "dustin-k512")))
+#: self-speculative sparse verification on the CPU (docs/methods.md §5.5): (slug, label, source)
+SELFSPEC_CPU = tuple((slug, label, f"generate/generate_smollm2-135m_{tag}_767_b1_128new_cpu.json") for slug, label, tag in (
+    ("knapspec", "KnapSpec (paper), re-plan every 16 rounds", "knapspec-i16"),
+    ("knapspec-dustin", "KnapSpec plans keeping the SRH layers' attention + Dustin verification k = 512",
+     "knapspec-dustin-k512-i16"),
+    ("dustin-streaming-selfdraft", "Dustin k = 512 with the mlp:10-12 self-draft reading 4 sinks + a window",
+     "dustin-k512-kv-streaming-mlp10-12")))
 PS = "pair_speed/pair_speed_qwen2.5-coder-1.5b_0.5b_"
 #: pair-speed files with bfloat16 speed cases, in the suite's order (a file may hold no case yet)
 PAIR_SPEED = (f"{PS}32k_b16_h200.json", f"{PS}16k_b16_h200.json", f"{PS}8k_h200.json")
@@ -561,6 +568,14 @@ def _figures() -> List[Figure]:
         add(Figure(f"{key}/tau", f"its tau (tokens per round, of 5): {label}", "tokens/round", source,
                    ("results", "metrics", "tau")))
         add(Figure(f"{key}/tokens-per-s", f"its tokens/s: {label}", "tokens/s", source, ("results", "tokens_per_s")))
+    for slug, label, source in SELFSPEC_CPU:
+        key = f"selfspec/smollm2-135m/cpu/ctx767/b1/{slug}"
+        add(Figure(f"{key}/speedup", f"self-speculation, SmolLM2-135M f32, 2-core CPU, 767 + 128 tokens: {label}",
+                   "x AR", source, ("results", "speedup_vs_ar")))
+        add(Figure(f"{key}/tau", f"its tau: {label}", "tokens/round", source, ("results", "metrics", "tau")))
+        if "plan_fraction" in load(source)["results"]["timings"]:
+            add(Figure(f"{key}/planning-share", f"planning time / decode time: {label}", "fraction", source,
+                       ("results", "timings", "plan_fraction")))
     for run in ("first-run", "second-run"):
         source = f"demo/demo_smollm2-135m_prompt-lookup_767_b1_{run}_cpu.json"
         key = f"demo/smollm2-135m/ctx767/b1/cpu/prompt-lookup/{run}"
@@ -1317,6 +1332,21 @@ def pair_split_table(case: Dict[str, Any]) -> str:
     return "\n".join(lines) if rows else ""
 
 
+def selfspec_table() -> str:
+    lines = ["| method | tok/s | AR tok/s (same process) | speed-up | tau | acceptance | planning / decode | plans "
+             "| identical to AR | JSON |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for _, label, source in SELFSPEC_CPU:
+        r = load(source)["results"]
+        t, m = r["timings"], r["metrics"]
+        plans = m.get("knapspec_plans")
+        lines.append(f"| {label} | {r['tokens_per_s']:.2f} | {r['ar_tokens_per_s']:.2f} | {r['speedup_vs_ar']:.2f}x "
+                     f"| {m['tau']:.2f} | {m['acceptance_rate']:.2f} "
+                     f"| {'%.0f %%' % (100 * t['plan_fraction']) if 'plan_fraction' in t else '–'} "
+                     f"| {len(plans) if isinstance(plans, list) else '–'} "
+                     f"| {'yes' if r['identical_to_ar'] else 'no'} | `{source}` |")
+    return "\n".join(lines)
+
+
 def _case(context: int, batch: int) -> Optional[Tuple[str, Dict[str, Any]]]:
     for source in PAIR_SPEED:
         for key, case in pair_cases(source):
@@ -1724,6 +1754,27 @@ def results_markdown() -> str:
                  "tokens (with k >= context every variant equals ClassicSD and AR, tests/dustin/test_sparse_draft_kv.py).",
                  "Not measured yet: MagicDec and the measured choice (`--arbitrate 8`) at this point (steps of "
                  "`cpu-dustin-sparse-draft`), and 16k-32k on the H200."]),
+        section("Self-speculative sparse verification",
+                "The target drafts for itself and verifies on Dustin's I_verify (docs/methods.md §5.5), no second "
+                "model: KnapSpec's re-planned skip sets with the draft SRH layers' attention always executed "
+                "(`--method knapspec-dustin`), and a fixed mlp:10-12 self-draft whose attention reads 4 sinks + a "
+                "recent window (`--method dustin --draft-skip mlp:10-12 --draft-kv streaming`), next to the paper's "
+                "KnapSpec. SmolLM2-135M-Instruct with its committed profile, the 767-token demo prompt, 128 new "
+                "tokens, batch 1, greedy, float32, one process per method against AR in the same process on the "
+                "shared 2-core CPU (AR's rate moved between processes), re-planning every 16 rounds without the "
+                "planning allowance.",
+                ("selfspec/",),
+                [selfspec_table()],
+                ["Self-speculation ahead of AR: **missed** on the CPU — "
+                 + "; ".join(f"{label}: {load(src)['results']['speedup_vs_ar']:.2f}x"
+                             + (f" (planning {100 * load(src)['results']['timings']['plan_fraction']:.0f} % of "
+                                "decode)" if "plan_fraction" in load(src)["results"]["timings"] else "")
+                             for _, label, src in SELFSPEC_CPU)
+                 + ". The DP runs every 16 rounds here and costs most of the decode; on a 135M model on a CPU a "
+                 "round is not cheaper than AR steps. The Dustin variants verify sparsely at k = 512 < the "
+                 "context, so their tokens differ from AR's; with k covering the history they equal AR "
+                 "(tests/dustin/test_self_speculative.py).",
+                 "Not measured yet: the real 1.5B on the H200 (suite h200-knapspec)."]),
         section("KnapSpec",
                 "Each method decodes from a copy of one prefilled cache, paired with AR decoded just before it in "
                 "the same process (speed-up = method / its paired AR); greedy; KnapSpec with the whole-forward "
