@@ -119,7 +119,8 @@ def check_generate_args(args) -> None:
             continue
         for dest, default in registry.family_defaults(family).items():
             if getattr(args, dest) != default:
-                users = [m.name for m in registry.METHODS.values() if m.family == family or family in m.also]
+                users = ([m.name for m in registry.METHODS.values() if m.family == family]  # its own, then
+                         + [m.name for m in registry.METHODS.values() if family in m.also])  # those borrowing it
                 raise ValueError(f"--{dest.replace('_', '-')} is an option of --method {' / '.join(users)}; "
                                  f"--method {method} does not take it")
     if "gamma" in takes:

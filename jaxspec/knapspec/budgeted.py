@@ -45,7 +45,7 @@ import numpy as np
 
 from jaxspec.config import ModelConfig
 from jaxspec.knapspec.dp import (DEFAULT_TAU, WEIGHT_CAP, boundary_states, cos_sum, dp_config, knapsack_weights,
-                                 skip_budget, stacked_scan_layers)
+                                 skip_budget, stacked_scan_layers, sublayer_can_skip)
 from jaxspec.knapspec.latency import LatencyModel
 from jaxspec.knapspec.planner import expected_tokens
 from jaxspec.models.cache import KVCache
@@ -153,12 +153,15 @@ def dp_scan_choices(apply_attn: Callable, apply_attn_budget: Callable, apply_mlp
         attn = [(DENSE, apply_attn(layer_x, g), 0, yes)]
         if w_attn - w_budget <= budget:
             attn.append((BUDGET, apply_attn_budget(layer_x, g), w_attn - w_budget, yes))
-        attn.append((SKIP, g, w_attn, skip_ok))
+        attn.append((SKIP, g, w_attn, skip_ok[0]))
         g1, v1, val1, c1 = step(g, valid, attn, target[0])
-        g2, v2, val2, c2 = step(g1, v1, [(DENSE, apply_mlp(layer_x, g1), 0, yes), (SKIP, g1, w_mlp, skip_ok)],
+        g2, v2, val2, c2 = step(g1, v1, [(DENSE, apply_mlp(layer_x, g1), 0, yes), (SKIP, g1, w_mlp, skip_ok[1])],
                                 target[1])
         return (g2, v2), (jnp.stack([val1, val2]), jnp.stack([c1, c2]), jnp.stack([v1, v2]))
 
+    can_skip = jnp.asarray(can_skip, bool)
+    if can_skip.ndim == 1:  # per layer -> per sub-layer (Attention, MLP)
+        can_skip = jnp.stack([can_skip, can_skip], axis=1)
     (g, valid), (values, choice, valids) = jax.lax.scan(body, (g, valid), (layer_xs, targets, can_skip))
     return values, choice, valids, g
 
@@ -184,10 +187,10 @@ def brute_force_choices(apply_single: Callable, layers: Sequence[Any], g0, targe
         if col == 0:
             options = [(DENSE, lambda: apply_single(0, layers[layer], h), 0, True),
                        (BUDGET, lambda: apply_single(2, layers[layer], h), w_attn - w_budget, True),
-                       (SKIP, lambda: h, w_attn, bool(can_skip[layer]))]
+                       (SKIP, lambda: h, w_attn, sublayer_can_skip(can_skip, layer, 0))]
         else:
             options = [(DENSE, lambda: apply_single(1, layers[layer], h), 0, True),
-                       (SKIP, lambda: h, w_mlp, bool(can_skip[layer]))]
+                       (SKIP, lambda: h, w_mlp, sublayer_can_skip(can_skip, layer, 1))]
         for code, make, saved, allowed in options:
             if not allowed or weight + saved > budget:
                 continue
