@@ -7,10 +7,13 @@ assert on it. Meshes (data, tensor): (1, 8), (2, 4), (8, 1). Per mesh: forward (
 sparse-verification step: logits allclose in float32, caches equal), greedy autoregressive
 ``generate`` (tokens identical), greedy ``speculative_generate`` with ``SeparateDraft`` (tokens
 and acceptance identical) and ``select_top_k`` (indices identical). On (1, 8) also the Mosaic TPU kernels (TPU
-interpret mode) per device inside ``shard_map`` against their references (the whole model on
-``pallas-tpu-interpret`` under this mesh hangs in the interpreter: docs/tpu.md). On (2, 4) also: a
+interpret mode) per device inside ``shard_map`` against their references. On (2, 4) also: a
 ``SelfDraft``, the KnapSpec DP (candidates, cosine values, alpha), the explicit ``mesh=`` argument, the Pallas backend (interpret mode) under the
 mesh, no all-gather in the compiled forward, and the divisibility errors.
+
+A second subprocess (``--tpu-worker``, 9 host devices, the mesh on devices 1..8: see
+``_tpu_worker``) runs greedy speculative decoding and Dustin with the target on
+``pallas-tpu-interpret`` under tensor = 8 against ``xla``.
 
 The memory planner and the argument parsing run in-process (no devices needed).
 """
