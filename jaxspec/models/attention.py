@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import warnings
 from typing import Callable, Dict, Optional, Tuple
 
 import jax
@@ -59,6 +60,32 @@ def duplicate_mask(indices: jax.Array) -> jax.Array:
         [jnp.zeros_like(sorted_idx[:, :1], bool), sorted_idx[:, 1:] == sorted_idx[:, :-1]], axis=-1)
     inverse = jnp.argsort(order, axis=-1)
     return jnp.take_along_axis(dup_sorted, inverse, axis=-1)
+
+
+def _warn_if_interpreter_can_hang() -> None:
+    """Warn when the TPU interpreter runs under a multi-device mesh that contains CPU device 0.
+
+    JAX's ``io_callback`` (the interpreter calls one per buffer, DMA and semaphore) stages its
+    arguments on CPU device 0; a host-to-device copy over 100 KiB onto a device that is running its
+    shard of the same program never completes (JAX 0.10.2; docs/tpu.md, "Tests";
+    experiments/repro/io_callback_device0_hang.py). A CPU mesh over devices 1..n does not hang."""
+    try:  # the concrete mesh of jax.set_mesh / use_mesh, also inside jit (no public API for it there)
+        from jax._src.mesh import get_concrete_mesh
+
+        mesh = get_concrete_mesh()
+    except Exception:  # noqa: BLE001 - a JAX without it: no warning
+        return
+    if mesh is None or getattr(mesh, "empty", True) or mesh.devices.size < 2:
+        return
+    try:
+        staging = jax.local_devices(backend="cpu")[0]
+    except RuntimeError:
+        return
+    if staging in set(mesh.devices.flat):
+        warnings.warn("pallas-tpu-interpret under a multi-device mesh that contains CPU device 0 can hang once a "
+                      "kernel buffer exceeds 100 KiB (io_callback stages its arguments on CPU device 0); build "
+                      "the mesh over the other devices, e.g. make_mesh(1, 8, devices=jax.devices()[1:9]) on 9 "
+                      "host devices (docs/tpu.md)", RuntimeWarning, stacklevel=3)
 
 
 # ---------------------------------------------------------------------------- the two implementations
@@ -196,6 +223,8 @@ class AttentionBackend:
         device inside ``shard_map`` under the active mesh when the kernel is opaque to GSPMD
         (:func:`jaxspec.parallel.per_device_kernel`), else called as is (GSPMD partitions it)."""
         if self.opaque_kernel:
+            if self.tpu_kernels and self.interpret:
+                _warn_if_interpreter_can_hang()
             return per_device_kernel(kernel, queries, k_cache, v_cache, rows)
         return kernel(queries, k_cache, v_cache, rows)
 

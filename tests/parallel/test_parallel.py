@@ -7,10 +7,13 @@ assert on it. Meshes (data, tensor): (1, 8), (2, 4), (8, 1). Per mesh: forward (
 sparse-verification step: logits allclose in float32, caches equal), greedy autoregressive
 ``generate`` (tokens identical), greedy ``speculative_generate`` with ``SeparateDraft`` (tokens
 and acceptance identical) and ``select_top_k`` (indices identical). On (1, 8) also the Mosaic TPU kernels (TPU
-interpret mode) per device inside ``shard_map`` against their references (the whole model on
-``pallas-tpu-interpret`` under this mesh hangs in the interpreter: docs/tpu.md). On (2, 4) also: a
+interpret mode) per device inside ``shard_map`` against their references. On (2, 4) also: a
 ``SelfDraft``, the KnapSpec DP (candidates, cosine values, alpha), the explicit ``mesh=`` argument, the Pallas backend (interpret mode) under the
 mesh, no all-gather in the compiled forward, and the divisibility errors.
+
+A second subprocess (``--tpu-worker``, 9 host devices, the mesh on devices 1..8: see
+``_tpu_worker``) runs greedy speculative decoding and Dustin with the target on
+``pallas-tpu-interpret`` under tensor = 8 against ``xla``.
 
 The memory planner and the argument parsing run in-process (no devices needed).
 """
@@ -228,6 +231,65 @@ def _worker() -> dict:  # runs in the subprocess
     return {"results": results, "devices": jax.device_count(), "jax": jax.__version__}
 
 
+# ---------------------------------------------------------------------------- the TPU-interpret worker
+#: host devices of the TPU-interpret worker: 8 for the mesh plus CPU device 0, which stays out of it
+TPU_WORKER_DEVICES = 9
+
+
+def _tpu_worker() -> dict:  # runs in its own subprocess, with TPU_WORKER_DEVICES host devices
+    """Greedy speculative decoding and Dustin with the target on ``pallas-tpu-interpret`` under an
+    8-device tensor-parallel mesh (tensor = 8) emit the same tokens as on ``xla`` under that mesh.
+
+    The mesh is devices 1..8, not 0..7: JAX's ``io_callback`` (which the TPU interpreter calls for
+    every buffer, DMA and semaphore) stages its arguments on CPU device 0, and a host-to-device copy
+    over 100 KiB onto a device that is running its shard of the same program never completes
+    (docs/tpu.md, "Tests")."""
+    import jax
+    import numpy as np
+
+    from jaxspec.config import ModelConfig
+    from jaxspec.decoding.autoregressive import generate
+    from jaxspec.decoding.policies import SeparateDraft
+    from jaxspec.decoding.speculative import EngineConfig, speculative_generate
+    from jaxspec.dustin import DustinConfig, dustin_policies
+    from jaxspec.models.llama import init_params
+    from jaxspec.models.sharding import shard_params
+    from jaxspec.parallel import make_mesh
+
+    assert jax.device_count() == TPU_WORKER_DEVICES, jax.devices()
+    mesh = make_mesh(1, 8, devices=jax.devices()[1:])
+    # 16 query / 8 KV heads (one KV head per device), untied head; the draft stays on xla
+    target = ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=64, num_layers=2, num_heads=16,
+                         num_kv_heads=8, head_dim=8, dtype="float32", attention_backend="xla", name="tiny-tpu-tp8")
+    draft = target.replace(num_layers=1, tie_word_embeddings=True, name="tiny-tpu-tp8-draft")
+    params = shard_params(init_params(target, jax.random.PRNGKey(0), scale=0.3), target, mesh)
+    draft_params = shard_params(init_params(draft, jax.random.PRNGKey(1), scale=0.3), draft, mesh)
+    prompts = [np.random.RandomState(7).randint(0, 128, n).tolist() for n in (140, 30)]  # 140 > budget 128
+    engine = EngineConfig(gamma=2, max_new_tokens=4)
+    dustin = DustinConfig(budget=128, m=30, target_layer=1, target_heads=(0, 1, 2, 3), draft_layers=(0,),
+                          draft_heads=((0, 1, 2, 3),), mode="hybrid")
+    results, rows = [], {}
+    for name in ("xla", "pallas-tpu-interpret"):
+        config = target.replace(attention_backend=name)
+        start = time.perf_counter()
+        classic = speculative_generate(params, config, prompts, draft_policy=SeparateDraft(draft),
+                                       draft_params=draft_params, engine=engine)
+        middle = time.perf_counter()
+        draft_policy, verify = dustin_policies(dustin, config, draft)
+        sparse = speculative_generate(params, config, prompts, draft_policy=draft_policy, draft_params=draft_params,
+                                      verify_policy=verify, engine=engine)
+        rows[name] = (classic.rows(), sparse.rows(), classic.metrics["accepted_histogram"])
+        results.append({"mesh": [1, 8], "case": f"{name}: greedy SD + Dustin", "ok": True,
+                        "detail": f"SD {middle - start:.1f} s, Dustin {time.perf_counter() - middle:.1f} s",
+                        "seconds": round(time.perf_counter() - start, 2)})
+    single = generate(init_params(target, jax.random.PRNGKey(0), scale=0.3), target, prompts, 4).rows()
+    same = rows["pallas-tpu-interpret"] == rows["xla"]
+    results.append({"mesh": [1, 8], "case": "pallas-tpu-interpret == xla (greedy SD, Dustin) in shard_map",
+                    "ok": same and rows["xla"][0] == single and [len(r) for r in rows["xla"][1]] == [4, 4],
+                    "detail": f"{rows['pallas-tpu-interpret'][:2]} vs {rows['xla'][:2]}", "seconds": 0.0})
+    return {"results": results, "devices": jax.device_count(), "jax": jax.__version__}
+
+
 def _print_summary(summary: dict) -> None:
     print(f"{'mesh (data, tensor)':<20} {'check':<55} {'ok':<5} {'s':>6}  detail")
     for row in summary["results"]:
@@ -236,22 +298,26 @@ def _print_summary(summary: dict) -> None:
 
 
 # ---------------------------------------------------------------------------- pytest side
-@pytest.fixture(scope="module")
-def sharded_summary():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu",
+def _run_worker(flag: str, devices: int, timeout: int) -> dict:
+    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu",
                PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, str(pathlib.Path(__file__).resolve()), "--worker"], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, str(pathlib.Path(__file__).resolve()), flag], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
     elapsed = time.perf_counter() - start
     print(proc.stdout)
     if proc.returncode != 0:
-        pytest.fail(f"8-device worker failed (exit {proc.returncode}) after {elapsed:.0f} s:\n{proc.stdout[-4000:]}\n"
-                    f"{proc.stderr[-6000:]}")
+        pytest.fail(f"{devices}-device worker {flag} failed (exit {proc.returncode}) after {elapsed:.0f} s:\n"
+                    f"{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}")
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("SUMMARY ")][-1]
     summary = json.loads(line[len("SUMMARY "):])
     summary["elapsed_s"] = elapsed
     return summary
+
+
+@pytest.fixture(scope="module")
+def sharded_summary():
+    return _run_worker("--worker", 8, timeout=600)
 
 
 def test_sharded_results_equal_single_device(sharded_summary):
@@ -265,6 +331,16 @@ def test_sharded_results_equal_single_device(sharded_summary):
     failed = [f"{r['mesh']} {r['case']}: {r['detail']}" for r in rows if not r["ok"]]
     assert not failed, "\n".join(failed)
 
+
+
+def test_tpu_interpret_backend_in_shard_map_equals_xla():
+    """Greedy speculative decoding and Dustin with the target on ``pallas-tpu-interpret`` under a
+    tensor = 8 host mesh emit the same tokens as on ``xla`` (the Mosaic kernels per device inside
+    ``shard_map``, in TPU interpret mode); a subprocess of its own (9 host devices, see _tpu_worker)."""
+    summary = _run_worker("--tpu-worker", TPU_WORKER_DEVICES, timeout=400)
+    assert summary["devices"] == TPU_WORKER_DEVICES and len(summary["results"]) == 3
+    failed = [f"{r['case']}: {r['detail']}" for r in summary["results"] if not r["ok"]]
+    assert not failed, "\n".join(failed)
 
 # ---------------------------------------------------------------------------- in-process (1 device)
 def test_rules_table_and_logical_axes():
@@ -365,9 +441,9 @@ def test_memory_plan_with_draft_and_budget():
     assert plan.draft_cache == 2 * 24 * 8 * 2 * 8192 * 64 * 2 + 32
 
 
-if __name__ == "__main__" and "--worker" in sys.argv:
+if __name__ == "__main__" and ("--worker" in sys.argv or "--tpu-worker" in sys.argv):
     began = time.perf_counter()
-    summary = _worker()
+    summary = _tpu_worker() if "--tpu-worker" in sys.argv else _worker()
     _print_summary(summary)
     print(f"worker total {time.perf_counter() - began:.1f} s")
     print("SUMMARY " + json.dumps(summary), flush=True)
