@@ -68,7 +68,7 @@ def _warn_if_interpreter_can_hang() -> None:
     JAX's ``io_callback`` (the interpreter calls one per buffer, DMA and semaphore) stages its
     arguments on CPU device 0; a host-to-device copy over 100 KiB onto a device that is running its
     shard of the same program never completes (JAX 0.10.2; docs/tpu.md, "Tests";
-    experiments/repro/io_callback_device0_hang.py). A CPU mesh over devices 1..n does not hang."""
+    its reproducer is in docs/tpu.md). A CPU mesh over devices 1..n does not hang."""
     try:  # the concrete mesh of jax.set_mesh / use_mesh, also inside jit (no public API for it there)
         from jax._src.mesh import get_concrete_mesh
 
