@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import pathlib
-import sys
 import time
 from typing import Any, Dict, List, Sequence, Tuple
 
@@ -148,11 +147,11 @@ def backend_check(model, ids: Sequence[int], tokens: int) -> Dict[str, Any]:
 
     row = np.asarray(ids[:tokens], np.int32)[None]
     lengths = np.array([row.shape[1]], np.int32)
+    from jaxspec.models.attention import backend_of
+
     out = {}
     for name, config in (("backend", model.config), ("xla", dataclasses.replace(model.config,
                                                                                   attention_backend="xla"))):
-        from jaxspec.models.attention import backend_of
-
         capacity = backend_of(config).round_capacity(row.shape[1] + 8)
         cache = init_cache(config, 1, capacity)
         _, logits = prefill(model.params, config, row, lengths, cache)
@@ -181,8 +180,7 @@ def cmd_pair_speed(args) -> Dict[str, Any]:
     from jaxspec.decoding.autoregressive import decode_loop, prefill
     from jaxspec.decoding.policies import SeparateDraft
     from jaxspec.decoding.sampling import SamplingConfig
-    from jaxspec.decoding.speculative import (EngineConfig, check_compatible, prefill_loop_state, run_loop,
-                                              speculative_generate)
+    from jaxspec.decoding.speculative import EngineConfig, check_compatible, run_loop, speculative_generate
     from jaxspec.models.attention import backend_of, get_backend
     from jaxspec.models.cache import init_cache
     from jaxspec.models.llama import param_bytes
@@ -304,7 +302,7 @@ def cmd_pair_speed(args) -> Dict[str, Any]:
                              "other_ms": t["profile_other_s"] / rounds * 1e3}
                     if method == "dustin":
                         state = _start_state(model, draft, draft_policy, verify_policy, draft_cache, prefilled,
-                                             tokens, lengths, capacity, engine, prefill_loop_state)
+                                             tokens, lengths, capacity, engine)
                         sel = selection_timing(draft_policy, verify_policy, draft.params, state, args.gamma)
                         split["selection_ms"] = sel["median_s"] * 1e3
                         split["verification_ms"] = max(split["verify_ms"] - split["selection_ms"], 0.0)
@@ -315,7 +313,7 @@ def cmd_pair_speed(args) -> Dict[str, Any]:
                 if batch in trace_batches:
                     def traced():
                         state = _start_state(model, draft, draft_policy, verify_policy, draft_cache, prefilled,
-                                             tokens, lengths, capacity, engine, prefill_loop_state)
+                                             tokens, lengths, capacity, engine)
                         jax.block_until_ready(state)
                         holder["rounds"] = int(run_loop(model.params, draft.params, state, target_config=config,
                                                         draft_policy=draft_policy, verify_policy=verify_policy,
@@ -360,8 +358,11 @@ def cmd_pair_speed(args) -> Dict[str, Any]:
     return writer.data
 
 
-def _start_state(model, draft, draft_policy, verify_policy, draft_cache, prefilled, tokens, lengths, capacity, engine,
-                 prefill_loop_state):
+def _start_state(model, draft, draft_policy, verify_policy, draft_cache, prefilled, tokens, lengths, capacity, engine):
+    """The loop state of one method's run from copies of the shared prefill (for the selection timing and
+    the trace)."""
+    from jaxspec.decoding.speculative import prefill_loop_state
+
     return prefill_loop_state(model.params, model.config, tokens, lengths, capacity, draft_policy=draft_policy,
                               draft_params=draft.params, draft_state=draft_cache, verify_policy=verify_policy,
                               verify_state=None, engine=engine, prefilled=prefilled)

@@ -276,3 +276,74 @@ def check_partials(partial, reference, tol, *, with_empty_row: bool = False) -> 
     np.testing.assert_array_equal(np.asarray(l) == 0, empty)  # same rows are empty
     assert relative_norm_error(normalize(partial), normalize(reference)) < tol
     np.testing.assert_allclose(np.where(empty, 0, m), np.where(empty, 0, ref_m), rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------- KnapSpec DP oracles
+def decomposable_increments(num_layers, tokens=3, hidden=24, seed=0):
+    """The orthogonal increments of :func:`decomposable_dp_instance`: ``(inc [2n+1, T, H], mags, scale,
+    bases)`` -- increment k is ``scale[t] * mags[k] * bases[t][:, k]`` for token t."""
+    rng = np.random.RandomState(seed)
+    n = num_layers - 1  # scanned layers 1..L-1
+    mags = rng.uniform(0.3, 1.5, size=2 * n + 1)
+    mags[0] = 1.2
+    scale = rng.uniform(0.5, 2.0, size=tokens)
+    bases = [np.linalg.qr(rng.randn(hidden, hidden))[0] for _ in range(tokens)]
+    inc = np.stack([np.stack([scale[t] * mags[k] * bases[t][:, k] for t in range(tokens)])
+                    for k in range(2 * n + 1)]).astype(np.float32)
+    return inc, mags, scale, bases
+
+
+def decomposable_dp_instance(num_layers, tokens=3, hidden=24, seed=0):
+    """Orthogonal-increment 'model' on which the knapsack DP is exact (tests/knapspec/test_knapspec.py):
+    boundary 2 is a_0 e_0 and sub-layer k adds a_k e_k (orthonormal e_k, per token a rotated basis
+    and a per-token scale), whatever the input state. Returns ``(g0, steps [n, 2, T, H], targets)``."""
+    import jax.numpy as jnp
+
+    n = num_layers - 1
+    inc = decomposable_increments(num_layers, tokens, hidden, seed)[0]
+    return (jnp.asarray(inc[0]), jnp.asarray(inc[1:].reshape(n, 2, tokens, hidden)),
+            jnp.asarray(np.cumsum(inc, axis=0)[1:].reshape(n, 2, tokens, hidden)))
+
+
+def check_scan_dp_against_brute_force(g0, steps, targets, can_skip, *, num_layers, w_attn, w_mlp, tau):
+    """Run the scan DP on an additive instance and the exhaustive search; assert that the DP's value and
+    mask at every weight it reports equal brute force's optimum and that both find the same weights.
+    Returns a namespace: ``trace, masks, slots, best``, ``brute(can_skip, tau)`` (the exhaustive search
+    again on the same instance) and the instance as ``dp.dp_loop`` takes it (``single, layers,
+    targets, token_mask, budget``)."""
+    import types
+
+    import jax
+    import jax.numpy as jnp
+    import pytest
+
+    from jaxspec.knapspec import dp
+
+    token_mask = jnp.ones(g0.shape[:1])
+    budget = dp.skip_budget(w_attn, w_mlp, num_layers)
+    apply = lambda kind: (lambda layer_x, g: g + layer_x[kind])  # noqa: E731
+    values, skipped, valid, _ = jax.jit(lambda: dp.dp_scan(
+        apply(0), apply(1), (steps[:, 0], steps[:, 1]), g0, targets, jnp.asarray(can_skip), token_mask,
+        w_attn=w_attn, w_mlp=w_mlp, budget=budget, tau=tau))()
+    trace = dp.DPTrace(np.asarray(values, np.float64), np.asarray(skipped), np.asarray(valid))
+    masks, slots = dp.backtrack(trace, num_layers, w_attn, w_mlp)
+    layers = [(steps[k, 0], steps[k, 1]) for k in range(num_layers - 1)]
+    targets_list = [(targets[k, 0], targets[k, 1]) for k in range(num_layers - 1)]
+
+    def brute(can, tau_):
+        return dp.brute_force(lambda kind, layer_x, h: h + layer_x[kind], layers, g0, targets_list, can,
+                              token_mask, w_attn=w_attn, w_mlp=w_mlp, budget=budget, tau=tau_)
+
+    best = brute(can_skip, tau)
+    assert sorted(best) == slots.tolist()
+    for c, j in enumerate(slots):
+        value, skips = best[int(j)]
+        assert trace.final_values[j] == pytest.approx(value, rel=1e-5)
+        expected = np.zeros((num_layers, 2), bool)
+        for layer, col in skips:
+            expected[1 + layer, col] = True
+        np.testing.assert_array_equal(masks[c], expected)
+    return types.SimpleNamespace(trace=trace, masks=masks, slots=slots, best=best, brute=brute,
+                                 single=lambda kind, layer_x, h: h + layer_x[kind], layers=layers,
+                                 targets=targets_list, token_mask=token_mask, budget=budget)
+

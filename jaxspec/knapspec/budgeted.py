@@ -45,7 +45,8 @@ import numpy as np
 
 from jaxspec.config import ModelConfig
 from jaxspec.knapspec.dp import (DEFAULT_TAU, WEIGHT_CAP, boundary_states, cos_sum, dp_config, knapsack_weights,
-                                 skip_budget, stacked_scan_layers, sublayer_can_skip)
+                                 per_sublayer_can_skip, skip_budget, stacked_scan_layers,
+                                 sublayer_can_skip)
 from jaxspec.knapspec.latency import LatencyModel
 from jaxspec.knapspec.planner import expected_tokens
 from jaxspec.models.cache import KVCache
@@ -159,10 +160,8 @@ def dp_scan_choices(apply_attn: Callable, apply_attn_budget: Callable, apply_mlp
                                 target[1])
         return (g2, v2), (jnp.stack([val1, val2]), jnp.stack([c1, c2]), jnp.stack([v1, v2]))
 
-    can_skip = jnp.asarray(can_skip, bool)
-    if can_skip.ndim == 1:  # per layer -> per sub-layer (Attention, MLP)
-        can_skip = jnp.stack([can_skip, can_skip], axis=1)
-    (g, valid), (values, choice, valids) = jax.lax.scan(body, (g, valid), (layer_xs, targets, can_skip))
+    (g, valid), (values, choice, valids) = jax.lax.scan(body, (g, valid),
+                                                        (layer_xs, targets, per_sublayer_can_skip(can_skip)))
     return values, choice, valids, g
 
 

@@ -149,6 +149,12 @@ def sublayer_can_skip(can_skip, k: int, col: int) -> bool:
     return bool(entry) if entry.ndim == 0 else bool(entry[col])
 
 
+def per_sublayer_can_skip(can_skip):
+    """``can_skip`` as ``[n, 2]`` bool (Attention, MLP) from per layer ``[n]`` or per sub-layer ``[n, 2]``."""
+    can_skip = jnp.asarray(can_skip, bool)
+    return jnp.stack([can_skip, can_skip], axis=1) if can_skip.ndim == 1 else can_skip
+
+
 def check_keep_attention(keep_attention, num_layers: int) -> Tuple[int, ...]:
     """``keep_attention`` as a sorted tuple of distinct layers, each in ``0 .. num_layers - 1`` (else a
     ValueError naming the bad ones)."""
@@ -188,9 +194,7 @@ def dp_scan(apply_attn: Callable, apply_mlp: Callable, layer_xs, g0, targets, ca
     valid = jnp.arange(num_slots) == 0
     denom = jnp.maximum(jnp.sum(jnp.asarray(token_mask, jnp.float32)), 1.0)
     step = functools.partial(_transition, token_mask=token_mask, denom=denom, budget=budget, tau=tau)
-    can_skip = jnp.asarray(can_skip, bool)
-    if can_skip.ndim == 1:
-        can_skip = jnp.stack([can_skip, can_skip], axis=1)
+    can_skip = per_sublayer_can_skip(can_skip)
 
     def body(carry, xs):
         g, valid = carry

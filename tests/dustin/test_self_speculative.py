@@ -16,6 +16,7 @@ from jaxspec.dustin.self_speculative import knapspec_dustin_config, knapspec_dus
 from jaxspec.knapspec import dp, latency
 from jaxspec.knapspec.policy import KnapSpecConfig, knapspec_generate
 from jaxspec.models.llama import init_params
+from tests.conftest import check_scan_dp_against_brute_force, decomposable_dp_instance
 
 TARGET = ModelConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=6, num_heads=4, num_kv_heads=2,
                      head_dim=16, dtype="float32")
@@ -38,60 +39,28 @@ def params():
 
 
 # ---------------------------------------------------------------------------- the constrained DP
-def _decomposable(num_layers, seed=0, tokens=3, hidden=16):
-    """Every sub-layer adds a component orthogonal to the others (the instance of
-    tests/knapspec/test_knapspec.py where the DP is exact): cosine at depth i = sqrt(executed / total mass)."""
-    rng = np.random.RandomState(seed)
-    n = num_layers - 1
-    scales = rng.uniform(0.3, 1.5, 2 * n + 1)
-    basis = np.eye(hidden)[: 2 * n + 1]
-    inc = scales[:, None, None] * basis[:, None, :] * rng.uniform(0.5, 1.5, (1, tokens, 1))
-    g0 = jnp.asarray(inc[0])
-    steps = jnp.asarray(inc[1:].reshape(n, 2, tokens, hidden))
-    targets = jnp.asarray(np.cumsum(inc, axis=0)[1:].reshape(n, 2, tokens, hidden))
-    return g0, steps, targets
-
-
 @pytest.mark.parametrize("w_attn,w_mlp,keep", [(1, 1, (2,)), (2, 1, (2, 3)), (1, 3, (1, 4))])
 def test_constrained_dp_equals_brute_force(w_attn, w_mlp, keep):
     """With keep_attention the scan DP's value and mask for every skipped weight equal the exhaustive
     optimum over the skip sets that execute those Attention sub-layers; no candidate skips them."""
     num_layers = 6
-    g0, steps, targets = _decomposable(num_layers, seed=w_attn + 3 * w_mlp)
-    token_mask = jnp.ones(g0.shape[:1])
-    budget = dp.skip_budget(w_attn, w_mlp, num_layers)
+    instance = decomposable_dp_instance(num_layers, seed=w_attn + 3 * w_mlp)
     can_skip = dp.scan_can_skip(num_layers, keep)
     assert can_skip.shape == (num_layers - 1, 2) and not can_skip[-1].any()
     assert [k + 1 for k in range(num_layers - 1) if not can_skip[k, 0]] == sorted(set(keep) | {num_layers - 1})
-    apply = lambda kind: (lambda layer_x, g: g + layer_x[kind])  # noqa: E731
-    values, skipped, valid, _ = jax.jit(lambda: dp.dp_scan(
-        apply(0), apply(1), (steps[:, 0], steps[:, 1]), g0, targets, jnp.asarray(can_skip), token_mask,
-        w_attn=w_attn, w_mlp=w_mlp, budget=budget, tau=0.6))()
-    trace = dp.DPTrace(np.asarray(values, np.float64), np.asarray(skipped), np.asarray(valid))
-    masks, slots = dp.backtrack(trace, num_layers, w_attn, w_mlp)
-    layers = [(steps[k, 0], steps[k, 1]) for k in range(num_layers - 1)]
-    single = lambda kind, layer_x, h: h + layer_x[kind]  # noqa: E731
-    tgt = [(targets[k, 0], targets[k, 1]) for k in range(num_layers - 1)]
-    best = dp.brute_force(single, layers, g0, tgt, can_skip, token_mask, w_attn=w_attn, w_mlp=w_mlp, budget=budget,
-                          tau=0.6)
-    assert sorted(best) == slots.tolist() and len(slots) > 2
-    for c, j in enumerate(slots):
-        value, skips = best[int(j)]
-        assert trace.final_values[j] == pytest.approx(value, rel=1e-5)
-        expected = np.zeros((num_layers, 2), bool)
-        for layer, col in skips:
-            expected[1 + layer, col] = True
-        np.testing.assert_array_equal(masks[c], expected)
-        assert not masks[c][list(keep), 0].any()
+    run = check_scan_dp_against_brute_force(*instance, can_skip, num_layers=num_layers, w_attn=w_attn, w_mlp=w_mlp,
+                                            tau=0.6)
+    assert len(run.slots) > 2
+    for mask in run.masks:
+        assert not mask[list(keep), 0].any()
     # the constraint bites: unconstrained, some optimum skips a kept Attention
-    free = dp.brute_force(single, layers, g0, tgt, dp.scan_can_skip(num_layers), token_mask, w_attn=w_attn,
-                          w_mlp=w_mlp, budget=budget, tau=0.6)
+    free = run.brute(dp.scan_can_skip(num_layers), 0.6)
     assert any((layer + 1 in keep and col == 0) for _, skips in free.values() for layer, col in skips)
     # the Python-loop DP takes the same per-sub-layer can_skip
-    loop_trace, _ = dp.dp_loop(single, layers, g0, tgt, can_skip, token_mask, w_attn=w_attn, w_mlp=w_mlp,
-                               budget=budget, tau=0.6)
-    np.testing.assert_array_equal(loop_trace.valid, trace.valid)
-    np.testing.assert_array_equal(loop_trace.skipped, trace.skipped)
+    loop_trace, _ = dp.dp_loop(run.single, run.layers, instance[0], run.targets, can_skip, run.token_mask,
+                               w_attn=w_attn, w_mlp=w_mlp, budget=run.budget, tau=0.6)
+    np.testing.assert_array_equal(loop_trace.valid, run.trace.valid)
+    np.testing.assert_array_equal(loop_trace.skipped, run.trace.skipped)
 
 
 def test_constrained_model_dp_matches_loop_and_keeps_layers(params):

@@ -11,6 +11,7 @@ from jaxspec.knapspec import budgeted as bd
 from jaxspec.knapspec import dp, latency
 from jaxspec.models.cache import init_cache
 from jaxspec.models.llama import forward_jit, forward_static_skip, init_params
+from tests.conftest import decomposable_increments
 
 TINY = ModelConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=5, num_heads=4, num_kv_heads=2,
                    head_dim=16, dtype="float32")
@@ -31,14 +32,8 @@ def _instance(num_layers, tokens=3, hidden=24, seed=0, beta=0.45):
     adds a_k (beta e_k + sqrt(beta - beta^2) f_k) with f_k orthogonal to the target. Both the dot product
     with the target and the squared norm then grow by beta a_k^2, so the cosine at every depth is a
     monotone function of one additive mass: optimal substructure, the DP is exact."""
-    rng = np.random.RandomState(seed)
     n = num_layers - 1
-    mags = rng.uniform(0.3, 1.5, size=2 * n + 1)
-    mags[0] = 1.2
-    scale = rng.uniform(0.5, 2.0, size=tokens)
-    bases = [np.linalg.qr(rng.randn(hidden, hidden))[0] for _ in range(tokens)]
-    inc = np.stack([np.stack([scale[t] * mags[k] * bases[t][:, k] for t in range(tokens)])
-                    for k in range(2 * n + 1)]).astype(np.float32)  # [2n+1, T, H]
+    inc, mags, scale, bases = decomposable_increments(num_layers, tokens, hidden, seed)  # [2n+1, T, H]
     extra = np.stack([np.stack([scale[t] * mags[1 + 2 * k] * bases[t][:, 2 * n + 1 + k] for t in range(tokens)])
                       for k in range(n)]).astype(np.float32)  # [n, T, H]
     budget_inc = beta * inc[1::2] + np.sqrt(beta - beta ** 2) * extra  # the attention sub-layers' budgeted step

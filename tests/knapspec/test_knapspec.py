@@ -15,6 +15,7 @@ from jaxspec.knapspec.policy import (KnapSpecConfig, KnapSpecDraft, KnapSpecSche
                                      reference_window)
 from jaxspec.models.cache import init_cache
 from jaxspec.models.llama import forward_jit, init_params
+from tests.conftest import check_scan_dp_against_brute_force, decomposable_dp_instance
 
 TINY = ModelConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=5, num_heads=4, num_kv_heads=2,
                    head_dim=16, dtype="float32")
@@ -145,24 +146,6 @@ def test_weights_and_budget():
 
 
 # ---------------------------------------------------------------------------- DP vs brute force
-def _decomposable_instance(num_layers, tokens=3, hidden=24, seed=0):
-    """Orthogonal-increment 'model': boundary 2 is a_0 e_0 and sub-layer k adds a_k e_k (orthonormal
-    e_k, per token a rotated basis and a per-token scale), whatever the input state."""
-    rng = np.random.RandomState(seed)
-    n = num_layers - 1  # scanned layers 1..L-1
-    mags = rng.uniform(0.3, 1.5, size=2 * n + 1)
-    mags[0] = 1.2
-    scale = rng.uniform(0.5, 2.0, size=tokens)
-    bases = [np.linalg.qr(rng.randn(hidden, hidden))[0] for _ in range(tokens)]
-    inc = np.stack([np.stack([scale[t] * mags[k] * bases[t][:, k] for t in range(tokens)])
-                    for k in range(2 * n + 1)]).astype(np.float32)  # [2n+1, T, H]
-    g0 = jnp.asarray(inc[0])
-    steps = jnp.asarray(inc[1:].reshape(n, 2, tokens, hidden))
-    targets = jnp.asarray(np.cumsum(inc, axis=0)[1:].reshape(n, 2, tokens, hidden))
-    can_skip = np.arange(1, num_layers) < num_layers - 1
-    return g0, steps, targets, can_skip
-
-
 @pytest.mark.parametrize("w_attn,w_mlp", [(1, 1), (2, 1), (1, 3)])
 def test_dp_equals_brute_force_on_decomposable_objective(w_attn, w_mlp):
     """The oracle "the knapsack DP matches brute force on small instances", in the form that is true.
@@ -184,35 +167,13 @@ def test_dp_equals_brute_force_on_decomposable_objective(w_attn, w_mlp):
     into the very dp_scan the model DP uses.
     """
     num_layers = 6
-    g0, steps, targets, can_skip = _decomposable_instance(num_layers)
-    token_mask = jnp.ones(g0.shape[:1])
-    budget = dp.skip_budget(w_attn, w_mlp, num_layers)
-    tau = 0.6  # prunes the heaviest skip sets
-    apply = lambda kind: (lambda layer_x, g: g + layer_x[kind])  # noqa: E731
-    scan = jax.jit(lambda: dp.dp_scan(apply(0), apply(1), (steps[:, 0], steps[:, 1]), g0, targets,
-                                      jnp.asarray(can_skip), token_mask, w_attn=w_attn, w_mlp=w_mlp, budget=budget,
-                                      tau=tau))
-    values, skipped, valid, _ = scan()
-    trace = dp.DPTrace(np.asarray(values, np.float64), np.asarray(skipped), np.asarray(valid))
-    masks, slots = dp.backtrack(trace, num_layers, w_attn, w_mlp)
-
-    layers = [(steps[k, 0], steps[k, 1]) for k in range(num_layers - 1)]
-    single = lambda kind, layer_x, h: h + layer_x[kind]  # noqa: E731
-    tgt = [(targets[k, 0], targets[k, 1]) for k in range(num_layers - 1)]
-    best = dp.brute_force(single, layers, g0, tgt, can_skip, token_mask, w_attn=w_attn, w_mlp=w_mlp, budget=budget,
-                          tau=tau)
-    assert sorted(best) == slots.tolist()
-    for c, j in enumerate(slots):
-        value, skips = best[int(j)]
-        assert trace.final_values[j] == pytest.approx(value, rel=1e-5)
-        expected = np.zeros((num_layers, 2), bool)
-        for layer, col in skips:
-            expected[1 + layer, col] = True
-        np.testing.assert_array_equal(masks[c], expected)
+    can_skip = np.arange(1, num_layers) < num_layers - 1
+    run = check_scan_dp_against_brute_force(*decomposable_dp_instance(num_layers), can_skip, num_layers=num_layers,
+                                            w_attn=w_attn, w_mlp=w_mlp, tau=0.6)  # tau 0.6 prunes the heaviest sets
+    best = run.best
     # the pruning bites on these instances: without it the optimum of some weight differs
     # ((1, 1): a better skip set for weight 6 dips below tau midway) or another weight is feasible
-    unpruned = dp.brute_force(single, layers, g0, tgt, can_skip, token_mask, w_attn=w_attn, w_mlp=w_mlp,
-                              budget=budget, tau=-2.0)
+    unpruned = run.brute(can_skip, -2.0)
     if (w_attn, w_mlp) != (1, 3):
         assert unpruned != best
 
