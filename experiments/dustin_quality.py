@@ -1057,6 +1057,9 @@ def _select_items(evaluation, per_length: Dict[int, int], seed: int):
     items = []
     for length, count in sorted(per_length.items()):
         pool = [t for t in evaluation if t.context_tokens == length]
+        if len(pool) < count:
+            raise ValueError(f"--items {length}:{count} asks for {count} items but the evaluation split has "
+                             f"{len(pool)} at {length} tokens (kinds x depths x --samples); raise --samples")
         random.Random(seed * 1000 + length).shuffle(pool)
         items.extend(pool[:count])
     return items
@@ -1096,6 +1099,12 @@ def cmd_dustin_quality(args) -> Dict[str, Any]:
         raise ValueError(f"{args.dustin_profile} has no config for k={missing}; profiled: {sorted(profile.configs)}")
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
     depths = _parse_floats(args.depths, "--depths")
+    per_split = len(kinds) * len(depths) * args.samples
+    for length, count in per_length.items():
+        if count > per_split:
+            raise ValueError(f"--items {length}:{count} asks for more items than the evaluation split holds per "
+                             f"length ({len(kinds)} kinds x {len(depths)} depths x --samples {args.samples} = "
+                             f"{per_split}); raise --samples")
     writer = ResultWriter(args.out, "dustin-quality", config_of(args))
     target, draft, mask = _load_pair(args)
     profile.check_models(target.config, draft.config if draft is not None else target.config)

@@ -272,3 +272,15 @@ def test_generate_input_aware_m(folders, tmp_path):
                           rule, "--out", str(path))) == 0
         results = _results(path)
         assert results["tokens"] == _results(dense)["tokens"] and results["sparse"]["m_rule"] == rule
+
+
+def test_quality_refuses_more_items_than_the_split_holds(folders, tmp_path, capsys):
+    """1 kind x 2 depths x 1 sample = 2 tasks per length: asking for 3 fails before any model loads."""
+    target, draft = folders
+    argv = ["dustin-quality", "--model", str(target), "--draft", str(draft), "--source", str(_haystack(tmp_path)),
+            "--dustin-profile", SMOL_PROFILE, "--budgets", "128", "--items", "400:3", "--kinds", "passkey",
+            "--depths", "0.3,0.6", "--out", str(tmp_path / "q.json")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--items 400:3 asks for more items than the evaluation split holds" in err and "= 2); raise --samples" in err
+    assert not (tmp_path / "q.json").exists()
