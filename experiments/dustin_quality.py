@@ -390,6 +390,8 @@ def cmd_dustin_profile(args) -> Dict[str, Any]:
     depths = _parse_floats(args.depths, "--depths")
     if not args.profile_file:
         raise ValueError("give --profile-file FILE: where to save the profile (e.g. experiments/profiles/NAME.json)")
+    if args.extend:
+        return _extend_profile(args, budgets, kinds, lengths, depths)
     writer = ResultWriter(args.out, "dustin-profile", config_of(args))
     target, draft, mask = _load_pair(args)
     started = time.perf_counter()
@@ -423,6 +425,48 @@ def cmd_dustin_profile(args) -> Dict[str, Any]:
     srh_recall = {"target": profile.srh["target"]["recall"], "draft": profile.srh["draft"]["recall"]}
     print(f"needle answer recall per calibration task: {json.dumps(srh_recall)}")
     writer.set("results", {"profile_file": str(args.profile_file), "rows": rows, "srh_recall": srh_recall})
+    return writer.data
+
+
+def _extend_profile(args, budgets, kinds, lengths, depths) -> Dict[str, Any]:
+    """``dustin-profile --extend FILE``: new budgets on the profile's own SRHs (jaxspec.dustin.search.extend_profile)."""
+    from jaxspec.dustin.search import DustinProfile, extend_profile
+
+    profile = DustinProfile.load(args.extend)
+    present = [b for b in budgets if b in profile.configs]
+    if present:
+        raise ValueError(f"--extend {args.extend} already has k={present} (profiled: {sorted(profile.configs)}); "
+                         f"give --budgets it lacks")
+    if args.gamma != profile.gamma:
+        raise ValueError(f"--gamma={args.gamma}: {args.extend} was profiled with gamma {profile.gamma}")
+    writer = ResultWriter(args.out, "dustin-profile", config_of(args))
+    target, draft, mask = _load_pair(args)
+    profile.check_models(target.config, draft.config if draft is not None else target.config)
+    if mask is not None and not np.array_equal(np.asarray(profile.draft.get("self_draft_mask"), bool), mask):
+        raise ValueError(f"{args.extend} was profiled for another self-draft skip set than {args.draft_skip!r}")
+    started = time.perf_counter()
+    calibration, evaluation = build_task_splits(target.tokenizer, args, kinds, lengths, depths)
+    print(f"[dustin-profile] extending {args.extend} with k={budgets}: {len(calibration)} calibration tasks "
+          f"({', '.join(kinds)}; {lengths} tokens) on its SRHs", file=sys.stderr, flush=True)
+    extended, records = extend_profile(
+        profile, target.params, target.config, draft.params if draft else None, draft.config if draft else None,
+        list(calibration), target.tokenizer, budgets=budgets, evaluation=list(evaluation),
+        max_new_tokens=args.max_new_tokens, batch_size=1, self_draft_mask=mask)
+    if mask is not None:
+        for budget in budgets:
+            check_self_draft_layers(extended.configs[budget], mask)
+    extended.data["extensions"][-1].update(
+        source=args.source, task_seed=args.task_seed, kinds=kinds, depths=depths,
+        command="python -m experiments.run dustin-profile " + " ".join(sys.argv[2:]),
+        seconds=time.perf_counter() - started)
+    extended.save(args.profile_file)
+    rows = [{"k": b, "target_layer": c.target_layer, "target_heads": list(c.target_heads),
+             "draft_layers": list(c.draft_layers), "m": c.effective_m, "free": c.free_budget,
+             "arr_hybrid": extended.search[str(b)]["arr"]} for b, c in sorted(extended.configs.items())
+            if b in budgets]
+    print_table(rows, title=f"Dustin profile {args.extend} + k={budgets} -> {args.profile_file} "
+                            f"({records.num_items} calibration round-rows, {time.perf_counter() - started:.0f} s)")
+    writer.set("results", {"profile_file": str(args.profile_file), "extended": str(args.extend), "rows": rows})
     return writer.data
 
 
@@ -462,6 +506,9 @@ def _jax():
 
 
 JITS: Dict[str, Any] = {}
+#: seconds per phase of the current item (the dense record keeps them: where an item's time goes)
+PHASES: Dict[str, float] = {}
+EXTEND_CHUNK = 64  # tokens per prefill chunk when an item's question is appended to its cached prefix
 
 
 def cached_jit(name, fn, **kwargs):
@@ -650,11 +697,14 @@ class QualityRunner:
         jax, jnp = _jax()
         array = np.asarray([tokens], np.int32)
         lengths = np.asarray([len(tokens)], np.int32)
-        cache, logits = prefill(self.target.params, self.tcfg, array, lengths, jax.tree.map(jnp.copy, base["cache"]))
+        # one chunk size for every item (the chunk prefill picks grows with the token count: a new
+        # compile whenever an item's question is longer)
+        cache, logits = prefill(self.target.params, self.tcfg, array, lengths, jax.tree.map(jnp.copy, base["cache"]),
+                                chunk=EXTEND_CHUNK)
         dcache = None
         if self.draft is not None:
             dcache, _ = prefill(self.draft.params, self.dcfg, array, lengths,
-                                jax.tree.map(jnp.copy, base["draft_cache"]))
+                                jax.tree.map(jnp.copy, base["draft_cache"]), chunk=EXTEND_CHUNK)
         return {"cache": cache, "draft_cache": dcache, "logits": logits, "tokens": base["tokens"] + list(tokens)}
 
     def _last_query(self, base, probe):
@@ -674,8 +724,10 @@ class QualityRunner:
         _, jnp = _jax()
         policy = SnapKVVerify(self.tcfg, budget=budget, max_generated=self.engine.max_new_tokens + 64)
         n = len(base["tokens"])
-        return policy.prepare(self.target.params, self.tcfg, np.asarray([base["tokens"]], np.int32),
-                              np.asarray([n], np.int32), cache=base["cache"])
+        tokens = np.asarray([base["tokens"]], np.int32)
+        if n >= policy.window:  # right-padded to the cache capacity: one compile for every item of a length
+            tokens = np.pad(tokens, ((0, 0), (0, base["cache"].capacity - n)))
+        return policy.prepare(self.target.params, self.tcfg, tokens, np.asarray([n], np.int32), cache=base["cache"])
 
     # -- decoding
     def decode(self, base, method: Method, *, reference: bool = False, arr_methods: Sequence[Method] = ()):
@@ -1028,8 +1080,9 @@ def memory_summary() -> str:
 
 
 def release_memory(clear_compiled: bool = False) -> None:
-    """Hand freed host memory back to the OS; with ``clear_compiled`` also drop every compiled
-    executable (``jax.clear_caches()`` and this module's jit table).
+    """Hand freed host memory back to the OS (on the CPU backend, where the arrays live in host
+    memory; on an accelerator only with ``clear_compiled``); with ``clear_compiled`` also drop every
+    compiled executable (``jax.clear_caches()`` and this module's jit table).
 
     Measured on SmolLM2 (CPU): the process grew ~0.3 GB per newly compiled variant while its live
     JAX arrays stayed constant -- glibc keeps the heap freed after XLA compiles (many arenas, one
@@ -1041,14 +1094,18 @@ def release_memory(clear_compiled: bool = False) -> None:
     import gc
 
     jax, _ = _jax()
+    t0 = time.perf_counter()
     if clear_compiled:
         jax.clear_caches()
         JITS.clear()
+    elif jax.default_backend() != "cpu":
+        return
     gc.collect()
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc: nothing to trim
         pass
+    PHASES["release_memory"] = PHASES.get("release_memory", 0.0) + time.perf_counter() - t0
 
 
 def _select_items(evaluation, per_length: Dict[int, int], seed: int):
@@ -1136,6 +1193,7 @@ def cmd_dustin_quality(args) -> Dict[str, Any]:
             release_memory(clear_compiled=True)  # other shapes from here on: free the old executables
         compiled_for = task.context_tokens
         t0 = time.perf_counter()
+        PHASES.clear()
         tokens = tok.encode(task.prompt)
         question = len(tok.encode(task.question)) + 2
         end = len(tokens) - question
@@ -1147,9 +1205,11 @@ def cmd_dustin_quality(args) -> Dict[str, Any]:
         print(f"[dustin-quality] item {number}/{len(items)} {item} ({len(tokens)} tokens): prefill ...",
               file=sys.stderr, flush=True)
         base0 = runner.prefill(tokens[:start], capacity)
+        PHASES["prefill"] = time.perf_counter() - t0
         print(f"[dustin-quality]   prefill done ({time.perf_counter() - t0:.0f} s); {memory_summary()}", file=sys.stderr,
               flush=True)
         text = tokens[start:end]
+        t_phase = time.perf_counter()
         draft_scores = runner.draft_chunk_scores(base0, text)
         ppl = {"dense": runner.perplexity(base0, text, Method("dense"), draft_scores)}
         for m in methods:
@@ -1161,20 +1221,26 @@ def cmd_dustin_quality(args) -> Dict[str, Any]:
         print(f"[dustin-quality]   perplexity done ({time.perf_counter() - t0:.0f} s): dense {ppl['dense']['ppl']:.2f}; "
               f"{memory_summary()}",
               file=sys.stderr, flush=True)
+        PHASES["perplexity"] = time.perf_counter() - t_phase
+        t_phase = time.perf_counter()
         base = runner.extend(base0, tokens[start:])
         del base0
+        PHASES["extend"] = time.perf_counter() - t_phase
         if writer.has(f"{item}/dense"):
             dense = writer.get(f"{item}/dense")
         else:
             runner.m_rule_stats = {}
+            t_phase = time.perf_counter()
             generated, metrics, arr = runner.decode(base, Method("dense"), reference=True, arr_methods=methods)
+            PHASES["dense_decode_with_arr"] = time.perf_counter() - t_phase
             release_memory()
             text_out = target.tokenizer.decode(generated, skip_special_tokens=True)
             dense = {"task": item, "kind": task.kind, "context": task.context_tokens, "prompt_tokens": len(tokens),
                      "tokens": generated, "text": text_out, "accuracy": float(score_answer(task, text_out)),
                      "tau": metrics["tau"], "ppl": ppl["dense"]["ppl"], "nll": ppl["dense"]["nll"],
                      "ppl_tokens": ppl["dense"]["tokens"], "arr": arr, "rounds": metrics["rounds"],
-                     "seconds": time.perf_counter() - t0}
+                     "seconds": time.perf_counter() - t0,
+                     "phase_seconds": dict(PHASES)}  # release_memory: the part of the phases spent there
             if runner.m_rule_stats:
                 dense["m_rule"] = m_rule_summary(runner.m_rule_stats)
             writer.add(f"{item}/dense", dense)
@@ -1363,6 +1429,9 @@ def register(subparsers) -> None:
     prof.add_argument("--srh-max-new-tokens", type=int, default=None,
                       help="decode steps per needle test (default: longest answer + 8)")
     prof.add_argument("--recall-threshold", type=float, default=0.5)
+    prof.add_argument("--extend", default=None, metavar="FILE",
+                      help="add --budgets to this existing profile: its SRHs, calibration rounds on --lengths "
+                           "(e.g. longer prompts for a larger k), Algorithm 1 per new budget; its configs are kept")
     prof.set_defaults(func=cmd_dustin_profile)
 
     qual = subparsers.add_parser("dustin-quality", help="ARR, agreement with dense, perplexity, retrieval accuracy and "

@@ -481,11 +481,7 @@ def profile_pair(target_params, target_config: ModelConfig, draft_params, draft_
                                   self_draft_mask=self_draft_mask)
     results = {b: algorithm1(records, b, sinks=sinks, max_draft_layers=max_draft_layers, min_gain=min_gain,
                              layer_search_m=layer_search_m) for b in budgets}
-    data = {"split": "calibration", "num_tasks": len(tasks), "task_ids": [t.task_id for t in tasks],
-            "sources": sorted({t.source for t in tasks}),
-            "haystack_sha256": sorted({t.haystack_sha256 for t in tasks if t.haystack_sha256}),
-            "context_tokens": sorted({t.context_tokens for t in tasks}), "rounds_items": records.num_items,
-            "max_new_tokens": max_new_tokens, "disjoint_from_evaluation_checked": evaluation is not None}
+    data = _calibration_data(tasks, records, max_new_tokens, evaluation)
     profile = DustinProfile(
         configs={b: r.config for b, r in results.items()},
         target=model_info(target_config, target_name, target_source),
@@ -498,3 +494,58 @@ def profile_pair(target_params, target_config: ModelConfig, draft_params, draft_
              "recall_threshold": recall_threshold, "heads_per_layer": heads_per_layer},
         search={str(b): r.to_dict() for b, r in results.items()})
     return profile, records
+
+
+def _calibration_data(tasks, records: CalibrationRecords, max_new_tokens: int, evaluation) -> dict:
+    return {"split": "calibration", "num_tasks": len(tasks), "task_ids": [t.task_id for t in tasks],
+            "sources": sorted({t.source for t in tasks}),
+            "haystack_sha256": sorted({t.haystack_sha256 for t in tasks if t.haystack_sha256}),
+            "context_tokens": sorted({t.context_tokens for t in tasks}), "rounds_items": records.num_items,
+            "max_new_tokens": max_new_tokens, "disjoint_from_evaluation_checked": evaluation is not None}
+
+
+def extend_profile(profile: DustinProfile, target_params, target_config: ModelConfig, draft_params,
+                   draft_config: Optional[ModelConfig], calibration, tokenizer, *, budgets: Sequence[int],
+                   evaluation=None, prefix_ids: Sequence[int] = (), max_new_tokens: int = 32, batch_size: int = 4,
+                   sinks: int = 4, max_draft_layers: int = 4, min_gain: float = 0.001,
+                   layer_search_m: Optional[int] = None, self_draft_mask=None) -> Tuple[DustinProfile, CalibrationRecords]:
+    """``profile`` with configs for further ``budgets``: the profile's own SRHs (no new
+    identification), calibration rounds on ``calibration`` -- typically longer prompts, where a
+    larger k is still sparse -- and Algorithm 1 per new budget (docs/methods.md §3.4). The existing
+    configs are kept as they are; ``data["extensions"]`` records each extension's calibration data,
+    and the haystack fingerprints are merged (the evaluation-overlap checks see every part used)."""
+    budgets = sorted({check_budget(b) for b in budgets})
+    present = [b for b in budgets if b in profile.configs]
+    if present:
+        raise ProfileError(f"the profile already has k={present}; extend it with other budgets "
+                           f"(profiled: {sorted(profile.configs)})")
+    if "target" not in profile.srh or "draft" not in profile.srh:
+        raise ProfileError("the profile records no SRHs (srh.target / srh.draft top_heads): profile the pair anew")
+    profile.check_models(target_config, draft_config)
+    tasks = list(calibration)
+    check_calibration_data(tasks, evaluation)
+    cases = _cases_from_tasks(tasks, tokenizer, prefix_ids)
+    target_heads = profile.srh["target"]["top_heads"]
+    draft_heads = profile.srh["draft"]["top_heads"]
+    records = collect_calibration(target_params, target_config, draft_params, draft_config,
+                                  [c.tokens for c in cases], target_heads=target_heads, draft_heads=draft_heads,
+                                  gamma=profile.gamma, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                                  self_draft_mask=self_draft_mask)
+    results = {b: algorithm1(records, b, sinks=sinks, max_draft_layers=max_draft_layers, min_gain=min_gain,
+                             layer_search_m=layer_search_m) for b in budgets}
+    extension = {"budgets": budgets, **_calibration_data(tasks, records, max_new_tokens, evaluation),
+                 "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    data = dict(profile.data)
+    data["haystack_sha256"] = sorted(set(data.get("haystack_sha256", [])) | set(extension["haystack_sha256"]))
+    data["extensions"] = list(data.get("extensions", [])) + [extension]
+    extended = dataclasses.replace(
+        profile, configs={**profile.configs, **{b: r.config for b, r in results.items()}},
+        search={**profile.search, **{str(b): r.to_dict() for b, r in results.items()}}, data=data)
+    return extended, records
+
+
+def _cases_from_tasks(tasks, tokenizer, prefix_ids):
+    from jaxspec.dustin.srh import cases_from_tasks
+
+    return cases_from_tasks(tasks, tokenizer, prefix_ids=prefix_ids)
+

@@ -284,3 +284,40 @@ def test_quality_refuses_more_items_than_the_split_holds(folders, tmp_path, caps
     err = capsys.readouterr().err
     assert "--items 400:3 asks for more items than the evaluation split holds" in err and "= 2); raise --samples" in err
     assert not (tmp_path / "q.json").exists()
+
+
+def test_profile_extension_adds_budgets_and_keeps_the_rest(folders, tmp_path, capsys):
+    """`dustin-profile --extend FILE --budgets K`: the profile's SRHs and configs stay as they were, k = K is
+    searched on calibration rounds at the new lengths, and the calibration haystacks are merged (the quality
+    command's evaluation-overlap check sees both). A budget the profile has already is refused before any
+    model loads; dustin-quality then runs with the new k."""
+    target, draft = folders
+    haystack = _haystack(tmp_path)
+    first, extended = tmp_path / "profile.json", tmp_path / "extended.json"
+    common = ["--model", str(target), "--draft", str(draft), "--source", str(haystack), "--gamma", "3"]
+    assert main(["dustin-profile", *common, "--budgets", "128", "--lengths", "400", "--kinds", "passkey",
+                 "--depths", "0.5", "--max-new-tokens", "4", "--srh-max-new-tokens", "3", "--recall-threshold", "-1",
+                 "--profile-file", str(first), "--out", str(tmp_path / "p.json")]) == 0
+    argv = ["dustin-profile", *common, "--extend", str(first), "--budgets", "256", "--lengths", "700",
+            "--kinds", "passkey", "--depths", "0.5", "--max-new-tokens", "4", "--profile-file", str(extended),
+            "--out", str(tmp_path / "e.json")]
+    assert main(argv) == 0
+    before, after = json.loads(first.read_text()), json.loads(extended.read_text())
+    assert sorted(after["configs"]) == ["128", "256"] and after["configs"]["128"] == before["configs"]["128"]
+    assert after["srh"] == before["srh"] and after["search"]["128"] == before["search"]["128"]
+    assert after["configs"]["256"]["budget"] == 256 and "256" in after["search"]
+    (ext,) = after["data"]["extensions"]
+    assert ext["budgets"] == [256] and ext["context_tokens"] == [700] and ext["split"] == "calibration"
+    assert set(before["data"]["haystack_sha256"]) | set(ext["haystack_sha256"]) == set(after["data"]["haystack_sha256"])
+    capsys.readouterr()
+    again = argv[:argv.index("--extend") + 1] + [str(extended)] + argv[argv.index("--extend") + 2:]
+    assert main(again) == 2
+    assert "already has k=[256]" in capsys.readouterr().err
+    out = tmp_path / "quality.json"
+    assert main(["dustin-quality", *common, "--dustin-profile", str(extended), "--budgets", "256", "--items", "700:1",
+                 "--kinds", "passkey", "--depths", "0.5", "--methods", "dustin-h", "--max-new-tokens", "4",
+                 "--ppl-tokens", "8", "--out", str(out)]) == 0
+    cases = json.loads(out.read_text())["cases"]
+    assert any(k.endswith("/dustin-h/k256") for k in cases)
+    dense = next(c for k, c in cases.items() if k.endswith("/dense"))
+    assert set(dense["phase_seconds"]) >= {"prefill", "perplexity", "extend", "dense_decode_with_arr"}
