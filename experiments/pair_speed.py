@@ -43,10 +43,16 @@ import numpy as np
 
 from experiments.common import ResultWriter, config_of, print_table, progress_line
 
-METHODS = ("sd", "magicdec", "dustin", "streaming", "quest")
+#: Dustin-H whose separate draft reads a budget of its cache (docs/methods.md §5.1): method -> DustinConfig.draft_kv
+SPARSE_DRAFT_KV = {"dustin-kv-streaming": "streaming", "dustin-kv-verify-set": "verify-set"}
+METHODS = ("sd", "magicdec", "dustin", "streaming", "quest") + tuple(SPARSE_DRAFT_KV)
+#: what runs without --methods (the sparse-draft variants are asked for by name)
+DEFAULT_METHODS = METHODS[:5]
 #: dense verification: greedy output equals AR's (token for token in float32)
 DENSE_METHODS = ("sd", "magicdec")
-SPARSE_BUDGET_METHODS = ("magicdec", "dustin", "streaming", "quest")
+SPARSE_BUDGET_METHODS = ("magicdec", "dustin", "streaming", "quest") + tuple(SPARSE_DRAFT_KV)
+#: methods verified by Dustin (a DustinConfig, its selection)
+DUSTIN_METHODS = ("dustin",) + tuple(SPARSE_DRAFT_KV)
 #: options recorded in a results file's config only when set
 OPTIONAL_CONFIG = ("arbitrate", "arbitrate_tail")
 #: ``--backend-check`` fails when the last-position logits differ by more than this share of their scale
@@ -81,7 +87,8 @@ def check_args(args) -> Tuple[List[int], List[int], List[str]]:
         if small:
             raise ValueError(f"--contexts {small} are not longer than --budget {args.budget}: the sparse methods "
                              f"would attend to the whole history")
-    if "dustin" in methods and args.dustin_profile and not pathlib.Path(args.dustin_profile).is_file():
+    if any(m in DUSTIN_METHODS for m in methods) and args.dustin_profile and not pathlib.Path(
+            args.dustin_profile).is_file():
         raise ValueError(f"--dustin-profile {args.dustin_profile}: no such file")
     for flag in ("gamma", "max_new_tokens", "row_stride"):
         if getattr(args, flag) < 1:
@@ -119,8 +126,10 @@ def agreement(tokens: np.ndarray, reference: np.ndarray) -> Dict[str, Any]:
 
 def sparse_args(args, method: str) -> argparse.Namespace:
     """The ``generate``-style options :func:`experiments.dustin_quality.sparse_policies` reads."""
-    return argparse.Namespace(method=method, budget=args.budget, dustin_profile=args.dustin_profile,
-                              dustin_mode=args.dustin_mode, draft_kv="full", draft_window=None,
+    draft_kv = SPARSE_DRAFT_KV.get(method, "full")
+    return argparse.Namespace(method="dustin" if method in DUSTIN_METHODS else method, budget=args.budget,
+                              dustin_profile=args.dustin_profile, dustin_mode=args.dustin_mode, draft_kv=draft_kv,
+                              draft_window=None,
                               dustin_m_rule="fixed", draft_skip=None, max_new_tokens=args.max_new_tokens)
 
 
@@ -134,7 +143,7 @@ def build_policies(args, method: str, target_config, draft_config):
 
     draft_policy, _, verify_policy, sparse, _ = sparse_policies(sparse_args(args, method), target_config,
                                                                 draft_config)
-    return draft_policy, verify_policy or DenseVerify(), sparse
+    return draft_policy, verify_policy or DenseVerify(), {**sparse, "method": method}
 
 
 def backend_check(model, ids: Sequence[int], tokens: int) -> Dict[str, Any]:
@@ -278,7 +287,7 @@ def cmd_pair_speed(args) -> Dict[str, Any]:
                                               prefilled=prefilled, controller=controller)
                 spec_tokens = np.asarray(result.tokens)
                 tok_s = float(result.num_generated.sum()) / result.timings["decode_s"]
-                dustin = verify_policy.dustin if method == "dustin" else None
+                dustin = verify_policy.dustin if method in DUSTIN_METHODS else None
                 bytes_round = method_round_bytes(method, target_config=config, draft_config=draft_config,
                                                  batch=batch, context=context, budget=args.budget,
                                                  gamma=args.gamma, target_bytes=target_bytes,
@@ -300,7 +309,7 @@ def cmd_pair_speed(args) -> Dict[str, Any]:
                     split = {"draft_ms": t["profile_draft_s"] / rounds * 1e3,
                              "verify_ms": t["profile_verify_s"] / rounds * 1e3,
                              "other_ms": t["profile_other_s"] / rounds * 1e3}
-                    if method == "dustin":
+                    if method in DUSTIN_METHODS:
                         state = _start_state(model, draft, draft_policy, verify_policy, draft_cache, prefilled,
                                              tokens, lengths, capacity, engine)
                         sel = selection_timing(draft_policy, verify_policy, draft.params, state, args.gamma)
@@ -394,7 +403,9 @@ def register(subparsers) -> None:
     p.add_argument("--row-stride", type=int, default=2048, help="tokens between the starts of consecutive rows")
     p.add_argument("--contexts", default="8000,16000,32000", help="prompt tokens per row")
     p.add_argument("--batches", default="1,8,16")
-    p.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated: {', '.join(METHODS)} (plus AR)")
+    p.add_argument("--methods", default=",".join(DEFAULT_METHODS),
+                   help=f"comma-separated: {', '.join(METHODS)} (AR always runs; default: {', '.join(DEFAULT_METHODS)}; "
+                        f"dustin-kv-*: Dustin-H whose draft reads a budget of its cache)")
     p.add_argument("--budget", type=int, default=512, help="k of the sparse methods")
     p.add_argument("--dustin-profile", default="experiments/profiles/qwen2.5-coder-1.5b_qwen2.5-coder-0.5b.json",
                    help="the pair's SRH profile (dustin-profile)")

@@ -166,7 +166,9 @@ PAIR_SPEED_CHECK = f"{PS}8k_h200.json"                  # holds the Pallas-vs-XL
 PAIR_SPEED_SUITE = "h200-qwen-pair"
 PAIR_SPEED_PLOT = f"{PS}speedup_h200.png"
 PAIR_METHODS = (("sd", "ClassicSD"), ("magicdec", "MagicDec"), ("dustin", "**Dustin-H**"),
-                ("streaming", "StreamingLLM verification"), ("quest", "Quest verification"))
+                ("streaming", "StreamingLLM verification"), ("quest", "Quest verification"),
+                ("dustin-kv-streaming", "Dustin-H, draft reads sinks + window"),
+                ("dustin-kv-verify-set", "Dustin-H, draft reads the last I_verify + window"))
 SPARSE_DRAFT_KV = tuple((slug, label, f"generate/generate_qwen2.5-coder-1.5b_{tag}-qwen2.5-coder-0.5b_2k_b1_cpu.json")
                         for slug, label, tag in (
                             ("dustin-full-kv", "Dustin-H k = 512, full draft KV", "dustin-k512"),

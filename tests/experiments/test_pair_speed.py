@@ -222,15 +222,25 @@ def test_every_method_builds_its_policies_and_bytes():
     draft = DRAFT.replace(num_layers=4)
     args = _args("--methods", ",".join(pair_speed.METHODS), "--contexts", "400")
     assert pair_speed.check_args(args)[2] == list(pair_speed.METHODS)
+    assert not set(pair_speed.SPARSE_DRAFT_KV) & set(pair_speed.DEFAULT_METHODS)  # asked for by name
+    bytes_of = {}
     for method in pair_speed.METHODS:
-        _, verify_policy, description = pair_speed.build_policies(args, method, target, draft)
+        draft_policy, verify_policy, description = pair_speed.build_policies(args, method, target, draft)
         assert description["method"] == method
         assert isinstance(verify_policy, DenseVerify) == (method in pair_speed.DENSE_METHODS), method
-        dustin = verify_policy.dustin if method == "dustin" else None
-        if method == "dustin":
+        dustin = verify_policy.dustin if method in pair_speed.DUSTIN_METHODS else None
+        if dustin is not None:
             assert dustin.budget == 128 and dustin.mode == "hybrid"
-        assert method_round_bytes(method, target_config=target, draft_config=draft, batch=1, context=400,
-                                  budget=128, gamma=4, target_bytes=10**6, draft_bytes=10**5, dustin=dustin) > 0
+            assert dustin.draft_kv == pair_speed.SPARSE_DRAFT_KV.get(method, "full") == draft_policy.draft_kv
+        bytes_of[method] = method_round_bytes(method, target_config=target, draft_config=draft, batch=1, context=400,
+                                              budget=128, gamma=4, target_bytes=10**6, draft_bytes=10**5,
+                                              dustin=dustin)
+        assert bytes_of[method] > 0
+    # the sparse-draft variants read less than full-KV Dustin: gamma draft steps over ~k instead of 400 positions
+    per_position = 2 * draft.num_layers * draft.num_kv_heads * draft.head_dim * 2  # K and V, bf16
+    window = pair_speed.build_policies(args, "dustin-kv-verify-set", target, draft)[1].dustin.draft_window_size
+    assert bytes_of["dustin"] - bytes_of["dustin-kv-streaming"] == 4 * (400 - 128) * per_position
+    assert bytes_of["dustin"] - bytes_of["dustin-kv-verify-set"] == 4 * (400 - 128 - window) * per_position
 
 
 # ---------------------------------------------------------------------------- end to end
@@ -330,3 +340,24 @@ def test_pair_speed_end_to_end_and_resume(tmp_path, monkeypatch):
     assert [r["method"] for r in resumed["rows"]] == ["ar", "sd", "magicdec", "streaming"]
     assert [r["before"] for r in resumed["ar"]["runs"]] == ["sd", "magicdec", "streaming"]
     assert resumed["streaming"]["agreement_with_ar"]["first_divergence"] is not None
+
+
+@pytest.mark.slow
+def test_pair_speed_sparse_draft_variants_end_to_end(tmp_path):
+    """Dustin-H with the draft reading sinks + a window or the previous I_verify + a window: each runs from
+    the shared prefill, records its draft view, and its round reads fewer bytes than full-KV Dustin-H."""
+    out = tmp_path / "pair.json"
+    argv = [a for a in E2E]
+    argv[argv.index("--methods") + 1] = "dustin,dustin-kv-streaming,dustin-kv-verify-set"
+    assert main(argv + ["--out", str(out)]) == 0
+    case = json.loads(out.read_text())["cases"]["ctx160/b2"]
+    for method in ("dustin", "dustin-kv-streaming", "dustin-kv-verify-set"):
+        assert 1 <= case[method]["metrics"]["tau"] <= 5, method
+        assert case[method]["description"]["method"] == method
+    assert case["dustin"]["description"]["draft_kv"] == "full"
+    assert case["dustin-kv-streaming"]["description"]["draft_kv"].startswith("streaming: 4 sinks + a ")
+    assert case["dustin-kv-verify-set"]["description"]["draft_kv"].startswith("verify-set: the previous round's I_verify")
+    # the streaming view reads 128 of the 160 positions; I_verify + the window covers them all here (bytes capped)
+    assert case["dustin-kv-streaming"]["round_bytes"] < case["dustin"]["round_bytes"]
+    assert case["dustin-kv-verify-set"]["round_bytes"] == case["dustin"]["round_bytes"]
+    assert [r["method"] for r in case["rows"]] == ["ar", "dustin", "dustin-kv-streaming", "dustin-kv-verify-set"]
