@@ -48,13 +48,18 @@ from experiments.decode_speed import (FIXED_ACCEPTANCE_MODE, check_positive, dec
                                       fixed_acceptance_writer, int_list, is_pair_speed, one_tau, read_tau_json,
                                       tau_paths, time_rounds)
 
-METHODS = ("ar", "classic", "magicdec", "dustin")
+#: Dustin-H whose draft reads a budget of its cache (docs/methods.md §5.1): method -> DustinConfig.draft_kv
+SPARSE_DRAFT_KV = {"dustin-kv-streaming": "streaming", "dustin-kv-verify-set": "verify-set"}
+METHODS = ("ar", "classic", "magicdec", "dustin") + tuple(SPARSE_DRAFT_KV)
+DEFAULT_METHODS = METHODS[:4]  # the sparse-draft variants are asked for by name
+DUSTIN_METHODS = ("dustin",) + tuple(SPARSE_DRAFT_KV)
 #: the pair-speed method whose measured tau each speculative method here runs with
-PAIR_SPEED_TAU_OF = {"classic": "sd", "magicdec": "magicdec", "dustin": "dustin"}
+PAIR_SPEED_TAU_OF = {"classic": "sd", "magicdec": "magicdec", "dustin": "dustin",
+                     **{m: m for m in SPARSE_DRAFT_KV}}
 #: the field of a pair-speed method's ``metrics`` taken as the fixed acceptance's mean tokens/round
 PAIR_SPEED_TAU_FIELD = "tau_untruncated"
 #: methods whose acceptance depends on the budget k (their pair-speed tau must be at ``--budget``)
-BUDGET_METHODS = ("magicdec", "dustin")
+BUDGET_METHODS = ("magicdec",) + DUSTIN_METHODS
 
 
 def _ints(text: str):
@@ -153,9 +158,6 @@ def pair_speed_cases(loaded, *, gamma: int, budget: int, methods) -> List[Dict[s
                     or not isinstance(case.get("batch"), int):
                 continue  # copy_bandwidth, backend_check
             point = (case["context"], case["batch"])
-            if point in seen:
-                raise ValueError(f"--tau-from {path}: case {key} is also in {seen[point]}; pass one of them")
-            seen[point] = path
             taus = {}
             for method in wanted:
                 record = case.get(method)
@@ -166,6 +168,10 @@ def pair_speed_cases(loaded, *, gamma: int, budget: int, methods) -> List[Dict[s
                 if not 1.0 <= tau <= gamma + 1:
                     raise ValueError(f"--tau-from {path}: {key} {method} metrics.{PAIR_SPEED_TAU_FIELD}={tau} lies "
                                      f"outside [1, gamma + 1 = {gamma + 1}]")
+                if (point, method) in seen:  # one point may come from several files, each method from one
+                    raise ValueError(f"--tau-from {path}: case {key} {method} is also in {seen[point, method]}; "
+                                     f"pass one of them")
+                seen[point, method] = path
                 taus[method] = {"tau": float(tau), "tau_truncated": metrics.get("tau")}
             cases.append({"file": path, "case": key, "context": case["context"], "batch": case["batch"],
                           "taus": taus})
@@ -375,9 +381,11 @@ def selection_timing(draft_policy, verify_policy, draft_params, state, gamma: in
     from jaxspec.decoding.sampling import SamplingConfig
 
     committed = state.committed
+    feedback = verify_policy.draft_feedback(state.verify_state)  # a verify-set draft reads the last I_verify
     signals = draft_policy.propose(draft_params, state.draft_state, state.target_cache, state.pending,
                                    state.previous, committed, gamma=gamma, sampling=SamplingConfig(),
-                                   key=jax.random.PRNGKey(8)).signals
+                                   key=jax.random.PRNGKey(8),
+                                   **({} if feedback is None else {"feedback": feedback})).signals
     select = jax.jit(lambda vs, cache, c, sig: verify_policy.verify_indices(vs, cache, c, sig))
     jax.block_until_ready(select(state.verify_state, state.target_cache, committed, signals))
     return median_time(lambda: jax.block_until_ready(select(state.verify_state, state.target_cache, committed,
@@ -442,12 +450,20 @@ def _measure_point(*, args, context, batch, holder, target_config, draft_config,
             draft_policy = MagicDecDraft(draft_config, sinks=dustin.sinks, window=budget - dustin.sinks)
             verify_policy = DenseVerify()
         else:
-            draft_policy, verify_policy = dustin_policies(dustin, target_config, draft_config)
+            cfg = dustin.replace(draft_kv=SPARSE_DRAFT_KV[method]) if method in SPARSE_DRAFT_KV else dustin
+            draft_policy, verify_policy = dustin_policies(cfg, target_config, draft_config)
             verify_state = {"query": 0.1 * jax.random.normal(
                 jax.random.PRNGKey(7), (batch, len(verify_policy.probe_heads), target_config.head_dim))}
+            if verify_policy.shares_verify_set:  # the first round's draft reads the prompt's StreamingLLM set
+                from jaxspec.dustin.policy import draft_history_indices
+
+                verify_state["indices"] = draft_history_indices(
+                    "streaming", jnp.full((batch,), context - 1, jnp.int32), sinks=cfg.sinks,
+                    window=cfg.budget - cfg.sinks)
         round_bytes = method_round_bytes(method, target_config=target_config, draft_config=draft_config,
                                          batch=batch, context=context, budget=budget, gamma=args.gamma,
-                                         target_bytes=target_bytes, draft_bytes=draft_bytes, dustin=dustin)
+                                         target_bytes=target_bytes, draft_bytes=draft_bytes,
+                                         dustin=verify_policy.dustin if method in DUSTIN_METHODS else dustin)
         static = dict(target_config=target_config, draft_policy=draft_policy, verify_policy=verify_policy,
                       engine=engine)
 
@@ -480,10 +496,10 @@ def _measure_point(*, args, context, batch, holder, target_config, draft_config,
                "roofline_speedup": roof / roof_ar}
         if "case" in fixed_tau:
             row["tau_case"] = fixed_tau["case"]
-        if method == "dustin":  # the selection step alone, on this point's state
+        if method in DUSTIN_METHODS:  # the selection step alone, on this point's state
             sel = selection_timing(draft_policy, verify_policy, draft_params, fresh_state(), args.gamma,
                                    repeats=max(args.repeats, 10))
-            entry["dustin"]["selection_timing"] = sel
+            entry[method]["selection_timing"] = sel
             row["selection_ms"] = sel["median_s"] * 1e3
         if args.profile:  # per-round split from per-phase jitted calls (one host sync per phase)
             phases, after = profile_phases(target_params, draft_params, fresh_state(), **static, return_state=True)
@@ -547,7 +563,9 @@ def register(subparsers) -> None:
     bench.add_argument("--contexts", default="32768,16384,8192")
     bench.add_argument("--batches", default="16,8")
     bench.add_argument("--budget", type=int, default=512)
-    bench.add_argument("--methods", default=",".join(METHODS))
+    bench.add_argument("--methods", default=",".join(DEFAULT_METHODS),
+                       help=f"comma-separated, ar required: {', '.join(METHODS)} (default {', '.join(DEFAULT_METHODS)}; "
+                            f"dustin-kv-*: Dustin-H whose draft reads a budget of its cache)")
     bench.add_argument("--gamma", type=int, default=4)
     bench.add_argument("--tau", type=float, default=None,
                        help="mean tokens per round of the fixed acceptance, for every point and method")

@@ -177,11 +177,15 @@ SPARSE_DRAFT_KV = tuple((slug, label, f"generate/generate_qwen2.5-coder-1.5b_{ta
 QUALITY = {"qwen2.5-coder-1.5b": ("dustin_quality/dustin_quality_qwen2.5-coder-1.5b_2k_cpu.json",
                                   "dustin_quality/dustin_quality_qwen2.5-coder-1.5b_4k-8k_cpu.json",
                                   "dustin_quality/dustin_quality_qwen2.5-coder-1.5b_16k_cpu.json",
-                                  "dustin_quality/dustin_quality_qwen2.5-coder-1.5b_16k_h200.json"),
+                                  "dustin_quality/dustin_quality_qwen2.5-coder-1.5b_16k_h200.json",
+                                  "dustin_quality/dustin_quality_qwen2.5-coder-1.5b_16k_k2048_h200.json",
+                                  "dustin_quality/dustin_quality_qwen2.5-coder-1.5b_32k_h200.json"),
            "smollm2-135m": ("dustin_quality/dustin_quality_smollm2-135m_2k-8k_cpu.json",)}
 DENSE = "dense (ClassicSD)"
 #: the real pair's quality on the H200 (issue targets: k = 512 keeps >= 97 % of dense accuracy, >= 0.95 agreement)
-QUALITY_GPU = ("dustin_quality/dustin_quality_qwen2.5-coder-1.5b_16k_h200.json",)
+QUALITY_GPU = ("dustin_quality/dustin_quality_qwen2.5-coder-1.5b_16k_h200.json",
+               "dustin_quality/dustin_quality_qwen2.5-coder-1.5b_16k_k2048_h200.json",
+               "dustin_quality/dustin_quality_qwen2.5-coder-1.5b_32k_h200.json")  # the files that exist count
 QUALITY_GPU_METHODS = ("dustin-h", "dustin-t", "dustin-d", "streaming", "quest", "snapkv")
 #: fixed m, the input-aware rules and the per-round oracle (docs/methods.md §3.7), per model
 INPUT_AWARE_M = {"smollm2-135m": "dustin_quality/dustin_quality_input_aware_m_smollm2-135m_2k_cpu.json",
@@ -393,19 +397,40 @@ def complete_quality_cases(source: str) -> Dict[str, Any]:
     return {k: c for k, c in cases.items() if k.rsplit("/", 2)[0] in whole or k[:-len("/dense")] in whole}
 
 
-def quality_items(source: str, context: int) -> Tuple[int, int]:
-    """(items measured at ``context``, items the run asked for there)."""
-    done = {c["task"] for k, c in complete_quality_cases(source).items() if k.split("/")[2] == str(context)
-            and "task" in c and k.endswith("/dense")}
-    planned = dict(part.split(":") for part in str(load(source)["config"]["items"]).split(","))
-    return len(done), int(planned.get(str(context), len(done)))
+def _item_of(key: str) -> str:
+    return key[:-len("/dense")] if key.endswith("/dense") else key.rsplit("/", 2)[0]
+
+
+def quality_sources(model: str, context: int) -> List[str]:
+    """The committed dustin-quality files of ``model`` holding ``context``-token items (a later run
+    may add budgets to the same items in a file of its own)."""
+    sources = [s for s in QUALITY[model] if (RESULTS / s).is_file() and context in quality_contexts(s)]
+    if not sources:
+        raise KeyError(f"no dustin-quality file of {model} holds {context}-token items")
+    return sources
 
 
 def quality_source(model: str, context: int) -> str:
-    for source in QUALITY[model]:
-        if any(case.split("/")[2] == str(context) for case in load(source)["cases"]):
-            return source
-    raise KeyError(f"no dustin-quality file of {model} holds {context}-token items")
+    return quality_sources(model, context)[0]
+
+
+def quality_cases(model: str, context: int) -> Dict[str, Any]:
+    merged: Dict[str, Any] = {}
+    items = None
+    for source in quality_sources(model, context):
+        cases = {k: c for k, c in complete_quality_cases(source).items() if k.split("/")[2] == str(context)}
+        here = {_item_of(k) for k in cases if k.endswith("/dense")}
+        items = here if items is None else items & here  # the items every file has complete
+        for key, case in cases.items():
+            merged.setdefault(key, case)  # a repeated dense record: the first file's
+    return {k: c for k, c in merged.items() if _item_of(k) in items}
+
+
+def quality_items(model: str, context: int) -> Tuple[int, int]:
+    """(items measured at ``context`` in every file of it, items the first run asked for there)."""
+    done = {c["task"] for k, c in quality_cases(model, context).items() if k.endswith("/dense")}
+    planned = dict(part.split(":") for part in str(load(quality_source(model, context))["config"]["items"]).split(","))
+    return len(done), int(planned.get(str(context), len(done)))
 
 
 # ---------------------------------------------------------------------------- pair-speed (from the JSON)
@@ -637,12 +662,13 @@ def _figures() -> List[Figure]:
         add(Figure(f"dustin/quality/{model}/ctx{ctx}/k512/dustin-h/retrieval-accuracy",
                    f"retrieval accuracy, dustin-h, {model}, {ctx // 1024}k items, k = 512", "fraction", source,
                    _quality(model, ctx, "dustin-h", 512, "accuracy")))
-    for source in QUALITY_GPU:
-        for ctx in quality_contexts(source):
-            base, n = f"real-pair/h200/ctx{ctx}", quality_items(source, ctx)
-            what = f"real Qwen2.5-Coder pair, H200 float32, {ctx // 1000}k items ({n[0]} of {n[1]})"
-            add(Figure(f"{base}/dense/accuracy", f"{what}: dense verification (ClassicSD), retrieval accuracy",
-                       "fraction", source, _quality("qwen2.5-coder-1.5b", ctx, DENSE, "-", "accuracy")))
+    for ctx in sorted({c for s in QUALITY_GPU if (RESULTS / s).is_file() for c in quality_contexts(s)}):
+        sources = quality_sources("qwen2.5-coder-1.5b", ctx)
+        base, n = f"real-pair/h200/ctx{ctx}", quality_items("qwen2.5-coder-1.5b", ctx)
+        what = f"real Qwen2.5-Coder pair, H200 float32, {ctx // 1000}k items ({n[0]} of {n[1]})"
+        add(Figure(f"{base}/dense/accuracy", f"{what}: dense verification (ClassicSD), retrieval accuracy",
+                   "fraction", sources[0], _quality("qwen2.5-coder-1.5b", ctx, DENSE, "-", "accuracy")))
+        for source in sources:
             for method in QUALITY_GPU_METHODS:
                 for budget in quality_budgets(source):
                     for tag, field, unit in (("arr", "ARR", "fraction"), ("agreement", "match", "fraction"),
@@ -765,11 +791,6 @@ def v(key: str) -> str:
 
 # ---------------------------------------------------------------------------- Dustin quality (from the JSON)
 QUALITY_METHODS = ("dustin-h", "dustin-t", "dustin-d", "streaming", "quest", "snapkv", "magicdec")
-
-
-def quality_cases(model: str, context: int) -> Dict[str, Any]:
-    cases = complete_quality_cases(quality_source(model, context))
-    return {k: c for k, c in cases.items() if k.split("/")[2] == str(context)}
 
 
 def _mean(values):
@@ -1408,7 +1429,8 @@ def _case(context: int, batch: int) -> Optional[Tuple[str, Dict[str, Any]]]:
 def quality_target_notes() -> List[str]:
     """The quality targets of the real pair on the H200 (Dustin-H at k = 512), from the GPU quality files."""
     out = []
-    measured = {ctx: source for source in QUALITY_GPU for ctx in quality_contexts(source)}
+    measured = {ctx: quality_sources("qwen2.5-coder-1.5b", ctx)[0] for source in QUALITY_GPU
+                if (RESULTS / source).is_file() for ctx in quality_contexts(source)}
     for ctx in (16000, 32000):
         where = f"{ctx // 1000}k"
         if ctx not in measured:
@@ -1422,7 +1444,7 @@ def quality_target_notes() -> List[str]:
         source = measured[ctx]
         rows = {(r["method"], r["k"]): r for r in quality_rows(quality_cases("qwen2.5-coder-1.5b", ctx))}
         dense, dh = rows[(DENSE, "-")], rows.get(("dustin-h", 512))
-        done, planned = quality_items(source, ctx)
+        done, planned = quality_items("qwen2.5-coder-1.5b", ctx)
         if dh is None:
             continue
         kept = dh["accuracy"] / dense["accuracy"] if dense["accuracy"] else None
@@ -1894,16 +1916,17 @@ def results_markdown() -> str:
 def _quality_blocks() -> List[str]:
     blocks = []
     for model, sources in QUALITY.items():
-        contexts = sorted({int(k.split("/")[2]) for s in sources for k in load(s)["cases"]})
+        contexts = sorted({c for s in sources if (RESULTS / s).is_file() for c in quality_contexts(s)})
         for ctx in contexts:
-            source = quality_source(model, ctx)
-            done, planned = quality_items(source, ctx)
-            gpu = device_of(source) != "cpu"
+            here = quality_sources(model, ctx)
+            done, planned = quality_items(model, ctx)
+            gpu = device_of(here[0]) != "cpu"
             count = f"{done} of {planned} items" if done < planned else f"{done} item(s)"
-            budgets = quality_budgets(source)
+            budgets = sorted({b for s in here for b in quality_budgets(s)})
             blocks.append(f"{QUALITY_PAIR[model]}, {'H200' if gpu else 'CPU'}, {count} at "
                           f"{(ctx / 1000 if gpu else ctx / 1024):.0f}k, k = {' / '.join(map(str, budgets))} "
-                          f"(`{source}`):\n\n" + quality_markdown(quality_cases(model, ctx), budgets))
+                          f"({', '.join(f'`{s}`' for s in here)}):\n\n"
+                          + quality_markdown(quality_cases(model, ctx), budgets))
     for name in PLOTS:
         if name.startswith("dustin_quality/"):
             blocks.append(f"![ARR vs k](../experiments/results/{name})")

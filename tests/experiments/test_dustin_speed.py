@@ -187,7 +187,7 @@ def _refusals(tmp_path):
                                               "magicdec, dustin depends on it)"),
         (f"{ok},{pair('other.json', {(640, 2): {'sd': 2.0}}, model='another')}", str(tmp_path / "other.json"),
          "but " + ok + " measured {'model': 'target-m'"),
-        (f"{ok},{pair('dup.json')}", str(tmp_path / "dup.json"), "case ctx320/b2 is also in " + ok),
+        (f"{ok},{pair('dup.json')}", str(tmp_path / "dup.json"), "case ctx320/b2 dustin is also in " + ok),
         (f"{ok},{gen}", str(gen), "not a pair-speed JSON"),
         (pair("big.json", {(320, 2): {"sd": 5.5, "magicdec": 2.5, "dustin": 3.0}}), None,
          "ctx320/b2 sd metrics.tau_untruncated=5.5 lies outside [1, gamma + 1 = 5]"),
@@ -263,3 +263,34 @@ def test_dustin_speed_runs_each_method_at_its_pair_speed_tau(tmp_path, capsys):
     assert {m: r["tau"] for m, r in acc["points"]["ctx320/b2"].items()} == {m: t for m, (_, t) in measured.items()}
     title = next(line for line in printed.splitlines() if "FIXED acceptance" in line)
     assert "tau=" not in title and "tau per point and method" in title and path in title
+
+
+@pytest.mark.slow
+def test_dustin_speed_sparse_draft_variants(tmp_path):
+    """Dustin-H with the draft reading sinks + a window or the last I_verify + a window: both time, select,
+    and read fewer bytes per round than full-KV Dustin-H (the draft's attention over ~k, not the context)."""
+    out = tmp_path / "speed.json"
+    methods = "ar,dustin,dustin-kv-streaming,dustin-kv-verify-set"
+    assert main(DUSTIN_SPEED_ARGS + ["--methods", methods, "--out", str(out)]) == 0
+    case = json.loads(out.read_text())["cases"]["ctx320/b2"]
+    assert [r["method"] for r in case["rows"]] == methods.split(",")
+    for method in ("dustin-kv-streaming", "dustin-kv-verify-set"):
+        assert case[method]["tok_s"] > 0 and case[method]["selection_timing"]["median_s"] > 0
+        assert case[method]["round_bytes"] < case["dustin"]["round_bytes"], method
+
+
+def test_tau_from_pair_speed_one_point_from_two_files_with_other_methods(tmp_path):
+    """The sparse-draft variants measured in their own pair-speed run at a point the main file also has:
+    each method takes its tau from the file that measured it."""
+    from experiments.dustin_speed import acceptance_plan
+    from tests.conftest import write_pair_speed_json
+
+    main_file = write_pair_speed_json(tmp_path / "a.json", {(32000, 16): {"sd": 2.1, "magicdec": 2.2, "dustin": 2.3}})
+    sparse = write_pair_speed_json(tmp_path / "s.json", {(32000, 16): {"dustin-kv-streaming": 2.8,
+                                                                       "dustin-kv-verify-set": 2.9}})
+    plan = acceptance_plan(_tau_args(f"{main_file},{sparse}"), [32768], [16],
+                           ["ar", "dustin", "dustin-kv-streaming", "dustin-kv-verify-set"])
+    point = plan["points"]["ctx32768/b16"]
+    assert point["dustin"] == _from(main_file, "ctx32000/b16", 32000, 768, "dustin", 2.3)
+    assert point["dustin-kv-streaming"] == _from(sparse, "ctx32000/b16", 32000, 768, "dustin-kv-streaming", 2.8)
+    assert point["dustin-kv-verify-set"] == _from(sparse, "ctx32000/b16", 32000, 768, "dustin-kv-verify-set", 2.9)
