@@ -441,7 +441,6 @@ def _extend_profile(args, budgets, kinds, lengths, depths) -> Dict[str, Any]:
         raise ValueError(f"--gamma={args.gamma}: {args.extend} was profiled with gamma {profile.gamma}")
     writer = ResultWriter(args.out, "dustin-profile", config_of(args))
     target, draft, mask = _load_pair(args)
-    profile.check_models(target.config, draft.config if draft is not None else target.config)
     if mask is not None and not np.array_equal(np.asarray(profile.draft.get("self_draft_mask"), bool), mask):
         raise ValueError(f"{args.extend} was profiled for another self-draft skip set than {args.draft_skip!r}")
     started = time.perf_counter()

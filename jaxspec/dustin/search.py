@@ -521,10 +521,12 @@ def extend_profile(profile: DustinProfile, target_params, target_config: ModelCo
                            f"(profiled: {sorted(profile.configs)})")
     if "target" not in profile.srh or "draft" not in profile.srh:
         raise ProfileError("the profile records no SRHs (srh.target / srh.draft top_heads): profile the pair anew")
+    from jaxspec.dustin.srh import cases_from_tasks
+
     profile.check_models(target_config, draft_config)
     tasks = list(calibration)
     check_calibration_data(tasks, evaluation)
-    cases = _cases_from_tasks(tasks, tokenizer, prefix_ids)
+    cases = cases_from_tasks(tasks, tokenizer, prefix_ids=prefix_ids)
     target_heads = profile.srh["target"]["top_heads"]
     draft_heads = profile.srh["draft"]["top_heads"]
     records = collect_calibration(target_params, target_config, draft_params, draft_config,
@@ -542,10 +544,3 @@ def extend_profile(profile: DustinProfile, target_params, target_config: ModelCo
         profile, configs={**profile.configs, **{b: r.config for b, r in results.items()}},
         search={**profile.search, **{str(b): r.to_dict() for b, r in results.items()}}, data=data)
     return extended, records
-
-
-def _cases_from_tasks(tasks, tokenizer, prefix_ids):
-    from jaxspec.dustin.srh import cases_from_tasks
-
-    return cases_from_tasks(tasks, tokenizer, prefix_ids=prefix_ids)
-
