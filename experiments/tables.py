@@ -187,9 +187,10 @@ QUALITY_GPU = ("dustin_quality/dustin_quality_qwen2.5-coder-1.5b_16k_h200.json",
                "dustin_quality/dustin_quality_qwen2.5-coder-1.5b_16k_k2048_h200.json",
                "dustin_quality/dustin_quality_qwen2.5-coder-1.5b_32k_h200.json")  # the files that exist count
 QUALITY_GPU_METHODS = ("dustin-h", "dustin-t", "dustin-d", "streaming", "quest", "snapkv")
-#: fixed m, the input-aware rules and the per-round oracle (docs/methods.md §3.7), per model
-INPUT_AWARE_M = {"smollm2-135m": "dustin_quality/dustin_quality_input_aware_m_smollm2-135m_2k_cpu.json",
-                 "qwen2.5-coder-1.5b": "dustin_quality/dustin_quality_input_aware_m_qwen2.5-coder-1.5b_2k_cpu.json"}
+#: fixed m, the input-aware rules and the per-round oracle (docs/methods.md §3.7): (model, file), the files that exist
+INPUT_AWARE_M = tuple((m, f"dustin_quality/dustin_quality_input_aware_m_{m}_{c}_cpu.json") for m, c in (
+    ("smollm2-135m", "2k"), ("qwen2.5-coder-1.5b", "2k"), ("qwen2.5-coder-1.5b", "4k"))
+    if (RESULTS / f"dustin_quality/dustin_quality_input_aware_m_{m}_{c}_cpu.json").is_file())
 #: how each input-aware-m run drafts
 INPUT_AWARE_M_DRAFT = {"smollm2-135m": "mlp:10-12 self-draft", "qwen2.5-coder-1.5b": "qwen2.5-coder-0.5b draft"}
 QUALITY_PAIR = {"qwen2.5-coder-1.5b": "Qwen2.5-Coder-1.5B + Qwen2.5-Coder-0.5B draft",
@@ -681,7 +682,7 @@ def _figures() -> List[Figure]:
                                       "accuracy": "retrieval accuracy"}[tag], unit, source,
                                    _quality("qwen2.5-coder-1.5b", ctx, method, budget, field), target=target))
     # Dustin input-aware m
-    for model, source in INPUT_AWARE_M.items():
+    for model, source in INPUT_AWARE_M:
         for row in m_rule_rows(load(source)["cases"]):
             ctx = {c["context"] for c in load(source)["cases"].values() if "context" in c}.pop()
             base = f"dustin/input-aware-m/{model}/ctx{ctx}/k{row['k']}"
@@ -1195,15 +1196,19 @@ for _source, _title, _ctx in (
     PLOTS[_name.replace(".json", ".png")] = _arr(_source, _title, _ctx)
 
 
-def _m_rules_plot(model):
+def _items_context(source: str) -> str:
+    return "/".join(sorted({f"{c['context'] // 1024}k" for c in load(source)["cases"].values() if "context" in c}))
+
+
+def _m_rules_plot(model, source):
     def draw(fig_path) -> None:
-        plot_m_rules(load(INPUT_AWARE_M[model])["cases"], fig_path,
-                     title=f"{model} + {INPUT_AWARE_M_DRAFT[model]}, 2k: input-aware m")
+        plot_m_rules(load(source)["cases"], fig_path,
+                     title=f"{model} + {INPUT_AWARE_M_DRAFT[model]}, {_items_context(source)}: input-aware m")
     return draw
 
 
-for _model, _source in INPUT_AWARE_M.items():
-    PLOTS[_source.replace(".json", ".png")] = _m_rules_plot(_model)
+for _model, _source in INPUT_AWARE_M:
+    PLOTS[_source.replace(".json", ".png")] = _m_rules_plot(_model, _source)
 
 
 @_plot("knapspec/knapspec_speedup_qwen2.5-7b-shape_smollm2-135m_h200_cpu.png")
@@ -1781,19 +1786,22 @@ def results_markdown() -> str:
                 "round's ARR (read from the full-KV verification). SmolLM2-135M with its mlp:10-12 self-draft and "
                 "the Qwen2.5-Coder-1.5B with its 0.5B draft, each with its committed profile, CPU, float32, greedy, "
                 "gamma 4, 16 new tokens, "
-                + ", ".join(f"{len({c['task'] for c in load(src)['cases'].values() if 'task' in c})} ({m})"
-                            for m, src in INPUT_AWARE_M.items())
-                + " seeded evaluation-split item(s) at 2k, means over items. The gap closed is (ARR of the rule − ARR "
+                + ", ".join(f"{len({c['task'] for c in load(src)['cases'].values() if 'task' in c})} ({m}, "
+                            f"{_items_context(src)})" for m, src in INPUT_AWARE_M)
+                + " seeded evaluation-split item(s), means over items. The gap closed is (ARR of the rule − ARR "
                 "of fixed m) / (ARR of the oracle − ARR of fixed m). Selection time: the selection alone on the "
                 "same signals (the signals cost the same for every rule), best of 3 calls, mean over rounds; "
                 "\"-\" where the profile's m is k − s − w (Dustin-D: one signal, no split to choose, both rules "
                 "select as fixed m).",
                 ("dustin/input-aware-m/",),
-                [block for m, src in INPUT_AWARE_M.items()
-                 for block in (f"{m} + {INPUT_AWARE_M_DRAFT[m]} (`{src}`):\n\n" + m_rule_table(src),
+                [block for m, src in INPUT_AWARE_M
+                 for block in (f"{m} + {INPUT_AWARE_M_DRAFT[m]}, {_items_context(src)} (`{src}`):\n\n"
+                               + m_rule_table(src),
                                f"![input-aware m, {m}](../experiments/results/{src.replace('.json', '.png')})")],
-                [f"{m}: {line}" for m, src in INPUT_AWARE_M.items() for line in m_rule_verdicts(src)]
-                + ["Not measured: 4k and beyond, and the H200 at 16k-32k."]),
+                [f"{m}, {_items_context(src)}: {line}" for m, src in INPUT_AWARE_M for line in m_rule_verdicts(src)]
+                + ["Not measured: " + ("4k and beyond, " if not any("_4k_" in s for _, s in INPUT_AWARE_M) else
+                                       "8k and beyond on the CPU, ") + "and the H200 at 16k-32k (suite step "
+                   "h200-dustin-quality/16k-input-aware-m)."]),
         section("Dustin: speed",
                 "One H200: random-weight Qwen2.5-7B-shaped target, Qwen2.5-0.5B-shaped draft, Pallas attention in "
                 "both, gamma 4, k = 512, 64 new tokens, acceptance fixed to the real Qwen2.5-Coder pair's tau "
@@ -1928,7 +1936,7 @@ def _quality_blocks() -> List[str]:
                           f"({', '.join(f'`{s}`' for s in here)}):\n\n"
                           + quality_markdown(quality_cases(model, ctx), budgets))
     for name in PLOTS:
-        if name.startswith("dustin_quality/"):
+        if name.startswith("dustin_quality/dustin_quality_arr_"):  # the input-aware-m plots have their own section
             blocks.append(f"![ARR vs k](../experiments/results/{name})")
     return blocks
 
