@@ -189,7 +189,7 @@ QUALITY_GPU = ("dustin_quality/dustin_quality_qwen2.5-coder-1.5b_16k_h200.json",
 QUALITY_GPU_METHODS = ("dustin-h", "dustin-t", "dustin-d", "streaming", "quest", "snapkv")
 #: fixed m, the input-aware rules and the per-round oracle (docs/methods.md §3.7): (model, file), the files that exist
 INPUT_AWARE_M = tuple((m, f"dustin_quality/dustin_quality_input_aware_m_{m}_{c}_cpu.json") for m, c in (
-    ("smollm2-135m", "2k"), ("qwen2.5-coder-1.5b", "2k"), ("qwen2.5-coder-1.5b", "4k"))
+    ("smollm2-135m", "2k"), ("qwen2.5-coder-1.5b", "2k"), ("qwen2.5-coder-1.5b", "4k"), ("qwen2.5-coder-1.5b", "8k"))
     if (RESULTS / f"dustin_quality/dustin_quality_input_aware_m_{m}_{c}_cpu.json").is_file())
 #: how each input-aware-m run drafts
 INPUT_AWARE_M_DRAFT = {"smollm2-135m": "mlp:10-12 self-draft", "qwen2.5-coder-1.5b": "qwen2.5-coder-0.5b draft"}
@@ -1200,6 +1200,11 @@ def _items_context(source: str) -> str:
     return "/".join(sorted({f"{c['context'] // 1024}k" for c in load(source)["cases"].values() if "context" in c}))
 
 
+def _input_aware_reach() -> int:
+    """The longest item context of the input-aware-m files."""
+    return max(c["context"] for _, s in INPUT_AWARE_M for c in load(s)["cases"].values() if "context" in c)
+
+
 def _m_rules_plot(model, source):
     def draw(fig_path) -> None:
         plot_m_rules(load(source)["cases"], fig_path,
@@ -1799,9 +1804,8 @@ def results_markdown() -> str:
                                + m_rule_table(src),
                                f"![input-aware m, {m}](../experiments/results/{src.replace('.json', '.png')})")],
                 [f"{m}, {_items_context(src)}: {line}" for m, src in INPUT_AWARE_M for line in m_rule_verdicts(src)]
-                + ["Not measured: " + ("4k and beyond, " if not any("_4k_" in s for _, s in INPUT_AWARE_M) else
-                                       "8k and beyond on the CPU, ") + "and the H200 at 16k-32k (suite step "
-                   "h200-dustin-quality/16k-input-aware-m)."]),
+                + [f"Not measured: beyond {_input_aware_reach() // 1024}k on the CPU, and the "
+                   "H200 at 16k-32k (suite step h200-dustin-quality/16k-input-aware-m)."]),
         section("Dustin: speed",
                 "One H200: random-weight Qwen2.5-7B-shaped target, Qwen2.5-0.5B-shaped draft, Pallas attention in "
                 "both, gamma 4, k = 512, 64 new tokens, acceptance fixed to the real Qwen2.5-Coder pair's tau "
