@@ -334,16 +334,20 @@ def method_round_bytes(method: str, *, target_config, draft_config, batch: int, 
     ``budget`` positions; ``dustin``: the target over ``budget`` plus the keys of the SRH KV groups
     (target and first draft SRH layer) over the context for the selection; ``dustin-kv-streaming`` /
     ``dustin-kv-verify-set``: the same, with the draft over ``budget`` (``budget`` + the verifier's
-    window ``w`` for verify-set: ``I_verify`` and the newest positions may overlap, the bound is upper); ``streaming``: the
-    target over ``budget``; ``quest``: the first ``quest_dense_layers`` target layers dense, the
-    others over ``budget`` plus each page's min and max key (docs/methods.md §3). ``dtype_bytes``: bytes
-    per cached K/V element (2 for bfloat16, 4 for float32)."""
+    draft window for verify-set: ``I_verify`` and the newest positions may overlap, the bound is
+    upper); ``streaming``: the target over ``budget``; ``quest``: the first ``quest_dense_layers``
+    target layers dense, the others over ``budget`` plus each page's min and max key
+    (docs/methods.md §3). ``dtype_bytes``: bytes per cached K/V element (2 for bfloat16, 4 for float32)."""
+    if method in DUSTIN_METHODS and dustin is None:
+        raise ValueError(f"method_round_bytes({method!r}) needs the DustinConfig (its SRH heads)")
     draft_ctx = context
     if method == "magicdec":
         draft_ctx = budget
-    elif method in ("dustin-kv-streaming", "dustin-kv-verify-set"):  # the draft attends to ~k positions ...
-        draft_ctx = min(context, budget if method == "dustin-kv-streaming" else
-                        budget + (dustin.draft_window_size if dustin else 0))
+    elif SPARSE_DRAFT_KV.get(method) == "streaming":  # sinks + a window: k positions
+        draft_ctx = min(context, budget)
+    elif SPARSE_DRAFT_KV.get(method) == "verify-set":  # the last I_verify + a window
+        draft_ctx = min(context, budget + dustin.draft_window_size)
+
     def step(config, n, params):
         return decode_bytes_per_step(config, batch, n, params, dtype_bytes)
 
@@ -353,10 +357,7 @@ def method_round_bytes(method: str, *, target_config, draft_config, batch: int, 
     sparse = step(target_config, budget, target_bytes)
     if method == "streaming":
         return int(draft_round + sparse["total"])
-    if method in ("dustin", "dustin-kv-streaming", "dustin-kv-verify-set"):
-        # ... and the selection still scores the draft SRH layer's full history once per round
-        if dustin is None:
-            raise ValueError(f"method_round_bytes({method!r}) needs the DustinConfig (its SRH heads)")
+    if method in DUSTIN_METHODS:  # the selection scores the SRH layers' full history once per round
         groups_t = {h // target_config.queries_per_kv for h in dustin.target_heads}
         groups_d = {h // draft_config.queries_per_kv for h in dustin.draft_heads[0]} if dustin.draft_heads else set()
         selection = dtype_bytes * batch * context * (len(groups_t) * target_config.head_dim
@@ -369,8 +370,8 @@ def method_round_bytes(method: str, *, target_config, draft_config, batch: int, 
         pages = -(-context // quest_page)
         kv = dense * per_layer(context) + (layers - dense) * (per_layer(budget) + per_layer(pages))
         return int(draft_round + sparse["weights"] + kv)
-    raise ValueError(f"method_round_bytes: unknown method {method!r}; valid: classic, sd, magicdec, dustin, "
-                     f"dustin-kv-streaming, dustin-kv-verify-set, streaming, quest")
+    raise ValueError(f"method_round_bytes: unknown method {method!r}; valid: classic, sd, magicdec, "
+                     f"{', '.join(DUSTIN_METHODS)}, streaming, quest")
 
 
 def selection_timing(draft_policy, verify_policy, draft_params, state, gamma: int, repeats: int = 10):

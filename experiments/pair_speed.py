@@ -42,17 +42,14 @@ from typing import Any, Dict, List, Sequence, Tuple
 import numpy as np
 
 from experiments.common import ResultWriter, config_of, print_table, progress_line
+from experiments.dustin_speed import DUSTIN_METHODS, SPARSE_DRAFT_KV  # Dustin-H, and with a sparse draft KV
 
-#: Dustin-H whose separate draft reads a budget of its cache (docs/methods.md §5.1): method -> DustinConfig.draft_kv
-SPARSE_DRAFT_KV = {"dustin-kv-streaming": "streaming", "dustin-kv-verify-set": "verify-set"}
 METHODS = ("sd", "magicdec", "dustin", "streaming", "quest") + tuple(SPARSE_DRAFT_KV)
 #: what runs without --methods (the sparse-draft variants are asked for by name)
 DEFAULT_METHODS = METHODS[:5]
 #: dense verification: greedy output equals AR's (token for token in float32)
 DENSE_METHODS = ("sd", "magicdec")
 SPARSE_BUDGET_METHODS = ("magicdec", "dustin", "streaming", "quest") + tuple(SPARSE_DRAFT_KV)
-#: methods verified by Dustin (a DustinConfig, its selection)
-DUSTIN_METHODS = ("dustin",) + tuple(SPARSE_DRAFT_KV)
 #: options recorded in a results file's config only when set
 OPTIONAL_CONFIG = ("arbitrate", "arbitrate_tail")
 #: ``--backend-check`` fails when the last-position logits differ by more than this share of their scale

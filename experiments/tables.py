@@ -182,10 +182,8 @@ QUALITY = {"qwen2.5-coder-1.5b": ("dustin_quality/dustin_quality_qwen2.5-coder-1
                                   "dustin_quality/dustin_quality_qwen2.5-coder-1.5b_32k_h200.json"),
            "smollm2-135m": ("dustin_quality/dustin_quality_smollm2-135m_2k-8k_cpu.json",)}
 DENSE = "dense (ClassicSD)"
-#: the real pair's quality on the H200 (issue targets: k = 512 keeps >= 97 % of dense accuracy, >= 0.95 agreement)
-QUALITY_GPU = ("dustin_quality/dustin_quality_qwen2.5-coder-1.5b_16k_h200.json",
-               "dustin_quality/dustin_quality_qwen2.5-coder-1.5b_16k_k2048_h200.json",
-               "dustin_quality/dustin_quality_qwen2.5-coder-1.5b_32k_h200.json")  # the files that exist count
+#: the real pair measured on the H200 (its QUALITY files ending in _h200.json); the methods of its targets
+QUALITY_GPU_MODEL = "qwen2.5-coder-1.5b"
 QUALITY_GPU_METHODS = ("dustin-h", "dustin-t", "dustin-d", "streaming", "quest", "snapkv")
 #: fixed m, the input-aware rules and the per-round oracle (docs/methods.md §3.7): (model, file), the files that exist
 INPUT_AWARE_M = tuple((m, f"dustin_quality/dustin_quality_input_aware_m_{m}_{c}_cpu.json") for m, c in (
@@ -402,10 +400,20 @@ def _item_of(key: str) -> str:
     return key[:-len("/dense")] if key.endswith("/dense") else key.rsplit("/", 2)[0]
 
 
+def quality_files(model: str) -> List[str]:
+    """The QUALITY files of ``model`` that are committed (a declared run may not have run yet)."""
+    return [s for s in QUALITY[model] if (RESULTS / s).is_file()]
+
+
+def gpu_quality_contexts() -> List[int]:
+    """The item contexts of the real pair's H200 quality files."""
+    return sorted({c for s in quality_files(QUALITY_GPU_MODEL) if s.endswith("_h200.json") for c in quality_contexts(s)})
+
+
 def quality_sources(model: str, context: int) -> List[str]:
     """The committed dustin-quality files of ``model`` holding ``context``-token items (a later run
     may add budgets to the same items in a file of its own)."""
-    sources = [s for s in QUALITY[model] if (RESULTS / s).is_file() and context in quality_contexts(s)]
+    sources = [s for s in quality_files(model) if context in quality_contexts(s)]
     if not sources:
         raise KeyError(f"no dustin-quality file of {model} holds {context}-token items")
     return sources
@@ -663,12 +671,12 @@ def _figures() -> List[Figure]:
         add(Figure(f"dustin/quality/{model}/ctx{ctx}/k512/dustin-h/retrieval-accuracy",
                    f"retrieval accuracy, dustin-h, {model}, {ctx // 1024}k items, k = 512", "fraction", source,
                    _quality(model, ctx, "dustin-h", 512, "accuracy")))
-    for ctx in sorted({c for s in QUALITY_GPU if (RESULTS / s).is_file() for c in quality_contexts(s)}):
-        sources = quality_sources("qwen2.5-coder-1.5b", ctx)
-        base, n = f"real-pair/h200/ctx{ctx}", quality_items("qwen2.5-coder-1.5b", ctx)
+    for ctx in gpu_quality_contexts():
+        sources = quality_sources(QUALITY_GPU_MODEL, ctx)
+        base, n = f"real-pair/h200/ctx{ctx}", quality_items(QUALITY_GPU_MODEL, ctx)
         what = f"real Qwen2.5-Coder pair, H200 float32, {ctx // 1000}k items ({n[0]} of {n[1]})"
         add(Figure(f"{base}/dense/accuracy", f"{what}: dense verification (ClassicSD), retrieval accuracy",
-                   "fraction", sources[0], _quality("qwen2.5-coder-1.5b", ctx, DENSE, "-", "accuracy")))
+                   "fraction", sources[0], _quality(QUALITY_GPU_MODEL, ctx, DENSE, "-", "accuracy")))
         for source in sources:
             for method in QUALITY_GPU_METHODS:
                 for budget in quality_budgets(source):
@@ -680,7 +688,7 @@ def _figures() -> List[Figure]:
                                    f"{what}: {method}, k = {budget}, "
                                    + {"arr": "ARR", "agreement": "greedy token match with dense verification",
                                       "accuracy": "retrieval accuracy"}[tag], unit, source,
-                                   _quality("qwen2.5-coder-1.5b", ctx, method, budget, field), target=target))
+                                   _quality(QUALITY_GPU_MODEL, ctx, method, budget, field), target=target))
     # Dustin input-aware m
     for model, source in INPUT_AWARE_M:
         for row in m_rule_rows(load(source)["cases"]):
@@ -1439,8 +1447,7 @@ def _case(context: int, batch: int) -> Optional[Tuple[str, Dict[str, Any]]]:
 def quality_target_notes() -> List[str]:
     """The quality targets of the real pair on the H200 (Dustin-H at k = 512), from the GPU quality files."""
     out = []
-    measured = {ctx: quality_sources("qwen2.5-coder-1.5b", ctx)[0] for source in QUALITY_GPU
-                if (RESULTS / source).is_file() for ctx in quality_contexts(source)}
+    measured = gpu_quality_contexts()
     for ctx in (16000, 32000):
         where = f"{ctx // 1000}k"
         if ctx not in measured:
@@ -1451,10 +1458,10 @@ def quality_target_notes() -> List[str]:
                        f"at {where}: **not measured** (" + (f"suite step {', '.join(steps)}" if steps else
                                                              "no suite step runs it") + ", not run yet).")
             continue
-        source = measured[ctx]
-        rows = {(r["method"], r["k"]): r for r in quality_rows(quality_cases("qwen2.5-coder-1.5b", ctx))}
+        source = quality_source(QUALITY_GPU_MODEL, ctx)
+        rows = {(r["method"], r["k"]): r for r in quality_rows(quality_cases(QUALITY_GPU_MODEL, ctx))}
         dense, dh = rows[(DENSE, "-")], rows.get(("dustin-h", 512))
-        done, planned = quality_items("qwen2.5-coder-1.5b", ctx)
+        done, planned = quality_items(QUALITY_GPU_MODEL, ctx)
         if dh is None:
             continue
         kept = dh["accuracy"] / dense["accuracy"] if dense["accuracy"] else None
@@ -1927,8 +1934,8 @@ def results_markdown() -> str:
 
 def _quality_blocks() -> List[str]:
     blocks = []
-    for model, sources in QUALITY.items():
-        contexts = sorted({c for s in sources if (RESULTS / s).is_file() for c in quality_contexts(s)})
+    for model in QUALITY:
+        contexts = sorted({c for s in quality_files(model) for c in quality_contexts(s)})
         for ctx in contexts:
             here = quality_sources(model, ctx)
             done, planned = quality_items(model, ctx)
