@@ -103,6 +103,9 @@ def prefill(params, config: ModelConfig, tokens: np.ndarray, prompt_lengths: np.
     tokens = np.pad(tokens, ((0, 0), (0, padded - total)))
     last = jnp.asarray(np.asarray(prompt_lengths) - 1, jnp.int32)
     start_lengths = jnp.asarray(np.asarray(cache.lengths))  # a copy: the cache buffers are donated below
+    # the lengths as a fresh host-made array: a cache returned by another jitted call carries committed
+    # lengths, and jit's cache keys on committedness (an identical-shape recompile per continued prompt)
+    cache = cache.with_lengths(jnp.asarray(np.asarray(cache.lengths)))
     last_logits = None
     for start in range(0, padded, chunk):
         cache, logits = _prefill_chunk(params, jnp.asarray(tokens[:, start:start + chunk]), cache,

@@ -219,3 +219,28 @@ def test_generation_past_the_model_context_is_refused_unless_asked_for(model, pr
                              engine=EngineConfig(gamma=2, max_new_tokens=24))
     allowed = generate(model.params, short, [prompts[1]], 24, allow_beyond_context=True)
     assert allowed.num_generated[0] == 24
+
+
+def test_continued_prefill_compiles_once_whatever_the_cache_lengths_came_from(model):
+    """A continued prompt (prefill into a cache that already holds tokens) reuses the compiled chunk
+    whether the cache's lengths were made on the host or returned committed by a jitted call."""
+    from jaxspec.decoding import autoregressive
+
+    rng = np.random.RandomState(1)
+    first, second = rng.randint(3, TINY_VOCAB, size=(1, 20)), rng.randint(3, TINY_VOCAB, size=(1, 7))
+    lengths = np.asarray([first.shape[1]], np.int32)
+    base, _ = autoregressive.prefill(model.params, model.config, first, lengths, init_cache(model.config, 1, CAPACITY),
+                                     chunk=CHUNK)
+    outs = []
+    for committed in (False, True, False):
+        cache = jax.tree.map(jnp.copy, base)
+        if committed:
+            cache = cache.with_lengths(jax.device_put(cache.lengths, jax.devices()[0]))
+        cache, logits = autoregressive.prefill(model.params, model.config, second, np.asarray([7], np.int32), cache,
+                                               chunk=CHUNK)
+        outs.append(np.asarray(logits))
+        if not committed and len(outs) == 1:
+            size = autoregressive._prefill_chunk._cache_size()
+    assert autoregressive._prefill_chunk._cache_size() == size
+    np.testing.assert_array_equal(outs[0], outs[1])
+    np.testing.assert_array_equal(outs[0], outs[2])
