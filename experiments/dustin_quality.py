@@ -508,6 +508,28 @@ JITS: Dict[str, Any] = {}
 #: seconds per phase of the current item (the dense record keeps them: where an item's time goes)
 PHASES: Dict[str, float] = {}
 EXTEND_CHUNK = 64  # tokens per prefill chunk when an item's question is appended to its cached prefix
+#: XLA programs compiled (or loaded from the persistent cache) so far in this process, and their seconds
+COMPILES = {"count": 0, "seconds": 0.0, "listening": False}
+
+
+def count_compiles() -> Dict[str, float]:
+    """A snapshot of :data:`COMPILES` (registers the listener on the first call)."""
+    jax, _ = _jax()
+    if not COMPILES["listening"]:
+        def listener(name, seconds, **_):
+            if name == "/jax/core/compile/backend_compile_duration":
+                COMPILES["count"] += 1
+                COMPILES["seconds"] += seconds
+
+        jax.monitoring.register_event_duration_secs_listener(listener)
+        COMPILES["listening"] = True
+    return {"count": COMPILES["count"], "seconds": COMPILES["seconds"]}
+
+
+def compiles_since(start: Dict[str, float]) -> Dict[str, float]:
+    """Programs compiled since ``start`` (a :func:`count_compiles` snapshot) and their seconds."""
+    now = count_compiles()
+    return {"count": int(now["count"] - start["count"]), "seconds": round(now["seconds"] - start["seconds"], 3)}
 
 
 def cached_jit(name, fn, **kwargs):
@@ -675,18 +697,21 @@ class QualityRunner:
     # -- prefill
     def prefill(self, tokens: Sequence[int], capacity: int):
         """Target and draft caches holding ``tokens``; returns a dict (caches, first logits)."""
-        from jaxspec.decoding.autoregressive import prefill
+        from jaxspec.decoding.autoregressive import choose_prefill_chunk, prefill
         from jaxspec.models.cache import init_cache
 
         _, jnp = _jax()
         array = np.asarray([tokens], np.int32)
         lengths = np.asarray([len(tokens)], np.int32)
+        # the chunk from the capacity, not the prompt length: one compiled chunk for every item of a length
         cache = init_cache(self.tcfg, 1, capacity)
-        cache, logits = prefill(self.target.params, self.tcfg, array, lengths, cache)
+        cache, logits = prefill(self.target.params, self.tcfg, array, lengths, cache,
+                                chunk=choose_prefill_chunk(self.tcfg, 1, capacity, capacity))
         dcache = None
         if self.draft is not None:
             dcache = init_cache(self.dcfg, 1, capacity)
-            dcache, _ = prefill(self.draft.params, self.dcfg, array, lengths, dcache)
+            dcache, _ = prefill(self.draft.params, self.dcfg, array, lengths, dcache,
+                                chunk=choose_prefill_chunk(self.dcfg, 1, capacity, capacity))
         return {"cache": cache, "draft_cache": dcache, "logits": logits, "tokens": list(tokens)}
 
     def extend(self, base, tokens: Sequence[int]):
@@ -1191,6 +1216,7 @@ def cmd_dustin_quality(args) -> Dict[str, Any]:
         compiled_for = task.context_tokens
         t0 = time.perf_counter()
         PHASES.clear()
+        compiled0 = count_compiles()
         tokens = tok.encode(task.prompt)
         question = len(tok.encode(task.question)) + 2
         end = len(tokens) - question
@@ -1237,7 +1263,8 @@ def cmd_dustin_quality(args) -> Dict[str, Any]:
                      "tau": metrics["tau"], "ppl": ppl["dense"]["ppl"], "nll": ppl["dense"]["nll"],
                      "ppl_tokens": ppl["dense"]["tokens"], "arr": arr, "rounds": metrics["rounds"],
                      "seconds": time.perf_counter() - t0,
-                     "phase_seconds": dict(PHASES)}  # release_memory: the part of the phases spent there
+                     "phase_seconds": dict(PHASES),  # release_memory: the part of the phases spent there
+                     "compiles": compiles_since(compiled0)}  # XLA programs built for this item (none when warm)
             if runner.m_rule_stats:
                 dense["m_rule"] = m_rule_summary(runner.m_rule_stats)
             writer.add(f"{item}/dense", dense)
@@ -1248,6 +1275,7 @@ def cmd_dustin_quality(args) -> Dict[str, Any]:
             if writer.has(key):
                 continue
             t1 = time.perf_counter()
+            compiled1 = count_compiles()
             generated, metrics, _ = runner.decode(base, m)
             release_memory()
             text_out = target.tokenizer.decode(generated, skip_special_tokens=True)
@@ -1258,7 +1286,7 @@ def cmd_dustin_quality(args) -> Dict[str, Any]:
                       "tau": metrics["tau"], "tokens": generated, "text": text_out,
                       "ppl": (ppl[m.key]["ppl"] if m.key in ppl else ppl["dense"]["ppl"]),
                       "nll": (ppl[m.key]["nll"] if m.key in ppl else ppl["dense"]["nll"]),
-                      "seconds": time.perf_counter() - t1}
+                      "seconds": time.perf_counter() - t1, "compiles": compiles_since(compiled1)}
             if m.name == "magicdec":
                 record["note"] = "dense verification: output, accuracy and perplexity equal dense by construction"
             if m.dustin is not None:

@@ -8,8 +8,8 @@ bounded size. ``stage`` moves a registry model's GGUF there in chunks:
        python -m experiments.stage split qwen2.5-coder-1.5b qwen2.5-coder-0.5b --dir ~/jaxspec-transfer
 
    fetches each model (``jaxspec.models.registry``), cuts its file into chunks of at most
-   ``--chunk-mib`` MiB (default 58, so one chunk plus a small source tree fits a 64 MiB
-   transfer) and writes ``manifest.json`` (file name, size, sha256 of the file and of every chunk);
+   ``--chunk-mib`` MiB (default 56: one chunk plus a source tree of up to ~8 MiB fits a 64 MiB
+   transfer; the transfer limit minus what else each transfer carries) and writes ``manifest.json`` (file name, size, sha256 of the file and of every chunk);
 2. on the target machine, once per transfer, with whatever chunks this transfer carried::
 
        python -m experiments.stage receive --dir ~/jaxspec-transfer --stage-dir /tmp/jaxspec_stage
@@ -114,7 +114,9 @@ def receive(transfer_dir: pathlib.Path, stage_dir: pathlib.Path, convert: str = 
             if arrived.is_file():
                 digest = sha256_of(arrived)
                 if digest != chunk["sha256"]:
-                    raise ValueError(f"{arrived}: sha256 {digest} != manifest {chunk['sha256']} (damaged in transfer)")
+                    raise ValueError(f"{arrived}: sha256 {digest} != manifest {chunk['sha256']} (damaged in "
+                                     "transfer, or left there by an earlier split with another chunk size: remove "
+                                     "it and carry this split's chunk)")
                 tmp = staged.with_suffix(".tmp")
                 shutil.copyfile(arrived, tmp)
                 os.replace(tmp, staged)
@@ -159,7 +161,7 @@ def main(argv=None) -> int:
     sp = sub.add_parser("split", help="fetch registry models and cut them into chunks + manifest")
     sp.add_argument("names", nargs="+")
     sp.add_argument("--dir", required=True, type=pathlib.Path)
-    sp.add_argument("--chunk-mib", type=float, default=58.0)
+    sp.add_argument("--chunk-mib", type=float, default=56.0)
     rc = sub.add_parser("receive", help="take the carried chunks; reassemble and verify complete models")
     rc.add_argument("--dir", required=True, type=pathlib.Path, help="where this transfer's chunks and manifest are")
     rc.add_argument("--stage-dir", type=pathlib.Path, default=pathlib.Path("/tmp/jaxspec_stage"))

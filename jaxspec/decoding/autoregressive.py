@@ -111,7 +111,8 @@ def prefill(params, config: ModelConfig, tokens: np.ndarray, prompt_lengths: np.
         cache, logits = _prefill_chunk(params, jnp.asarray(tokens[:, start:start + chunk]), cache,
                                        last - start, config=config)
         in_chunk = ((last >= start) & (last < start + chunk))[:, None]
-        last_logits = logits if last_logits is None else jnp.where(in_chunk, logits, last_logits)
+        # also on the first chunk: a one-chunk prompt then builds the same small programs as a longer one
+        last_logits = jnp.where(in_chunk, logits, logits if last_logits is None else last_logits)
     return cache.with_lengths(start_lengths + jnp.asarray(prompt_lengths, jnp.int32)), last_logits
 
 

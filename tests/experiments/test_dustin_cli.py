@@ -321,3 +321,28 @@ def test_profile_extension_adds_budgets_and_keeps_the_rest(folders, tmp_path, ca
     assert any(k.endswith("/dustin-h/k256") for k in cases)
     dense = next(c for k, c in cases.items() if k.endswith("/dense"))
     assert set(dense["phase_seconds"]) >= {"prefill", "perplexity", "extend", "dense_decode_with_arr"}
+
+
+@pytest.mark.slow
+def test_quality_compiles_once_per_context_length(folders, tmp_path):
+    """Items of one context length share every compiled program: the second item (another task kind, so
+    other question and prompt lengths) compiles nothing -- each record counts the XLA programs built for it."""
+    target, draft = folders
+    haystack = _haystack(tmp_path)
+    common = ["--model", str(target), "--draft", str(draft), "--source", str(haystack), "--gamma", "3"]
+    profile = tmp_path / "profile.json"
+    assert main(["dustin-profile", *common, "--budgets", "128", "--lengths", "400", "--kinds", "passkey",
+                 "--depths", "0.3", "--max-new-tokens", "3", "--srh-max-new-tokens", "2", "--recall-threshold", "-1",
+                 "--profile-file", str(profile), "--out", str(tmp_path / "p.json")]) == 0
+    out = tmp_path / "quality.json"
+    assert main(["dustin-quality", *common, "--dustin-profile", str(profile), "--budgets", "128", "--methods",
+                 "dustin-h,quest,snapkv", "--items", "400:2", "--samples", "1", "--kinds", "passkey,kv_retrieval",
+                 "--depths", "0.5", "--max-new-tokens", "4", "--ppl-tokens", "8", "--out", str(out)]) == 0
+    cases = json.loads(out.read_text())["cases"]
+    dense = [k for k in cases if k.endswith("/dense")]
+    assert len(dense) == 2 and len({cases[k]["prompt_tokens"] for k in dense}) == 2
+    first, second = (k[:-len("/dense")] for k in dense)
+    assert cases[f"{first}/dense"]["compiles"]["count"] > 0
+    built = {k: r["compiles"]["count"] for k, r in cases.items() if k.startswith(second)}
+    assert set(built) == {f"{second}/{m}" for m in ("dense", "dustin-h/k128", "quest/k128", "snapkv/k128")}
+    assert all(n == 0 for n in built.values()), built
