@@ -18,7 +18,9 @@ Where the tau comes from:
   context (ties: the larger context). Refused up front, before any model is built or anything
   timed: files with another gamma than ``--gamma`` (or, when magicdec or dustin run, another
   budget than ``--budget``), files of different pairs (model, draft, dtype), one case in two
-  files, a batch no case has, a method no case at that batch measured.
+  files, a batch no case has, a method no case at that batch measured. ``FILE:sd+magicdec`` reads
+  only those methods from FILE (two files that measured the same point and method can then be
+  combined, each supplying its own).
 
 Each case records, per method, the tau it ran with and where from (``<method>.fixed_tau``: the
 file, the case key, its context and the distance to this point's); the top-level ``acceptance``
@@ -38,7 +40,7 @@ SRHs for random weights: the target's 4 heads are spread over 4 KV groups (the e
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -126,14 +128,37 @@ def allreduce_cost(mesh, rows: int, hidden: int, count: int, iters: int = 10, re
             "bytes_each": rows * hidden * 2}
 
 
-def pair_speed_cases(loaded, *, gamma: int, budget: int, methods) -> List[Dict[str, Any]]:
+def tau_source_specs(text: str) -> List[Tuple[str, Optional[Tuple[str, ...]]]]:
+    """``--tau-from``'s entries as ``(path, pair-speed methods to read or None for all)``: an entry
+    ``FILE:sd+magicdec`` reads only those methods' taus from FILE (so two files that both measured
+    one point and method can be combined, each supplying its own methods)."""
+    valid = sorted(set(PAIR_SPEED_TAU_OF.values()))
+    out = []
+    for entry in tau_paths(text):
+        path, only = entry, None
+        head, sep, tail = entry.rpartition(":")
+        if sep and head and tail and not tail.endswith(".json"):
+            names = tuple(m.strip() for m in tail.split("+") if m.strip())
+            bad = [m for m in names if m not in valid]
+            if bad or not names:
+                raise ValueError(f"--tau-from {entry}: unknown pair-speed method(s) {bad or [tail]} after ':'; "
+                                 f"valid: {', '.join(valid)} (joined by '+')")
+            path, only = head, names
+        out.append((path, only))
+    return out
+
+
+def pair_speed_cases(loaded, *, gamma: int, budget: int, methods, only=None) -> List[Dict[str, Any]]:
     """The measured cases of the pair-speed files ``loaded`` (``[(path, data)]``), checked against
     ``--gamma`` / ``--budget`` (the budget only when one of ``methods`` depends on it) and each
-    other (one pair, each case in one file): ``[{"file", "case", "context", "batch", "taus":
-    {pair-speed method: {"tau", "tau_truncated"}}}]``."""
+    other (one pair, each (point, method) needed by ``methods`` in one file): ``[{"file", "case",
+    "context", "batch", "taus": {pair-speed method: {"tau", "tau_truncated"}}}]``. ``only``: per
+    path, the pair-speed methods to read from it (:func:`tau_source_specs`; absent = all)."""
     pair_of, seen, cases = None, {}, []
-    wanted = sorted(set(PAIR_SPEED_TAU_OF.values()))
+    needed = sorted({PAIR_SPEED_TAU_OF[m] for m in methods if m in PAIR_SPEED_TAU_OF})
+    only = only or {}
     for path, data in loaded:
+        wanted = [m for m in needed if only.get(path) is None or m in only[path]]
         if not is_pair_speed(data):
             kind = data.get("experiment") if isinstance(data, dict) else type(data).__name__
             raise ValueError(f"--tau-from {path}: not a pair-speed JSON ({kind!r}); with pair-speed files every "
@@ -193,7 +218,11 @@ def acceptance_plan(args, contexts, batches, methods) -> Dict[str, Any]:
     from jaxspec.decoding.speculative import acceptance_from_tau
 
     speculative = [m for m in methods if m != "ar"]
-    loaded = [(p, read_tau_json(p)) for p in tau_paths(args.tau_from)] if args.tau_from else None
+    specs = tau_source_specs(args.tau_from) if args.tau_from else []
+    loaded = [(p, read_tau_json(p)) for p, _ in specs] if args.tau_from else None
+    only = {p: names for p, names in specs if names is not None}
+    if only and not all(is_pair_speed(data) for _, data in loaded):
+        raise ValueError(f"--tau-from {args.tau_from}: FILE:METHODS selects methods of pair-speed files only")
     if not loaded or not any(is_pair_speed(data) for _, data in loaded):  # one tau for everything
         tau = one_tau(args, loaded)
         acceptance_from_tau(tau["tau"], args.gamma)  # in [1, gamma + 1]
@@ -203,7 +232,7 @@ def acceptance_plan(args, contexts, batches, methods) -> Dict[str, Any]:
         points = {f"ctx{c}/b{b}": {m: dict(source) for m in speculative} for c in contexts for b in batches}
         return {"record": {**tau, "mode": FIXED_ACCEPTANCE_MODE}, "points": points, "pair_speed": False,
                 "title": f"FIXED acceptance tau={tau['tau']:.2f} ({tau['source']})"}
-    cases = pair_speed_cases(loaded, gamma=args.gamma, budget=args.budget, methods=speculative)
+    cases = pair_speed_cases(loaded, gamma=args.gamma, budget=args.budget, methods=speculative, only=only)
     paths = ",".join(path for path, _ in loaded)
     points: Dict[str, Dict[str, Any]] = {}
     for context in contexts:
@@ -231,7 +260,8 @@ def acceptance_plan(args, contexts, batches, methods) -> Dict[str, Any]:
     for path, data in loaded:
         config = data.get("config") or {}
         files.append({"path": path, **{k: config.get(k) for k in ("model", "draft", "gamma", "budget", "dtype")},
-                      "cases": sorted(c["case"] for c in cases if c["file"] == path)})
+                      "cases": sorted(c["case"] for c in cases if c["file"] == path),
+                      **({"methods_read": list(only[path])} if path in only else {})})
     record = {"mode": "fixed acceptance (systems benchmark, random weights): accepted counts drawn, per point and "
                       "method, from the distribution with the mean tokens/round pair-speed measured for that method "
                       f"(metrics.{PAIR_SPEED_TAU_FIELD}) at the same batch and the nearest measured context (ties: "

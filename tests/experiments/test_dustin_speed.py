@@ -147,6 +147,28 @@ def test_tau_from_pair_speed_needs_only_the_methods_that_run(tmp_path):
     assert plan["points"] == {"ctx9000/b16": {"classic": _from(path, "ctx8000/b16", 8000, 1000, "sd", 2.1)}}
 
 
+def test_tau_from_pair_speed_file_methods_selector_combines_two_runs_of_one_point(tmp_path):
+    """Two files measured dustin at one point: ``FILE:METHODS`` says which file supplies which method."""
+    from experiments.dustin_speed import acceptance_plan
+    from tests.conftest import write_pair_speed_json
+
+    a = write_pair_speed_json(tmp_path / "a.json", {(8000, 16): {"sd": 2.1, "magicdec": 2.2, "dustin": 2.3}})
+    b = write_pair_speed_json(tmp_path / "b.json", {(8000, 16): {"dustin": 2.9}})
+    methods = ["ar", "classic", "magicdec", "dustin"]
+    with pytest.raises(ValueError, match="dustin is also in"):
+        acceptance_plan(_tau_args(f"{a},{b}"), [8000], [16], methods)
+    plan = acceptance_plan(_tau_args(f"{a}:sd+magicdec,{b}"), [8000], [16], methods)
+    assert plan["points"]["ctx8000/b16"] == {"classic": _from(a, "ctx8000/b16", 8000, 0, "sd", 2.1),
+                                            "magicdec": _from(a, "ctx8000/b16", 8000, 0, "magicdec", 2.2),
+                                            "dustin": _from(b, "ctx8000/b16", 8000, 0, "dustin", 2.9)}
+    files = {f["path"]: f for f in plan["record"]["files"]}
+    assert files[a]["methods_read"] == ["sd", "magicdec"] and "methods_read" not in files[b]
+    with pytest.raises(ValueError, match="dustin is also in"):  # both files still asked for it
+        acceptance_plan(_tau_args(f"{a}:dustin,{b}:dustin"), [8000], [16], ["ar", "dustin"])
+    with pytest.raises(ValueError, match="unknown pair-speed method"):
+        acceptance_plan(_tau_args(f"{a}:sd+dense"), [8000], [16], methods)
+
+
 def test_tau_from_generate_json_or_tau_gives_one_tau_everywhere(tmp_path):
     from experiments.decode_speed import one_tau
     from experiments.dustin_speed import acceptance_plan
