@@ -1395,27 +1395,12 @@ def quality_markdown(cases: Dict[str, Any], budgets: Sequence[int] = (128, 256, 
 
 
 def plot_arr(cases: Dict[str, Any], path: str, title: str = "") -> None:
-    import matplotlib
+    """ARR, greedy agreement and retrieval accuracy against k (:func:`experiments.tables.arr_plot`),
+    its folder made first."""
+    from experiments.tables import arr_plot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = [r for r in quality_table(cases) if r["method"] not in ("dense (ClassicSD)", "magicdec") and r["ARR"]]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for name in [m for m in QUALITY_METHODS if m != "magicdec"]:
-        points = sorted((r["k"], r["ARR"]) for r in rows if r["method"] == name)
-        if points:
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("KV budget k")
-    ax.set_ylabel("ARR (mean over rounds and items)")
-    ax.set_title(title, fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
     pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    arr_plot(cases, path, title)
 
 
 # ---------------------------------------------------------------------------- registration
