@@ -187,19 +187,24 @@ def test_release_memory_drops_compiled_and_keeps_working():
     assert "rss" in dustin_quality.memory_summary()
 
 
+def _k128_profile(folders, tmp_path):
+    """The pair's common CLI arguments and a k = 128 profile calibrated on 400-token passkey tasks."""
+    target, draft = folders
+    common = ["--model", str(target), "--draft", str(draft), "--source", str(_haystack(tmp_path)), "--gamma", "3"]
+    profile = tmp_path / "profile.json"
+    assert main(["dustin-profile", *common, "--budgets", "128", "--lengths", "400", "--kinds", "passkey",
+                 "--depths", "0.3", "--max-new-tokens", "3", "--srh-max-new-tokens", "2", "--recall-threshold", "-1",
+                 "--profile-file", str(profile), "--out", str(tmp_path / "p.json")]) == 0
+    return common, profile
+
+
 @pytest.mark.slow
 def test_quality_releases_compiled_code_between_lengths(folders, tmp_path, monkeypatch):
     """`dustin-quality` over two context lengths trims memory after each measurement and drops the
     compiled executables once, when the length changes (without it the process ran out of memory beyond 4k)."""
     from experiments import dustin_quality
 
-    target, draft = folders
-    haystack = _haystack(tmp_path)
-    common = ["--model", str(target), "--draft", str(draft), "--source", str(haystack), "--gamma", "3"]
-    profile = tmp_path / "profile.json"
-    assert main(["dustin-profile", *common, "--budgets", "128", "--lengths", "400", "--kinds", "passkey",
-                 "--depths", "0.3", "--max-new-tokens", "3", "--srh-max-new-tokens", "2", "--recall-threshold", "-1",
-                 "--profile-file", str(profile), "--out", str(tmp_path / "p.json")]) == 0
+    common, profile = _k128_profile(folders, tmp_path)
     calls = []
     original = dustin_quality.release_memory
     monkeypatch.setattr(dustin_quality, "release_memory", lambda clear_compiled=False: (calls.append(clear_compiled),
@@ -327,13 +332,7 @@ def test_profile_extension_adds_budgets_and_keeps_the_rest(folders, tmp_path, ca
 def test_quality_compiles_once_per_context_length(folders, tmp_path):
     """Items of one context length share every compiled program: the second item (another task kind, so
     other question and prompt lengths) compiles nothing -- each record counts the XLA programs built for it."""
-    target, draft = folders
-    haystack = _haystack(tmp_path)
-    common = ["--model", str(target), "--draft", str(draft), "--source", str(haystack), "--gamma", "3"]
-    profile = tmp_path / "profile.json"
-    assert main(["dustin-profile", *common, "--budgets", "128", "--lengths", "400", "--kinds", "passkey",
-                 "--depths", "0.3", "--max-new-tokens", "3", "--srh-max-new-tokens", "2", "--recall-threshold", "-1",
-                 "--profile-file", str(profile), "--out", str(tmp_path / "p.json")]) == 0
+    common, profile = _k128_profile(folders, tmp_path)
     out = tmp_path / "quality.json"
     assert main(["dustin-quality", *common, "--dustin-profile", str(profile), "--budgets", "128", "--methods",
                  "dustin-h,quest,snapkv", "--items", "400:2", "--samples", "1", "--kinds", "passkey,kv_retrieval",
