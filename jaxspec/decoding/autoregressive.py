@@ -97,15 +97,16 @@ def prefill(params, config: ModelConfig, tokens: np.ndarray, prompt_lengths: np.
     """
     batch, total = tokens.shape
     # rows may already hold tokens (a continued prompt): each row needs room for its own prompt
-    check_room(np.asarray(jax.device_get(cache.lengths)) + np.asarray(prompt_lengths), cache.capacity, 0, "prefill")
+    held = np.asarray(jax.device_get(cache.lengths))
+    check_room(held + np.asarray(prompt_lengths), cache.capacity, 0, "prefill")
     chunk = chunk or choose_prefill_chunk(config, batch, cache.capacity, total)
     padded = int(np.ceil(total / chunk) * chunk)
     tokens = np.pad(tokens, ((0, 0), (0, padded - total)))
     last = jnp.asarray(np.asarray(prompt_lengths) - 1, jnp.int32)
-    start_lengths = jnp.asarray(np.asarray(cache.lengths))  # a copy: the cache buffers are donated below
+    start_lengths = jnp.asarray(held)  # a copy: the cache buffers are donated below
     # the lengths as a fresh host-made array: a cache returned by another jitted call carries committed
     # lengths, and jit's cache keys on committedness (an identical-shape recompile per continued prompt)
-    cache = cache.with_lengths(jnp.asarray(np.asarray(cache.lengths)))
+    cache = cache.with_lengths(jnp.asarray(held))
     last_logits = None
     for start in range(0, padded, chunk):
         cache, logits = _prefill_chunk(params, jnp.asarray(tokens[:, start:start + chunk]), cache,
