@@ -219,7 +219,7 @@ def acceptance_plan(args, contexts, batches, methods) -> Dict[str, Any]:
 
     speculative = [m for m in methods if m != "ar"]
     specs = tau_source_specs(args.tau_from) if args.tau_from else []
-    loaded = [(p, read_tau_json(p)) for p, _ in specs] if args.tau_from else None
+    loaded = [(p, read_tau_json(p)) for p, _ in specs] or None
     only = {p: names for p, names in specs if names is not None}
     if only and not all(is_pair_speed(data) for _, data in loaded):
         raise ValueError(f"--tau-from {args.tau_from}: FILE:METHODS selects methods of pair-speed files only")

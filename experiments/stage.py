@@ -9,7 +9,8 @@ bounded size. ``stage`` moves a registry model's GGUF there in chunks:
 
    fetches each model (``jaxspec.models.registry``), cuts its file into chunks of at most
    ``--chunk-mib`` MiB (default 56: one chunk plus a source tree of up to ~8 MiB fits a 64 MiB
-   transfer; the transfer limit minus what else each transfer carries) and writes ``manifest.json`` (file name, size, sha256 of the file and of every chunk);
+   transfer; size it as the transfer limit minus what else each transfer carries) and writes
+   ``manifest.json`` (file name, size, sha256 of the file and of every chunk);
 2. on the target machine, once per transfer, with whatever chunks this transfer carried::
 
        python -m experiments.stage receive --dir ~/jaxspec-transfer --stage-dir /tmp/jaxspec_stage
