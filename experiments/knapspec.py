@@ -18,9 +18,11 @@ Methods (``--methods``):
 * ``static-skip`` -- one skip set chosen offline on calibration text (another book), never changed.
 
 Per case also: the DP's candidate skip sets on the case's own text (reference = the first
-generated tokens), ``--candidate-plans`` of them run as fixed plans (no re-planning) to
-correlate the predicted TPT and the DP's acceptance estimate with measured throughput (Pearson),
-and a time split (planning measured; draft / verify / plain-decoding seconds estimated from
+generated tokens), ``--candidate-plans`` of them (spread over the skipped weights, plus the
+planner's own choice) run as fixed plans (no re-planning) to correlate the predicted TPT and the
+DP's acceptance estimate with measured throughput (Pearson) and to set each candidate's acceptance
+estimate under both DP references (``alpha_branch``, ``alpha_target``, docs/methods.md §4.3)
+against its measured acceptance, and a time split (planning measured; draft / verify / plain-decoding seconds estimated from
 per-forward timings times the counted forwards). ``plan_cost`` cases time the planner with and
 without the stacked-weights reuse on the same reference window.
 
@@ -134,6 +136,11 @@ def add_planning_arguments(add, prefix: str = "") -> None:
     add(f"--{prefix}probe-rounds", type=int, default=8,
         help="measured arbitration: after a plan that drafts, time this many speculative rounds and as many "
              "plain-decoding steps, keep the faster until the next plan (0: off, as in the paper)")
+    add(f"--{prefix}reference-kv", choices=("branch", "target"), default="branch",
+        help="how the DP's reference tokens see one another (docs/methods.md §4.3): branch = each candidate runs "
+             "the window as one causal sequence through its own K/V (the paper); target = each token attends to "
+             "the target's K/V of the earlier tokens and to the candidate's only at its own position (a draft step "
+             "after committed tokens). KnapSpec's sub-layer DP; CLaSp and knapspec-budget keep branch")
 
 
 def parse_gamma_buckets(text: str, flag: str = "--knapspec-gamma-buckets"):
@@ -164,7 +171,8 @@ def knapspec_config_from_args(args):
                           gamma_buckets=parse_gamma_buckets(args.knapspec_gamma_buckets),
                           max_plan_fraction=plan_fraction(args.knapspec_max_plan_fraction),
                           exit_aware_tpt=not getattr(args, "knapspec_spec_tpt", False),
-                          probe_rounds=getattr(args, "knapspec_probe_rounds", 8) or None)
+                          probe_rounds=getattr(args, "knapspec_probe_rounds", 8) or None,
+                          reference_kv=getattr(args, "knapspec_reference_kv", "branch"))
 
 
 def validate_self_spec(args) -> None:
@@ -192,6 +200,9 @@ def validate_self_spec(args) -> None:
         if args.knapspec_budget_reference_tokens < 1:
             raise ValueError(f"--knapspec-budget-reference-tokens={args.knapspec_budget_reference_tokens}: "
                              f"must be >= 1")
+    if args.knapspec_reference_kv != "branch" and args.method in ("clasp", "knapspec-budget"):
+        raise ValueError(f"--knapspec-reference-kv {args.knapspec_reference_kv}: --method {args.method} runs "
+                         f"its own DP with the paper's reference (branch); drop the option")
     knapspec_config_from_args(args)  # validates the knobs
 
 
@@ -456,7 +467,8 @@ def register(subparsers) -> None:
     p.add_argument("--batches", default="1", help="comma-separated batch sizes (one skip set per batch)")
     p.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated: {', '.join(METHODS)}")
     p.add_argument("--candidate-plans", type=int, default=6,
-                   help="DP candidates run as fixed plans for the TPT / alpha vs throughput correlation (0: none)")
+                   help="DP candidates run as fixed plans for the TPT / alpha vs throughput correlation, spread over the "
+                        "skipped weights, plus the planner's choice (0: none)")
     p.add_argument("--candidate-reference-tokens", type=int, default=16,
                    help="reference tokens per row of the candidates' DP and of the plan-cost timing (the first AR "
                         "tokens after the prompt)")
@@ -493,7 +505,10 @@ def _config_of(args) -> Dict[str, Any]:
             "batches", "candidate_plans", "gamma_max", "gamma_buckets", "branch_chunk", "max_reference_tokens",
             "clasp_skip_count", "seed", "device_tag", "latency_fit", "max_plan_fraction",
             "probe_rounds", "candidate_reference_tokens", "attention_budget", "attention_sinks")
-    return {k: getattr(args, k) for k in keys}
+    config = {k: getattr(args, k) for k in keys}
+    if args.reference_kv != "branch":  # named only when set: files written before the flag still resume
+        config["reference_kv"] = args.reference_kv
+    return config
 
 
 # ---------------------------------------------------------------------------- model and prompts
@@ -849,6 +864,7 @@ class Case:
         the AR decode of the case's new tokens."""
         import jax.numpy as jnp
 
+        from jaxspec.knapspec.dp import REFERENCE_KV, boundary_states, plan_alpha
         from jaxspec.knapspec.planner import objective_table
         from jaxspec.knapspec.policy import plan_skip_set
 
@@ -869,10 +885,15 @@ class Case:
         gammas = tuple(range(1, self.args.gamma_max + 1))
         table = objective_table(cands.masks, cands.alpha, self.latency.t_attn(n), self.latency.t_mlp(), gammas,
                                 "tpt", self.latency.t_token(), self.latency.v, self.latency.a)
+        # every candidate's acceptance estimate under both references of the DP (docs/methods.md §4.3)
+        states = boundary_states(self.model.params, self.model.config, tokens, prefilled[0], prefix)
+        by_reference = {mode: plan_alpha(self.model.params, self.model.config, prefilled[0], prefix, states,
+                                         cands.masks, token_mask, reference_kv=mode) for mode in REFERENCE_KV}
         rows = []
         for c in range(len(cands)):
             g = int(np.argmax(table[c]))
             rows.append({"index": c, "weight": int(cands.weights[c]), "alpha": float(cands.alpha[c]),
+                         **{f"alpha_{mode}": float(a[c]) for mode, a in by_reference.items()},
                          "cosine": float(cands.cosine[c]), "gamma": gammas[g], "predicted_tpt": float(table[c, g]),
                          "n_skip_attn": int(cands.masks[c, :, 0].sum()), "n_skip_mlp": int(cands.masks[c, :, 1].sum()),
                          "mask": cands.masks[c].tolist()})
@@ -904,7 +925,8 @@ class Case:
             start = time.perf_counter()
             states = boundary_states(self.model.params, cfg, tokens, prefilled[0], prefix)
             cands = knapsack_dp(self.model.params, cfg, prefilled[0], prefix, states, token_mask, w_attn=w_attn,
-                                w_mlp=w_mlp, branch_chunk=self.knapspec.branch_chunk, reuse_stacked=reuse)
+                                w_mlp=w_mlp, branch_chunk=self.knapspec.branch_chunk, reuse_stacked=reuse,
+                                reference_kv=self.knapspec.reference_kv)
             choose_plan(cands.masks, cands.alpha, self.latency, n, gammas=self.knapspec.plan_gammas)
             jax.block_until_ready(cands.alpha)
             return time.perf_counter() - start
@@ -972,7 +994,7 @@ def experiment_knapspec_config(args, branch_chunk=None):
                                                                                       "--gamma-buckets"),
                           branch_chunk=branch_chunk, max_reference_tokens=args.max_reference_tokens,
                           max_plan_fraction=plan_fraction(args.max_plan_fraction, "--max-plan-fraction"),
-                          probe_rounds=args.probe_rounds or None)
+                          probe_rounds=args.probe_rounds or None, reference_kv=args.reference_kv)
 
 
 def check_knapspec_args(args) -> None:
@@ -1075,9 +1097,11 @@ def run_case(case: Case, methods: Sequence[str]) -> None:
     if args.candidate_plans:
         if not writer.has(f"{key}/candidates"):
             writer.add(f"{key}/candidates", case.candidates())
+        chosen = writer.get(f"{key}/candidates")["plan"].get("index")
         cands = writer.get(f"{key}/candidates")["candidates"]
         pool = [c for c in cands if c["weight"] > 0] or cands
-        picks = sorted({int(round(i)) for i in np.linspace(0, len(pool) - 1, min(args.candidate_plans, len(pool)))})
+        picks = {int(round(i)) for i in np.linspace(0, len(pool) - 1, min(args.candidate_plans, len(pool)))}
+        picks = sorted(picks | {i for i, c in enumerate(pool) if c["index"] == chosen})  # and the planner's choice
         for i in picks:
             c = pool[i]
             k = f"{key}/fixed/w{c['weight']}"
@@ -1085,7 +1109,8 @@ def run_case(case: Case, methods: Sequence[str]) -> None:
                 continue
             out = case.run_method("fixed", initial_plan=(np.asarray(c["mask"], bool), c["gamma"]))
             out.update(candidate=c["index"], weight=c["weight"], predicted_tpt=c["predicted_tpt"],
-                       dp_alpha=c["alpha"], gamma=c["gamma"])
+                       dp_alpha=c["alpha"], gamma=c["gamma"],
+                       **{k: c[k] for k in ("alpha_branch", "alpha_target") if k in c})
             writer.add(k, out)
             print(f"[{k}] predicted TPT {c['predicted_tpt']:.1f}, alpha {c['alpha']:.2f} -> "
                   f"{out['tokens_per_s']:.1f} tok/s", file=sys.stderr, flush=True)
@@ -1103,7 +1128,16 @@ def correlation(fixed: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
     speedup = [f["speedup_vs_ar"] for f in fixed]
     tpt = [f["predicted_tpt"] for f in fixed]
     alpha = [f["dp_alpha"] for f in fixed]
-    return {"plans": len(fixed),
+    measured = [f["acceptance_rate"] for f in fixed]
+    errors = {}
+    for mode in ("branch", "target"):  # each reference's acceptance estimate against the measured acceptance
+        if all(f"alpha_{mode}" in f for f in fixed):
+            est = [f[f"alpha_{mode}"] for f in fixed]
+            errors[f"alpha_{mode}"] = est
+            errors[f"alpha_{mode}_mean_abs_error"] = float(np.mean(np.abs(np.subtract(est, measured)))) if fixed \
+                else None
+            errors[f"alpha_{mode}_mean_error"] = float(np.mean(np.subtract(est, measured))) if fixed else None
+    return {"plans": len(fixed), **errors,
             "pearson_predicted_tpt_vs_throughput": pearson(tpt, tput),
             "pearson_dp_alpha_vs_throughput": pearson(alpha, tput),
             "pearson_measured_acceptance_vs_throughput": pearson([f["acceptance_rate"] for f in fixed], tput),

@@ -38,6 +38,9 @@ Implementations (same semantics, same result):
   (``prefix_len`` valid slots) plus the branch's own new K/V, causally -- exactly
   :func:`jaxspec.models.layers.attention_sublayer`, ``vmap``-ed over branches (the cache is shared,
   not copied); ``branch_chunk`` bounds memory with ``lax.map(batch_size=...)``.
+  With ``reference_kv="target"`` (:data:`REFERENCE_KV`) a branch's row ``t`` attends instead to the
+  target's K/V of rows ``< t`` and to its own only at ``t`` (:func:`target_kv_attention`; the
+  target's K/V of a layer are projected once from its boundary state, for all branches).
 * :func:`dp_loop` -- a plain Python loop over sub-layers and budgets, one candidate state at a
   time (the official algorithm's structure): the reference the scan is tested against.
 * :func:`brute_force` -- depth-first enumeration of every skip set (same fixed edge layers,
@@ -57,13 +60,20 @@ import numpy as np
 from jaxspec.config import ModelConfig
 from jaxspec.models.cache import KVCache
 from jaxspec.models.attention import batchable_config
-from jaxspec.models.layers import attention_sublayer, default_positions, embed, lm_head, mlp_sublayer, rope_tables
+from jaxspec.models.layers import (attention_sublayer, default_positions, embed, lm_head, mlp_sublayer, project_qkv,
+                                   rope_tables)
 
 #: Default pruning threshold on the mean cosine (official code: sim_threshold = 0.5).
 DEFAULT_TAU = 0.5
 #: Cap of the integer weight ratio (official code: 5).
 WEIGHT_CAP = 5
 _EPS = 1e-12  # torch.nn.functional.normalize's eps
+#: How the DP's reference tokens see one another (docs/methods.md §4.3): ``"branch"`` (the paper's and
+#: the authors' code: the r tokens go through each candidate as one causal sequence, so token i attends
+#: to the candidate's own K/V of tokens < i and errors compound along the window) or ``"target"``
+#: (token i attends to the *target's* K/V of tokens < i and to the candidate's only at its own
+#: position: what a draft step sees when the tokens before it are committed, as with gamma = 1).
+REFERENCE_KV = ("branch", "target")
 
 
 # ---------------------------------------------------------------------------- weights
@@ -305,6 +315,44 @@ def backtrack(trace: DPTrace, num_layers: int, w_attn: int, w_mlp: int) -> Tuple
 
 
 # ---------------------------------------------------------------------------- model plumbing
+def check_reference_kv(reference_kv: str) -> str:
+    if reference_kv not in REFERENCE_KV:
+        raise ValueError(f"reference_kv={reference_kv!r}: choose from {', '.join(map(repr, REFERENCE_KV))}")
+    return reference_kv
+
+
+def target_kv_attention(config: ModelConfig, q, k_new, v_new, cache_k, cache_v, lengths, k_ref, v_ref):
+    """Attention of ``T`` reference rows (``reference_kv="target"``): row ``t`` attends to the first
+    ``lengths[b]`` cache slots, to the target's K/V ``k_ref, v_ref [B, T, Hkv, D]`` of rows ``< t``
+    and to its own (the candidate's) ``k_new, v_new`` at ``t``. ``q [B, T, Hq, D]``; returns
+    ``[B, T, Hq, D]`` (jnp, float32 softmax, the same GQA layout as the reference attention)."""
+    batch, steps, num_heads, dim = q.shape
+    groups = config.queries_per_kv
+    scale = 1.0 / np.sqrt(dim)
+    qg = q.reshape(batch, steps, config.num_kv_heads, groups, dim).transpose(0, 2, 3, 1, 4)  # [B,Hkv,G,T,D]
+    valid = jnp.arange(cache_k.shape[2])[None, :] < lengths[:, None]  # [B, S]
+    s_hist = jnp.einsum("bkgtd,bksd->bkgts", qg, cache_k, preferred_element_type=jnp.float32) * scale
+    s_hist = jnp.where(valid[:, None, None, None, :], s_hist, -jnp.inf)
+    kr, vr = k_ref.transpose(0, 2, 1, 3), v_ref.transpose(0, 2, 1, 3)  # [B, Hkv, T, D]
+    kn, vn = k_new.transpose(0, 2, 1, 3), v_new.transpose(0, 2, 1, 3)
+    s_ref = jnp.einsum("bkgtd,bkud->bkgtu", qg, kr, preferred_element_type=jnp.float32) * scale
+    s_ref = jnp.where(jnp.tril(jnp.ones((steps, steps), bool), -1), s_ref, -jnp.inf)  # strictly earlier rows
+    s_self = jnp.einsum("bkgtd,bktd->bkgt", qg, kn, preferred_element_type=jnp.float32)[..., None] * scale
+    probs = jax.nn.softmax(jnp.concatenate([s_hist, s_ref, s_self], axis=-1), axis=-1)
+    hist = cache_k.shape[2]
+    p_hist, p_ref, p_self = probs[..., :hist], probs[..., hist:hist + steps], probs[..., hist + steps:]
+    out = jnp.einsum("bkgts,bksd->bkgtd", p_hist.astype(q.dtype), cache_v, preferred_element_type=jnp.float32)
+    out = out + jnp.einsum("bkgtu,bkud->bkgtd", p_ref.astype(q.dtype), vr, preferred_element_type=jnp.float32)
+    out = out + p_self * vn[:, :, None].astype(jnp.float32)
+    return out.astype(q.dtype).transpose(0, 3, 1, 2, 4).reshape(batch, steps, num_heads, dim)
+
+
+def reference_attention_inputs(states, num_layers: int):
+    """The target's input to the Attention sub-layer of each scanned layer ``1 .. L-1`` (boundary
+    ``2l``) from :func:`boundary_states`: ``[L - 1, B, r, H]``."""
+    return states[2:2 * num_layers - 1:2]
+
+
 def _rope(config: ModelConfig, prefix_len, steps: int):
     return rope_tables(config, default_positions(prefix_len.astype(jnp.int32), steps))
 
@@ -370,19 +418,32 @@ def _alpha(params, config, final_states, teacher_state, token_mask, chunk: int):
     return _agreement(params, config, final_states, teacher_state, token_mask, chunk, None)[:, 0]
 
 
-def _model_sublayers(config: ModelConfig, prefix_len, steps: int, branch_chunk: Optional[int]):
-    """Sub-layer functions of the model for the DP: single state and all-slots versions."""
+def _model_sublayers(config: ModelConfig, prefix_len, steps: int, branch_chunk: Optional[int],
+                     reference_kv: str = "branch"):
+    """Sub-layer functions of the model for the DP: single state and all-slots versions. A layer's
+    argument is ``(layer, cache_k, cache_v)``, with ``reference_kv="target"`` also the target's input
+    to its Attention sub-layer ``[B, r, H]`` (:func:`reference_attention_inputs`)."""
     cos, sin = _rope(config, prefix_len, steps)
+    check_reference_kv(reference_kv)
 
-    def attn(layer_x, h):
-        layer, cache_k, cache_v = layer_x
-        return attention_sublayer(layer, h, config, cos, sin, cache_k, cache_v, prefix_len).hidden
+    def reference_kv_of(layer_x):  # the target's K/V of the reference tokens at this layer
+        _, k, v = project_qkv(layer_x[0], layer_x[3], config, cos, sin)
+        return k, v
+
+    def attn(layer_x, h, ref_kv=None):
+        layer, cache_k, cache_v = layer_x[:3]
+        attend = None
+        if reference_kv == "target":
+            k_ref, v_ref = reference_kv_of(layer_x) if ref_kv is None else ref_kv
+            attend = functools.partial(_attend_target_kv, config, cache_k, cache_v, prefix_len, k_ref, v_ref)
+        return attention_sublayer(layer, h, config, cos, sin, cache_k, cache_v, prefix_len, attend=attend).hidden
 
     def mlp(layer_x, h):
         return mlp_sublayer(layer_x[0], h, config)
 
     def attn_all(layer_x, g):  # branch-parallel: every branch attends to the shared prefix cache
-        fn = functools.partial(attn, layer_x)
+        ref_kv = reference_kv_of(layer_x) if reference_kv == "target" else None  # once for all branches
+        fn = functools.partial(attn, layer_x, ref_kv=ref_kv)
         if branch_chunk:
             return jax.lax.map(fn, g, batch_size=branch_chunk)
         return jax.vmap(fn)(g)
@@ -391,6 +452,10 @@ def _model_sublayers(config: ModelConfig, prefix_len, steps: int, branch_chunk: 
         return mlp(layer_x, g.reshape((-1,) + g.shape[2:])).reshape(g.shape)
 
     return attn, mlp, attn_all, mlp_all
+
+
+def _attend_target_kv(config, cache_k, cache_v, lengths, k_ref, v_ref, q, k_new, v_new):
+    return target_kv_attention(config, q, k_new, v_new, cache_k, cache_v, lengths, k_ref, v_ref)
 
 
 _stack_layers = jax.jit(lambda layers: jax.tree.map(lambda *xs: jnp.stack(xs), *layers))
@@ -417,10 +482,13 @@ def stacked_scan_layers(params, reuse: bool = True):
 
 
 def _knapsack_dp_fn(params, stacked, cache: KVCache, prefix_len, states, token_mask, *, config, w_attn, w_mlp,
-                    budget, tau, branch_chunk, alpha_chunk, exit_threshold=None, keep_attention=()):
+                    budget, tau, branch_chunk, alpha_chunk, exit_threshold=None, keep_attention=(),
+                    reference_kv="branch"):
     num_layers = config.num_layers
-    _, _, attn_all, mlp_all = _model_sublayers(config, prefix_len, states.shape[2], branch_chunk)
+    _, _, attn_all, mlp_all = _model_sublayers(config, prefix_len, states.shape[2], branch_chunk, reference_kv)
     layer_xs = (stacked, jnp.stack(cache.keys[1:]), jnp.stack(cache.values[1:]))
+    if reference_kv == "target":
+        layer_xs = layer_xs + (reference_attention_inputs(states, num_layers),)
     targets = states[3:].reshape((num_layers - 1, 2) + states.shape[1:])
     can_skip = jnp.asarray(scan_can_skip(num_layers, keep_attention))
     values, skipped, valid, final = dp_scan(attn_all, mlp_all, layer_xs, states[2], targets, can_skip, token_mask,
@@ -431,7 +499,7 @@ def _knapsack_dp_fn(params, stacked, cache: KVCache, prefix_len, states, token_m
 
 _knapsack_dp = jax.jit(_knapsack_dp_fn, static_argnames=("config", "w_attn", "w_mlp", "budget", "tau",
                                                           "branch_chunk", "alpha_chunk", "exit_threshold",
-                                                          "keep_attention"))
+                                                          "keep_attention", "reference_kv"))
 
 
 @dataclasses.dataclass
@@ -464,7 +532,8 @@ def _trivial_candidates(params, config, states, token_mask, w_attn, w_mlp, budge
 def knapsack_dp(params, config: ModelConfig, cache: KVCache, prefix_len, states, token_mask=None, *, w_attn: int,
                 w_mlp: int, budget: Optional[int] = None, tau: float = DEFAULT_TAU, branch_chunk: Optional[int] = None,
                 alpha_chunk: int = 8, keep_states: bool = False, reuse_stacked: bool = True,
-                exit_threshold: Optional[float] = None, keep_attention: Sequence[int] = ()) -> Candidates:
+                exit_threshold: Optional[float] = None, keep_attention: Sequence[int] = (),
+                reference_kv: str = "branch") -> Candidates:
     """Run the jit-compiled, scan-vectorised DP on the model.
 
     ``reuse_stacked``: keep the stacked layer weights between calls (:func:`stacked_scan_layers`).
@@ -476,9 +545,11 @@ def knapsack_dp(params, config: ModelConfig, cache: KVCache, prefix_len, states,
     ``exit_threshold``: also return each candidate's early-exit statistics at this draft
     confidence (``Candidates.confident`` / ``agree_confident``; for the exit-aware TPT).
     ``keep_attention``: layers whose Attention sub-layer no candidate skips (module doc).
+    ``reference_kv``: how the reference tokens see one another (:data:`REFERENCE_KV`).
     """
     config = _dp_config(config)
     keep_attention = check_keep_attention(keep_attention, config.num_layers)
+    check_reference_kv(reference_kv)
     budget = skip_budget(w_attn, w_mlp, config.num_layers) if budget is None else int(budget)
     token_mask = jnp.ones(states.shape[1:3], jnp.float32) if token_mask is None else jnp.asarray(token_mask,
                                                                                                   jnp.float32)
@@ -489,7 +560,8 @@ def knapsack_dp(params, config: ModelConfig, cache: KVCache, prefix_len, states,
         outer, stacked_scan_layers(params, reuse_stacked), cache, jnp.asarray(prefix_len, jnp.int32), states,
         token_mask, config=config, w_attn=int(w_attn), w_mlp=int(w_mlp), budget=budget, tau=float(tau),
         branch_chunk=branch_chunk, alpha_chunk=alpha_chunk,
-        exit_threshold=None if exit_threshold is None else float(exit_threshold), keep_attention=keep_attention)
+        exit_threshold=None if exit_threshold is None else float(exit_threshold), keep_attention=keep_attention,
+        reference_kv=reference_kv)
     trace = DPTrace(np.asarray(values, np.float64), np.asarray(skipped), np.asarray(valid), first_layer=1)
     masks, slots = backtrack(trace, config.num_layers, w_attn, w_mlp)
     denom = max(float(np.asarray(token_mask).sum()), 1.0)
@@ -501,29 +573,68 @@ def knapsack_dp(params, config: ModelConfig, cache: KVCache, prefix_len, states,
                       confident=stats[:, 1] if exits else None, agree_confident=stats[:, 2] if exits else None)
 
 
+# ---------------------------------------------------------------------------- fixed plans
+def _plan_states_fn(params, cache: KVCache, prefix_len, states, masks, *, config, reference_kv):
+    attn, mlp, _, _ = _model_sublayers(config, prefix_len, states.shape[2], None, reference_kv)
+
+    def one(mask):
+        h = states[0]
+        for i, layer in enumerate(params.layers):
+            x = (layer, cache.keys[i], cache.values[i]) + ((states[2 * i],) if reference_kv == "target" else ())
+            h = jnp.where(mask[i, 0], h, attn(x, h))
+            h = jnp.where(mask[i, 1], h, mlp(x, h))
+        return h
+
+    return jax.lax.map(one, masks)
+
+
+_plan_states = jax.jit(_plan_states_fn, static_argnames=("config", "reference_kv"))
+
+
+def plan_alpha(params, config: ModelConfig, cache: KVCache, prefix_len, states, masks, token_mask=None, *,
+               reference_kv: str = "branch") -> np.ndarray:
+    """The DP's acceptance estimate for given skip masks ``[C, L, 2]`` (True = skip): each mask's
+    greedy-token agreement with the target on the reference tokens of ``states``
+    (:func:`boundary_states`), with the reference ``reference_kv`` (:data:`REFERENCE_KV`) -- the
+    ``alpha`` :func:`knapsack_dp` reports for the masks it finds, for any mask."""
+    config = _dp_config(config)
+    check_reference_kv(reference_kv)
+    masks = np.asarray(masks, bool)
+    if masks.ndim != 3 or masks.shape[1:] != (config.num_layers, 2):
+        raise ValueError(f"masks of shape {masks.shape}: expected [C, {config.num_layers}, 2]")
+    token_mask = jnp.ones(states.shape[1:3], jnp.float32) if token_mask is None else jnp.asarray(token_mask,
+                                                                                                  jnp.float32)
+    finals = _plan_states(params, cache, jnp.asarray(prefix_len, jnp.int32), states, jnp.asarray(masks),
+                          config=config, reference_kv=reference_kv)
+    return np.asarray(_alpha(params, config, finals, states[-1], token_mask, 8), np.float64)
+
+
 # ---------------------------------------------------------------------------- references on the model
-@functools.partial(jax.jit, static_argnames=("config", "kind"))
-def _apply_single_jit(layer_x, h, prefix_len, *, config, kind):
-    attn, mlp, _, _ = _model_sublayers(config, prefix_len, h.shape[1], None)
+@functools.partial(jax.jit, static_argnames=("config", "kind", "reference_kv"))
+def _apply_single_jit(layer_x, h, prefix_len, *, config, kind, reference_kv="branch"):
+    attn, mlp, _, _ = _model_sublayers(config, prefix_len, h.shape[1], None, reference_kv)
     return attn(layer_x, h) if kind == 0 else mlp(layer_x, h)
 
 
-def _model_problem(params, config, cache, prefix_len, states, keep_attention=()):
+def _model_problem(params, config, cache, prefix_len, states, keep_attention=(), reference_kv="branch"):
     """Arguments of the generic :func:`dp_loop` / :func:`brute_force` for the model."""
     prefix_len = jnp.asarray(prefix_len, jnp.int32)
-    layers = [(params.layers[i], cache.keys[i], cache.values[i]) for i in range(1, config.num_layers)]
+    check_reference_kv(reference_kv)
+    layers = [(params.layers[i], cache.keys[i], cache.values[i])
+              + ((states[2 * i],) if reference_kv == "target" else ()) for i in range(1, config.num_layers)]
     targets = [(states[2 * i + 1], states[2 * i + 2]) for i in range(1, config.num_layers)]
     can_skip = scan_can_skip(config.num_layers, check_keep_attention(keep_attention, config.num_layers))
 
     def apply_single(kind, layer_x, h):
-        return _apply_single_jit(layer_x, h, prefix_len, config=config, kind=kind)
+        return _apply_single_jit(layer_x, h, prefix_len, config=config, kind=kind, reference_kv=reference_kv)
 
     return apply_single, layers, targets, can_skip
 
 
 def knapsack_dp_reference(params, config: ModelConfig, cache: KVCache, prefix_len, states, token_mask=None, *,
                           w_attn: int, w_mlp: int, budget: Optional[int] = None,
-                          tau: float = DEFAULT_TAU, keep_attention: Sequence[int] = ()) -> Candidates:
+                          tau: float = DEFAULT_TAU, keep_attention: Sequence[int] = (),
+                          reference_kv: str = "branch") -> Candidates:
     """The same DP with the Python loop of :func:`dp_loop` (unbatched ``attention_sublayer`` per
     candidate): the reference for :func:`knapsack_dp`."""
     config = _dp_config(config)
@@ -533,7 +644,7 @@ def knapsack_dp_reference(params, config: ModelConfig, cache: KVCache, prefix_le
     if config.num_layers < 2:
         return _trivial_candidates(params, config, states, token_mask, w_attn, w_mlp, budget)
     apply_single, layers, targets, can_skip = _model_problem(params, config, cache, prefix_len, states,
-                                                             keep_attention)
+                                                             keep_attention, reference_kv)
     trace, final = dp_loop(apply_single, layers, states[2], targets, can_skip, token_mask, w_attn=w_attn,
                            w_mlp=w_mlp, budget=budget, tau=tau)
     masks, slots = backtrack(trace, config.num_layers, w_attn, w_mlp)
@@ -548,7 +659,8 @@ def knapsack_dp_reference(params, config: ModelConfig, cache: KVCache, prefix_le
 
 def knapsack_brute_force(params, config: ModelConfig, cache: KVCache, prefix_len, states, token_mask=None, *,
                          w_attn: int, w_mlp: int, budget: Optional[int] = None, tau: float = DEFAULT_TAU,
-                         keep_attention: Sequence[int] = ()) -> Dict[int, Tuple[float, np.ndarray]]:
+                         keep_attention: Sequence[int] = (), reference_kv: str = "branch"
+                         ) -> Dict[int, Tuple[float, np.ndarray]]:
     """Exhaustive search on the model (tiny models only: ``4^(L-2)`` skip sets):
     ``{skipped weight: (best mean final cosine, [L, 2] mask)}``."""
     config = _dp_config(config)
@@ -556,7 +668,7 @@ def knapsack_brute_force(params, config: ModelConfig, cache: KVCache, prefix_len
     token_mask = jnp.ones(states.shape[1:3], jnp.float32) if token_mask is None else jnp.asarray(token_mask,
                                                                                                   jnp.float32)
     apply_single, layers, targets, can_skip = _model_problem(params, config, cache, prefix_len, states,
-                                                             keep_attention)
+                                                             keep_attention, reference_kv)
     found = brute_force(apply_single, layers, states[2], targets, can_skip, token_mask, w_attn=w_attn, w_mlp=w_mlp,
                         budget=budget, tau=tau)
     denom = max(float(np.asarray(token_mask).sum()), 1.0)
@@ -584,7 +696,8 @@ trivial_candidates = _trivial_candidates
 model_problem = _model_problem
 
 
-__all__ = ["DEFAULT_TAU", "WEIGHT_CAP", "Candidates", "DPTrace", "backtrack", "boundary_states", "brute_force",
+__all__ = ["DEFAULT_TAU", "REFERENCE_KV", "WEIGHT_CAP", "Candidates", "check_reference_kv", "target_kv_attention",
+           "reference_attention_inputs", "plan_alpha", "DPTrace", "backtrack", "boundary_states", "brute_force",
            "check_keep_attention", "scan_can_skip", "sublayer_can_skip",
            "cos_sum", "dp_loop", "dp_scan", "knapsack_brute_force", "knapsack_dp", "knapsack_dp_reference",
            "knapsack_weights", "skip_budget", "knapsack_exhaustive_count", "stacked_scan_layers", "agreement_alpha",

@@ -94,8 +94,8 @@ from jaxspec.decoding.sampling import SamplingConfig, sample_token, sampling_pro
 from jaxspec.decoding.speculative import EngineConfig, SpeculativeResult, speculative_generate
 from jaxspec.knapspec.budgeted import BUDGET, DENSE, SKIP, budgeted_forward, check_budget, plan_choices
 from jaxspec.knapspec.coupled import plan_coupled_skip_set
-from jaxspec.knapspec.dp import (DEFAULT_TAU, WEIGHT_CAP, Candidates, boundary_states, check_keep_attention, knapsack_dp,
-                                 knapsack_weights, skip_budget)
+from jaxspec.knapspec.dp import (DEFAULT_TAU, WEIGHT_CAP, Candidates, boundary_states, check_keep_attention,
+                                 check_reference_kv, knapsack_dp, knapsack_weights, skip_budget)
 from jaxspec.knapspec.latency import LatencyModel, effective_context
 from jaxspec.knapspec.planner import GAMMA_GRID, Plan, Planner, PlannerBase, choose_plan
 from jaxspec.models.llama import forward, freeze_skip_mask
@@ -264,9 +264,18 @@ class KnapSpecConfig:
     # self-draft's Dustin SRH layers, whose executed attention supplies the lookahead signal (docs/methods.md
     # §5.5); () = every Attention of layers 1 .. L-2 may be skipped (the paper)
     keep_attention: Tuple[int, ...] = ()
+    # how the DP's reference tokens see one another (docs/methods.md §4.3, jaxspec.knapspec.dp.REFERENCE_KV):
+    # "branch" (the paper's: each candidate runs the window as one causal sequence through its own K/V) or
+    # "target" (each token attends to the target's K/V of the earlier tokens, the candidate's only at its
+    # own position: what a draft step sees). Sub-layer DP only.
+    reference_kv: str = "branch"
 
     def __post_init__(self):
         object.__setattr__(self, "keep_attention", tuple(sorted({int(x) for x in self.keep_attention})))
+        check_reference_kv(self.reference_kv)
+        if self.reference_kv != "branch" and self.coupled:
+            raise ValueError(f"reference_kv={self.reference_kv!r} is for the sub-layer DP; coupled=True (whole "
+                             f"layers, the CLaSp-style ablation) runs the paper's 'branch' reference")
         if any(x < 0 for x in self.keep_attention):
             raise ValueError(f"keep_attention={self.keep_attention}: layers must be >= 0")
         if self.keep_attention and self.coupled:
@@ -432,7 +441,7 @@ def plan_skip_set(target_params, config: ModelConfig, cache, tokens, token_mask,
     threshold = exit_threshold(knapspec)
     candidates = knapsack_dp(target_params, config, cache, prefix_len, states, token_mask, w_attn=w_attn, w_mlp=w_mlp,
                              tau=knapspec.tau, branch_chunk=knapspec.branch_chunk, exit_threshold=threshold,
-                             keep_attention=knapspec.keep_attention)
+                             keep_attention=knapspec.keep_attention, reference_kv=knapspec.reference_kv)
     plan = choose_plan(candidates.masks, candidates.alpha, latency, n, gammas=knapspec.plan_gammas,
                        objective=knapspec.objective, exclude_full=knapspec.exclude_full,
                        exit_stats=None if threshold is None else (candidates.confident, candidates.agree_confident))

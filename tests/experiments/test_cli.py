@@ -161,6 +161,11 @@ def test_os_error_is_one_line_not_a_traceback(tmp_path, capsys):
     (["--method", "knapspec-dustin", "--budget", "512", "--dustin-profile",
       "experiments/profiles/qwen2.5-coder-1.5b_qwen2.5-coder-0.5b.json"], "needs a self-draft profile"),
     (["--method", "knapspec", "--budget", "128"], "--budget is an option of --method dustin"),
+    (["--method", "clasp", "--knapspec-reference-kv", "target"],
+     "--knapspec-reference-kv target: --method clasp runs its own DP"),
+    (["--method", "knapspec", "--knapspec-coupled", "--knapspec-reference-kv", "target"], "is for the sub-layer DP"),
+    (["--method", "sd", "--draft-skip", "mlp:1", "--knapspec-reference-kv", "target"],
+     "--knapspec-reference-kv is an option of --method knapspec"),
 ])
 def test_generate_refuses_unused_or_bad_options_before_loading(capsys, extra, message):
     argv = ["generate", "--model", "/no/such/model", "--prompt", "x", *extra]
