@@ -60,6 +60,8 @@ def environment() -> Dict[str, Any]:
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         **git_commit(),
     }
+    if os.environ.get("XLA_FLAGS"):  # e.g. command buffers on: part of what was measured
+        env["xla_flags"] = os.environ["XLA_FLAGS"]
     try:
         import jaxlib
 
