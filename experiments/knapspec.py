@@ -14,6 +14,8 @@ Methods (``--methods``):
 * ``knapspec-official`` -- the authors' behaviour: always draft up to gamma_max with early exit,
   whatever gamma* (their code ignores the planner's gamma);
 * ``knapspec-tpl`` / ``knapspec-coupled`` -- the objective and item ablations;
+* ``knapspec-target-ref`` -- KnapSpec whose DP's reference tokens see the target's K/V of the earlier
+  tokens (``reference_kv="target"``, docs/methods.md §4.3) instead of the candidate's own;
 * ``clasp`` -- whole-layer DP with a fixed skip count, re-optimised every 64 rounds;
 * ``static-skip`` -- one skip set chosen offline on calibration text (another book), never changed.
 
@@ -55,7 +57,7 @@ from experiments import registry
 from experiments.common import DEMO_PROMPT_FILE, REPO, ResultWriter, print_table
 
 METHODS = ("knapspec", "clasp", "static-skip", "knapspec-tpl", "knapspec-coupled", "knapspec-official",
-           "knapspec-budget")
+           "knapspec-budget", "knapspec-target-ref")
 TASKS = ("summarize", "long-generation")
 INSTRUCTION = "Summarise the following text in a few paragraphs.\n\n"
 #: prompts come from these books (row b uses book b mod 5); calibration from the sixth
@@ -743,6 +745,9 @@ class Case:
         if method == "knapspec-coupled":
             return knapspec_generate(self.model.params, self.model.config, self.prompts, latency=self.latency,
                                      knapspec=dataclasses.replace(ks, coupled=True), **common)
+        if method == "knapspec-target-ref":
+            return knapspec_generate(self.model.params, self.model.config, self.prompts, latency=self.latency,
+                                     knapspec=dataclasses.replace(ks, reference_kv="target"), **common)
         if method == "clasp":
             return clasp_generate(self.model.params, self.model.config, self.prompts,
                                   skip_count=self.args.clasp_skip_count, knapspec=ks, latency=self.latency, **common)

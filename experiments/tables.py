@@ -305,12 +305,10 @@ def knapspec_alpha_table() -> List[str]:
 
 def knapspec_dp_cost_note() -> str:
     """Why one DP on 64 reference tokens cannot fit 5 % of a 256-token decode on the CPU (from the 64ref JSON)."""
-    from jaxspec.knapspec.dp import skip_budget
-
     d = load(KNAPSPEC_64REF)
     c = d["cases"]["cpu/summarize/ctx1024/b1/candidates"]
     layers = len(c["candidates"][0]["mask"])
-    slots = skip_budget(*c["weights"], layers) + 1
+    slots = (sum(c["weights"]) * layers) // 2 + 1  # skip budget floor((w_attn + w_mlp) L / 2) + 1 (methods.md §4.3)
     rows = slots * c["reference_tokens"]
     step = c["ar_decode_s"] / c["ar_new_tokens"]
     share = c["plan_share_of_ar_decode"]

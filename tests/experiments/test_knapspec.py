@@ -75,7 +75,8 @@ def test_experiment_end_to_end_on_a_tiny_random_model(tmp_path, monkeypatch):
     out = tmp_path / "ks.json"
     argv = ["knapspec", "--model", "random:smollm2-135m-shape", "--layers", "4", "--contexts", "64",
             "--max-new-tokens", "40", "--gamma-max", "2", "--gamma-buckets", "1", "--batches", "1",
-            "--methods", "knapspec,static-skip,knapspec-official,knapspec-budget", "--candidate-plans", "3",
+            "--methods", "knapspec,static-skip,knapspec-official,knapspec-budget,knapspec-target-ref",
+            "--candidate-plans", "3",
             "--candidate-reference-tokens", "8", "--attention-budget", "16", "--attention-sinks", "2",
             "--plan-cost-repeats", "1", "--device-tag", "test", "--latency-fit", "isolated", "--out", str(out),
             "--max-plan-fraction", "0",  # 40 tokens could not pay for a DP under a planning budget: plan anyway
@@ -84,7 +85,7 @@ def test_experiment_end_to_end_on_a_tiny_random_model(tmp_path, monkeypatch):
     data = json.loads(out.read_text())
     cases = data["cases"]
     assert data["environment"]["load_average"] is not None
-    for method in ("knapspec", "static-skip", "knapspec-official", "knapspec-budget"):
+    for method in ("knapspec", "static-skip", "knapspec-official", "knapspec-budget", "knapspec-target-ref"):
         case = cases[f"test/summarize/ctx64/b1/{method}"]
         assert case["identical_to_ar"] is True  # greedy: every method reproduces AR
         check = case["draft_step_check"]  # one draft step, dynamic and static, against the latency model
@@ -100,9 +101,18 @@ def test_experiment_end_to_end_on_a_tiny_random_model(tmp_path, monkeypatch):
     assert budget_plan["sinks"] == 2 and budget_plan["window"] == 14 and budget_plan["reference_tokens"] == 8
     candidates = cases["test/summarize/ctx64/b1/candidates"]
     assert candidates["reference_tokens_per_row"] == 8 and 0 < candidates["plan_share_of_ar_decode"]
+    for row in candidates["candidates"]:  # both DP references' estimate of each candidate; the run's own is branch
+        assert row["alpha_branch"] == pytest.approx(row["alpha"], abs=1e-6) and 0 <= row["alpha_target"] <= 1
     fixed = [k for k in cases if k.startswith("test/summarize/ctx64/b1/fixed/")]
-    assert 1 <= len(fixed) <= 3
-    assert cases["test/summarize/ctx64/b1/correlation"]["plans"] == len(fixed)
+    assert 1 <= len(fixed) <= 4  # spread over the weights, plus the planner's choice
+    chosen = candidates["plan"]["index"]
+    assert chosen is None or any(cases[k]["candidate"] == chosen for k in fixed) or \
+        not any(c["index"] == chosen and c["weight"] > 0 for c in candidates["candidates"])
+    correlation = cases["test/summarize/ctx64/b1/correlation"]
+    assert correlation["plans"] == len(fixed)
+    for mode in ("branch", "target"):
+        errors = [abs(cases[k][f"alpha_{mode}"] - cases[k]["acceptance_rate"]) for k in fixed]
+        assert correlation[f"alpha_{mode}_mean_abs_error"] == pytest.approx(sum(errors) / len(errors))
     cost = cases["test/summarize/ctx64/b1/plan_cost"]
     assert len(cost["restack_each_plan_s"]) == len(cost["reuse_stacked_s"]) == 1
     assert data["latency_b1"]["fit"]["c0"] > 0
