@@ -347,3 +347,27 @@ def check_scan_dp_against_brute_force(g0, steps, targets, can_skip, *, num_layer
                                  single=lambda kind, layer_x, h: h + layer_x[kind], layers=layers,
                                  targets=targets_list, token_mask=token_mask, budget=budget)
 
+
+
+def dp_model_problem(params, config, *, width: int = 8, capacity: int = 64, ragged: bool = True):
+    """The KnapSpec DP's reference on a model: a 2-row cache holding the full model's K/V of every
+    position (a 20-token prompt and the reference window), prefixes 20 and 17, the ``width`` reference
+    tokens of each row at its prefix and their boundary states (``dp.boundary_states``); ``ragged``:
+    row 1 has only 6 real reference tokens (padding after). Returns ``(cache, prefix, tokens,
+    token_mask, states)``."""
+    import jax.numpy as jnp
+
+    from jaxspec.knapspec import dp
+    from jaxspec.models.cache import init_cache
+    from jaxspec.models.llama import forward_jit
+
+    batch, prompt = 2, 20
+    seq = np.random.RandomState(0).randint(0, config.vocab_size, (batch, prompt + width))
+    cache = forward_jit(params, jnp.asarray(seq), init_cache(config, batch, capacity), config=config).cache
+    prefix = jnp.asarray([prompt, prompt - 3], jnp.int32)
+    tokens = jnp.asarray(np.stack([seq[0, prompt:prompt + width], seq[1, prompt - 3:prompt - 3 + width]]))
+    token_mask = np.ones((batch, width), np.float32)
+    if ragged:
+        token_mask[1, 6:] = 0
+    states = dp.boundary_states(params, config, tokens, cache, prefix)
+    return cache, prefix, tokens, jnp.asarray(token_mask), states

@@ -9,9 +9,8 @@ import pytest
 from jaxspec.config import ModelConfig
 from jaxspec.knapspec import budgeted as bd
 from jaxspec.knapspec import dp, latency
-from jaxspec.models.cache import init_cache
 from jaxspec.models.llama import forward_jit, forward_static_skip, init_params
-from tests.conftest import decomposable_increments
+from tests.conftest import decomposable_increments, dp_model_problem
 
 TINY = ModelConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=5, num_heads=4, num_kv_heads=2,
                    head_dim=16, dtype="float32")
@@ -86,15 +85,7 @@ def test_three_choice_dp_equals_brute_force(weights):
 @pytest.fixture(scope="module")
 def tiny_problem():
     params = init_params(TINY, jax.random.PRNGKey(0), scale=0.2)
-    batch, prompt, width = 2, 20, 6
-    rng = np.random.RandomState(0)
-    seq = rng.randint(0, TINY.vocab_size, (batch, prompt + width))
-    cache = forward_jit(params, jnp.asarray(seq), init_cache(TINY, batch, 48), config=TINY).cache
-    prefix = jnp.asarray([prompt, prompt - 3], jnp.int32)
-    tokens = jnp.asarray(np.stack([seq[0, prompt:prompt + width], seq[1, prompt - 3:prompt - 3 + width]]))
-    token_mask = jnp.ones((batch, width), jnp.float32)
-    states = dp.boundary_states(params, TINY, tokens, cache, prefix)
-    return params, cache, prefix, tokens, token_mask, states
+    return (params, *dp_model_problem(params, TINY, width=6, capacity=48, ragged=False))
 
 
 def test_model_dp_is_realised_by_the_budgeted_forward_and_bounded_by_brute_force(tiny_problem):

@@ -19,6 +19,7 @@ from jaxspec.knapspec.planner import Plan, PlannerBase
 from jaxspec.knapspec.policy import KnapSpecConfig, KnapSpecDraft, knapspec_generate
 from jaxspec.models.cache import init_cache
 from jaxspec.models.llama import forward_jit, init_params
+from tests.conftest import dp_model_problem
 
 TARGET = ModelConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=5, num_heads=4, num_kv_heads=2,
                      head_dim=16, dtype="float32")
@@ -370,15 +371,7 @@ def test_clasp_static_and_ablations_equal_ar(params, ar_rows):
 
 @pytest.fixture(scope="module")
 def coupled_problem(params):
-    batch, prompt, width = 2, 20, 8
-    seq = np.random.RandomState(0).randint(0, TARGET.vocab_size, (batch, prompt + width))
-    cache = forward_jit(params, jnp.asarray(seq), init_cache(TARGET, batch, 64), config=TARGET).cache
-    prefix = jnp.asarray([prompt, prompt - 3], jnp.int32)
-    tokens = jnp.asarray(np.stack([seq[0, prompt:prompt + width], seq[1, prompt - 3:prompt - 3 + width]]))
-    token_mask = np.ones((batch, width), np.float32)
-    token_mask[1, 6:] = 0
-    states = dp.boundary_states(params, TARGET, tokens, cache, prefix)
-    return cache, prefix, tokens, jnp.asarray(token_mask), states
+    return dp_model_problem(params, TARGET)
 
 
 @pytest.mark.parametrize("tau", [dp.DEFAULT_TAU, float("-inf")])

@@ -15,7 +15,7 @@ from jaxspec.knapspec.policy import (KnapSpecConfig, KnapSpecDraft, KnapSpecSche
                                      reference_window)
 from jaxspec.models.cache import init_cache
 from jaxspec.models.llama import forward_jit, init_params
-from tests.conftest import check_scan_dp_against_brute_force, decomposable_dp_instance
+from tests.conftest import check_scan_dp_against_brute_force, decomposable_dp_instance, dp_model_problem
 
 TINY = ModelConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=5, num_heads=4, num_kv_heads=2,
                    head_dim=16, dtype="float32")
@@ -182,16 +182,7 @@ def test_dp_equals_brute_force_on_decomposable_objective(w_attn, w_mlp):
 def tiny_problem():
     """Tiny random model, a 2-row cache with different prefixes and ragged reference windows."""
     params = init_params(TINY, jax.random.PRNGKey(0), scale=0.2)
-    batch, prompt, width = 2, 20, 8
-    rng = np.random.RandomState(0)
-    seq = rng.randint(0, TINY.vocab_size, (batch, prompt + width))
-    cache = forward_jit(params, jnp.asarray(seq), init_cache(TINY, batch, 64), config=TINY).cache
-    prefix = jnp.asarray([prompt, prompt - 3], jnp.int32)
-    tokens = jnp.asarray(np.stack([seq[0, prompt:prompt + width], seq[1, prompt - 3:prompt - 3 + width]]))
-    token_mask = np.ones((batch, width), np.float32)
-    token_mask[1, 6:] = 0  # row 1 has only 6 reference tokens (padding after)
-    states = dp.boundary_states(params, TINY, tokens, cache, prefix)
-    return params, cache, prefix, tokens, jnp.asarray(token_mask), states
+    return (params, *dp_model_problem(params, TINY))
 
 
 def test_boundary_states_match_the_forward(tiny_problem):

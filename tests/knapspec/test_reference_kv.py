@@ -6,13 +6,19 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxspec.config import ModelConfig
 from jaxspec.decoding.autoregressive import generate
 from jaxspec.knapspec import dp, latency
 from jaxspec.knapspec.policy import KnapSpecConfig, knapspec_generate
 from jaxspec.models.attention import xla_attention
-from jaxspec.models.cache import init_cache
 from jaxspec.models.llama import forward_jit, init_params
-from tests.knapspec.test_knapspec import PROMPTS, SPEC_TARGET, TINY
+from tests.conftest import dp_model_problem
+
+TINY = ModelConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=5, num_heads=4, num_kv_heads=2,
+                   head_dim=16, dtype="float32")
+SPEC_TARGET = ModelConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=4, num_heads=4,
+                          num_kv_heads=2, head_dim=16, dtype="float32")
+PROMPTS = [np.random.RandomState(0).randint(0, 97, n).tolist() for n in (5, 17, 40)]
 
 
 @pytest.fixture(scope="module")
@@ -20,15 +26,7 @@ def problem():
     """The tiny model, a 2-row cache holding the full model's K/V of every position (prompt and
     reference window), ragged prefixes and a padded row."""
     params = init_params(TINY, jax.random.PRNGKey(0), scale=0.2)
-    batch, prompt, width = 2, 20, 8
-    seq = np.random.RandomState(0).randint(0, TINY.vocab_size, (batch, prompt + width))
-    cache = forward_jit(params, jnp.asarray(seq), init_cache(TINY, batch, 64), config=TINY).cache
-    prefix = jnp.asarray([prompt, prompt - 3], jnp.int32)
-    tokens = jnp.asarray(np.stack([seq[0, prompt:prompt + width], seq[1, prompt - 3:prompt - 3 + width]]))
-    token_mask = np.ones((batch, width), np.float32)
-    token_mask[1, 6:] = 0
-    states = dp.boundary_states(params, TINY, tokens, cache, prefix)
-    return params, cache, prefix, tokens, jnp.asarray(token_mask), states
+    return (params, *dp_model_problem(params, TINY))
 
 
 def test_target_kv_attention_equals_attention_over_a_cache_holding_the_target_rows():
