@@ -347,6 +347,11 @@ def target_kv_attention(config: ModelConfig, q, k_new, v_new, cache_k, cache_v, 
     return out.astype(q.dtype).transpose(0, 3, 1, 2, 4).reshape(batch, steps, num_heads, dim)
 
 
+def _layer_arg(params, cache: KVCache, states, i: int, reference_kv: str):
+    """Layer ``i``'s argument of the sub-layer functions (:func:`_model_sublayers`)."""
+    return (params.layers[i], cache.keys[i], cache.values[i]) + ((states[2 * i],) if reference_kv == "target" else ())
+
+
 def reference_attention_inputs(states, num_layers: int):
     """The target's input to the Attention sub-layer of each scanned layer ``1 .. L-1`` (boundary
     ``2l``) from :func:`boundary_states`: ``[L - 1, B, r, H]``."""
@@ -432,10 +437,12 @@ def _model_sublayers(config: ModelConfig, prefix_len, steps: int, branch_chunk: 
 
     def attn(layer_x, h, ref_kv=None):
         layer, cache_k, cache_v = layer_x[:3]
-        attend = None
         if reference_kv == "target":
             k_ref, v_ref = reference_kv_of(layer_x) if ref_kv is None else ref_kv
-            attend = functools.partial(_attend_target_kv, config, cache_k, cache_v, prefix_len, k_ref, v_ref)
+            attend = functools.partial(target_kv_attention, config, cache_k=cache_k, cache_v=cache_v,
+                                       lengths=prefix_len, k_ref=k_ref, v_ref=v_ref)
+        else:
+            attend = None
         return attention_sublayer(layer, h, config, cos, sin, cache_k, cache_v, prefix_len, attend=attend).hidden
 
     def mlp(layer_x, h):
@@ -452,10 +459,6 @@ def _model_sublayers(config: ModelConfig, prefix_len, steps: int, branch_chunk: 
         return mlp(layer_x, g.reshape((-1,) + g.shape[2:])).reshape(g.shape)
 
     return attn, mlp, attn_all, mlp_all
-
-
-def _attend_target_kv(config, cache_k, cache_v, lengths, k_ref, v_ref, q, k_new, v_new):
-    return target_kv_attention(config, q, k_new, v_new, cache_k, cache_v, lengths, k_ref, v_ref)
 
 
 _stack_layers = jax.jit(lambda layers: jax.tree.map(lambda *xs: jnp.stack(xs), *layers))
@@ -579,8 +582,8 @@ def _plan_states_fn(params, cache: KVCache, prefix_len, states, masks, *, config
 
     def one(mask):
         h = states[0]
-        for i, layer in enumerate(params.layers):
-            x = (layer, cache.keys[i], cache.values[i]) + ((states[2 * i],) if reference_kv == "target" else ())
+        for i in range(config.num_layers):
+            x = _layer_arg(params, cache, states, i, reference_kv)
             h = jnp.where(mask[i, 0], h, attn(x, h))
             h = jnp.where(mask[i, 1], h, mlp(x, h))
         return h
@@ -620,8 +623,7 @@ def _model_problem(params, config, cache, prefix_len, states, keep_attention=(),
     """Arguments of the generic :func:`dp_loop` / :func:`brute_force` for the model."""
     prefix_len = jnp.asarray(prefix_len, jnp.int32)
     check_reference_kv(reference_kv)
-    layers = [(params.layers[i], cache.keys[i], cache.values[i])
-              + ((states[2 * i],) if reference_kv == "target" else ()) for i in range(1, config.num_layers)]
+    layers = [_layer_arg(params, cache, states, i, reference_kv) for i in range(1, config.num_layers)]
     targets = [(states[2 * i + 1], states[2 * i + 2]) for i in range(1, config.num_layers)]
     can_skip = scan_can_skip(config.num_layers, check_keep_attention(keep_attention, config.num_layers))
 
