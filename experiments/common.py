@@ -18,7 +18,7 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = "smollm2-135m"
 DEMO_PROMPT_FILE = REPO / "experiments" / "prompts" / "long_demo.txt"
 #: keys of an experiment's arguments that are not part of its results' config (resume compares configs)
-NOT_CONFIG = ("func", "out", "no_compilation_cache")
+NOT_CONFIG = ("func", "out", "no_compilation_cache", "argv", "warm_workers")
 #: set to 1 to turn the persistent compilation cache off (as ``--no-compilation-cache`` does)
 NO_COMPILATION_CACHE_ENV = "JAXSPEC_NO_COMPILATION_CACHE"
 
@@ -198,6 +198,101 @@ def enable_compilation_cache(enabled: bool = True) -> Optional[pathlib.Path]:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)  # default 1 s: most CPU compiles
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     return path
+
+
+def compilation_cache_on() -> bool:
+    """Whether JAX's persistent compilation cache has a folder in this process."""
+    import jax
+
+    return bool(jax.config.jax_compilation_cache_dir)
+
+
+# ---------------------------------------------------------------------------- warming the cache in parallel
+#: what a warm-up worker's log keeps when it fails (its last lines go to stderr)
+WARM_LOG_TAIL = 20
+
+
+def replace_options(argv: Sequence[str], values: Dict[str, Optional[str]]) -> List[str]:
+    """``argv`` without each option named in ``values`` (as ``--opt V`` or ``--opt=V``), then ``--opt V``
+    for each value that is not None. Every option named must take exactly one value."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        name = arg.split("=", 1)[0]
+        if name in values:
+            skip = "=" not in arg
+            continue
+        out.append(arg)
+    for name, value in values.items():
+        if value is not None:
+            out += [name, str(value)]
+    return out
+
+
+def check_warm_workers(workers: int, argv: Optional[Sequence[str]], shares: int) -> None:
+    """Refuse ``--warm-workers N`` that cannot work, before anything loads: N < 1, more workers than
+    ``shares`` (the parts the work splits into), no command line to start workers from, the
+    compilation cache off, or a GPU whose processes would each take 75 % of its memory."""
+    if workers < 1:
+        raise ValueError(f"--warm-workers {workers}: must be >= 1 (1: no warm-up)")
+    if workers == 1:
+        return
+    if workers > shares:
+        raise ValueError(f"--warm-workers {workers}: at most one worker per method ({shares} here)")
+    if not argv:
+        raise ValueError("--warm-workers needs the command line it was started with (`python -m experiments.run ...`)")
+    if not compilation_cache_on():
+        raise ValueError("--warm-workers fills the persistent compilation cache, which is off here "
+                         "(--no-compilation-cache or JAXSPEC_NO_COMPILATION_CACHE): drop one or the other")
+    on_cpu = os.environ.get("JAX_PLATFORMS", "").strip().lower() == "cpu"
+    preallocate = os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "").strip().lower() not in ("false", "0")
+    if preallocate and not on_cpu and not os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION"):
+        raise ValueError(f"--warm-workers {workers} runs {workers + 1} processes on one device: set "
+                         "XLA_PYTHON_CLIENT_PREALLOCATE=false (each would otherwise take 75 % of a GPU's memory), "
+                         "or JAX_PLATFORMS=cpu on a CPU")
+
+
+def warm_compilation_cache(experiment: str, argv: Sequence[str],
+                           overrides: Sequence[Dict[str, Optional[str]]]) -> List[Dict[str, Any]]:
+    """Fill the persistent compilation cache from several processes at once, then return.
+
+    One process per entry of ``overrides`` runs ``python -m experiments.run EXPERIMENT`` with ``argv``
+    (this run's command line) and that entry's options replaced (:func:`replace_options`; give each a
+    share of the methods, a short run and an ``--out`` of its own), all at the same time. XLA compiles
+    one program after another in a process, and a long-context run builds hundreds of them before its
+    first measurement; split over processes they compile in parallel, and the calling run then loads
+    them from the cache. The workers' results are discarded; their logs are printed (last lines) if one
+    fails. Returns per worker: its overrides, exit code and seconds."""
+    import tempfile
+
+    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    env.pop("JAXSPEC_DISTRIBUTED", None)
+    report: List[Dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="jaxspec-warm-") as folder:
+        running = []
+        for i, values in enumerate(overrides):
+            values = {k: (v.replace("{tmp}", folder) if isinstance(v, str) else v) for k, v in values.items()}
+            command = [sys.executable, "-m", "experiments.run", experiment, *replace_options(argv, values)]
+            log = open(pathlib.Path(folder) / f"worker{i}.log", "w+")
+            running.append((values, log, time.perf_counter(), subprocess.Popen(command, cwd=REPO, env=env, stdout=log,
+                                                                             stderr=subprocess.STDOUT)))
+        progress_line(f"warming the compilation cache: {len(running)} worker processes")
+        for i, (values, log, start, process) in enumerate(running):
+            code = process.wait()
+            seconds = time.perf_counter() - start
+            shown = {k: v for k, v in values.items() if v is not None and folder not in str(v)}
+            report.append({"options": shown, "returncode": code, "seconds": round(seconds, 1)})
+            progress_line(f"warm-up worker {i + 1}/{len(running)} {shown}: "
+                          + (f"done in {seconds:.0f} s" if code == 0 else f"exit {code} after {seconds:.0f} s; the run "
+                             "compiles what it left out"), done=True)
+            if code != 0:
+                log.seek(0)
+                for line in log.read().splitlines()[-WARM_LOG_TAIL:]:
+                    print(f"    | {line}", file=sys.stderr)
+            log.close()
+    return report
 
 
 class CompileCounter:

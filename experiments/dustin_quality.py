@@ -39,8 +39,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from experiments import registry
-from experiments.common import (REPO, ResultWriter, check_skip_ranges, config_of, load_model_timed, print_table,
-                                stop_tokens)
+from experiments.common import (REPO, CompileCounter, ResultWriter, check_skip_ranges, check_warm_workers, config_of,
+                                load_model_timed, print_table, stop_tokens, warm_compilation_cache)
 
 SPARSE_METHODS = ("dustin", "streaming", "snapkv", "quest", "magicdec")
 PROFILE_DIR = REPO / "experiments" / "profiles"
@@ -72,10 +72,12 @@ def add_dustin_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--draft-window", type=int, default=None, metavar="W",
                        help="dustin with --draft-kv streaming|verify-set: the recent window (default K - 4 for "
                             "streaming, the verifier's window w for verify-set)")
-    group.add_argument("--dustin-m-rule", default="fixed", choices=["fixed", "max-mass", "coverage"],
+    group.add_argument("--dustin-m-rule", default="fixed", choices=["fixed", "max-mass", "coverage", "entropy"],
                        help="dustin (hybrid): the split m of the budget -- the profiled m every round (fixed); per "
-                            "round and row, positions ranked by the larger normalised signal mass (max-mass) or the "
-                            "candidate m covering the most of both signals' mass (coverage); docs/methods.md §3.7")
+                            "round and row, positions ranked by the larger normalised signal mass (max-mass), the "
+                            "candidate m covering the most of both signals' mass (coverage), or the profiled m "
+                            "-/+ 10 %% of k - s - w when the signals' entropy gap leaves its usual range (entropy); "
+                            "docs/methods.md §3.7")
 
 
 def _supported_budgets() -> str:
@@ -218,8 +220,12 @@ def dustin_config_for(args, target_config, draft_config, skip_mask) -> Tuple[Any
     if getattr(args, "dustin_m_rule", "fixed") != "fixed":
         config = config.replace(m_rule=args.dustin_m_rule)
         info["m_rule"] = args.dustin_m_rule
-        info["m_candidates" if args.dustin_m_rule == "coverage" else "m_balance"] = (
-            list(config.m_candidates) if args.dustin_m_rule == "coverage" else config.m_balance)
+        if args.dustin_m_rule == "max-mass":
+            info["m_balance"] = config.m_balance
+        else:
+            info["m_candidates"] = list(config.m_candidates)
+        if args.dustin_m_rule == "entropy":
+            info.update(m_entropy_centre=config.m_entropy_centre, m_entropy_band=config.m_entropy_band)
     return config, info
 
 
@@ -491,9 +497,10 @@ class Method:
 
 DUSTIN_MODES = {"dustin-h": "hybrid", "dustin-t": "target", "dustin-d": "draft"}
 ALL_METHODS = ("dustin-h", "dustin-t", "dustin-d", "streaming", "quest", "snapkv", "magicdec")
-#: Dustin-H with an input-aware m (docs/methods.md §3.7: max-mass, coverage) and with the per-round
+#: Dustin-H with an input-aware m (docs/methods.md §3.7: max-mass, coverage, entropy) and with the per-round
 #: ARR-maximising m (an oracle: it reads the full-KV verification's attention); not in the default --methods.
-M_RULE_METHODS = {"dustin-h-ia": "max-mass", "dustin-h-cov": "coverage", "dustin-h-oracle": "oracle"}
+M_RULE_METHODS = {"dustin-h-ia": "max-mass", "dustin-h-cov": "coverage", "dustin-h-ent": "entropy",
+                  "dustin-h-oracle": "oracle"}
 QUALITY_METHODS = ALL_METHODS[:1] + tuple(M_RULE_METHODS) + ALL_METHODS[1:]
 
 
@@ -884,8 +891,8 @@ class QualityRunner:
         """One reference round of ``dustin-h-ia`` / ``dustin-h-oracle``: its ARR; records the chosen m
         (and, for the input-aware rule, the selection time beside the fixed rule's on the same signals)."""
         from jaxspec.dustin.arr import recall_of_indices
-        from jaxspec.dustin.selection import (max_mass_split, select_input_aware, select_max_mass,
-                                              select_verify_indices)
+        from jaxspec.dustin.selection import (entropy_rule_args, max_mass_split, select_entropy_gated,
+                                              select_input_aware, select_max_mass, select_verify_indices)
 
         cfg = method.dustin
         stats = self.m_rule_stats.setdefault(method.key, {})
@@ -909,6 +916,8 @@ class QualityRunner:
         shape = dict(k=cfg.budget, sinks=cfg.sinks, window=cfg.window_size)
         if cfg.m_rule == "max-mass":
             rule = lambda: select_max_mass(s_draft, s_target, history, balance=cfg.m_balance, **shape)  # noqa: E731
+        elif cfg.m_rule == "entropy":
+            rule = lambda: select_entropy_gated(s_draft, s_target, history, **entropy_rule_args(cfg))  # noqa: E731
         else:
             rule = lambda: select_input_aware(s_draft, s_target, history, candidates=cfg.m_candidates, **shape)  # noqa: E731
         timings = {}
@@ -1133,6 +1142,17 @@ def release_memory(clear_compiled: bool = False) -> None:
     PHASES["release_memory"] = PHASES.get("release_memory", 0.0) + time.perf_counter() - t0
 
 
+def warm_cache_for_quality(args, names: Sequence[str], workers: int, length: int) -> List[Dict[str, Any]]:
+    """Compile this run's programs in ``workers`` processes at once (:func:`warm_compilation_cache`):
+    worker i runs one item of ``length`` with every ``workers``-th method from the i-th on, all budgets
+    of a method in one worker (the ARR of Quest's budgets is one program); the programs every method
+    needs (prefill, perplexity, dense decoding) are built in each."""
+    groups = [",".join(names[i::workers]) for i in range(workers)]
+    overrides = [{"--methods": group, "--items": f"{length}:1", "--out": f"{{tmp}}/worker{i}.json", "--plot": None,
+                  "--warm-workers": None} for i, group in enumerate(groups)]
+    return warm_compilation_cache("dustin-quality", args.argv, overrides)
+
+
 def _select_items(evaluation, per_length: Dict[int, int], seed: int):
     import random
 
@@ -1184,6 +1204,8 @@ def cmd_dustin_quality(args) -> Dict[str, Any]:
             raise ValueError(f"--items {length}:{count} asks for more items than the evaluation split holds per "
                              f"length ({len(kinds)} kinds x {len(depths)} depths x --samples {args.samples} = "
                              f"{per_split}); raise --samples")
+    warm_workers = getattr(args, "warm_workers", 1)
+    check_warm_workers(warm_workers, getattr(args, "argv", None), len(names))
     writer = ResultWriter(args.out, "dustin-quality", config_of(args))
     target, draft, mask = _load_pair(args)
     profile.check_models(target.config, draft.config if draft is not None else target.config)
@@ -1204,12 +1226,18 @@ def cmd_dustin_quality(args) -> Dict[str, Any]:
     from jaxspec.data.tasks import TextCodec
 
     tok = TextCodec(target.tokenizer)
+    pending = [task for task in items
+               if not all(writer.has(k) for k in [f"{task.task_id}/dense"] + [f"{task.task_id}/{m.key}" for m in methods])]
+    warm_up = None
+    if warm_workers > 1 and pending:
+        warm_up = {"workers": warm_cache_for_quality(args, names, warm_workers, pending[0].context_tokens),
+                   "first_item": None}
+        counter = CompileCounter()
     started = time.perf_counter()
     compiled_for = None  # the context length the live executables were compiled for
     for number, task in enumerate(items, 1):
         item = task.task_id
-        keys = [f"{item}/dense"] + [f"{item}/{m.key}" for m in methods]
-        if all(writer.has(k) for k in keys):
+        if task not in pending:
             continue
         if compiled_for is not None and compiled_for != task.context_tokens:
             release_memory(clear_compiled=True)  # other shapes from here on: free the old executables
@@ -1298,8 +1326,11 @@ def cmd_dustin_quality(args) -> Dict[str, Any]:
                     record["ppl"] = record["nll"] = None
                     record["note"] = ("oracle: per round the m maximising ARR on the full-KV verification (a dense "
                                       "forward each round); no perplexity")
-                elif m.dustin.m_rule == "coverage":
+                elif m.dustin.m_rule in ("coverage", "entropy"):
                     record["m_candidates"] = list(m.dustin.m_candidates)
+                    if m.dustin.m_rule == "entropy":
+                        record.update(m_entropy_centre=m.dustin.m_entropy_centre,
+                                      m_entropy_band=m.dustin.m_entropy_band)
                 else:
                     record["m_balance"] = m.dustin.m_balance
             writer.add(key, record)
@@ -1310,6 +1341,9 @@ def cmd_dustin_quality(args) -> Dict[str, Any]:
                   file=sys.stderr, flush=True)
         del base
         release_memory()
+        if warm_up is not None and warm_up["first_item"] is None:  # what the warm-up left this run to compile
+            warm_up["first_item"] = {"task": item, **counter.counts()}
+            writer.set("warm_up", writer.data.get("warm_up", []) + [warm_up])
     rows = quality_table(writer.data["cases"])
     print_table(rows, title=f"dustin-quality: mean over items ({len(items)} items)")
     print(quality_markdown(writer.data["cases"], budgets))
@@ -1455,4 +1489,9 @@ def register(subparsers) -> None:
     qual.add_argument("--max-new-tokens", type=int, default=16)
     qual.add_argument("--ppl-tokens", type=int, default=40, help="teacher-forced haystack tokens for perplexity")
     qual.add_argument("--plot", default=None, metavar="PNG", help="ARR vs k per method")
+    qual.add_argument("--warm-workers", type=int, default=1, metavar="N",
+                      help="before the first item, N processes (each a share of --methods, one item of that length) "
+                           "fill the persistent compilation cache in parallel, and the run loads its programs from it "
+                           "instead of compiling them one by one (a fresh H200 process compiled 434 programs in "
+                           "739 s for its first 32k item); 1: no warm-up. Not part of the results' config")
     qual.set_defaults(func=cmd_dustin_quality)

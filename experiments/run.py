@@ -61,6 +61,7 @@ def check_mesh_support(args) -> None:
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[2:] if argv is None else argv[1:])  # the experiment's options (warm-up workers reuse them)
     try:
         check_mesh_support(args)
         check_output_path(args.out)

@@ -1360,6 +1360,7 @@ for _source, _title, _ctx, _merged in (
         (QUALITY["qwen2.5-coder-1.5b"][2], "qwen2.5-coder-1.5b + qwen2.5-coder-0.5b, 16k", None, False),
         # with the k = 2048 step's file (the same items)
         (QUALITY["qwen2.5-coder-1.5b"][3], "qwen2.5-coder-1.5b + qwen2.5-coder-0.5b, 16k items, H200", 16000, True),
+        (QUALITY["qwen2.5-coder-1.5b"][5], "qwen2.5-coder-1.5b + qwen2.5-coder-0.5b, 32k items, H200", 32000, True),
         (QUALITY["smollm2-135m"][0], "smollm2-135m + mlp:10-12, 2k-8k", None, False),
         (QUALITY["smollm2-135m"][0], "smollm2-135m + mlp:10-12, 8k", 8192, False)):
     _name = _source.replace("dustin_quality/dustin_quality_", "dustin_quality/dustin_quality_arr_")

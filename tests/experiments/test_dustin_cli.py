@@ -241,7 +241,8 @@ def test_quality_input_aware_and_oracle_m(folders, tmp_path):
     profile.write_text(json.dumps(saved))
     out = tmp_path / "quality.json"
     assert main(["dustin-quality", *common, "--dustin-profile", str(profile), "--budgets", "128,512", "--methods",
-                 "dustin-h,dustin-h-ia,dustin-h-cov,dustin-h-oracle", "--items", "400:1", "--kinds", "passkey", "--depths", "0.5",
+                 "dustin-h,dustin-h-ia,dustin-h-cov,dustin-h-ent,dustin-h-oracle", "--items", "400:1", "--kinds", "passkey",
+                 "--depths", "0.5",
                  "--max-new-tokens", "6", "--ppl-tokens", "8", "--out", str(out)]) == 0
     cases = json.loads(out.read_text())["cases"]
     item = next(k[:-len("/dense")] for k in cases if k.endswith("/dense"))
@@ -254,24 +255,29 @@ def test_quality_input_aware_and_oracle_m(folders, tmp_path):
     assert set(cover["m_per_round"]) <= set(cover["m_candidates"]) and cover["m_candidates"][0] == fixed["m"]
     assert all(0 <= m <= 128 - 4 - 32 for m in aware["m_per_round"]) and aware["m_balance"] == (92 - 40) / 40
     assert aware["selection_s_fixed"] > 0 and aware["selection_s_input_aware"] > 0 and oracle["ppl"] is None
-    for method in ("dustin-h", "dustin-h-ia", "dustin-h-cov", "dustin-h-oracle"):
+    entropy = cases[f"{item}/dustin-h-ent/k128"]  # the entropy rule: m, m -/+ round(0.1 * 92) per round
+    assert entropy["m_candidates"] == [40, 31, 49] and set(entropy["m_per_round"]) <= {40, 31, 49}
+    assert len(entropy["m_per_round"]) == dense["rounds"] and oracle["arr"] >= entropy["arr"] - 1e-6
+    assert entropy["selection_s_input_aware"] > 0 and entropy["m_entropy_band"] == 0.05
+    for method in ("dustin-h", "dustin-h-ia", "dustin-h-cov", "dustin-h-ent", "dustin-h-oracle"):
         assert cases[f"{item}/{method}/k512"]["tokens"] == dense["tokens"], method
         assert cases[f"{item}/{method}/k512"]["arr"] == pytest.approx(1.0, abs=1e-5)
     plot = tmp_path / "m.png"
     dustin_quality.plot_m_rules(cases, str(plot))
     assert plot.exists() and tables.m_rule_rows(cases)[0]["k"] == 128
-    assert main(["generate", "--model", str(target), "--method", "streaming", "--budget", "128", "--draft",
-                 str(draft), "--dustin-m-rule", "max-mass", "--prompt", "x"]) == 2
+    for rule in ("max-mass", "entropy"):
+        assert main(["generate", "--model", str(target), "--method", "streaming", "--budget", "128", "--draft",
+                     str(draft), "--dustin-m-rule", rule, "--prompt", "x"]) == 2
 
 
 @pytest.mark.slow
 def test_generate_input_aware_m(folders, tmp_path):
-    """`generate --method dustin --dustin-m-rule max-mass|coverage`: with k >= the context exactly dense
-    ClassicSD (greedy == AR); labelled in the JSON."""
+    """`generate --method dustin --dustin-m-rule max-mass|coverage|entropy`: with k >= the context exactly
+    dense ClassicSD (greedy == AR); labelled in the JSON."""
     target, draft = folders
     dense = tmp_path / "sd.json"
     assert main(_base(target, "--method", "sd", "--draft", str(draft), "--out", str(dense))) == 0
-    for rule in ("max-mass", "coverage"):
+    for rule in ("max-mass", "coverage", "entropy"):
         path = tmp_path / f"{rule}.json"
         assert main(_base(target, "--method", "dustin", "--budget", "2048", "--draft", str(draft), "--dustin-m-rule",
                           rule, "--out", str(path))) == 0
@@ -345,3 +351,57 @@ def test_quality_compiles_once_per_context_length(folders, tmp_path):
     built = {k: r["compiles"]["count"] for k, r in cases.items() if k.startswith(second)}
     assert set(built) == {f"{second}/{m}" for m in ("dense", "dustin-h/k128", "quest/k128", "snapkv/k128")}
     assert all(n == 0 for n in built.values()), built
+
+
+def test_replace_options_and_warm_worker_checks(monkeypatch):
+    """Warm-up workers start from the run's own command line with some options replaced; a warm-up
+    that cannot work is refused with the value and what is valid."""
+    from experiments.common import check_warm_workers, replace_options
+
+    argv = ["--model", "m", "--methods=a,b", "--items", "400:3", "--plot", "p.png", "--gamma", "3"]
+    assert replace_options(argv, {"--methods": "a", "--items": "400:1", "--plot": None}) == [
+        "--model", "m", "--gamma", "3", "--methods", "a", "--items", "400:1"]
+    check_warm_workers(1, None, 3)  # 1: no warm-up, nothing needed
+    for workers, argv_, message in ((0, ["x"], "must be >= 1"), (4, ["x"], r"at most one worker per method \(3 here\)"),
+                                    (2, None, "command line")):
+        with pytest.raises(ValueError, match=message):
+            check_warm_workers(workers, argv_, 3)
+    monkeypatch.setenv("JAX_PLATFORMS", "cuda")
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_PREALLOCATE", raising=False)
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+    from experiments import common
+
+    monkeypatch.setattr(common, "compilation_cache_on", lambda: True)
+    with pytest.raises(ValueError, match="XLA_PYTHON_CLIENT_PREALLOCATE=false"):
+        check_warm_workers(2, ["x"], 3)
+    monkeypatch.setattr(common, "compilation_cache_on", lambda: False)
+    with pytest.raises(ValueError, match="compilation cache"):
+        check_warm_workers(2, ["x"], 3)
+
+
+@pytest.mark.slow
+def test_quality_warm_workers_leave_the_run_nothing_to_compile(folders, tmp_path):
+    """`dustin-quality --warm-workers 2` in a fresh compilation cache: two processes, each with a share of
+    the methods and one item, compile in parallel; the run then loads every program of its first item
+    from the cache (no miss)."""
+    import os
+    import subprocess
+    import sys
+
+    common, profile = _k128_profile(folders, tmp_path)
+    argv = ["dustin-quality", *common, "--dustin-profile", str(profile), "--budgets", "128", "--methods",
+            "dustin-h,quest,snapkv", "--items", "400:1", "--kinds", "passkey", "--depths", "0.5",
+            "--max-new-tokens", "4", "--ppl-tokens", "8"]
+    repo = pathlib.Path(__file__).resolve().parents[2]
+    env = dict(os.environ, JAXSPEC_CACHE=str(tmp_path / "cache"), JAX_PLATFORMS="cpu", PYTHONPATH=str(repo))
+    warm = tmp_path / "warm.json"
+    run = subprocess.run([sys.executable, "-m", "experiments.run", *argv, "--warm-workers", "2", "--out", str(warm)],
+                         cwd=repo, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    data = json.loads(warm.read_text())
+    [warm_up] = data["warm_up"]
+    assert [w["returncode"] for w in warm_up["workers"]] == [0, 0]
+    assert [w["options"]["--methods"] for w in warm_up["workers"]] == ["dustin-h,snapkv", "quest"]
+    assert warm_up["first_item"]["cache_misses"] == 0 and warm_up["first_item"]["cache_hits"] > 0, warm_up
+    assert "warm_workers" not in data["config"] and "argv" not in data["config"]
+    assert len(data["cases"]) == 4  # dense + three methods
