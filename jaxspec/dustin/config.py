@@ -17,8 +17,9 @@ MODES = ("hybrid", "target", "draft")
 DRAFT_KV = ("full", "streaming", "verify-set")
 #: How the hybrid split m is chosen (docs/methods.md §3.7): the profiled m; per round and row by ranking
 #: each position by the larger of its two normalised signal masses (max-mass); or per round and row
-#: among candidates around the profiled m by the coverage of both signals' mass (coverage).
-M_RULES = ("fixed", "max-mass", "coverage")
+#: among candidates around the profiled m by the coverage of both signals' mass (coverage); or per round
+#: and row m -/+ a step when the two signals' entropies clearly depart from their usual gap (entropy).
+M_RULES = ("fixed", "max-mass", "coverage", "entropy")
 
 
 class BudgetError(ValueError):
@@ -63,8 +64,15 @@ class DustinConfig:
         (docs/methods.md §3.7): ``"max-mass"`` (top ``k - s - w`` by ``max(p_D, lambda p_T)`` of the
         normalised signals, ``lambda`` = :attr:`m_balance` from the profiled m; one radix selection)
         or ``"coverage"`` (the m among :attr:`m_candidates` whose selection covers the most of both
-        signals' mass).
-      m_spread: the coverage rule's candidates are m and m -/+ ``m_spread * (k - s - w)``, clipped.
+        signals' mass), or ``"entropy"`` (m, or m -/+ ``m_spread * (k - s - w)`` when the entropy gap
+        ``H(p_T) - H(p_D)`` of the normalised signals lies outside ``m_entropy_centre -/+ m_entropy_band``;
+        no extra selection).
+      m_spread: the coverage rule's candidates are m and m -/+ ``m_spread * (k - s - w)``, clipped; the
+        entropy rule's step.
+      m_entropy_centre, m_entropy_band: the entropy rule's dead zone (docs/methods.md §3.7): m stays the
+        profiled m while ``H(p_T) - H(p_D)`` (each entropy divided by the log of the number of positions
+        it is taken over) lies within ``centre -/+ band``; above it (the target signal flatter than usual)
+        the draft gets the step, below it the target does.
     """
 
     budget: int = 512
@@ -80,6 +88,8 @@ class DustinConfig:
     draft_window: Optional[int] = None
     m_rule: str = "fixed"
     m_spread: float = 0.1
+    m_entropy_centre: float = -0.2
+    m_entropy_band: float = 0.05
 
     def __post_init__(self):
         check_budget(self.budget)
@@ -97,6 +107,12 @@ class DustinConfig:
             raise ValueError(f"m_rule={self.m_rule!r}; valid: {M_RULES}")
         if isinstance(self.m_spread, bool) or not isinstance(self.m_spread, (int, float)) or not 0 < self.m_spread <= 1:
             raise ValueError(f"m_spread={self.m_spread!r} must be a number in (0, 1]")
+        for name in ("m_entropy_centre", "m_entropy_band"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not -1 <= value <= 1:
+                raise ValueError(f"{name}={value!r} must be a number in [-1, 1] (entropies are normalised to 0..1)")
+        if self.m_entropy_band < 0:
+            raise ValueError(f"m_entropy_band={self.m_entropy_band!r} must be >= 0 (the dead zone's half width)")
         if self.m_rule != "fixed" and self.mode != "hybrid":
             raise ValueError(f"m_rule={self.m_rule!r} chooses the hybrid split: it needs mode='hybrid', not "
                              f"{self.mode!r}")
@@ -151,11 +167,13 @@ class DustinConfig:
     @property
     def input_aware(self) -> bool:
         """An input-aware rule is in force: hybrid with draft layers and target heads, and a choice to
-        make (max-mass: 0 < m < k - s - w; coverage: more than one candidate)."""
+        make (max-mass and entropy: 0 < m < k - s - w; coverage: more than one candidate). The entropy
+        rule keeps Dustin-D's split (m = k - s - w): there the fixed rule reads one signal with one
+        selection, and moving m down would double the selection's cost."""
         if self.m_rule == "fixed" or self.mode != "hybrid" or not self.draft_layers or not self.target_heads:
             return False
-        if self.m_rule == "max-mass":
-            return 0 < self.effective_m < self.free_budget
+        if self.m_rule in ("max-mass", "entropy"):
+            return 0 < self.effective_m < self.free_budget and (self.m_rule == "max-mass" or len(self.m_candidates) > 1)
         return len(self.m_candidates) > 1
 
     @property
@@ -167,7 +185,8 @@ class DustinConfig:
 
     @property
     def m_candidates(self) -> Tuple[int, ...]:
-        """The coverage rule's candidate m values, the profiled m first (ties keep it)."""
+        """The coverage rule's candidate m values, the profiled m first (ties keep it); the entropy rule's
+        m, m - step and m + step."""
         m, free = self.effective_m, self.free_budget
         step = int(round(self.m_spread * free))
         out = []
@@ -202,7 +221,9 @@ class DustinConfig:
                 "draft_layers": list(self.draft_layers), "draft_heads": [list(h) for h in self.draft_heads],
                 "mode": self.mode,
                 **({"draft_kv": self.draft_kv, "draft_window": self.draft_window} if self.draft_kv != "full" else {}),
-                **({"m_rule": self.m_rule, "m_spread": self.m_spread} if self.m_rule != "fixed" else {})}
+                **({"m_rule": self.m_rule, "m_spread": self.m_spread} if self.m_rule != "fixed" else {}),
+                **({"m_entropy_centre": self.m_entropy_centre, "m_entropy_band": self.m_entropy_band}
+                   if self.m_rule == "entropy" else {})}
 
     @classmethod
     def from_dict(cls, data) -> "DustinConfig":

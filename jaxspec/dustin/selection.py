@@ -181,12 +181,14 @@ def select_verify_indices(s_draft: Optional[jax.Array], s_target: Optional[jax.A
 
 def select_for_config(config: DustinConfig, s_draft, s_target, lengths) -> jax.Array:
     """:func:`select_verify_indices` with the budget, sinks, window and m of ``config`` (its mode);
-    ``config.m_rule`` "max-mass" / "coverage" (hybrid): the input-aware m of :func:`select_max_mass` /
-    :func:`select_input_aware`."""
+    ``config.m_rule`` "max-mass" / "coverage" / "entropy" (hybrid): the input-aware m of
+    :func:`select_max_mass` / :func:`select_input_aware` / :func:`select_entropy_gated`."""
     m = config.effective_m
     if config.input_aware and config.m_rule == "max-mass":
         return select_max_mass(s_draft, s_target, lengths, k=config.budget, sinks=config.sinks,
                                window=config.window_size, balance=config.m_balance)
+    if config.input_aware and config.m_rule == "entropy":
+        return select_entropy_gated(s_draft, s_target, lengths, **entropy_rule_args(config))[0]
     if config.input_aware:
         return select_input_aware(s_draft, s_target, lengths, k=config.budget, sinks=config.sinks,
                                   window=config.window_size, candidates=config.m_candidates)[0]
@@ -302,3 +304,63 @@ def max_mass_split(s_draft: jax.Array, s_target: jax.Array, lengths: jax.Array, 
     free = (positions >= sinks) & (positions < lengths - window) & indices_to_mask(indices, width)
     threshold = jnp.min(jnp.where(free, score, jnp.inf), axis=1, keepdims=True)
     return jnp.sum(free & (p_d >= threshold), axis=1).astype(jnp.int32)
+
+
+# ---------------------------------------------------------------------------- entropy-gated m (docs/methods.md §3.7)
+def entropy_rule_args(config: DustinConfig) -> dict:
+    """The static arguments of :func:`select_entropy_gated` for ``config`` (its m, step and dead zone)."""
+    m, free = config.effective_m, config.free_budget
+    step = min(max(int(round(config.m_spread * free)), 1), free)
+    return dict(k=config.budget, sinks=config.sinks, window=config.window_size, m=m, step=step,
+                centre=float(config.m_entropy_centre), band=float(config.m_entropy_band))
+
+
+def normalised_entropy(p: jax.Array, count: jax.Array) -> jax.Array:
+    """``H(p) / log(count)`` per row of ``p [B, S]`` (a distribution over ``count [B]`` positions); 0 for a
+    row with at most one position."""
+    h = -jnp.sum(jnp.where(p > 0, p * jnp.log(jnp.where(p > 0, p, 1.0)), 0.0), axis=1)
+    n = count.astype(jnp.float32)
+    return jnp.where(n > 1, h / jnp.log(jnp.maximum(n, 2.0)), 0.0)
+
+
+@functools.partial(jax.jit, static_argnames=("sinks", "window"))
+def signal_entropy_gap(s_draft: jax.Array, s_target: jax.Array, lengths: jax.Array, *, sinks: int,
+                       window: int) -> jax.Array:
+    """``H(p_T) - H(p_D)`` ``[B]``: the normalised entropies of the two signals over the non-protected
+    positions (:func:`signal_mass`), each divided by the log of their number (so in [-1, 1])."""
+    seq = s_draft.shape[1]
+    positions = jnp.arange(seq, dtype=jnp.int32)[None, :]
+    lengths = lengths.astype(jnp.int32)
+    count = jnp.sum((positions >= sinks) & (positions < lengths[:, None] - window), axis=1)
+    p_d = signal_mass(s_draft, lengths, sinks=sinks, window=window)
+    p_t = signal_mass(s_target, lengths, sinks=sinks, window=window)
+    return normalised_entropy(p_t, count) - normalised_entropy(p_d, count)
+
+
+def entropy_gated_m(gap: jax.Array, *, m: int, step: int, free: int, centre: float, band: float) -> jax.Array:
+    """Per-row m ``[B]`` from the entropy gap: ``m + step`` above ``centre + band`` (the target signal
+    flatter than usual: the draft's lookahead gets more of the budget), ``m - step`` below
+    ``centre - band`` (the target signal sharper: it gets more), else ``m``; clipped to ``0..free``."""
+    up = (gap > centre + band).astype(jnp.int32)
+    down = (gap < centre - band).astype(jnp.int32)
+    return jnp.clip(m + step * (up - down), 0, free).astype(jnp.int32)
+
+
+@functools.partial(jax.jit, static_argnames=("k", "sinks", "window", "m", "step", "centre", "band"))
+def select_entropy_gated(s_draft: jax.Array, s_target: jax.Array, lengths: jax.Array, *, k: int, sinks: int,
+                         window: int, m: int, step: int, centre: float, band: float):
+    """Input-aware m by an entropy dead zone (docs/methods.md §3.7): per row, the profiled ``m`` unless
+    ``H(p_T) - H(p_D)`` (:func:`signal_entropy_gap`) leaves ``centre -/+ band``, then ``m -/+ step``
+    (:func:`entropy_gated_m`); the set is the fixed rule's at that m (:func:`select_verify_indices_rows`:
+    the same two radix selections, plus two elementwise passes over the signals). Returns
+    (``I_verify [B, k]``, chosen m ``[B]`` int32)."""
+    free = k - sinks - window
+    if not 0 <= m <= free:
+        raise ValueError(f"m={m} must lie in 0..k - s - w = {free}")
+    width = max(k, s_draft.shape[1])
+    s_draft = _pad_width(s_draft.astype(jnp.float32), width)
+    s_target = _pad_width(s_target.astype(jnp.float32), width)
+    gap = signal_entropy_gap(s_draft, s_target, lengths, sinks=sinks, window=window)
+    m_rows = entropy_gated_m(gap, m=m, step=step, free=free, centre=centre, band=band)
+    indices = select_verify_indices_rows(s_draft, s_target, lengths, m_rows, k=k, sinks=sinks, window=window)
+    return indices, m_rows

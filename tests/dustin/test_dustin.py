@@ -581,3 +581,75 @@ def test_max_mass_selection_is_a_hybrid_split():
                 assert set(np.asarray(chosen)[b][np.asarray(chosen)[b] >= 0]) == set(range(int(lengths[b])))
     cfg = _dustin_config(128, m=23).replace(m_rule="max-mass")
     assert cfg.m_balance == (92 - 23) / 23 and cfg.input_aware
+
+
+def test_entropy_rule_config():
+    """The entropy rule (docs/methods.md §3.7): candidates m, m -/+ step; in force only for 0 < m < k - s - w;
+    its dead zone round-trips through to_dict and bad values give one-line errors."""
+    from jaxspec.dustin.selection import entropy_rule_args
+
+    cfg = _dustin_config(128, m=70).replace(m_rule="entropy")  # free = 92, step = round(0.1 * 92) = 9
+    assert cfg.input_aware and cfg.m_candidates == (70, 61, 79) and cfg.uses_target_signal
+    assert entropy_rule_args(cfg) == dict(k=128, sinks=4, window=32, m=70, step=9, centre=-0.2, band=0.05)
+    assert DustinConfig.from_dict(cfg.to_dict()) == cfg and cfg.to_dict()["m_entropy_band"] == 0.05
+    assert "m_entropy_centre" not in _dustin_config(128, m=70).to_dict()
+    # Dustin-D's split (m = k - s - w) stays fixed: one signal, one selection
+    assert not cfg.replace(m=92).input_aware and not cfg.replace(m=92).uses_target_signal
+    assert not cfg.replace(m=0).input_aware
+    for bad, message in ((dict(m_entropy_band=-0.1), "m_entropy_band=-0.1 must be >= 0"),
+                         (dict(m_entropy_centre=2.0), r"m_entropy_centre=2.0 must be a number in \[-1, 1\]"),
+                         (dict(m_entropy_band=True), "m_entropy_band=True"),
+                         (dict(mode="draft"), "needs mode='hybrid'")):
+        with pytest.raises(ValueError, match=message):
+            cfg.replace(**bad)
+
+
+def test_entropy_gated_selection():
+    """Per row: the entropy gap H(p_T) - H(p_D) of the normalised signals picks m - step, m or m + step, and
+    the set is the fixed rule's at that m; a history within k is dense; a wide dead zone is the fixed rule."""
+    from jaxspec.dustin.selection import select_entropy_gated, signal_entropy_gap, signal_mass
+
+    rng = np.random.RandomState(5)
+    batch, seq, k, sinks, window, m, step = 4, 600, 128, 4, 32, 50, 9
+    sharp, flat = rng.rand(seq).astype(np.float32) ** 12, rng.rand(seq).astype(np.float32) + 0.5
+    # rows: target sharp / draft flat (m down), target flat / draft sharp (m up), both alike, short history
+    s_d = jnp.asarray(np.stack([flat, sharp, flat, sharp]))
+    s_t = jnp.asarray(np.stack([sharp, flat, flat * 1.01, flat]))
+    lengths = jnp.asarray([600, 500, 400, 100])
+    gap = np.asarray(signal_entropy_gap(s_d, s_t, lengths, sinks=sinks, window=window))
+    for b in range(batch):  # against a direct numpy entropy of each normalised signal
+        count = int(lengths[b]) - sinks - window
+        h = []
+        for s in (s_t, s_d):
+            p = np.asarray(signal_mass(s, lengths, sinks=sinks, window=window))[b]
+            h.append(-(p[p > 0] * np.log(p[p > 0])).sum() / np.log(count) if count > 1 else 0.0)
+        assert gap[b] == pytest.approx(h[0] - h[1], abs=1e-5)
+    chosen, ms = select_entropy_gated(s_d, s_t, lengths, k=k, sinks=sinks, window=window, m=m, step=step,
+                                      centre=0.0, band=0.05)
+    chosen, ms = np.asarray(chosen), np.asarray(ms)
+    assert list(ms[:3]) == [m - step, m + step, m]
+    for b in range(batch):
+        fixed = np.asarray(select_verify_indices(s_d[b:b + 1], s_t[b:b + 1], lengths[b:b + 1], k=k, sinks=sinks,
+                                                 window=window, m=int(ms[b])))[0]
+        np.testing.assert_array_equal(chosen[b], fixed)
+    assert set(chosen[3][chosen[3] >= 0]) == set(range(100))  # 100 <= k: dense whatever m
+    wide, ms = select_entropy_gated(s_d, s_t, lengths, k=k, sinks=sinks, window=window, m=m, step=step, centre=0.0,
+                                    band=1.0)
+    assert list(np.asarray(ms)) == [m] * batch
+    np.testing.assert_array_equal(np.asarray(wide), np.asarray(select_verify_indices(s_d, s_t, lengths, k=k,
+                                                                                     sinks=sinks, window=window, m=m)))
+
+
+def test_entropy_rule_through_the_engine(models, dense_run):
+    """k >= context with the entropy rule: exactly dense (greedy == AR); k = 128: sparse, runs."""
+    target_params, draft_params = models
+    engine, dense_rows = dense_run
+    for budget, m in ((512, 100), (128, 30)):
+        draft, verify = dustin_policies(_dustin_config(budget, m=m).replace(m_rule="entropy"), TARGET, DRAFT)
+        result = speculative_generate(target_params, TARGET, PROMPTS, draft_policy=draft, draft_params=draft_params,
+                                      verify_policy=verify, engine=engine)
+        rows = result.rows()
+        if budget == 512:
+            assert rows == dense_rows
+        else:
+            assert [len(r) for r in rows] == [16, 16, 16] and rows[2] == dense_rows[2]  # 40-token prompt: dense
