@@ -18,7 +18,7 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = "smollm2-135m"
 DEMO_PROMPT_FILE = REPO / "experiments" / "prompts" / "long_demo.txt"
 #: keys of an experiment's arguments that are not part of its results' config (resume compares configs)
-NOT_CONFIG = ("func", "out", "no_compilation_cache", "argv", "warm_workers")
+NOT_CONFIG = ("func", "out", "no_compilation_cache", "argv", "warm_workers", "compile_threads")
 #: set to 1 to turn the persistent compilation cache off (as ``--no-compilation-cache`` does)
 NO_COMPILATION_CACHE_ENV = "JAXSPEC_NO_COMPILATION_CACHE"
 

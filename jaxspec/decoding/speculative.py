@@ -328,6 +328,42 @@ def prefill_loop_state(target_params, target_config: ModelConfig, tokens: np.nda
                                   done=jnp.isin(first, stop) | (engine.max_new_tokens <= 1))
 
 
+def precompile_loops(target_params, target_config: ModelConfig, pairs: Sequence[Tuple[Any, Any]], *,
+                     tokens: np.ndarray, lengths: np.ndarray, capacity: int, engine: EngineConfig, draft_params=None,
+                     draft_state=None, prefilled=None, seed: int = 0, threads: Optional[int] = None) -> Dict[str, Any]:
+    """Compile the round loop of several ``(draft_policy, verify_policy)`` pairs at once, before they run.
+
+    XLA compiles one program at a time per caller, and a long-context method's loop takes tens of
+    seconds to build, so a run that compares methods spends most of its time compiling one after
+    another. Here each pair's initial state is built exactly as :func:`speculative_generate` builds it
+    (same arguments, one device, the default controller: every round in one loop) and its loop is
+    lowered, one pair after another (tracing holds Python's lock); the state is dropped again, and the
+    lowered programs compile in ``threads`` threads (default: one per pair), in parallel since XLA
+    releases the lock while it compiles. A later :func:`speculative_generate` with the same arguments
+    then finds its loop compiled (JAX's in-process cache, and the persistent cache when it is on).
+    Returns ``{"programs", "lower_s", "compile_s", "threads"}``."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    draft_params = target_params if draft_params is None else draft_params
+    start = time.perf_counter()
+    lowered = []
+    for draft_policy, verify_policy in pairs:
+        state = prefill_loop_state(target_params, target_config, tokens, lengths, capacity, draft_policy=draft_policy,
+                                   draft_params=draft_params, draft_state=draft_state, verify_policy=verify_policy,
+                                   verify_state=None, engine=engine, seed=seed, prefilled=prefilled)
+        lowered.append(loop_jit.lower(target_params, draft_params, state, None, target_config=target_config,
+                                      draft_policy=draft_policy, verify_policy=verify_policy, engine=engine))
+        del state
+    lower_s = time.perf_counter() - start
+    threads = max(1, min(threads or len(lowered), len(lowered))) if lowered else 0
+    start = time.perf_counter()
+    if lowered:
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(lambda program: program.compile(), lowered))
+    return {"programs": len(lowered), "lower_s": lower_s, "compile_s": time.perf_counter() - start,
+            "threads": threads}
+
+
 def run_loop(target_params, draft_params, state: LoopState, *, target_config, draft_policy, verify_policy, engine,
              max_rounds: Optional[int] = None):
     """All rounds in one jitted ``while_loop`` (donates ``state``). ``max_rounds``: stop after at most

@@ -237,3 +237,37 @@ def test_a_policy_outside_the_contract_is_refused(models):
 
     with pytest.raises(TypeError, match="is not a DraftPolicy.*DraftPolicyBase"):
         speculative_generate(models[0], TARGET, PROMPTS, draft_policy=NotADraft())
+
+
+def test_precompiled_loops_leave_the_runs_nothing_to_compile(models):
+    """`precompile_loops` builds each (draft, verify) pair's round loop in a thread pool before any run;
+    the runs that follow, with the same arguments, compile no program and decode as without it."""
+    from jaxspec.decoding.autoregressive import prefill
+    from jaxspec.decoding.policies import DenseVerify
+    from jaxspec.decoding.speculative import precompile_loops
+
+    target_params, draft_params = models
+    tokens = np.random.RandomState(1).randint(0, 97, (2, 24)).astype(np.int32)
+    lengths = np.full((2,), 24, np.int32)
+    capacity, engine = 64, EngineConfig(gamma=3, max_new_tokens=10)
+    prefilled = prefill(target_params, TARGET, tokens, lengths, init_cache(TARGET, 2, capacity))
+    pairs = [(SeparateDraft(DRAFT), DenseVerify()), (SeparateDraft(DRAFT, name="another-draft"), DenseVerify())]
+    draft_cache = pairs[0][0].prefill(draft_params, tokens, lengths, capacity)
+    kwargs = dict(prompt_tokens=(tokens, lengths), draft_params=draft_params, draft_state=draft_cache, engine=engine,
+                  capacity=capacity, prefilled=prefilled)
+    plain = speculative_generate(target_params, TARGET, [], draft_policy=pairs[0][0], **kwargs)
+    compiles = []
+    listener = lambda name, seconds, **_: compiles.append(name) if name.endswith("backend_compile_duration") else None
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        report = precompile_loops(target_params, TARGET, pairs, tokens=tokens, lengths=lengths, capacity=capacity,
+                                  engine=engine, draft_params=draft_params, draft_state=draft_cache,
+                                  prefilled=prefilled)
+        assert report["programs"] == 2 and report["threads"] == 2 and compiles  # the second pair's loop is new
+        built = len(compiles)
+        results = [speculative_generate(target_params, TARGET, [], draft_policy=draft, verify_policy=verify, **kwargs)
+                   for draft, verify in pairs]
+        assert len(compiles) == built, compiles[built:]
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert all(np.array_equal(r.tokens, plain.tokens) for r in results)

@@ -281,6 +281,9 @@ def test_pair_speed_end_to_end_and_resume(tmp_path, monkeypatch):
             assert agreement["first_divergence"] == [None, None]
             assert record["tokens_row0"] == case["ar"]["tokens_row0"]
     assert case["magicdec"]["description"]["draft_kv"].startswith("StreamingLLM view, 4 sinks + 124 window")
+    # the three round loops were built at once, in three threads, before the first method ran
+    assert case["precompile"]["methods"] == ["sd", "magicdec", "streaming"]
+    assert (case["precompile"]["programs"], case["precompile"]["threads"]) == (3, 3)
     assert case["streaming"]["description"]["window"] == 124
     # the rooflines from the bytes at the measured bandwidth; the draft is the target, so a ClassicSD
     # round reads exactly gamma + 1 target decode steps
