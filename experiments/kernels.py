@@ -283,7 +283,185 @@ def cmd_bench_attention(args) -> Dict[str, Any]:
     return writer.data
 
 
+def cmd_attention_device_time(args) -> Dict[str, Any]:
+    """Dense against sparse attention of all of a model's layers, by device kernel time from the profiler.
+
+    The paper states its attention speed-up as kernel time. The harness of ``bench-attention`` times
+    one layer's call inside a loop on the host clock, and its fixed cost per call (18 µs measured
+    alone at 7B / 32k / b16) is most of a sparse call, so it understates the sparse kernel. Here one
+    jitted program runs the attention of ``layers`` layers (the shape's own count), each with its own
+    query rows and, for the sparse variants, its own index set (distinct positions, so one layer's
+    gathered rows are not another's cache hits), over one [B, Hkv, S, D] K/V pair (each dense layer
+    reads all of it, far beyond the L2). Per variant: the device time of every kernel the program
+    launches (the profiler's device planes, merges and slices included; median of ``--repeats``
+    traced runs), the host time of the same program, kernel launches, and the layer-0 output's error
+    against the jnp reference. ``speedup_device``: the fastest dense variant's device time over the
+    fastest sparse tiling's."""
+    import jax
+    import jax.numpy as jnp
+
+    from experiments.trace import trace_on_backend
+    from pallas_kernels.attention import dense_history_partials, merged_history, sparse_history_partials
+    from pallas_kernels.reference import (dense_history_reference, merge_partials, normalize,
+                                          sparse_history_reference)
+
+    tilings = _parse_configs(args.sparse_configs, 3)
+    if args.repeats < 1 or args.layers < 0:
+        raise ValueError(f"--repeats {args.repeats} / --layers {args.layers}: repeats >= 1, layers >= 0 "
+                         f"(0: the shape's own count)")
+    unknown = [s for s in args.shapes.split(",") if s not in SHAPES]
+    if unknown:
+        raise ValueError(f"--shapes: unknown shape(s) {unknown}; known: {', '.join(SHAPES)}")
+    for budget in [int(b) for b in args.budgets.split(",")]:
+        if not any(budget % (chunk * per_program) == 0 for chunk, per_program, _ in tilings):
+            raise ValueError(f"--budgets {budget}: no --sparse-configs tiling divides it ({args.sparse_configs}: "
+                             f"k must be a multiple of CHUNK x CHUNKS_PER_PROGRAM)")
+    writer = ResultWriter(args.out, "attention-device-time", config_of(args))
+    if not writer.has("copy_bandwidth"):
+        writer.add("copy_bandwidth", copy_bandwidth(args.copy_gib))
+    bandwidth = writer.get("copy_bandwidth")["bandwidth_Bps"]
+    interpret = jax.default_backend() != "gpu"
+    steps = args.gamma + 1
+    rows_out = []
+    for shape in args.shapes.split(","):
+        q_heads, kv_heads, dim = SHAPES[shape]
+        layers = args.layers or LAYERS[shape]
+        packed_rows = max(16, 1 << (q_heads // kv_heads * steps - 1).bit_length())
+        for context in [int(c) for c in args.contexts.split(",")]:
+            for batch in [int(b) for b in args.batches.split(",")]:
+                for budget in [int(b) for b in args.budgets.split(",")]:
+                    key = f"{shape}/ctx{context}/b{batch}/k{budget}"
+                    if writer.has(key):
+                        rows_out.extend(writer.get(key)["rows"])
+                        continue
+                    if budget >= context:
+                        raise ValueError(f"--budgets {budget} is not below the context {context}")
+                    keys = jax.random.split(jax.random.PRNGKey(context + batch + budget), 5)
+                    q = (0.1 * jax.random.normal(keys[0], (layers, batch, kv_heads, packed_rows, dim))).astype(
+                        jnp.bfloat16)
+                    k = jax.random.normal(keys[1], (batch, kv_heads, context, dim), jnp.bfloat16)
+                    v = jax.random.normal(keys[2], (batch, kv_heads, context, dim), jnp.bfloat16)
+                    lengths = jnp.full((batch,), context, jnp.int32)
+                    order = jax.vmap(lambda key_: jax.random.permutation(key_, context)[:budget])(
+                        jax.random.split(keys[3], layers))
+                    idx = jnp.broadcast_to(jnp.sort(order, axis=1).astype(jnp.int32)[:, None], (layers, batch, budget))
+                    dense_bytes = 2 * batch * kv_heads * context * dim * 2 * layers
+                    sparse_bytes = 2 * batch * kv_heads * budget * dim * 2 * layers
+
+                    def ours_dense(q_, k_, v_, x_):
+                        return merged_history(dense_history_partials(q_, k_, v_, x_, interpret=interpret), packed_rows)
+
+                    variants = {"ours_dense": (ours_dense, (q, k, v, lengths), "dense"),
+                                "xla_dense": (dense_history_reference, (q, k, v, lengths), "dense")}
+                    if not interpret:  # cuDNN on its own layout: [B, T, Hq, D] queries, [B, S, Hkv, D] keys/values
+                        qc = jax.random.normal(keys[4], (layers, batch, steps, q_heads, dim), jnp.bfloat16)
+
+                        def cudnn_dense(q_, k_, v_, x_):
+                            return jax.nn.dot_product_attention(q_, k_, v_, key_value_seq_lengths=x_,
+                                                                implementation="cudnn")
+
+                        variants["cudnn_dense"] = (cudnn_dense, (qc, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3),
+                                                                 lengths), "dense")
+                    for chunk, per_program, warps in tilings:
+                        if budget % (chunk * per_program):
+                            continue
+
+                        def ours_sparse(q_, k_, v_, x_, chunk=chunk, per_program=per_program, warps=warps):
+                            return merge_partials(sparse_history_partials(
+                                q_, k_, v_, x_, chunk=chunk, chunks_per_program=per_program, num_warps=warps,
+                                interpret=interpret), axis=2)
+
+                        variants[f"ours_sparse_c{chunk}_p{per_program}_w{warps}"] = (ours_sparse, (q, k, v, idx),
+                                                                                    "sparse")
+                    dense_ref = normalize(dense_history_reference(q[0], k, v, lengths))
+                    sparse_ref = normalize(sparse_history_reference(q[0], k, v, idx[0]))
+                    case_rows = []
+                    for name, (fn, (q_all, k_, v_, x_all), kind) in variants.items():
+                        per_layer_x = x_all.ndim == 3  # index sets differ per layer; lengths are shared
+
+                        def all_layers(q_all, k_, v_, x_all, fn=fn, per_layer_x=per_layer_x):
+                            return [fn(q_all[layer], k_, v_, x_all[layer] if per_layer_x else x_all)
+                                    for layer in range(layers)]
+
+                        program = jax.jit(all_layers)
+                        try:
+                            outs = program(q_all, k_, v_, x_all)
+                            jax.block_until_ready(outs)
+                        except Exception as err:  # cuDNN may refuse a shape: report, never hide
+                            if name != "cudnn_dense":
+                                raise
+                            case_rows.append({"shape": shape, "context": context, "batch": batch, "k": budget,
+                                              "layers": layers, "variant": name, "kind": "error",
+                                              "error": f"{type(err).__name__}: {err}"[:300]})
+                            continue
+                        error = None
+                        if name != "cudnn_dense":  # its queries are its own (another layout)
+                            ref = dense_ref if kind == "dense" else sparse_ref
+                            out = normalize(outs[0])
+                            error = float(jnp.linalg.norm((out - ref).astype(jnp.float32))
+                                          / jnp.linalg.norm(ref.astype(jnp.float32)))
+                        del outs
+                        run = lambda: jax.block_until_ready(program(q_all, k_, v_, x_all))  # noqa: E731
+                        walls, device, launches = [], [], []
+                        for _ in range(args.repeats):
+                            start = time.perf_counter()
+                            run()
+                            walls.append(time.perf_counter() - start)
+                        for _ in range(args.repeats):
+                            summary = trace_on_backend(run)
+                            planes = summary["planes"].values()
+                            device.append(sum(p["kernel_time_s"] for p in planes))
+                            launches.append(sum(p["launches"] for p in planes))
+                        wall, device_s = float(np.median(walls)), float(np.median(device))
+                        moved = dense_bytes if kind == "dense" else sparse_bytes
+                        case_rows.append({"shape": shape, "context": context, "batch": batch, "k": budget,
+                                          "layers": layers, "variant": name, "kind": kind,
+                                          "device_us_per_layer": device_s / layers * 1e6,
+                                          "wall_us_per_layer": wall / layers * 1e6,
+                                          "launches_per_layer": float(np.median(launches)) / layers,
+                                          "device_TBps": moved / device_s / 1e12 if device_s else float("nan"),
+                                          "of_copy_bw": moved / device_s / bandwidth if device_s else float("nan"),
+                                          "rel_err": error, "device_s_runs": device, "wall_s_runs": walls})
+                    dense = [r for r in case_rows if r["kind"] == "dense"]
+                    sparse = [r for r in case_rows if r["kind"] == "sparse"]
+                    best_dense = min(dense, key=lambda r: r["device_us_per_layer"])
+                    best_sparse = min(sparse, key=lambda r: r["device_us_per_layer"])
+                    wall_dense = min(dense, key=lambda r: r["wall_us_per_layer"])
+                    wall_sparse = min(sparse, key=lambda r: r["wall_us_per_layer"])
+                    summary = {"fastest_dense": best_dense["variant"], "fastest_sparse": best_sparse["variant"],
+                               "speedup_device": best_dense["device_us_per_layer"] / best_sparse["device_us_per_layer"],
+                               "speedup_wall": wall_dense["wall_us_per_layer"] / wall_sparse["wall_us_per_layer"],
+                               "byte_ratio": dense_bytes / sparse_bytes}
+                    for row in case_rows:
+                        row["speedup_device_vs_fastest_dense"] = (best_dense["device_us_per_layer"]
+                                                                  / row["device_us_per_layer"])
+                    writer.add(key, {"rows": case_rows, **summary})
+                    rows_out.extend(case_rows)
+                    print(f"{key}: sparse {summary['speedup_device']:.1f}x the fastest dense by device time "
+                          f"({best_sparse['variant']} against {best_dense['variant']}), "
+                          f"{summary['speedup_wall']:.1f}x by host time", flush=True)
+                    del q, k, v, variants
+    print_table(rows_out, columns=["shape", "context", "batch", "k", "variant", "device_us_per_layer",
+                                   "wall_us_per_layer", "launches_per_layer", "device_TBps", "rel_err",
+                                   "speedup_device_vs_fastest_dense"],
+                title=f"attention of all layers, gamma + 1 = {steps} query rows, by device kernel time")
+    return writer.data
+
+
 def register(subparsers) -> None:
+    device = subparsers.add_parser("attention-device-time", help="dense vs sparse attention of all layers by "
+                                                                 "device kernel time from the profiler (H200)")
+    device.add_argument("--shapes", default="qwen2.5-7b,qwen2.5-72b")
+    device.add_argument("--contexts", default="32768")
+    device.add_argument("--batches", default="16")
+    device.add_argument("--budgets", default="512")
+    device.add_argument("--gamma", type=int, default=4)
+    device.add_argument("--layers", type=int, default=0, help="layers per program (0: the shape's own count)")
+    device.add_argument("--sparse-configs", default="32x4x4,64x2x4,64x1x4",
+                        help="sparse kernel tilings, CHUNKxCHUNKS_PER_PROGRAMxWARPS; the fastest by device time counts")
+    device.add_argument("--repeats", type=int, default=3, help="traced (and host-timed) runs per variant; median")
+    device.add_argument("--copy-gib", type=float, default=4.0)
+    device.set_defaults(func=cmd_attention_device_time)
     bench = subparsers.add_parser("bench-attention", help="dense/sparse attention kernels and selection (H200)")
     bench.add_argument("--shapes", default="qwen2.5-7b,qwen2.5-72b")
     bench.add_argument("--contexts", default="8192,16384,32768")
