@@ -291,6 +291,8 @@ def cmd_dustin_speed(args) -> Dict[str, Any]:
     budget = check_budget(args.budget)
     contexts, batches = int_list(args.contexts, "--contexts"), int_list(args.batches, "--batches")
     check_positive(args, ("gamma", "new_tokens", "repeats"))
+    if args.compile_threads < 0:
+        raise ValueError(f"--compile-threads={args.compile_threads}: >= 0 (0: one per method, 1: no precompiling)")
     plan = acceptance_plan(args, contexts, batches, methods)  # every tau source checked before anything runs
     writer, _, bandwidth = fixed_acceptance_writer(args, "dustin-speed", acceptance=plan["record"])
     backend = args.attention_backend
@@ -436,8 +438,8 @@ def _measure_point(*, args, context, batch, holder, target_config, draft_config,
     from jaxspec.decoding.autoregressive import decode_loop
     from jaxspec.decoding.policies import DenseVerify, SeparateDraft
     from jaxspec.decoding.sampling import SamplingConfig
-    from jaxspec.decoding.speculative import (EngineConfig, acceptance_from_tau, loop_state_from_caches,
-                                              profile_phases, summarize)
+    from jaxspec.decoding.speculative import (EngineConfig, acceptance_from_tau, compile_loops,
+                                              loop_state_from_caches, profile_phases, summarize)
     from jaxspec.dustin.policy import dustin_policies
     from jaxspec.models.attention import backend_of
     from pallas_kernels.attention import merged_history, pack_queries
@@ -467,10 +469,8 @@ def _measure_point(*, args, context, batch, holder, target_config, draft_config,
     roof_ar = batch / (target_step["total"] / bandwidth)
     rows_here = [{"context": context, "batch": batch, "method": "ar", "tok_s": ar_tps, "speedup": 1.0,
                   "tau": 1.0, "roofline_tok_s": roof_ar, "roofline_speedup": 1.0}]
-    # ---- speculative methods
-    for method in methods:
-        if method == "ar":
-            continue
+
+    def method_setup(method):
         verify_state = None
         fixed_tau = taus[method]
         engine = EngineConfig(gamma=args.gamma, max_new_tokens=args.new_tokens,
@@ -491,19 +491,34 @@ def _measure_point(*, args, context, batch, holder, target_config, draft_config,
                 verify_state["indices"] = draft_history_indices(
                     "streaming", jnp.full((batch,), context - 1, jnp.int32), sinks=cfg.sinks,
                     window=cfg.budget - cfg.sinks)
-        round_bytes = method_round_bytes(method, target_config=target_config, draft_config=draft_config,
-                                         batch=batch, context=context, budget=budget, gamma=args.gamma,
-                                         target_bytes=target_bytes, draft_bytes=draft_bytes,
-                                         dustin=verify_policy.dustin if method in DUSTIN_METHODS else dustin)
         static = dict(target_config=target_config, draft_policy=draft_policy, verify_policy=verify_policy,
                       engine=engine)
+        return fixed_tau, engine, draft_policy, verify_policy, verify_state, static
 
+    def fresh_state_for(engine, verify_state):
         def fresh_state():
             cache = holder["cache"].with_lengths(jnp.full((batch,), context, jnp.int32))
             vs = None if verify_state is None else jax.tree.map(jnp.copy, verify_state)
             return loop_state_from_caches(cache, holder["draft"], pending, pending, engine, seed=6,
                                           verify_state=vs)
+        return fresh_state
 
+    # ---- speculative methods: their loops compiled at once (threads), then each timed in turn
+    setups = {method: method_setup(method) for method in methods if method != "ar"}
+    if getattr(args, "compile_threads", 1) != 1 and len(setups) > 1 and mesh is None:
+        runs = ((fresh_state_for(engine, verify_state)(), static)
+                for _, engine, _, _, verify_state, static in setups.values())
+        entry["precompile"] = compile_loops(target_params, draft_params, runs,
+                                            threads=args.compile_threads or None) | {"methods": list(setups)}
+    for method in methods:
+        if method == "ar":
+            continue
+        fixed_tau, engine, draft_policy, verify_policy, verify_state, static = setups[method]
+        fresh_state = fresh_state_for(engine, verify_state)
+        round_bytes = method_round_bytes(method, target_config=target_config, draft_config=draft_config,
+                                         batch=batch, context=context, budget=budget, gamma=args.gamma,
+                                         target_bytes=target_bytes, draft_bytes=draft_bytes,
+                                         dustin=verify_policy.dustin if method in DUSTIN_METHODS else dustin)
         timing, compile_s, final = time_rounds(target_params, draft_params, holder, fresh_state, static, args.repeats)
         metrics = summarize(final, engine)
         tps = float(np.asarray(final.num_out).sum()) / timing["median_s"]
@@ -612,6 +627,9 @@ def register(subparsers) -> None:
     bench.add_argument("--draft-heads", default="0,1,2,3")
     bench.add_argument("--new-tokens", type=int, default=64)
     bench.add_argument("--repeats", type=int, default=3)
+    bench.add_argument("--compile-threads", type=int, default=0, metavar="N",
+                       help="per point, compile every method's round loop in N threads at once before the first is "
+                            "timed (0: one per method; 1: each compiles when first run); not part of the config")
     bench.add_argument("--attention-backend", default="pallas", choices=list(ATTENTION_BACKENDS))
     bench.add_argument("--copy-gib", type=float, default=4.0)
     bench.add_argument("--profile", action="store_true",

@@ -342,18 +342,31 @@ def precompile_loops(target_params, target_config: ModelConfig, pairs: Sequence[
     releases the lock while it compiles. A later :func:`speculative_generate` with the same arguments
     then finds its loop compiled (JAX's in-process cache, and the persistent cache when it is on).
     Returns ``{"programs", "lower_s", "compile_s", "threads"}``."""
+    draft_params = target_params if draft_params is None else draft_params
+
+    def runs():
+        for draft_policy, verify_policy in pairs:
+            state = prefill_loop_state(target_params, target_config, tokens, lengths, capacity,
+                                       draft_policy=draft_policy, draft_params=draft_params, draft_state=draft_state,
+                                       verify_policy=verify_policy, verify_state=None, engine=engine, seed=seed,
+                                       prefilled=prefilled)
+            yield state, dict(target_config=target_config, draft_policy=draft_policy, verify_policy=verify_policy,
+                              engine=engine)
+            del state  # one state at a time (each holds a copy of the caches)
+
+    return compile_loops(target_params, draft_params, runs(), threads=threads)
+
+
+def compile_loops(target_params, draft_params, runs, *, threads: Optional[int] = None) -> Dict[str, Any]:
+    """Compile :func:`run_loop`'s loop (every round, ``max_rounds=None``) for each ``(state, static)`` of
+    ``runs`` (``static``: ``target_config``, ``draft_policy``, ``verify_policy``, ``engine``): lowered one
+    after another as ``runs`` yields them (a generator can build each state just before and drop it
+    after), then compiled in ``threads`` threads (default: one per program). Nothing runs. A later
+    ``run_loop`` on states of the same shapes finds its program compiled. See :func:`precompile_loops`."""
     from concurrent.futures import ThreadPoolExecutor
 
-    draft_params = target_params if draft_params is None else draft_params
     start = time.perf_counter()
-    lowered = []
-    for draft_policy, verify_policy in pairs:
-        state = prefill_loop_state(target_params, target_config, tokens, lengths, capacity, draft_policy=draft_policy,
-                                   draft_params=draft_params, draft_state=draft_state, verify_policy=verify_policy,
-                                   verify_state=None, engine=engine, seed=seed, prefilled=prefilled)
-        lowered.append(loop_jit.lower(target_params, draft_params, state, None, target_config=target_config,
-                                      draft_policy=draft_policy, verify_policy=verify_policy, engine=engine))
-        del state
+    lowered = [loop_jit.lower(target_params, draft_params, state, None, **static) for state, static in runs]
     lower_s = time.perf_counter() - start
     threads = max(1, min(threads or len(lowered), len(lowered))) if lowered else 0
     start = time.perf_counter()

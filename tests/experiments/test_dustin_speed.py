@@ -23,6 +23,10 @@ def test_dustin_speed_runs_all_methods_and_resumes(tmp_path, capsys):
     assert max(taus.values()) - min(taus.values()) < 1.0 and min(taus.values()) > 1.0
     assert data["cases"]["ctx320/b2"]["dustin"]["selection_timing"]["median_s"] > 0
     assert "fixed acceptance" in data["acceptance"]["mode"]
+    # the three loops were compiled at once before the first was timed: each first run only runs
+    case = data["cases"]["ctx320/b2"]
+    assert (case["precompile"]["methods"], case["precompile"]["programs"]) == (["classic", "magicdec", "dustin"], 3)
+    assert all(case[m]["compile_s"] < case["precompile"]["compile_s"] for m in ("classic", "magicdec", "dustin"))
     # a rerun resumes instead of measuring again
     assert main(DUSTIN_SPEED_ARGS + ["--out", str(out)]) == 0
     assert json.loads(out.read_text())["cases"]["ctx320/b2"]["rows"] == rows
