@@ -199,8 +199,13 @@ QUALITY_GPU_MODEL = "qwen2.5-coder-1.5b"
 QUALITY_GPU_METHODS = ("dustin-h", "dustin-t", "dustin-d", "streaming", "quest", "snapkv")
 #: fixed m, the input-aware rules and the per-round oracle (docs/methods.md §3.7): (model, file), the files that exist
 INPUT_AWARE_M = tuple((m, f"dustin_quality/dustin_quality_input_aware_m_{m}_{c}_cpu.json") for m, c in (
-    ("smollm2-135m", "2k"), ("qwen2.5-coder-1.5b", "2k"), ("qwen2.5-coder-1.5b", "4k"), ("qwen2.5-coder-1.5b", "8k"))
+    ("smollm2-135m", "2k"), ("qwen2.5-coder-1.5b", "2k"), ("qwen2.5-coder-1.5b", "4k"), ("qwen2.5-coder-1.5b", "8k"),
+    ("entropy_smollm2-135m", "2k"), ("entropy_qwen2.5-coder-1.5b", "2k"))  # the entropy rule's runs: files of their own
     if (RESULTS / f"dustin_quality/dustin_quality_input_aware_m_{m}_{c}_cpu.json").is_file())
+INPUT_AWARE_M = tuple((m.removeprefix("entropy_"), source) for m, source in INPUT_AWARE_M)
+#: the input-aware rules (docs/methods.md §3.7): quality method and the tag of its table columns
+M_RULES = (("dustin-h-ia", "max_mass", "max-mass"), ("dustin-h-cov", "coverage", "coverage"),
+           ("dustin-h-ent", "entropy", "entropy"))
 #: how each input-aware-m run drafts
 INPUT_AWARE_M_DRAFT = {"smollm2-135m": "mlp:10-12 self-draft", "qwen2.5-coder-1.5b": "qwen2.5-coder-0.5b draft"}
 QUALITY_PAIR = {"qwen2.5-coder-1.5b": "Qwen2.5-Coder-1.5B + Qwen2.5-Coder-0.5B draft",
@@ -366,7 +371,10 @@ def _quality(model, context, method, budget, field):
 
 # ---------------------------------------------------------------------------- Dustin input-aware m (from the JSON)
 #: the dustin-quality methods of docs/methods.md §3.7 (max-mass, coverage, the per-round oracle)
-M_RULE_METHOD_NAMES = ("dustin-h-ia", "dustin-h-cov", "dustin-h-oracle")
+M_RULE_METHOD_NAMES = tuple(method for method, _, _ in M_RULES) + ("dustin-h-oracle",)
+
+
+RULE_METHODS = tuple(method for method, _, _ in M_RULES)
 
 
 def m_rule_rows(cases: Dict[str, Any]) -> List[Dict[str, Any]]:
@@ -401,13 +409,13 @@ def m_rule_rows(cases: Dict[str, Any]) -> List[Dict[str, Any]]:
         fixed, oracle = mean(arrs.get(("dustin-h", budget), [])), mean(arrs.get(("dustin-h-oracle", budget), []))
         row = {"k": budget, "items": len(arrs.get(("dustin-h", budget), [])),
                "m_fixed": mean([r.get("m") for r in decodes.get(("dustin-h", budget), [])])}
-        for method, tag in (("dustin-h", "fixed"), ("dustin-h-ia", "max_mass"), ("dustin-h-cov", "coverage"),
-                            ("dustin-h-oracle", "oracle")):
+        for method, tag in (("dustin-h", "fixed"),) + tuple((m, t) for m, t, _ in M_RULES) + (
+                ("dustin-h-oracle", "oracle"),):
             arr = mean(arrs.get((method, budget), []))
             row[f"arr_{tag}"] = arr
             row[f"match_{tag}"] = mean([r.get("match_rate") for r in decodes.get((method, budget), [])])
             row[f"accuracy_{tag}"] = mean([r.get("accuracy") for r in decodes.get((method, budget), [])])
-            if method in ("dustin-h-ia", "dustin-h-cov"):
+            if method in RULE_METHODS:
                 gap = None if oracle is None or fixed is None else oracle - fixed
                 row[f"gap_closed_{tag}"] = (arr - fixed) / gap if arr is not None and gap and gap > 0 else None
                 per_item = stats.get((method, budget), [])
@@ -418,7 +426,7 @@ def m_rule_rows(cases: Dict[str, Any]) -> List[Dict[str, Any]]:
             if method == "dustin-h-oracle":
                 row["mean_m_oracle"] = mean([mean(r["m_per_round"]) for r in stats.get((method, budget), [])
                                              if r.get("m_per_round")])
-        row["selection_s_fixed"] = next((row[f"selection_s_fixed_{t}"] for t in ("max_mass", "coverage")
+        row["selection_s_fixed"] = next((row[f"selection_s_fixed_{t}"] for _, t, _ in M_RULES
                                          if row.get(f"selection_s_fixed_{t}") is not None), None)
         rows.append(row)
     return rows
@@ -432,8 +440,9 @@ def plot_m_rules(cases: Dict[str, Any], path: str, title: str = "") -> None:
     rows = m_rule_rows(cases)
     ks = [r["k"] for r in rows]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    for field, label in (("arr_fixed", "fixed m (profile)"), ("arr_max_mass", "input-aware: max-mass"),
-                         ("arr_coverage", "input-aware: coverage"), ("arr_oracle", "oracle m per round")):
+    for field, label in ((("arr_fixed", "fixed m (profile)"),) + tuple((f"arr_{t}", f"input-aware: {name}")
+                                                                         for _, t, name in M_RULES)
+                         + (("arr_oracle", "oracle m per round"),)):
         points = [(r["k"], 1 - r[field]) for r in rows if r.get(field) is not None]
         if points:
             left.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
@@ -443,12 +452,12 @@ def plot_m_rules(cases: Dict[str, Any], path: str, title: str = "") -> None:
     left.set_ylabel("1 - ARR (gap to dense verification)")
     left.grid(alpha=0.3)
     left.legend(fontsize=8)
-    width = 0.25
-    for i, (field, label) in enumerate((("selection_s_fixed", "fixed m"), ("selection_s_max_mass", "max-mass"),
-                                        ("selection_s_coverage", "coverage"))):
+    width = 0.2
+    for i, (field, label) in enumerate((("selection_s_fixed", "fixed m"),) + tuple(
+            (f"selection_s_{t}", name) for _, t, name in M_RULES)):
         values = [(j, r[field] * 1e3) for j, r in enumerate(rows) if r.get(field) is not None]
         if values:
-            right.bar([j + (i - 1) * width for j, _ in values], [v for _, v in values], width, label=label)
+            right.bar([j + (i - 1.5) * width for j, _ in values], [v for _, v in values], width, label=label)
     right.set_xticks(range(len(ks)))
     right.set_xticklabels([str(k) for k in ks])
     right.set_xlabel("KV budget k")
@@ -824,14 +833,15 @@ def _figures() -> List[Figure]:
             ctx = {c["context"] for c in load(source)["cases"].values() if "context" in c}.pop()
             base = f"dustin/input-aware-m/{model}/ctx{ctx}/k{row['k']}"
             for tag, field in (("fixed", "fixed"), ("input-aware", "max_mass"), ("input-aware-coverage", "coverage"),
-                               ("oracle", "oracle")):
-                if row.get(f"arr_{field}") is None:
+                               ("input-aware-entropy", "entropy"), ("oracle", "oracle")):
+                if row.get(f"arr_{field}") is None or any(x.key == f"{base}/{tag}/arr" for x in f):  # fixed, oracle: once
                     continue
                 add(Figure(f"{base}/{tag}/arr", f"ARR, Dustin-H {tag} m, {model}, {ctx // 1024}k, k = {row['k']}",
                            "fraction", source, _m_rule(row["k"], f"arr_{field}")))
                 add(Figure(f"{base}/{tag}/agreement", f"token match with dense, Dustin-H {tag} m, k = {row['k']}",
                            "fraction", source, _m_rule(row["k"], f"match_{field}")))
-            for tag, field in (("input-aware", "max_mass"), ("input-aware-coverage", "coverage")):
+            for tag, field in (("input-aware", "max_mass"), ("input-aware-coverage", "coverage"),
+                               ("input-aware-entropy", "entropy")):
                 if row.get(f"gap_closed_{field}") is None or row.get(f"selection_ratio_{field}") is None:
                     continue
                 add(Figure(f"{base}/{tag}/gap-closed", f"share of the fixed-to-oracle ARR gap closed, {tag}, "
@@ -2261,19 +2271,20 @@ def m_rule_table(source: str) -> str:
     def ms(x):
         return "-" if x is None else f"{1e3 * x:.3f}"
 
-    lines = ["| k | ARR fixed / max-mass / coverage / oracle | gap closed max-mass / coverage | token match vs dense "
-             "fixed / max-mass / coverage / oracle | accuracy fixed / max-mass / coverage / oracle | selection ms per "
-             "round fixed / max-mass / coverage | mean m per round fixed / max-mass / coverage / oracle |",
-             "|---|---|---|---|---|---|---|"]
+    rules = [(t, name) for _, t, name in M_RULES if any(r[f"arr_{t}"] is not None for r in rows)]  # in this file
+    names = " / ".join(name for _, name in rules)
+    tags = ("fixed",) + tuple(t for t, _ in rules) + ("oracle",)
+    lines = [f"| k | ARR fixed / {names} / oracle | gap closed {names} | token match vs dense fixed / {names} / oracle "
+             f"| accuracy fixed / {names} / oracle | selection ms per round fixed / {names} | mean m per round "
+             f"fixed / {names} / oracle |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
-            f"| {r['k']} | {' / '.join(f3(r[f'arr_{t}']) for t in ('fixed', 'max_mass', 'coverage', 'oracle'))} "
-            f"| {pct(r['gap_closed_max_mass'])} / {pct(r['gap_closed_coverage'])} "
-            f"| {' / '.join(f2(r[f'match_{t}']) for t in ('fixed', 'max_mass', 'coverage', 'oracle'))} "
-            f"| {' / '.join(f2(r[f'accuracy_{t}']) for t in ('fixed', 'max_mass', 'coverage', 'oracle'))} "
-            f"| {ms(r['selection_s_fixed'])} / {ms(r['selection_s_max_mass'])} / "
-            f"{ms(r['selection_s_coverage'])} "
-            f"| {' / '.join('-' if r.get(f) is None else f'{r[f]:.0f}' for f in ('m_fixed', 'mean_m_max_mass', 'mean_m_coverage', 'mean_m_oracle'))} |")
+            f"| {r['k']} | {' / '.join(f3(r[f'arr_{t}']) for t in tags)} "
+            f"| {' / '.join(pct(r[f'gap_closed_{t}']) for t, _ in rules)} "
+            f"| {' / '.join(f2(r[f'match_{t}']) for t in tags)} "
+            f"| {' / '.join(f2(r[f'accuracy_{t}']) for t in tags)} "
+            f"| {' / '.join(ms(r[f]) for f in ('selection_s_fixed',) + tuple(f'selection_s_{t}' for t, _ in rules))} "
+            f"| {' / '.join('-' if r.get(f) is None else f'{r[f]:.0f}' for f in ('m_fixed',) + tuple(f'mean_m_{t}' for t, _ in rules) + ('mean_m_oracle',))} |")
     return "\n".join(lines)
 
 
@@ -2281,7 +2292,9 @@ def m_rule_verdicts(source: str) -> List[str]:
     """The targets of the input-aware m against the measured rows (computed, not written by hand)."""
     rows = m_rule_rows(load(source)["cases"])
     out = []
-    for tag, name in (("max_mass", "max-mass"), ("coverage", "coverage")):
+    for _, tag, name in M_RULES:
+        if all(r[f"arr_{tag}"] is None for r in rows):  # the rule was not run in this file
+            continue
         worse = [r["k"] for r in rows if r[f"arr_{tag}"] is not None and r[f"arr_{tag}"] < r["arr_fixed"] - 1e-9]
         in_force = [r for r in rows if r[f"selection_ratio_{tag}"] is not None]
 
