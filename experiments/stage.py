@@ -21,7 +21,11 @@ bounded size. ``stage`` moves a registry model's GGUF there in chunks:
    verifies the whole file's sha256 (the registry's own check) and, with ``--convert DTYPE``,
    loads it once so the converted fast-loading copy exists before the first timed run.
 
-``status`` prints what is staged. The chunk files carry no code: they are slices of the GGUF.
+``--convert DTYPE --background`` converts in a process of its own (it outlives the call that
+started it), so one model can convert while the next one's chunks arrive; ``stage wait`` blocks
+until no conversion is running (each holds a lock file with its pid in the cache folder; one left
+by a process that died is removed and reported). ``status`` prints what is staged. The chunk files
+carry no code: they are slices of the GGUF.
 """
 
 from __future__ import annotations
@@ -94,7 +98,8 @@ def _load_manifest(transfer_dir: pathlib.Path) -> Dict:
     return json.loads(path.read_text())
 
 
-def receive(transfer_dir: pathlib.Path, stage_dir: pathlib.Path, convert: str = "") -> Dict[str, str]:
+def receive(transfer_dir: pathlib.Path, stage_dir: pathlib.Path, convert: str = "",
+            background: bool = False) -> Dict[str, str]:
     from jaxspec.models.registry import cache_dir
 
     manifest = _load_manifest(transfer_dir)
@@ -143,17 +148,100 @@ def receive(transfer_dir: pathlib.Path, stage_dir: pathlib.Path, convert: str = 
         for chunk in entry["chunks"]:
             (stage_dir / chunk["name"]).unlink(missing_ok=True)
         state[name] = "assembled, sha256 verified"
-    if convert:
-        for name, status in state.items():
-            if status in ("in cache", "assembled, sha256 verified"):
-                from jaxspec.models.loading import load_model
-
-                start = time.perf_counter()
-                load_model(name, dtype=convert)
-                state[name] += f"; loaded as {convert} in {time.perf_counter() - start:.1f} s"
+    ready = [name for name, status in state.items() if status in ("in cache", "assembled, sha256 verified")]
+    if convert and ready and background:
+        pid = convert_in_background(ready, convert)
+        for name in ready:
+            state[name] += f"; converting to {convert} in the background (pid {pid}; `stage wait` waits for it)"
+    elif convert:
+        for name, seconds in convert_models(ready, convert).items():
+            state[name] += f"; loaded as {convert} in {seconds:.1f} s"
     for name, status in state.items():
         print(f"{name}: {status}")
     return state
+
+
+# ---------------------------------------------------------------------------- conversion and its lock files
+def _lock(name: str) -> pathlib.Path:
+    """``<cache>/.NAME.converting``: holds the pid of the process converting NAME."""
+    from jaxspec.models.registry import cache_dir
+
+    return cache_dir() / f".{name}.converting"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def convert_models(names: List[str], dtype: str) -> Dict[str, float]:
+    """Load each model once in ``dtype`` (writing its converted fast-loading copy), each under its lock
+    file so that ``stage wait`` in another process can wait for it. Returns the seconds per model."""
+    from jaxspec.models.loading import load_model
+
+    seconds = {}
+    for name in names:
+        lock = _lock(name)
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        lock.write_text(str(os.getpid()))
+        try:
+            start = time.perf_counter()
+            load_model(name, dtype=dtype)
+            seconds[name] = time.perf_counter() - start
+        finally:
+            if lock.is_file() and lock.read_text().strip() == str(os.getpid()):
+                lock.unlink()
+    return seconds
+
+
+def convert_in_background(names: List[str], dtype: str) -> int:
+    """``stage convert NAMES --dtype DTYPE`` in a process session of its own (it outlives this one, e.g. a
+    transfer's call), its log in ``<cache>/stage-convert.log``; the lock files carry its pid from the
+    start, so a ``stage wait`` right after this returns already waits for it. Returns the pid."""
+    import subprocess
+
+    from jaxspec.models.registry import cache_dir
+
+    log = open(cache_dir() / "stage-convert.log", "a")
+    process = subprocess.Popen([sys.executable, "-m", "experiments.stage", "convert", *names, "--dtype", dtype],
+                               stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                               start_new_session=True, cwd=pathlib.Path(__file__).resolve().parent.parent)
+    for name in names:
+        _lock(name).write_text(str(process.pid))
+    return process.pid
+
+
+def wait_for_conversions(timeout: float, poll: float = 1.0) -> List[str]:
+    """Block while a model is being converted (a lock file whose process is alive); a lock left by a
+    process that died is removed and reported. Returns what was waited for; raises ``TimeoutError``
+    naming the models still converting after ``timeout`` seconds."""
+    from jaxspec.models.registry import cache_dir
+
+    start, waited = time.perf_counter(), set()
+    while True:
+        running = []
+        for lock in sorted(cache_dir().glob(".*.converting")):
+            name = lock.name[1:-len(".converting")]
+            try:
+                pid = int(lock.read_text().strip())
+            except (OSError, ValueError):
+                continue  # removed or being written just now: look again next time
+            if _alive(pid):
+                running.append(name)
+            else:
+                lock.unlink(missing_ok=True)
+                print(f"{name}: its conversion (pid {pid}) ended without finishing; convert it again", file=sys.stderr)
+        waited.update(running)
+        if not running:
+            return sorted(waited)
+        if time.perf_counter() - start > timeout:
+            raise TimeoutError(f"still converting after {timeout:g} s: {', '.join(running)}")
+        time.sleep(poll)
 
 
 def main(argv=None) -> int:
@@ -168,6 +256,13 @@ def main(argv=None) -> int:
     rc.add_argument("--stage-dir", type=pathlib.Path, default=pathlib.Path("/tmp/jaxspec_stage"))
     rc.add_argument("--convert", default="", choices=["", "bfloat16", "float32"],
                     help="after assembling, load once in this dtype (writes the converted copy)")
+    rc.add_argument("--background", action="store_true",
+                    help="with --convert: convert in a process of its own and return at once (`stage wait` waits)")
+    cv = sub.add_parser("convert", help="load staged models once in --dtype (the converted copy), under lock files")
+    cv.add_argument("names", nargs="+")
+    cv.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    wt = sub.add_parser("wait", help="wait until no staged model is being converted")
+    wt.add_argument("--timeout", type=float, default=600.0, help="seconds; then exit 2 naming what still converts")
     st = sub.add_parser("status", help="what is staged (same as receive with no chunks carried)")
     st.add_argument("--dir", required=True, type=pathlib.Path)
     st.add_argument("--stage-dir", type=pathlib.Path, default=pathlib.Path("/tmp/jaxspec_stage"))
@@ -175,9 +270,17 @@ def main(argv=None) -> int:
     try:
         if args.command == "split":
             split(args.names, args.dir, args.chunk_mib)
+        elif args.command == "convert":
+            for name, seconds in convert_models(args.names, args.dtype).items():
+                print(f"{name}: loaded as {args.dtype} in {seconds:.1f} s")
+        elif args.command == "wait":
+            waited = wait_for_conversions(args.timeout)
+            print(f"converted: {', '.join(waited)}" if waited else "nothing was converting")
         else:
-            receive(args.dir, args.stage_dir, getattr(args, "convert", ""))
-    except (ValueError, FileNotFoundError, OSError) as err:
+            if getattr(args, "background", False) and not args.convert:
+                raise ValueError("--background applies to --convert: give --convert DTYPE too")
+            receive(args.dir, args.stage_dir, getattr(args, "convert", ""), getattr(args, "background", False))
+    except (ValueError, FileNotFoundError, OSError, TimeoutError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0

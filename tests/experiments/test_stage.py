@@ -83,3 +83,70 @@ def test_manifest_records_every_chunk_digest(tiny_asset, tmp_path):
     for chunk in manifest["models"]["tiny"]["chunks"]:
         data = (tmp_path / "split" / chunk["name"]).read_bytes()
         assert hashlib.sha256(data).hexdigest() == chunk["sha256"] and len(data) == chunk["size"]
+
+
+def test_wait_blocks_on_a_live_conversion_and_clears_a_dead_ones_lock(tiny_asset, tmp_path, capsys):
+    """`stage wait`: a lock whose process runs is waited for (and times out with the model named); a lock
+    left by a process that is gone is removed and reported."""
+    import subprocess
+    import sys
+
+    from jaxspec.models.registry import cache_dir
+
+    cache_dir().mkdir(parents=True, exist_ok=True)
+    assert stage.wait_for_conversions(timeout=1) == []
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        stage._lock("tiny").write_text(str(sleeper.pid))
+        with pytest.raises(TimeoutError, match="still converting after 0.3 s: tiny"):
+            stage.wait_for_conversions(timeout=0.3, poll=0.1)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert stage.wait_for_conversions(timeout=5, poll=0.1) == []  # its process is gone: the lock is stale
+    assert not stage._lock("tiny").exists()
+    assert "tiny: its conversion (pid" in capsys.readouterr().err
+    assert stage.main(["wait", "--timeout", "1"]) == 0
+
+
+def test_convert_holds_its_lock_while_loading(tiny_asset, monkeypatch):
+    """`stage convert` writes the lock with its pid before loading and removes it after, even on failure."""
+    import os
+
+    from jaxspec.models import loading
+
+    seen = []
+
+    def fake_load(name, dtype):
+        seen.append((name, dtype, stage._lock(name).read_text()))
+        if name == "bad":
+            raise ValueError("cannot load")
+
+    monkeypatch.setattr(loading, "load_model", fake_load)
+    assert set(stage.convert_models(["tiny"], "bfloat16")) == {"tiny"}
+    assert seen == [("tiny", "bfloat16", str(os.getpid()))] and not stage._lock("tiny").exists()
+    with pytest.raises(ValueError, match="cannot load"):
+        stage.convert_models(["bad"], "bfloat16")
+    assert not stage._lock("bad").exists()
+
+
+def test_background_needs_convert(tiny_asset, tmp_path, capsys):
+    assert stage.main(["receive", "--dir", str(tmp_path), "--background"]) == 2
+    assert "--background applies to --convert" in capsys.readouterr().err
+
+
+def test_background_conversion_starts_under_its_lock_and_wait_returns(tiny_asset, tmp_path):
+    """`receive --convert --background` returns at once, naming the pid of a process of its own that holds
+    the lock from its start; `stage wait` then returns once it has ended (here it fails: the test asset is
+    not a real GGUF), leaving no lock and a log."""
+    split_dir, carry, staged = tmp_path / "split", tmp_path / "carry", tmp_path / "stage"
+    stage.split(["tiny"], split_dir, chunk_mib=1.0)
+    shutil.copytree(split_dir, carry)
+    state = stage.receive(carry, staged, convert="bfloat16", background=True)
+    assert "converting to bfloat16 in the background (pid" in state["tiny"]
+    pid = int(state["tiny"].split("(pid ")[1].split(";")[0])
+    lock = stage._lock("tiny")
+    assert not lock.exists() or lock.read_text() == str(pid)
+    stage.wait_for_conversions(timeout=120, poll=0.2)
+    assert not lock.exists()
+    assert (registry.cache_dir() / "stage-convert.log").is_file()
