@@ -1657,6 +1657,25 @@ def device_time_note() -> str:
             f"profiler, `{KERNEL_DEVICE}`): " + "; ".join(parts) + ".")
 
 
+def divergence_note(cases: Dict[str, Any], method: str = "dustin-h", budget: int = 512) -> str:
+    """Where a method's greedy output leaves the dense output, item by item: after a shared correct
+    answer, on items the dense run fails too, or with another answer (what the token match counts)."""
+    dense = {k[:-len("/dense")]: c for k, c in cases.items() if k.endswith("/dense")}
+    runs = [(dense[_item_of(k)], c) for k, c in cases.items()
+            if c.get("method") == method and c.get("budget") == budget and _item_of(k) in dense]
+    diverged = [(d, c) for d, c in runs if c["first_divergence"] is not None]
+    after_answer = sum(1 for d, c in diverged if d["accuracy"] == c["accuracy"] == 1)
+    both_wrong = sum(1 for d, c in diverged if d["accuracy"] == c["accuracy"] == 0)
+    other = len(diverged) - after_answer - both_wrong
+    firsts = sorted(c["first_divergence"] for _, c in diverged)
+    return (f"Why the token match is low, item by item ({method}, k = {budget}): {len(runs) - len(diverged)} of "
+            f"{len(runs)} outputs equal dense; of the {len(diverged)} that leave it (first differing token at "
+            f"{', '.join(map(str, firsts))}), {after_answer} still give the correct answer, as dense "
+            f"does (in other words), {both_wrong} are items dense fails too (the two runs guess differently), "
+            f"{other} differ from dense in retrieval. The token match counts every token after the first difference as lost, so it measures "
+            "identical continuations, not retrieval.")
+
+
 def quality_target_notes() -> List[str]:
     """The quality targets of the real pair on the H200 (Dustin-H at k = 512), from the GPU quality files."""
     out = []
@@ -1685,7 +1704,7 @@ def quality_target_notes() -> List[str]:
                    f"{where}: **{verdict}**{partial} — accuracy {dh['accuracy']:.2f} against dense "
                    f"{dense['accuracy']:.2f} ({'-' if kept is None else f'{100 * kept:.0f} %'} of dense), token "
                    f"match with dense verification {dh['match']:.2f} (k = 512 others: {others}); the per-item "
-                   f"records are in `{source}`.")
+                   f"records are in `{source}`. " + divergence_note(quality_cases(QUALITY_GPU_MODEL, ctx)))
     return out
 
 

@@ -122,3 +122,21 @@ def test_tables_imports_no_experiment_module():
     imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
     assert not {name for name in imported if name.startswith(("experiments", "jaxspec", "pallas_kernels"))}
+
+
+def test_divergence_note_sorts_diverging_items_by_what_the_answers_do():
+    """Identical outputs, divergence with both answers right, with both wrong, and a changed answer."""
+    def dense(accuracy):
+        return {"accuracy": accuracy, "tokens": [1, 2, 3]}
+
+    def run(accuracy, first):
+        return {"method": "dustin-h", "budget": 512, "accuracy": accuracy, "first_divergence": first}
+
+    cases = {}
+    for item, (d, r, first) in enumerate(((1.0, 1.0, None), (1.0, 1.0, 4), (0.0, 0.0, 1), (1.0, 0.0, 2))):
+        cases[f"evaluation/passkey/400/i{item}/dense"] = dense(d)
+        cases[f"evaluation/passkey/400/i{item}/dustin-h/k512"] = run(r, first)
+    note = tables.divergence_note(cases)
+    assert "1 of 4 outputs equal dense; of the 3 that leave it (first differing token at 1, 2, 4)" in note
+    assert "1 still give the correct answer" in note and "1 are items dense fails too" in note
+    assert "1 differ from dense in retrieval" in note
