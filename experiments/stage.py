@@ -200,7 +200,7 @@ def convert_models(names: List[str], dtype: str) -> Dict[str, float]:
 
 
 def convert_in_background(names: List[str], dtype: str) -> int:
-    """``stage convert NAMES --dtype DTYPE`` in a process session of its own (it outlives this one, e.g. a
+    """``stage convert NAMES --dtype DTYPE`` detached from this process (it outlives it, e.g. a
     transfer's call), its log in ``<cache>/stage-convert.log``; the lock files carry its pid from the
     start, so a ``stage wait`` right after this returns already waits for it. Returns the pid."""
     import subprocess
