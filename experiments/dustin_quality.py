@@ -1226,8 +1226,8 @@ def cmd_dustin_quality(args) -> Dict[str, Any]:
     from jaxspec.data.tasks import TextCodec
 
     tok = TextCodec(target.tokenizer)
-    pending = [task for task in items
-               if not all(writer.has(k) for k in [f"{task.task_id}/dense"] + [f"{task.task_id}/{m.key}" for m in methods])]
+    pending = [task for task in items if not all(writer.has(f"{task.task_id}/{name}")
+                                                 for name in ["dense"] + [m.key for m in methods])]
     warm_up = None
     if warm_workers > 1 and pending:
         warm_up = {"workers": warm_cache_for_quality(args, names, warm_workers, pending[0].context_tokens),

@@ -418,6 +418,9 @@ def cmd_attention_device_time(args) -> Dict[str, Any]:
                             planes = summary["planes"].values()
                             device.append(sum(p["kernel_time_s"] for p in planes))
                             launches.append(sum(p["launches"] for p in planes))
+                        if not all(device):
+                            raise RuntimeError(f"{key} {name}: the profiler recorded no device kernels, so device "
+                                               "time cannot be measured here (is CUPTI available?)")
                         wall, device_s = float(np.median(walls)), float(np.median(device))
                         moved = dense_bytes if kind == "dense" else sparse_bytes
                         case_rows.append({"shape": shape, "context": context, "batch": batch, "k": budget,
@@ -438,7 +441,7 @@ def cmd_attention_device_time(args) -> Dict[str, Any]:
                                "speedup_device": best_dense["device_us_per_layer"] / best_sparse["device_us_per_layer"],
                                "speedup_wall": wall_dense["wall_us_per_layer"] / wall_sparse["wall_us_per_layer"],
                                "byte_ratio": dense_bytes / sparse_bytes}
-                    for row in case_rows:
+                    for row in dense + sparse:  # a cuDNN error row has no time
                         row["speedup_device_vs_fastest_dense"] = (best_dense["device_us_per_layer"]
                                                                   / row["device_us_per_layer"])
                     writer.add(key, {"rows": case_rows, **summary})

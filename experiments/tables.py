@@ -198,11 +198,12 @@ DENSE = "dense (ClassicSD)"
 QUALITY_GPU_MODEL = "qwen2.5-coder-1.5b"
 QUALITY_GPU_METHODS = ("dustin-h", "dustin-t", "dustin-d", "streaming", "quest", "snapkv")
 #: fixed m, the input-aware rules and the per-round oracle (docs/methods.md §3.7): (model, file), the files that exist
-INPUT_AWARE_M = tuple((m, f"dustin_quality/dustin_quality_input_aware_m_{m}_{c}_cpu.json") for m, c in (
-    ("smollm2-135m", "2k"), ("qwen2.5-coder-1.5b", "2k"), ("qwen2.5-coder-1.5b", "4k"), ("qwen2.5-coder-1.5b", "8k"),
-    ("entropy_smollm2-135m", "2k"), ("entropy_qwen2.5-coder-1.5b", "2k"))  # the entropy rule's runs: files of their own
-    if (RESULTS / f"dustin_quality/dustin_quality_input_aware_m_{m}_{c}_cpu.json").is_file())
-INPUT_AWARE_M = tuple((m.removeprefix("entropy_"), source) for m, source in INPUT_AWARE_M)
+INPUT_AWARE_M = tuple((model, f"dustin_quality/dustin_quality_input_aware_m_{run}_cpu.json") for model, run in (
+    ("smollm2-135m", "smollm2-135m_2k"), ("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b_2k"),
+    ("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b_4k"), ("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b_8k"),
+    # the entropy rule's runs, files of their own (fixed m and the oracle repeat the 2k files' numbers)
+    ("smollm2-135m", "entropy_smollm2-135m_2k"), ("qwen2.5-coder-1.5b", "entropy_qwen2.5-coder-1.5b_2k"))
+    if (RESULTS / f"dustin_quality/dustin_quality_input_aware_m_{run}_cpu.json").is_file())
 #: the input-aware rules (docs/methods.md §3.7): quality method and the tag of its table columns
 M_RULES = (("dustin-h-ia", "max_mass", "max-mass"), ("dustin-h-cov", "coverage", "coverage"),
            ("dustin-h-ent", "entropy", "entropy"))

@@ -366,7 +366,10 @@ def compile_loops(target_params, draft_params, runs, *, threads: Optional[int] =
     from concurrent.futures import ThreadPoolExecutor
 
     start = time.perf_counter()
-    lowered = [loop_jit.lower(target_params, draft_params, state, None, **static) for state, static in runs]
+    lowered = []
+    for state, static in runs:
+        lowered.append(loop_jit.lower(target_params, draft_params, state, None, **static))
+        del state  # before the next is built: a state can hold a copy of the caches
     lower_s = time.perf_counter() - start
     threads = max(1, min(threads or len(lowered), len(lowered))) if lowered else 0
     start = time.perf_counter()
