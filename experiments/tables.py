@@ -937,9 +937,9 @@ README_KEYS = (  # the README's short table
     "real-pair/h200/ctx32000/b16/dustin/speedup",
     "real-pair/h200/ctx32000/b16/sd/speedup",
     "real-pair/h200/ctx32000/b16/dustin-kv-streaming/speedup",
-    "real-pair/h200/ctx16000/dustin-h/k512/agreement",
+    "real-pair/h200/ctx32000/dustin-h/k512/agreement",
     "kernels/dense-attention/qwen2.5-7b/ctx32768/b16/bandwidth",
-    "kernels/sparse-attention/qwen2.5-7b/ctx32768/b16/k512/speedup-vs-dense",
+    "kernels/72b/ctx32768/b16/k512/attention_speedup_device",
     "ar/decode/qwen2.5-7b-shape/ctx32768/b16/fraction-of-floor",
     "knapspec/speed/qwen2.5-7b-shape/ctx8192/b1/h200/speedup-vs-ar",
     "parity/smollm2-135m/cpu/max-rel-err",
@@ -1241,7 +1241,9 @@ def dustin_speed_tables() -> str:
     return "\n".join(lines + ["", "Batch 16 with each method's own tau as pair-speed measured it on the real pair "
                                   f"at the nearest context and batch 16 (`{DUSTIN_SPEED_PAIR_TAU}`, suite "
                                   f"`{suite_steps()[DUSTIN_SPEED_PAIR_TAU][0]}`; the same code and shapes as the "
-                                  "table above, only the acceptance differs):", ""] + pt
+                                  "table above, only the acceptance differs; for most of this run two other processes on the same host "
+                                  "converted model weights to bfloat16, so its host-side times may carry some "
+                                  "contention):", ""] + pt
                      + ["", f"With the tau the real pair measured at 32k/b16 (`{DUSTIN_SPEED_SPARSE}`, suite "
                                   f"`{suite_steps()[DUSTIN_SPEED_SPARSE][0]}`; each method's tau is its own "
                                   "pair-speed tau at that point), full-KV Dustin-H beside the sparse draft KV "
