@@ -283,6 +283,30 @@ def cmd_bench_attention(args) -> Dict[str, Any]:
     return writer.data
 
 
+#: the Pallas kernels' names start with this (``pallas_kernels/attention.py``)
+OWN_KERNEL_PREFIX = "jaxspec_"
+
+
+def kernel_breakdown(planes, layers: int, top: int = 12) -> Dict[str, Any]:
+    """One traced run's device time kernel by kernel, per layer: the ``top`` kernels by time
+    (name, microseconds and launches per layer) and the time in jaxspec's own Pallas kernels (names
+    starting ``jaxspec_``) apart from everything else the program launches (XLA's slices, merges,
+    gathers and the loop's own per-layer work)."""
+    totals: Dict[str, List[float]] = {}
+    for plane in planes:
+        for k in plane["top_kernels"]:
+            entry = totals.setdefault(k["name"], [0.0, 0])
+            entry[0] += k["total_s"]
+            entry[1] += k["count"]
+    own = sum(t for name, (t, _) in totals.items() if name.startswith(OWN_KERNEL_PREFIX))
+    everything = sum(p["kernel_time_s"] for p in planes)
+    ranked = sorted(totals.items(), key=lambda kv: -kv[1][0])[:top]
+    return {"kernels": [{"name": name, "us_per_layer": t / layers * 1e6, "launches_per_layer": n / layers}
+                        for name, (t, n) in ranked],
+            "own_kernels_us_per_layer": own / layers * 1e6,
+            "other_kernels_us_per_layer": (everything - own) / layers * 1e6}
+
+
 def cmd_attention_device_time(args) -> Dict[str, Any]:
     """Dense against sparse attention of all of a model's layers, by device kernel time from the profiler.
 
@@ -408,7 +432,7 @@ def cmd_attention_device_time(args) -> Dict[str, Any]:
                                           / jnp.linalg.norm(ref.astype(jnp.float32)))
                         del outs
                         run = lambda: jax.block_until_ready(program(q_all, k_, v_, x_all))  # noqa: E731
-                        walls, device, launches = [], [], []
+                        walls, device, launches, breakdowns = [], [], [], []
                         for _ in range(args.repeats):
                             start = time.perf_counter()
                             run()
@@ -418,6 +442,7 @@ def cmd_attention_device_time(args) -> Dict[str, Any]:
                             planes = summary["planes"].values()
                             device.append(sum(p["kernel_time_s"] for p in planes))
                             launches.append(sum(p["launches"] for p in planes))
+                            breakdowns.append(kernel_breakdown(planes, layers))
                         if not all(device):
                             raise RuntimeError(f"{key} {name}: the profiler recorded no device kernels, so device "
                                                "time cannot be measured here (is CUPTI available?)")
@@ -430,7 +455,9 @@ def cmd_attention_device_time(args) -> Dict[str, Any]:
                                           "launches_per_layer": float(np.median(launches)) / layers,
                                           "device_TBps": moved / device_s / 1e12 if device_s else float("nan"),
                                           "of_copy_bw": moved / device_s / bandwidth if device_s else float("nan"),
-                                          "rel_err": error, "device_s_runs": device, "wall_s_runs": walls})
+                                          "rel_err": error, "device_s_runs": device, "wall_s_runs": walls,
+                                          # the run of median device time, kernel by kernel
+                                          **breakdowns[int(np.argsort(device)[len(device) // 2])]})
                     dense = [r for r in case_rows if r["kind"] == "dense"]
                     sparse = [r for r in case_rows if r["kind"] == "sparse"]
                     best_dense = min(dense, key=lambda r: r["device_us_per_layer"])
