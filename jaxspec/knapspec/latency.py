@@ -87,12 +87,14 @@ from jaxspec.models.attention import backend_of
 DEFAULT_CONTEXTS = tuple(range(1024, 25 * 1024 + 1, 2048))
 #: 2: the per-token constant c0; 3: the verification row cost v (older profiles are re-measured);
 #: 4: ``method`` ("isolated" | "forward") and the forward measurements (format 3 still loads)
-FORMAT_VERSION = 4
-READABLE_FORMATS = (3, 4)
+FORMAT_VERSION = 5
+READABLE_FORMATS = (3, 4, 5)
 #: how the coefficients were measured: one sub-layer per call, or whole forwards of the model
 FIT_METHODS = ("isolated", "forward")
 #: verification rows (gamma + 1) timed by the forward profiler
 DEFAULT_VERIFY_ROWS = (1, 2, 4, 8, 11)
+#: row counts of the many-row forwards timed for ``u``, the cost of one more row at scale (the DP's slot states)
+DEFAULT_BULK_ROWS = (64, 256)
 
 
 class ProfileFormatError(ValueError):
@@ -107,7 +109,12 @@ class LatencyModel:
     ``v``: verifying ``g + 1`` rows costs ``(a + v g)`` decode steps; ``a`` (default 1): the
     target's own forwards -- verification and plain decoding, which run without the draft's
     skip mask -- cost ``a`` draft-form steps per row-1 call (a whole-forward fit measures it; on
-    a GPU the dynamic skip mask makes the draft-form step dearer than the target's, ``a < 1``)."""
+    a GPU the dynamic skip mask makes the draft-form step dearer than the target's, ``a < 1``).
+    ``u``: seconds of one more row in a forward of many rows (``DEFAULT_BULK_ROWS``, at the largest
+    profiled context), the slope the DP's ``J x r`` slot states pay; 0 = not measured. ``v`` comes from
+    at most ``gamma + 1`` rows, where a GPU is still bound by the weights' bytes; extrapolated to the
+    DP's hundreds of rows (Qwen2.5-Coder-1.5B on the H200: 0.11 ms a row) it predicted a DP too dear
+    to run at 8k, batch 1 (docs/methods.md §4.1)."""
 
     c1: float
     c2: float
@@ -115,6 +122,7 @@ class LatencyModel:
     c0: float = 0.0
     v: float = 0.0
     a: float = 1.0
+    u: float = 0.0
 
     def t_mlp(self) -> float:
         return float(self.c1)
@@ -131,7 +139,7 @@ class LatencyModel:
 
     def as_dict(self) -> Dict[str, float]:
         return {"c1": float(self.c1), "c2": float(self.c2), "c3": float(self.c3), "c0": float(self.c0),
-                "v": float(self.v), "a": float(self.a)}
+                "v": float(self.v), "a": float(self.a), "u": float(self.u)}
 
 
 def verify_row_cost(step_one_row: float, step_rows: float, rows: int) -> float:
@@ -224,7 +232,7 @@ class LatencyProfile:
         model = data["model"]
         names = {f.name for f in dataclasses.fields(LatencyModel)}
         if not isinstance(model, dict) or not {"c1", "c2", "c3"} <= set(model) or set(model) - names:
-            raise ValueError(f"{source}: model {model!r} must hold c1, c2, c3 (and optionally c0, v, a)")
+            raise ValueError(f"{source}: model {model!r} must hold c1, c2, c3 (and optionally c0, v, a, u)")
         for key, value in model.items():
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise ValueError(f"{source}: model coefficient {key} = {value!r} is not a finite number")
@@ -452,6 +460,18 @@ def fit_forward(contexts: Sequence[float], full: Sequence[float], noattn: Sequen
     return LatencyModel(c1=c1, c2=c2, c3=c3, c0=c0, v=v, a=a), fit
 
 
+def bulk_row_cost(rows: Sequence[int], times: Sequence[float]) -> float:
+    """``u``: the least-squares slope of forward time against row count (seconds per row; unclamped)."""
+    r = np.asarray(rows, np.float64).reshape(-1)
+    t = np.asarray(times, np.float64).reshape(-1)
+    if r.shape != t.shape or np.unique(r).size < 2:
+        raise ValueError(f"bulk rows {r.tolist()} and times {t.tolist()}: need >= 2 distinct row counts, one time each")
+    if not np.all(np.isfinite(t)) or np.any(t <= 0):
+        raise ValueError(f"bulk times must be positive and finite; got {t.tolist()}")
+    (_, slope), *_ = np.linalg.lstsq(np.stack([np.ones_like(r), r], axis=1), t, rcond=None)
+    return float(slope)
+
+
 def forward_loop_fn(params, cache, tokens, mask, *, config, steps):
     """``steps`` forwards of ``tokens`` rows at the cache's current lengths (every step writes
     the same slots), each fed the previous step's greedy tokens so the steps run in order."""
@@ -480,6 +500,7 @@ def forward_contexts(n_max: int, points: int = 4) -> List[int]:
 def profile_latency_forward(config: ModelConfig, batch: int = 1, contexts: Sequence[int] = DEFAULT_CONTEXTS, *,
                             params=None, warmup: int = 2, repeats: int = 5, seed: int = 0,
                             verify_rows: Sequence[int] = DEFAULT_VERIFY_ROWS, steps_per_call: int = 4,
+                            bulk_rows: Sequence[int] = DEFAULT_BULK_ROWS,
                             timer: Optional[Callable[[tuple, Callable[[], Any]], float]] = None
                             ) -> LatencyProfile:
     """Measure ``T_full / T_noattn / T_nomlp`` at each context and ``T_verify(r)`` at the largest,
@@ -491,7 +512,9 @@ def profile_latency_forward(config: ModelConfig, batch: int = 1, contexts: Seque
     row counts) are timed round-robin, so load drift on a shared machine does not bias their
     differences. ``timer(key, call) -> seconds of one call`` replaces the clock (tests; it is
     called for the warm-up rounds too); ``key`` is ``(kind, n, rows)`` with kind
-    ``full | noattn | nomlp | verify``."""
+    ``full | noattn | nomlp | verify | bulk``. ``bulk_rows``: row counts of the full model's forwards
+    at the largest context whose least-squares slope is ``u`` (seconds per extra row at scale; ``()``:
+    not measured, ``u = 0``)."""
     from jaxspec.models.cache import init_cache
 
     if warmup < 1 or repeats < 1 or steps_per_call < 1:
@@ -503,6 +526,12 @@ def profile_latency_forward(config: ModelConfig, batch: int = 1, contexts: Seque
     top_rows = max(rows_list + [1])
     if len(contexts) < 2 or contexts[0] <= top_rows:
         raise ValueError(f"need >= 2 context lengths above {top_rows} (the most verification rows); got {contexts}")
+    bulk_list = sorted({int(r) for r in bulk_rows})
+    if bulk_list and (len(bulk_list) < 2 or bulk_list[0] < 1):
+        raise ValueError(f"bulk_rows={list(bulk_rows)}: need >= 2 distinct positive row counts (or none)")
+    if bulk_list and contexts[-1] <= bulk_list[-1]:
+        raise ValueError(f"bulk_rows={list(bulk_rows)}: the largest context {contexts[-1]} must exceed the most rows "
+                         f"{bulk_list[-1]} (or pass bulk_rows=())")
     L = config.num_layers
     if skippable_sublayers(L) < 1:
         raise ValueError(f"{config.name}: num_layers={L}; the forward profile needs >= 3 layers")
@@ -552,12 +581,27 @@ def profile_latency_forward(config: ModelConfig, batch: int = 1, contexts: Seque
                                  cache)
             verify_samples = [got[("verify", n, r)] for r in rows_list]
         del cache
+    bulk_samples: List[List[float]] = []
+    if bulk_list:
+        n = contexts[-1]
+        cache = init_cache(config, batch, n, lengths=jnp.full((batch,), n - bulk_list[-1], jnp.int32))
+        got, cache = measure([(("bulk", n, r), jnp.zeros((batch, r), jnp.int32), None) for r in bulk_list], cache)
+        bulk_samples = [got[("bulk", n, r)] for r in bulk_list]
+        del cache
+    bulk_med = [statistics.median(s) for s in bulk_samples]
     med = {k: [statistics.median(s) for s in v] for k, v in samples.items()}
     verify_med = [statistics.median(s) for s in verify_samples]
     model, fit = fit_forward(contexts, med["full"], med["noattn"], med["nomlp"], L, verify_rows=rows_list,
                              verify_times=verify_med, verify_context=contexts[-1])
+    if bulk_list:
+        u_raw = bulk_row_cost(bulk_list, bulk_med)
+        fit.update(u_raw=u_raw)
+        if u_raw < 0:
+            fit["clamped"].append("u")
+        model = dataclasses.replace(model, u=max(0.0, u_raw))
     forward = {"steps_per_call": steps, "times": med, "samples": samples, "verify_context": contexts[-1],
-               "verify_rows": rows_list, "verify_times": verify_med, "verify_samples": verify_samples, "fit": fit,
+               "verify_rows": rows_list, "verify_times": verify_med, "verify_samples": verify_samples,
+               "bulk_rows": bulk_list, "bulk_times": bulk_med, "bulk_samples": bulk_samples, "fit": fit,
                "how": "whole forwards (jaxspec.models.llama.forward, dynamic skip mask as the KnapSpec draft; "
                       "verification without a mask) in a jitted fori_loop carrying the donated cache"}
     return LatencyProfile(device=device_name(), platform=jax.devices()[0].platform, jax_version=jax.__version__,
@@ -595,6 +639,9 @@ def load_or_profile(path, config: ModelConfig, batch: int = 1, *, profile_fn: Op
         if profile is not None and profile.method != method:
             raise ValueError(f"latency profile {os.fspath(path)} holds a fit of method {profile.method!r}, "
                              f"not the requested {method!r}; pass another file or the matching method")
+        if (profile is not None and profile.method == "forward" and "bulk_rows" not in profile.forward
+                and profile_kwargs.get("bulk_rows", DEFAULT_BULK_ROWS)):
+            profile = None  # measured before u existed: measure again (the DP's cost needs it)
         if profile is not None and profile.matches(config, batch):
             return profile
     profile = profile_fn(config, batch, **profile_kwargs)

@@ -470,16 +470,20 @@ class KnapSpecPlanner(PlannerBase):
     def reference_cost(self, config: ModelConfig, n: float) -> float:
         """Predicted seconds of one DP per reference token of each row: the scan runs the ``J = budget
         + 1`` slot states of every reference token through each sub-layer, i.e. ``J`` extra rows
-        through the whole model, each costing the latency model's verification-row cost ``v t_step``
-        (compute-bound devices; ``v = 0`` -- no row cost measured -- predicts 0, i.e. no cap).
-        Checked on the CPU: SmolLM2-135M 3.05 s predicted vs 3.2-3.65 s measured, Qwen2.5-Coder-1.5B
-        38.6 s vs 45.5 s."""
+        through the whole model (the prefix cache is shared by the slots, read once). Each row costs
+        the latency model's many-row slope ``u`` when the profile measured it, else its
+        verification-row cost ``v t_step`` (from at most 11 rows: right on a compute-bound CPU, far too
+        high on a GPU, where a few rows cost no more than one); both 0 predicts 0, i.e. no cap.
+        Checked on the CPU with ``v``: SmolLM2-135M 3.05 s predicted vs 3.2-3.65 s measured,
+        Qwen2.5-Coder-1.5B 38.6 s vs 45.5 s."""
         lat = self.latency
         if self.knapspec.coupled:
             slots = config.num_layers // 2 + 1
         else:
             slots = skip_budget(*knapsack_weights(lat.t_attn(n), lat.t_mlp(), self.knapspec.weight_cap),
                                 config.num_layers) + 1
+        if lat.u > 0:
+            return float(slots) * float(lat.u)
         return float(slots) * float(lat.v) * lat.t_step(n, config.num_layers)
 
     def plan(self, target_params, config, cache, tokens, token_mask, prefix_len, n):

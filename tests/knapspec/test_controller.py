@@ -290,6 +290,11 @@ def test_reference_allowance_caps_or_skips_planning(params, ar_rows):
         assert out["allowed_tokens"] == allowed
         assert out["skip"] == (allowed < knap.min_reference_tokens)
         assert out["tokens"] == (None if out["skip"] else allowed)
+    # a profile that measured the many-row slope u prices the J slot rows with it instead of v t_step
+    with_u = dataclasses_replace(lat, u=0.003)
+    assert KnapSpecPlanner(with_u, knap).reference_cost(TARGET, n) == pytest.approx(slots * 0.003)
+    out = reference_allowance(KnapSpecPlanner(with_u, knap), with_u, TARGET, n, 1000, knap)
+    assert out["allowed_tokens"] == int(0.05 * 0.75 * 1000 * 1.1 * lat.t_step(n, TARGET.num_layers) // (slots * 0.003))
     capped = reference_allowance(planner, lat, TARGET, n, 100000, dataclasses_replace(knap, max_reference_tokens=9))
     assert capped["tokens"] == 9
     # no cap: no budget, no row cost, a planner without a cost model

@@ -17,7 +17,7 @@ from jaxspec.models.llama import forward_jit, init_params
 
 TINY = ModelConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=4, num_heads=4, num_kv_heads=2,
                    head_dim=16, dtype="float32", name="tiny-forward-fit")
-TRUE = latency.LatencyModel(c1=1.8e-4, c2=6.8e-8, c3=9.8e-5, c0=4.0e-3, v=0.12)
+TRUE = latency.LatencyModel(c1=1.8e-4, c2=6.8e-8, c3=9.8e-5, c0=4.0e-3, v=0.12, u=2.5e-5)
 
 
 def synthetic_times(model, L, kind, n, rows=1, verify_context=None):
@@ -30,6 +30,8 @@ def synthetic_times(model, L, kind, n, rows=1, verify_context=None):
         return full - S * model.t_attn(n)
     if kind == "nomlp":
         return full - S * model.t_mlp()
+    if kind == "bulk":  # many rows: the slope u, whatever the few-row slope v says
+        return full * model.a + model.u * (rows - 1)
     assert kind == "verify"
     return full * (model.a + model.v * (rows - 1))
 
@@ -102,15 +104,23 @@ def test_forward_profiler_with_a_mocked_clock_recovers_the_model():
     # round-robin: the three variants of a context alternate, warm-up round included (3 rounds)
     assert [k for k, n, _ in seen if n == 128] == ["full", "noattn", "nomlp"] * 3
     assert len(profile.forward["samples"]["full"][0]) == 2
-    assert {k for k, _, _ in seen} == {"full", "noattn", "nomlp", "verify"}
+    assert {k for k, _, _ in seen} == {"full", "noattn", "nomlp", "verify", "bulk"}
+    assert [r for k, n, r in seen if k == "bulk"] == list(latency.DEFAULT_BULK_ROWS) * 3
+    assert {n for k, n, r in seen if k == "bulk"} == {512}
     assert [r for k, n, r in seen if k == "verify"] == list(latency.DEFAULT_VERIFY_ROWS) * 3
     assert {n for k, n, r in seen if k == "verify"} == {512}  # verification at the largest context
-    for name in ("c0", "c1", "c2", "c3", "v"):
+    for name in ("c0", "c1", "c2", "c3", "v", "u"):
         assert getattr(profile.model, name) == pytest.approx(getattr(TRUE, name), rel=1e-8), name
     assert profile.method == "forward" and profile.verify_rows == 11
     assert profile.forward["times"]["full"][0] == pytest.approx(TRUE.t_step(128, TINY.num_layers))
     with pytest.raises(ValueError, match="above 11"):
         _mock_profile(contexts=(8, 512))
+    with pytest.raises(ValueError, match="largest context 200 must exceed the most rows 256"):
+        _mock_profile(contexts=(128, 200))
+    with pytest.raises(ValueError, match=r"bulk_rows=\[64\]: need >= 2 distinct"):
+        _mock_profile(bulk_rows=(64,))
+    unmeasured, seen = _mock_profile(bulk_rows=())
+    assert unmeasured.model.u == 0.0 and "bulk" not in {k for k, _, _ in seen}
 
 
 def test_forward_profile_round_trip_and_file_errors(tmp_path):
@@ -118,7 +128,7 @@ def test_forward_profile_round_trip_and_file_errors(tmp_path):
     path = tmp_path / "p" / "forward.json"
     profile.save(path)
     assert latency.LatencyProfile.load(path) == profile
-    assert json.loads(path.read_text())["format_version"] == latency.FORMAT_VERSION == 4
+    assert json.loads(path.read_text())["format_version"] == latency.FORMAT_VERSION == 5
 
     def must_not_profile(*args, **kwargs):
         raise AssertionError("profiled although a matching profile was saved")
@@ -128,6 +138,17 @@ def test_forward_profile_round_trip_and_file_errors(tmp_path):
         latency.load_or_profile(path, TINY, 1, method="isolated", profile_fn=must_not_profile)
     with pytest.raises(ValueError, match="'bogus'"):
         latency.load_or_profile(path, TINY, 1, method="bogus")
+    # a forward profile from before the many-row slope (format 4, no bulk rows) loads, but is measured again
+    old4 = json.loads(path.read_text())
+    old4["format_version"] = 4
+    del old4["model"]["u"], old4["forward"]["bulk_rows"]
+    before_u = tmp_path / "before_u.json"
+    before_u.write_text(json.dumps(old4))
+    assert latency.LatencyProfile.load(before_u).model.u == 0.0
+    remeasured = []
+    assert latency.load_or_profile(before_u, TINY, 1, method="forward",
+                                   profile_fn=lambda cfg, b: remeasured.append(b) or profile) == profile
+    assert remeasured == [1] and latency.LatencyProfile.load(before_u) == profile
     # a format-3 file (before the method field) still loads, as an isolated fit
     old = json.loads(path.read_text())
     old["format_version"] = 3
@@ -169,11 +190,12 @@ def test_forward_profile_times_the_draft_forward_of_a_tiny_model():
     config = TINY.replace(num_layers=3)
     params = init_params(config, jax.random.PRNGKey(0))
     profile = latency.profile_latency_forward(config, 2, (32, 96), params=params, warmup=1, repeats=2,
-                                              verify_rows=(1, 4), steps_per_call=2)
+                                              verify_rows=(1, 4), steps_per_call=2, bulk_rows=(8, 32))
     for kind in ("full", "noattn", "nomlp"):
         assert len(profile.forward["samples"][kind]) == 2 and min(profile.forward["times"][kind]) > 0
     assert len(profile.forward["verify_times"]) == 2 and profile.verify_rows == 4
-    assert profile.model.c1 >= 0 and profile.model.c0 >= 0 and profile.model.v >= 0
+    assert profile.model.c1 >= 0 and profile.model.c0 >= 0 and profile.model.v >= 0 and profile.model.u >= 0
+    assert profile.forward["bulk_rows"] == [8, 32] and min(profile.forward["bulk_times"]) > 0
     # one loop step == the engine's forward with the same skip mask
     mask = jnp.asarray(latency.forward_skip_masks(3)["noattn"])
     cache = init_cache(config, 2, 32, lengths=jnp.full((2,), 20, jnp.int32))
