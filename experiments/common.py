@@ -105,7 +105,8 @@ class ResultWriter:
     rerun with the same ``--out`` and the same config skips cases already present (``has``) and
     finds a finished run's fields (``previous``); a rerun with a different config, or a file this
     writer did not make (a JSON list, another program's output), is refused so nothing is
-    overwritten. The file is written atomically (a ``.tmp`` next to it, then renamed).
+    overwritten. An option the file's config does not hold, given its off value (``None`` / ``False``),
+    is the same config: the file predates the option. The file is written atomically (a ``.tmp`` next to it, then renamed).
     """
 
     def __init__(self, path: Optional[str], experiment: str, config: Dict[str, Any]):
@@ -128,9 +129,12 @@ class ResultWriter:
             kind = type(old).__name__ if not isinstance(old, dict) else "JSON object without experiment/config"
             raise ValueError(f"{self.path}: existing file is not a results file of this program ({kind}); move it "
                              f"away or pass another --out so it is not overwritten")
-        if old.get("experiment") != experiment or old.get("config") != config:
-            changed = sorted(k for k in set(config) | set(old.get("config") or {})
-                             if (old.get("config") or {}).get(k, "<absent>") != config.get(k, "<absent>"))
+        old_config = old.get("config") or {}
+        changed = sorted(k for k in set(config) | set(old_config)
+                         if old_config.get(k, "<absent>") != config.get(k, "<absent>")
+                         # an option added after the file was written, left at its off value, changes nothing
+                         and not (k not in old_config and config.get(k) in (None, False)))
+        if old.get("experiment") != experiment or changed:
             raise ValueError(f"{self.path} holds results of {old.get('experiment')!r} with a different config "
                              f"(differs in: {', '.join(changed) if changed else 'experiment'}); pass another --out "
                              f"(or delete it) so results are not mixed")

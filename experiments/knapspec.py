@@ -138,6 +138,10 @@ def add_planning_arguments(add, prefix: str = "") -> None:
     add(f"--{prefix}probe-rounds", type=int, default=8,
         help="measured arbitration: after a plan that drafts, time this many speculative rounds and as many "
              "plain-decoding steps, keep the faster until the next plan (0: off, as in the paper)")
+    add(f"--{prefix}static-plans", action="store_true",
+        help="re-planning runs draft each plan with a forward compiled for it (skipped sub-layers removed, no "
+             "per-sub-layer conditional; one compile per distinct plan, docs/methods.md §5.3) instead of the "
+             "dynamic skip mask")
     add(f"--{prefix}reference-kv", choices=("branch", "target"), default="branch",
         help="how the DP's reference tokens see one another (docs/methods.md §4.3): branch = each candidate runs "
              "the window as one causal sequence through its own K/V (the paper); target = each token attends to "
@@ -174,7 +178,8 @@ def knapspec_config_from_args(args):
                           max_plan_fraction=plan_fraction(args.knapspec_max_plan_fraction),
                           exit_aware_tpt=not getattr(args, "knapspec_spec_tpt", False),
                           probe_rounds=getattr(args, "knapspec_probe_rounds", 8) or None,
-                          reference_kv=getattr(args, "knapspec_reference_kv", "branch"))
+                          reference_kv=getattr(args, "knapspec_reference_kv", "branch"),
+                          static_plans=getattr(args, "knapspec_static_plans", False))
 
 
 def validate_self_spec(args) -> None:
@@ -216,6 +221,9 @@ def validate_knapspec_dustin(args) -> None:
 
     validate_self_spec(args)
     defaults = registry.family_defaults("self-speculative")
+    if args.knapspec_static_plans:
+        raise ValueError("--knapspec-static-plans compiles KnapSpec's own draft per plan; --method knapspec-dustin "
+                         "drafts with the Dustin self-draft (dynamic mask); drop the option")
     if args.knapspec_coupled:
         raise ValueError("--knapspec-coupled skips whole layers; --method knapspec-dustin keeps the SRH layers' "
                          "Attention sub-layers executed, which needs the sub-layer DP")
@@ -794,6 +802,7 @@ class Case:
             "tau": metrics["tau"], "acceptance_rate": metrics["acceptance_rate"], "rounds": rounds,
             "draft_steps": metrics["draft_steps"], "ar_steps": metrics["ar_steps"], "ar_tokens": metrics["ar_tokens"],
             "gamma_buckets_used": metrics.get("gamma_buckets_used"), "honor_gamma": metrics.get("honor_gamma"),
+            "static_plans": metrics.get("static_plans"), "compiled_plans": metrics.get("compiled_plans"),
             "plans": [{k: p.get(k) for k in ("round", "context_length", "n", "n_skip_attn", "n_skip_mlp",
                                             "skip_attn", "skip_mlp", "gamma_star", "gamma_used", "mode",
                                             "alpha", "p_c", "p_ac", "predicted_tpt", "t_attn", "t_mlp", "t_token",
@@ -999,7 +1008,8 @@ def experiment_knapspec_config(args, branch_chunk=None):
                                                                                       "--gamma-buckets"),
                           branch_chunk=branch_chunk, max_reference_tokens=args.max_reference_tokens,
                           max_plan_fraction=plan_fraction(args.max_plan_fraction, "--max-plan-fraction"),
-                          probe_rounds=args.probe_rounds or None, reference_kv=args.reference_kv)
+                          probe_rounds=args.probe_rounds or None, reference_kv=args.reference_kv,
+                          static_plans=args.static_plans)
 
 
 def check_knapspec_args(args) -> None:

@@ -153,13 +153,17 @@ class Chunk:
     * ``gamma``: the engine gamma of these rounds (verification rows - 1), ``1 .. EngineConfig.gamma``
       (``None``: ``EngineConfig.gamma``); each value is one compile of the loop. The loop state's
       acceptance counters are gamma-sized: the engine folds them into its host totals at a change;
-    * ``draft_state``: replace the draft state before the chunk (e.g. a new skip plan); ``None``: keep.
+    * ``draft_state``: replace the draft state before the chunk (e.g. a new skip plan); ``None``: keep;
+    * ``draft_policy``: run these rounds with this draft policy instead of the run's (e.g. one compiled
+      for a skip plan); it reads and writes the run's draft state. A static argument of the loop: each
+      distinct policy (hashable, compared by value) is one compile, which jit keeps; ``None``: the run's.
     """
 
     rounds: Optional[int] = None
     plain_steps: Optional[int] = None
     gamma: Optional[int] = None
     draft_state: Any = None
+    draft_policy: Any = None
 
     def __post_init__(self):
         if self.rounds is not None and int(self.rounds) < 0:
@@ -168,6 +172,11 @@ class Chunk:
             raise ValueError(f"Chunk plain_steps={self.plain_steps} must be >= 1 or None (speculative rounds)")
         if self.gamma is not None and int(self.gamma) < 1:
             raise ValueError(f"Chunk gamma={self.gamma} must be >= 1 or None (the engine's gamma)")
+        if self.draft_policy is not None and not isinstance(self.draft_policy, DraftPolicy):
+            raise TypeError(f"Chunk draft_policy {type(self.draft_policy).__name__} is not a DraftPolicy; derive it "
+                            f"from jaxspec.decoding.contract.DraftPolicyBase")
+        if self.draft_policy is not None and self.plain_steps is not None:
+            raise ValueError("Chunk draft_policy applies to speculative rounds; plain_steps run no draft")
 
 
 @runtime_checkable

@@ -460,6 +460,7 @@ class RunCounters:
     drafted_histogram: np.ndarray = None  # [gamma + 1]
     attempts: np.ndarray = None  # [gamma]
     gammas_used: set = dataclasses.field(default_factory=set)
+    draft_policies: set = dataclasses.field(default_factory=set)  # chunks' own draft policies (Chunk.draft_policy)
     plain_steps: int = 0
     plain_tokens: int = 0
     plain_stretches: int = 0
@@ -637,6 +638,9 @@ def speculative_generate(target_params, target_config: ModelConfig, prompts: Seq
         live.counters.gammas_used.add(g)
         before = int(state.round)
         chunk_static = dict(static, engine=engine_for(g))
+        if chunk.draft_policy is not None:
+            chunk_static["draft_policy"] = chunk.draft_policy
+            live.counters.draft_policies.add(chunk.draft_policy)
         if profile_totals is None:
             state = run_loop(target_params, draft_params, state, max_rounds=chunk.rounds, **chunk_static)
         else:

@@ -269,6 +269,11 @@ class KnapSpecConfig:
     # "target" (each token attends to the target's K/V of the earlier tokens, the candidate's only at its
     # own position: what a draft step sees). Sub-layer DP only.
     reference_kv: str = "branch"
+    # re-planning runs draft each plan with a forward compiled for it (KnapSpecDraft.static_mask: the skipped
+    # sub-layers removed at trace time, no per-sub-layer conditional, whose predicate a GPU reads on the host);
+    # one compile per distinct plan, kept for the run (docs/methods.md §5.3). False: the dynamic [L, 2] mask.
+    # Re-planning runs only: a fixed plan (replan=False) follows knapspec_generate's static_plan
+    static_plans: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "keep_attention", tuple(sorted({int(x) for x in self.keep_attention})))
@@ -535,7 +540,7 @@ class KnapSpecController(ScriptedController):
 
     def __init__(self, knapspec: KnapSpecConfig, planner=None, *, latency: Optional[LatencyModel] = None,
                  context_n: Optional[float] = None, initial_plan: Optional[Tuple[np.ndarray, int]] = None,
-                 replan: bool = True):
+                 replan: bool = True, draft_policy: Optional["KnapSpecDraft"] = None):
         if replan and planner is None:
             raise ValueError("KnapSpecController needs a planner to re-plan (or replan=False)")
         if planner is not None and not isinstance(planner, Planner):
@@ -544,6 +549,17 @@ class KnapSpecController(ScriptedController):
         self.knapspec, self.planner, self.context_n = knapspec, planner, context_n
         self.initial_plan, self.replan = initial_plan, replan
         self.latency = latency if latency is not None else (planner.latency_model() if planner is not None else None)
+        if knapspec.static_plans and not isinstance(draft_policy, KnapSpecDraft):
+            raise ValueError(f"KnapSpecConfig.static_plans compiles KnapSpecDraft for each plan: pass the run's "
+                             f"KnapSpecDraft as draft_policy (got {type(draft_policy).__name__})")
+        self.draft_policy = draft_policy if knapspec.static_plans else None
+
+    def _policy_for(self, mask) -> Optional["KnapSpecDraft"]:
+        """With ``static_plans``: the draft compiled for ``mask`` (equal plans give equal policies, so jit
+        reuses the compiled loop); otherwise None (the run's dynamic mask)."""
+        if self.draft_policy is None:
+            return None
+        return dataclasses.replace(self.draft_policy, static_mask=freeze_skip_mask(np.asarray(mask, bool)))
 
     def chunks(self, run):
         knapspec, engine, config = self.knapspec, run.engine, run.target_config
@@ -554,7 +570,8 @@ class KnapSpecController(ScriptedController):
         self.allowance = None
         self.buckets_used = set()
         self.schedule_rounds = 0
-        current = {"gamma": gamma_max, "bucket": gamma_max, "draft_state": None}
+        current = {"gamma": gamma_max, "bucket": gamma_max, "draft_state": None,
+                   "policy": self._policy_for(np.zeros((config.num_layers, 2), bool))}
         planner, model, tokens, lengths = self.planner, self.latency, run.prompt_tokens, run.prompt_lengths
 
         def apply_plan(mask, gamma):
@@ -564,6 +581,8 @@ class KnapSpecController(ScriptedController):
             base = current["draft_state"] if current["draft_state"] is not None else run.state.draft_state
             current.update(gamma=gamma, bucket=bucket, draft_state=dict(
                 base, skip_mask=jnp.asarray(mask, bool), gamma_cap=jnp.int32(max(gamma, 1))))
+            if gamma > 0:
+                current["policy"] = self._policy_for(mask)
 
         def take_draft_state():
             state, current["draft_state"] = current["draft_state"], None
@@ -583,7 +602,8 @@ class KnapSpecController(ScriptedController):
                 yield Chunk(plain_steps=steps, draft_state=take_draft_state())
                 return steps
             self.buckets_used.add(current["bucket"])
-            yield Chunk(rounds=rounds, gamma=current["bucket"], draft_state=take_draft_state())
+            yield Chunk(rounds=rounds, gamma=current["bucket"], draft_state=take_draft_state(),
+                        draft_policy=current["policy"])
             return run.last_chunk
 
         def arbitrate(n):
@@ -686,7 +706,8 @@ class KnapSpecController(ScriptedController):
         if not run.finished():
             true_round += yield from advance(None)
         if current["draft_state"] is not None:  # a plan made as the last rows finished: keep it in the state
-            yield Chunk(rounds=0, gamma=current["bucket"], draft_state=take_draft_state())
+            yield Chunk(rounds=0, gamma=current["bucket"], draft_state=take_draft_state(),
+                        draft_policy=current["policy"])
         if run.warmup and self.replan and knapspec.honor_gamma:  # compile plain decoding, whichever mode comes
             yield Chunk(plain_steps=1)
         self.schedule_rounds = true_round
@@ -700,6 +721,8 @@ class KnapSpecController(ScriptedController):
                        gamma_buckets_used=sorted(self.buckets_used), honor_gamma=self.knapspec.honor_gamma,
                        knapspec_plans=[r.summary() for r in self.records], plan_allowance=self.allowance,
                        draft_steps=int(final.draft_state["draft_steps"]),
+                       static_plans=self.draft_policy is not None,
+                       compiled_plans=len(counters.draft_policies),
                        final_skip_mask=np.asarray(final.draft_state["skip_mask"]).tolist())
         return metrics, timings
 
@@ -777,8 +800,14 @@ def knapspec_generate(target_params, target_config: ModelConfig, prompts: Sequen
         policy = draft_policy
         draft_state = dict(policy.initial_state(np.zeros((target_config.num_layers, 2), bool)),
                            draft_steps=jnp.zeros((), jnp.int32), gamma_cap=jnp.int32(NO_GAMMA_CAP))
+    if not replan:  # static_plans is for re-planning runs; a fixed plan follows static_plan
+        knapspec = dataclasses.replace(knapspec, static_plans=False)
+    elif knapspec.static_plans and not isinstance(policy, KnapSpecDraft):
+        raise ValueError(f"KnapSpecConfig.static_plans compiles KnapSpecDraft for each plan; the draft policy "
+                         f"{type(policy).__name__} has its own forward")
     controller = KnapSpecController(knapspec, planner, latency=latency, context_n=context_n,
-                                    initial_plan=initial_plan, replan=replan)
+                                    initial_plan=initial_plan, replan=replan,
+                                    draft_policy=policy if knapspec.static_plans else None)
     return speculative_generate(target_params, target_config, prompts, draft_policy=policy,
                                 draft_state=draft_state, verify_policy=verify_policy,
                                 verify_state=verify_state, engine=engine, seed=seed, capacity=capacity, warmup=warmup,

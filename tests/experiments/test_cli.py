@@ -95,6 +95,11 @@ def test_result_writer_resumes_same_config_refuses_another(tmp_path):
         common.ResultWriter(str(path), "generate", {"a": 2})  # no cases, but a finished run: still refused
     with pytest.raises(ValueError, match="results of 'generate'"):
         common.ResultWriter(str(path), "demo", {"a": 1})
+    # an option added after the file was written: its off value resumes, any other value is refused
+    assert common.ResultWriter(str(path), "generate", {"a": 1, "new_flag": False}).previous["results"]
+    assert common.ResultWriter(str(path), "generate", {"a": 1, "new_opt": None}).previous["results"]
+    with pytest.raises(ValueError, match=r"differs in: new_flag"):
+        common.ResultWriter(str(path), "generate", {"a": 1, "new_flag": True})
     assert json.loads(path.read_text())["results"] == {"tokens": [[1, 2]]}
     assert not list(tmp_path.glob("*.tmp"))
 
@@ -155,6 +160,10 @@ def test_os_error_is_one_line_not_a_traceback(tmp_path, capsys):
     (["--method", "knapspec-dustin", "--budget", "128", "--draft-skip", "mlp:1"],
      "--method knapspec-dustin does not take it"),
     (["--method", "knapspec-dustin", "--budget", "128", "--knapspec-coupled"], "needs the sub-layer DP"),
+    (["--method", "knapspec-dustin", "--budget", "128", "--knapspec-static-plans"],
+     "--knapspec-static-plans compiles KnapSpec's own draft per plan"),
+    (["--method", "sd", "--draft-skip", "mlp:1", "--knapspec-static-plans"],
+     "--knapspec-static-plans is an option of --method knapspec"),
     (["--method", "knapspec-dustin", "--budget", "128", "--knapspec-early-exit", "0.5"],
      "--knapspec-early-exit=0.5: --method knapspec-dustin drafts every token"),
     (["--method", "knapspec-dustin", "--budget", "128", "--arbitrate", "8"], "--arbitrate=8: --method knapspec-dustin"),

@@ -80,6 +80,7 @@ def test_experiment_end_to_end_on_a_tiny_random_model(tmp_path, monkeypatch):
             "--candidate-reference-tokens", "8", "--attention-budget", "16", "--attention-sinks", "2",
             "--plan-cost-repeats", "1", "--device-tag", "test", "--latency-fit", "isolated", "--out", str(out),
             "--max-plan-fraction", "0",  # 40 tokens could not pay for a DP under a planning budget: plan anyway
+            "--static-plans",  # the re-planning methods draft each plan with a forward compiled for it
             "--plot", str(tmp_path / "f.png")]
     assert main(argv) == 0
     data = json.loads(out.read_text())
@@ -96,6 +97,8 @@ def test_experiment_end_to_end_on_a_tiny_random_model(tmp_path, monkeypatch):
     knapspec = cases["test/summarize/ctx64/b1/knapspec"]
     assert knapspec["plans"] and knapspec["plans"][0]["t_token"] > 0  # planned with the per-token constant
     assert knapspec["plan_allowance"] == {"tokens": None, "skip": False}  # no budget, no cap
+    assert knapspec["static_plans"] is True and knapspec["compiled_plans"] >= 1
+    assert cases["test/summarize/ctx64/b1/static-skip"]["static_plans"] is False  # a fixed plan: static_plan
     assert cases["test/summarize/ctx64/b1/knapspec-official"]["honor_gamma"] is False
     budget_plan = cases["test/summarize/ctx64/b1/knapspec-budget"]["budget_plan"]
     assert budget_plan["sinks"] == 2 and budget_plan["window"] == 14 and budget_plan["reference_tokens"] == 8

@@ -549,3 +549,51 @@ def test_fixed_plan_compiles_a_static_draft_equal_to_the_dynamic_mask(params, ar
     assert " cond[" not in jaxpr  # no per-sub-layer conditional left in the static draft
     with pytest.raises(ValueError, match="static_mask"):
         KnapSpecDraft(TARGET, static_mask=((True, False),))
+
+
+def test_replanning_with_static_plans_equals_the_dynamic_mask(params, ar_rows):
+    """``static_plans``: every plan's rounds run a draft compiled for that plan (its own loop, found again
+    when a plan recurs): the same tokens, acceptance and draft steps as the dynamic mask, greedy == AR,
+    and one compiled draft per distinct plan (the full model before the first plan included)."""
+    runs, seen = {}, {}
+    for static in (False, True):
+        planner = ScriptedPlanner([3, 2, 3, 1])
+        knap = dataclasses_replace(KNAP, static_plans=static)
+        runs[static] = knapspec_generate(params, TARGET, PROMPTS, knapspec=knap, max_new_tokens=NEW, planner=planner)
+        assert runs[static].rows() == ar_rows
+        seen[static] = [p["skip_attn"] + [100 + i for i in p["skip_mlp"]] for p in runs[static].metrics["knapspec_plans"]
+                        if p["gamma_used"] > 0]
+    dynamic, static = runs[False].metrics, runs[True].metrics
+    for key in ("acceptance_rate", "draft_steps", "rounds"):
+        assert static[key] == dynamic[key], key
+    untimed = [[{k: v for k, v in p.items() if k != "seconds"} for p in m["knapspec_plans"]] for m in (static, dynamic)]
+    assert untimed[0] == untimed[1]
+    assert not dynamic["static_plans"] and dynamic["compiled_plans"] == 0
+    distinct = {tuple(p) for p in seen[True]} | {()}  # () = the full model, before the first plan
+    assert static["static_plans"] and static["compiled_plans"] == len(distinct)
+    fixed = knapspec_generate(params, TARGET, PROMPTS, knapspec=dataclasses_replace(KNAP, static_plans=True),
+                              max_new_tokens=NEW, replan=False, initial_plan=(np.zeros((TARGET.num_layers, 2), bool), 3))
+    assert fixed.rows() == ar_rows and not fixed.metrics["static_plans"]  # a fixed plan: static_plan decides
+
+
+def test_a_chunk_runs_its_own_draft_policy(params, ar_rows):
+    """``Chunk.draft_policy`` replaces the run's draft for that chunk; a bad one is refused up front."""
+    from jaxspec.decoding.contract import Chunk, ScriptedController
+
+    mask = np.zeros((TARGET.num_layers, 2), bool)
+    mask[2, 1] = True
+    frozen = tuple((bool(a), bool(m)) for a, m in mask)
+
+    class TwoPolicies(ScriptedController):
+        def chunks(self, run):
+            yield Chunk(rounds=2)
+            yield Chunk(draft_policy=KnapSpecDraft(TARGET, static_mask=frozen))
+
+    base = KnapSpecDraft(TARGET)
+    result = speculative_generate(params, TARGET, PROMPTS, draft_policy=base, draft_state=base.initial_state(),
+                                  engine=EngineConfig(gamma=3, max_new_tokens=NEW), controller=TwoPolicies())
+    assert result.rows() == ar_rows
+    with pytest.raises(TypeError, match="Chunk draft_policy str is not a DraftPolicy"):
+        Chunk(draft_policy="knapspec")
+    with pytest.raises(ValueError, match="plain_steps run no draft"):
+        Chunk(plain_steps=2, draft_policy=base)
