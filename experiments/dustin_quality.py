@@ -78,6 +78,10 @@ def add_dustin_args(parser: argparse.ArgumentParser) -> None:
                             "candidate m covering the most of both signals' mass (coverage), or the profiled m "
                             "-/+ 10 %% of k - s - w when the signals' entropy gap leaves its usual range (entropy); "
                             "docs/methods.md §3.7")
+    group.add_argument("--dustin-reselect-every", type=int, default=None, metavar="R",
+                       help="dustin: select I_verify from the signals every R-th round only; the rounds between "
+                            "reuse that selection with their own sinks and window (docs/methods.md §3.8; 1: every "
+                            "round, the paper)")
 
 
 def _supported_budgets() -> str:
@@ -126,6 +130,11 @@ def validate(args) -> None:
             raise ValueError(f"--draft-window={args.draft_window} needs --draft-kv streaming or verify-set")
         if args.draft_window < 1:
             raise ValueError(f"--draft-window={args.draft_window} must be >= 1")
+    reselect = getattr(args, "dustin_reselect_every", None)
+    if reselect is not None and method != "dustin":
+        raise ValueError(f"--dustin-reselect-every is a dustin option; --method {method} does not take it")
+    if reselect is not None and reselect < 1:
+        raise ValueError(f"--dustin-reselect-every={reselect} must be >= 1 (1: select every round)")
     m_rule = getattr(args, "dustin_m_rule", "fixed")
     if m_rule != "fixed" and (method != "dustin" or args.dustin_mode != "hybrid"):
         raise ValueError(f"--dustin-m-rule {m_rule} chooses Dustin-H's split: it needs --method dustin with "
@@ -217,6 +226,9 @@ def dustin_config_for(args, target_config, draft_config, skip_mask) -> Tuple[Any
     draft_kv = getattr(args, "draft_kv", "full")
     if draft_kv != "full":  # docs/methods.md §5.1: the draft's view of its cache, not part of the profile
         config = config.replace(draft_kv=draft_kv, draft_window=getattr(args, "draft_window", None))
+    if getattr(args, "dustin_reselect_every", None) not in (None, 1):  # docs/methods.md §3.8: not in the profile
+        config = config.replace(reselect_every=args.dustin_reselect_every)
+        info["reselect_every"] = args.dustin_reselect_every
     if getattr(args, "dustin_m_rule", "fixed") != "fixed":
         config = config.replace(m_rule=args.dustin_m_rule)
         info["m_rule"] = args.dustin_m_rule

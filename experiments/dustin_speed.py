@@ -289,6 +289,8 @@ def cmd_dustin_speed(args) -> Dict[str, Any]:
         raise ValueError(f"--methods {args.methods!r}: choose from {','.join(METHODS)} (ar is required: the "
                          f"speed-ups are against it)")
     budget = check_budget(args.budget)
+    if args.reselect_every is not None and args.reselect_every < 1:
+        raise ValueError(f"--reselect-every={args.reselect_every} must be >= 1 (1: select every round)")
     contexts, batches = int_list(args.contexts, "--contexts"), int_list(args.batches, "--batches")
     check_positive(args, ("gamma", "new_tokens", "repeats"))
     if args.compile_threads < 0:
@@ -316,7 +318,8 @@ def cmd_dustin_speed(args) -> Dict[str, Any]:
         g * target_config.queries_per_kv for g in range(min(4, target_config.num_kv_heads)))
     draft_layer = args.draft_layer if args.draft_layer >= 0 else draft_config.num_layers // 2
     dustin = DustinConfig(budget=budget, target_layer=target_config.num_layers // 2, target_heads=target_heads,
-                          draft_layers=(draft_layer,), draft_heads=(_ints(args.draft_heads),), mode="hybrid")
+                          draft_layers=(draft_layer,), draft_heads=(_ints(args.draft_heads),), mode="hybrid",
+                          reselect_every=args.reselect_every or 1)
     writer.set("dustin_config", dustin.to_dict())
     target_bytes, draft_bytes = param_bytes(target_params), param_bytes(draft_params)
     scale = 1.0 / np.sqrt(target_config.head_dim)
@@ -485,6 +488,8 @@ def _measure_point(*, args, context, batch, holder, target_config, draft_config,
             draft_policy, verify_policy = dustin_policies(cfg, target_config, draft_config)
             verify_state = {"query": 0.1 * jax.random.normal(
                 jax.random.PRNGKey(7), (batch, len(verify_policy.probe_heads), target_config.head_dim))}
+            if verify_policy.reuses_selection:  # docs/methods.md §3.8
+                verify_state["reuse"] = verify_policy.initial_reuse_state(batch)
             if verify_policy.shares_verify_set:  # the first round's draft reads the prompt's StreamingLLM set
                 from jaxspec.dustin.policy import draft_history_indices
 
@@ -613,6 +618,9 @@ def register(subparsers) -> None:
                        help=f"comma-separated, ar required: {', '.join(METHODS)} (default {', '.join(DEFAULT_METHODS)}; "
                             f"dustin-kv-*: Dustin-H whose draft reads a budget of its cache)")
     bench.add_argument("--gamma", type=int, default=4)
+    bench.add_argument("--reselect-every", type=int, default=None, metavar="R",
+                       help="the Dustin methods select I_verify every R-th round and reuse it in between "
+                            "(docs/methods.md §3.8; 1: every round)")
     bench.add_argument("--tau", type=float, default=None,
                        help="mean tokens per round of the fixed acceptance, for every point and method")
     bench.add_argument("--tau-from", default=None, metavar="FILE[,FILE...]",

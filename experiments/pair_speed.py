@@ -76,6 +76,8 @@ def check_args(args) -> Tuple[List[int], List[int], List[str]]:
     unknown = [m for m in methods if m not in METHODS]
     if unknown or not methods:
         raise ValueError(f"--methods={args.methods!r}: choose one or more of {', '.join(METHODS)} (AR always runs)")
+    if args.reselect_every is not None and args.reselect_every < 1:
+        raise ValueError(f"--reselect-every={args.reselect_every} must be >= 1 (1: select every round)")
     _ints(args.profile_batches, "--profile-batches", allow_empty=True)
     _ints(args.trace_batches, "--trace-batches", allow_empty=True)
     if any(m in SPARSE_BUDGET_METHODS for m in methods):
@@ -128,7 +130,7 @@ def sparse_args(args, method: str) -> argparse.Namespace:
     draft_kv = SPARSE_DRAFT_KV.get(method, "full")
     return argparse.Namespace(method="dustin" if method in DUSTIN_METHODS else method, budget=args.budget,
                               dustin_profile=args.dustin_profile, dustin_mode=args.dustin_mode, draft_kv=draft_kv,
-                              draft_window=None,
+                              draft_window=None, dustin_reselect_every=getattr(args, "reselect_every", None),
                               dustin_m_rule="fixed", draft_skip=None, max_new_tokens=args.max_new_tokens)
 
 
@@ -414,6 +416,9 @@ def register(subparsers) -> None:
                    help=f"comma-separated: {', '.join(METHODS)} (AR always runs; default: {', '.join(DEFAULT_METHODS)}; "
                         f"dustin-kv-*: Dustin-H whose draft reads a budget of its cache)")
     p.add_argument("--budget", type=int, default=512, help="k of the sparse methods")
+    p.add_argument("--reselect-every", type=int, default=None, metavar="R",
+                   help="the Dustin methods select I_verify every R-th round and reuse it in between "
+                        "(docs/methods.md §3.8; 1: every round)")
     p.add_argument("--dustin-profile", default="experiments/profiles/qwen2.5-coder-1.5b_qwen2.5-coder-0.5b.json",
                    help="the pair's SRH profile (dustin-profile)")
     p.add_argument("--dustin-mode", default="hybrid", choices=["hybrid", "target", "draft"])

@@ -73,6 +73,10 @@ class DustinConfig:
         profiled m while ``H(p_T) - H(p_D)`` (each entropy divided by the log of the number of positions
         it is taken over) lies within ``centre -/+ band``; above it (the target signal flatter than usual)
         the draft gets the step, below it the target does.
+      reselect_every: R, select ``I_verify`` from the signals every R-th round only (docs/methods.md §3.8); in
+        between a round reuses the last selection's signal-chosen positions with its own sinks and window, and
+        computes no signal and no top-k. 1 = every round (the paper). Rows whose history fits in k always
+        select (dense).
     """
 
     budget: int = 512
@@ -90,6 +94,7 @@ class DustinConfig:
     m_spread: float = 0.1
     m_entropy_centre: float = -0.2
     m_entropy_band: float = 0.05
+    reselect_every: int = 1
 
     def __post_init__(self):
         check_budget(self.budget)
@@ -103,6 +108,8 @@ class DustinConfig:
         if self.draft_window is not None and (isinstance(self.draft_window, bool) or
                                               not isinstance(self.draft_window, int) or self.draft_window < 1):
             raise ValueError(f"draft_window={self.draft_window!r} must be None (the default) or an integer >= 1")
+        if isinstance(self.reselect_every, bool) or not isinstance(self.reselect_every, int) or self.reselect_every < 1:
+            raise ValueError(f"reselect_every={self.reselect_every!r} must be an integer >= 1 (1: select every round)")
         if self.m_rule not in M_RULES:
             raise ValueError(f"m_rule={self.m_rule!r}; valid: {M_RULES}")
         if isinstance(self.m_spread, bool) or not isinstance(self.m_spread, (int, float)) or not 0 < self.m_spread <= 1:
@@ -223,7 +230,8 @@ class DustinConfig:
                 **({"draft_kv": self.draft_kv, "draft_window": self.draft_window} if self.draft_kv != "full" else {}),
                 **({"m_rule": self.m_rule, "m_spread": self.m_spread} if self.m_rule != "fixed" else {}),
                 **({"m_entropy_centre": self.m_entropy_centre, "m_entropy_band": self.m_entropy_band}
-                   if self.m_rule == "entropy" else {})}
+                   if self.m_rule == "entropy" else {}),
+                **({"reselect_every": self.reselect_every} if self.reselect_every != 1 else {})}
 
     @classmethod
     def from_dict(cls, data) -> "DustinConfig":

@@ -36,7 +36,7 @@ from jaxspec.config import ModelConfig
 from jaxspec.decoding.contract import VerifyPolicyBase
 from jaxspec.decoding.policies import Proposal, SelfDraft, SeparateDraft, draft_loop
 from jaxspec.dustin.config import DustinConfig
-from jaxspec.dustin.selection import select_for_config
+from jaxspec.dustin.selection import reuse_verify_indices, select_for_config
 from jaxspec.dustin.signals import DraftSignals, draft_signal, target_signal
 from jaxspec.models.llama import forward
 
@@ -199,11 +199,14 @@ class DustinSelfDraft(_SparseDraftKV, SelfDraft):
 
 
 class VerifiedProbes(NamedTuple):
-    """:meth:`DustinVerify.verify_forward`'s probes with ``draft_kv="verify-set"``: the forward's
-    probes and this round's ``I_verify [B, k]``."""
+    """:meth:`DustinVerify.verify_forward`'s probes with ``draft_kv="verify-set"`` or ``reselect_every > 1``:
+    the forward's probes, this round's ``I_verify [B, k]`` and whether it was selected afresh this round
+    (``fresh``, a bool scalar) at history lengths ``selected [B]``."""
 
     probes: Any
     indices: jax.Array
+    fresh: Any = None
+    selected: Any = None
 
 
 def last_prompt_query_fn(params, tokens, cache, *, config, probe_heads):
@@ -239,6 +242,17 @@ class DustinVerify(VerifyPolicyBase):
         """``draft_kv="verify-set"``: the state also keeps the last ``I_verify`` for the draft."""
         return self.dustin.draft_kv == "verify-set"
 
+    @property
+    def reuses_selection(self) -> bool:
+        """``reselect_every > 1``: the state keeps the last fresh selection (docs/methods.md §3.8)."""
+        return self.dustin.reselect_every > 1
+
+    def initial_reuse_state(self, batch: int) -> dict:
+        """``reselect_every > 1``: the state's ``"reuse"`` before the first round (nothing selected yet, so the
+        first round selects)."""
+        return {"indices": jnp.full((batch, self.dustin.budget), -1, jnp.int32),
+                "selected": jnp.zeros((batch,), jnp.int32), "since": jnp.zeros((), jnp.int32)}
+
     def prefill(self, target_params, target_cache, tokens, prompt_lengths) -> dict:
         """The state after prefill: the target SRH queries of each row's last prompt token
         (a one-token forward that rewrites that token's K/V with the same values; the cache
@@ -248,6 +262,8 @@ class DustinVerify(VerifyPolicyBase):
         batch = target_cache.batch_size
         lengths = np.asarray(prompt_lengths, np.int32)
         state = {}
+        if self.reuses_selection:
+            state["reuse"] = self.initial_reuse_state(batch)
         if self.shares_verify_set:
             cfg = self.dustin
             state["indices"] = draft_history_indices("streaming", jnp.asarray(lengths - 1), sinks=cfg.sinks,
@@ -283,18 +299,35 @@ class DustinVerify(VerifyPolicyBase):
     def verify_forward(self, target_params, rows, target_cache, committed, signals, *, config, state):
         """The base class's forward; with ``draft_kv="verify-set"`` its probes also carry this round's
         ``I_verify`` (:class:`VerifiedProbes`), which :meth:`update` keeps for the next draft."""
-        indices = self.verify_indices(state, target_cache, committed, signals)
+        fresh = selected = None
+        if self.reuses_selection:
+            cfg, reuse, lengths = self.dustin, state["reuse"], (committed - 1).astype(jnp.int32)
+            # select every R-th round, and whenever a row's last selection was dense (history <= k): reusing
+            # it would drop the positions its window has since left
+            fresh = (reuse["since"] % cfg.reselect_every == 0) | jnp.any(reuse["selected"] <= cfg.budget)
+            indices = jax.lax.cond(
+                fresh, lambda: self.verify_indices(state, target_cache, committed, signals),
+                lambda: reuse_verify_indices(reuse["indices"], reuse["selected"], lengths, sinks=cfg.sinks,
+                                             window=cfg.window_size))
+            selected = jnp.where(fresh, lengths, reuse["selected"])
+        else:
+            indices = self.verify_indices(state, target_cache, committed, signals)
         result = forward(target_params, rows, target_cache.with_lengths(committed - 1), config=config,
                          verify_indices=indices, probe_heads=tuple(self.probe_heads))
-        if not self.shares_verify_set:
+        if not (self.shares_verify_set or self.reuses_selection):
             return result
-        return result._replace(probes=VerifiedProbes(result.probes, indices))
+        return result._replace(probes=VerifiedProbes(result.probes, indices, fresh, selected))
 
     def update(self, state, probes, num_committed, committed):
         extra = {}
+        if self.shares_verify_set or self.reuses_selection:
+            probes, indices, fresh, selected = probes.probes, probes.indices, probes.fresh, probes.selected
         if self.shares_verify_set:
-            probes, indices = probes.probes, probes.indices
             extra["indices"] = jnp.where((num_committed > 0)[:, None], indices, state["indices"])
+        if self.reuses_selection:
+            reuse = state["reuse"]
+            extra["reuse"] = {"indices": jnp.where(fresh, indices, reuse["indices"]), "selected": selected,
+                              "since": jnp.where(fresh, 1, reuse["since"] + 1).astype(jnp.int32)}
         if not self.probe_heads:
             return {**state, **extra}
         row = jnp.maximum(num_committed - 1, 0)[:, None, None, None]

@@ -196,6 +196,24 @@ def select_for_config(config: DustinConfig, s_draft, s_target, lengths) -> jax.A
                                  k=config.budget, sinks=config.sinks, window=config.window_size, m=m)
 
 
+def reuse_verify_indices(previous: jax.Array, selected_lengths: jax.Array, lengths: jax.Array, *, sinks: int,
+                         window: int) -> jax.Array:
+    """``I_verify`` of a round that reuses an earlier selection (docs/methods.md §3.8): the first ``sinks``
+    positions, the positions ``previous`` chose from the signals (every entry in ``sinks .. selected_lengths -
+    window - 1``: neither a sink nor in that round's window), and the last ``window`` positions of the
+    history now (``lengths``). ``previous [B, k]`` must be a full selection (``selected_lengths > k``); the
+    result has ``k`` distinct positions, sorted, like :func:`select_verify_indices`."""
+    k = previous.shape[1]
+    free = k - sinks - window
+    keep = (previous >= sinks) & (previous < (selected_lengths.astype(jnp.int32) - window)[:, None])
+    big = jnp.iinfo(jnp.int32).max
+    chosen = jnp.sort(jnp.where(keep, previous, big), axis=1)[:, :free]
+    batch = previous.shape[0]
+    head = jnp.broadcast_to(jnp.arange(sinks, dtype=jnp.int32), (batch, sinks))
+    tail = (lengths.astype(jnp.int32) - window)[:, None] + jnp.arange(window, dtype=jnp.int32)[None, :]
+    return jnp.concatenate([head, chosen.astype(jnp.int32), tail], axis=1)
+
+
 # ---------------------------------------------------------------------------- per-row m (docs/methods.md §3.7)
 def top_rows_mask(scores: jax.Array, lengths: jax.Array, counts: jax.Array, *, sinks: int, window: int) -> jax.Array:
     """``[B, S]`` bool: sinks + window + the top ``counts[b] - #protected`` scores among the rest of row b

@@ -17,6 +17,7 @@ from jaxspec.decoding.speculative import EngineConfig, speculative_generate
 from jaxspec.dustin import (BudgetError, DraftSignals, DustinConfig, DustinVerify, draft_signal, dustin_policies,
                             select_verify_indices, target_signal)
 from jaxspec.dustin.arr import all_heads, round_arr, round_recall_weights
+from jaxspec.dustin.selection import reuse_verify_indices
 from jaxspec.dustin.search import (CalibrationRecords, DustinProfile, ProfileError, algorithm1, best_m,
                                    check_calibration_data, profile_pair, selection_arr, sweep_m)
 from jaxspec.dustin.srh import NeedleCase, identify_srh
@@ -653,3 +654,75 @@ def test_entropy_rule_through_the_engine(models, dense_run):
             assert rows == dense_rows
         else:
             assert [len(r) for r in rows] == [16, 16, 16] and rows[2] == dense_rows[2]  # 40-token prompt: dense
+
+
+# ---------------------------------------------------------------------------- reusing a selection (§3.8)
+def test_reselect_every_config():
+    assert DustinConfig().reselect_every == 1
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="reselect_every="):
+            DustinConfig(reselect_every=bad)
+
+
+def test_reused_selection_keeps_the_chosen_positions_and_moves_the_window():
+    rng = np.random.RandomState(3)
+    k, sinks, window, m = 128, 4, 32, 40
+    for selected, now in ((300, 300), (300, 305), (1000, 1004)):
+        s_draft, s_target = rng.rand(selected), rng.rand(selected)
+        previous = _reference_selection(s_draft, s_target, selected, k, sinks, window, m)
+        got = np.asarray(reuse_verify_indices(jnp.asarray(previous[None]), jnp.asarray([selected]), jnp.asarray([now]),
+                                              sinks=sinks, window=window))[0]
+        chosen = previous[(previous >= sinks) & (previous < selected - window)]
+        want = np.sort(np.concatenate([np.arange(sinks), chosen, np.arange(now - window, now)]))
+        np.testing.assert_array_equal(got, want)
+        assert len(set(got.tolist())) == k and (np.diff(got) > 0).all()
+        if now == selected:  # no new token: the same set as the selection it reuses
+            np.testing.assert_array_equal(got, previous)
+
+
+def test_reselect_every_through_the_engine(models, dense_run):
+    """k >= context: every round selects (dense; greedy == AR); k = 128: the rounds in between reuse the last
+    selection, rows that fit in k stay dense, and the state counts rounds since the last selection."""
+    target_params, draft_params = models
+    engine, dense_rows = dense_run
+    for budget, m in ((512, 100), (128, 30)):
+        draft, verify = dustin_policies(_dustin_config(budget, m=m).replace(reselect_every=3), TARGET, DRAFT)
+        result = speculative_generate(target_params, TARGET, PROMPTS, draft_policy=draft, draft_params=draft_params,
+                                      verify_policy=verify, engine=engine)
+        rows = result.rows()
+        reuse = result.final_state.verify_state["reuse"]
+        if budget == 512:
+            assert rows == dense_rows and int(reuse["since"]) == 1  # histories fit in k: always selected
+        else:
+            assert [len(r) for r in rows] == [16, 16, 16] and rows[2] == dense_rows[2]  # 40-token prompt: dense
+            indices = np.asarray(reuse["indices"])
+            assert 1 <= int(reuse["since"]) <= 3
+            for row in (0, 1):  # the long prompts: a full selection of k distinct positions, sinks included
+                assert len(set(indices[row].tolist())) == 128 and {0, 1, 2, 3} <= set(indices[row].tolist())
+
+
+def test_a_reuse_round_computes_no_selection(models):
+    """Between selections ``verify_forward`` verifies on the reused set (``fresh`` False) and the next
+    R-th round selects again."""
+    target_params, _ = models
+    verify = DustinVerify(_dustin_config(128, m=30).replace(reselect_every=2), TARGET, DRAFT)
+    cache = forward(target_params, jnp.asarray([PROMPTS[0]]), init_cache(TARGET, 1, 256), config=TARGET).cache
+    state = verify.prefill(target_params, cache, np.asarray([PROMPTS[0]]), np.array([220]))
+    signals = DraftSignals(queries=jnp.ones((1, 6, 3, DRAFT.head_dim)),
+                           keys=(jnp.ones((1, 2, 256, DRAFT.head_dim)),) * 2)
+    rows = jnp.asarray([[5, 6, 7]], jnp.int32)
+    first = verify.verify_forward(target_params, rows, cache.with_lengths(jnp.array([200])), jnp.array([201]),
+                                  signals, config=TARGET, state=state).probes
+    assert bool(first.fresh) and int(first.selected[0]) == 200
+    state = verify.update(state, first, jnp.array([2]), jnp.array([203]))
+    assert int(state["reuse"]["since"]) == 1
+    second = verify.verify_forward(target_params, rows, cache.with_lengths(jnp.array([202])), jnp.array([203]),
+                                   signals, config=TARGET, state=state).probes
+    assert not bool(second.fresh)
+    want = reuse_verify_indices(first.indices, jnp.array([200]), jnp.array([202]), sinks=4, window=32)
+    np.testing.assert_array_equal(np.asarray(second.indices), np.asarray(want))
+    state = verify.update(state, second, jnp.array([2]), jnp.array([205]))
+    assert int(state["reuse"]["since"]) == 2
+    third = verify.verify_forward(target_params, rows, cache.with_lengths(jnp.array([204])), jnp.array([205]),
+                                  signals, config=TARGET, state=state).probes
+    assert bool(third.fresh)

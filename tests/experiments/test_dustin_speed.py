@@ -320,3 +320,14 @@ def test_tau_from_pair_speed_one_point_from_two_files_with_other_methods(tmp_pat
     assert point["dustin"] == _from(main_file, "ctx32000/b16", 32000, 768, "dustin", 2.3)
     assert point["dustin-kv-streaming"] == _from(sparse, "ctx32000/b16", 32000, 768, "dustin-kv-streaming", 2.8)
     assert point["dustin-kv-verify-set"] == _from(sparse, "ctx32000/b16", 32000, 768, "dustin-kv-verify-set", 2.9)
+
+
+def test_dustin_speed_with_a_reused_selection(tmp_path):
+    """``--reselect-every 2``: the Dustin methods (with the verify-set draft KV too) run with the reuse state."""
+    out = tmp_path / "reuse.json"
+    args = DUSTIN_SPEED_ARGS + ["--methods", "ar,dustin,dustin-kv-verify-set", "--reselect-every", "2"]
+    assert main(args + ["--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["dustin_config"]["reselect_every"] == 2
+    rows = data["cases"]["ctx320/b2"]["rows"]
+    assert [r["method"] for r in rows] == ["ar", "dustin", "dustin-kv-verify-set"] and all(r["tok_s"] > 0 for r in rows)
