@@ -188,6 +188,8 @@ SPARSE_DRAFT_KV = tuple((slug, label, f"generate/generate_qwen2.5-coder-1.5b_{ta
                             ("dustin-full-kv", "Dustin-H k = 512, full draft KV", "dustin-k512"),
                             ("dustin-verify-set-kv", "Dustin-H k = 512, verify-set draft KV", "dustin-k512-kv-verify-set"),
                             ("dustin-streaming-kv", "Dustin-H k = 512, streaming draft KV", "dustin-k512-kv-streaming")))
+#: full-KV Dustin-H selecting I_verify every second round (docs/methods.md §3.8), the same prompt and run as above
+RESELECT_CPU = "generate/generate_qwen2.5-coder-1.5b_dustin-k512-reselect2-qwen2.5-coder-0.5b_2k_b1_cpu.json"
 QUALITY = {"qwen2.5-coder-1.5b": ("dustin_quality/dustin_quality_qwen2.5-coder-1.5b_2k_cpu.json",
                                   "dustin_quality/dustin_quality_qwen2.5-coder-1.5b_4k-8k_cpu.json",
                                   "dustin_quality/dustin_quality_qwen2.5-coder-1.5b_16k_cpu.json",
@@ -849,6 +851,12 @@ def _figures() -> List[Figure]:
         add(Figure(f"{key}/acceptance-rate", f"its acceptance rate (accepted / drafted): {label}", "fraction", source,
                    ("results", "metrics", "acceptance_rate")))
         # no speed-up figure: these runs timed their compiles on a shared CPU (docs/results.md says so)
+    key = "dustin/sparse-draft-kv/qwen2.5-coder-1.5b+qwen2.5-coder-0.5b/ctx2k/b1/cpu/dustin-full-kv-reselect-2"
+    what = "Dustin-H k = 512, full draft KV, I_verify selected every second round (methods.md §3.8)"
+    add(Figure(f"{key}/tau", f"real Qwen2.5-Coder pair, 2k prompt, batch 1, CPU float32: {what}, tau (of 5)",
+               "tokens/round", RESELECT_CPU, ("results", "metrics", "tau")))
+    add(Figure(f"{key}/acceptance-rate", f"its acceptance rate (accepted / drafted): {what}", "fraction",
+               RESELECT_CPU, ("results", "metrics", "acceptance_rate")))
     # Dustin quality
     for model, ctx in (("qwen2.5-coder-1.5b", 2048), ("qwen2.5-coder-1.5b", 4096), ("qwen2.5-coder-1.5b", 8192),
                        ("qwen2.5-coder-1.5b", 16384), ("smollm2-135m", 2048), ("smollm2-135m", 8192)):
@@ -2276,6 +2284,14 @@ def results_markdown() -> str:
                  "neither sparse draft KV lowered the acceptance of full-KV Dustin-H.",
                  "Outputs differ from AR: k = 512 < the 2k context, so the sparse verification itself changes the "
                  "tokens (with k >= context every variant equals ClassicSD and AR, tests/dustin/test_sparse_draft_kv.py).",
+                 "Selecting I_verify every second round and reusing it in between (docs/methods.md §3.8, "
+                 f"`--dustin-reselect-every 2`, step dustin-reselect-2): tau "
+                 f"{v('dustin/sparse-draft-kv/qwen2.5-coder-1.5b+qwen2.5-coder-0.5b/ctx2k/b1/cpu/dustin-full-kv-reselect-2/tau')}"
+                 " against "
+                 f"{v('dustin/sparse-draft-kv/qwen2.5-coder-1.5b+qwen2.5-coder-0.5b/ctx2k/b1/cpu/dustin-full-kv/tau')} "
+                 "selecting every round, again over its own continuation: on this prompt the reuse did not cost "
+                 "acceptance. What it saves (the signals and top-k of every other round) is measured on the H200 "
+                 "only (h200-qwen-pair step ctx32k-b16-reselect-2, not run yet).",
                  "Not measured yet: MagicDec and the measured choice (`--arbitrate 8`) at this point (steps of "
                  "`cpu-dustin-sparse-draft`); on the H200 both variants are measured at 32k/b16 and 16k/b16 (the "
                  "pair-speed section)."]),
