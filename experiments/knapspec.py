@@ -1000,6 +1000,20 @@ def _static_plan(args, model: Model, profile, knapspec, context_n: float):
                                  reference_tokens=64, context_n=context_n)
 
 
+def check_same_latency_model(writer, batch: int, fit: Dict[str, float], path) -> None:
+    """A resumed results file keeps one latency model per batch: its cases were planned with the model it
+    saved (``latency_b{batch}``); if the profile now gives another (re-measured, or a newer profile format),
+    refuse before any case runs rather than mix plans of two models in one file."""
+    old = (writer.previous.get(f"latency_b{batch}") or {}).get("fit")
+    if old is None or not any(f"/b{batch}/" in key for key in writer.data["cases"]):
+        return
+    differ = sorted(k for k in set(old) | set(fit) if not np.isclose(old.get(k, 0.0), fit.get(k, 0.0), rtol=1e-9))
+    if differ:
+        raise ValueError(f"{writer.path} holds batch-{batch} cases planned with another latency model than {path} "
+                         f"gives now (differs in: {', '.join(differ)}); pass another --out (or move the file away) "
+                         f"so one file holds one model")
+
+
 def experiment_knapspec_config(args, branch_chunk=None):
     """The experiment's KnapSpecConfig (``--gamma-max``, ``--gamma-buckets``, the planning budget)."""
     from jaxspec.knapspec.policy import KnapSpecConfig
@@ -1061,6 +1075,7 @@ def cmd_knapspec(args) -> Dict[str, Any]:
               f"t_attn(n) = {m.c2 * 1e9:.3f} ns * n + {m.c3 * 1e6:.1f} us, t_token = {m.c0 * 1e6:.1f} us, "
               f"verify row cost v = {m.v:.3f}",
               file=sys.stderr, flush=True)
+        check_same_latency_model(writer, batch, m.as_dict(), path)
         writer.set(f"latency_b{batch}", {"path": str(path), "device": profile.device, "fit": m.as_dict(),
                                          "method": profile.method, "forward": profile.forward,
                                          "contexts": profile.contexts, "attn_times": profile.attn_times,

@@ -71,7 +71,7 @@ def test_prefilled_cache_gives_the_same_tokens_and_is_not_consumed():
                           capacity=capacity + 1, prefilled=prefilled)
 
 
-def test_experiment_end_to_end_on_a_tiny_random_model(tmp_path, monkeypatch):
+def test_experiment_end_to_end_on_a_tiny_random_model(tmp_path, monkeypatch, capsys):
     out = tmp_path / "ks.json"
     argv = ["knapspec", "--model", "random:smollm2-135m-shape", "--layers", "4", "--contexts", "64",
             "--max-new-tokens", "40", "--gamma-max", "2", "--gamma-buckets", "1", "--batches", "1",
@@ -129,3 +129,11 @@ def test_experiment_end_to_end_on_a_tiny_random_model(tmp_path, monkeypatch):
     monkeypatch.setattr(knapspec_experiment.Case, "plan_cost", refuse)
     monkeypatch.setattr(knapspec_experiment.Case, "candidates", refuse)
     assert main(argv[:-2]) == 0
+    # cases planned with another latency model (here: the saved one altered) are not resumed under this one
+    saved = json.loads(out.read_text())
+    saved["latency_b1"]["fit"]["u"] = 1.0
+    out.write_text(json.dumps(saved))
+    capsys.readouterr()
+    assert main(argv[:-2]) == 2
+    err = capsys.readouterr().err
+    assert "planned with another latency model" in err and "(differs in: u)" in err
