@@ -1278,12 +1278,13 @@ def dustin_speed_tables() -> str:
         e2e.append(f"| {method} | {backend} | {r['tokens_per_s']:.0f} | {r['ar_tokens_per_s']:.0f} "
                    f"| {r['speedup_vs_ar']:.2f} | {r['metrics']['tau']:.2f} | {r['metrics']['acceptance_rate']:.2f} "
                    f"| {'yes' if r['identical_to_ar'] else 'no'} | `{source}` |")
+    plot = f"![7B-shape speed-ups at the real pair's tau](../experiments/results/{DUSTIN_SPEED_PAIR_TAU_PLOT})"
     return "\n".join(lines + ["", "Batch 16 with each method's own tau as pair-speed measured it on the real pair "
                                   f"at the nearest context and batch 16 (`{DUSTIN_SPEED_PAIR_TAU}`, suite "
                                   f"`{suite_steps()[DUSTIN_SPEED_PAIR_TAU][0]}`; the same code and shapes as the "
                                   "table above, only the acceptance differs; for most of this run two other processes on the same host "
                                   "converted model weights to bfloat16, so its host-side times may carry some "
-                                  "contention):", ""] + pt
+                                  "contention):", ""] + pt + ["", plot]
                      + ["", f"With the tau the real pair measured at 32k/b16 (`{DUSTIN_SPEED_SPARSE}`, suite "
                                   f"`{suite_steps()[DUSTIN_SPEED_SPARSE][0]}`; each method's tau is its own "
                                   "pair-speed tau at that point), full-KV Dustin-H beside the sparse draft KV "
@@ -1988,6 +1989,39 @@ def pair_speed_notes() -> List[str]:
         out.append("AR paired with each method moves between runs of one case: " + "; ".join(spread)
                    + ", so a method's speed-up carries that much noise.")
     return out
+
+
+DUSTIN_SPEED_PAIR_TAU_PLOT = DUSTIN_SPEED_PAIR_TAU.replace(".json", ".png")
+
+
+@_plot(DUSTIN_SPEED_PAIR_TAU_PLOT)
+def dustin_speed_pair_tau_plot(fig_path) -> None:
+    """Speed-up vs AR against the context on the 7B/0.5B shapes at batch 16, each method at its own real-pair tau;
+    the bytes roofline dashed; the sparse-draft run's 32k point as a marker."""
+    plt = _pyplot()
+    cases = {k: c for k, c in load(DUSTIN_SPEED_PAIR_TAU)["cases"].items() if k != "copy_bandwidth"}
+    fig, ax = plt.subplots(figsize=(9.6, 4.2))
+    for i, (method, label) in enumerate((("classic", "ClassicSD"), ("magicdec", "MagicDec"), ("dustin", "Dustin-H"))):
+        rows = sorted((r for c in cases.values() for r in c["rows"] if r["method"] == method), key=lambda r: r["context"])
+        xs = [r["context"] / 1024 for r in rows]
+        ax.plot(xs, [r["speedup"] for r in rows], "o-", color=f"C{i}", label=label)
+        ax.plot(xs, [r["roofline_speedup"] for r in rows], "--", color=f"C{i}", alpha=0.5)
+    sparse = next((r for r in load(DUSTIN_SPEED_SPARSE)["cases"]["ctx32768/b16"]["rows"]
+                   if r["method"] == "dustin-kv-streaming"), None)
+    if sparse is not None:
+        ax.plot([32], [sparse["speedup"]], "*", ms=13, color="C3", label="Dustin-H, draft reads sinks + window "
+                                                                          "(its own run)")
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xlabel("context (k tokens)")
+    ax.set_ylabel("speed-up vs AR (same process)")
+    ax.set_title("7B / 0.5B shapes, batch 16, k = 512, one H200; each method at the real pair's tau\n"
+                 "(dashed: bytes roofline at that tau)", fontsize=9)
+    ax.set_xticks([8, 16, 32])
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(fig_path, dpi=110, metadata={"Software": None})
+    plt.close(fig)
 
 
 @_plot(PAIR_SPEED_PLOT)
