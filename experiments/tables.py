@@ -342,6 +342,26 @@ def knapspec_dp_cost_note() -> str:
             "measured at 64 reference tokens yet.")
 
 
+def _selection_share(data, method: str) -> float:
+    row = read_path(data, ("cases", "ctx32768/b16", "rows", {"method": method}))
+    return row["selection_ms"] / (1e3 * row["batch"] * row["tau"] / row["tok_s"])
+
+
+def selection_share_note() -> str:
+    """Selection as a share of a Dustin round at 32k/b16 (target <= 3 %), from the runs at the real pair's tau."""
+    parts = []
+    for source, method, label in ((DUSTIN_SPEED_PAIR_TAU, "dustin", "full-KV Dustin-H"),
+                                  (DUSTIN_SPEED_SPARSE, "dustin-kv-streaming", "Dustin-H with the streaming draft KV")):
+        row = read_path(load(source), ("cases", "ctx32768/b16", "rows", {"method": method}))
+        round_ms = 1e3 * row["batch"] * row["tau"] / row["tok_s"]
+        parts.append(f"{label} {row['selection_ms']:.2f} ms of a {round_ms:.1f} ms round "
+                     f"({100 * row['selection_ms'] / round_ms:.1f} %, `{source}`)")
+    return ("Selection at most 3 % of a round at 32k, batch 16: **missed** — " + "; ".join(parts) + ". A round's "
+            "time here is batch x realised tau / tokens per second; the selection is timed as its own phase "
+            "(`--profile`). Selecting every second round (docs/methods.md §3.8, `--reselect-every 2`) is built to "
+            "halve it; not measured on the GPU yet.")
+
+
 def knapspec_real_note() -> str:
     """The real Qwen2.5-Coder-1.5B on the H200: what KnapSpec did at each measured point and why."""
     parts = []
@@ -730,6 +750,11 @@ def _figures() -> List[Figure]:
                        target="paper 2.33x" if (method, ctx) == ("dustin", 32768) else ""))
             add(Figure(f"dustin-speed/7b-shape/ctx{ctx}/b16/{method}/fixed-tau", f"{what}, the tau it ran with",
                        "tokens/round", DUSTIN_SPEED_PAIR_TAU, _dustin(ctx, 16, method, "fixed_tau")))
+    for source, method in ((DUSTIN_SPEED_PAIR_TAU, "dustin"), (DUSTIN_SPEED_SPARSE, "dustin-kv-streaming")):
+        add(Figure(f"dustin-speed/7b-shape/ctx32768/b16/{method}/selection-share-of-round",
+                   f"selection / round time (batch x realised tau / tokens per second), {method}, the real pair's "
+                   "tau", "%", source, functools.partial(_selection_share, method=method), scale=100,
+                   target="target <= 3 %"))
     sparse_case = load(DUSTIN_SPEED_SPARSE)["cases"]["ctx32768/b16"]
     for method, label in DUSTIN_SPEED_SPARSE_METHODS:
         # AR and full-KV Dustin-H at this point come from the three-context run above; this run adds the sparse draft
@@ -2282,6 +2307,7 @@ def results_markdown() -> str:
                  "its round runs well above its bytes floor, and where the rest goes is not traced yet). "
                  "Not measured yet: the sparse draft at 16k and 8k on this shape (target >= 2.0x at 16k/b16), "
                  "batch 8, the verify-set variant on this shape (step b16-sparse-draft-pair-tau).",
+                 selection_share_note(),
                  "Dustin is the fastest speculative method at every point and beats AR at 16k and 32k; ClassicSD is "
                  f"slower than AR at this tau everywhere ({v(ds + '/classic/speedup-vs-ar')} at 32k/b16).",
                  "Real SmolLM2 end to end: every speculative method is slower than AR (launch-bound 135M model: "
