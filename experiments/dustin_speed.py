@@ -423,9 +423,19 @@ def selection_timing(draft_policy, verify_policy, draft_params, state, gamma: in
                                    key=jax.random.PRNGKey(8),
                                    **({} if feedback is None else {"feedback": feedback})).signals
     select = jax.jit(lambda vs, cache, c, sig: verify_policy.verify_indices(vs, cache, c, sig))
-    jax.block_until_ready(select(state.verify_state, state.target_cache, committed, signals))
-    return median_time(lambda: jax.block_until_ready(select(state.verify_state, state.target_cache, committed,
-                                                            signals)), repeats=repeats, warmup=2)
+    indices = jax.block_until_ready(select(state.verify_state, state.target_cache, committed, signals))
+    out = median_time(lambda: jax.block_until_ready(select(state.verify_state, state.target_cache, committed,
+                                                           signals)), repeats=repeats, warmup=2)
+    if getattr(verify_policy, "reuses_selection", False):  # docs/methods.md §3.8: a reuse round's own set
+        from jaxspec.dustin.selection import reuse_verify_indices
+
+        cfg, lengths = verify_policy.dustin, (committed - 1).astype("int32")
+        reuse = jax.jit(lambda i, n: reuse_verify_indices(i, n, n, sinks=cfg.sinks, window=cfg.window_size))
+        jax.block_until_ready(reuse(indices, lengths))
+        out["reuse"] = median_time(lambda: jax.block_until_ready(reuse(indices, lengths)), repeats=repeats, warmup=2)
+        every = cfg.reselect_every
+        out["per_round_s"] = (out["median_s"] + (every - 1) * out["reuse"]["median_s"]) / every
+    return out
 
 
 def _measure_point(*, args, context, batch, holder, target_config, draft_config, target_params, draft_params,
@@ -551,7 +561,10 @@ def _measure_point(*, args, context, batch, holder, target_config, draft_config,
             sel = selection_timing(draft_policy, verify_policy, draft_params, fresh_state(), args.gamma,
                                    repeats=max(args.repeats, 10))
             entry[method]["selection_timing"] = sel
-            row["selection_ms"] = sel["median_s"] * 1e3
+            row["selection_ms"] = sel["median_s"] * 1e3  # one selection from the signals
+            if "per_round_s" in sel:  # selecting every R-th round: the mean per round, reuse rounds included
+                row["reselect_every"] = verify_policy.dustin.reselect_every
+                row["selection_ms_per_round"] = sel["per_round_s"] * 1e3
         if args.profile:  # per-round split from per-phase jitted calls (one host sync per phase)
             phases, after = profile_phases(target_params, draft_params, fresh_state(), **static, return_state=True)
             holder["cache"], holder["draft"] = after.target_cache, after.draft_state  # the phases donate them

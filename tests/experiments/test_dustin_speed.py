@@ -331,3 +331,8 @@ def test_dustin_speed_with_a_reused_selection(tmp_path):
     assert data["dustin_config"]["reselect_every"] == 2
     rows = data["cases"]["ctx320/b2"]["rows"]
     assert [r["method"] for r in rows] == ["ar", "dustin", "dustin-kv-verify-set"] and all(r["tok_s"] > 0 for r in rows)
+    for row in rows[1:]:  # a fresh selection, then a reuse round: the mean of the two per round
+        timing = data["cases"]["ctx320/b2"][row["method"]]["selection_timing"]
+        assert row["reselect_every"] == 2 and timing["reuse"]["median_s"] > 0
+        assert row["selection_ms_per_round"] == pytest.approx(
+            1e3 * (timing["median_s"] + timing["reuse"]["median_s"]) / 2)
