@@ -477,8 +477,9 @@ class KnapSpecPlanner(PlannerBase):
         + 1`` slot states of every reference token through each sub-layer, i.e. ``J`` extra rows
         through the whole model (the prefix cache is shared by the slots, read once). Each row costs
         the latency model's many-row slope ``u`` when the profile measured it, else its
-        verification-row cost ``v t_step`` (from at most 11 rows: right on a compute-bound CPU, far too
-        high on a GPU, where a few rows cost no more than one); both 0 predicts 0, i.e. no cap.
+        verification-row cost ``v t_step`` (from at most 11 rows: fine on a compute-bound CPU; on a GPU, where
+        a few rows cost about what one does, an extrapolation to hundreds of rows); both 0 predicts 0, i.e.
+        no cap.
         Checked on the CPU with ``v``: SmolLM2-135M 3.05 s predicted vs 3.2-3.65 s measured,
         Qwen2.5-Coder-1.5B 38.6 s vs 45.5 s."""
         lat = self.latency
