@@ -415,7 +415,15 @@ def knapspec_real_note() -> str:
                      "where every row's attention over the whole context is most of the cost. The same price is "
                      "applied at every context, so at 8k-16k, where a row reads less context, the allowance "
                      "probably overprices the DP (many-row forwards at those contexts are not timed) and may skip "
-                     "planning that would have fitted; a price per context is not built.")
+                     "planning that would have fitted. The profile now prices a row per context, "
+                     "t_row(n) = u + u_n n from many-row forwards at its smallest and largest contexts (docs/methods.md "
+                     "§4.1); this file was planned before that, and a rerun measures the profile again.")
+            if "bulk_contexts" in fwd:
+                price = (f" The DP's price per reference token is its slot rows (skip budget + 1) times the "
+                         f"many-row price at the context, t_row(n) = u + u_n n (docs/methods.md §4.1), from "
+                         f"forwards of {fwd['bulk_rows']} rows at {fwd['bulk_contexts']} tokens: "
+                         + ", ".join(f"{1e3 * u:.3f} ms a row at {n}" for n, u in
+                                     zip(fwd['bulk_contexts'], fwd['fit']['u_per_context'])) + ".")
     measured = {key.split("/")[2] + "/" + key.split("/")[4] for key in data["cases"]}
     missing = [f"{m} at {round(c / 1000)}k" for c in (8192, 16384, 32000) for m in ("knapspec", "knapspec-target-ref", "clasp")
                if f"ctx{c}/{m}" not in measured]

@@ -87,8 +87,8 @@ from jaxspec.models.attention import backend_of
 DEFAULT_CONTEXTS = tuple(range(1024, 25 * 1024 + 1, 2048))
 #: 2: the per-token constant c0; 3: the verification row cost v (older profiles are re-measured);
 #: 4: ``method`` ("isolated" | "forward") and the forward measurements (format 3 still loads)
-FORMAT_VERSION = 5
-READABLE_FORMATS = (3, 4, 5)
+FORMAT_VERSION = 6
+READABLE_FORMATS = (3, 4, 5, 6)
 #: how the coefficients were measured: one sub-layer per call, or whole forwards of the model
 FIT_METHODS = ("isolated", "forward")
 #: verification rows (gamma + 1) timed by the forward profiler
@@ -110,8 +110,10 @@ class LatencyModel:
     target's own forwards -- verification and plain decoding, which run without the draft's
     skip mask -- cost ``a`` draft-form steps per row-1 call (a whole-forward fit measures it; on
     a GPU the dynamic skip mask makes the draft-form step dearer than the target's, ``a < 1``).
-    ``u``: seconds of one more row in a forward of many rows (``DEFAULT_BULK_ROWS``, at the largest
-    profiled context), the slope the DP's ``J x r`` slot states pay; 0 = not measured. ``v`` comes from
+    ``u + u_n n``: seconds of one more row in a forward of many rows (``DEFAULT_BULK_ROWS``) at context ``n``
+    (:meth:`t_row`), the price the DP's ``J x r`` slot states pay: each row attends to the whole
+    context, so on a GPU the price grows with ``n``. Measured at the smallest and the largest profiled
+    contexts that exceed the row count (``u_n = 0`` when only one was measured); both 0 = not measured. ``v`` comes from
     at most ``gamma + 1`` rows, where a GPU is still bound by the weights' bytes; extrapolated to the
     DP's hundreds of rows (Qwen2.5-Coder-1.5B on the H200: 0.11 ms a row) it predicted a DP too dear
     to run at 8k, batch 1 (docs/methods.md §4.1)."""
@@ -123,6 +125,7 @@ class LatencyModel:
     v: float = 0.0
     a: float = 1.0
     u: float = 0.0
+    u_n: float = 0.0
 
     def t_mlp(self) -> float:
         return float(self.c1)
@@ -133,13 +136,18 @@ class LatencyModel:
     def t_token(self) -> float:
         return float(self.c0)
 
+    def t_row(self, n) -> float:
+        """Predicted seconds of one more row in a many-row forward at context ``n``: ``u + u_n n``,
+        never below 0 (0: the many-row slope was not measured)."""
+        return max(0.0, float(self.u + self.u_n * float(n)))
+
     def t_step(self, n, num_layers: int) -> float:
         """Predicted full-model decode step at context ``n``: ``L (t_attn(n) + t_mlp) + t_token``."""
         return float(num_layers) * (self.t_attn(n) + self.t_mlp()) + self.t_token()
 
     def as_dict(self) -> Dict[str, float]:
         return {"c1": float(self.c1), "c2": float(self.c2), "c3": float(self.c3), "c0": float(self.c0),
-                "v": float(self.v), "a": float(self.a), "u": float(self.u)}
+                "v": float(self.v), "a": float(self.a), "u": float(self.u), "u_n": float(self.u_n)}
 
 
 def verify_row_cost(step_one_row: float, step_rows: float, rows: int) -> float:
@@ -232,7 +240,7 @@ class LatencyProfile:
         model = data["model"]
         names = {f.name for f in dataclasses.fields(LatencyModel)}
         if not isinstance(model, dict) or not {"c1", "c2", "c3"} <= set(model) or set(model) - names:
-            raise ValueError(f"{source}: model {model!r} must hold c1, c2, c3 (and optionally c0, v, a, u)")
+            raise ValueError(f"{source}: model {model!r} must hold c1, c2, c3 (and optionally c0, v, a, u, u_n)")
         for key, value in model.items():
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise ValueError(f"{source}: model coefficient {key} = {value!r} is not a finite number")
@@ -472,6 +480,37 @@ def bulk_row_cost(rows: Sequence[int], times: Sequence[float]) -> float:
     return float(slope)
 
 
+def bulk_profile_contexts(contexts: Sequence[int], bulk_rows: Sequence[int]) -> List[int]:
+    """The contexts the many-row forwards are timed at: the smallest profiled context above the most
+    rows and the largest (one of them when they coincide; none without bulk rows)."""
+    if not bulk_rows:
+        return []
+    above = [int(n) for n in sorted(contexts) if int(n) > max(bulk_rows)]
+    if not above:
+        return []
+    return sorted({above[0], above[-1]})
+
+
+def row_price_line(contexts: Sequence[int], slopes: Sequence[float]) -> Tuple[float, float, List[str]]:
+    """``(u, u_n, clamped)``: the line ``u + u_n n`` through the per-row slopes measured at one or two
+    contexts. A slope below 0 counts as 0 (``"u"`` clamped); a price that falls with the context
+    (noise: a row never reads less at a longer context) is replaced by the larger slope at every
+    context (``"u_n"`` clamped, the dearer prediction)."""
+    if len(contexts) != len(slopes) or len(slopes) not in (1, 2):
+        raise ValueError(f"need one or two (context, slope) pairs; got contexts {list(contexts)}, slopes {list(slopes)}")
+    clamped = ["u"] if min(slopes) < 0 else []
+    s = [max(0.0, float(x)) for x in slopes]
+    if len(s) == 1:
+        return s[0], 0.0, clamped
+    (n_lo, n_hi), (s_lo, s_hi) = contexts, s
+    if n_hi <= n_lo:
+        raise ValueError(f"contexts {list(contexts)} must increase")
+    u_n = (s_hi - s_lo) / float(n_hi - n_lo)
+    if u_n < 0:
+        return max(s), 0.0, clamped + ["u_n"]
+    return s_lo - u_n * float(n_lo), u_n, clamped
+
+
 def forward_loop_fn(params, cache, tokens, mask, *, config, steps):
     """``steps`` forwards of ``tokens`` rows at the cache's current lengths (every step writes
     the same slots), each fed the previous step's greedy tokens so the steps run in order."""
@@ -513,8 +552,9 @@ def profile_latency_forward(config: ModelConfig, batch: int = 1, contexts: Seque
     differences. ``timer(key, call) -> seconds of one call`` replaces the clock (tests; it is
     called for the warm-up rounds too); ``key`` is ``(kind, n, rows)`` with kind
     ``full | noattn | nomlp | verify | bulk``. ``bulk_rows``: row counts of the full model's forwards
-    at the largest context whose least-squares slope is ``u`` (seconds per extra row at scale; ``()``:
-    not measured, ``u = 0``)."""
+    whose least-squares slope is the price of one more row at scale, timed at the largest context and
+    at the smallest one above the most rows; the line through the two slopes is ``u + u_n n``
+    (:meth:`LatencyModel.t_row`; one context: ``u_n = 0``; ``()``: not measured, both 0)."""
     from jaxspec.models.cache import init_cache
 
     if warmup < 1 or repeats < 1 or steps_per_call < 1:
@@ -581,27 +621,31 @@ def profile_latency_forward(config: ModelConfig, batch: int = 1, contexts: Seque
                                  cache)
             verify_samples = [got[("verify", n, r)] for r in rows_list]
         del cache
-    bulk_samples: List[List[float]] = []
-    if bulk_list:
-        n = contexts[-1]
+    bulk_contexts = bulk_profile_contexts(contexts, bulk_list)
+    bulk_samples_per_context: List[List[List[float]]] = []
+    for n in bulk_contexts:
         cache = init_cache(config, batch, n, lengths=jnp.full((batch,), n - bulk_list[-1], jnp.int32))
         got, cache = measure([(("bulk", n, r), jnp.zeros((batch, r), jnp.int32), None) for r in bulk_list], cache)
-        bulk_samples = [got[("bulk", n, r)] for r in bulk_list]
+        bulk_samples_per_context.append([got[("bulk", n, r)] for r in bulk_list])
         del cache
-    bulk_med = [statistics.median(s) for s in bulk_samples]
+    bulk_med_per_context = [[statistics.median(s) for s in per] for per in bulk_samples_per_context]
+    bulk_samples = bulk_samples_per_context[-1] if bulk_list else []
+    bulk_med = bulk_med_per_context[-1] if bulk_list else []
     med = {k: [statistics.median(s) for s in v] for k, v in samples.items()}
     verify_med = [statistics.median(s) for s in verify_samples]
     model, fit = fit_forward(contexts, med["full"], med["noattn"], med["nomlp"], L, verify_rows=rows_list,
                              verify_times=verify_med, verify_context=contexts[-1])
     if bulk_list:
-        u_raw = bulk_row_cost(bulk_list, bulk_med)
-        fit.update(u_raw=u_raw)
-        if u_raw < 0:
-            fit["clamped"].append("u")
-        model = dataclasses.replace(model, u=max(0.0, u_raw))
+        slopes = [bulk_row_cost(bulk_list, med_n) for med_n in bulk_med_per_context]
+        u, u_n, clamped = row_price_line(bulk_contexts, slopes)
+        fit.update(u_raw=slopes[-1], u_per_context=slopes, u_at=float(u), u_n=float(u_n))
+        fit["clamped"].extend(clamped)
+        model = dataclasses.replace(model, u=u, u_n=u_n)
     forward = {"steps_per_call": steps, "times": med, "samples": samples, "verify_context": contexts[-1],
                "verify_rows": rows_list, "verify_times": verify_med, "verify_samples": verify_samples,
-               "bulk_rows": bulk_list, "bulk_times": bulk_med, "bulk_samples": bulk_samples, "fit": fit,
+               "bulk_rows": bulk_list, "bulk_times": bulk_med, "bulk_samples": bulk_samples,
+               "bulk_contexts": bulk_contexts, "bulk_times_per_context": bulk_med_per_context,
+               "bulk_samples_per_context": bulk_samples_per_context, "fit": fit,
                "how": "whole forwards (jaxspec.models.llama.forward, dynamic skip mask as the KnapSpec draft; "
                       "verification without a mask) in a jitted fori_loop carrying the donated cache"}
     return LatencyProfile(device=device_name(), platform=jax.devices()[0].platform, jax_version=jax.__version__,
@@ -639,9 +683,10 @@ def load_or_profile(path, config: ModelConfig, batch: int = 1, *, profile_fn: Op
         if profile is not None and profile.method != method:
             raise ValueError(f"latency profile {os.fspath(path)} holds a fit of method {profile.method!r}, "
                              f"not the requested {method!r}; pass another file or the matching method")
-        if (profile is not None and profile.method == "forward" and "bulk_rows" not in profile.forward
+        if (profile is not None and profile.method == "forward"
+                and not {"bulk_rows", "bulk_contexts"} <= set(profile.forward)
                 and profile_kwargs.get("bulk_rows", DEFAULT_BULK_ROWS)):
-            profile = None  # measured before u existed: measure again (the DP's cost needs it)
+            profile = None  # measured before the row price per context existed: measure again (the DP's cost needs it)
         if profile is not None and profile.matches(config, batch):
             return profile
     profile = profile_fn(config, batch, **profile_kwargs)

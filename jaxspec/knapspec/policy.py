@@ -476,7 +476,8 @@ class KnapSpecPlanner(PlannerBase):
         """Predicted seconds of one DP per reference token of each row: the scan runs the ``J = budget
         + 1`` slot states of every reference token through each sub-layer, i.e. ``J`` extra rows
         through the whole model (the prefix cache is shared by the slots, read once). Each row costs
-        the latency model's many-row slope ``u`` when the profile measured it, else its
+        the latency model's many-row price at this context ``t_row(n) = u + u_n n`` when the profile
+        measured it (every row attends to the whole context), else its
         verification-row cost ``v t_step`` (from at most 11 rows: fine on a compute-bound CPU; on a GPU, where
         a few rows cost about what one does, an extrapolation to hundreds of rows); both 0 predicts 0, i.e.
         no cap.
@@ -488,8 +489,9 @@ class KnapSpecPlanner(PlannerBase):
         else:
             slots = skip_budget(*knapsack_weights(lat.t_attn(n), lat.t_mlp(), self.knapspec.weight_cap),
                                 config.num_layers) + 1
-        if lat.u > 0:
-            return float(slots) * float(lat.u)
+        row = lat.t_row(n)
+        if row > 0:
+            return float(slots) * row
         return float(slots) * float(lat.v) * lat.t_step(n, config.num_layers)
 
     def plan(self, target_params, config, cache, tokens, token_mask, prefix_len, n):

@@ -293,6 +293,9 @@ def test_reference_allowance_caps_or_skips_planning(params, ar_rows):
     # a profile that measured the many-row slope u prices the J slot rows with it instead of v t_step
     with_u = dataclasses_replace(lat, u=0.003)
     assert KnapSpecPlanner(with_u, knap).reference_cost(TARGET, n) == pytest.approx(slots * 0.003)
+    # with a per-context price the row costs u + u_n n at this context
+    per_ctx = dataclasses_replace(lat, u=0.001, u_n=2e-7)
+    assert KnapSpecPlanner(per_ctx, knap).reference_cost(TARGET, n) == pytest.approx(slots * (0.001 + 2e-7 * n))
     out = reference_allowance(KnapSpecPlanner(with_u, knap), with_u, TARGET, n, 1000, knap)
     assert out["allowed_tokens"] == int(0.05 * 0.75 * 1000 * 1.1 * lat.t_step(n, TARGET.num_layers) // (slots * 0.003))
     capped = reference_allowance(planner, lat, TARGET, n, 100000, dataclasses_replace(knap, max_reference_tokens=9))

@@ -17,7 +17,7 @@ from jaxspec.models.llama import forward_jit, init_params
 
 TINY = ModelConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=4, num_heads=4, num_kv_heads=2,
                    head_dim=16, dtype="float32", name="tiny-forward-fit")
-TRUE = latency.LatencyModel(c1=1.8e-4, c2=6.8e-8, c3=9.8e-5, c0=4.0e-3, v=0.12, u=2.5e-5)
+TRUE = latency.LatencyModel(c1=1.8e-4, c2=6.8e-8, c3=9.8e-5, c0=4.0e-3, v=0.12, u=2.5e-5, u_n=3.0e-9)
 
 
 def synthetic_times(model, L, kind, n, rows=1, verify_context=None):
@@ -30,8 +30,8 @@ def synthetic_times(model, L, kind, n, rows=1, verify_context=None):
         return full - S * model.t_attn(n)
     if kind == "nomlp":
         return full - S * model.t_mlp()
-    if kind == "bulk":  # many rows: the slope u, whatever the few-row slope v says
-        return full * model.a + model.u * (rows - 1)
+    if kind == "bulk":  # many rows: the price u + u_n n a row, whatever the few-row slope v says
+        return full * model.a + model.t_row(n) * (rows - 1)
     assert kind == "verify"
     return full * (model.a + model.v * (rows - 1))
 
@@ -105,12 +105,15 @@ def test_forward_profiler_with_a_mocked_clock_recovers_the_model():
     assert [k for k, n, _ in seen if n == 128] == ["full", "noattn", "nomlp"] * 3
     assert len(profile.forward["samples"]["full"][0]) == 2
     assert {k for k, _, _ in seen} == {"full", "noattn", "nomlp", "verify", "bulk"}
+    # contexts 128 / 256 / 512: only 512 exceeds the 256 rows, so one bulk context and no context slope
     assert [r for k, n, r in seen if k == "bulk"] == list(latency.DEFAULT_BULK_ROWS) * 3
-    assert {n for k, n, r in seen if k == "bulk"} == {512}
+    assert {n for k, n, r in seen if k == "bulk"} == {512} and profile.forward["bulk_contexts"] == [512]
     assert [r for k, n, r in seen if k == "verify"] == list(latency.DEFAULT_VERIFY_ROWS) * 3
     assert {n for k, n, r in seen if k == "verify"} == {512}  # verification at the largest context
-    for name in ("c0", "c1", "c2", "c3", "v", "u"):
+    for name in ("c0", "c1", "c2", "c3", "v"):
         assert getattr(profile.model, name) == pytest.approx(getattr(TRUE, name), rel=1e-8), name
+    # one bulk context: the row price measured there, flat in the context
+    assert profile.model.u_n == 0.0 and profile.model.t_row(128) == pytest.approx(TRUE.t_row(512), rel=1e-8)
     assert profile.method == "forward" and profile.verify_rows == 11
     assert profile.forward["times"]["full"][0] == pytest.approx(TRUE.t_step(128, TINY.num_layers))
     with pytest.raises(ValueError, match="above 11"):
@@ -120,7 +123,27 @@ def test_forward_profiler_with_a_mocked_clock_recovers_the_model():
     with pytest.raises(ValueError, match=r"bulk_rows=\[64\]: need >= 2 distinct"):
         _mock_profile(bulk_rows=(64,))
     unmeasured, seen = _mock_profile(bulk_rows=())
-    assert unmeasured.model.u == 0.0 and "bulk" not in {k for k, _, _ in seen}
+    assert unmeasured.model.u == 0.0 and unmeasured.model.t_row(4096) == 0.0 and "bulk" not in {k for k, _, _ in seen}
+
+
+def test_forward_profiler_prices_a_dp_row_per_context():
+    """The many-row forwards run at the smallest context above the most rows and at the largest;
+    the line through their slopes recovers ``u + u_n n`` (a row attends to the whole context)."""
+    profile, seen = _mock_profile(contexts=(300, 1024, 4096))
+    assert sorted({n for k, n, r in seen if k == "bulk"}) == [300, 4096] == profile.forward["bulk_contexts"]
+    assert profile.model.u == pytest.approx(TRUE.u, rel=1e-8) and profile.model.u_n == pytest.approx(TRUE.u_n, rel=1e-8)
+    for n in (300, 2000, 32768):
+        assert profile.model.t_row(n) == pytest.approx(TRUE.t_row(n), rel=1e-8)
+    assert profile.forward["fit"]["u_per_context"] == pytest.approx([TRUE.t_row(300), TRUE.t_row(4096)], rel=1e-8)
+    assert profile.forward["bulk_times"] == profile.forward["bulk_times_per_context"][-1]
+    # a price that falls with the context (noise) is replaced by the dearer slope everywhere, and said so
+    u, u_n, clamped = latency.row_price_line([300, 4096], [2e-5, 1e-5])
+    assert (u, u_n, clamped) == (2e-5, 0.0, ["u_n"])
+    assert latency.row_price_line([4096], [-1e-6]) == (0.0, 0.0, ["u"])
+    with pytest.raises(ValueError, match="one or two"):
+        latency.row_price_line([1, 2, 3], [1e-5, 2e-5, 3e-5])
+    assert latency.bulk_profile_contexts([128, 256, 512], [64, 256]) == [512]
+    assert latency.bulk_profile_contexts([128, 256], [64, 256]) == [] and latency.bulk_profile_contexts([512], []) == []
 
 
 def test_forward_profile_round_trip_and_file_errors(tmp_path):
@@ -128,7 +151,7 @@ def test_forward_profile_round_trip_and_file_errors(tmp_path):
     path = tmp_path / "p" / "forward.json"
     profile.save(path)
     assert latency.LatencyProfile.load(path) == profile
-    assert json.loads(path.read_text())["format_version"] == latency.FORMAT_VERSION == 5
+    assert json.loads(path.read_text())["format_version"] == latency.FORMAT_VERSION == 6
 
     def must_not_profile(*args, **kwargs):
         raise AssertionError("profiled although a matching profile was saved")
@@ -149,6 +172,17 @@ def test_forward_profile_round_trip_and_file_errors(tmp_path):
     assert latency.load_or_profile(before_u, TINY, 1, method="forward",
                                    profile_fn=lambda cfg, b: remeasured.append(b) or profile) == profile
     assert remeasured == [1] and latency.LatencyProfile.load(before_u) == profile
+    # format 5 (the many-row slope at one context only) loads, but is measured again for the per-context price
+    old5 = json.loads(path.read_text())
+    old5["format_version"] = 5
+    del old5["model"]["u_n"], old5["forward"]["bulk_contexts"]
+    one_context = tmp_path / "one_context.json"
+    one_context.write_text(json.dumps(old5))
+    assert latency.LatencyProfile.load(one_context).model.u_n == 0.0
+    remeasured.clear()
+    assert latency.load_or_profile(one_context, TINY, 1, method="forward",
+                                   profile_fn=lambda cfg, b: remeasured.append(b) or profile) == profile
+    assert remeasured == [1]
     # a format-3 file (before the method field) still loads, as an isolated fit
     old = json.loads(path.read_text())
     old["format_version"] = 3
