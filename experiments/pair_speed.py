@@ -44,12 +44,17 @@ import numpy as np
 from experiments.common import ResultWriter, config_of, print_table, progress_line
 from experiments.dustin_speed import DUSTIN_METHODS, SPARSE_DRAFT_KV  # Dustin-H, and with a sparse draft KV
 
-METHODS = ("sd", "magicdec", "dustin", "streaming", "quest") + tuple(SPARSE_DRAFT_KV)
-#: what runs without --methods (the sparse-draft variants are asked for by name)
+#: self-speculation without a second model (docs/methods.md §5.1): the target drafts over sinks + a window of its
+#: own cache; MagicDec's self-draft verifies densely, Dustin-H's sparsely on I_verify
+SELF_METHODS = ("magicdec-self", "dustin-self")
+METHODS = ("sd", "magicdec", "dustin", "streaming", "quest") + tuple(SPARSE_DRAFT_KV) + SELF_METHODS
+#: what runs without --methods (the sparse-draft variants and the self-drafts are asked for by name)
 DEFAULT_METHODS = METHODS[:5]
+#: the round's bytes of a self method are those of this separate-draft method with the target as the draft
+SELF_BYTES_METHOD = {"magicdec-self": "magicdec", "dustin-self": "dustin-kv-streaming"}
 #: dense verification: greedy output equals AR's (token for token in float32)
-DENSE_METHODS = ("sd", "magicdec")
-SPARSE_BUDGET_METHODS = ("magicdec", "dustin", "streaming", "quest") + tuple(SPARSE_DRAFT_KV)
+DENSE_METHODS = ("sd", "magicdec", "magicdec-self")
+SPARSE_BUDGET_METHODS = ("magicdec", "dustin", "streaming", "quest") + tuple(SPARSE_DRAFT_KV) + SELF_METHODS
 #: options recorded in a results file's config only when set
 OPTIONAL_CONFIG = ("arbitrate", "arbitrate_tail")
 #: ``--backend-check`` fails when the last-position logits differ by more than this share of their scale
@@ -86,7 +91,7 @@ def check_args(args) -> Tuple[List[int], List[int], List[str]]:
         if small:
             raise ValueError(f"--contexts {small} are not longer than --budget {args.budget}: the sparse methods "
                              f"would attend to the whole history")
-    if any(m in DUSTIN_METHODS for m in methods) and args.dustin_profile and not pathlib.Path(
+    if any(m in DUSTIN_METHODS + ("dustin-self",) for m in methods) and args.dustin_profile and not pathlib.Path(
             args.dustin_profile).is_file():
         raise ValueError(f"--dustin-profile {args.dustin_profile}: no such file")
     for flag in ("gamma", "max_new_tokens", "row_stride"):
@@ -134,12 +139,43 @@ def sparse_args(args, method: str) -> argparse.Namespace:
                               dustin_m_rule="fixed", draft_skip=None, max_new_tokens=args.max_new_tokens)
 
 
+def self_draft_dustin_config(args, target_config, draft_config):
+    """Dustin-H with the target as its own draft over sinks + a window of its cache: the pair's profile
+    (``--dustin-profile``, checked against both models) at ``--budget`` gives the target SRH layer and heads,
+    the split m and the sinks; the draft signal is the self-draft's lookahead queries at those same target
+    SRH heads (the self-draft is the target, so its SRHs are the target's; not searched by Algorithm 1
+    for the self-draft). ``(DustinConfig, info)``."""
+    from experiments.dustin_quality import dustin_config_for
+
+    dustin, info = dustin_config_for(sparse_args(args, "dustin"), target_config, draft_config, None)
+    dustin = dustin.replace(draft_layers=(dustin.target_layer,), draft_heads=(tuple(dustin.target_heads),),
+                            draft_kv="streaming")
+    return dustin, {**info, "draft_srh": "the target's SRH layer and heads (self-draft)"}
+
+
 def build_policies(args, method: str, target_config, draft_config):
-    """``(draft_policy, verify_policy, description)`` of one method with the separate draft."""
+    """``(draft_policy, verify_policy, description)`` of one method: with the separate draft, or (the
+    :data:`SELF_METHODS`) the target drafting over sinks + a window of its own cache."""
     from jaxspec.decoding.policies import DenseVerify, SeparateDraft
 
     if method == "sd":
         return SeparateDraft(draft_config), DenseVerify(), {"method": "sd", "verification": "dense"}
+    if method == "magicdec-self":
+        from experiments.dustin_quality import SINKS
+        from jaxspec.baselines import MagicDecSelfDraft
+
+        return (MagicDecSelfDraft(target_config, sinks=SINKS, window=args.budget - SINKS), DenseVerify(),
+                {"method": method, "budget": args.budget, "sinks": SINKS, "verification": "dense",
+                 "draft": f"the target over {SINKS} sinks + a {args.budget - SINKS}-token window of its cache"})
+    if method == "dustin-self":
+        from jaxspec.dustin import dustin_policies
+
+        dustin, info = self_draft_dustin_config(args, target_config, draft_config)
+        draft_policy, verify_policy = dustin_policies(dustin, target_config, None)
+        return draft_policy, verify_policy, {"method": method, "budget": args.budget, "dustin": dustin.to_dict(),
+                                             "mode": dustin.mode, "m": dustin.effective_m, **info,
+                                             "draft": f"the target over {dustin.sinks} sinks + a "
+                                                      f"{dustin.draft_window_size}-token window of its cache"}
     from experiments.dustin_quality import sparse_policies
 
     draft_policy, _, verify_policy, sparse, _ = sparse_policies(sparse_args(args, method), target_config,
@@ -236,16 +272,20 @@ def cmd_pair_speed(args) -> Dict[str, Any]:
                                      "row_starts": [b * args.row_stride for b in range(batch)], "complete": False}
             if previous is not None:  # an interrupted case: keep the methods it finished
                 entry.update({m: previous[m] for m in methods if m in previous})
-            progress_line(f"{key}: prefilling the target and the draft ({batch} x {context} tokens)")
+            separate = any(m not in SELF_METHODS for m in methods)  # a self-draft reads the target's cache
+            progress_line(f"{key}: prefilling the target{' and the draft' if separate else ''} "
+                          f"({batch} x {context} tokens)")
             start = time.perf_counter()
             cache = init_cache(config, batch, capacity)
             prefilled = prefill(model.params, config, tokens, lengths, cache)
             jax.block_until_ready(prefilled)
             entry["target_prefill_s"] = time.perf_counter() - start  # compile included
-            start = time.perf_counter()
-            draft_cache = SeparateDraft(draft_config).prefill(draft.params, tokens, lengths, capacity)
-            jax.block_until_ready(draft_cache)
-            entry["draft_prefill_s"] = time.perf_counter() - start
+            draft_cache = None
+            if separate:
+                start = time.perf_counter()
+                draft_cache = SeparateDraft(draft_config).prefill(draft.params, tokens, lengths, capacity)
+                jax.block_until_ready(draft_cache)
+                entry["draft_prefill_s"] = time.perf_counter() - start
             # ---- AR, compiled once per case; one run paired with each method
             start = time.perf_counter()
             ar_compiled = decode_loop.lower(model.params, prefilled[0], prefilled[1], jax.random.PRNGKey(0),
@@ -265,10 +305,20 @@ def cmd_pair_speed(args) -> Dict[str, Any]:
             pending = [m for m in methods if m not in entry and not args.arbitrate]  # arbitration runs other loops
             if args.compile_threads != 1 and len(pending) > 1:
                 progress_line(f"{key}: compiling the round loops of {', '.join(pending)} at once")
-                entry["precompile"] = precompile_loops(
-                    model.params, config, [policies[m][:2] for m in pending], tokens=tokens, lengths=lengths,
-                    capacity=capacity, engine=engine, draft_params=draft.params, draft_state=draft_cache,
-                    prefilled=prefilled, threads=args.compile_threads or None) | {"methods": pending}
+                # the separate-draft methods and the self-drafts take different draft inputs: one call each
+                groups = [g for g in ([m for m in pending if m not in SELF_METHODS],
+                                      [m for m in pending if m in SELF_METHODS]) if g]
+                records = []
+                for group in groups:
+                    dp, ds = _draft_inputs(group[0], draft, draft_cache)
+                    records.append(precompile_loops(
+                        model.params, config, [policies[m][:2] for m in group], tokens=tokens, lengths=lengths,
+                        capacity=capacity, engine=engine, draft_params=dp, draft_state=ds, prefilled=prefilled,
+                        threads=args.compile_threads or None))
+                entry["precompile"] = records[0] | {"methods": pending} if len(records) == 1 else {
+                    "methods": pending, "groups": [{"methods": g, **r} for g, r in zip(groups, records)],
+                    **{k: sum(r[k] for r in records) for k in ("programs", "lower_s", "compile_s")},
+                    "threads": max(r["threads"] for r in records)}
             target_step = decode_bytes_per_step(config, batch, context, target_bytes, kv_bytes)
             roof_ar = batch / (target_step["total"] / bandwidth)
             ar_runs = list((previous or {}).get("ar", {}).get("runs", []))
@@ -289,18 +339,22 @@ def cmd_pair_speed(args) -> Dict[str, Any]:
 
                     controller = MeasuredChoiceController(probe_rounds=args.arbitrate, remember=False,
                                                           tail_check=args.arbitrate_tail or None)
+                dp, ds = _draft_inputs(method, draft, draft_cache)
                 result = speculative_generate(model.params, config, [], prompt_tokens=(tokens, lengths),
-                                              draft_policy=draft_policy, draft_params=draft.params,
-                                              draft_state=draft_cache, verify_policy=verify_policy, engine=engine,
+                                              draft_policy=draft_policy, draft_params=dp,
+                                              draft_state=ds, verify_policy=verify_policy, engine=engine,
                                               capacity=capacity, warmup=True, profile=batch in profile_batches,
                                               prefilled=prefilled, controller=controller)
                 spec_tokens = np.asarray(result.tokens)
                 tok_s = float(result.num_generated.sum()) / result.timings["decode_s"]
-                dustin = verify_policy.dustin if method in DUSTIN_METHODS else None
-                bytes_round = method_round_bytes(method, target_config=config, draft_config=draft_config,
+                dustin = verify_policy.dustin if method in DUSTIN_METHODS + ("dustin-self",) else None
+                self_draft = method in SELF_METHODS
+                bytes_round = method_round_bytes(SELF_BYTES_METHOD.get(method, method), target_config=config,
+                                                 draft_config=config if self_draft else draft_config,
                                                  batch=batch, context=context, budget=args.budget,
                                                  gamma=args.gamma, target_bytes=target_bytes,
-                                                 draft_bytes=draft_bytes, dustin=dustin, dtype_bytes=kv_bytes)
+                                                 draft_bytes=target_bytes if self_draft else draft_bytes,
+                                                 dustin=dustin, dtype_bytes=kv_bytes)
                 metrics = result.metrics
                 roof = batch * metrics["tau_untruncated"] / (bytes_round / bandwidth)
                 record = {"description": description, "metrics": metrics, "timings": result.timings,
@@ -318,10 +372,11 @@ def cmd_pair_speed(args) -> Dict[str, Any]:
                     split = {"draft_ms": t["profile_draft_s"] / rounds * 1e3,
                              "verify_ms": t["profile_verify_s"] / rounds * 1e3,
                              "other_ms": t["profile_other_s"] / rounds * 1e3}
-                    if method in DUSTIN_METHODS:
+                    if dustin is not None:
                         state = _start_state(model, draft, draft_policy, verify_policy, draft_cache, prefilled,
-                                             tokens, lengths, capacity, engine)
-                        sel = selection_timing(draft_policy, verify_policy, draft.params, state, args.gamma)
+                                             tokens, lengths, capacity, engine, method)
+                        sel = selection_timing(draft_policy, verify_policy, dp if dp is not None else model.params,
+                                               state, args.gamma)
                         split["selection_ms"] = sel["median_s"] * 1e3
                         split["verification_ms"] = max(split["verify_ms"] - split["selection_ms"], 0.0)
                         record["selection_timing"] = sel
@@ -331,9 +386,10 @@ def cmd_pair_speed(args) -> Dict[str, Any]:
                 if batch in trace_batches:
                     def traced():
                         state = _start_state(model, draft, draft_policy, verify_policy, draft_cache, prefilled,
-                                             tokens, lengths, capacity, engine)
+                                             tokens, lengths, capacity, engine, method)
                         jax.block_until_ready(state)
-                        holder["rounds"] = int(run_loop(model.params, draft.params, state, target_config=config,
+                        holder["rounds"] = int(run_loop(model.params, dp if dp is not None else model.params, state,
+                                                        target_config=config,
                                                         draft_policy=draft_policy, verify_policy=verify_policy,
                                                         engine=engine).round)
 
@@ -376,14 +432,24 @@ def cmd_pair_speed(args) -> Dict[str, Any]:
     return writer.data
 
 
-def _start_state(model, draft, draft_policy, verify_policy, draft_cache, prefilled, tokens, lengths, capacity, engine):
+def _draft_inputs(method: str, draft, draft_cache):
+    """``(draft_params, draft_state)`` for the engine: the separate draft's, or ``(None, None)`` for a
+    self method (the target drafts, and its policy builds its own state)."""
+    if method in SELF_METHODS:
+        return None, None
+    return draft.params, draft_cache
+
+
+def _start_state(model, draft, draft_policy, verify_policy, draft_cache, prefilled, tokens, lengths, capacity, engine,
+                 method):
     """The loop state of one method's run from copies of the shared prefill (for the selection timing and
     the trace)."""
     from jaxspec.decoding.speculative import prefill_loop_state
 
+    dp, ds = _draft_inputs(method, draft, draft_cache)
     return prefill_loop_state(model.params, model.config, tokens, lengths, capacity, draft_policy=draft_policy,
-                              draft_params=draft.params, draft_state=draft_cache, verify_policy=verify_policy,
-                              verify_state=None, engine=engine, prefilled=prefilled)
+                              draft_params=model.params if dp is None else dp, draft_state=ds,
+                              verify_policy=verify_policy, verify_state=None, engine=engine, prefilled=prefilled)
 
 
 def per_round_trace(trace: Dict[str, Any], rounds) -> Dict[str, Any]:

@@ -177,8 +177,11 @@ PS = "pair_speed/pair_speed_qwen2.5-coder-1.5b_0.5b_"
 #: pair-speed files with bfloat16 speed cases, in the suite's order (a file may hold no case yet)
 PAIR_SPEED_SPARSE_DRAFT = f"{PS}32k_b16_sparse-draft_h200.json"  # Dustin-H beside its two sparse-draft views
 PAIR_SPEED_SPARSE_DRAFT_16K = f"{PS}16k_b16_sparse-draft_h200.json"  # the same three at 16k
+#: the 1.5B as its own draft over sinks + a window (no second model), batch 16 and 1, when measured
+PAIR_SPEED_SELF = tuple(f"pair_speed/pair_speed_qwen2.5-coder-1.5b_self-draft_8k-32k_b{b}_h200.json" for b in (16, 1))
 PAIR_SPEED = (f"{PS}32k_b16_h200.json", PAIR_SPEED_SPARSE_DRAFT, f"{PS}16k_b16_h200.json", PAIR_SPEED_SPARSE_DRAFT_16K,
-              f"{PS}32k_b1_h200.json", f"{PS}8k-16k_b1_h200.json", f"{PS}8k-32k_b8_h200.json", f"{PS}8k_h200.json")
+              f"{PS}32k_b1_h200.json", f"{PS}8k-16k_b1_h200.json", f"{PS}8k-32k_b8_h200.json", f"{PS}8k_h200.json"
+              ) + tuple(p for p in PAIR_SPEED_SELF if (RESULTS / p).exists())
 #: pair-speed files measured while another pair-speed process used the same GPU (see the section's first note)
 PAIR_SPEED_SHARED_GPU = frozenset({"pair_speed_qwen2.5-coder-1.5b_0.5b_8k_h200.json"})
 PAIR_SPEED_F32 = f"{PS}8k_b2_f32_identity_h200.json"   # float32: greedy ClassicSD / MagicDec = AR
@@ -188,7 +191,9 @@ PAIR_SPEED_PLOT = f"{PS}speedup_h200.png"
 PAIR_METHODS = (("sd", "ClassicSD"), ("magicdec", "MagicDec"), ("dustin", "**Dustin-H**"),
                 ("streaming", "StreamingLLM verification"), ("quest", "Quest verification"),
                 ("dustin-kv-streaming", "Dustin-H, draft reads sinks + window"),
-                ("dustin-kv-verify-set", "Dustin-H, draft reads the last I_verify + window"))
+                ("dustin-kv-verify-set", "Dustin-H, draft reads the last I_verify + window"),
+                ("magicdec-self", "MagicDec self-draft (the 1.5B over sinks + window, dense verification)"),
+                ("dustin-self", "Dustin-H self-draft (the 1.5B over sinks + window, verification on I_verify)"))
 SPARSE_DRAFT_KV = tuple((slug, label, f"generate/generate_qwen2.5-coder-1.5b_{tag}-qwen2.5-coder-0.5b_2k_b1_cpu.json")
                         for slug, label, tag in (
                             ("dustin-full-kv", "Dustin-H k = 512, full draft KV", "dustin-k512"),
@@ -874,6 +879,12 @@ def _figures() -> List[Figure]:
                            ("cases", key, method, "tok_s")))
                 add(Figure(f"{base}/{method}/tau", f"{what}: {name} tau (tokens per row-round, of 5)",
                            "tokens/round", source, ("cases", key, method, "metrics", "tau")))
+                if method in ("magicdec-self", "dustin-self") and base.endswith(key):  # self-speculation
+                    add(Figure(f"selfspec/real-qwen1.5b/h200/{key}/{method}/speedup",
+                               f"{name} vs paired AR, real Qwen2.5-Coder-1.5B bf16, {case['context']} tokens, batch "
+                               f"{case['batch']} (pair-speed)", "x AR", source, ("cases", key, method, "speedup_vs_ar"),
+                               target="target >= 2.0x (best self-speculative) at 32k/b16"
+                               if key == "ctx32000/b16" else ""))
     for key, case in pair_cases(PAIR_SPEED_F32):
         for method, label in PAIR_METHODS:
             if method in case:

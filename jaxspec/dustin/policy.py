@@ -183,9 +183,20 @@ class DustinSelfDraft(_SparseDraftKV, SelfDraft):
         return cls(config=target_config, layers=dustin.draft_layers, heads=dustin.draft_heads,
                    **_draft_kv_fields(dustin))
 
+    def initial_state(self, skip_mask=None) -> dict:
+        """``{"skip_mask": [L, 2]}``; with ``skip_mask=None`` ``{}``: the whole target drafts (no
+        sub-layer skipped and no mask traced), which with ``draft_kv`` other than ``"full"`` is the
+        StreamingLLM / verify-set self-draft of docs/methods.md §5.1."""
+        return {} if skip_mask is None else super().initial_state(skip_mask)
+
+    def prefill(self, draft_params, tokens, prompt_lengths, capacity):
+        if self.draft_kv == "full":
+            return super().prefill(draft_params, tokens, prompt_lengths, capacity)  # a mask is needed: refuse
+        return {}  # the whole target over a budget of its own cache
+
     def propose(self, draft_params, state, target_cache, pending, previous, committed, *, gamma, sampling, key,
                 feedback=None):
-        mask = state["skip_mask"]
+        mask = state.get("skip_mask")
         cache = target_cache.with_lengths(committed - 1)
         first = self._forward(draft_params, pending[:, None], cache, feedback, skip_mask=mask)
 

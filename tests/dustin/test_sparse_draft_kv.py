@@ -137,3 +137,24 @@ def test_streaming_self_draft_drafts_as_magicdec_self_draft(models):
                                    draft_state=policy.initial_state(parse_skip_spec("mlp:1", 2)), engine=ENGINE)
     assert result.rows() == magicdec.rows()
     assert result.metrics["accepted_histogram"] == magicdec.metrics["accepted_histogram"]
+
+
+def test_whole_target_streaming_self_draft_needs_no_mask(models, reference):
+    """The whole target as its own draft over sinks + window (no sub-layer skipped): DustinSelfDraft
+    builds its own state, ``{}`` (no mask traced), and at k >= context drafts and accepts exactly as
+    MagicDec's self-draft, whose dense verification is greedy AR; a full-KV self-draft still needs a mask."""
+    from jaxspec.baselines import MagicDecSelfDraft
+
+    target_params, _ = models
+    config = _config(512, "streaming", draft_window=24).replace(draft_layers=(1,), draft_heads=((0, 1, 2, 3),))
+    draft, verify = dustin_policies(config, TARGET, None)
+    assert draft.initial_state() == {} and draft.prefill(target_params, None, None, 0) == {}
+    result = speculative_generate(target_params, TARGET, PROMPTS, draft_policy=draft, verify_policy=verify,
+                                  engine=ENGINE)
+    magicdec = speculative_generate(target_params, TARGET, PROMPTS,
+                                    draft_policy=MagicDecSelfDraft(TARGET, sinks=4, window=24), engine=ENGINE)
+    assert result.rows() == magicdec.rows() == reference.rows()
+    assert result.metrics["accepted_histogram"] == magicdec.metrics["accepted_histogram"]
+    full, _ = dustin_policies(config.replace(draft_kv="full"), TARGET, None)
+    with pytest.raises(TypeError, match="initial_state"):
+        full.prefill(target_params, None, None, 0)

@@ -223,19 +223,31 @@ def test_every_method_builds_its_policies_and_bytes():
     args = _args("--methods", ",".join(pair_speed.METHODS), "--contexts", "400")
     assert pair_speed.check_args(args)[2] == list(pair_speed.METHODS)
     assert not set(pair_speed.SPARSE_DRAFT_KV) & set(pair_speed.DEFAULT_METHODS)  # asked for by name
+    assert not set(pair_speed.SELF_METHODS) & set(pair_speed.DEFAULT_METHODS)
     bytes_of = {}
     for method in pair_speed.METHODS:
         draft_policy, verify_policy, description = pair_speed.build_policies(args, method, target, draft)
         assert description["method"] == method
         assert isinstance(verify_policy, DenseVerify) == (method in pair_speed.DENSE_METHODS), method
-        dustin = verify_policy.dustin if method in pair_speed.DUSTIN_METHODS else None
+        dustin = verify_policy.dustin if method in pair_speed.DUSTIN_METHODS + ("dustin-self",) else None
         if dustin is not None:
             assert dustin.budget == 128 and dustin.mode == "hybrid"
-            assert dustin.draft_kv == pair_speed.SPARSE_DRAFT_KV.get(method, "full") == draft_policy.draft_kv
-        bytes_of[method] = method_round_bytes(method, target_config=target, draft_config=draft, batch=1, context=400,
-                                              budget=128, gamma=4, target_bytes=10**6, draft_bytes=10**5,
-                                              dustin=dustin)
+            want = "streaming" if method == "dustin-self" else pair_speed.SPARSE_DRAFT_KV.get(method, "full")
+            assert dustin.draft_kv == want == draft_policy.draft_kv
+        self_draft = method in pair_speed.SELF_METHODS
+        if self_draft:  # the target drafts: its policy builds its own state, no mask traced
+            assert draft_policy.config == target and draft_policy.prefill(None, None, None, 0) == {}
+        bytes_of[method] = method_round_bytes(pair_speed.SELF_BYTES_METHOD.get(method, method), target_config=target,
+                                              draft_config=target if self_draft else draft, batch=1, context=400,
+                                              budget=128, gamma=4, target_bytes=10**6,
+                                              draft_bytes=10**6 if self_draft else 10**5, dustin=dustin)
         assert bytes_of[method] > 0
+    # Dustin-H's self-draft signal is the self-draft's lookahead at the target's own SRH layer and heads
+    dustin_self = pair_speed.build_policies(args, "dustin-self", target, draft)[1].dustin
+    assert dustin_self.draft_layers == (dustin_self.target_layer,)
+    assert dustin_self.draft_heads == (tuple(dustin_self.target_heads),)
+    # a self-draft reads the target's weights gamma times: its round reads more than the 0.5B-style draft's
+    assert bytes_of["dustin-self"] > bytes_of["dustin-kv-streaming"] and bytes_of["magicdec-self"] > bytes_of["magicdec"]
     # the sparse-draft variants read less than full-KV Dustin: gamma draft steps over ~k instead of 400 positions
     per_position = 2 * draft.num_layers * draft.num_kv_heads * draft.head_dim * 2  # K and V, bf16
     window = pair_speed.build_policies(args, "dustin-kv-verify-set", target, draft)[1].dustin.draft_window_size
@@ -364,3 +376,22 @@ def test_pair_speed_sparse_draft_variants_end_to_end(tmp_path):
     assert case["dustin-kv-streaming"]["round_bytes"] < case["dustin"]["round_bytes"]
     assert case["dustin-kv-verify-set"]["round_bytes"] == case["dustin"]["round_bytes"]
     assert [r["method"] for r in case["rows"]] == ["ar", "dustin", "dustin-kv-streaming", "dustin-kv-verify-set"]
+
+
+@pytest.mark.slow
+def test_pair_speed_self_drafts_end_to_end(tmp_path):
+    """The target as its own draft over sinks + a window (no separate draft is prefilled): MagicDec's
+    self-draft verifies densely, so its greedy float32 output is AR's token for token; Dustin-H's
+    self-draft verifies on I_verify and records its self-draft SRH."""
+    out = tmp_path / "pair.json"
+    argv = [a for a in E2E]
+    argv[argv.index("--methods") + 1] = "magicdec-self,dustin-self"
+    assert main(argv + ["--out", str(out)]) == 0
+    case = json.loads(out.read_text())["cases"]["ctx160/b2"]
+    assert "draft_prefill_s" not in case  # only self-drafts: the separate draft was not prefilled
+    assert case["magicdec-self"]["agreement_with_ar"]["identical"]
+    assert case["magicdec-self"]["description"]["verification"] == "dense"
+    assert case["dustin-self"]["description"]["draft_srh"].startswith("the target's SRH")
+    for method in ("magicdec-self", "dustin-self"):
+        assert 1 <= case[method]["metrics"]["tau"] <= 5, method
+    assert [r["method"] for r in case["rows"]] == ["ar", "magicdec-self", "dustin-self"]
