@@ -360,13 +360,21 @@ def test_pair_speed_end_to_end_and_resume(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_pair_speed_sparse_draft_variants_end_to_end(tmp_path):
     """Dustin-H with the draft reading sinks + a window or the previous I_verify + a window: each runs from
-    the shared prefill, records its draft view, and its round reads fewer bytes than full-KV Dustin-H."""
+    the shared prefill, records its draft view, and its round reads fewer bytes than full-KV Dustin-H. The
+    target as its own draft over sinks + a window (no second model): MagicDec's self-draft verifies densely,
+    so its greedy float32 output is AR's token for token; Dustin-H's self-draft verifies on I_verify."""
     out = tmp_path / "pair.json"
     argv = [a for a in E2E]
-    argv[argv.index("--methods") + 1] = "dustin,dustin-kv-streaming,dustin-kv-verify-set"
+    argv[argv.index("--methods") + 1] = "dustin,dustin-kv-streaming,dustin-kv-verify-set,magicdec-self,dustin-self"
     assert main(argv + ["--out", str(out)]) == 0
     case = json.loads(out.read_text())["cases"]["ctx160/b2"]
-    for method in ("dustin", "dustin-kv-streaming", "dustin-kv-verify-set"):
+    assert case["magicdec-self"]["agreement_with_ar"]["identical"]
+    assert case["magicdec-self"]["description"]["verification"] == "dense"
+    assert case["dustin-self"]["description"]["draft_srh"].startswith("the target's SRH")
+    assert case["precompile"]["methods"] == argv[argv.index("--methods") + 1].split(",")
+    assert [g["methods"] for g in case["precompile"]["groups"]] == [
+        ["dustin", "dustin-kv-streaming", "dustin-kv-verify-set"], ["magicdec-self", "dustin-self"]]
+    for method in ("dustin", "dustin-kv-streaming", "dustin-kv-verify-set", "magicdec-self", "dustin-self"):
         assert 1 <= case[method]["metrics"]["tau"] <= 5, method
         assert case[method]["description"]["method"] == method
     assert case["dustin"]["description"]["draft_kv"] == "full"
@@ -375,23 +383,6 @@ def test_pair_speed_sparse_draft_variants_end_to_end(tmp_path):
     # the streaming view reads 128 of the 160 positions; I_verify + the window covers them all here (bytes capped)
     assert case["dustin-kv-streaming"]["round_bytes"] < case["dustin"]["round_bytes"]
     assert case["dustin-kv-verify-set"]["round_bytes"] == case["dustin"]["round_bytes"]
-    assert [r["method"] for r in case["rows"]] == ["ar", "dustin", "dustin-kv-streaming", "dustin-kv-verify-set"]
+    assert [r["method"] for r in case["rows"]] == ["ar", "dustin", "dustin-kv-streaming", "dustin-kv-verify-set",
+                                                   "magicdec-self", "dustin-self"]
 
-
-@pytest.mark.slow
-def test_pair_speed_self_drafts_end_to_end(tmp_path):
-    """The target as its own draft over sinks + a window (no separate draft is prefilled): MagicDec's
-    self-draft verifies densely, so its greedy float32 output is AR's token for token; Dustin-H's
-    self-draft verifies on I_verify and records its self-draft SRH."""
-    out = tmp_path / "pair.json"
-    argv = [a for a in E2E]
-    argv[argv.index("--methods") + 1] = "magicdec-self,dustin-self"
-    assert main(argv + ["--out", str(out)]) == 0
-    case = json.loads(out.read_text())["cases"]["ctx160/b2"]
-    assert "draft_prefill_s" not in case  # only self-drafts: the separate draft was not prefilled
-    assert case["magicdec-self"]["agreement_with_ar"]["identical"]
-    assert case["magicdec-self"]["description"]["verification"] == "dense"
-    assert case["dustin-self"]["description"]["draft_srh"].startswith("the target's SRH")
-    for method in ("magicdec-self", "dustin-self"):
-        assert 1 <= case[method]["metrics"]["tau"] <= 5, method
-    assert [r["method"] for r in case["rows"]] == ["ar", "magicdec-self", "dustin-self"]
