@@ -161,28 +161,19 @@ def test_forward_profile_round_trip_and_file_errors(tmp_path):
         latency.load_or_profile(path, TINY, 1, method="isolated", profile_fn=must_not_profile)
     with pytest.raises(ValueError, match="'bogus'"):
         latency.load_or_profile(path, TINY, 1, method="bogus")
-    # a forward profile from before the many-row slope (format 4, no bulk rows) loads, but is measured again
-    old4 = json.loads(path.read_text())
-    old4["format_version"] = 4
-    del old4["model"]["u"], old4["forward"]["bulk_rows"]
-    before_u = tmp_path / "before_u.json"
-    before_u.write_text(json.dumps(old4))
-    assert latency.LatencyProfile.load(before_u).model.u == 0.0
-    remeasured = []
-    assert latency.load_or_profile(before_u, TINY, 1, method="forward",
-                                   profile_fn=lambda cfg, b: remeasured.append(b) or profile) == profile
-    assert remeasured == [1] and latency.LatencyProfile.load(before_u) == profile
-    # format 5 (the many-row slope at one context only) loads, but is measured again for the per-context price
-    old5 = json.loads(path.read_text())
-    old5["format_version"] = 5
-    del old5["model"]["u_n"], old5["forward"]["bulk_contexts"]
-    one_context = tmp_path / "one_context.json"
-    one_context.write_text(json.dumps(old5))
-    assert latency.LatencyProfile.load(one_context).model.u_n == 0.0
-    remeasured.clear()
-    assert latency.load_or_profile(one_context, TINY, 1, method="forward",
-                                   profile_fn=lambda cfg, b: remeasured.append(b) or profile) == profile
-    assert remeasured == [1]
+    # older forward profiles load, but are measured again: format 4 (before the many-row slope: no bulk rows)
+    # and format 5 (the slope at one context only: no per-context price)
+    for version, model_key, forward_key in ((4, "u", "bulk_rows"), (5, "u_n", "bulk_contexts")):
+        old = json.loads(path.read_text())
+        old["format_version"] = version
+        del old["model"][model_key], old["forward"][forward_key]
+        older = tmp_path / f"format{version}.json"
+        older.write_text(json.dumps(old))
+        assert getattr(latency.LatencyProfile.load(older).model, model_key) == 0.0
+        remeasured = []
+        assert latency.load_or_profile(older, TINY, 1, method="forward",
+                                       profile_fn=lambda cfg, b: remeasured.append(b) or profile) == profile
+        assert remeasured == [1] and latency.LatencyProfile.load(older) == profile, version
     # a format-3 file (before the method field) still loads, as an isolated fit
     old = json.loads(path.read_text())
     old["format_version"] = 3
