@@ -2533,7 +2533,10 @@ def results_markdown() -> str:
                  "round is not cheaper than AR steps. The Dustin variants verify sparsely at k = 512 < the "
                  "context, so their tokens differ from AR's; with k covering the history they equal AR "
                  "(tests/dustin/test_self_speculative.py).",
-                 "Not measured yet: the real 1.5B on the H200 (suite h200-knapspec)."]),
+                 "Not measured yet: the real 1.5B on the H200. KnapSpec and CLaSp there are in the KnapSpec "
+                 "section (suite h200-knapspec); the 1.5B drafting for itself over sinks + a window with MagicDec's "
+                 "or Dustin's verification, no second model, is in suite h200-qwen-pair (steps self-drafts-b16, "
+                 "self-drafts-b1, not run yet)."]),
         section("KnapSpec",
                 "Each method decodes from a copy of one prefilled cache, paired with AR decoded just before it in "
                 "the same process (speed-up = method / its paired AR); greedy; KnapSpec with the whole-forward "
