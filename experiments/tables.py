@@ -1624,6 +1624,47 @@ def _items_context(source: str) -> str:
     return "/".join(sorted({f"{c['context'] // 1024}k" for c in load(source)["cases"].values() if "context" in c}))
 
 
+def oracle_m_persistence(source: str) -> Tuple[float, int]:
+    """``(r, pairs)``: the lag-1 correlation, over consecutive rounds of one item and one k, of the oracle's
+    per-round m minus its mean at that k in the file (how much the previous round's best m says about this
+    round's), and the number of round pairs it rests on."""
+    per_k: Dict[str, List[List[int]]] = {}
+    for key, case in load(source)["cases"].items():
+        if key.endswith("/dense") and isinstance(case.get("m_rule"), dict):
+            for name, stats in case["m_rule"].items():
+                if name.startswith("dustin-h-oracle/") and "m_per_round" in stats:
+                    per_k.setdefault(name, []).append(stats["m_per_round"])
+    pairs = []
+    for runs in per_k.values():
+        values = [m for run in runs for m in run]
+        mean = sum(values) / len(values)
+        pairs += [(a - mean, b - mean) for run in runs for a, b in zip(run[:-1], run[1:])]
+    if len(pairs) < 3:
+        return float("nan"), len(pairs)
+    xs, ys = zip(*pairs)
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    cov = sum((x - mx) * (y - my) for x, y in pairs)
+    var = (sum((x - mx) ** 2 for x in xs) * sum((y - my) ** 2 for y in ys)) ** 0.5
+    return (cov / var if var > 0 else float("nan")), len(pairs)
+
+
+def oracle_persistence_note() -> str:
+    """Whether a rule that follows the previous round's best m (a feedback rule) has anything to follow."""
+    parts, seen = [], set()
+    for model, source in INPUT_AWARE_M:
+        r, n = oracle_m_persistence(source)
+        name = f"{model} {_items_context(source)}"
+        if n and name not in seen:  # two files of one model and context share the same dense reference rounds
+            seen.add(name)
+            parts.append(f"{name} {r:+.2f} ({n} pairs)")
+    return ("Does the best m persist from round to round? The lag-1 correlation of the oracle's per-round m (minus "
+            "its mean at the same k), over consecutive rounds of an item: " + "; ".join(parts) + ". Small, or "
+            "resting on few pairs: a round whose ARR is best with more draft positions is followed about as "
+            "often by one that wants fewer, so a feedback rule that carries the previous round's best m forward "
+            "has little to carry on these items (16 new tokens, 3-6 rounds an item), and the oracle's gain over "
+            "fixed m comes from round-by-round choices that do not persist.")
+
+
 def _input_aware_reach() -> int:
     """The longest item context of the input-aware-m files."""
     return max(c["context"] for _, s in INPUT_AWARE_M for c in load(s)["cases"].values() if "context" in c)
@@ -2421,6 +2462,7 @@ def results_markdown() -> str:
                                + m_rule_table(src),
                                f"![input-aware m, {m}](../experiments/results/{src.replace('.json', '.png')})")],
                 [f"{m}, {_items_context(src)}: {line}" for m, src in INPUT_AWARE_M for line in m_rule_verdicts(src)]
+                + [oracle_persistence_note()]
                 + [f"Not measured: beyond {_input_aware_reach() // 1024}k on the CPU, and the "
                    "H200 at 16k-32k (suite step h200-dustin-quality/16k-input-aware-m)."]),
         section("Dustin: speed",
