@@ -52,6 +52,8 @@ METHODS = ("sd", "magicdec", "dustin", "streaming", "quest") + tuple(SPARSE_DRAF
 DEFAULT_METHODS = METHODS[:5]
 #: the round's bytes of a self method are those of this separate-draft method with the target as the draft
 SELF_BYTES_METHOD = {"magicdec-self": "magicdec", "dustin-self": "dustin-kv-streaming"}
+#: the methods that read --dustin-profile
+PROFILED_METHODS = DUSTIN_METHODS + ("dustin-self",)
 #: dense verification: greedy output equals AR's (token for token in float32)
 DENSE_METHODS = ("sd", "magicdec", "magicdec-self")
 SPARSE_BUDGET_METHODS = ("magicdec", "dustin", "streaming", "quest") + tuple(SPARSE_DRAFT_KV) + SELF_METHODS
@@ -91,7 +93,7 @@ def check_args(args) -> Tuple[List[int], List[int], List[str]]:
         if small:
             raise ValueError(f"--contexts {small} are not longer than --budget {args.budget}: the sparse methods "
                              f"would attend to the whole history")
-    if any(m in DUSTIN_METHODS + ("dustin-self",) for m in methods) and args.dustin_profile and not pathlib.Path(
+    if any(m in PROFILED_METHODS for m in methods) and args.dustin_profile and not pathlib.Path(
             args.dustin_profile).is_file():
         raise ValueError(f"--dustin-profile {args.dustin_profile}: no such file")
     for flag in ("gamma", "max_new_tokens", "row_stride"):
@@ -310,7 +312,7 @@ def cmd_pair_speed(args) -> Dict[str, Any]:
                                       [m for m in pending if m in SELF_METHODS]) if g]
                 records = []
                 for group in groups:
-                    dp, ds = _draft_inputs(group[0], draft, draft_cache)
+                    dp, ds = _draft_inputs(group[0], model, draft, draft_cache)
                     records.append(precompile_loops(
                         model.params, config, [policies[m][:2] for m in group], tokens=tokens, lengths=lengths,
                         capacity=capacity, engine=engine, draft_params=dp, draft_state=ds, prefilled=prefilled,
@@ -339,7 +341,7 @@ def cmd_pair_speed(args) -> Dict[str, Any]:
 
                     controller = MeasuredChoiceController(probe_rounds=args.arbitrate, remember=False,
                                                           tail_check=args.arbitrate_tail or None)
-                dp, ds = _draft_inputs(method, draft, draft_cache)
+                dp, ds = _draft_inputs(method, model, draft, draft_cache)
                 result = speculative_generate(model.params, config, [], prompt_tokens=(tokens, lengths),
                                               draft_policy=draft_policy, draft_params=dp,
                                               draft_state=ds, verify_policy=verify_policy, engine=engine,
@@ -347,7 +349,7 @@ def cmd_pair_speed(args) -> Dict[str, Any]:
                                               prefilled=prefilled, controller=controller)
                 spec_tokens = np.asarray(result.tokens)
                 tok_s = float(result.num_generated.sum()) / result.timings["decode_s"]
-                dustin = verify_policy.dustin if method in DUSTIN_METHODS + ("dustin-self",) else None
+                dustin = getattr(verify_policy, "dustin", None)  # the Dustin methods' DustinConfig
                 self_draft = method in SELF_METHODS
                 bytes_round = method_round_bytes(SELF_BYTES_METHOD.get(method, method), target_config=config,
                                                  draft_config=config if self_draft else draft_config,
@@ -375,8 +377,7 @@ def cmd_pair_speed(args) -> Dict[str, Any]:
                     if dustin is not None:
                         state = _start_state(model, draft, draft_policy, verify_policy, draft_cache, prefilled,
                                              tokens, lengths, capacity, engine, method)
-                        sel = selection_timing(draft_policy, verify_policy, dp if dp is not None else model.params,
-                                               state, args.gamma)
+                        sel = selection_timing(draft_policy, verify_policy, dp, state, args.gamma)
                         split["selection_ms"] = sel["median_s"] * 1e3
                         split["verification_ms"] = max(split["verify_ms"] - split["selection_ms"], 0.0)
                         record["selection_timing"] = sel
@@ -388,8 +389,7 @@ def cmd_pair_speed(args) -> Dict[str, Any]:
                         state = _start_state(model, draft, draft_policy, verify_policy, draft_cache, prefilled,
                                              tokens, lengths, capacity, engine, method)
                         jax.block_until_ready(state)
-                        holder["rounds"] = int(run_loop(model.params, dp if dp is not None else model.params, state,
-                                                        target_config=config,
+                        holder["rounds"] = int(run_loop(model.params, dp, state, target_config=config,
                                                         draft_policy=draft_policy, verify_policy=verify_policy,
                                                         engine=engine).round)
 
@@ -432,11 +432,11 @@ def cmd_pair_speed(args) -> Dict[str, Any]:
     return writer.data
 
 
-def _draft_inputs(method: str, draft, draft_cache):
-    """``(draft_params, draft_state)`` for the engine: the separate draft's, or ``(None, None)`` for a
-    self method (the target drafts, and its policy builds its own state)."""
+def _draft_inputs(method: str, model, draft, draft_cache):
+    """``(draft_params, draft_state)`` for the engine: the separate draft's, or the target's parameters and
+    ``None`` for a self method (the target drafts, and its policy builds its own state)."""
     if method in SELF_METHODS:
-        return None, None
+        return model.params, None
     return draft.params, draft_cache
 
 
@@ -446,9 +446,9 @@ def _start_state(model, draft, draft_policy, verify_policy, draft_cache, prefill
     the trace)."""
     from jaxspec.decoding.speculative import prefill_loop_state
 
-    dp, ds = _draft_inputs(method, draft, draft_cache)
+    dp, ds = _draft_inputs(method, model, draft, draft_cache)
     return prefill_loop_state(model.params, model.config, tokens, lengths, capacity, draft_policy=draft_policy,
-                              draft_params=model.params if dp is None else dp, draft_state=ds,
+                              draft_params=dp, draft_state=ds,
                               verify_policy=verify_policy, verify_state=None, engine=engine, prefilled=prefilled)
 
 

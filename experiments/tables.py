@@ -357,20 +357,19 @@ def knapspec_dp_cost_note() -> str:
             "measured at 64 reference tokens yet.")
 
 
-def _own_kernel_ratio_known(data, shape: str) -> bool:
-    case = data["cases"].get(f"{shape}/ctx32768/b16/k512")
-    if case is None:
-        return False
+def _fastest_rows(case) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """The device-time case's fastest dense and fastest sparse rows."""
     rows = {r["variant"]: r for r in case["rows"]}
-    return bool(rows[case["fastest_sparse"]].get("own_kernels_us_per_layer")) and bool(
-        rows[case["fastest_dense"]].get("own_kernels_us_per_layer"))
+    return rows[case["fastest_dense"]], rows[case["fastest_sparse"]]
 
 
-def _own_kernel_ratio(data, shape: str) -> float:
-    case = data["cases"][f"{shape}/ctx32768/b16/k512"]
-    rows = {r["variant"]: r for r in case["rows"]}
-    return (rows[case["fastest_dense"]]["own_kernels_us_per_layer"]
-            / rows[case["fastest_sparse"]]["own_kernels_us_per_layer"])
+def _own_kernel_ratio(case) -> Optional[float]:
+    """Fastest dense over fastest sparse by jaxspec's own kernels alone; None where the file has no split
+    (or no own kernels, as on a CPU)."""
+    dense, sparse = _fastest_rows(case)
+    if not (dense.get("own_kernels_us_per_layer") and sparse.get("own_kernels_us_per_layer")):
+        return None
+    return dense["own_kernels_us_per_layer"] / sparse["own_kernels_us_per_layer"]
 
 
 def _selection_share(data, method: str) -> float:
@@ -446,25 +445,25 @@ def knapspec_real_note() -> str:
     profile_path = data.get("latency_b1", {}).get("path", "")
     profile_file = RESULTS.parent.parent / profile_path
     if profile_path and profile_file.exists():
-        fwd = json.loads(profile_file.read_text()).get("forward", {})
-        if fwd.get("bulk_rows"):
+        profile = json.loads(profile_file.read_text())
+        fwd = profile.get("forward", {})
+        if "bulk_contexts" in fwd:
+            price = (f" The DP's price per reference token is its slot rows (skip budget + 1) times the "
+                     f"many-row price at the context, t_row(n) = u + u_n n (docs/methods.md §4.1), from "
+                     f"forwards of {fwd['bulk_rows']} rows at {fwd['bulk_contexts']} tokens: "
+                     + ", ".join(f"{1e3 * u:.3f} ms a row at {n}" for n, u in
+                                 zip(fwd['bulk_contexts'], fwd['fit']['u_per_context'])) + ".")
+        elif fwd.get("bulk_rows"):
             rows_times = ", ".join(f"{n} rows {1e3 * t:.1f} ms" for n, t in zip(fwd["bulk_rows"], fwd["bulk_times"]))
             price = (f" The DP's price per reference token is the slope `u` of many-row forwards (docs/methods.md "
-                     f"§4.1) times its slot rows (skip budget + 1): u = "
-                     f"{1e3 * json.loads(profile_file.read_text())['model']['u']:.3f} ms a row, from "
-                     f"forwards at the profile's largest context ({fwd['verify_context']} tokens: {rows_times}), "
+                     f"§4.1) times its slot rows (skip budget + 1): u = {1e3 * profile['model']['u']:.3f} ms a row, "
+                     f"from forwards at the profile's largest context ({fwd['verify_context']} tokens: {rows_times}), "
                      "where every row's attention over the whole context is most of the cost. The same price is "
                      "applied at every context, so at 8k-16k, where a row reads less context, the allowance "
                      "probably overprices the DP (many-row forwards at those contexts are not timed) and may skip "
                      "planning that would have fitted. The profile now prices a row per context, "
                      "t_row(n) = u + u_n n from many-row forwards at its smallest and largest contexts (docs/methods.md "
                      "§4.1); this file was planned before that, and a rerun measures the profile again.")
-            if "bulk_contexts" in fwd:
-                price = (f" The DP's price per reference token is its slot rows (skip budget + 1) times the "
-                         f"many-row price at the context, t_row(n) = u + u_n n (docs/methods.md §4.1), from "
-                         f"forwards of {fwd['bulk_rows']} rows at {fwd['bulk_contexts']} tokens: "
-                         + ", ".join(f"{1e3 * u:.3f} ms a row at {n}" for n, u in
-                                     zip(fwd['bulk_contexts'], fwd['fit']['u_per_context'])) + ".")
     measured = {key.split("/")[2] + "/" + key.split("/")[4] for key in data["cases"]}
     missing = [f"{m} at {round(c / 1000)}k" for c in (8192, 16384, 32000) for m in ("knapspec", "knapspec-target-ref", "clasp")
                if f"ctx{c}/{m}" not in measured]
@@ -771,12 +770,14 @@ def _figures() -> List[Figure]:
                        f"sparse (k = 512) vs the fastest dense attention of all layers by device kernel time, {shape}, "
                        "32k, batch 16", "x", KERNEL_DEVICE, ("cases", f"{shape}/ctx32768/b16/k512", "speedup_device"),
                        target=f"target >= {target:.0f}x" + (" (paper 27.85x)" if short == "72b" else "")))
-            if not _own_kernel_ratio_known(load(KERNEL_DEVICE), shape):
+            case_key = f"{shape}/ctx32768/b16/k512"
+            if case_key not in load(KERNEL_DEVICE)["cases"] or _own_kernel_ratio(
+                    load(KERNEL_DEVICE)["cases"][case_key]) is None:
                 continue
             add(Figure(f"kernels/{short}/ctx32768/b16/k512/attention_kernel_only_speedup_device",
                        f"jaxspec's sparse attention kernel (k = 512) vs its dense kernel alone, all layers by device "
                        f"kernel time, {shape}, 32k, batch 16 (the call's other kernels left out)", "x", KERNEL_DEVICE,
-                       functools.partial(_own_kernel_ratio, shape=shape)))
+                       lambda d, key=case_key: _own_kernel_ratio(d["cases"][key])))
     for batch in (1, 16):
         add(Figure(f"kernels/sparse-attention/qwen2.5-7b/ctx32768/b{batch}/k512/time",
                    f"sparse attention k = 512, 7B layer, 32k, batch {batch}", "µs", KERNEL_7B,
@@ -1925,19 +1926,17 @@ def device_time_note() -> str:
         if case is None:
             parts.append(f"{shape}: not measured")
             continue
-        rows = {r["variant"]: r for r in case["rows"]}
-        dense, sparse = rows[case["fastest_dense"]], rows[case["fastest_sparse"]]
+        dense, sparse = _fastest_rows(case)
+        own = _own_kernel_ratio(case)
         parts.append(f"{shape} {case['speedup_device']:.1f}x (target {target:.0f}x: "
                      f"{'**met**' if case['speedup_device'] >= target else '**missed**'}; {sparse['variant']} "
                      f"{sparse['device_us_per_layer']:.1f} µs a layer against {dense['variant']} "
                      f"{dense['device_us_per_layer']:.0f} µs; by host time in the same run {case['speedup_wall']:.1f}x; "
                      f"byte ratio {case['byte_ratio']:.0f}x"
                      + (f"; jaxspec's attention kernels alone {sparse['own_kernels_us_per_layer']:.1f} against "
-                        f"{dense['own_kernels_us_per_layer']:.0f} µs, "
-                        f"{dense['own_kernels_us_per_layer'] / sparse['own_kernels_us_per_layer']:.1f}x, the other "
-                        f"kernels of the call {sparse['other_kernels_us_per_layer']:.1f} against "
-                        f"{dense['other_kernels_us_per_layer']:.1f} µs" if sparse.get("own_kernels_us_per_layer")
-                        else "") + ")")
+                        f"{dense['own_kernels_us_per_layer']:.0f} µs, {own:.1f}x, the other kernels of the call "
+                        f"{sparse['other_kernels_us_per_layer']:.1f} against "
+                        f"{dense['other_kernels_us_per_layer']:.1f} µs" if own is not None else "") + ")")
     return ("By device kernel time of all layers (the paper's measure; every kernel the program launches, from the "
             f"profiler, `{KERNEL_DEVICE}`): " + "; ".join(parts) + "." + _other_kernels_sentence(cases) + first_run)
 
@@ -1950,12 +1949,11 @@ def _other_kernels_sentence(cases) -> str:
         case = cases.get(f"{shape}/ctx32768/b16/k512")
         if case is None:
             continue
-        rows = {r["variant"]: r for r in case["rows"]}
-        dense, sparse = rows[case["fastest_dense"]], rows[case["fastest_sparse"]]
-        if not (sparse.get("own_kernels_us_per_layer") and dense.get("own_kernels_us_per_layer")):
+        dense, sparse = _fastest_rows(case)
+        ratio = _own_kernel_ratio(case)
+        if ratio is None:
             return ""
         others += [dense["other_kernels_us_per_layer"], sparse["other_kernels_us_per_layer"]]
-        ratio = dense["own_kernels_us_per_layer"] / sparse["own_kernels_us_per_layer"]
         verdicts.append(f"{shape} {ratio:.1f}x against {target:.0f}x")
     if not others:
         return ""

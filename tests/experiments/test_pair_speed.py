@@ -229,7 +229,7 @@ def test_every_method_builds_its_policies_and_bytes():
         draft_policy, verify_policy, description = pair_speed.build_policies(args, method, target, draft)
         assert description["method"] == method
         assert isinstance(verify_policy, DenseVerify) == (method in pair_speed.DENSE_METHODS), method
-        dustin = verify_policy.dustin if method in pair_speed.DUSTIN_METHODS + ("dustin-self",) else None
+        dustin = verify_policy.dustin if method in pair_speed.PROFILED_METHODS else None
         if dustin is not None:
             assert dustin.budget == 128 and dustin.mode == "hybrid"
             want = "streaming" if method == "dustin-self" else pair_speed.SPARSE_DRAFT_KV.get(method, "full")
