@@ -38,7 +38,7 @@ import jax.numpy as jnp
 from jaxspec.baselines.streaming import check_sinks_window, streaming_indices
 from jaxspec.config import ModelConfig
 from jaxspec.decoding.contract import DraftPolicyBase
-from jaxspec.decoding.policies import Proposal, SeparateDraft, draft_loop
+from jaxspec.decoding.policies import Proposal, SeparateDraft, catch_up_cache, draft_loop
 from jaxspec.models.llama import forward
 
 
@@ -70,6 +70,9 @@ class MagicDecDraft(DraftPolicyBase):
     def prefill(self, draft_params, tokens, prompt_lengths, capacity):
         # dense prefill of the whole prompt (MagicDec compresses after a full-attention prefill)
         return SeparateDraft(self.config).prefill(draft_params, tokens, prompt_lengths, capacity)
+
+    def catch_up(self, draft_params, state, tokens, start):
+        return catch_up_cache(draft_params, self.config, state, tokens, start)  # dense, as the prefill
 
     def propose(self, draft_params, state, target_cache, pending, previous, committed, *, gamma, sampling, key):
         fwd = dict(config=self.config, sinks=self.sinks, window=self.window)

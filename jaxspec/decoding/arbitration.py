@@ -134,6 +134,10 @@ class MeasuredChoiceController(ScriptedController):
                 if probe is None:  # every row finished in the speculative probe
                     break
                 choice = probe["choice"]
+                if run.warmup and choice == "ar" and not run.finished():
+                    # compile what a timed run that speculates after its probe needs: the draft's catch-up
+                    # on the probe's plain tokens (docs/methods.md §5.2), whatever the warm-up's probe chose
+                    yield from self._speculative(run, 1)
                 if self.remember and not run.warmup and not run.profiling:
                     self.decisions[key] = choice
                     if probe.get("ar_step_s"):
@@ -187,7 +191,8 @@ class MeasuredChoiceController(ScriptedController):
         metrics = {"arbitration": {"probe_rounds": self.probe_rounds, "reprobe_rounds": self.reprobe_rounds,
                                    "tail_check": self.tail_check, "events": self.events,
                                    "choice": choices[-1] if choices else "speculative"},
-                   "ar_steps": counters.plain_steps, "ar_tokens": counters.plain_tokens}
+                   "ar_steps": counters.plain_steps, "ar_tokens": counters.plain_tokens,
+                   "draft_catch_ups": counters.catch_ups}
         return metrics, {}
 
 

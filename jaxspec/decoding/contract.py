@@ -79,6 +79,14 @@ class DraftPolicyBase(abc.ABC):
     def propose(self, draft_params, state, target_cache, pending, previous, committed, *, gamma, sampling, key):
         """See :meth:`DraftPolicy.propose`."""
 
+    def catch_up(self, draft_params, state, tokens, start):
+        """Traced, before the first speculative round after plain decoding: ``tokens [B, S]`` are the
+        tokens at positions ``start [B] ..`` that plain decoding committed (padded past each row's
+        count with tokens whose K/V a later round overwrites before reading). A draft with a cache of
+        its own writes their K/V there (the plain steps ran the target only); the default, a draft
+        that reads the target cache or keeps no cache, returns ``state`` unchanged."""
+        return state
+
 
 # ---------------------------------------------------------------------------- verify policies
 @runtime_checkable

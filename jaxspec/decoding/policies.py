@@ -48,6 +48,14 @@ def draft_loop(step_fn, first_logits, state, gamma: int, sampling: SamplingConfi
     return tokens, probs, state
 
 
+def catch_up_cache(draft_params, config: ModelConfig, cache, tokens, start):
+    """A separate draft's cache after plain decoding (:meth:`DraftPolicyBase.catch_up`): one dense
+    forward of the draft over ``tokens [B, S]`` at positions ``start [B] ..``, as its prefill (the K/V
+    only; slots past the capacity are dropped). Without it the K/V of the plainly decoded tokens
+    would be missing from the draft cache for the rest of the run, lowering acceptance."""
+    return forward(draft_params, tokens, cache.with_lengths(start), config=config).cache
+
+
 @dataclasses.dataclass(frozen=True)
 class SeparateDraft(DraftPolicyBase):
     """A separate (smaller) draft model with its own KV cache.
@@ -71,6 +79,9 @@ class SeparateDraft(DraftPolicyBase):
         cache = init_cache(self.config, tokens.shape[0], capacity, mesh=mesh, rules=rules)
         cache, _ = prefill(draft_params, self.config, tokens, prompt_lengths, cache)
         return cache
+
+    def catch_up(self, draft_params, state, tokens, start):
+        return catch_up_cache(draft_params, self.config, state, tokens, start)
 
     def propose(self, draft_params, state, target_cache, pending, previous, committed, *, gamma, sampling, key):
         cache = state.with_lengths(committed - 2)

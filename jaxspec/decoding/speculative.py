@@ -42,7 +42,7 @@ import numpy as np
 
 from jaxspec.config import ModelConfig
 from jaxspec.decoding.autoregressive import PAD_OUTPUT, decode_loop_fn, pad_prompts, prefill, run_with_warmup
-from jaxspec.decoding.contract import Chunk, Proposal, RunToEnd, check_policies
+from jaxspec.decoding.contract import Chunk, DraftPolicyBase, Proposal, RunToEnd, check_policies
 from jaxspec.decoding.policies import DenseVerify
 from jaxspec.decoding.sampling import SamplingConfig, sample_token, sampling_probs
 from jaxspec.models.cache import KVCache, check_context, check_room, init_cache
@@ -281,6 +281,15 @@ commit_phase_jit = jax.jit(commit_phase, static_argnames=("engine",), donate_arg
 update_verify_state_jit = jax.jit(update_verify_state, static_argnames=("verify_policy",), donate_argnames=("after",))
 
 
+def placed(tree):
+    """``tree`` with every array committed to its own placement (no copy). Arrays built on the host
+    (``jnp.zeros``, ``jnp.asarray``) are uncommitted, while a jitted call on placed weights (a loaded
+    model's) returns committed ones, and jit compiles once per combination: a loop state handed to
+    the round loop first from the prefill and later from plain decoding would compile the loop twice
+    (seconds at long context, inside a timed run; docs/methods.md §5.2). States are placed on entry."""
+    return jax.tree.map(lambda x: jax.device_put(x, x.sharding) if isinstance(x, jax.Array) else x, tree)
+
+
 def loop_state_from_caches(target_cache: KVCache, draft_state, pending, previous, engine: EngineConfig, seed: int = 0,
                            verify_state=None, *, key=None, done=None) -> LoopState:
     """A loop state for caches that already hold each row's history (e.g. filled for a benchmark).
@@ -290,7 +299,7 @@ def loop_state_from_caches(target_cache: KVCache, draft_state, pending, previous
     """
     batch = target_cache.batch_size
     out = jnp.full((batch, engine.max_new_tokens + engine.gamma + 1), PAD_OUTPUT, jnp.int32).at[:, 0].set(pending)
-    return LoopState(round=jnp.int32(0), target_cache=target_cache, draft_state=draft_state,
+    return placed(LoopState(round=jnp.int32(0), target_cache=target_cache, draft_state=draft_state,
                      verify_state=verify_state, out=out, num_out=jnp.ones((batch,), jnp.int32),
                      committed=target_cache.lengths + 1, pending=jnp.array(pending, jnp.int32, copy=True),
                      previous=jnp.array(previous, jnp.int32, copy=True),
@@ -298,7 +307,7 @@ def loop_state_from_caches(target_cache: KVCache, draft_state, pending, previous
                      key=jax.random.PRNGKey(seed) if key is None else key,
                      active_rounds=jnp.zeros((batch,), jnp.int32),
                      accepted_histogram=jnp.zeros((engine.gamma + 1,), jnp.int32),
-                     draft_counts=init_draft_counts(engine.gamma))
+                     draft_counts=init_draft_counts(engine.gamma)))
 
 
 def prefill_loop_state(target_params, target_config: ModelConfig, tokens: np.ndarray, lengths: np.ndarray,
@@ -449,6 +458,27 @@ def plain_decode_fn(params, state: LoopState, num_steps, *, config: ModelConfig,
 plain_decode = jax.jit(plain_decode_fn, static_argnames=("config", "engine", "steps"), donate_argnames=("state",))
 
 
+def catch_up_fn(draft_params, state: LoopState, previous, num_out, committed, *, draft_policy, steps: int):
+    """The draft's :meth:`~jaxspec.decoding.contract.DraftPolicyBase.catch_up` after plain decoding
+    from a state whose ``previous`` / ``num_out`` / ``committed`` were those given: the tokens at
+    positions ``committed - 2 ..`` (``previous``, then the committed output from the then-pending
+    token on), ``steps`` (static) of them per row, at least the ``committed`` growth since."""
+    t = jnp.arange(steps)[None, :]
+    index = jnp.clip(num_out[:, None] - 2 + t, 0, state.out.shape[1] - 1)
+    tokens = jnp.where(t == 0, previous[:, None], jnp.take_along_axis(state.out, index, axis=1))
+    tokens = jnp.maximum(tokens, 0)  # PAD_OUTPUT past a row's end: any token (its K/V is overwritten first)
+    return state._replace(draft_state=draft_policy.catch_up(draft_params, state.draft_state, tokens, committed - 2))
+
+
+catch_up = jax.jit(catch_up_fn, static_argnames=("draft_policy", "steps"), donate_argnames=("state",))
+
+
+def has_own_cache(draft_policy) -> bool:
+    """Whether the draft policy writes a cache of its own that plain decoding leaves behind."""
+    method = getattr(type(draft_policy), "catch_up", None)
+    return method is not None and method is not DraftPolicyBase.catch_up
+
+
 # ---------------------------------------------------------------------------- driver
 @dataclasses.dataclass
 class RunCounters:
@@ -464,6 +494,7 @@ class RunCounters:
     plain_steps: int = 0
     plain_tokens: int = 0
     plain_stretches: int = 0
+    catch_ups: int = 0  # draft-cache catch-ups after plain decoding
 
     def __post_init__(self):
         self.histogram = np.zeros(self.gamma + 1, np.int64)
@@ -500,6 +531,7 @@ class LiveRun:
     decode_start: float = 0.0  # time.perf_counter() when the first chunk started
     timings: Dict[str, float] = dataclasses.field(default_factory=dict)  # prefill_s; decode_s at finish
     last_chunk: int = 0
+    plain_from: Optional[tuple] = None  # (previous, num_out, committed) before the current plain stretch
 
     def finished(self) -> bool:
         return bool(jnp.all(self.state.done))
@@ -616,11 +648,13 @@ def speculative_generate(target_params, target_config: ModelConfig, prompts: Seq
     def run_chunk(live: LiveRun, chunk: Chunk, profile_totals=None) -> None:
         state = live.state
         if chunk.draft_state is not None:
-            state = state._replace(draft_state=chunk.draft_state)
+            state = state._replace(draft_state=placed(chunk.draft_state))
         if chunk.plain_steps is not None:
             steps = int(chunk.plain_steps)
             if steps > engine.max_new_tokens:
                 raise ValueError(f"Chunk plain_steps={steps} exceeds max_new_tokens={engine.max_new_tokens}")
+            if live.plain_from is None:  # the draft cache misses what plain decoding commits from here on
+                live.plain_from = tuple(jnp.copy(x) for x in (state.previous, state.num_out, state.committed))
             state, count = plain_decode(target_params, state, jnp.int32(steps), config=target_config, engine=engine,
                                         steps=engine.max_new_tokens)
             live.counters.plain_steps += steps
@@ -633,14 +667,23 @@ def speculative_generate(target_params, target_config: ModelConfig, prompts: Seq
             raise ValueError(f"Chunk gamma={g} exceeds the engine's gamma={gamma} (the loop state is sized for it)")
         if g + 1 != state.accepted_histogram.shape[0]:  # fold the gamma-sized counters into the host totals
             live.counters.fold(state)
-            state = state._replace(accepted_histogram=jnp.zeros((g + 1,), jnp.int32),
-                                   draft_counts=None if state.draft_counts is None else init_draft_counts(g))
+            state = state._replace(accepted_histogram=placed(jnp.zeros((g + 1,), jnp.int32)),
+                                   draft_counts=None if state.draft_counts is None else placed(init_draft_counts(g)))
         live.counters.gammas_used.add(g)
         before = int(state.round)
         chunk_static = dict(static, engine=engine_for(g))
         if chunk.draft_policy is not None:
             chunk_static["draft_policy"] = chunk.draft_policy
             live.counters.draft_policies.add(chunk.draft_policy)
+        if live.plain_from is not None:  # the first speculative rounds after plain decoding
+            previous, num_out, committed = live.plain_from
+            live.plain_from = None
+            grown = int(jnp.max(state.committed - committed))
+            if grown > 0 and has_own_cache(chunk_static["draft_policy"]):
+                steps = 1 << max(3, (grown - 1).bit_length())  # powers of two from 8: few compiles
+                state = catch_up(draft_params, state, previous, num_out, committed,
+                                 draft_policy=chunk_static["draft_policy"], steps=steps)
+                live.counters.catch_ups += 1
         if profile_totals is None:
             state = run_loop(target_params, draft_params, state, max_rounds=chunk.rounds, **chunk_static)
         else:

@@ -131,3 +131,41 @@ def test_tail_check_switches_to_plain_decoding_only_when_it_finishes_sooner(para
         assert result.metrics["ar_tokens"] == probe["ar_tokens"]  # only the probe's plain steps
     with pytest.raises(ValueError, match="tail_check"):
         MeasuredChoiceController(tail_check=0)
+
+
+def test_a_timed_run_that_speculates_after_its_probe_compiles_nothing(params, monkeypatch):
+    """The warm-up run's probe (timed with its compiles) may pick plain decoding while the timed run's
+    picks speculation: the timed run then speculates after the probe's plain steps, which needs the
+    round loop on a state that came from plain decoding and a separate draft's catch-up on the plain
+    tokens. The warm-up compiles both, so the timed run compiles no program (docs/methods.md §5.2)."""
+    from jaxspec.decoding import arbitration
+    from jaxspec.decoding.policies import SeparateDraft
+
+    draft_config = TARGET.replace(num_layers=2)
+    draft_params = init_params(draft_config, jax.random.PRNGKey(3), scale=0.2)
+    placed = jax.device_put((params, draft_params), jax.devices()[0])  # as a loaded model's weights
+    compiles, marks = [], {}
+    listener = lambda name, seconds, **_: compiles.append(name) if name.endswith("backend_compile_duration") else None
+    real = arbitration.measured_arbitration
+
+    def warmup_ar_timed_speculative(run, *args, **kwargs):
+        if not run.warmup:
+            marks.setdefault("timed", len(compiles))
+        probe, units = yield from real(run, *args, **kwargs)
+        if probe is not None:
+            probe["choice"] = "ar" if run.warmup else "speculative"
+        return probe, units
+
+    monkeypatch.setattr(arbitration, "measured_arbitration", warmup_ar_timed_speculative)
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        result = speculative_generate(placed[0], TARGET, PROMPTS, draft_policy=SeparateDraft(draft_config,
+                                                                                               name="arbitrated"),
+                                      draft_params=placed[1], engine=EngineConfig(gamma=3, max_new_tokens=NEW),
+                                      controller=MeasuredChoiceController(probe_rounds=2, remember=False),
+                                      warmup=True)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert result.metrics["arbitration"]["choice"] == "speculative" and result.metrics["draft_catch_ups"] == 1
+    assert result.rows() == generate(params, TARGET, PROMPTS, NEW).rows()
+    assert "timed" in marks and compiles[marks["timed"]:] == []

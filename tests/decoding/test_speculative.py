@@ -271,3 +271,63 @@ def test_precompiled_loops_leave_the_runs_nothing_to_compile(models):
     finally:
         jax.monitoring.unregister_event_duration_listener(listener)
     assert all(np.array_equal(r.tokens, plain.tokens) for r in results)
+
+
+
+@pytest.mark.parametrize("draft_kind", ["separate", "magicdec"])
+def test_speculative_rounds_after_plain_decoding(models, draft_kind):
+    """Chunks of speculative rounds, plain decoding, speculative rounds again (a measured choice that
+    probes both modes and speculates on; docs/methods.md §5.2):
+
+    * the round loop compiles once: the state enters every chunk with the same placement whether it
+      came from the prefill or from plain decoding (a second compile of a 32k loop inside a timed run
+      costs seconds);
+    * the draft's own cache holds the K/V of the tokens plain decoding committed (the draft catches
+      up before its next round): at the end, every position before ``committed - 2`` equals a fresh
+      draft prefill of the whole sequence, and the output is AR's."""
+    from jaxspec.baselines.magicdec import MagicDecDraft
+    from jaxspec.decoding.autoregressive import generate, prefill
+    from jaxspec.decoding.contract import Chunk, ScriptedController
+    from jaxspec.decoding.speculative import loop_jit
+
+    class SpecPlainSpec(ScriptedController):
+        def chunks(self, run):
+            yield Chunk(rounds=2)
+            yield Chunk(plain_steps=3)
+            yield Chunk(plain_steps=2)  # one stretch of two chunks: one catch-up
+            yield Chunk(rounds=2)
+            state = run.state
+            self.final = (jax.tree.map(jnp.copy, state.draft_state), np.asarray(state.out),
+                          np.asarray(state.num_out), np.asarray(state.committed))
+
+    # weights placed on the device (as a loaded model's are): every jitted output is then committed too
+    target_params, draft_params = jax.device_put(models, jax.devices()[0])
+    tokens = np.random.RandomState(2).randint(0, 97, (2, 20)).astype(np.int32)
+    lengths = np.array([20, 13], np.int32)
+    capacity, engine = 64, EngineConfig(gamma=3, max_new_tokens=16)
+    prefilled = prefill(target_params, TARGET, tokens, lengths, init_cache(TARGET, 2, capacity))
+    draft = {"separate": SeparateDraft(DRAFT, name="spec-plain-spec"),  # loops no other test compiles
+             "magicdec": MagicDecDraft(DRAFT, sinks=2, window=62, name="spec-plain-spec")}[draft_kind]
+    # (MagicDec with sinks + window >= the capacity: its rounds write the K/V a dense prefill does)
+    draft_cache = draft.prefill(draft_params, tokens, lengths, capacity)
+    before = loop_jit._cache_size()
+    controller = SpecPlainSpec()
+    result = speculative_generate(target_params, TARGET, [], prompt_tokens=(tokens, lengths), draft_policy=draft,
+                                  draft_params=draft_params, draft_state=draft_cache, engine=engine,
+                                  capacity=capacity, prefilled=prefilled, controller=controller)
+    assert loop_jit._cache_size() == before + 1
+    ar = generate(target_params, TARGET, [tokens[b, :lengths[b]].tolist() for b in range(2)], 16).rows()
+    rows = result.rows()  # the scripted chunks end before max_new_tokens: a prefix of AR's output
+    assert all(row == ar_row[:len(row)] for row, ar_row in zip(rows, ar))
+    cache, out, num_out, committed = controller.final
+    assert (num_out >= 2 + 5 + 2).all()  # rounds, then 5 plain tokens, then rounds: each row ran all three
+    assert [len(row) for row in rows] == num_out.tolist()
+    for b in range(2):
+        sequence = np.concatenate([tokens[b, :lengths[b]], out[b, :num_out[b]]])[None].astype(np.int32)
+        fresh = SeparateDraft(DRAFT).prefill(draft_params, sequence, np.array([sequence.shape[1]]), capacity)
+        n = int(committed[b]) - 2
+        for layer in range(DRAFT.num_layers):
+            np.testing.assert_allclose(np.asarray(cache.keys[layer][b, :, :n]), np.asarray(fresh.keys[layer][0, :, :n]),
+                                       rtol=1e-4, atol=1e-5)
+            np.testing.assert_allclose(np.asarray(cache.values[layer][b, :, :n]),
+                                       np.asarray(fresh.values[layer][0, :, :n]), rtol=1e-4, atol=1e-5)
