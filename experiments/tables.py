@@ -158,6 +158,7 @@ DUSTIN_SPEED_SPARSE_METHODS = (("ar", "AR"), ("dustin", "Dustin-H (full draft KV
                                ("dustin-kv-verify-set", "Dustin-H, draft reads the last I_verify + window"))
 #: batch 16 at 8k-32k, each method at the tau pair-speed measured for it on the real pair (nearest context, batch 16)
 DUSTIN_SPEED_PAIR_TAU = "dustin_speed/dustin_speed_qwen2.5-7b-shape_8k-32k_b16_pair-tau_h200.json"
+DUSTIN_SPEED_RESELECT = "dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_reselect2_pair-tau_h200.json"
 DUSTIN_SMOLLM2_TAU = "dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b8-16_smollm2-tau_h200.json"
 E2E = {("ClassicSD (self-draft mlp:10-12)", "Pallas"): "generate/generate_smollm2-135m_sd-mlp10-12_7.6k_b16_pallas_h200.json",
        ("MagicDec k = 512", "Pallas"): "generate/generate_smollm2-135m_magicdec-k512_7.6k_b16_pallas_h200.json",
@@ -179,9 +180,14 @@ PAIR_SPEED_SPARSE_DRAFT = f"{PS}32k_b16_sparse-draft_h200.json"  # Dustin-H besi
 PAIR_SPEED_SPARSE_DRAFT_16K = f"{PS}16k_b16_sparse-draft_h200.json"  # the same three at 16k
 #: the 1.5B as its own draft over sinks + a window (no second model), batch 16 and 1, when measured
 PAIR_SPEED_SELF = tuple(f"pair_speed/pair_speed_qwen2.5-coder-1.5b_self-draft_8k-32k_b{b}_h200.json" for b in (16, 1))
+#: 32k/b16 again: with the per-round split and a trace, selecting every second round, under the measured choice
+PAIR_SPEED_SPLIT_32K = f"{PS}32k_b16_split_h200.json"
+PAIR_SPEED_RESELECT = f"{PS}32k_b16_reselect2_h200.json"
+PAIR_SPEED_ARBITRATE = f"{PS}32k_b16_arbitrate_h200.json"
 PAIR_SPEED = (f"{PS}32k_b16_h200.json", PAIR_SPEED_SPARSE_DRAFT, f"{PS}16k_b16_h200.json", PAIR_SPEED_SPARSE_DRAFT_16K,
               f"{PS}32k_b1_h200.json", f"{PS}8k-16k_b1_h200.json", f"{PS}8k-32k_b8_h200.json", f"{PS}8k_h200.json"
-              ) + tuple(p for p in PAIR_SPEED_SELF if (RESULTS / p).exists())
+              ) + tuple(p for p in PAIR_SPEED_SELF + (PAIR_SPEED_SPLIT_32K, PAIR_SPEED_RESELECT, PAIR_SPEED_ARBITRATE)
+                        if (RESULTS / p).exists())
 #: pair-speed files measured while another pair-speed process used the same GPU (see the section's first note)
 PAIR_SPEED_SHARED_GPU = frozenset({"pair_speed_qwen2.5-coder-1.5b_0.5b_8k_h200.json"})
 PAIR_SPEED_F32 = f"{PS}8k_b2_f32_identity_h200.json"   # float32: greedy ClassicSD / MagicDec = AR
@@ -397,8 +403,42 @@ def cpu_choice_note() -> str:
             f"the AR reference run, decoded separately, measured {ab['ar_tokens_per_s']:.2f}, a "
             f"{100 * (ab['ar_tokens_per_s'] / event['ar_tokens_per_s'] - 1):.0f} % spread between two measurements "
             "of the same plain decoding on this shared 2-core CPU, larger than anything the choice could save or "
-            "lose at this point. On the H200 the measured choice is not run "
-            "yet (h200-qwen-pair step ctx32k-b16-arbitrate).")
+            "lose at this point. " + h200_choice_note())
+
+
+def h200_choice_note() -> str:
+    """The measured choice with its tail check on the real pair at 32k/b16 (h200-qwen-pair ctx32k-b16-arbitrate)."""
+    if not (RESULTS / PAIR_SPEED_ARBITRATE).exists():
+        return "On the H200 the measured choice is not run yet (h200-qwen-pair step ctx32k-b16-arbitrate)."
+    case = load(PAIR_SPEED_ARBITRATE)["cases"]["ctx32000/b16"]
+    parts = []
+    for method, label in PAIR_METHODS:
+        if method not in case:
+            continue
+        r = case[method]
+        events = r["metrics"]["arbitration"]["events"]
+        probe = events[0]["probe"]
+        tail = [e for e in events if e.get("reason") == "tail"]
+        text = (f"{label.strip('*')} {r['speedup_vs_ar']:.2f}x (probe {probe['speculative_tokens_per_s']:.0f} against "
+                f"{probe['ar_tokens_per_s']:.0f} tokens/s: {probe['choice']}")
+        if tail:
+            text += (f"; after {tail[0]['after_rounds']} more rounds the tail check estimated "
+                     f"{tail[0]['speculative_finish_s']:.0f} s to finish speculating against "
+                     f"{tail[0]['plain_finish_s']:.1f} s plainly")
+        parts.append(text + ")")
+    return ("On the H200 (real pair, 32k, batch 16, `--arbitrate 8 --arbitrate-tail 8`, "
+            f"`{PAIR_SPEED_ARBITRATE}`): " + "; ".join(parts) + ". Never slower than AR: **missed** in this run, "
+            "and the two slow-downs are a defect it exposed, now fixed: where the warm-up run's probe (timed with "
+            "its compiles) chose plain decoding and the timed run's chose speculation, the timed run was the first "
+            "to run speculative rounds after plain steps; the loop state coming out of plain decoding was placed on "
+            "the device while the prefill's was not, so the round loop compiled a second time inside the timed run "
+            "(about 15 s, hence the tail check's estimate and the 0.07-0.08x). The engine now places every loop "
+            "state on entry, the warm-up speculates after its probe whatever it chose, and a separate draft's cache "
+            "catches up on the tokens the plain steps committed (docs/methods.md §5.2; tested on the CPU: one "
+            "compile, no compile in the timed run). Where the probe chose AR (ClassicSD, Dustin-H), the run is "
+            "within a probe of AR but below it; the probe also measured fewer tokens per round than these methods "
+            "keep over a whole run (the first 8 rounds after the prefill), which is why full-KV Dustin-H, 1.33x "
+            "without the choice, was switched off. To be measured again.")
 
 
 def selection_share_note() -> str:
@@ -410,10 +450,22 @@ def selection_share_note() -> str:
         round_ms = 1e3 * row["batch"] * row["tau"] / row["tok_s"]
         ms = row.get("selection_ms_per_round", row["selection_ms"])
         parts.append(f"{label} {ms:.2f} ms of a {round_ms:.1f} ms round ({100 * ms / round_ms:.1f} %, `{source}`)")
-    return ("Selection at most 3 % of a round at 32k, batch 16: **missed** — " + "; ".join(parts) + ". A round's "
-            "time here is batch x realised tau / tokens per second; the selection is timed as its own phase "
-            "(`--profile`). Selecting every second round (docs/methods.md §3.8, `--reselect-every 2`) is built to "
-            "halve it; not measured on the GPU yet.")
+    text = ("Selection at most 3 % of a round at 32k, batch 16, selecting every round: **missed** — "
+            + "; ".join(parts) + ". A round's time here is batch x realised tau / tokens per second; the selection "
+            "is timed as its own phase (`--profile`).")
+    if not (RESULTS / DUSTIN_SPEED_RESELECT).exists():
+        return text + " Selecting every second round (docs/methods.md §3.8, `--reselect-every 2`) is not measured yet."
+    data, shares = load(DUSTIN_SPEED_RESELECT), []
+    for method, label in (("dustin", "full-KV Dustin-H"), ("dustin-kv-streaming", "with the streaming draft KV")):
+        row = read_path(data, ("cases", "ctx32768/b16", "rows", {"method": method}))
+        share = _selection_share(data, method)
+        shares.append(f"{label} {100 * share:.1f} % (**{'met' if share <= 0.03 else 'missed'}**; "
+                      f"{row['selection_ms_per_round']:.2f} ms a round on average, {row['speedup']:.2f}x AR at "
+                      f"tau {row['tau']:.2f})")
+    return (text + " Selecting every second round (docs/methods.md §3.8, `--reselect-every 2`, each method at the "
+            f"tau the real pair measured with it, `{DUSTIN_SPEED_RESELECT}`): " + "; ".join(shares) + ". The "
+            "speed-up barely moves: half a selection is a few per cent of a round, and a reused set lowers the "
+            "real pair's tau a little (the next note's 32k/b16 runs).")
 
 
 def knapspec_real_note() -> str:
@@ -698,10 +750,12 @@ def _pair_ar_tok_s(key):
 
 
 def pair_run_tag(source: str) -> str:
-    """What distinguishes a pair-speed file of a point measured more than once: its name between the
-    context / batch and the device (``..._32k_b16_sparse-draft_h200.json`` -> ``sparse-draft``)."""
-    stem = pathlib.Path(source).stem[len(pathlib.Path(PS).name):]
-    return "-".join(p for p in stem.split("_")[:-1] if not re.fullmatch(r"\d+k|b\d+", p)) or stem
+    """What distinguishes a pair-speed file of a point measured more than once: its name without the
+    models, contexts, batch and device (``..._0.5b_32k_b16_sparse-draft_h200.json`` -> ``sparse-draft``,
+    ``..._1.5b_self-draft_8k-32k_b16_h200.json`` -> ``self-draft``)."""
+    stem = pathlib.Path(source).stem
+    parts = stem.split("_")[3:-1]  # after pair_speed_<target>, before the device
+    return "-".join(p for p in parts if not re.fullmatch(r"0\.5b|\d+k(-\d+k)?|b\d+(-\d+)?", p)) or stem
 
 
 def pair_methods(case: Dict[str, Any]) -> List[str]:
@@ -2091,8 +2145,15 @@ def pair_speed_notes() -> List[str]:
     def name(m):
         return _pair_label(m).strip("*")
 
+    source_of = {id(c): s for s, _, c in cases}
+    points = [(c["context"], c["batch"]) for _, _, c in cases]
+
     def where(c):
-        return f"{c['context'] // 1000}k/b{c['batch']}"
+        text = f"{c['context'] // 1000}k/b{c['batch']}"
+        tag = pair_run_tag(source_of.get(id(c), ""))
+        if points.count((c["context"], c["batch"])) > 1 and tag != pathlib.Path(source_of.get(id(c), "")).stem:
+            text += f" ({tag} run)"
+        return text
 
     out = []
     shared = [(k, c) for s, k, c in cases if pathlib.Path(s).name in PAIR_SPEED_SHARED_GPU]
