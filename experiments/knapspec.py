@@ -147,6 +147,21 @@ def add_planning_arguments(add, prefix: str = "") -> None:
              "the window as one causal sequence through its own K/V (the paper); target = each token attends to "
              "the target's K/V of the earlier tokens and to the candidate's only at its own position (a draft step "
              "after committed tokens). KnapSpec's sub-layer DP; CLaSp and knapspec-budget keep branch")
+    add(f"--{prefix}search-tokens", type=int, default=None, metavar="S",
+        help="a two-stage plan (docs/methods.md §5.6): the DP searches on the first S reference tokens of each row "
+             "and its best candidates are scored again on the whole window (default: the DP on the whole window, "
+             "the paper). KnapSpec's sub-layer DP")
+    add(f"--{prefix}finalists", type=int, default=4, metavar="K",
+        help="with --{prefix}search-tokens: candidates scored again on the whole window")
+
+
+def check_two_stage(search_tokens, finalists, prefix: str = "") -> None:
+    """``--[knapspec-]search-tokens`` / ``--[knapspec-]finalists`` before any model loads."""
+    if search_tokens is not None and search_tokens < 1:
+        raise ValueError(f"--{prefix}search-tokens={search_tokens}: must be >= 1 (or left out: the DP on the "
+                         f"whole window)")
+    if finalists < 1:
+        raise ValueError(f"--{prefix}finalists={finalists}: must be >= 1")
 
 
 def parse_gamma_buckets(text: str, flag: str = "--knapspec-gamma-buckets"):
@@ -179,7 +194,9 @@ def knapspec_config_from_args(args):
                           exit_aware_tpt=not getattr(args, "knapspec_spec_tpt", False),
                           probe_rounds=getattr(args, "knapspec_probe_rounds", 8) or None,
                           reference_kv=getattr(args, "knapspec_reference_kv", "branch"),
-                          static_plans=getattr(args, "knapspec_static_plans", False))
+                          static_plans=getattr(args, "knapspec_static_plans", False),
+                          search_tokens=getattr(args, "knapspec_search_tokens", None),
+                          finalists=getattr(args, "knapspec_finalists", 4))
 
 
 def validate_self_spec(args) -> None:
@@ -188,6 +205,7 @@ def validate_self_spec(args) -> None:
         raise ValueError(f"--method {args.method} runs on one device; drop --mesh")
     if args.knapspec_interval < 6:
         raise ValueError(f"--knapspec-interval={args.knapspec_interval} must be >= 6 (the DP runs at round 6)")
+    check_two_stage(getattr(args, "knapspec_search_tokens", None), getattr(args, "knapspec_finalists", 4), "knapspec-")
     if args.knapspec_gamma_max < 1:
         raise ValueError(f"--knapspec-gamma-max={args.knapspec_gamma_max}: must be >= 1")
     default_gamma_max = registry.family_defaults("self-speculative")["knapspec_gamma_max"]
@@ -1023,7 +1041,8 @@ def experiment_knapspec_config(args, branch_chunk=None):
                           branch_chunk=branch_chunk, max_reference_tokens=args.max_reference_tokens,
                           max_plan_fraction=plan_fraction(args.max_plan_fraction, "--max-plan-fraction"),
                           probe_rounds=args.probe_rounds or None, reference_kv=args.reference_kv,
-                          static_plans=args.static_plans)
+                          static_plans=args.static_plans, search_tokens=args.search_tokens,
+                          finalists=args.finalists)
 
 
 def check_knapspec_args(args) -> None:
@@ -1034,6 +1053,7 @@ def check_knapspec_args(args) -> None:
     for flag in ("layers", "max_reference_tokens", "branch_chunk", "clasp_skip_count"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             raise ValueError(f"--{flag.replace('_', '-')}={getattr(args, flag)}: must be >= 1 (or left out)")
+    check_two_stage(args.search_tokens, args.finalists)
     if args.layers is not None and not args.model.startswith("random:"):
         raise ValueError(f"--layers is for random:PRESET models only; {args.model!r} has its own layer count")
     if not 0 <= args.attention_sinks < args.attention_budget:

@@ -522,6 +522,10 @@ class Candidates:
     # candidate's greedy probability reaches the threshold, and where it also agrees with the target
     confident: Optional[np.ndarray] = None  # [C] p_c
     agree_confident: Optional[np.ndarray] = None  # [C] p_ac
+    # a two-stage plan (jaxspec.knapspec.policy.rescore_finalists): alpha on the search tokens the DP ran on,
+    # and their number per row; alpha / confident / agree_confident are then the whole window's
+    search_alpha: Optional[np.ndarray] = None  # [C]
+    search_tokens: Optional[int] = None
 
     def __len__(self) -> int:
         return len(self.weights)
@@ -600,6 +604,13 @@ def plan_alpha(params, config: ModelConfig, cache: KVCache, prefix_len, states, 
     greedy-token agreement with the target on the reference tokens of ``states``
     (:func:`boundary_states`), with the reference ``reference_kv`` (:data:`REFERENCE_KV`) -- the
     ``alpha`` :func:`knapsack_dp` reports for the masks it finds, for any mask."""
+    return plan_agreement(params, config, cache, prefix_len, states, masks, token_mask, reference_kv=reference_kv)[:, 0]
+
+
+def plan_agreement(params, config: ModelConfig, cache: KVCache, prefix_len, states, masks, token_mask=None, *,
+                   reference_kv: str = "branch", exit_threshold: Optional[float] = None) -> np.ndarray:
+    """``[C, 3]`` per skip mask: (alpha, p_c, p_ac) on the reference tokens of ``states``, the statistics
+    :func:`knapsack_dp` reports for its candidates (``exit_threshold`` None: p_c = 1, p_ac = alpha)."""
     config = _dp_config(config)
     check_reference_kv(reference_kv)
     masks = np.asarray(masks, bool)
@@ -609,7 +620,8 @@ def plan_alpha(params, config: ModelConfig, cache: KVCache, prefix_len, states, 
                                                                                                   jnp.float32)
     finals = _plan_states(params, cache, jnp.asarray(prefix_len, jnp.int32), states, jnp.asarray(masks),
                           config=config, reference_kv=reference_kv)
-    return np.asarray(_alpha(params, config, finals, states[-1], token_mask, 8), np.float64)
+    threshold = None if exit_threshold is None else float(exit_threshold)
+    return np.asarray(_agreement(params, config, finals, states[-1], token_mask, 8, threshold), np.float64)
 
 
 # ---------------------------------------------------------------------------- references on the model
@@ -699,7 +711,7 @@ model_problem = _model_problem
 
 
 __all__ = ["DEFAULT_TAU", "REFERENCE_KV", "WEIGHT_CAP", "Candidates", "check_reference_kv", "target_kv_attention",
-           "reference_attention_inputs", "plan_alpha", "DPTrace", "backtrack", "boundary_states", "brute_force",
+           "reference_attention_inputs", "plan_alpha", "plan_agreement", "DPTrace", "backtrack", "boundary_states", "brute_force",
            "check_keep_attention", "scan_can_skip", "sublayer_can_skip",
            "cos_sum", "dp_loop", "dp_scan", "knapsack_brute_force", "knapsack_dp", "knapsack_dp_reference",
            "knapsack_weights", "skip_budget", "knapsack_exhaustive_count", "stacked_scan_layers", "agreement_alpha",

@@ -95,7 +95,7 @@ from jaxspec.decoding.speculative import EngineConfig, SpeculativeResult, specul
 from jaxspec.knapspec.budgeted import BUDGET, DENSE, SKIP, budgeted_forward, check_budget, plan_choices
 from jaxspec.knapspec.coupled import plan_coupled_skip_set
 from jaxspec.knapspec.dp import (DEFAULT_TAU, WEIGHT_CAP, Candidates, boundary_states, check_keep_attention,
-                                 check_reference_kv, knapsack_dp, knapsack_weights, skip_budget)
+                                 check_reference_kv, knapsack_dp, knapsack_weights, plan_agreement, skip_budget)
 from jaxspec.knapspec.latency import LatencyModel, effective_context
 from jaxspec.knapspec.planner import GAMMA_GRID, Plan, Planner, PlannerBase, choose_plan
 from jaxspec.models.llama import forward, freeze_skip_mask
@@ -274,6 +274,12 @@ class KnapSpecConfig:
     # one compile per distinct plan, kept for the run (docs/methods.md §5.3). False: the dynamic [L, 2] mask.
     # Re-planning runs only: a fixed plan (replan=False) follows knapspec_generate's static_plan
     static_plans: bool = False
+    # a two-stage plan (docs/methods.md §5.6): the DP searches on the first search_tokens tokens of each row's
+    # reference window only, and the `finalists` candidates of highest TPT on those are scored again (alpha and
+    # the exit statistics) on the whole window before the grid search picks one. The DP's cost then grows with
+    # search_tokens, the window's only with the finalists. None = the DP on the whole window (the paper)
+    search_tokens: Optional[int] = None
+    finalists: int = 4
 
     def __post_init__(self):
         object.__setattr__(self, "keep_attention", tuple(sorted({int(x) for x in self.keep_attention})))
@@ -304,6 +310,13 @@ class KnapSpecConfig:
             raise ValueError(f"min_reference_tokens={self.min_reference_tokens} must be >= 1")
         if self.probe_rounds is not None and int(self.probe_rounds) < 1:
             raise ValueError(f"probe_rounds={self.probe_rounds} must be >= 1, or None (no arbitration)")
+        if self.search_tokens is not None and int(self.search_tokens) < 1:
+            raise ValueError(f"search_tokens={self.search_tokens} must be >= 1, or None (the DP on the whole window)")
+        if self.finalists < 1:
+            raise ValueError(f"finalists={self.finalists} must be >= 1")
+        if self.search_tokens is not None and self.coupled:
+            raise ValueError(f"search_tokens={self.search_tokens} is for the sub-layer DP; coupled=True (whole "
+                             f"layers) runs the DP on the whole window")
 
     @property
     def probe(self) -> int:
@@ -399,6 +412,9 @@ class PlanRecord:
                    verify_rows=int(self.verify_rows), context_length=float(self.context_length),
                    n_skip_attn=int(mask[:, 0].sum()), n_skip_mlp=int(mask[:, 1].sum()), probe=self.probe,
                    predicted_seconds=self.predicted_seconds)
+        c = self.candidates
+        if c is not None and c.search_alpha is not None:  # a two-stage plan: the search's estimate beside the window's
+            out.update(search_tokens=c.search_tokens, search_alpha=float(c.search_alpha[self.plan.index]))
         return out
 
 
@@ -444,13 +460,45 @@ def plan_skip_set(target_params, config: ModelConfig, cache, tokens, token_mask,
     w_attn, w_mlp = knapsack_weights(t_attn, t_mlp, knapspec.weight_cap)
     states = boundary_states(target_params, config, tokens, cache, prefix_len)
     threshold = exit_threshold(knapspec)
-    candidates = knapsack_dp(target_params, config, cache, prefix_len, states, token_mask, w_attn=w_attn, w_mlp=w_mlp,
-                             tau=knapspec.tau, branch_chunk=knapspec.branch_chunk, exit_threshold=threshold,
-                             keep_attention=knapspec.keep_attention, reference_kv=knapspec.reference_kv)
-    plan = choose_plan(candidates.masks, candidates.alpha, latency, n, gammas=knapspec.plan_gammas,
-                       objective=knapspec.objective, exclude_full=knapspec.exclude_full,
-                       exit_stats=None if threshold is None else (candidates.confident, candidates.agree_confident))
+    search = knapspec.search_tokens
+    two_stage = search is not None and int(search) < tokens.shape[1]
+    s = int(search) if two_stage else tokens.shape[1]  # the window's first s tokens: same prefix, causal
+    mask = None if token_mask is None else np.asarray(token_mask)[:, :s]
+    candidates = knapsack_dp(target_params, config, cache, prefix_len, states[:, :, :s], mask, w_attn=w_attn,
+                             w_mlp=w_mlp, tau=knapspec.tau, branch_chunk=knapspec.branch_chunk,
+                             exit_threshold=threshold, keep_attention=knapspec.keep_attention,
+                             reference_kv=knapspec.reference_kv)
+
+    def choose(c):
+        return choose_plan(c.masks, c.alpha, latency, n, gammas=knapspec.plan_gammas, objective=knapspec.objective,
+                           exclude_full=knapspec.exclude_full,
+                           exit_stats=None if threshold is None else (c.confident, c.agree_confident))
+
+    plan = choose(candidates)
+    if two_stage:
+        candidates = rescore_finalists(candidates, plan.table, knapspec.finalists, target_params, config, cache,
+                                       prefix_len, states, token_mask, threshold, knapspec.reference_kv, s)
+        plan = choose(candidates)
     return plan, candidates, (w_attn, w_mlp)
+
+
+def rescore_finalists(candidates: Candidates, table: np.ndarray, finalists: int, target_params, config, cache,
+                      prefix_len, states, token_mask, threshold, reference_kv: str, search_tokens: int) -> Candidates:
+    """The second stage of a two-stage plan: the ``finalists`` candidates whose best grid score on the
+    search tokens is highest (ties: lower index, i.e. less skipped) scored again on the whole window
+    (:func:`~jaxspec.knapspec.dp.plan_agreement`). Returns those candidates, their statistics replaced
+    by the whole window's; ``search_alpha`` keeps the search's estimate and ``search_tokens`` its width."""
+    best = np.max(np.where(np.isfinite(table), table, -np.inf), axis=1)
+    order = sorted(range(len(best)), key=lambda i: (-best[i], i))
+    keep = sorted(i for i in order[:finalists] if np.isfinite(best[i])) or [order[0]]
+    padded = keep + [keep[0]] * (finalists - len(keep))  # always `finalists` masks: one compiled shape
+    stats = plan_agreement(target_params, config, cache, prefix_len, states, candidates.masks[padded], token_mask,
+                           reference_kv=reference_kv, exit_threshold=threshold)[: len(keep)]
+    exits = candidates.confident is not None
+    return dataclasses.replace(
+        candidates, masks=candidates.masks[keep], weights=candidates.weights[keep], cosine=candidates.cosine[keep],
+        alpha=stats[:, 0], confident=stats[:, 1] if exits else None, agree_confident=stats[:, 2] if exits else None,
+        final_states=None, search_alpha=candidates.alpha[keep], search_tokens=int(search_tokens))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -483,16 +531,28 @@ class KnapSpecPlanner(PlannerBase):
         no cap.
         Checked on the CPU with ``v``: SmolLM2-135M 3.05 s predicted vs 3.2-3.65 s measured,
         Qwen2.5-Coder-1.5B 38.6 s vs 45.5 s."""
+        return float(self._slots(config, n)) * self._row_cost(config, n)
+
+    def _slots(self, config: ModelConfig, n: float) -> int:
         lat = self.latency
         if self.knapspec.coupled:
-            slots = config.num_layers // 2 + 1
-        else:
-            slots = skip_budget(*knapsack_weights(lat.t_attn(n), lat.t_mlp(), self.knapspec.weight_cap),
-                                config.num_layers) + 1
+            return config.num_layers // 2 + 1
+        return skip_budget(*knapsack_weights(lat.t_attn(n), lat.t_mlp(), self.knapspec.weight_cap),
+                           config.num_layers) + 1
+
+    def _row_cost(self, config: ModelConfig, n: float) -> float:
+        lat = self.latency
         row = lat.t_row(n)
-        if row > 0:
-            return float(slots) * row
-        return float(slots) * float(lat.v) * lat.t_step(n, config.num_layers)
+        return row if row > 0 else float(lat.v) * lat.t_step(n, config.num_layers)
+
+    def reference_costs(self, config: ModelConfig, n: float) -> Tuple[float, float]:
+        """``(fixed, per_token)`` predicted seconds of one plan: with ``search_tokens`` (two-stage plan) the
+        DP's ``J`` rows per search token are a fixed cost and each window token adds the finalists' rows;
+        without it every window token costs the DP's ``J`` rows (:meth:`reference_cost`)."""
+        slots, row = self._slots(config, n), self._row_cost(config, n)
+        if self.knapspec.search_tokens is None:
+            return 0.0, float(slots) * row
+        return float(slots) * row * int(self.knapspec.search_tokens), float(self.knapspec.finalists) * row
 
     def plan(self, target_params, config, cache, tokens, token_mask, prefix_len, n):
         if self.knapspec.coupled:
@@ -513,16 +573,22 @@ def reference_allowance(planner, latency: Optional[LatencyModel], config: ModelC
     out = {"tokens": knapspec.max_reference_tokens, "skip": False}
     if knapspec.max_plan_fraction is None or latency is None:
         return out
-    per_token = planner.reference_cost(config, n)
-    if per_token is None:
-        return out
-    per_token = float(per_token)
+    costs = getattr(planner, "reference_costs", None)
+    if costs is not None:
+        fixed, per_token = (float(x) for x in costs(config, n))
+    else:
+        per_token = planner.reference_cost(config, n)
+        if per_token is None:
+            return out
+        fixed, per_token = 0.0, float(per_token)
     decode = float(new_tokens) * latency.a * latency.t_step(n, config.num_layers)
     budget = knapspec.max_plan_fraction * knapspec.allowance_margin * decode
     out.update(predicted_dp_s_per_token=per_token, predicted_ar_decode_s=decode, plan_budget_s=budget)
+    if fixed:
+        out["predicted_dp_search_s"] = fixed
     if per_token <= 0:
         return out
-    allowed = int(budget // per_token)
+    allowed = int(max(budget - fixed, 0.0) // per_token)
     out["allowed_tokens"] = allowed
     if allowed < knapspec.min_reference_tokens:
         out["skip"] = True
@@ -691,11 +757,17 @@ class KnapSpecController(ScriptedController):
                                                          jnp.asarray(prefix), n)
                 apply_plan(plan.mask, plan.gamma if knapspec.honor_gamma else gamma_max)
                 cost = planner.reference_cost(config, n)
+                if cost is not None:
+                    cost *= ref_tokens.shape[1]
+                    search = knapspec.search_tokens
+                    if search is not None and ref_tokens.shape[1] > search and hasattr(planner, "reference_costs"):
+                        fixed, per_token = planner.reference_costs(config, n)
+                        cost = fixed + per_token * ref_tokens.shape[1]
                 self.records.append(PlanRecord(
                     true_round, plan, candidates, int(token_mask.sum()), weights, time.perf_counter() - plan_start,
                     gamma_used=current["gamma"], verify_rows=current["bucket"] + 1 if current["gamma"] else 1,
                     context_length=float(np.mean(cache_lengths + 1)), planner=planner.name,
-                    predicted_seconds=None if cost is None else cost * ref_tokens.shape[1]))
+                    predicted_seconds=cost))
             plan_end = time.perf_counter()
             self.timings["plan_s"] += plan_end - plan_start
             last = (plan_end, plan_end - plan_start, true_round)

@@ -298,6 +298,15 @@ def test_reference_allowance_caps_or_skips_planning(params, ar_rows):
     assert KnapSpecPlanner(per_ctx, knap).reference_cost(TARGET, n) == pytest.approx(slots * (0.001 + 2e-7 * n))
     out = reference_allowance(KnapSpecPlanner(with_u, knap), with_u, TARGET, n, 1000, knap)
     assert out["allowed_tokens"] == int(0.05 * 0.75 * 1000 * 1.1 * lat.t_step(n, TARGET.num_layers) // (slots * 0.003))
+    # a two-stage plan (search_tokens): the DP's J rows per search token are fixed, each window token costs the
+    # finalists' rows; many more reference tokens fit the same budget
+    two = dataclasses_replace(knap, search_tokens=4, finalists=2)
+    fixed, per = KnapSpecPlanner(with_u, two).reference_costs(TARGET, n)
+    assert (fixed, per) == (pytest.approx(slots * 0.003 * 4), pytest.approx(2 * 0.003))
+    budget = 0.05 * 0.75 * 1000 * 1.1 * lat.t_step(n, TARGET.num_layers)
+    out2 = reference_allowance(KnapSpecPlanner(with_u, two), with_u, TARGET, n, 1000, two)
+    assert out2["allowed_tokens"] == int((budget - fixed) // per) > out["allowed_tokens"]
+    assert out2["predicted_dp_search_s"] == pytest.approx(fixed)
     capped = reference_allowance(planner, lat, TARGET, n, 100000, dataclasses_replace(knap, max_reference_tokens=9))
     assert capped["tokens"] == 9
     # no cap: no budget, no row cost, a planner without a cost model
@@ -602,3 +611,14 @@ def test_a_chunk_runs_its_own_draft_policy(params, ar_rows):
         Chunk(draft_policy="knapspec")
     with pytest.raises(ValueError, match="plain_steps run no draft"):
         Chunk(plain_steps=2, draft_policy=base)
+
+
+def test_two_stage_plans_decode_as_ar_and_report_both_estimates(params, ar_rows):
+    """A run re-planning with the two-stage plan (search_tokens, docs/methods.md §5.6): greedy output is AR's,
+    and each plan records the search's acceptance estimate beside the whole window's."""
+    knap = dataclasses_replace(KNAP, max_plan_fraction=None, probe_rounds=None, search_tokens=4, finalists=2)
+    result = knapspec_generate(params, TARGET, PROMPTS, latency=LATENCY, knapspec=knap, max_new_tokens=NEW)
+    assert result.rows() == ar_rows
+    plans = [p for p in result.metrics["knapspec_plans"] if "search_alpha" in p]
+    assert plans and all(p["search_tokens"] == 4 and p["candidates"] <= 2 and 0 <= p["search_alpha"] <= 1
+                         for p in plans)

@@ -160,3 +160,54 @@ def test_plan_alpha_of_the_dp_candidates_is_their_dp_alpha(problem, mode):
     assert len(set(np.round(got, 6))) > 1  # the instance tells masks apart
     with pytest.raises(ValueError, match=r"masks of shape \(5, 2\): expected \[C, 5, 2\]"):
         dp.plan_alpha(params, TINY, cache, prefix, states, cands.masks[0], token_mask)
+
+
+def test_plan_agreement_gives_the_dps_exit_statistics(problem):
+    """plan_agreement recomputes (alpha, p_c, p_ac) for any mask: for the DP's own candidates, what the
+    DP reported (the statistics a two-stage plan re-scores its finalists with, docs/methods.md §5.6)."""
+    params, cache, prefix, _, token_mask, states = problem
+    cands = dp.knapsack_dp(params, TINY, cache, prefix, states, token_mask, w_attn=2, w_mlp=1, exit_threshold=0.3)
+    got = dp.plan_agreement(params, TINY, cache, prefix, states, cands.masks, token_mask, exit_threshold=0.3)
+    np.testing.assert_allclose(got, np.stack([cands.alpha, cands.confident, cands.agree_confident], 1), atol=1e-6)
+    assert len(set(np.round(got[:, 1], 6))) > 1  # p_c tells masks apart here
+    plain = dp.plan_agreement(params, TINY, cache, prefix, states, cands.masks, token_mask)
+    np.testing.assert_allclose(plain[:, 1], 1.0)
+    np.testing.assert_allclose(plain[:, 2], plain[:, 0])
+
+
+def test_two_stage_plan_searches_on_a_prefix_of_the_window_and_scores_finalists_on_all_of_it(problem):
+    """search_tokens = s: the DP runs on the first s reference tokens of each row; the `finalists`
+    candidates of best grid score there are scored again on the whole window, and the plan is chosen
+    among them with those statistics. s >= the window width is the one-stage plan, unchanged."""
+    from jaxspec.knapspec.planner import choose_plan
+    from jaxspec.knapspec.policy import plan_skip_set
+
+    params, cache, prefix, tokens, token_mask, states = problem
+    lat = latency.LatencyModel(c1=1.0, c2=0.0, c3=2.0, c0=0.5)
+    base = KnapSpecConfig(probe_rounds=None, early_exit=0.3)
+    one_plan, one, weights = plan_skip_set(params, TINY, cache, tokens, token_mask, prefix, lat, 100.0, base)
+    same_plan, same, _ = plan_skip_set(params, TINY, cache, tokens, token_mask, prefix, lat, 100.0,
+                                       KnapSpecConfig(probe_rounds=None, early_exit=0.3, search_tokens=8))
+    assert same.search_alpha is None and np.array_equal(same.masks, one.masks) and same_plan.gamma == one_plan.gamma
+    s, k = 3, 2
+    plan, finals, _ = plan_skip_set(params, TINY, cache, tokens, token_mask, prefix, lat, 100.0,
+                                    KnapSpecConfig(probe_rounds=None, early_exit=0.3, search_tokens=s, finalists=k))
+    searched = dp.knapsack_dp(params, TINY, cache, prefix, states[:, :, :s], token_mask[:, :s], w_attn=weights[0],
+                              w_mlp=weights[1], exit_threshold=0.3)
+    table = choose_plan(searched.masks, searched.alpha, lat, 100.0, gammas=base.plan_gammas,
+                        exit_stats=(searched.confident, searched.agree_confident)).table
+    best = np.max(table, axis=1)
+    expected = sorted(sorted(range(len(best)), key=lambda i: (-best[i], i))[:k])
+    assert len(searched) > k and finals.search_tokens == s
+    np.testing.assert_array_equal(finals.masks, searched.masks[expected])
+    np.testing.assert_allclose(finals.search_alpha, searched.alpha[expected])
+    whole = dp.plan_agreement(params, TINY, cache, prefix, states, finals.masks, token_mask, exit_threshold=0.3)
+    np.testing.assert_allclose(np.stack([finals.alpha, finals.confident, finals.agree_confident], 1), whole, atol=1e-6)
+    assert not np.allclose(finals.alpha, finals.search_alpha)  # the whole window says something else here
+    again = choose_plan(finals.masks, finals.alpha, lat, 100.0, gammas=base.plan_gammas,
+                        exit_stats=(finals.confident, finals.agree_confident))
+    assert np.array_equal(plan.mask, again.mask) and plan.gamma == again.gamma and plan.alpha == finals.alpha[again.index]
+    with pytest.raises(ValueError, match="search_tokens=0"):
+        KnapSpecConfig(search_tokens=0)
+    with pytest.raises(ValueError, match="finalists=0"):
+        KnapSpecConfig(finalists=0)
