@@ -13,18 +13,21 @@ mesh, no all-gather in the compiled forward, and the divisibility errors.
 
 A second subprocess (``--tpu-worker``, 9 host devices, the mesh on devices 1..8: see
 ``_tpu_worker``) runs greedy speculative decoding and Dustin with the target on
-``pallas-tpu-interpret`` under tensor = 8 against ``xla``.
+``pallas-tpu-interpret`` under tensor = 8 against ``xla``. The two subprocesses start together
+(the ``workers`` fixture) and run side by side.
 
 The memory planner and the argument parsing run in-process (no devices needed).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pathlib
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -298,29 +301,74 @@ def _print_summary(summary: dict) -> None:
 
 
 # ---------------------------------------------------------------------------- pytest side
-def _run_worker(flag: str, devices: int, timeout: int) -> dict:
+@dataclasses.dataclass
+class _Worker:
+    flag: str
+    devices: int
+    proc: subprocess.Popen
+    began: float
+    files: tuple  # stdout, stderr
+
+    def read(self) -> tuple:
+        texts = []
+        for f in self.files:
+            f.seek(0)
+            texts.append(f.read())
+        return tuple(texts)
+
+    def close(self) -> None:  # a test that failed before reading its worker leaves no process behind
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        for f in self.files:
+            f.close()
+
+
+def _start_worker(flag: str, devices: int) -> _Worker:
     env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu",
                PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    start = time.perf_counter()
-    proc = subprocess.run([sys.executable, str(pathlib.Path(__file__).resolve()), flag], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=timeout)
-    elapsed = time.perf_counter() - start
-    print(proc.stdout)
-    if proc.returncode != 0:
-        pytest.fail(f"{devices}-device worker {flag} failed (exit {proc.returncode}) after {elapsed:.0f} s:\n"
-                    f"{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}")
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("SUMMARY ")][-1]
+    # output to files, not pipes: a worker never waits on a full pipe while the other one is read
+    files = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+    proc = subprocess.Popen([sys.executable, str(pathlib.Path(__file__).resolve()), flag], cwd=REPO, env=env,
+                            stdout=files[0], stderr=files[1], text=True)
+    return _Worker(flag, devices, proc, time.perf_counter(), files)
+
+
+def _finish_worker(worker: _Worker, timeout: int) -> dict:
+    """The worker's summary once it exits (``timeout``: seconds from its start; then it is killed)."""
+    try:
+        worker.proc.wait(timeout=max(1.0, timeout - (time.perf_counter() - worker.began)))
+    except subprocess.TimeoutExpired:
+        worker.proc.kill()
+        worker.proc.wait()
+    elapsed = time.perf_counter() - worker.began
+    stdout, stderr = worker.read()
+    print(stdout)
+    if worker.proc.returncode != 0:
+        pytest.fail(f"{worker.devices}-device worker {worker.flag} failed (exit {worker.proc.returncode}) after "
+                    f"{elapsed:.0f} s (limit {timeout} s):\n{stdout[-4000:]}\n{stderr[-6000:]}")
+    line = [ln for ln in stdout.splitlines() if ln.startswith("SUMMARY ")][-1]
     summary = json.loads(line[len("SUMMARY "):])
     summary["elapsed_s"] = elapsed
     return summary
 
 
 @pytest.fixture(scope="module")
-def sharded_summary():
-    return _run_worker("--worker", 8, timeout=600)
+def workers(request):
+    """The two worker subprocesses, started together: neither keeps two cores busy for long (XLA
+    compiles, the TPU interpreter's callbacks), so on a machine of two or more cores they overlap.
+    Only the workers of the tests selected in this session start."""
+    selected = {item.name for item in request.session.items if item.module is request.module}
+    wanted = {"--worker": ("test_sharded_results_equal_single_device", 8),
+              "--tpu-worker": ("test_tpu_interpret_backend_in_shard_map_equals_xla", TPU_WORKER_DEVICES)}
+    started = {flag: _start_worker(flag, devices) for flag, (test, devices) in wanted.items() if test in selected}
+    yield started
+    for worker in started.values():
+        worker.close()
 
 
-def test_sharded_results_equal_single_device(sharded_summary):
+def test_sharded_results_equal_single_device(workers):
+    sharded_summary = _finish_worker(workers["--worker"], timeout=600)
     rows = sharded_summary["results"]
     assert sharded_summary["devices"] == 8
     cases = {(tuple(r["mesh"]), r["case"]) for r in rows}
@@ -333,11 +381,11 @@ def test_sharded_results_equal_single_device(sharded_summary):
 
 
 
-def test_tpu_interpret_backend_in_shard_map_equals_xla():
+def test_tpu_interpret_backend_in_shard_map_equals_xla(workers):
     """Greedy speculative decoding and Dustin with the target on ``pallas-tpu-interpret`` under a
     tensor = 8 host mesh emit the same tokens as on ``xla`` (the Mosaic kernels per device inside
     ``shard_map``, in TPU interpret mode); a subprocess of its own (9 host devices, see _tpu_worker)."""
-    summary = _run_worker("--tpu-worker", TPU_WORKER_DEVICES, timeout=400)
+    summary = _finish_worker(workers["--tpu-worker"], timeout=600)
     assert summary["devices"] == TPU_WORKER_DEVICES and len(summary["results"]) == 3
     failed = [f"{r['case']}: {r['detail']}" for r in summary["results"] if not r["ok"]]
     assert not failed, "\n".join(failed)
