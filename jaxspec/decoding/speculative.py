@@ -678,8 +678,9 @@ def speculative_generate(target_params, target_config: ModelConfig, prompts: Seq
         if live.plain_from is not None:  # the first speculative rounds after plain decoding
             previous, num_out, committed = live.plain_from
             live.plain_from = None
-            grown = int(jnp.max(state.committed - committed))
-            if grown > 0 and has_own_cache(chunk_static["draft_policy"]):
+            # (no host sync for a draft that reads the target cache: nothing to catch up)
+            grown = int(jnp.max(state.committed - committed)) if has_own_cache(chunk_static["draft_policy"]) else 0
+            if grown > 0:
                 steps = 1 << max(3, (grown - 1).bit_length())  # powers of two from 8: few compiles
                 state = catch_up(draft_params, state, previous, num_out, committed,
                                  draft_policy=chunk_static["draft_policy"], steps=steps)
