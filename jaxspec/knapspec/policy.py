@@ -280,6 +280,11 @@ class KnapSpecConfig:
     # search_tokens, the window's only with the finalists. None = the DP on the whole window (the paper)
     search_tokens: Optional[int] = None
     finalists: int = 4
+    # the reference window reaches back before its mark until each row has at least this many tokens (the
+    # tokens committed earlier, then the prompt's last ones): the last `reference_rounds` rounds commit ~5-55
+    # tokens a row, too few to measure a plan's acceptance within a few points (docs/methods.md §5.6). The
+    # planning allowance still caps the window (the latest tokens). None = the tokens since the mark (the paper)
+    reference_floor: Optional[int] = None
 
     def __post_init__(self):
         object.__setattr__(self, "keep_attention", tuple(sorted({int(x) for x in self.keep_attention})))
@@ -314,6 +319,9 @@ class KnapSpecConfig:
             raise ValueError(f"search_tokens={self.search_tokens} must be >= 1, or None (the DP on the whole window)")
         if self.finalists < 1:
             raise ValueError(f"finalists={self.finalists} must be >= 1")
+        if self.reference_floor is not None and int(self.reference_floor) < 1:
+            raise ValueError(f"reference_floor={self.reference_floor} must be >= 1, or None (the tokens committed "
+                             f"since the window's mark)")
         if self.search_tokens is not None and self.coupled:
             raise ValueError(f"search_tokens={self.search_tokens} is for the sub-layer DP; coupled=True (whole "
                              f"layers) runs the DP on the whole window")
@@ -745,6 +753,8 @@ class KnapSpecController(ScriptedController):
             cache_lengths = np.asarray(state.target_cache.lengths)
             if current["gamma"] == 0 or mark is None:
                 mark = np.maximum(cache_lengths - knapspec.ar_reference_tokens, 0)
+            if knapspec.reference_floor is not None:  # at least this many tokens a row (earlier ones, the prompt's)
+                mark = np.minimum(mark, np.maximum(cache_lengths - int(knapspec.reference_floor), 0))
             window = reference_window(tokens, lengths, np.asarray(state.out), np.asarray(state.num_out),
                                       cache_lengths, mark, ref_cap, knapspec.token_bucket)
             mark = None

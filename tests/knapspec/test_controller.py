@@ -622,3 +622,42 @@ def test_two_stage_plans_decode_as_ar_and_report_both_estimates(params, ar_rows)
     plans = [p for p in result.metrics["knapspec_plans"] if "search_alpha" in p]
     assert plans and all(p["search_tokens"] == 4 and p["candidates"] <= 2 and 0 <= p["search_alpha"] <= 1
                          for p in plans)
+
+
+class WindowPlanner(ScriptedPlanner):
+    """A scripted planner that keeps each reference window it is given."""
+
+    def __init__(self, gammas):
+        super().__init__(gammas)
+        self.windows = []
+
+    def plan(self, params, config, cache, tokens, token_mask, prefix_len, n):
+        self.windows.append((np.asarray(tokens), np.asarray(token_mask), np.asarray(prefix_len),
+                             np.asarray(cache.lengths)))
+        return super().plan(params, config, cache, tokens, token_mask, prefix_len, n)
+
+
+@pytest.mark.parametrize("floor", [None, 24])
+def test_reference_floor_reaches_back_into_earlier_tokens(params, ar_rows, floor):
+    """reference_floor = R: each row's window holds at least min(R, cache length) tokens, ending at the cache's
+    end and equal to the row's sequence there (prompt tokens included); without it the window is the tokens of
+    the last reference_rounds rounds, fewer than R for a row that commits one token a round."""
+    planner = WindowPlanner([2, 0, 3])
+    knap = dataclasses_replace(KNAP, reference_floor=floor)
+    result = knapspec_generate(params, TARGET, PROMPTS, latency=LATENCY, knapspec=knap, max_new_tokens=NEW,
+                               planner=planner)
+    assert result.rows() == ar_rows
+    assert len(planner.windows) >= 3
+    short = 0
+    for tokens, mask, prefix, lengths in planner.windows:
+        counts = mask.sum(axis=1).astype(int)
+        np.testing.assert_array_equal(prefix + counts, lengths)  # every window ends at the cache's end
+        for b, count in enumerate(counts):
+            sequence = list(PROMPTS[b]) + list(ar_rows[b])
+            assert tokens[b, :count].tolist() == sequence[prefix[b]: prefix[b] + count]
+        if floor is not None:
+            assert (counts >= np.minimum(floor, lengths)).all()
+        short += int((counts < np.minimum(24, lengths)).sum())
+    assert (short == 0) == (floor is not None)  # the floor changes the window only where it was short
+    with pytest.raises(ValueError, match="reference_floor=0"):
+        KnapSpecConfig(reference_floor=0)
