@@ -69,6 +69,9 @@ def add_dustin_args(parser: argparse.ArgumentParser) -> None:
                        help="with --arbitrate: while speculating, every ROUNDS rounds compare the time to finish the "
                             "whole batch (it waits for its slowest row) with plain decoding's, and switch to plain "
                             "decoding once that is sooner (docs/methods.md §5.2)")
+    group.add_argument("--arbitrate-tail-prior", type=float, default=None, metavar="M",
+                       help="with --arbitrate-tail: each row's tokens per round is pooled toward the batch mean with "
+                            "the weight of M rounds (default: as many as observed; 0 = each row's own rate)")
     group.add_argument("--draft-window", type=int, default=None, metavar="W",
                        help="dustin with --draft-kv streaming|verify-set: the recent window (default K - 4 for "
                             "streaming, the verifier's window w for verify-set)")
@@ -125,6 +128,10 @@ def validate(args) -> None:
             raise ValueError("--arbitrate-tail refines --arbitrate ROUNDS (the measured choice); give --arbitrate too")
         if args.arbitrate_tail < 1:
             raise ValueError(f"--arbitrate-tail={args.arbitrate_tail} must be >= 1 (rounds between tail checks)")
+    if getattr(args, "arbitrate_tail_prior", None) is not None:
+        if getattr(args, "arbitrate_tail", None) is None or args.arbitrate_tail_prior < 0:
+            raise ValueError(f"--arbitrate-tail-prior={args.arbitrate_tail_prior}: needs --arbitrate-tail and a value "
+                             f">= 0 (rounds of weight on the batch mean; 0 = each row's own rate)")
     if args.draft_window is not None:
         if args.draft_kv == "full":
             raise ValueError(f"--draft-window={args.draft_window} needs --draft-kv streaming or verify-set")
@@ -327,8 +334,10 @@ def run_sparse(args, model, prompts, sampling, stops, out):
             from jaxspec.decoding.arbitration import MeasuredChoiceController
 
             tail = getattr(args, "arbitrate_tail", None)
-            kwargs["controller"] = MeasuredChoiceController(probe_rounds=args.arbitrate, tail_check=tail)
-            sparse["arbitrate"] = {"probe_rounds": args.arbitrate, "tail_check": tail}
+            prior = getattr(args, "arbitrate_tail_prior", None)
+            kwargs["controller"] = MeasuredChoiceController(probe_rounds=args.arbitrate, tail_check=tail,
+                                                            tail_prior_rounds=prior)
+            sparse["arbitrate"] = {"probe_rounds": args.arbitrate, "tail_check": tail, "tail_prior_rounds": prior}
         result = speculative_generate(model.params, config, prompts, profile=args.profile, **common, **kwargs)
     out["sparse"] = sparse
     return result

@@ -58,7 +58,7 @@ PROFILED_METHODS = DUSTIN_METHODS + ("dustin-self",)
 DENSE_METHODS = ("sd", "magicdec", "magicdec-self")
 SPARSE_BUDGET_METHODS = ("magicdec", "dustin", "streaming", "quest") + tuple(SPARSE_DRAFT_KV) + SELF_METHODS
 #: options recorded in a results file's config only when set
-OPTIONAL_CONFIG = ("arbitrate", "arbitrate_tail")
+OPTIONAL_CONFIG = ("arbitrate", "arbitrate_tail", "arbitrate_tail_prior")
 #: ``--backend-check`` fails when the last-position logits differ by more than this share of their scale
 BACKEND_CHECK_RTOL = 0.05
 
@@ -104,6 +104,9 @@ def check_args(args) -> Tuple[List[int], List[int], List[str]]:
                          f"(0 = off)")
     if args.arbitrate_tail and not args.arbitrate:
         raise ValueError("--arbitrate-tail refines --arbitrate ROUNDS (the measured choice); give --arbitrate too")
+    if args.arbitrate_tail_prior is not None and (args.arbitrate_tail_prior < 0 or not args.arbitrate_tail):
+        raise ValueError(f"--arbitrate-tail-prior={args.arbitrate_tail_prior}: needs --arbitrate-tail and a value >= 0 "
+                         f"(rounds of weight on the batch mean; 0 = each row's own rate)")
     if args.arbitrate and "quest" in methods:
         raise ValueError("--arbitrate: quest is not run under the measured choice; drop it from --methods")
     if args.backend_check < 0:
@@ -340,7 +343,8 @@ def cmd_pair_speed(args) -> Dict[str, Any]:
                     from jaxspec.decoding.arbitration import MeasuredChoiceController
 
                     controller = MeasuredChoiceController(probe_rounds=args.arbitrate, remember=False,
-                                                          tail_check=args.arbitrate_tail or None)
+                                                          tail_check=args.arbitrate_tail or None,
+                                                          tail_prior_rounds=args.arbitrate_tail_prior)
                 dp, ds = _draft_inputs(method, model, draft, draft_cache)
                 result = speculative_generate(model.params, config, [], prompt_tokens=(tokens, lengths),
                                               draft_policy=draft_policy, draft_params=dp,
@@ -503,6 +507,10 @@ def register(subparsers) -> None:
                         "(probe ROUNDS rounds against as many AR steps; docs/methods.md §5.2); 0 = off")
     p.add_argument("--arbitrate-tail", type=int, default=0, metavar="ROUNDS",
                    help="with --arbitrate: the tail check every ROUNDS speculative rounds (0 = off)")
+    p.add_argument("--arbitrate-tail-prior", type=float, default=None, metavar="M",
+                   help="with --arbitrate-tail: each row's tokens per round is pooled toward the batch mean with the "
+                        "weight of M rounds (default: as many rounds as observed; 0 = each row's own rate, the rule "
+                        "before pooling); docs/methods.md §5.2")
     p.add_argument("--copy-gib", type=float, default=4.0, help="size of the copy-bandwidth measurement")
     p.add_argument("--compile-threads", type=int, default=0, metavar="N",
                    help="per case, build every method's round loop in N threads at once before the first one runs "

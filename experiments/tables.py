@@ -455,8 +455,11 @@ def h200_choice_note() -> str:
             "carries a fixed cost the long loop spreads out), and the 8 speculative rounds after the prefill commit "
             "fewer tokens than the methods average over a whole run; every method then spent 16 rounds speculating "
             "at those rates; (2) the tail check's estimate is the slowest row's: each row's tokens per round after 8 "
-            f"rounds, the maximum of 16 noisy rates{dustin_note}. An estimate pooled over the rows, or taken later, "
-            "is the next thing to try; not measured yet.")
+            f"rounds, the maximum of 16 noisy rates{dustin_note}. The tail check now pools each row's rate toward "
+            "the batch mean (docs/methods.md §5.2: on simulated batches drawn from this pair's accepted-count "
+            "histogram it cuts the overestimate from tens of rounds to a few); this run used the rows' own rates "
+            "(the rule now reached with `--arbitrate-tail-prior 0`), and the pooled rule is not measured on the "
+            "H200 yet.")
 
 
 def selection_share_note() -> str:

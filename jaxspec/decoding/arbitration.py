@@ -69,6 +69,23 @@ def context_bucket(run) -> int:
     return int(2 ** int(np.ceil(np.log2(max(float(np.mean(lengths)), 1.0)))))
 
 
+def pooled_rates(tokens, rounds: int, prior_rounds: Optional[float] = None) -> np.ndarray:
+    """Each row's tokens per round, shrunk toward the batch mean: ``(tokens_i + m mean) / (rounds + m)``
+    with ``m = prior_rounds`` (None: ``rounds``, i.e. half the weight on the batch). After a few rounds a
+    row's own rate is noisy and the slowest of 16 such rates is far below that row's true rate, so
+    finishing times taken from it come out far too long (docs/methods.md §5.2); ``prior_rounds=0`` keeps
+    the rows' own rates."""
+    tokens = np.asarray(tokens, np.float64)
+    rounds = max(int(rounds), 1)
+    if tokens.size == 0:
+        return tokens
+    m = float(rounds if prior_rounds is None else prior_rounds)
+    if m < 0:
+        raise ValueError(f"prior_rounds={prior_rounds!r} must be >= 0 or None")
+    mean = tokens.mean() / rounds
+    return (tokens + m * mean) / (rounds + m)
+
+
 def finish_times(round_s: float, step_s: float, left, tokens_per_round) -> Tuple[float, float]:
     """Seconds until every active row is done ``(speculative, plain)``: the batched loop runs until
     its slowest row finishes, so speculation needs ``max_i left_i / tokens_per_round_i`` rounds of
@@ -88,14 +105,15 @@ class MeasuredChoiceController(ScriptedController):
     every run. ``metrics["arbitration"]`` lists the probes and the choices.
 
     ``tail_check=R``: while speculating, return to the host every ``R`` rounds and compare the time
-    to finish the whole batch both ways (:func:`finish_times`: each row's own tokens per round since
-    speculation began, the measured round time, the probe's plain step time); switch to plain
+    to finish the whole batch both ways (:func:`finish_times`: each row's tokens per round since
+    speculation began, pooled toward the batch mean by :func:`pooled_rates` with ``tail_prior_rounds``,
+    the measured round time, the probe's plain step time); switch to plain
     decoding for the rest once that is sooner. A probe's rates are means over the rows, but the
     loop waits for its slowest row, so a batch with a few low-acceptance rows can be faster in plain
     decoding than its probe says (docs/methods.md §5.2)."""
 
     def __init__(self, probe_rounds: int = 8, reprobe_rounds: Optional[int] = None, remember: bool = True,
-                 tail_check: Optional[int] = None):
+                 tail_check: Optional[int] = None, tail_prior_rounds: Optional[float] = None):
         if isinstance(probe_rounds, bool) or not isinstance(probe_rounds, int) or probe_rounds < 1:
             raise ValueError(f"probe_rounds={probe_rounds!r} must be an integer >= 1")
         if reprobe_rounds is not None and (isinstance(reprobe_rounds, bool) or not isinstance(reprobe_rounds, int)
@@ -105,7 +123,10 @@ class MeasuredChoiceController(ScriptedController):
                                        or tail_check < 1):
             raise ValueError(f"tail_check={tail_check!r} must be None (no tail check) or an integer >= 1")
         self.probe_rounds, self.reprobe_rounds, self.remember = probe_rounds, reprobe_rounds, remember
-        self.tail_check = tail_check
+        if tail_prior_rounds is not None and (isinstance(tail_prior_rounds, bool) or tail_prior_rounds < 0):
+            raise ValueError(f"tail_prior_rounds={tail_prior_rounds!r} must be None (as many as observed) or >= 0 "
+                             f"(0: each row's own rate)")
+        self.tail_check, self.tail_prior_rounds = tail_check, tail_prior_rounds
         self.decisions: Dict[Tuple[int, int], str] = {}
         self.step_seconds: Dict[Tuple[int, int], float] = {}  # the probes' plain step time per key
 
@@ -175,7 +196,7 @@ class MeasuredChoiceController(ScriptedController):
             active = ~np.asarray(state.done)
             out = np.asarray(state.num_out)
             left = run.engine.max_new_tokens - out[active]
-            per_round = (out - start_out)[active] / max(rounds, 1)
+            per_round = pooled_rates((out - start_out)[active], rounds, self.tail_prior_rounds)
             spec_s, plain_s = finish_times(spent / max(rounds, 1), step_s, left, per_round)
             if plain_s < spec_s:
                 self.events.append({"context_bucket": context_bucket(run), "active_rows": int(active.sum()),
@@ -196,4 +217,5 @@ class MeasuredChoiceController(ScriptedController):
         return metrics, {}
 
 
-__all__ = ["MeasuredChoiceController", "context_bucket", "finish_times", "measured_arbitration", "remaining_steps"]
+__all__ = ["MeasuredChoiceController", "context_bucket", "finish_times", "measured_arbitration", "pooled_rates",
+           "remaining_steps"]
