@@ -17,6 +17,25 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 TEXT = str(REPO / "experiments" / "prompts" / "emma_qwen_64k.txt")
 
 
+@pytest.fixture(scope="module")
+def one_load_per_model():
+    """Each (model, dtype) loaded once for this module's end-to-end runs (pair-speed loads the target and the
+    draft per call; nothing here changes a model's weights)."""
+    from jaxspec.models import loading
+
+    real, cache = loading.load_model, {}
+
+    def load_once(source, dtype="float32", **kwargs):
+        key = (source, dtype, tuple(sorted(kwargs.items())))
+        if key not in cache:
+            cache[key] = real(source, dtype=dtype, **kwargs)
+        return cache[key]
+
+    loading.load_model = load_once
+    yield cache
+    loading.load_model = real
+
+
 def _args(*extra, text_file=TEXT):
     """Parsed ``pair-speed`` arguments: one case of 160 tokens, k = 128, no Dustin profile, plus ``extra``."""
     return build_parser().parse_args(["pair-speed", "--contexts", "160", "--batches", "2", "--budget", "128",
@@ -263,7 +282,7 @@ E2E = ["pair-speed", "--model", "smollm2-135m", "--draft", "smollm2-135m", "--dt
 
 
 @pytest.mark.slow
-def test_pair_speed_end_to_end_and_resume(tmp_path, monkeypatch):
+def test_pair_speed_end_to_end_and_resume(tmp_path, monkeypatch, one_load_per_model):
     """Real SmolLM2-135M as target and draft (greedy, float32): dense verification is AR token for token,
     the JSON holds the bandwidth, the bytes and the rows, and a rerun resumes without measuring again."""
     out = tmp_path / "pair.json"
@@ -358,7 +377,7 @@ def test_pair_speed_end_to_end_and_resume(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_pair_speed_sparse_draft_variants_end_to_end(tmp_path):
+def test_pair_speed_sparse_draft_variants_end_to_end(tmp_path, one_load_per_model):
     """Dustin-H with the draft reading sinks + a window or the previous I_verify + a window: each runs from
     the shared prefill, records its draft view, and its round reads fewer bytes than full-KV Dustin-H. The
     target as its own draft over sinks + a window (no second model): MagicDec's self-draft verifies densely,
