@@ -232,6 +232,7 @@ QUALITY_GPU_METHODS = ("dustin-h", "dustin-t", "dustin-d", "streaming", "quest",
 INPUT_AWARE_M = tuple((model, f"dustin_quality/dustin_quality_input_aware_m_{run}_cpu.json") for model, run in (
     ("smollm2-135m", "smollm2-135m_2k"), ("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b_2k"),
     ("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b_4k"), ("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b_8k"),
+    ("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b_16k"),
     # the entropy rule's runs, files of their own (fixed m and the oracle repeat the 2k files' numbers)
     ("smollm2-135m", "entropy_smollm2-135m_2k"), ("qwen2.5-coder-1.5b", "entropy_qwen2.5-coder-1.5b_2k"))
     if (RESULTS / f"dustin_quality/dustin_quality_input_aware_m_{run}_cpu.json").is_file())
