@@ -440,6 +440,9 @@ def h200_choice_note() -> str:
                      f"{tail[0]['plain_finish_s']:.1f} s plainly: ar")
         parts.append(text + ")")
     worst = min(speedups)
+    # tail events record the pooling they used ("tail_prior_rounds"); runs before the pooling did not
+    pooled = any("tail_prior_rounds" in e for m, _ in PAIR_METHODS if m in case
+                 for e in case[m]["metrics"]["arbitration"]["events"] if e.get("reason") == "tail")
     dustin_note, plain_run = "", load(f"{PS}32k_b16_h200.json")["cases"]["ctx32000/b16"].get("dustin")
     tail = [e for e in case.get("dustin", {}).get("metrics", {}).get("arbitration", {}).get("events", [])
             if e.get("reason") == "tail"]
@@ -460,9 +463,9 @@ def h200_choice_note() -> str:
             "at those rates; (2) the tail check's estimate is the slowest row's: each row's tokens per round after 8 "
             f"rounds, the maximum of 16 noisy rates{dustin_note}. The tail check now pools each row's rate toward "
             "the batch mean (docs/methods.md §5.2: on simulated batches drawn from this pair's accepted-count "
-            "histogram it cuts the overestimate from tens of rounds to a few); this run used the rows' own rates "
-            "(the rule now reached with `--arbitrate-tail-prior 0`), and the pooled rule is not measured on the "
-            "H200 yet.")
+            "histogram it cuts the overestimate from tens of rounds to a few); "
+            + ("this run used the rows' own rates (the rule now reached with `--arbitrate-tail-prior 0`), and the "
+               "pooled rule is not measured on the H200 yet." if not pooled else "this run used it."))
 
 
 def selection_share_note() -> str:

@@ -202,6 +202,7 @@ class MeasuredChoiceController(ScriptedController):
                 self.events.append({"context_bucket": context_bucket(run), "active_rows": int(active.sum()),
                                     "choice": "ar", "reason": "tail", "after_rounds": rounds,
                                     "speculative_finish_s": spec_s, "plain_finish_s": plain_s,
+                                    "tail_prior_rounds": self.tail_prior_rounds,
                                     "remembered": False, "probe": None})
                 return False
         return True

@@ -125,6 +125,7 @@ def test_tail_check_switches_to_plain_decoding_only_when_it_finishes_sooner(para
     tail = [e for e in info["events"] if e.get("reason") == "tail"]
     if tail_prefers_plain:
         assert len(calls) == 1 and len(tail) == 1 and info["choice"] == "ar"
+        assert "tail_prior_rounds" in tail[0] and tail[0]["tail_prior_rounds"] is None  # the rule it used: pooled
         assert result.metrics["ar_tokens"] > probe["ar_tokens"]  # the rest ran in plain decoding
     else:
         assert len(calls) >= 2 and not tail and info["choice"] == "speculative"
