@@ -75,13 +75,13 @@ def pooled_rates(tokens, rounds: int, prior_rounds: Optional[float] = None) -> n
     row's own rate is noisy and the slowest of 16 such rates is far below that row's true rate, so
     finishing times taken from it come out far too long (docs/methods.md §5.2); ``prior_rounds=0`` keeps
     the rows' own rates."""
+    if prior_rounds is not None and prior_rounds < 0:
+        raise ValueError(f"prior_rounds={prior_rounds!r} must be >= 0 or None")
     tokens = np.asarray(tokens, np.float64)
     rounds = max(int(rounds), 1)
     if tokens.size == 0:
         return tokens
     m = float(rounds if prior_rounds is None else prior_rounds)
-    if m < 0:
-        raise ValueError(f"prior_rounds={prior_rounds!r} must be >= 0 or None")
     mean = tokens.mean() / rounds
     return (tokens + m * mean) / (rounds + m)
 
