@@ -1260,10 +1260,10 @@ def _figures() -> List[Figure]:
                 add(Figure(f"{base}/reference-tokens", f"{what}: reference tokens of the first plan", "tokens",
                            KNAPSPEC_TWO_STAGE, ("cases", key, "plans", 0, "reference_tokens"),
                            target="target >= 64"))
-                add(Figure(f"{base}/dp-seconds", f"{what}: the first plan, measured", "s", KNAPSPEC_TWO_STAGE,
-                           ("cases", key, "plans", 0, "seconds")))
-                add(Figure(f"{base}/dp-predicted-seconds", f"{what}: the first plan, the allowance's prediction",
-                           "s", KNAPSPEC_TWO_STAGE, ("cases", key, "plans", 0, "predicted_seconds")))
+                add(Figure(f"{base}/dp-ms", f"{what}: the first plan, measured", "ms", KNAPSPEC_TWO_STAGE,
+                           ("cases", key, "plans", 0, "seconds"), scale=1e3))
+                add(Figure(f"{base}/dp-predicted-ms", f"{what}: the first plan, the allowance's prediction",
+                           "ms", KNAPSPEC_TWO_STAGE, ("cases", key, "plans", 0, "predicted_seconds"), scale=1e3))
     # KnapSpec: static plans, one DP on 64 reference tokens, the DP's acceptance estimate, budgeted attention
     base = "knapspec/plans/smollm2-135m/ctx1024/b1/cpu/64ref"
     add(Figure(f"{base}/static-draft-step-over-predicted", "one draft step with a static plan (executed sub-layers "
