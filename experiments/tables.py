@@ -523,7 +523,6 @@ def knapspec_real_note() -> str:
     price = ""
     profile = data.get("latency_b1")  # the profile this file planned with (the file on disk may be newer)
     if profile:
-        profile = dict(profile, model=profile.get("fit", {}))
         fwd = profile.get("forward", {})
         if "bulk_contexts" in fwd:
             price = (f" The DP's price per reference token is its slot rows (skip budget + 1) times the "
@@ -534,7 +533,7 @@ def knapspec_real_note() -> str:
         elif fwd.get("bulk_rows"):
             rows_times = ", ".join(f"{n} rows {1e3 * t:.1f} ms" for n, t in zip(fwd["bulk_rows"], fwd["bulk_times"]))
             price = (f" The DP's price per reference token is the slope `u` of many-row forwards (docs/methods.md "
-                     f"§4.1) times its slot rows (skip budget + 1): u = {1e3 * profile['model']['u']:.3f} ms a row, "
+                     f"§4.1) times its slot rows (skip budget + 1): u = {1e3 * profile['fit']['u']:.3f} ms a row, "
                      f"from forwards at the profile's largest context ({fwd['verify_context']} tokens: {rows_times}), "
                      "where every row's attention over the whole context is most of the cost. The same price is "
                      "applied at every context, so at 8k-16k, where a row reads less context, the allowance "
