@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.config import ModelConfig
-from jaxspec.decoding.autoregressive import PAD_OUTPUT, decode_loop_fn, pad_prompts, prefill, run_with_warmup
+from jaxspec.decoding.autoregressive import PAD_OUTPUT, pad_prompts, prefill, run_with_warmup
 from jaxspec.decoding.contract import Chunk, DraftPolicyBase, Proposal, RunToEnd, check_policies
 from jaxspec.decoding.policies import DenseVerify
 from jaxspec.decoding.sampling import SamplingConfig, sample_token, sampling_probs
@@ -418,24 +418,36 @@ def summarize(final: LoopState, engine: EngineConfig) -> Dict[str, Any]:
 # ---------------------------------------------------------------------------- plain decoding
 def plain_decode_fn(params, state: LoopState, num_steps, *, config: ModelConfig, engine: EngineConfig, steps: int):
     """``num_steps`` (traced, 1..``steps``) plain autoregressive steps from the loop state, on the
-    same cache: the pending token is fed, then :func:`~jaxspec.decoding.autoregressive.decode_loop_fn`
-    runs; each active row commits its tokens up to a stop token or its limit. ``steps`` (static)
+    same cache, one forward per step from the pending token on; each active row commits its tokens
+    up to a stop token or its limit (finished rows run along and commit nothing). ``steps`` (static)
     sizes the token buffer, so every stretch length up to it shares one compile.
     Returns (state, tokens committed [B])."""
     batch = state.pending.shape[0]
     active = ~state.done
-    first = forward(params, state.pending[:, None], state.target_cache.with_lengths(state.committed - 1),
-                    config=config)
-    logits = first.logits[:, 0]
-    if engine.stop_tokens:  # finished rows emit a stop token at once, so the loop can end early (dropped anyway)
-        stop_hot = jax.nn.one_hot(engine.stop_tokens[0], logits.shape[-1], dtype=bool)
-        logits = jnp.where(state.done[:, None], jnp.where(stop_hot[None, :], 0.0, -1e30), logits)
-    key, sub = jax.random.split(state.key)
-    tokens, cache = decode_loop_fn(params, first.cache, logits, sub, config=config, sampling=engine.sampling,
-                                   max_new_tokens=steps, stop_tokens=tuple(sorted(set(engine.stop_tokens))),
-                                   limit=num_steps)
-    position = jnp.arange(steps)[None, :]
     stop = jnp.asarray(engine.stop_tokens if engine.stop_tokens else (-2,), jnp.int32)
+    end = jnp.minimum(steps, num_steps)
+    key, loop_key = jax.random.split(state.key)
+
+    # Every step, the pending token's included, runs inside one while loop whose carried cache is the
+    # donated state's: a forward before the loop would make XLA copy the whole cache into the loop
+    # and out of it once per call (two cache copies per stretch; docs/methods.md §5.2).
+    def cond(carry):
+        step, _, _, _, done, _ = carry
+        return (step < end) & ~jnp.all(done)
+
+    def body(carry):
+        step, cache, tokens, token, done, key = carry
+        result = forward(params, token[:, None], cache, config=config)
+        key, sub = jax.random.split(key)
+        new = jnp.where(done, PAD_OUTPUT, sample_token(result.logits[:, 0], sub, engine.sampling))
+        tokens = jax.lax.dynamic_update_slice(tokens, new[:, None], (0, step))
+        return step + 1, result.cache, tokens, jnp.maximum(new, 0), done | jnp.isin(new, stop), key
+
+    tokens = constrain(jnp.full((batch, steps), PAD_OUTPUT, jnp.int32), ACTIVATION_AXES["output_tokens"])
+    cache = state.target_cache.with_lengths(state.committed - 1)
+    _, cache, tokens, _, _, _ = jax.lax.while_loop(cond, body, (jnp.int32(0), cache, tokens, state.pending,
+                                                                state.done, loop_key))
+    position = jnp.arange(steps)[None, :]
     is_stop = jnp.isin(tokens, stop)
     first_stop = jnp.where(is_stop.any(axis=1), jnp.argmax(is_stop, axis=1), steps)
     count = jnp.minimum(jnp.minimum(first_stop + 1, jnp.minimum(steps, num_steps)),

@@ -331,3 +331,27 @@ def test_speculative_rounds_after_plain_decoding(models, draft_kind):
                                        rtol=1e-4, atol=1e-5)
             np.testing.assert_allclose(np.asarray(cache.values[layer][b, :, :n]),
                                        np.asarray(fresh.values[layer][0, :, :n]), rtol=1e-4, atol=1e-5)
+
+
+def _entry_copies(hlo: str, shape: str):
+    """Copy instructions of ``shape`` (e.g. ``f32[3,2,64,16]``) in the entry computation of ``hlo``."""
+    entry = hlo[hlo.index("\nENTRY "):]
+    entry = entry[: entry.index("\n}")]
+    return [line for line in entry.splitlines() if " copy(" in line and f"= {shape}" in line]
+
+
+def test_plain_decoding_reuses_the_donated_cache(models):
+    """A stretch of plain decoding writes into the state's own cache: no copy of a cache buffer in the
+    compiled program's entry (a forward before the decode loop made XLA copy the whole cache into
+    the loop and out again, twice the cache's bytes per stretch; docs/methods.md §5.2)."""
+    from jaxspec.decoding.speculative import loop_state_from_caches, plain_decode
+
+    target_params, _ = models
+    engine = EngineConfig(gamma=3, max_new_tokens=16)
+    cache = init_cache(TARGET, 3, 64).with_lengths(jnp.array([5, 17, 40], jnp.int32))
+    state = loop_state_from_caches(cache, None, jnp.array([1, 2, 3]), jnp.array([4, 5, 6]), engine)
+    hlo = plain_decode.lower(target_params, state, jnp.int32(4), config=TARGET, engine=engine,
+                             steps=16).compile().as_text()
+    shape = f"f32[{','.join(map(str, cache.keys[0].shape))}]"
+    assert "while" in hlo and shape in hlo
+    assert _entry_copies(hlo, shape) == []
