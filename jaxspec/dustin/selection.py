@@ -266,14 +266,91 @@ def signal_mass(scores: jax.Array, lengths: jax.Array, *, sinks: int, window: in
     return x / jnp.where(total > 0, total, 1.0)
 
 
+#: coverages within this of the best count as tied (the earlier candidate wins): two sums of the same
+#: positions' mass taken in different orders differ by float rounding
+COVERAGE_TIE = 1e-6
+
+
+def first_best(covered: jax.Array) -> jax.Array:
+    """``[B, C]`` coverages -> the first candidate within :data:`COVERAGE_TIE` of each row's best."""
+    return jnp.argmax(covered >= jnp.max(covered, axis=1, keepdims=True) - COVERAGE_TIE, axis=1)
+
+
 @functools.partial(jax.jit, static_argnames=("k", "sinks", "window", "candidates"))
 def select_input_aware(s_draft: jax.Array, s_target: jax.Array, lengths: jax.Array, *, k: int, sinks: int,
                        window: int, candidates: tuple):
     """Input-aware m (docs/methods.md §3.7): per row, the candidate m (static tuple, the profiled m
     first) whose hybrid selection covers the most of both signals' mass,
-    ``sum_{i in I(m)} (s_D[i] / sum s_D + s_T[i] / sum s_T)`` over the non-protected positions.
-    All candidates are selected in one batched call (rows ``B x C``); ties keep the earlier
-    candidate (the profiled m). Returns (``I_verify [B, k]``, chosen m ``[B]`` int32)."""
+    ``sum_{i in I(m)} (s_D[i] / sum s_D + s_T[i] / sum s_T)`` over the non-protected positions; ties
+    (within :data:`COVERAGE_TIE`) keep the earlier candidate (the profiled m). Returns (``I_verify [B, k]``, chosen m ``[B]`` int32).
+
+    Two radix selections, as the fixed rule: every candidate's ``I(m)`` is the first m of the draft
+    signal's top ``max(candidates)`` in rank order, then the target signal's ranking with those
+    skipped, and that ranking never reaches past its own top ``k - s - w`` (at most m of those are
+    skipped). So both ranked lists are selected once, and each candidate is scored on them alone
+    (``[B, k]``-sized work). Equals :func:`select_input_aware_reference`."""
+    if not candidates:
+        raise ValueError("candidates must name at least one m")
+    free = k - sinks - window
+    if free < 0:
+        raise ValueError(f"sinks={sinks} + window={window} exceed the budget k={k}")
+    if any(not 0 <= int(c) <= free for c in candidates):
+        raise ValueError(f"candidates {candidates} must each lie in 0..k - s - w = {free}")
+    batch, seq = s_draft.shape
+    width = max(k, seq)
+    s_draft = _pad_width(s_draft.astype(jnp.float32), width)
+    s_target = _pad_width(s_target.astype(jnp.float32), width)
+    lengths = lengths.astype(jnp.int32)
+    rows = jnp.arange(batch)[:, None]
+
+    def ranked(scores, count):  # the top `count` non-protected positions of each row, best first; -1 pads
+        chosen = select_top_k(scores, lengths, k=sinks + window + count, sinks=sinks, window=window)
+        keep = (chosen >= sinks) & (chosen < (lengths - window)[:, None])
+        order_key = jnp.where(keep, ~order_preserving_keys(jnp.take_along_axis(scores, jnp.maximum(chosen, 0), 1)),
+                              jnp.uint32(0xFFFFFFFF))
+        order = jnp.argsort(order_key, axis=1, stable=True)[:, :count]  # ties: the lower position (sorted input)
+        return jnp.where(jnp.take_along_axis(keep, order, 1), jnp.take_along_axis(chosen, order, 1), -1)
+
+    m_max = max(int(c) for c in candidates)
+    top_d = ranked(s_draft, m_max)  # [B, m_max]
+    top_t = ranked(s_target, free)  # [B, free]
+    mass_d = signal_mass(s_draft, lengths, sinks=sinks, window=window)
+    mass_t = signal_mass(s_target, lengths, sinks=sinks, window=window)
+
+    def mass_at(pos):
+        safe = jnp.maximum(pos, 0)
+        got = jnp.take_along_axis(mass_d, safe, 1) + jnp.take_along_axis(mass_t, safe, 1)
+        return jnp.where(pos >= 0, got, 0.0)
+
+    # the draft rank of each of the target's positions (m_max: not among the draft's top)
+    rank_of = jnp.full((batch, width), m_max, jnp.int32).at[rows, jnp.where(top_d >= 0, top_d, width)].set(
+        jnp.broadcast_to(jnp.arange(m_max, dtype=jnp.int32), top_d.shape), mode="drop")
+    t_rank_d = jnp.take_along_axis(rank_of, jnp.maximum(top_t, 0), 1)
+    d_cum = jnp.concatenate([jnp.zeros((batch, 1)), jnp.cumsum(mass_at(top_d), axis=1)], axis=1)
+    t_mass = mass_at(top_t)
+    covered, fills = [], []
+    for m in candidates:
+        fillable = (top_t >= 0) & (t_rank_d >= int(m))
+        fill = fillable & (jnp.cumsum(fillable.astype(jnp.int32), axis=1) <= free - int(m))
+        covered.append(d_cum[:, int(m)] + jnp.sum(jnp.where(fill, t_mass, 0.0), axis=1))
+        fills.append(fill)
+    best = first_best(jnp.stack(covered, axis=1))
+    fill = jnp.stack(fills, axis=1)[jnp.arange(batch), best]  # [B, free]
+    m_best = jnp.asarray(candidates, jnp.int32)[best]
+    from_d = jnp.where(jnp.arange(m_max)[None, :] < m_best[:, None], top_d, -1)
+    picked = jnp.concatenate([from_d, jnp.where(fill, top_t, -1)], axis=1)
+    positions = jnp.arange(width, dtype=jnp.int32)[None, :]
+    protected = (positions < lengths[:, None]) & ((positions < sinks) | (positions >= (lengths - window)[:, None]))
+    chosen = protected | indices_to_mask(picked, width)
+    return compact_positions(chosen, k), m_best
+
+
+@functools.partial(jax.jit, static_argnames=("k", "sinks", "window", "candidates"))
+def select_input_aware_reference(s_draft: jax.Array, s_target: jax.Array, lengths: jax.Array, *, k: int, sinks: int,
+                       window: int, candidates: tuple):
+    """:func:`select_input_aware` the direct way, the test oracle: every candidate's hybrid selection
+    made in full (rows ``B x C``, two radix selections each), its coverage summed over the whole
+    width. ``C`` times the fixed rule's work."""
     if not candidates:
         raise ValueError("candidates must name at least one m")
     batch, seq = s_draft.shape
@@ -288,7 +365,7 @@ def select_input_aware(s_draft: jax.Array, s_target: jax.Array, lengths: jax.Arr
     indices = select_verify_indices_rows(rep(s_draft), rep(s_target), rep(lengths), m_rows, k=k, sinks=sinks,
                                          window=window)
     covered = jnp.sum(jnp.where(indices_to_mask(indices, width), rep(mass), 0.0), axis=1).reshape(batch, c)
-    best = jnp.argmax(covered, axis=1)
+    best = first_best(covered)
     chosen = indices.reshape(batch, c, k)[jnp.arange(batch), best]
     return chosen, jnp.asarray(candidates, jnp.int32)[best]
 

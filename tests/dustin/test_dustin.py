@@ -544,6 +544,32 @@ def test_per_row_m_and_input_aware_selection():
     assert m[0] != 50 or m[1] != 50  # random signals: the rule does move m somewhere
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_input_aware_selection_equals_its_direct_reference(seed):
+    """The two-selection coverage rule picks the same m and the same I_verify as selecting every
+    candidate in full, on rows with ties, short rows (history inside sinks + window, or below k),
+    and candidates at 0 and at k - s - w."""
+    from jaxspec.dustin.selection import select_input_aware, select_input_aware_reference
+
+    rng = np.random.RandomState(seed)
+    batch, seq, k, sinks, window = 6, 700, 128, 4, 32
+    free = k - sinks - window
+    s_d = rng.rand(batch, seq).astype(np.float32) ** 3
+    s_t = np.round(rng.rand(batch, seq), 2).astype(np.float32)  # many ties
+    s_d[1] = np.round(s_d[1], 1)  # ties in the draft signal too
+    lengths = jnp.asarray([700, 30, 90, 150, 36, 513])
+    for candidates in ((50, 27, 73), (0, free, 40), (free,), (0,)):
+        fast, m_fast = select_input_aware(jnp.asarray(s_d), jnp.asarray(s_t), lengths, k=k, sinks=sinks,
+                                          window=window, candidates=candidates)
+        ref, m_ref = select_input_aware_reference(jnp.asarray(s_d), jnp.asarray(s_t), lengths, k=k, sinks=sinks,
+                                                  window=window, candidates=candidates)
+        np.testing.assert_array_equal(np.asarray(m_fast), np.asarray(m_ref))
+        np.testing.assert_array_equal(np.asarray(fast), np.asarray(ref))
+    with pytest.raises(ValueError, match="candidates"):
+        select_input_aware(jnp.asarray(s_d), jnp.asarray(s_t), lengths, k=k, sinks=sinks, window=window,
+                           candidates=(free + 1,))
+
+
 def test_input_aware_m_through_the_engine(models, dense_run):
     """k >= context with the coverage rule: exactly dense (== AR); k = 128: sparse, runs, one k-set per row."""
     target_params, draft_params = models
