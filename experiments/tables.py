@@ -229,13 +229,15 @@ DENSE = "dense (ClassicSD)"
 QUALITY_GPU_MODEL = "qwen2.5-coder-1.5b"
 QUALITY_GPU_METHODS = ("dustin-h", "dustin-t", "dustin-d", "streaming", "quest", "snapkv")
 #: fixed m, the input-aware rules and the per-round oracle (docs/methods.md §3.7): (model, file), the files that exist
-INPUT_AWARE_M = tuple((model, f"dustin_quality/dustin_quality_input_aware_m_{run}_cpu.json") for model, run in (
-    ("smollm2-135m", "smollm2-135m_2k"), ("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b_2k"),
-    ("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b_4k"), ("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b_8k"),
-    ("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b_16k"),
+INPUT_AWARE_M = tuple((model, f"dustin_quality/dustin_quality_input_aware_m_{run}.json") for model, run in (
+    ("smollm2-135m", "smollm2-135m_2k_cpu"), ("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b_2k_cpu"),
+    ("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b_4k_cpu"), ("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b_8k_cpu"),
+    ("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b_16k_cpu"),
+    # the H200 run: 16000-token items (ctx16000 in its keys; the CPU's are 16384)
+    ("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b_16k_h200"),
     # the entropy rule's runs, files of their own (fixed m and the oracle repeat the 2k files' numbers)
-    ("smollm2-135m", "entropy_smollm2-135m_2k"), ("qwen2.5-coder-1.5b", "entropy_qwen2.5-coder-1.5b_2k"))
-    if (RESULTS / f"dustin_quality/dustin_quality_input_aware_m_{run}_cpu.json").is_file())
+    ("smollm2-135m", "entropy_smollm2-135m_2k_cpu"), ("qwen2.5-coder-1.5b", "entropy_qwen2.5-coder-1.5b_2k_cpu"))
+    if (RESULTS / f"dustin_quality/dustin_quality_input_aware_m_{run}.json").is_file())
 #: the input-aware rules (docs/methods.md §3.7): quality method and the tag of its table columns
 M_RULES = (("dustin-h-ia", "max_mass", "max-mass"), ("dustin-h-cov", "coverage", "coverage"),
            ("dustin-h-ent", "entropy", "entropy"))
@@ -269,6 +271,7 @@ KNAPSPEC_REAL = {1: f"{K}qwen2.5-coder-1.5b_8k-32k_b1_h200.json", 16: f"{K}qwen2
 KNAPSPEC_EARLY = (f"{K}smollm2-135m_1k-4k_b1_cpu.json", f"{K}smollm2-135m_8k_b1_cpu.json")
 #: the two-stage plan (docs/methods.md §5.6) on the real 1.5B, batch 1, a window of at least 64 tokens
 KNAPSPEC_TWO_STAGE = f"{K}qwen2.5-coder-1.5b_8k-32k_b1_two-stage_h200.json"
+KNAPSPEC_TWO_STAGE_CPU = f"{K}smollm2-135m_1k_b1_two-stage_cpu.json"  # the same plan on the CPU (cpu-knapspec)
 KNAPSPEC_TRACE = f"{K}qwen2.5-7b-shape_8k_b1_trace_h200.json"
 
 
@@ -416,56 +419,67 @@ def cpu_choice_note() -> str:
 
 
 def h200_choice_note() -> str:
-    """The measured choice with its tail check on the real pair at 32k/b16 (h200-qwen-pair ctx32k-b16-arbitrate)."""
+    """The measured choice with its tail check on the real pair at 32k/b16 (h200-qwen-pair ctx32k-b16-arbitrate),
+    beside the same methods run without it (the 32k/b16 file)."""
     if not (RESULTS / PAIR_SPEED_ARBITRATE).exists():
         return "On the H200 the measured choice is not run yet (h200-qwen-pair step ctx32k-b16-arbitrate)."
-    data = load(PAIR_SPEED_ARBITRATE)
-    case = data["cases"]["ctx32000/b16"]
-    parts, speedups, plain_ms, ar_ms = [], [], [], []
-    for method, label in PAIR_METHODS:
-        if method not in case:
-            continue
+    case = load(PAIR_SPEED_ARBITRATE)["cases"]["ctx32000/b16"]
+    free_run = load(f"{PS}32k_b16_h200.json")["cases"]["ctx32000/b16"]
+    methods = [(m, label.strip("*")) for m, label in PAIR_METHODS if m in case]
+    parts, speedups, plain_ms, ar_ms, early, picked_ar = [], [], [], [], [], []
+    pooled, tails = False, []
+    for method, label in methods:
         r = case[method]
         events = r["metrics"]["arbitration"]["events"]
         probe = events[0]["probe"]
-        tail = [e for e in events if e.get("reason") == "tail"]
         speedups.append(r["speedup_vs_ar"])
         plain_ms.append(1e3 * probe["ar_step_s"])
         ar_ms.append(1e3 * case["batch"] / r["paired_ar_tok_s"])
-        text = (f"{label.strip('*')} {r['speedup_vs_ar']:.2f}x (probe {probe['speculative_tokens_per_s']:.0f} against "
+        text = (f"{label} {r['speedup_vs_ar']:.2f}x (probe {probe['speculative_tokens_per_s']:.0f} against "
                 f"{probe['ar_tokens_per_s']:.0f} tokens/s: {probe['choice']}")
-        if tail:
-            text += (f"; after {tail[0]['after_rounds']} more rounds the tail check estimated "
-                     f"{tail[0]['speculative_finish_s']:.1f} s to finish speculating against "
-                     f"{tail[0]['plain_finish_s']:.1f} s plainly: ar")
+        for e in events:
+            if e.get("reason") == "tail":
+                pooled = pooled or "tail_prior_rounds" in e
+                tails.append(label)
+                text += (f"; after {e['after_rounds']} more rounds the tail check estimated "
+                         f"{e['speculative_finish_s']:.1f} s to finish speculating against "
+                         f"{e['plain_finish_s']:.1f} s plainly: ar")
         parts.append(text + ")")
+        if r["metrics"]["arbitration"]["choice"] == "ar" and not any(e.get("reason") == "tail" for e in events):
+            picked_ar.append(label)
+        if method in free_run:  # the probe's tokens a row a round against the whole run's tau without the choice
+            early.append(f"{label} {probe['speculative_tokens'] / (probe['rounds'] * case['batch']):.2f} against "
+                         f"{free_run[method]['metrics']['tau']:.2f} ({free_run[method]['speedup_vs_ar']:.2f}x AR)")
     worst = min(speedups)
-    # tail events record the pooling they used ("tail_prior_rounds"); runs before the pooling did not
-    pooled = any("tail_prior_rounds" in e for m, _ in PAIR_METHODS if m in case
-                 for e in case[m]["metrics"]["arbitration"]["events"] if e.get("reason") == "tail")
-    dustin_note, plain_run = "", load(f"{PS}32k_b16_h200.json")["cases"]["ctx32000/b16"].get("dustin")
-    tail = [e for e in case.get("dustin", {}).get("metrics", {}).get("arbitration", {}).get("events", [])
-            if e.get("reason") == "tail"]
-    if plain_run and tail:
-        dustin_note = (f": for full-KV Dustin-H it predicted {tail[0]['speculative_finish_s']:.1f} s to finish, where "
-                       f"the whole 256-token run without the choice took {plain_run['timings']['decode_s']:.1f} s "
-                       f"({plain_run['speedup_vs_ar']:.2f}x AR, `{PS}32k_b16_h200.json`)")
-    return ("On the H200 (real pair, 32k, batch 16, `--arbitrate 8 --arbitrate-tail 8`, "
-            f"`{PAIR_SPEED_ARBITRATE}`, measured after the engine started placing every loop state on entry): "
-            + "; ".join(parts) + f". Never slower than AR: **{'met' if worst >= 1 else 'missed'}**, by up to "
-            f"{100 * (1 - worst):.0f} % here. The round loop no longer compiles inside a timed run (the longest timed run "
-            f"took {max(case[m]['timings']['decode_s'] for m, _ in PAIR_METHODS if m in case):.1f} s; the earlier "
-            "run's 0.07-0.08x was a second compile of about 15 s). Two things cost it: "
-            f"(1) the probes run below AR's own rate: 8 plain steps measured {min(plain_ms):.1f}-{max(plain_ms):.1f} ms "
-            f"a step against {min(ar_ms):.1f}-{max(ar_ms):.1f} ms in the 256-step AR loop (one call of a few steps "
-            "carries a fixed cost the long loop spreads out), and the 8 speculative rounds after the prefill commit "
-            "fewer tokens than the methods average over a whole run; every method then spent 16 rounds speculating "
-            "at those rates; (2) the tail check's estimate is the slowest row's: each row's tokens per round after 8 "
-            f"rounds, the maximum of 16 noisy rates{dustin_note}. The tail check now pools each row's rate toward "
-            "the batch mean (docs/methods.md §5.2: on simulated batches drawn from this pair's accepted-count "
-            "histogram it cuts the overestimate from tens of rounds to a few); "
-            + ("this run used the rows' own rates (the rule now reached with `--arbitrate-tail-prior 0`), and the "
-               "pooled rule is not measured on the H200 yet." if not pooled else "this run used it."))
+    ratio = max(p / a for p, a in zip(plain_ms, ar_ms))
+    text = ("On the H200 (real pair, 32k, batch 16, `--arbitrate 8 --arbitrate-tail 8`, "
+            f"`{PAIR_SPEED_ARBITRATE}`): " + "; ".join(parts) + f". Never slower than AR: "
+            f"**{'met' if worst >= 1 else 'missed'}**" + (f", by up to {100 * (1 - worst):.0f} % here" if worst < 1
+                                                        else f" (lowest {worst:.2f}x)") + ". "
+            f"The probe's 8 plain steps took {min(plain_ms):.1f}-{max(plain_ms):.1f} ms a step against "
+            f"{min(ar_ms):.1f}-{max(ar_ms):.1f} ms in the 256-step AR loop")
+    if ratio <= 1.1:
+        text += " (a plain stretch no longer copies the cache into and out of its loop; docs/methods.md §5.2). "
+    elif not pooled:
+        text += (" (each plain stretch then copied the whole cache into and out of its loop, half a cache read "
+                 "more a step over 8 steps; fixed since, docs/methods.md §5.2). ")
+    else:
+        text += " (slower than the loop's: not explained by a cache copy, which the compiled stretch no longer has). "
+    if early:
+        text += ("The first 8 rounds after the prefill commit fewer tokens a row than a whole run does (tokens a row "
+                 "a round in the probe against the whole run's tau without the choice, `" + f"{PS}32k_b16_h200.json"
+                 + "`: " + "; ".join(early) + ")")
+        text += (f", so the probe picked plain decoding for {', '.join(picked_ar)}: never slower, at the price of "
+                 "the speed-up a longer look would have found where the text grows more predictable. "
+                 if picked_ar else ". ")
+    if tails:
+        text += ("The tail check " + ("pooled each row's rate toward the batch mean (docs/methods.md §5.2)"
+                                      if pooled else "took each row's own rate (the rule now reached with "
+                                      "`--arbitrate-tail-prior 0`; the pooled rule is the default)")
+                 + f" and switched {', '.join(tails)} to plain decoding.")
+    elif not pooled:
+        text += "No tail check fired."
+    return text.strip()
 
 
 def selection_share_note() -> str:
@@ -612,7 +626,26 @@ def knapspec_two_stage_note() -> str:
             "own split): " + "; ".join(losses) + " (the first 6 rounds draft with the full model before the "
             "first plan; 'other' is what the split does not attribute: host work between the engine's calls and "
             "the fixed cost of each plain-decoding call, not traced). The chosen plan's predicted against "
-            "measured acceptance could not be compared: no plan drafted.")
+            "measured acceptance could not be compared: no plan drafted." + knapspec_two_stage_cpu_note())
+
+
+def knapspec_two_stage_cpu_note() -> str:
+    """The two-stage plan on the CPU (SmolLM2-135M, cpu-knapspec step smollm2-135m-1k-two-stage)."""
+    if not (RESULTS / KNAPSPEC_TWO_STAGE_CPU).exists():
+        return " On the CPU: not measured yet (cpu-knapspec step smollm2-135m-1k-two-stage)."
+    (key, c), = [(k, v) for k, v in load(KNAPSPEC_TWO_STAGE_CPU)["cases"].items() if "speedup_vs_ar" in v]
+    p, a = c["plans"][0], c["plan_allowance"]
+    share = c["plan_fraction_of_decode"]
+    single = load(KNAPSPEC_64REF)["cases"]["cpu/summarize/ctx1024/b1/candidates"]["plan_share_of_ar_decode"]
+    return (f" On the CPU (SmolLM2-135M f32, 1k prompt, batch 1, 256 new tokens, the same options, "
+            f"`{KNAPSPEC_TWO_STAGE_CPU}`): planning {100 * share:.1f} % of decode (**{'met' if share <= 0.05 else 'missed'}**"
+            f"; one single-stage DP on 64 tokens: {100 * single:.1f} %), {c['speedup_vs_ar']:.2f}x AR; the plan ran on "
+            f"{p['reference_tokens']} reference tokens (the allowance's cap: {a['allowed_tokens']} fit its "
+            f"{1e3 * a['plan_budget_s']:.0f} ms budget, below the floor of 64), {p['seconds']:.2f} s measured against "
+            f"{p['predicted_seconds']:.2f} s predicted ({p['seconds'] / p['predicted_seconds']:.1f}x); its best "
+            f"candidate skipped {p['n_skip_attn']} Attention / {p['n_skip_mlp']} MLP sub-layers at alpha "
+            f"{p['alpha']:.2f} on the window, and the grid search chose gamma* = {p['gamma_star']}"
+            + (" (plain decoding)." if p["gamma_star"] == 0 else "."))
 
 
 def knapspec_alpha_notes() -> List[str]:
@@ -1263,6 +1296,14 @@ def _figures() -> List[Figure]:
                            ("cases", key, "plans", 0, "seconds"), scale=1e3))
                 add(Figure(f"{base}/dp-predicted-ms", f"{what}: the first plan, the allowance's prediction",
                            "ms", KNAPSPEC_TWO_STAGE, ("cases", key, "plans", 0, "predicted_seconds"), scale=1e3))
+    if (RESULTS / KNAPSPEC_TWO_STAGE_CPU).exists():
+        (key, _), = [(k, v) for k, v in load(KNAPSPEC_TWO_STAGE_CPU)["cases"].items() if "speedup_vs_ar" in v]
+        base = "knapspec/plans/smollm2-135m/ctx1024/b1/cpu/two-stage"
+        what = "KnapSpec, two-stage plan (3 search tokens, 2 finalists), SmolLM2-135M f32 CPU, 1k, batch 1, 256 new"
+        add(Figure(f"{base}/planning-share", f"{what}: planning / decode time", "%", KNAPSPEC_TWO_STAGE_CPU,
+                   ("cases", key, "plan_fraction_of_decode"), scale=100, target="target <= 5 %"))
+        add(Figure(f"{base}/speedup", f"{what}, vs paired AR", "x AR", KNAPSPEC_TWO_STAGE_CPU,
+                   ("cases", key, "speedup_vs_ar")))
     # KnapSpec: static plans, one DP on 64 reference tokens, the DP's acceptance estimate, budgeted attention
     base = "knapspec/plans/smollm2-135m/ctx1024/b1/cpu/64ref"
     add(Figure(f"{base}/static-draft-step-over-predicted", "one draft step with a static plan (executed sub-layers "
@@ -1856,6 +1897,11 @@ for _source, _title, _ctx, _merged in (
     PLOTS[_name.replace(".json", ".png")] = _arr(_source, _title, _ctx, _merged)
 
 
+def _m_run_label(source: str) -> str:
+    """An input-aware-m run's label: its item contexts, and the device where it is not the CPU."""
+    return _items_context(source) + (", H200" if source.endswith("_h200.json") else "")
+
+
 def _items_context(source: str) -> str:
     return "/".join(sorted({f"{c['context'] // 1024}k" for c in load(source)["cases"].values() if "context" in c}))
 
@@ -1901,9 +1947,17 @@ def oracle_persistence_note() -> str:
             "fixed m comes from round-by-round choices that do not persist.")
 
 
-def _input_aware_reach() -> int:
-    """The longest item context of the input-aware-m files."""
-    return max(c["context"] for _, s in INPUT_AWARE_M for c in load(s)["cases"].values() if "context" in c)
+def _input_aware_reach(device: str) -> int:
+    """The longest item context of the input-aware-m files run on ``device`` (0: none)."""
+    return max((c["context"] for _, s in INPUT_AWARE_M if s.endswith(f"_{device}.json")
+                for c in load(s)["cases"].values() if "context" in c), default=0)
+
+
+def input_aware_reach_note() -> str:
+    cpu, gpu = _input_aware_reach("cpu"), _input_aware_reach("h200")
+    return (f"Not measured: beyond {cpu // 1024}k on the CPU, and "
+            + (f"beyond {gpu // 1000}k on the H200 (32k items are a new step of h200-dustin-quality)." if gpu else
+               "the H200 at 16k-32k (suite step h200-dustin-quality/16k-input-aware-m)."))
 
 
 def _m_rules_plot(model, source):
@@ -2687,10 +2741,10 @@ def results_markdown() -> str:
                 "The split m of Dustin-H's budget chosen per round and row from the two signals (docs/methods.md "
                 "§3.7), against the profile's fixed m and an oracle that takes, every round, the m maximising that "
                 "round's ARR (read from the full-KV verification). SmolLM2-135M with its mlp:10-12 self-draft and "
-                "the Qwen2.5-Coder-1.5B with its 0.5B draft, each with its committed profile, CPU, float32, greedy, "
+                "the Qwen2.5-Coder-1.5B with its 0.5B draft, each with its committed profile, float32 on the CPU (on the H200 where the run says so), greedy, "
                 "gamma 4, 16 new tokens, "
                 + ", ".join(f"{len({c['task'] for c in load(src)['cases'].values() if 'task' in c})} ({m}, "
-                            f"{_items_context(src)})" for m, src in INPUT_AWARE_M)
+                            f"{_m_run_label(src)})" for m, src in INPUT_AWARE_M)
                 + " seeded evaluation-split item(s), means over items. The gap closed is (ARR of the rule − ARR "
                 "of fixed m) / (ARR of the oracle − ARR of fixed m). Selection time: the selection alone on the "
                 "same signals (the signals cost the same for every rule), best of 3 calls, mean over rounds; "
@@ -2698,13 +2752,12 @@ def results_markdown() -> str:
                 "select as fixed m).",
                 ("dustin/input-aware-m/",),
                 [block for m, src in INPUT_AWARE_M
-                 for block in (f"{m} + {INPUT_AWARE_M_DRAFT[m]}, {_items_context(src)} (`{src}`):\n\n"
+                 for block in (f"{m} + {INPUT_AWARE_M_DRAFT[m]}, {_m_run_label(src)} (`{src}`):\n\n"
                                + m_rule_table(src),
                                f"![input-aware m, {m}](../experiments/results/{src.replace('.json', '.png')})")],
-                [f"{m}, {_items_context(src)}: {line}" for m, src in INPUT_AWARE_M for line in m_rule_verdicts(src)]
+                [f"{m}, {_m_run_label(src)}: {line}" for m, src in INPUT_AWARE_M for line in m_rule_verdicts(src)]
                 + [oracle_persistence_note()]
-                + [f"Not measured: beyond {_input_aware_reach() // 1024}k on the CPU, and the "
-                   "H200 at 16k-32k (suite step h200-dustin-quality/16k-input-aware-m)."]),
+                + [input_aware_reach_note()]),
         section("Dustin: speed",
                 "One H200: random-weight Qwen2.5-7B-shaped target, Qwen2.5-0.5B-shaped draft, Pallas attention in "
                 "both, gamma 4, k = 512, 64 new tokens, acceptance fixed to the real Qwen2.5-Coder pair's tau "
