@@ -556,12 +556,18 @@ def knapspec_real_note() -> str:
                      "t_row(n) = u + u_n n from many-row forwards at its smallest and largest contexts (docs/methods.md "
                      "§4.1); this file was planned before that (the two-stage run below planned with the profile "
                      "measured again).")
-    measured = {key.split("/")[2] + "/" + key.split("/")[4] for key in data["cases"]}
-    missing = [f"{m} at {round(c / 1000)}k" for c in (8192, 16384, 32000) for m in ("knapspec", "knapspec-target-ref", "clasp")
-               if f"ctx{c}/{m}" not in measured]
-    return ("Real Qwen2.5-Coder-1.5B on the H200 (bf16, 256 new tokens; `" + KNAPSPEC_REAL[1] + "`): "
-            + "; ".join(parts) + "." + price + " Not measured yet: "
-            + (", ".join(missing) + " at batch 1; " if missing else "") + "batch 16 at every context.")
+    missing = []
+    for batch, source in KNAPSPEC_REAL.items():
+        cases = load(source)["cases"] if (RESULTS / source).exists() else {}
+        measured = {key.split("/")[2] + "/" + key.split("/")[4] for key in cases}
+        gone = [f"{m} at {round(c / 1000)}k" for c in (8192, 16384, 32000)
+                for m in ("knapspec", "knapspec-target-ref", "clasp") if f"ctx{c}/{m}" not in measured]
+        if gone:
+            missing.append(", ".join(gone) + f" at batch {batch}" + (
+                " (the step ran out of its 10 minutes before 32k)" if cases and batch == 16 else ""))
+    return ("Real Qwen2.5-Coder-1.5B on the H200 (bf16, 256 new tokens; `" + "`, `".join(
+                s for s in KNAPSPEC_REAL.values() if (RESULTS / s).exists()) + "`): "
+            + "; ".join(parts) + "." + price + (" Not measured yet: " + "; ".join(missing) + "." if missing else ""))
 
 
 def h200_self_draft_note() -> str:
