@@ -153,15 +153,21 @@ def add_planning_arguments(add, prefix: str = "") -> None:
              "the paper). KnapSpec's sub-layer DP")
     add(f"--{prefix}finalists", type=int, default=4, metavar="K",
         help="with --{prefix}search-tokens: candidates scored again on the whole window")
+    add(f"--{prefix}plan-rows", type=int, default=None, metavar="N",
+        help="plan on the reference windows of N rows of the batch (the most reference tokens first): the DP's "
+             "cost grows with its rows and one plan serves the whole batch (default: every row). "
+             "docs/methods.md §5.6")
     add(f"--{prefix}reference-floor", type=int, default=None, metavar="R",
         help="the DP's reference window reaches back (earlier committed tokens, then the prompt's last ones) until "
              "each row has at least R tokens; the planning allowance still caps it (default: the tokens committed "
              "in the last 5 rounds, the paper). docs/methods.md §5.6")
 
 
-def check_two_stage(search_tokens, finalists, prefix: str = "", reference_floor=None) -> None:
-    """``--[knapspec-]search-tokens`` / ``--[knapspec-]finalists`` / ``--[knapspec-]reference-floor`` before any
-    model loads."""
+def check_two_stage(search_tokens, finalists, prefix: str = "", reference_floor=None, plan_rows=None) -> None:
+    """``--[knapspec-]search-tokens`` / ``--[knapspec-]finalists`` / ``--[knapspec-]reference-floor`` /
+    ``--[knapspec-]plan-rows`` before any model loads."""
+    if plan_rows is not None and plan_rows < 1:
+        raise ValueError(f"--{prefix}plan-rows={plan_rows}: must be >= 1 (or left out: every row of the batch)")
     if reference_floor is not None and reference_floor < 1:
         raise ValueError(f"--{prefix}reference-floor={reference_floor}: must be >= 1 (or left out: the tokens of the "
                          f"last 5 rounds)")
@@ -205,7 +211,8 @@ def knapspec_config_from_args(args):
                           static_plans=getattr(args, "knapspec_static_plans", False),
                           search_tokens=getattr(args, "knapspec_search_tokens", None),
                           finalists=getattr(args, "knapspec_finalists", 4),
-                          reference_floor=getattr(args, "knapspec_reference_floor", None))
+                          reference_floor=getattr(args, "knapspec_reference_floor", None),
+                          plan_rows=getattr(args, "knapspec_plan_rows", None))
 
 
 def validate_self_spec(args) -> None:
@@ -215,7 +222,7 @@ def validate_self_spec(args) -> None:
     if args.knapspec_interval < 6:
         raise ValueError(f"--knapspec-interval={args.knapspec_interval} must be >= 6 (the DP runs at round 6)")
     check_two_stage(getattr(args, "knapspec_search_tokens", None), getattr(args, "knapspec_finalists", 4), "knapspec-",
-                    getattr(args, "knapspec_reference_floor", None))
+                    getattr(args, "knapspec_reference_floor", None), getattr(args, "knapspec_plan_rows", None))
     if args.knapspec_gamma_max < 1:
         raise ValueError(f"--knapspec-gamma-max={args.knapspec_gamma_max}: must be >= 1")
     default_gamma_max = registry.family_defaults("self-speculative")["knapspec_gamma_max"]
@@ -1052,7 +1059,7 @@ def experiment_knapspec_config(args, branch_chunk=None):
                           max_plan_fraction=plan_fraction(args.max_plan_fraction, "--max-plan-fraction"),
                           probe_rounds=args.probe_rounds or None, reference_kv=args.reference_kv,
                           static_plans=args.static_plans, search_tokens=args.search_tokens,
-                          finalists=args.finalists, reference_floor=args.reference_floor)
+                          finalists=args.finalists, reference_floor=args.reference_floor, plan_rows=args.plan_rows)
 
 
 def check_knapspec_args(args) -> None:
@@ -1063,7 +1070,7 @@ def check_knapspec_args(args) -> None:
     for flag in ("layers", "max_reference_tokens", "branch_chunk", "clasp_skip_count"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             raise ValueError(f"--{flag.replace('_', '-')}={getattr(args, flag)}: must be >= 1 (or left out)")
-    check_two_stage(args.search_tokens, args.finalists, reference_floor=args.reference_floor)
+    check_two_stage(args.search_tokens, args.finalists, reference_floor=args.reference_floor, plan_rows=args.plan_rows)
     if args.layers is not None and not args.model.startswith("random:"):
         raise ValueError(f"--layers is for random:PRESET models only; {args.model!r} has its own layer count")
     if not 0 <= args.attention_sinks < args.attention_budget:

@@ -433,7 +433,7 @@ def h200_choice_note() -> str:
         events = r["metrics"]["arbitration"]["events"]
         probe = events[0]["probe"]
         speedups.append(r["speedup_vs_ar"])
-        plain_ms.append(1e3 * probe["ar_step_s"])
+        plain_ms.append(1e3 * probe.get("ar_step_s_mean", probe["ar_step_s"]))  # the mean over the probe's steps
         ar_ms.append(1e3 * case["batch"] / r["paired_ar_tok_s"])
         text = (f"{label} {r['speedup_vs_ar']:.2f}x (probe {probe['speculative_tokens_per_s']:.0f} against "
                 f"{probe['ar_tokens_per_s']:.0f} tokens/s: {probe['choice']}")
@@ -458,20 +458,48 @@ def h200_choice_note() -> str:
                                                         else f" (lowest {worst:.2f}x)") + ". "
             f"The probe's 8 plain steps took {min(plain_ms):.1f}-{max(plain_ms):.1f} ms a step against "
             f"{min(ar_ms):.1f}-{max(ar_ms):.1f} ms in the 256-step AR loop")
+    marginal = [1e3 * case[m]["metrics"]["arbitration"]["events"][0]["probe"]["ar_step_s"] for m, _ in methods
+                if "ar_step_s_mean" in case[m]["metrics"]["arbitration"]["events"][0]["probe"]]
+    if marginal:
+        text += (f"; the two stretches' difference, the price the choice used (docs/methods.md §5.2), "
+                 f"{min(marginal):.1f}-{max(marginal):.1f} ms")
     if ratio <= 1.1:
         text += " (a plain stretch no longer copies the cache into and out of its loop; docs/methods.md §5.2). "
     elif not pooled:
         text += (" (each plain stretch then copied the whole cache into and out of its loop, half a cache read "
                  "more a step over 8 steps; fixed since, docs/methods.md §5.2). ")
+    elif not marginal:
+        text += (" (slower than the loop's, and not by a cache copy, which the compiled stretch no longer has: a "
+                 "fixed cost of about a step per call, not traced; the probe now times its plain steps as two "
+                 "stretches of 2 and 6 and prices a step by their difference, docs/methods.md §5.2, not measured "
+                 "on the H200 yet). ")
     else:
-        text += " (slower than the loop's: not explained by a cache copy, which the compiled stretch no longer has). "
+        text += ". "
     if early:
         text += ("The first 8 rounds after the prefill commit fewer tokens a row than a whole run does (tokens a row "
                  "a round in the probe against the whole run's tau without the choice, `" + f"{PS}32k_b16_h200.json"
                  + "`: " + "; ".join(early) + ")")
-        text += (f", so the probe picked plain decoding for {', '.join(picked_ar)}: never slower, at the price of "
-                 "the speed-up a longer look would have found where the text grows more predictable. "
-                 if picked_ar else ". ")
+        text += ". "
+    losses = []
+    for method, label in methods:
+        r = case[method]
+        if r["speedup_vs_ar"] >= 1:
+            continue
+        probe = r["metrics"]["arbitration"]["events"][0]["probe"]
+        rate = r["paired_ar_tok_s"]  # tokens a second of the AR loop in the same process
+        total = r["timings"]["decode_s"] - r["tok_s"] * r["timings"]["decode_s"] / rate
+        spec = probe["speculative_s"] - probe["speculative_tokens"] / rate
+        plain = probe["ar_s"] - probe["ar_tokens"] / rate
+        idle = r["metrics"]["ar_steps"] - r["metrics"]["ar_tokens"] / case["batch"]  # row-steps of rows already done
+        losses.append(f"{label} {1e3 * total:.0f} ms ({1e3 * spec:.0f} ms in the speculative probe, "
+                      f"{1e3 * plain:.0f} ms in the plain one, and its {r['metrics']['ar_steps']} plain steps "
+                      f"committed {r['metrics']['ar_tokens'] / case['batch']:.0f} tokens a row on average: the rows "
+                      f"left speculation at different lengths, and a batch decodes until its last row is done, "
+                      f"{idle:.0f} steps of about {1e3 * case['batch'] / rate:.1f} ms)")
+    if losses:
+        text += ("Where it lost against AR, the time beyond AR's for the same tokens: " + "; ".join(losses)
+                 + (f"; the probe picked plain decoding at once for {', '.join(picked_ar)}" if picked_ar else "")
+                 + ". ")
     if tails:
         text += ("The tail check " + ("pooled each row's rate toward the batch mean (docs/methods.md §5.2)"
                                       if pooled else "took each row's own rate (the rule now reached with "

@@ -33,7 +33,9 @@ def measured_arbitration(run, speculative: Callable, plain: Callable, *, rounds:
     during the speculative probe, else a dict with both rates and ``"choice"`` (``"speculative"`` or
     ``"ar"``); ``units`` the rounds + steps run. ``ar_model_rate(active_rows)``: a predicted
     plain-decoding rate; the better of it and the measured one is used (a short probe's fixed per-call
-    cost weighs more on a few cheap AR steps than on the longer speculative rounds)."""
+    cost weighs more on a few cheap AR steps than on the longer speculative rounds). ``plain()`` may
+    return ``(steps, step_s)``: a plain step's time measured without the per-call cost (see
+    :func:`two_stretch_step`), which then prices the plain rate; the mean over the probe is kept too."""
     active = int(np.sum(~np.asarray(run.state.done)))
     n0, t0 = run.committed_total(), time.perf_counter()
     spec_units = yield from speculative()
@@ -42,16 +44,31 @@ def measured_arbitration(run, speculative: Callable, plain: Callable, *, rounds:
         return None, spec_units
     plain_units = yield from plain()
     n2, t2 = run.committed_total(), time.perf_counter()
-    spec_rate, ar_measured = (n1 - n0) / max(t1 - t0, 1e-9), (n2 - n1) / max(t2 - t1, 1e-9)
+    plain_units, marginal_s = plain_units if isinstance(plain_units, tuple) else (plain_units, None)
+    spec_rate, ar_mean = (n1 - n0) / max(t1 - t0, 1e-9), (n2 - n1) / max(t2 - t1, 1e-9)
+    ar_measured = ar_mean if not marginal_s else (n2 - n1) / plain_units / marginal_s
     ar_model = None if ar_model_rate is None else float(ar_model_rate(active))
     ar_rate = max(ar_measured, ar_model or 0.0)
+    mean_step = (t2 - t1) / plain_units if plain_units else None
     probe = {"rounds": int(rounds), "speculative_tokens": n1 - n0, "speculative_s": t1 - t0,
              "ar_tokens": n2 - n1, "ar_s": t2 - t1, "ar_steps": int(plain_units),
-             "ar_step_s": (t2 - t1) / plain_units if plain_units else None,
+             "ar_step_s": marginal_s or mean_step, "ar_step_s_mean": mean_step,
              "speculative_tokens_per_s": spec_rate,
-             "ar_tokens_per_s": ar_rate, "ar_tokens_per_s_measured": ar_measured,
+             "ar_tokens_per_s": ar_rate, "ar_tokens_per_s_measured": ar_measured, "ar_tokens_per_s_mean": ar_mean,
              "ar_tokens_per_s_model": ar_model, "choice": "speculative" if spec_rate >= ar_rate else "ar"}
     return probe, spec_units + plain_units
+
+
+def two_stretch_step(first_s: float, first_steps: int, second_s: float, second_steps: int) -> Optional[float]:
+    """A plain step's seconds from two stretches of different lengths, each ``fixed + steps x step``:
+    ``(second_s - first_s) / (second_steps - first_steps)``, the per-call cost (dispatch, the stretch's
+    host reads) cancelled. After its probe a run decodes plainly in one long stretch, so this is the
+    price that decides (docs/methods.md §5.2). None when the lengths are equal or the difference is not
+    positive (timing noise): the caller keeps the mean."""
+    if second_steps <= first_steps:
+        return None
+    step = (second_s - first_s) / (second_steps - first_steps)
+    return step if step > 0 else None
 
 
 def remaining_steps(run) -> int:
@@ -142,6 +159,23 @@ class MeasuredChoiceController(ScriptedController):
         yield Chunk(plain_steps=steps)
         return steps
 
+    def _plain_probe(self, run, steps: int):
+        """The probe's plain steps as two stretches, a quarter then the rest, timed apart, so that the
+        step's price comes without the per-call cost (:func:`two_stretch_step`). Returns ``(steps run,
+        step seconds or None)``."""
+        steps = min(int(steps), remaining_steps(run))
+        first = max(1, steps // 4)
+        if steps - first <= first:  # too short to tell two lengths apart
+            return (yield from self._plain(run, steps)), None
+        t0 = time.perf_counter()
+        done = yield from self._plain(run, first)
+        t1 = time.perf_counter()
+        rest = yield from self._plain(run, steps - first)
+        t2 = time.perf_counter()
+        if done < first or rest < steps - first:  # rows finished: the lengths ran are not the ones asked
+            return done + rest, None
+        return done + rest, two_stretch_step(t1 - t0, first, t2 - t1, rest)
+
     def chunks(self, run):
         self.events = []
         limit = run.engine.max_new_tokens  # more rounds than any row can need
@@ -151,7 +185,7 @@ class MeasuredChoiceController(ScriptedController):
             if choice is None:
                 probe, _ = yield from measured_arbitration(
                     run, lambda: self._speculative(run, self.probe_rounds),
-                    lambda: self._plain(run, self.probe_rounds), rounds=self.probe_rounds)
+                    lambda: self._plain_probe(run, self.probe_rounds), rounds=self.probe_rounds)
                 if probe is None:  # every row finished in the speculative probe
                     break
                 choice = probe["choice"]
@@ -219,4 +253,4 @@ class MeasuredChoiceController(ScriptedController):
 
 
 __all__ = ["MeasuredChoiceController", "context_bucket", "finish_times", "measured_arbitration", "pooled_rates",
-           "remaining_steps"]
+           "remaining_steps", "two_stretch_step"]

@@ -80,7 +80,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -285,6 +285,11 @@ class KnapSpecConfig:
     # tokens a row, too few to measure a plan's acceptance within a few points (docs/methods.md §5.6). The
     # planning allowance still caps the window (the latest tokens). None = the tokens since the mark (the paper)
     reference_floor: Optional[int] = None
+    # plan on the reference windows of this many rows of the batch only (docs/methods.md §5.6): the rows with
+    # the most reference tokens, ties to the lower row. A plan is one skip set for the whole batch, and the DP's
+    # cost grows with its rows, so at batch 16 no window fits the planning allowance; the allowance prices
+    # plan_rows / batch of the batch's cost. None = every row (the paper, batch 1)
+    plan_rows: Optional[int] = None
 
     def __post_init__(self):
         object.__setattr__(self, "keep_attention", tuple(sorted({int(x) for x in self.keep_attention})))
@@ -322,6 +327,8 @@ class KnapSpecConfig:
         if self.reference_floor is not None and int(self.reference_floor) < 1:
             raise ValueError(f"reference_floor={self.reference_floor} must be >= 1, or None (the tokens committed "
                              f"since the window's mark)")
+        if self.plan_rows is not None and (isinstance(self.plan_rows, bool) or int(self.plan_rows) < 1):
+            raise ValueError(f"plan_rows={self.plan_rows!r} must be >= 1, or None (every row of the batch)")
         if self.search_tokens is not None and self.coupled:
             raise ValueError(f"search_tokens={self.search_tokens} is for the sub-layer DP; coupled=True (whole "
                              f"layers) runs the DP on the whole window")
@@ -409,6 +416,7 @@ class PlanRecord:
     planner: str = "knapspec"
     probe: Optional[dict] = None  # the measured arbitration after this plan (KnapSpecConfig.probe_rounds)
     predicted_seconds: Optional[float] = None  # the planner's reference_cost x the window width (None: no model)
+    rows: Optional[int] = None  # the rows the DP ran on (KnapSpecConfig.plan_rows; None: not recorded)
 
     def summary(self) -> dict:
         out = self.plan.summary()
@@ -419,7 +427,7 @@ class PlanRecord:
                    gamma_used=int(self.gamma_used), mode="ar" if self.gamma_used == 0 else "speculative",
                    verify_rows=int(self.verify_rows), context_length=float(self.context_length),
                    n_skip_attn=int(mask[:, 0].sum()), n_skip_mlp=int(mask[:, 1].sum()), probe=self.probe,
-                   predicted_seconds=self.predicted_seconds)
+                   predicted_seconds=self.predicted_seconds, rows=self.rows)
         c = self.candidates
         if c is not None and c.search_alpha is not None:  # a two-stage plan: the search's estimate beside the window's
             out.update(search_tokens=c.search_tokens, search_alpha=float(c.search_alpha[self.plan.index]))
@@ -571,24 +579,25 @@ class KnapSpecPlanner(PlannerBase):
 
 
 def reference_allowance(planner, latency: Optional[LatencyModel], config: ModelConfig, n: float, new_tokens: int,
-                        knapspec: KnapSpecConfig) -> dict:
+                        knapspec: KnapSpecConfig, row_share: float = 1.0) -> dict:
     """How many reference tokens per row one plan may use so that its predicted cost stays within
     ``allowance_margin`` x ``max_plan_fraction`` of the predicted plain-decoding time of the run
     (``new_tokens`` steps of ``a t_step(n)``). ``{"tokens": cap or None (no cap), "skip": True when even
     ``min_reference_tokens`` would not fit, ...}``; no cap without a budget, a latency model or a
     planner with ``reference_cost`` (CLaSp). Deterministic (no timing), so a warm-up run and the
-    timed run make the same choice and compile the same DP shape."""
+    timed run make the same choice and compile the same DP shape. ``row_share``: the share of the
+    batch's rows the DP runs on (:attr:`KnapSpecConfig.plan_rows`), which scales its predicted cost."""
     out = {"tokens": knapspec.max_reference_tokens, "skip": False}
     if knapspec.max_plan_fraction is None or latency is None:
         return out
     costs = getattr(planner, "reference_costs", None)
     if costs is not None:
-        fixed, per_token = (float(x) for x in costs(config, n))
+        fixed, per_token = (float(x) * row_share for x in costs(config, n))
     else:
         per_token = planner.reference_cost(config, n)
         if per_token is None:
             return out
-        fixed, per_token = 0.0, float(per_token)
+        fixed, per_token = 0.0, float(per_token) * row_share
     decode = float(new_tokens) * latency.a * latency.t_step(n, config.num_layers)
     budget = knapspec.max_plan_fraction * knapspec.allowance_margin * decode
     out.update(predicted_dp_s_per_token=per_token, predicted_ar_decode_s=decode, plan_budget_s=budget)
@@ -603,6 +612,22 @@ def reference_allowance(planner, latency: Optional[LatencyModel], config: ModelC
         return out
     out["tokens"] = allowed if knapspec.max_reference_tokens is None else min(allowed, knapspec.max_reference_tokens)
     return out
+
+
+def planning_rows(token_mask, done, count: int) -> np.ndarray:
+    """The ``count`` rows a plan runs on (:attr:`KnapSpecConfig.plan_rows`), in increasing order: unfinished rows
+    before finished ones, then the most reference tokens (``token_mask [B, r]``), ties to the lower row."""
+    tokens = np.asarray(token_mask).sum(axis=1)
+    order = sorted(range(len(tokens)), key=lambda b: (bool(done[b]), -float(tokens[b]), b))
+    return np.asarray(sorted(order[:count]), np.int64)
+
+
+def cache_rows(cache, rows) -> Any:
+    """``cache`` (a :class:`~jaxspec.models.cache.KVCache`) restricted to ``rows`` of its batch (a copy of
+    those rows' K/V)."""
+    index = jnp.asarray(rows)
+    return dataclasses.replace(cache, keys=tuple(k[index] for k in cache.keys),
+                               values=tuple(v[index] for v in cache.values), lengths=cache.lengths[index])
 
 
 # ---------------------------------------------------------------------------- controller
@@ -715,9 +740,12 @@ class KnapSpecController(ScriptedController):
         schedule = knapspec.schedule
         next_plan = schedule.next_plan_round(0) if self.replan else None
         ref_cap = knapspec.max_reference_tokens
+        batch = len(lengths)
+        row_share = 1.0 if knapspec.plan_rows is None else min(int(knapspec.plan_rows), batch) / batch
         if self.replan and knapspec.honor_gamma:  # the official code always plans and drafts
             n0 = self.context_n if self.context_n is not None else effective_context(config, lengths, run.capacity)
-            self.allowance = reference_allowance(planner, model, config, n0, engine.max_new_tokens, knapspec)
+            self.allowance = reference_allowance(planner, model, config, n0, engine.max_new_tokens, knapspec,
+                                                 row_share=row_share)
             if self.allowance["skip"]:  # no affordable plan: plain decoding from the start (gamma* = 0)
                 apply_plan(np.zeros((config.num_layers, 2), bool), 0)
                 next_plan = None
@@ -762,22 +790,28 @@ class KnapSpecController(ScriptedController):
                 ref_tokens, token_mask, prefix = window
                 n = self.context_n if self.context_n is not None else effective_context(
                     config, cache_lengths, state.target_cache.capacity)
-                plan, candidates, weights = planner.plan(run.target_params, config, state.target_cache,
+                plan_cache = state.target_cache
+                if knapspec.plan_rows is not None and int(knapspec.plan_rows) < batch:
+                    rows = planning_rows(token_mask, np.asarray(state.done), int(knapspec.plan_rows))
+                    ref_tokens, token_mask, prefix = ref_tokens[rows], token_mask[rows], prefix[rows]
+                    plan_cache = cache_rows(plan_cache, rows)
+                plan, candidates, weights = planner.plan(run.target_params, config, plan_cache,
                                                          jnp.asarray(ref_tokens), jnp.asarray(token_mask),
                                                          jnp.asarray(prefix), n)
+                del plan_cache
                 apply_plan(plan.mask, plan.gamma if knapspec.honor_gamma else gamma_max)
                 cost = planner.reference_cost(config, n)
                 if cost is not None:
-                    cost *= ref_tokens.shape[1]
+                    cost *= ref_tokens.shape[1] * row_share
                     search = knapspec.search_tokens
                     if search is not None and ref_tokens.shape[1] > search and hasattr(planner, "reference_costs"):
                         fixed, per_token = planner.reference_costs(config, n)
-                        cost = fixed + per_token * ref_tokens.shape[1]
+                        cost = (fixed + per_token * ref_tokens.shape[1]) * row_share
                 self.records.append(PlanRecord(
                     true_round, plan, candidates, int(token_mask.sum()), weights, time.perf_counter() - plan_start,
                     gamma_used=current["gamma"], verify_rows=current["bucket"] + 1 if current["gamma"] else 1,
                     context_length=float(np.mean(cache_lengths + 1)), planner=planner.name,
-                    predicted_seconds=cost))
+                    predicted_seconds=cost, rows=int(ref_tokens.shape[0])))
             plan_end = time.perf_counter()
             self.timings["plan_s"] += plan_end - plan_start
             last = (plan_end, plan_end - plan_start, true_round)

@@ -36,15 +36,17 @@ def _run(params, controller, warmup=False):
 
 @pytest.mark.parametrize("slow", ["speculative", "ar"])
 def test_measured_choice_keeps_the_faster_mode(params, monkeypatch, slow):
-    """Slowing one mode on the host (a sleep after each call) makes the choice certain; the output is
-    AR's either way; a timed run's decision is reused by the next run at the same (context, batch)."""
+    """Slowing one mode on the host (a sleep after each call, per step or round it ran) makes the choice
+    certain; the output is AR's either way; a timed run's decision is reused by the next run at the same
+    (context, batch)."""
     side = {"speculative": "run_loop", "ar": "plain_decode"}[slow]
     real = getattr(engine_module, side)
 
     def slowed(*args, **kwargs):
         out = real(*args, **kwargs)
         jax.block_until_ready(out)
-        time.sleep(0.3)
+        units = int(args[2]) if side == "plain_decode" else (kwargs.get("max_rounds") or NEW)
+        time.sleep(0.1 * units)
         return out
 
     monkeypatch.setattr(engine_module, side, slowed)
@@ -64,6 +66,37 @@ def test_measured_choice_keeps_the_faster_mode(params, monkeypatch, slow):
     again = _run(params, controller)
     assert again.rows() == ar_rows and again.metrics["arbitration"]["events"][0]["remembered"]
     assert (again.metrics["ar_tokens"] > 0) == (winner == "ar")
+
+
+def test_plain_probe_prices_a_step_without_the_per_call_cost(params, monkeypatch):
+    """A fixed cost per plain-decoding call (a sleep after each call, whatever its length) inflates the
+    probe's mean step time; the two stretches of different lengths cancel it, so the step the choice
+    prices is the step a long plain stretch runs at (docs/methods.md §5.2)."""
+    from jaxspec.decoding.arbitration import two_stretch_step
+
+    assert two_stretch_step(0.3 + 2 * 0.01, 2, 0.3 + 6 * 0.01, 6) == pytest.approx(0.01)
+    assert two_stretch_step(0.5, 2, 0.4, 6) is None and two_stretch_step(0.5, 3, 0.6, 3) is None
+    real, fixed = engine_module.plain_decode, 0.25
+
+    def per_call(*args, **kwargs):
+        out = real(*args, **kwargs)
+        jax.block_until_ready(out)
+        time.sleep(fixed)
+        return out
+
+    monkeypatch.setattr(engine_module, "plain_decode", per_call)
+    policy = SelfDraft(TARGET)
+    result = speculative_generate(params, TARGET, PROMPTS, draft_policy=policy,
+                                  draft_state=policy.initial_state(parse_skip_spec("mlp:1", 3)),
+                                  engine=EngineConfig(gamma=3, max_new_tokens=96),
+                                  controller=MeasuredChoiceController(probe_rounds=8, remember=False),
+                                  warmup=True)  # the timed run: both stretch lengths already compiled
+    probe = result.metrics["arbitration"]["events"][0]["probe"]
+    assert probe["ar_steps"] == 8  # two stretches, 2 and 6 steps
+    # the mean carries 2 x fixed / 8 steps; the two-stretch step carries none of it
+    assert probe["ar_step_s_mean"] > 2 * fixed / 8
+    assert probe["ar_step_s"] < probe["ar_step_s_mean"] - fixed / 8
+    assert probe["ar_tokens_per_s"] > probe["ar_tokens_per_s_mean"]
 
 
 def test_warmup_decisions_not_remembered_and_errors(params):

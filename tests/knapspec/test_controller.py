@@ -661,3 +661,43 @@ def test_reference_floor_reaches_back_into_earlier_tokens(params, ar_rows, floor
     assert (short == 0) == (floor is not None)  # without the floor some windows are short; with it, none
     with pytest.raises(ValueError, match="reference_floor=0"):
         KnapSpecConfig(reference_floor=0)
+
+
+class PricedWindowPlanner(WindowPlanner):
+    """A window-keeping planner with a price per reference token (so the allowance and the records price plans)."""
+
+    def reference_cost(self, config, n):
+        return 1e-3
+
+
+def test_plan_rows_plan_on_the_rows_with_the_most_reference_tokens(params, ar_rows):
+    """plan_rows = 1 at batch 3: each plan gets one row's window and that row's cache, the row with the most
+    reference tokens (ties to the lower row) of the window every row would have given; greedy output stays AR's;
+    the plan's predicted cost is a third of the whole batch's (docs/methods.md §5.6)."""
+    from jaxspec.knapspec.policy import planning_rows
+
+    knap = dataclasses_replace(KNAP, max_plan_fraction=None, probe_rounds=None)
+    every, one = PricedWindowPlanner([2, 0, 3]), PricedWindowPlanner([2, 0, 3])
+    full = knapspec_generate(params, TARGET, PROMPTS, latency=LATENCY, knapspec=knap, max_new_tokens=NEW,
+                             planner=every)
+    single = knapspec_generate(params, TARGET, PROMPTS, latency=LATENCY, knapspec=dataclasses_replace(knap, plan_rows=1),
+                               max_new_tokens=NEW, planner=one)
+    assert full.rows() == ar_rows and single.rows() == ar_rows
+    assert len(one.windows) == len(every.windows) >= 3
+    for (tokens, mask, prefix, lengths), (t1, m1, p1, l1) in zip(every.windows, one.windows):
+        counts = mask.sum(axis=1)
+        b = max(range(len(counts)), key=lambda i: (counts[i], -i))  # the most tokens, ties to the lower row
+        assert t1.shape[0] == 1 and l1.tolist() == [lengths[b]] and p1.tolist() == [prefix[b]]
+        np.testing.assert_array_equal(m1[0], mask[b])
+        np.testing.assert_array_equal(t1[0], tokens[b])
+    plans_full = [p for p in full.metrics["knapspec_plans"] if p.get("predicted_seconds")]
+    plans_one = [p for p in single.metrics["knapspec_plans"] if p.get("predicted_seconds")]
+    assert plans_full and len(plans_one) == len(plans_full)
+    for a, b in zip(plans_full, plans_one):
+        assert a["rows"] == 3 and b["rows"] == 1
+        assert b["predicted_seconds"] == pytest.approx(a["predicted_seconds"] / 3)
+    # finished rows go last, then the most reference tokens, ties to the lower row
+    np.testing.assert_array_equal(planning_rows(np.array([[1, 1, 0], [1, 1, 1], [1, 1, 1]]),
+                                                np.array([False, True, False]), 2), [0, 2])
+    with pytest.raises(ValueError, match="plan_rows=0"):
+        KnapSpecConfig(plan_rows=0)
