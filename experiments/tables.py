@@ -672,7 +672,8 @@ def knapspec_two_stage_cpu_note() -> str:
     share = c["plan_fraction_of_decode"]
     single = load(KNAPSPEC_64REF)["cases"]["cpu/summarize/ctx1024/b1/candidates"]["plan_share_of_ar_decode"]
     return (f" On the CPU (SmolLM2-135M f32, 1k prompt, batch 1, 256 new tokens, the same options, "
-            f"`{KNAPSPEC_TWO_STAGE_CPU}`): planning {100 * share:.1f} % of decode (**{'met' if share <= 0.05 else 'missed'}**"
+            f"`{KNAPSPEC_TWO_STAGE_CPU}`): planning {100 * share:.1f} % of decode "
+            f"(**{'met' if share <= 0.05 else 'missed'}**"
             f"; one single-stage DP on 64 tokens: {100 * single:.1f} %), {c['speedup_vs_ar']:.2f}x AR; the plan ran on "
             f"{p['reference_tokens']} reference tokens (the allowance's cap: {a['allowed_tokens']} fit its "
             f"{1e3 * a['plan_budget_s']:.0f} ms budget, below the floor of 64), {p['seconds']:.2f} s measured against "
@@ -2775,7 +2776,8 @@ def results_markdown() -> str:
                 "The split m of Dustin-H's budget chosen per round and row from the two signals (docs/methods.md "
                 "§3.7), against the profile's fixed m and an oracle that takes, every round, the m maximising that "
                 "round's ARR (read from the full-KV verification). SmolLM2-135M with its mlp:10-12 self-draft and "
-                "the Qwen2.5-Coder-1.5B with its 0.5B draft, each with its committed profile, float32 on the CPU (on the H200 where the run says so), greedy, "
+                "the Qwen2.5-Coder-1.5B with its 0.5B draft, each with its committed profile, float32 on the CPU "
+                "(on the H200 where the run says so), greedy, "
                 "gamma 4, 16 new tokens, "
                 + ", ".join(f"{len({c['task'] for c in load(src)['cases'].values() if 'task' in c})} ({m}, "
                             f"{_m_run_label(src)})" for m, src in INPUT_AWARE_M)

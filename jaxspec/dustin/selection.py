@@ -282,7 +282,8 @@ def select_input_aware(s_draft: jax.Array, s_target: jax.Array, lengths: jax.Arr
     """Input-aware m (docs/methods.md §3.7): per row, the candidate m (static tuple, the profiled m
     first) whose hybrid selection covers the most of both signals' mass,
     ``sum_{i in I(m)} (s_D[i] / sum s_D + s_T[i] / sum s_T)`` over the non-protected positions; ties
-    (within :data:`COVERAGE_TIE`) keep the earlier candidate (the profiled m). Returns (``I_verify [B, k]``, chosen m ``[B]`` int32).
+    (within :data:`COVERAGE_TIE`) keep the earlier candidate (the profiled m). Returns (``I_verify [B, k]``,
+    chosen m ``[B]`` int32).
 
     Two radix selections, as the fixed rule: every candidate's ``I(m)`` is the first m of the draft
     signal's top ``max(candidates)`` in rank order, then the target signal's ranking with those

@@ -680,8 +680,8 @@ def test_plan_rows_plan_on_the_rows_with_the_most_reference_tokens(params, ar_ro
     every, one = PricedWindowPlanner([2, 0, 3]), PricedWindowPlanner([2, 0, 3])
     full = knapspec_generate(params, TARGET, PROMPTS, latency=LATENCY, knapspec=knap, max_new_tokens=NEW,
                              planner=every)
-    single = knapspec_generate(params, TARGET, PROMPTS, latency=LATENCY, knapspec=dataclasses_replace(knap, plan_rows=1),
-                               max_new_tokens=NEW, planner=one)
+    single = knapspec_generate(params, TARGET, PROMPTS, latency=LATENCY,
+                               knapspec=dataclasses_replace(knap, plan_rows=1), max_new_tokens=NEW, planner=one)
     assert full.rows() == ar_rows and single.rows() == ar_rows
     assert len(one.windows) == len(every.windows) >= 3
     for (tokens, mask, prefix, lengths), (t1, m1, p1, l1) in zip(every.windows, one.windows):

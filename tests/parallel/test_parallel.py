@@ -3,7 +3,7 @@
 The sharded checks need 8 devices, and the rest of the suite runs with 1: they run in ONE
 subprocess (``XLA_FLAGS=--xla_force_host_platform_device_count=8 JAX_PLATFORMS=cpu``) that
 executes this file as a script, prints a summary table and a JSON line, and the tests below
-assert on it. Meshes (data, tensor): (1, 8) and (2, 4), each axis sharded in one or both. Per mesh: forward (prefill and a
+assert on it. Meshes (data, tensor): (1, 8), tensor only, and (2, 4), both axes. Per mesh: forward (prefill and a
 sparse-verification step: logits allclose in float32, caches equal), greedy autoregressive
 ``generate`` (tokens identical), greedy ``speculative_generate`` with ``SeparateDraft`` (tokens
 and acceptance identical) and ``select_top_k`` (indices identical). On (1, 8) also the Mosaic TPU kernels (TPU
