@@ -117,20 +117,14 @@ def prefill(params, config: ModelConfig, tokens: np.ndarray, prompt_lengths: np.
     return cache.with_lengths(start_lengths + jnp.asarray(prompt_lengths, jnp.int32)), last_logits
 
 
-def decode_loop_fn(params, cache, first_logits, key, *, config, sampling, max_new_tokens, stop_tokens, limit=None):
-    """``max_new_tokens`` (static) sizes the output; ``limit`` (traced, optional) stops after that
-    many tokens (fewer than the buffer: one compiled loop serves every length up to it)."""
-    batch = cache.batch_size
+def decode_steps(params, cache, token, done, out, key, start, end, *, config, sampling, stop_tokens):
+    """The decode ``while_loop``: from step ``start`` while ``step < end`` (traced) and some row is not done,
+    feed ``token [B]``, sample the next and write it to ``out[:, step]`` (``PAD_OUTPUT`` for done rows).
+    The cache is carried as given (a donated buffer stays in place). Returns ``(out, cache)``."""
     stop = jnp.asarray(stop_tokens if stop_tokens else (-2,), jnp.int32)
-    key, sub = jax.random.split(key)
-    token = sample_token(first_logits, sub, sampling)
-    out = jnp.full((batch, max_new_tokens), PAD_OUTPUT, jnp.int32).at[:, 0].set(token)
-    out = constrain(out, ACTIVATION_AXES["output_tokens"])  # under a mesh: replicated, host-readable
-    done = jnp.isin(token, stop)
 
     def cond(state):
         step, _, _, _, done, _ = state
-        end = max_new_tokens if limit is None else jnp.minimum(max_new_tokens, limit)
         return (step < end) & ~jnp.all(done)
 
     def body(state):
@@ -143,9 +137,22 @@ def decode_loop_fn(params, cache, first_logits, key, *, config, sampling, max_ne
         done = done | jnp.isin(new, stop)
         return step + 1, result.cache, out, jnp.maximum(new, 0), done, key
 
-    state = (jnp.int32(1), cache, out, token, done, key)
+    state = (jnp.int32(start), cache, out, token, done, key)
     _, cache, out, _, _, _ = jax.lax.while_loop(cond, body, state)
     return out, cache
+
+
+def decode_loop_fn(params, cache, first_logits, key, *, config, sampling, max_new_tokens, stop_tokens):
+    """``max_new_tokens`` (static) tokens: the first sampled from ``first_logits``, the rest by
+    :func:`decode_steps`."""
+    batch = cache.batch_size
+    stop = jnp.asarray(stop_tokens if stop_tokens else (-2,), jnp.int32)
+    key, sub = jax.random.split(key)
+    token = sample_token(first_logits, sub, sampling)
+    out = jnp.full((batch, max_new_tokens), PAD_OUTPUT, jnp.int32).at[:, 0].set(token)
+    out = constrain(out, ACTIVATION_AXES["output_tokens"])  # under a mesh: replicated, host-readable
+    return decode_steps(params, cache, token, jnp.isin(token, stop), out, key, 1, max_new_tokens, config=config,
+                        sampling=sampling, stop_tokens=stop_tokens)
 
 
 decode_loop = jax.jit(decode_loop_fn, static_argnames=("config", "sampling", "max_new_tokens", "stop_tokens"),

@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.config import ModelConfig
-from jaxspec.decoding.autoregressive import PAD_OUTPUT, pad_prompts, prefill, run_with_warmup
+from jaxspec.decoding.autoregressive import PAD_OUTPUT, decode_steps, pad_prompts, prefill, run_with_warmup
 from jaxspec.decoding.contract import Chunk, DraftPolicyBase, Proposal, RunToEnd, check_policies
 from jaxspec.decoding.policies import DenseVerify
 from jaxspec.decoding.sampling import SamplingConfig, sample_token, sampling_probs
@@ -425,28 +425,14 @@ def plain_decode_fn(params, state: LoopState, num_steps, *, config: ModelConfig,
     batch = state.pending.shape[0]
     active = ~state.done
     stop = jnp.asarray(engine.stop_tokens if engine.stop_tokens else (-2,), jnp.int32)
-    end = jnp.minimum(steps, num_steps)
     key, loop_key = jax.random.split(state.key)
-
-    # Every step, the pending token's included, runs inside one while loop whose carried cache is the
-    # donated state's: a forward before the loop would make XLA copy the whole cache into the loop
-    # and out of it once per call (two cache copies per stretch; docs/methods.md §5.2).
-    def cond(carry):
-        step, _, _, _, done, _ = carry
-        return (step < end) & ~jnp.all(done)
-
-    def body(carry):
-        step, cache, tokens, token, done, key = carry
-        result = forward(params, token[:, None], cache, config=config)
-        key, sub = jax.random.split(key)
-        new = jnp.where(done, PAD_OUTPUT, sample_token(result.logits[:, 0], sub, engine.sampling))
-        tokens = jax.lax.dynamic_update_slice(tokens, new[:, None], (0, step))
-        return step + 1, result.cache, tokens, jnp.maximum(new, 0), done | jnp.isin(new, stop), key
-
+    # every step, the pending token's included, inside one while loop carrying the donated state's cache:
+    # a forward before the loop would make XLA copy the whole cache into the loop and out of it once per
+    # call (two cache copies per stretch; docs/methods.md §5.2)
     tokens = constrain(jnp.full((batch, steps), PAD_OUTPUT, jnp.int32), ACTIVATION_AXES["output_tokens"])
-    cache = state.target_cache.with_lengths(state.committed - 1)
-    _, cache, tokens, _, _, _ = jax.lax.while_loop(cond, body, (jnp.int32(0), cache, tokens, state.pending,
-                                                                state.done, loop_key))
+    tokens, cache = decode_steps(params, state.target_cache.with_lengths(state.committed - 1), state.pending,
+                                 state.done, tokens, loop_key, 0, jnp.minimum(steps, num_steps), config=config,
+                                 sampling=engine.sampling, stop_tokens=tuple(engine.stop_tokens))
     position = jnp.arange(steps)[None, :]
     is_stop = jnp.isin(tokens, stop)
     first_stop = jnp.where(is_stop.any(axis=1), jnp.argmax(is_stop, axis=1), steps)
