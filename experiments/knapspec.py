@@ -842,7 +842,8 @@ class Case:
                                             "skip_attn", "skip_mlp", "gamma_star", "gamma_used", "mode",
                                             "alpha", "p_c", "p_ac", "predicted_tpt", "t_attn", "t_mlp", "t_token",
                                             "verify_row_cost", "seconds", "predicted_seconds", "probe",
-                                            "reference_tokens", "candidates", "w_attn", "w_mlp", "planner")}
+                                            "reference_tokens", "candidates", "w_attn", "w_mlp", "planner",
+                                            "stage_seconds")}
                       for p in plans],
             "final_skip": {"n_skip_attn": int(final_mask[:, 0].sum()), "n_skip_mlp": int(final_mask[:, 1].sum())},
             "timings": timings, "ar_decode_s": ar["decode_s"], "ar_step_s": ar["step_s"],

@@ -663,6 +663,17 @@ def knapspec_two_stage_note() -> str:
             "measured acceptance could not be compared: no plan drafted." + knapspec_two_stage_cpu_note())
 
 
+def _plan_stage_split(plan: dict) -> str:
+    """``: the target's states 0.13 s, the DP ... `` from a plan record's ``stage_seconds`` ('' without)."""
+    stages = plan.get("stage_seconds")
+    if not stages:
+        return ""
+    names = (("boundary_states", "the target's states of the window"), ("dp", "the DP on the search tokens"),
+             ("rescore", "rescoring the finalists on the window"), ("grid_search", "grid searches"),
+             ("other", "the rest"))
+    return ": " + ", ".join(f"{label} {stages[k]:.2f} s" for k, label in names if k in stages)
+
+
 def knapspec_two_stage_cpu_note() -> str:
     """The two-stage plan on the CPU (SmolLM2-135M, cpu-knapspec step smollm2-135m-1k-two-stage)."""
     if not (RESULTS / KNAPSPEC_TWO_STAGE_CPU).exists():
@@ -677,7 +688,8 @@ def knapspec_two_stage_cpu_note() -> str:
             f"; one single-stage DP on 64 tokens: {100 * single:.1f} %), {c['speedup_vs_ar']:.2f}x AR; the plan ran on "
             f"{p['reference_tokens']} reference tokens (the allowance's cap: {a['allowed_tokens']} fit its "
             f"{1e3 * a['plan_budget_s']:.0f} ms budget, below the floor of 64), {p['seconds']:.2f} s measured against "
-            f"{p['predicted_seconds']:.2f} s predicted ({p['seconds'] / p['predicted_seconds']:.1f}x); its best "
+            f"{p['predicted_seconds']:.2f} s predicted ({p['seconds'] / p['predicted_seconds']:.1f}x"
+            + _plan_stage_split(p) + "); its best "
             f"candidate skipped {p['n_skip_attn']} Attention / {p['n_skip_mlp']} MLP sub-layers at alpha "
             f"{p['alpha']:.2f} on the window, and the grid search chose gamma* = {p['gamma_star']}"
             + (" (plain decoding)." if p["gamma_star"] == 0 else "."))

@@ -526,6 +526,9 @@ class Candidates:
     # and their number per row; alpha / confident / agree_confident are then the whole window's
     search_alpha: Optional[np.ndarray] = None  # [C]
     search_tokens: Optional[int] = None
+    # wall seconds of each part of the plan that produced these candidates (policy.plan_skip_set:
+    # boundary_states, dp, grid_search, rescore), None when not recorded
+    stage_seconds: Optional[Dict[str, float]] = None
 
     def __len__(self) -> int:
         return len(self.weights)
@@ -581,21 +584,36 @@ def knapsack_dp(params, config: ModelConfig, cache: KVCache, prefix_len, states,
 
 
 # ---------------------------------------------------------------------------- fixed plans
-def _plan_states_fn(params, cache: KVCache, prefix_len, states, masks, *, config, reference_kv):
+def _plan_states_fn(params, cache: KVCache, prefix_len, states, masks, *, config, reference_kv, executed_only=True):
+    """Each mask's final state on the reference tokens. ``executed_only``: a sub-layer runs only where
+    the mask executes it after an earlier skip (``lax.cond``): a skipped one passes its input on, and
+    one before the mask's first skip sees the target's own input, so its output is the target's
+    boundary state, read from ``states``. The cost is the executed sub-layers after the first skip,
+    not the whole model. ``False``: every sub-layer of every mask runs and a select keeps or drops it
+    (the reference)."""
     attn, mlp, _, _ = _model_sublayers(config, prefix_len, states.shape[2], None, reference_kv)
 
     def one(mask):
         h = states[0]
+        diverged = jnp.asarray(False)
         for i in range(config.num_layers):
             x = _layer_arg(params, cache, states, i, reference_kv)
-            h = jnp.where(mask[i, 0], h, attn(x, h))
-            h = jnp.where(mask[i, 1], h, mlp(x, h))
+            for col, fn in ((0, attn), (1, mlp)):
+                skip = mask[i, col]
+                if not executed_only:
+                    h = jnp.where(skip, h, fn(x, h))
+                    continue
+                target = states[2 * i + 1 + col]
+                run = jnp.logical_and(diverged, jnp.logical_not(skip))
+                h = jax.lax.cond(run, lambda x=x, h=h, fn=fn: fn(x, h),
+                                 lambda h=h, skip=skip, target=target: jnp.where(skip, h, target))
+                diverged = jnp.logical_or(diverged, skip)
         return h
 
     return jax.lax.map(one, masks)
 
 
-_plan_states = jax.jit(_plan_states_fn, static_argnames=("config", "reference_kv"))
+_plan_states = jax.jit(_plan_states_fn, static_argnames=("config", "reference_kv", "executed_only"))
 
 
 def plan_alpha(params, config: ModelConfig, cache: KVCache, prefix_len, states, masks, token_mask=None, *,
@@ -608,9 +626,12 @@ def plan_alpha(params, config: ModelConfig, cache: KVCache, prefix_len, states, 
 
 
 def plan_agreement(params, config: ModelConfig, cache: KVCache, prefix_len, states, masks, token_mask=None, *,
-                   reference_kv: str = "branch", exit_threshold: Optional[float] = None) -> np.ndarray:
+                   reference_kv: str = "branch", exit_threshold: Optional[float] = None,
+                   executed_only: bool = True) -> np.ndarray:
     """``[C, 3]`` per skip mask: (alpha, p_c, p_ac) on the reference tokens of ``states``, the statistics
-    :func:`knapsack_dp` reports for its candidates (``exit_threshold`` None: p_c = 1, p_ac = alpha)."""
+    :func:`knapsack_dp` reports for its candidates (``exit_threshold`` None: p_c = 1, p_ac = alpha).
+    ``executed_only``: run only each mask's executed sub-layers after its first skip (the default);
+    ``False`` runs every sub-layer of every mask (the reference; same result)."""
     config = _dp_config(config)
     check_reference_kv(reference_kv)
     masks = np.asarray(masks, bool)
@@ -619,7 +640,7 @@ def plan_agreement(params, config: ModelConfig, cache: KVCache, prefix_len, stat
     token_mask = jnp.ones(states.shape[1:3], jnp.float32) if token_mask is None else jnp.asarray(token_mask,
                                                                                                   jnp.float32)
     finals = _plan_states(params, cache, jnp.asarray(prefix_len, jnp.int32), states, jnp.asarray(masks),
-                          config=config, reference_kv=reference_kv)
+                          config=config, reference_kv=reference_kv, executed_only=executed_only)
     threshold = None if exit_threshold is None else float(exit_threshold)
     return np.asarray(_agreement(params, config, finals, states[-1], token_mask, 8, threshold), np.float64)
 

@@ -429,6 +429,8 @@ class PlanRecord:
                    n_skip_attn=int(mask[:, 0].sum()), n_skip_mlp=int(mask[:, 1].sum()), probe=self.probe,
                    predicted_seconds=self.predicted_seconds, rows=self.rows)
         c = self.candidates
+        if c is not None and c.stage_seconds:  # and the rest of the planning time (window, applying the plan)
+            out["stage_seconds"] = dict(c.stage_seconds, other=self.seconds - sum(c.stage_seconds.values()))
         if c is not None and c.search_alpha is not None:  # a two-stage plan: the search's estimate beside the window's
             out.update(search_tokens=c.search_tokens, search_alpha=float(c.search_alpha[self.plan.index]))
         return out
@@ -474,7 +476,18 @@ def plan_skip_set(target_params, config: ModelConfig, cache, tokens, token_mask,
     """Stage 1 (DP) and stage 2 (grid search) on one reference window."""
     t_attn, t_mlp = latency.t_attn(n), latency.t_mlp()
     w_attn, w_mlp = knapsack_weights(t_attn, t_mlp, knapspec.weight_cap)
+    clock = [time.perf_counter()]
+    stages = {}
+
+    def lap(name, value=None):  # wall seconds of each part of the plan (the parts run one after another anyway)
+        if value is not None:
+            jax.block_until_ready(value)
+        now = time.perf_counter()
+        stages[name] = stages.get(name, 0.0) + now - clock[0]
+        clock[0] = now
+
     states = boundary_states(target_params, config, tokens, cache, prefix_len)
+    lap("boundary_states", states)
     threshold = exit_threshold(knapspec)
     search = knapspec.search_tokens
     two_stage = search is not None and int(search) < tokens.shape[1]
@@ -484,6 +497,7 @@ def plan_skip_set(target_params, config: ModelConfig, cache, tokens, token_mask,
                              w_mlp=w_mlp, tau=knapspec.tau, branch_chunk=knapspec.branch_chunk,
                              exit_threshold=threshold, keep_attention=knapspec.keep_attention,
                              reference_kv=knapspec.reference_kv)
+    lap("dp")
 
     def choose(c):
         return choose_plan(c.masks, c.alpha, latency, n, gammas=knapspec.plan_gammas, objective=knapspec.objective,
@@ -491,11 +505,14 @@ def plan_skip_set(target_params, config: ModelConfig, cache, tokens, token_mask,
                            exit_stats=None if threshold is None else (c.confident, c.agree_confident))
 
     plan = choose(candidates)
+    lap("grid_search")
     if two_stage:
         candidates = rescore_finalists(candidates, plan.table, knapspec.finalists, target_params, config, cache,
                                        prefix_len, states, token_mask, threshold, knapspec.reference_kv, s)
+        lap("rescore")
         plan = choose(candidates)
-    return plan, candidates, (w_attn, w_mlp)
+        lap("grid_search")
+    return plan, dataclasses.replace(candidates, stage_seconds=stages), (w_attn, w_mlp)
 
 
 def rescore_finalists(candidates: Candidates, table: np.ndarray, finalists: int, target_params, config, cache,
@@ -563,12 +580,15 @@ class KnapSpecPlanner(PlannerBase):
 
     def reference_costs(self, config: ModelConfig, n: float) -> Tuple[float, float]:
         """``(fixed, per_token)`` predicted seconds of one plan: with ``search_tokens`` (two-stage plan) the
-        DP's ``J`` rows per search token are a fixed cost and each window token adds the finalists' rows;
-        without it every window token costs the DP's ``J`` rows (:meth:`reference_cost`)."""
+        DP's ``J`` rows per search token are a fixed cost and each window token adds the finalists' rows
+        plus one for the target's own states of the window (``boundary_states``; next to ``J`` rows it is
+        left out); without it every window token costs the DP's ``J`` rows (:meth:`reference_cost`). The
+        finalists' rows are an upper bound: they run only the sub-layers they execute after their
+        first skip (``dp.plan_agreement``)."""
         slots, row = self._slots(config, n), self._row_cost(config, n)
         if self.knapspec.search_tokens is None:
             return 0.0, float(slots) * row
-        return float(slots) * row * int(self.knapspec.search_tokens), float(self.knapspec.finalists) * row
+        return float(slots) * row * int(self.knapspec.search_tokens), float(self.knapspec.finalists + 1) * row
 
     def plan(self, target_params, config, cache, tokens, token_mask, prefix_len, n):
         if self.knapspec.coupled:

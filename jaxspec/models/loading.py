@@ -328,6 +328,23 @@ def save_checkpoint(folder, model: LoadedModel) -> pathlib.Path:
     return folder
 
 
+def _save_converted(folder: pathlib.Path, model: LoadedModel) -> None:
+    """Write the converted copy of a registry model next to ``folder`` and move it into place in one
+    rename, so a process that loads the cache never sees a half-written copy, and two processes that
+    convert the same model at once (parallel test workers, cluster jobs sharing a cache) do not
+    delete each other's files: the first complete copy stays, a later one is dropped."""
+    staging = folder.with_name(f".{folder.name}.partial-{os.getpid()}")
+    if staging.exists():
+        shutil.rmtree(staging)
+    save_checkpoint(staging, model)
+    if folder.exists() and not (folder / ORBAX_MARKER).exists():
+        shutil.rmtree(folder, ignore_errors=True)  # an unusable earlier copy (a usable one was loaded instead)
+    try:
+        os.rename(staging, folder)
+    except OSError:  # another process's complete copy is already there
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 def load_checkpoint(folder, dtype: Optional[str] = None, with_tokenizer: bool = True) -> LoadedModel:
     """Restore a folder written by :func:`save_checkpoint`."""
     import orbax.checkpoint as ocp
@@ -471,11 +488,12 @@ def load_model(source: str, dtype: str = "bfloat16", with_tokenizer: bool = True
             except CheckpointError as err:
                 print(f"[jaxspec] converted cache of {source!r} is unusable, converting it again from {gguf_path.name}: "
                       f"{err}", file=sys.stderr, flush=True)
+                shutil.rmtree(converted, ignore_errors=True)
         model = load_gguf(gguf_path, dtype="float32", with_tokenizer=True, progress=progress)  # cached with it
         model.source = str(source)
         model.config = model.config.replace(name=str(source))
         if use_converted_cache:
-            save_checkpoint(converted, model)
+            _save_converted(converted, model)
         model.config = model.config.replace(dtype=dtype)
         model.params = cast_params(model.params, model.config)
         if not with_tokenizer:

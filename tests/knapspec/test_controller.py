@@ -299,10 +299,10 @@ def test_reference_allowance_caps_or_skips_planning(params, ar_rows):
     out = reference_allowance(KnapSpecPlanner(with_u, knap), with_u, TARGET, n, 1000, knap)
     assert out["allowed_tokens"] == int(0.05 * 0.75 * 1000 * 1.1 * lat.t_step(n, TARGET.num_layers) // (slots * 0.003))
     # a two-stage plan (search_tokens): the DP's J rows per search token are fixed, each window token costs the
-    # finalists' rows; many more reference tokens fit the same budget
+    # finalists' rows and the target's own (its boundary states); many more reference tokens fit the same budget
     two = dataclasses_replace(knap, search_tokens=4, finalists=2)
     fixed, per = KnapSpecPlanner(with_u, two).reference_costs(TARGET, n)
-    assert (fixed, per) == (pytest.approx(slots * 0.003 * 4), pytest.approx(2 * 0.003))
+    assert (fixed, per) == (pytest.approx(slots * 0.003 * 4), pytest.approx((2 + 1) * 0.003))
     budget = 0.05 * 0.75 * 1000 * 1.1 * lat.t_step(n, TARGET.num_layers)
     out2 = reference_allowance(KnapSpecPlanner(with_u, two), with_u, TARGET, n, 1000, two)
     assert out2["allowed_tokens"] == int((budget - fixed) // per) > out["allowed_tokens"]
@@ -624,6 +624,11 @@ def test_two_stage_plans_decode_as_ar_and_report_both_estimates(params, ar_rows)
     plans = [p for p in result.metrics["knapspec_plans"] if "search_alpha" in p]
     assert plans and all(p["search_tokens"] == 4 and p["candidates"] <= 2 and 0 <= p["search_alpha"] <= 1
                          for p in plans)
+    for p in plans:  # the planning time split into its parts; they add up to the plan's seconds
+        stages = p["stage_seconds"]
+        assert set(stages) == {"boundary_states", "dp", "grid_search", "rescore", "other"}
+        assert min(v for k, v in stages.items() if k != "other") > 0 and stages["other"] >= 0
+        assert sum(stages.values()) == pytest.approx(p["seconds"])
 
 
 class WindowPlanner(ScriptedPlanner):

@@ -162,6 +162,32 @@ def test_plan_alpha_of_the_dp_candidates_is_their_dp_alpha(problem, mode):
         dp.plan_alpha(params, TINY, cache, prefix, states, cands.masks[0], token_mask)
 
 
+@pytest.mark.parametrize("mode", dp.REFERENCE_KV)
+def test_plan_states_running_only_executed_sublayers_equal_running_all(problem, mode):
+    """The rescoring forward runs a mask's executed sub-layers after its first skip only (before it the
+    target's boundary states stand in): the final states equal those of running every sub-layer and
+    selecting, for masks skipping nothing, the first sub-layer, the last one, everything skippable and
+    random sets."""
+    params, cache, prefix, _, token_mask, states = problem
+    rng = np.random.RandomState(3)
+    masks = np.zeros((6, TINY.num_layers, 2), bool)
+    masks[1, 0, 0] = True
+    masks[2, -1, 1] = True
+    masks[3, 1:-1] = True
+    masks[4:] = rng.rand(2, TINY.num_layers, 2) < 0.4
+    prefix = jnp.asarray(prefix, jnp.int32)
+    args = (params, cache, prefix, states, jnp.asarray(masks))
+    fast = dp._plan_states(*args, config=TINY, reference_kv=mode, executed_only=True)
+    full = dp._plan_states(*args, config=TINY, reference_kv=mode, executed_only=False)
+    np.testing.assert_allclose(np.asarray(fast), np.asarray(full), rtol=1e-4, atol=1e-4)  # float32 fusion order
+    np.testing.assert_allclose(np.asarray(fast[0]), np.asarray(states[-1]), rtol=1e-5, atol=1e-5)  # the target
+    assert not np.allclose(np.asarray(fast[3]), np.asarray(states[-1]), atol=1e-3)  # skipping changes the state
+    got = dp.plan_agreement(params, TINY, cache, prefix, states, masks, token_mask, reference_kv=mode)
+    want = dp.plan_agreement(params, TINY, cache, prefix, states, masks, token_mask, reference_kv=mode,
+                             executed_only=False)
+    np.testing.assert_array_equal(got, want)
+
+
 def test_plan_agreement_gives_the_dps_exit_statistics(problem):
     """plan_agreement recomputes (alpha, p_c, p_ac) for any mask: for the DP's own candidates, what the
     DP reported (the statistics a two-stage plan re-scores its finalists with, docs/methods.md §5.6)."""

@@ -457,6 +457,39 @@ def test_corrupt_converted_cache_is_reported_in_one_line_and_converted_again(
     assert capfd.readouterr().err.strip() == ""
 
 
+def test_a_conversion_racing_another_keeps_the_first_complete_copy(tiny_llama_gguf, tmp_path, monkeypatch):
+    """Two processes converting one registry model at once: each writes its copy beside the cache folder
+    and renames it in; one that finds a complete copy already there drops its own (no half-written or
+    deleted files for the other), and nothing is left beside the folder."""
+    from jaxspec.models import loading
+
+    name = "tiny-registry-model"
+    monkeypatch.setenv("JAXSPEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setitem(registry.KNOWN_MODELS, name, registry.KNOWN_MODELS["smollm2-135m"])
+    monkeypatch.setattr(registry, "resolve_model_file", lambda source, progress=True: tiny_llama_gguf)
+    monkeypatch.setattr(loading, "load_gguf_tokenizer", lambda path: None)
+    converted = tmp_path / "cache" / "converted" / name
+    save = loading.save_checkpoint
+    seen = []
+
+    def other_process_finishes_first(folder, model):  # the other converter renames its copy in meanwhile
+        seen.append(pathlib.Path(folder))
+        save(folder, model)
+        save(converted, model)
+        (converted / "other.txt").write_text("the other process's copy")
+
+    monkeypatch.setattr(loading, "save_checkpoint", other_process_finishes_first)
+    model = load_model(name, dtype="float32", with_tokenizer=False, progress=False)
+    assert seen and seen[0].parent == converted.parent and seen[0] != converted  # written beside, not in place
+    assert (converted / "other.txt").is_file()  # the first complete copy stays
+    assert sorted(p.name for p in converted.parent.iterdir()) == [name]  # our staging copy was dropped
+    monkeypatch.setattr(loading, "save_checkpoint", save)
+    again = load_model(name, dtype="float32", with_tokenizer=False, progress=False)  # restores the kept copy
+    for path, value in jax.tree_util.tree_leaves_with_path(model.params):
+        np.testing.assert_array_equal(np.asarray(dict(jax.tree_util.tree_leaves_with_path(again.params))[path]),
+                                      np.asarray(value), err_msg=str(path))
+
+
 def test_converted_cache_can_be_turned_off(tiny_llama_gguf, tmp_path, monkeypatch):
     """``$JAXSPEC_CONVERTED_CACHE=0``: a registry model is dequantised from its GGUF file on every load;
     no converted copy is read or written (a bad value is refused naming it)."""
