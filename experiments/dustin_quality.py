@@ -72,6 +72,10 @@ def add_dustin_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--arbitrate-tail-prior", type=float, default=None, metavar="M",
                        help="with --arbitrate-tail: each row's tokens per round is pooled toward the batch mean with "
                             "the weight of M rounds (default: as many as observed; 0 = each row's own rate)")
+    group.add_argument("--arbitrate-table", default=None, metavar="FILE",
+                       help="with --arbitrate: decide from this choice table (whole-run speed-ups measured earlier for "
+                            "this pair and device, `choice-table`) where it holds the run's (context bucket, batch), "
+                            "with no probe; probe where it does not (docs/methods.md §5.2)")
     group.add_argument("--draft-window", type=int, default=None, metavar="W",
                        help="dustin with --draft-kv streaming|verify-set: the recent window (default K - 4 for "
                             "streaming, the verifier's window w for verify-set)")
@@ -132,6 +136,21 @@ def validate(args) -> None:
         if getattr(args, "arbitrate_tail", None) is None or args.arbitrate_tail_prior < 0:
             raise ValueError(f"--arbitrate-tail-prior={args.arbitrate_tail_prior}: needs --arbitrate-tail and a value "
                              f">= 0 (rounds of weight on the batch mean; 0 = each row's own rate)")
+    if getattr(args, "arbitrate_table", None):
+        if args.arbitrate is None:
+            raise ValueError("--arbitrate-table gives the measured choice its decisions; give --arbitrate ROUNDS too "
+                             "(the probe for cases the table does not hold)")
+        if not pathlib.Path(args.arbitrate_table).is_file():
+            raise ValueError(f"--arbitrate-table {args.arbitrate_table}: no such file (write one with "
+                             f"`python -m experiments.run choice-table`)")
+        from jaxspec.decoding.arbitration import ChoiceTable
+
+        table = ChoiceTable.load(args.arbitrate_table)
+        for side, name in (("target", args.model), ("draft", args.draft)):
+            measured = table.meta.get(side)
+            if measured is not None and name and measured != name:
+                raise ValueError(f"--arbitrate-table {args.arbitrate_table}: measured with {side} {measured!r}, this "
+                                 f"run's {side} is {name!r} (a table holds one pair's speed-ups)")
     if args.draft_window is not None:
         if args.draft_kv == "full":
             raise ValueError(f"--draft-window={args.draft_window} needs --draft-kv streaming or verify-set")
@@ -335,12 +354,29 @@ def run_sparse(args, model, prompts, sampling, stops, out):
 
             tail = getattr(args, "arbitrate_tail", None)
             prior = getattr(args, "arbitrate_tail_prior", None)
+            table, table_method = None, None
+            if getattr(args, "arbitrate_table", None):
+                from jaxspec.decoding.arbitration import ChoiceTable
+
+                table, table_method = ChoiceTable.load(args.arbitrate_table), choice_table_method(args)
             kwargs["controller"] = MeasuredChoiceController(probe_rounds=args.arbitrate, tail_check=tail,
-                                                            tail_prior_rounds=prior)
-            sparse["arbitrate"] = {"probe_rounds": args.arbitrate, "tail_check": tail, "tail_prior_rounds": prior}
+                                                            tail_prior_rounds=prior, table=table,
+                                                            table_method=table_method)
+            sparse["arbitrate"] = {"probe_rounds": args.arbitrate, "tail_check": tail, "tail_prior_rounds": prior,
+                                   "table": getattr(args, "arbitrate_table", None), "table_method": table_method}
         result = speculative_generate(model.params, config, prompts, profile=args.profile, **common, **kwargs)
     out["sparse"] = sparse
     return result
+
+
+def choice_table_method(args) -> str:
+    """The name a choice table knows this run's method by (``pair-speed``'s names): ``dustin`` is Dustin-H
+    with a full draft KV, ``dustin-kv-streaming`` / ``dustin-kv-verify-set`` its sparse draft KV, ``dustin-t``
+    / ``dustin-d`` the single-signal modes; the other methods by their own name."""
+    if args.method != "dustin":
+        return args.method
+    name = "dustin" if args.dustin_mode == "hybrid" else f"dustin-{args.dustin_mode[0]}"
+    return name if args.draft_kv == "full" else f"{name}-kv-{args.draft_kv}"
 
 
 for _name in SPARSE_METHODS:

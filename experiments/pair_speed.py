@@ -42,6 +42,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 import numpy as np
 
 from experiments.common import ResultWriter, config_of, print_table, progress_line
+from jaxspec.decoding.arbitration import CHOICE_MARGIN, ChoiceTable
 from experiments.dustin_speed import DUSTIN_METHODS, SPARSE_DRAFT_KV  # Dustin-H, and with a sparse draft KV
 
 #: self-speculation without a second model (docs/methods.md §5.1): the target drafts over sinks + a window of its
@@ -58,7 +59,7 @@ PROFILED_METHODS = DUSTIN_METHODS + ("dustin-self",)
 DENSE_METHODS = ("sd", "magicdec", "magicdec-self")
 SPARSE_BUDGET_METHODS = ("magicdec", "dustin", "streaming", "quest") + tuple(SPARSE_DRAFT_KV) + SELF_METHODS
 #: options recorded in a results file's config only when set
-OPTIONAL_CONFIG = ("arbitrate", "arbitrate_tail", "arbitrate_tail_prior")
+OPTIONAL_CONFIG = ("arbitrate", "arbitrate_tail", "arbitrate_tail_prior", "arbitrate_table")
 #: ``--backend-check`` fails when the last-position logits differ by more than this share of their scale
 BACKEND_CHECK_RTOL = 0.05
 
@@ -107,6 +108,19 @@ def check_args(args) -> Tuple[List[int], List[int], List[str]]:
     if args.arbitrate_tail_prior is not None and (args.arbitrate_tail_prior < 0 or not args.arbitrate_tail):
         raise ValueError(f"--arbitrate-tail-prior={args.arbitrate_tail_prior}: needs --arbitrate-tail and a value >= 0 "
                          f"(rounds of weight on the batch mean; 0 = each row's own rate)")
+    if getattr(args, "arbitrate_table", None):
+        if not args.arbitrate:
+            raise ValueError("--arbitrate-table gives the measured choice its decisions; give --arbitrate ROUNDS too "
+                             "(the probe for keys the table does not hold)")
+        if not pathlib.Path(args.arbitrate_table).is_file():
+            raise ValueError(f"--arbitrate-table {args.arbitrate_table}: no such file (write one with "
+                             f"`python -m experiments.run choice-table`)")
+        table = ChoiceTable.load(args.arbitrate_table)  # a clear error for a malformed file
+        for side, name in (("target", args.model), ("draft", args.draft)):
+            measured = table.meta.get(side)
+            if measured is not None and measured != name:
+                raise ValueError(f"--arbitrate-table {args.arbitrate_table}: measured with {side} {measured!r}, this "
+                                 f"run's {side} is {name!r} (a table holds one pair's speed-ups)")
     if args.arbitrate and "quest" in methods:
         raise ValueError("--arbitrate: quest is not run under the measured choice; drop it from --methods")
     if args.backend_check < 0:
@@ -342,9 +356,11 @@ def cmd_pair_speed(args) -> Dict[str, Any]:
                 if args.arbitrate:  # the measured choice (docs/methods.md §5.2), probed afresh in the timed run
                     from jaxspec.decoding.arbitration import MeasuredChoiceController
 
+                    table = ChoiceTable.load(args.arbitrate_table) if args.arbitrate_table else None
                     controller = MeasuredChoiceController(probe_rounds=args.arbitrate, remember=False,
                                                           tail_check=args.arbitrate_tail or None,
-                                                          tail_prior_rounds=args.arbitrate_tail_prior)
+                                                          tail_prior_rounds=args.arbitrate_tail_prior,
+                                                          table=table, table_method=method)
                 dp, ds = _draft_inputs(method, model, draft, draft_cache)
                 result = speculative_generate(model.params, config, [], prompt_tokens=(tokens, lengths),
                                               draft_policy=draft_policy, draft_params=dp,
@@ -511,6 +527,10 @@ def register(subparsers) -> None:
                    help="with --arbitrate-tail: each row's tokens per round is pooled toward the batch mean with the "
                         "weight of M rounds (default: as many rounds as observed; 0 = each row's own rate, the rule "
                         "before pooling); docs/methods.md §5.2")
+    p.add_argument("--arbitrate-table", default=None, metavar="FILE",
+                   help="with --arbitrate: take each method's decision from this choice table (whole-run speed-ups "
+                        "measured earlier, `choice-table`) where it holds the case's (context bucket, batch); probe "
+                        "only where it does not (docs/methods.md §5.2)")
     p.add_argument("--copy-gib", type=float, default=4.0, help="size of the copy-bandwidth measurement")
     p.add_argument("--compile-threads", type=int, default=0, metavar="N",
                    help="per case, build every method's round loop in N threads at once before the first one runs "
@@ -518,3 +538,89 @@ def register(subparsers) -> None:
                         "of a case's time (22-36 s a method at 32k on the H200, under 1.5 s of decoding); "
                         "not part of the results' config")
     p.set_defaults(func=cmd_pair_speed)
+
+    c = subparsers.add_parser("choice-table", help="a choice table for the measured choice (--arbitrate-table) from "
+                                                   "pair-speed results: whole-run speed-ups per method, context and "
+                                                   "batch")
+    c.add_argument("--from", dest="sources", required=True, metavar="FILES",
+                   help="comma-separated pair-speed results files (runs without --arbitrate, one target/draft pair "
+                        "and device); where several measure one key the lowest speed-up is kept")
+    c.add_argument("--margin", type=float, default=CHOICE_MARGIN,
+                   help="speculate only where the measured speed-up is at least 1 + MARGIN (default %(default)s)")
+    c.set_defaults(func=cmd_choice_table)
+
+
+#: pair-speed options that change what a method does; a choice table is built from runs without them
+CHANGED_METHOD_OPTIONS = ("arbitrate", "reselect_every")
+
+
+def choice_table_from(paths: Sequence[str], margin: float = CHOICE_MARGIN) -> ChoiceTable:
+    """A :class:`~jaxspec.decoding.arbitration.ChoiceTable` from pair-speed results files: one entry per
+    (method, context bucket, batch) with a measured speed-up against the paired AR run; where several files
+    (or runs) measure the same key, the lowest speed-up is kept (the table should never promise a gain that
+    one of its runs did not show), and every measurement is listed under ``measured``."""
+    import json
+    import math
+
+    if not paths:
+        raise ValueError("choice-table: give at least one pair-speed results file (--from)")
+    found: Dict[Tuple[str, int, int], List[Dict[str, Any]]] = {}
+    meta: Dict[str, Any] = {}
+    for path in paths:
+        path = pathlib.Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"choice-table: {path}: no such file")
+        data = json.loads(path.read_text())
+        if data.get("experiment") != "pair-speed":
+            raise ValueError(f"choice-table: {path} is not a pair-speed results file (experiment "
+                             f"{data.get('experiment')!r})")
+        cfg = data.get("config", {})
+        changed = [k for k in CHANGED_METHOD_OPTIONS if cfg.get(k) not in (None, 0, 1)]
+        if changed:
+            raise ValueError(f"choice-table: {path} was measured with {', '.join('--' + k.replace('_', '-') for k in changed)}"
+                             f"; a choice table is built from plain runs of each method")
+        this = {"target": cfg.get("model"), "draft": cfg.get("draft"), "dtype": cfg.get("dtype"),
+                "device": (data.get("environment", {}).get("devices") or [None])[0]}
+        for k, v in this.items():
+            if meta.get(k, v) != v:
+                raise ValueError(f"choice-table: {path} has {k} {v!r}, the files before it {meta[k]!r} (one table "
+                                 f"holds one pair on one device)")
+            meta[k] = v
+        for key, case in data.get("cases", {}).items():
+            if not key.startswith("ctx") or not isinstance(case, dict):
+                continue
+            context, batch = int(case.get("context", key.split("/")[0][3:])), int(case.get("batch", key.split("/b")[1]))
+            bucket = 2 ** int(math.ceil(math.log2(context)))
+            for method in METHODS:
+                r = case.get(method)
+                if not isinstance(r, dict) or not r.get("speedup_vs_ar"):
+                    continue
+                found.setdefault((method, bucket, batch), []).append(
+                    {"speedup": float(r["speedup_vs_ar"]), "tok_s": r.get("tok_s"),
+                     "paired_ar_tok_s": r.get("paired_ar_tok_s"), "context": context, "source": str(path)})
+    if not found:
+        raise ValueError(f"choice-table: no measured method in {', '.join(map(str, paths))}")
+    entries = []
+    for (method, bucket, batch), runs in sorted(found.items()):
+        low = min(runs, key=lambda r: r["speedup"])
+        entry = {"method": method, "context_bucket": bucket, "batch": batch, "speedup": low["speedup"],
+                 "measured": runs}
+        if low.get("paired_ar_tok_s"):
+            entry["ar_step_s"] = batch / float(low["paired_ar_tok_s"])
+        entries.append(entry)
+    return ChoiceTable(entries, margin=margin, meta=meta)
+
+
+def cmd_choice_table(args) -> Dict[str, Any]:
+    if not args.out:
+        raise ValueError("choice-table: give --out FILE, the table to write")
+    sources = [s.strip() for s in args.sources.split(",") if s.strip()]
+    table = choice_table_from(sources, margin=args.margin)
+    path = table.save(args.out)
+    rows = [{"method": r["method"], "context_bucket": r["context_bucket"], "batch": r["batch"],
+             "speedup": round(r["speedup"], 3), "runs": len(r["measured"]), "choice": r["choice"]}
+            for r in table.rows()]
+    print_table(rows, ["method", "context_bucket", "batch", "speedup", "runs", "choice"])
+    print(f"wrote {path} ({len(rows)} entries, margin {table.margin:g}; "
+          f"{sum(r['choice'] == 'ar' for r in rows)} choose plain decoding)")
+    return table.to_json()

@@ -197,6 +197,9 @@ PAIR_SPEED = (f"{PS}32k_b16_h200.json", PAIR_SPEED_SPARSE_DRAFT, f"{PS}16k_b16_h
 #: pair-speed files measured while another pair-speed process used the same GPU (see the section's first note)
 PAIR_SPEED_SHARED_GPU = frozenset({"pair_speed_qwen2.5-coder-1.5b_0.5b_8k_h200.json"})
 PAIR_SPEED_F32 = f"{PS}8k_b2_f32_identity_h200.json"   # float32: greedy ClassicSD / MagicDec = AR
+#: the measured choice's decisions from whole runs (docs/methods.md §5.2), and every method deciding from it
+CHOICE_TABLE = "choice_table/choice_table_qwen2.5-coder-1.5b_0.5b_h200.json"
+PAIR_SPEED_CHOICE_TABLE = f"{PS}32k_b8-16_choice-table_h200.json"
 PAIR_SPEED_CHECK = f"{PS}8k_h200.json"                  # holds the Pallas-vs-XLA logits check
 PAIR_SPEED_SUITE = "h200-qwen-pair"
 PAIR_SPEED_PLOT = f"{PS}speedup_h200.png"
@@ -2730,6 +2733,60 @@ def section(title: str, intro: str, prefixes: Sequence[str], body: Sequence[str]
     return "\n".join(parts)
 
 
+def choice_table_block() -> str:
+    """The choice table per (context bucket, batch) and method: the speed-up it holds and what it picks."""
+    if not (RESULTS / CHOICE_TABLE).exists():
+        return "The choice table (docs/methods.md §5.2): not built yet (h200-qwen-pair step choice-table)."
+    data = load(CHOICE_TABLE)
+    margin, entries = data["margin"], data["entries"]
+    labels = dict((m, label.strip("*")) for m, label in PAIR_METHODS)
+    methods = [m for m, _ in PAIR_METHODS if any(e["method"] == m for e in entries)]
+    cells = {(e["context_bucket"], e["batch"], e["method"]): e for e in entries}
+    keys = sorted({(e["context_bucket"], e["batch"]) for e in entries}, key=lambda k: (-k[0], -k[1]))
+    lines = ["| context bucket | batch | " + " | ".join(labels[m] for m in methods) + " |",
+             "|---|---|" + "---|" * len(methods)]
+    picks_ar = []
+    for bucket, batch in keys:
+        row = []
+        for m in methods:
+            e = cells.get((bucket, batch, m))
+            if e is None:
+                row.append("-")
+                continue
+            ar = e["speedup"] < 1 + margin
+            row.append(f"{e['speedup']:.2f}x: {'**AR**' if ar else 'speculate'}"
+                       + (f" ({len(e['measured'])} runs)" if len(e.get("measured", [])) > 1 else ""))
+        ar_here = [labels[m] for m in methods if (bucket, batch, m) in cells
+                   and cells[(bucket, batch, m)]["speedup"] < 1 + margin]
+        if ar_here:
+            picks_ar.append(f"{bucket // 1024}k/b{batch}: {', '.join(ar_here)}")
+        lines.append(f"| {bucket // 1024}k | {batch} | " + " | ".join(row) + " |")
+    text = (f"The choice table (docs/methods.md §5.2; `{CHOICE_TABLE}`, step `choice-table`, no GPU needed): per method "
+            "and (context bucket, batch), the lowest whole-run speed-up against the paired AR run among the plain runs "
+            f"above that measured it, and the decision the measured choice takes from it (speculate at >= "
+            f"{1 + margin:.2f}x, plain decoding below, no probe; a case the table lacks is probed as before). "
+            f"{sum(e['speedup'] < 1 + margin for e in entries)} of {len(entries)} entries pick plain decoding: "
+            + "; ".join(picks_ar) + ".")
+    if (RESULTS / PAIR_SPEED_CHOICE_TABLE).exists():
+        runs = []
+        for key, case in load(PAIR_SPEED_CHOICE_TABLE)["cases"].items():
+            if not key.startswith("ctx"):
+                continue
+            for m, label in PAIR_METHODS:
+                if isinstance(case.get(m), dict) and "speedup_vs_ar" in case[m]:
+                    runs.append((case[m]["speedup_vs_ar"], f"{label.strip('*')} at {key[3:].replace('000/', 'k/')} "
+                                 f"{case[m]['speedup_vs_ar']:.2f}x ({case[m]['metrics']['arbitration']['choice']})"))
+        if runs:
+            worst = min(r[0] for r in runs)
+            text += (f" Every method deciding from it (`{PAIR_SPEED_CHOICE_TABLE}`, tail check every 8 rounds): "
+                     + "; ".join(r[1] for r in runs) + f". Never slower than AR: **{'met' if worst >= 1 else 'missed'}**"
+                     + (f" (lowest {worst:.2f}x)." if worst >= 1 else f", by up to {100 * (1 - worst):.0f} %."))
+    else:
+        text += (" Every method deciding from it at 32k, batch 16 and 8 (h200-qwen-pair step "
+                 "`ctx32k-b16-b8-choice-table`): not measured yet.")
+    return text + "\n\n" + "\n".join(lines)
+
+
 def _pair_intro() -> str:
     cfg = load(PAIR_SPEED[0])["config"]
     return (f"`pair-speed`: {cfg['model']} (target) and {cfg['draft']} (draft), real weights staged onto one H200, "
@@ -2941,8 +2998,8 @@ def results_markdown() -> str:
                  "prefill itself dominates on a loaded 2-core machine (both runs shared it with other work)."]),
         section("The real Qwen2.5-Coder pair on the H200 (pair-speed)",
                 _pair_intro(),
-                ("real-pair/", "dustin/real-pair/"), pair_speed_blocks(), pair_speed_notes(),
-                extra_sources=[PAIR_SPEED_F32]),
+                ("real-pair/", "dustin/real-pair/"), pair_speed_blocks() + [choice_table_block()], pair_speed_notes(),
+                extra_sources=[PAIR_SPEED_F32, CHOICE_TABLE]),
         section("Sparse draft KV (CPU): Dustin where neither model reads the whole cache",
                 "Dustin-H (k = 512, the pair's profile) with the draft attending to all of its cache (the paper), to "
                 "the previous round's I_verify + a 64-token window (verify-set), or to 4 sinks + the last 508 "

@@ -17,12 +17,112 @@ again after that many rounds, as the context grows.
 
 from __future__ import annotations
 
+import json
+import math
+import pathlib
 import time
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
 from jaxspec.decoding.contract import Chunk, ScriptedController
+
+
+#: the default margin of a :class:`ChoiceTable`: speculate only where the measured whole-run speed-up is at
+#: least 1 + this (2 %: the spread of the paired AR runs of one case on the H200, docs/results.md)
+CHOICE_MARGIN = 0.02
+
+
+class ChoiceTable:
+    """Whole-run speed-ups measured ahead of time, per method and ``(context bucket, batch)``, for one
+    target/draft pair on one device (docs/methods.md §5.2).
+
+    A probe of a few rounds right after the prefill prices speculation by its first rounds, which commit
+    fewer tokens a row than a whole run does, and the probe itself costs a few percent of a 256-token
+    decode. With a table, :class:`MeasuredChoiceController` takes its decision for a key the table holds
+    from the measured speed-up of whole runs instead (speculate when it is at least ``1 + margin``; plain
+    decoding otherwise, with no probe at all) and probes only where the table has no entry.
+
+    ``entries``: dicts with ``method`` (the name the table is looked up by), ``context_bucket`` (a power of
+    two: :func:`context_bucket` of the run at its start), ``batch`` (rows), ``speedup`` (whole run against
+    AR in the same process) and optionally ``ar_step_s`` (a plain step's seconds, which the tail check
+    uses) and ``sources``. ``meta``: what the speed-ups were measured on (``target``, ``draft``,
+    ``device``, ...), kept in the file and the run's metrics."""
+
+    def __init__(self, entries: Sequence[Mapping[str, Any]], margin: float = CHOICE_MARGIN,
+                 meta: Optional[Mapping[str, Any]] = None):
+        if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 1:
+            raise ValueError(f"margin={margin!r} must be a number in [0, 1) (speculate at speed-up >= 1 + margin)")
+        self.margin, self.meta = float(margin), dict(meta or {})
+        self.entries: Dict[Tuple[str, int, int], Dict[str, Any]] = {}
+        for i, entry in enumerate(entries):
+            self._check(i, entry)
+            key = (str(entry["method"]), int(entry["context_bucket"]), int(entry["batch"]))
+            if key in self.entries:
+                raise ValueError(f"choice table entry {i}: method {key[0]!r} at context bucket {key[1]}, batch "
+                                 f"{key[2]} appears twice (one entry per key: combine the runs first)")
+            self.entries[key] = dict(entry)
+
+    @staticmethod
+    def _check(i: int, entry: Mapping[str, Any]) -> None:
+        missing = [k for k in ("method", "context_bucket", "batch", "speedup") if k not in entry]
+        if missing:
+            raise ValueError(f"choice table entry {i}: missing {', '.join(missing)} (needs method, context_bucket, "
+                             f"batch, speedup)")
+        bucket, batch, speedup = entry["context_bucket"], entry["batch"], entry["speedup"]
+        if isinstance(bucket, bool) or not isinstance(bucket, int) or bucket < 1 or bucket & (bucket - 1):
+            raise ValueError(f"choice table entry {i}: context_bucket={bucket!r} must be a power of two (the bucket "
+                             f"of the run's mean context length at its start)")
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise ValueError(f"choice table entry {i}: batch={batch!r} must be an integer >= 1")
+        if isinstance(speedup, bool) or not isinstance(speedup, (int, float)) or not speedup > 0 \
+                or not math.isfinite(speedup):
+            raise ValueError(f"choice table entry {i}: speedup={speedup!r} must be a finite number > 0")
+        step = entry.get("ar_step_s")
+        if step is not None and (isinstance(step, bool) or not isinstance(step, (int, float)) or not step > 0):
+            raise ValueError(f"choice table entry {i}: ar_step_s={step!r} must be None or seconds > 0")
+
+    def lookup(self, method: str, bucket: int, batch: int) -> Optional[Dict[str, Any]]:
+        """The entry for exactly this key, or None (the controller then probes)."""
+        return self.entries.get((str(method), int(bucket), int(batch)))
+
+    def decide(self, entry: Mapping[str, Any]) -> str:
+        """``"speculative"`` when the entry's speed-up is at least ``1 + margin``, else ``"ar"``."""
+        return "speculative" if float(entry["speedup"]) >= 1.0 + self.margin else "ar"
+
+    def to_json(self) -> Dict[str, Any]:
+        return {"kind": "jaxspec choice table", "margin": self.margin, "meta": self.meta,
+                "entries": [self.entries[k] for k in sorted(self.entries)]}
+
+    def save(self, path) -> pathlib.Path:
+        path = pathlib.Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(self.to_json(), indent=1) + "\n")
+        tmp.replace(path)
+        return path
+
+    @classmethod
+    def load(cls, path, margin: Optional[float] = None) -> "ChoiceTable":
+        """Read a table written by :meth:`save`; ``margin`` overrides the file's."""
+        path = pathlib.Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"choice table {path}: no such file (write one with `python -m experiments.run "
+                                    f"choice-table`)")
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            raise ValueError(f"choice table {path}: not JSON ({err})") from None
+        if not isinstance(data, dict) or data.get("kind") != "jaxspec choice table" or not isinstance(
+                data.get("entries"), list):
+            raise ValueError(f"choice table {path}: not a jaxspec choice table (expected kind 'jaxspec choice "
+                             f"table' and a list of entries)")
+        return cls(data["entries"], margin=data.get("margin", CHOICE_MARGIN) if margin is None else margin,
+                   meta=data.get("meta"))
+
+    def rows(self) -> List[Dict[str, Any]]:
+        """Every entry with the decision it gives, sorted by method, context and batch."""
+        return [dict(self.entries[k], choice=self.decide(self.entries[k])) for k in sorted(self.entries)]
 
 
 def measured_arbitration(run, speculative: Callable, plain: Callable, *, rounds: int,
@@ -130,7 +230,8 @@ class MeasuredChoiceController(ScriptedController):
     decoding than its probe says (docs/methods.md §5.2)."""
 
     def __init__(self, probe_rounds: int = 8, reprobe_rounds: Optional[int] = None, remember: bool = True,
-                 tail_check: Optional[int] = None, tail_prior_rounds: Optional[float] = None):
+                 tail_check: Optional[int] = None, tail_prior_rounds: Optional[float] = None,
+                 table: Optional[ChoiceTable] = None, table_method: Optional[str] = None):
         if isinstance(probe_rounds, bool) or not isinstance(probe_rounds, int) or probe_rounds < 1:
             raise ValueError(f"probe_rounds={probe_rounds!r} must be an integer >= 1")
         if reprobe_rounds is not None and (isinstance(reprobe_rounds, bool) or not isinstance(reprobe_rounds, int)
@@ -144,6 +245,9 @@ class MeasuredChoiceController(ScriptedController):
             raise ValueError(f"tail_prior_rounds={tail_prior_rounds!r} must be None (as many as observed) or >= 0 "
                              f"(0: each row's own rate)")
         self.tail_check, self.tail_prior_rounds = tail_check, tail_prior_rounds
+        if table is not None and not table_method:
+            raise ValueError("a choice table needs table_method: the method name its entries are looked up by")
+        self.table, self.table_method = table, table_method
         self.decisions: Dict[Tuple[int, int], str] = {}
         self.step_seconds: Dict[Tuple[int, int], float] = {}  # the probes' plain step time per key
 
@@ -182,7 +286,12 @@ class MeasuredChoiceController(ScriptedController):
         while not run.finished():
             key = (context_bucket(run), int(np.sum(~np.asarray(run.state.done))))
             choice, probe = self.decisions.get(key) if self.remember else None, None
-            if choice is None:
+            entry = None if self.table is None else self.table.lookup(self.table_method, *key)
+            if entry is not None:  # measured whole runs decide; no probe (docs/methods.md §5.2)
+                choice = self.table.decide(entry)
+                if entry.get("ar_step_s"):
+                    self.step_seconds.setdefault(key, float(entry["ar_step_s"]))
+            elif choice is None:
                 probe, _ = yield from measured_arbitration(
                     run, lambda: self._speculative(run, self.probe_rounds),
                     lambda: self._plain_probe(run, self.probe_rounds), rounds=self.probe_rounds)
@@ -198,8 +307,11 @@ class MeasuredChoiceController(ScriptedController):
                     if probe.get("ar_step_s"):
                         self.step_seconds[key] = probe["ar_step_s"]
             step_s = probe.get("ar_step_s") if probe is not None else self.step_seconds.get(key)
-            self.events.append({"context_bucket": key[0], "active_rows": key[1], "choice": choice,
-                                "probe": probe, "remembered": probe is None})
+            event = {"context_bucket": key[0], "active_rows": key[1], "choice": choice, "probe": probe,
+                     "remembered": probe is None and entry is None}
+            if entry is not None:
+                event.update(reason="table", table_speedup=float(entry["speedup"]), table_margin=self.table.margin)
+            self.events.append(event)
             span = limit if self.reprobe_rounds is None else self.reprobe_rounds
             if run.finished():
                 break
@@ -246,11 +358,14 @@ class MeasuredChoiceController(ScriptedController):
         choices = [event["choice"] for event in self.events]
         metrics = {"arbitration": {"probe_rounds": self.probe_rounds, "reprobe_rounds": self.reprobe_rounds,
                                    "tail_check": self.tail_check, "events": self.events,
+                                   "table": None if self.table is None else {
+                                       "method": self.table_method, "margin": self.table.margin,
+                                       "meta": self.table.meta},
                                    "choice": choices[-1] if choices else "speculative"},
                    "ar_steps": counters.plain_steps, "ar_tokens": counters.plain_tokens,
                    "draft_catch_ups": counters.catch_ups}
         return metrics, {}
 
 
-__all__ = ["MeasuredChoiceController", "context_bucket", "finish_times", "measured_arbitration", "pooled_rates",
+__all__ = ["CHOICE_MARGIN", "ChoiceTable", "MeasuredChoiceController", "context_bucket", "finish_times", "measured_arbitration", "pooled_rates",
            "remaining_steps", "two_stretch_step"]

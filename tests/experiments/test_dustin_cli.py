@@ -93,6 +93,10 @@ def test_generate_sparse_methods(folders, tmp_path):
     (["--method", "dustin", "--budget", "128", "--draft", "x", "--draft-kv", "verify-set", "--draft-window", "0"],
      "--draft-window=0 must be >= 1"),
     (["--method", "dustin", "--budget", "128", "--draft", "x", "--arbitrate", "0"], "--arbitrate=0 must be >= 1"),
+    (["--method", "dustin", "--budget", "128", "--draft", "x", "--arbitrate-table", "t.json"],
+     "give --arbitrate ROUNDS too"),
+    (["--method", "dustin", "--budget", "128", "--draft", "x", "--arbitrate", "2", "--arbitrate-table",
+      "/no/such/table.json"], "--arbitrate-table /no/such/table.json: no such file"),
     (["--method", "dustin", "--budget", "128", "--draft-skip", "mlp:1", "--dustin-mode", "target", "--dustin-m-rule",
       "max-mass"], "needs --method dustin with --dustin-mode hybrid"),
 ])
@@ -115,6 +119,20 @@ def test_generate_sparse_draft_kv_and_arbitrate(folders, tmp_path):
     assert results["sparse"]["draft_kv"].startswith("verify-set") and results["sparse"]["dustin"]["draft_kv"] == \
         "verify-set"
     assert results["metrics"]["arbitration"]["events"][0]["choice"] in ("speculative", "ar")
+    # a choice table that measured this method slower than AR at every context bucket, batch 1: plain
+    # decoding with no probe, and the same tokens
+    from jaxspec.decoding.arbitration import ChoiceTable
+
+    table = ChoiceTable([dict(method="dustin-kv-verify-set", context_bucket=2 ** i, batch=1, speedup=0.5)
+                         for i in range(17)]).save(tmp_path / "choice.json")
+    chosen = tmp_path / "table.json"
+    assert main(_base(target, "--method", "dustin", "--budget", "2048", "--draft", str(draft), "--draft-kv",
+                      "verify-set", "--arbitrate", "2", "--arbitrate-table", str(table), "--out", str(chosen))) == 0
+    results = _results(chosen)
+    (event,) = results["metrics"]["arbitration"]["events"]
+    assert event["reason"] == "table" and event["choice"] == "ar" and event["probe"] is None
+    assert results["tokens"] == _results(dense)["tokens"] and results["sparse"]["arbitrate"]["table_method"] == \
+        "dustin-kv-verify-set"
 
 
 def _haystack(tmp_path):

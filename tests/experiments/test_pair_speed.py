@@ -405,3 +405,63 @@ def test_pair_speed_sparse_draft_variants_end_to_end(tmp_path, one_load_per_mode
     assert [r["method"] for r in case["rows"]] == ["ar", "dustin", "dustin-kv-streaming", "dustin-kv-verify-set",
                                                    "magicdec-self", "dustin-self"]
 
+
+
+# ---------------------------------------------------------------------------- choice-table
+def _pair_file(path, cases, model="qwen2.5-coder-1.5b", draft="qwen2.5-coder-0.5b", experiment="pair-speed",
+               **config):
+    """A pair-speed results file with ``cases``: {(context, batch): {method: (speedup, paired AR tok/s)}}."""
+    data = {"experiment": experiment, "config": {"model": model, "draft": draft, "dtype": "bfloat16", **config},
+            "environment": {"devices": ["NVIDIA H200"]},
+            "cases": {"copy_bandwidth": {"bandwidth_Bps": 3e12}}}
+    for (context, batch), methods in cases.items():
+        case = {"context": context, "batch": batch, "complete": True}
+        for method, (speedup, ar_tok_s) in methods.items():
+            case[method] = {"speedup_vs_ar": speedup, "paired_ar_tok_s": ar_tok_s, "tok_s": speedup * ar_tok_s}
+        data["cases"][f"ctx{context}/b{batch}"] = case
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def test_choice_table_keeps_each_keys_lowest_speedup(tmp_path, capsys):
+    """One entry per (method, context bucket, batch); where two runs measure a key the lower speed-up is kept and
+    both are listed; the table's decisions follow its margin; the command writes what check_args then accepts."""
+    a = _pair_file(tmp_path / "a.json", {(32000, 16): {"sd": (0.8, 3000.0), "dustin": (1.3, 3000.0)},
+                                         (8000, 1): {"sd": (1.3, 400.0)}})
+    b = _pair_file(tmp_path / "b.json", {(32000, 16): {"dustin": (1.1, 3100.0)}})
+    table = pair_speed.choice_table_from([a, b])
+    rows = {(r["method"], r["context_bucket"], r["batch"]): r for r in table.rows()}
+    assert set(rows) == {("sd", 32768, 16), ("dustin", 32768, 16), ("sd", 8192, 1)}
+    dustin = rows[("dustin", 32768, 16)]
+    assert dustin["speedup"] == 1.1 and len(dustin["measured"]) == 2 and dustin["choice"] == "speculative"
+    assert dustin["ar_step_s"] == pytest.approx(16 / 3100.0)
+    assert rows[("sd", 32768, 16)]["choice"] == "ar" and rows[("sd", 8192, 1)]["choice"] == "speculative"
+    assert table.meta == {"target": "qwen2.5-coder-1.5b", "draft": "qwen2.5-coder-0.5b", "dtype": "bfloat16",
+                          "device": "NVIDIA H200"}
+    assert pair_speed.choice_table_from([a, b], margin=0.2).rows()[0]["choice"] == "ar"  # dustin 1.1 < 1.2
+    out = tmp_path / "choice.json"
+    assert main(["choice-table", "--from", f"{a},{b}", "--out", str(out)]) == 0
+    assert "3 entries" in capsys.readouterr().out
+    assert pair_speed.check_args(_args("--arbitrate", "8", "--arbitrate-table", str(out)))[2] == ["sd", "magicdec"]
+    for extra, message in [(["--arbitrate-table", str(out)], "give --arbitrate ROUNDS too"),
+                           (["--arbitrate", "8", "--arbitrate-table", str(tmp_path / "none.json")], "no such file"),
+                           (["--arbitrate", "8", "--arbitrate-table", str(out), "--draft", "smollm2-135m"],
+                            "measured with draft 'qwen2.5-coder-0.5b', this run's draft is 'smollm2-135m'")]:
+        with pytest.raises(ValueError, match=message):
+            pair_speed.check_args(_args(*extra))
+
+
+def test_choice_table_refuses_mixed_or_unsuitable_files(tmp_path):
+    good = _pair_file(tmp_path / "good.json", {(16000, 8): {"sd": (0.9, 3000.0)}})
+    for name, kwargs, message in [("chosen", dict(arbitrate=8), "measured with --arbitrate"),
+                                  ("reselect", dict(reselect_every=2), "measured with --reselect-every"),
+                                  ("other", dict(model="smollm2-135m"), "has target 'smollm2-135m'"),
+                                  ("speed", dict(experiment="dustin-speed"), "not a pair-speed results file")]:
+        bad = _pair_file(tmp_path / f"{name}.json", {(16000, 8): {"sd": (1.2, 3000.0)}}, **kwargs)
+        with pytest.raises(ValueError, match=message):
+            pair_speed.choice_table_from([good, bad])
+    empty = _pair_file(tmp_path / "empty.json", {})
+    with pytest.raises(ValueError, match="no measured method"):
+        pair_speed.choice_table_from([empty])
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        pair_speed.choice_table_from([str(tmp_path / "none.json")])
