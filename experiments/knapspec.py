@@ -161,11 +161,19 @@ def add_planning_arguments(add, prefix: str = "") -> None:
         help="the DP's reference window reaches back (earlier committed tokens, then the prompt's last ones) until "
              "each row has at least R tokens; the planning allowance still caps it (default: the tokens committed "
              "in the last 5 rounds, the paper). docs/methods.md §5.6")
+    add(f"--{prefix}plan-at-start", action="store_true",
+        help="with --{prefix}reference-floor R: the first plan runs before the first round, on the prompt's last R "
+             "tokens a row, so no round drafts with the full model (default: after round 6, the paper). "
+             "docs/methods.md §5.6")
 
 
-def check_two_stage(search_tokens, finalists, prefix: str = "", reference_floor=None, plan_rows=None) -> None:
+def check_two_stage(search_tokens, finalists, prefix: str = "", reference_floor=None, plan_rows=None,
+                    plan_at_start=False) -> None:
     """``--[knapspec-]search-tokens`` / ``--[knapspec-]finalists`` / ``--[knapspec-]reference-floor`` /
-    ``--[knapspec-]plan-rows`` before any model loads."""
+    ``--[knapspec-]plan-rows`` / ``--[knapspec-]plan-at-start`` before any model loads."""
+    if plan_at_start and reference_floor is None:
+        raise ValueError(f"--{prefix}plan-at-start plans on the prompt's last tokens before any round: give "
+                         f"--{prefix}reference-floor R (how many a row's window holds)")
     if plan_rows is not None and plan_rows < 1:
         raise ValueError(f"--{prefix}plan-rows={plan_rows}: must be >= 1 (or left out: every row of the batch)")
     if reference_floor is not None and reference_floor < 1:
@@ -212,7 +220,8 @@ def knapspec_config_from_args(args):
                           search_tokens=getattr(args, "knapspec_search_tokens", None),
                           finalists=getattr(args, "knapspec_finalists", 4),
                           reference_floor=getattr(args, "knapspec_reference_floor", None),
-                          plan_rows=getattr(args, "knapspec_plan_rows", None))
+                          plan_rows=getattr(args, "knapspec_plan_rows", None),
+                          plan_at_start=getattr(args, "knapspec_plan_at_start", False))
 
 
 def validate_self_spec(args) -> None:
@@ -222,7 +231,8 @@ def validate_self_spec(args) -> None:
     if args.knapspec_interval < 6:
         raise ValueError(f"--knapspec-interval={args.knapspec_interval} must be >= 6 (the DP runs at round 6)")
     check_two_stage(getattr(args, "knapspec_search_tokens", None), getattr(args, "knapspec_finalists", 4), "knapspec-",
-                    getattr(args, "knapspec_reference_floor", None), getattr(args, "knapspec_plan_rows", None))
+                    getattr(args, "knapspec_reference_floor", None), getattr(args, "knapspec_plan_rows", None),
+                    getattr(args, "knapspec_plan_at_start", False))
     if args.knapspec_gamma_max < 1:
         raise ValueError(f"--knapspec-gamma-max={args.knapspec_gamma_max}: must be >= 1")
     default_gamma_max = registry.family_defaults("self-speculative")["knapspec_gamma_max"]
@@ -553,6 +563,8 @@ def _config_of(args) -> Dict[str, Any]:
     config = {k: getattr(args, k) for k in keys}
     if args.reference_kv != "branch":  # named only when set: files written before the flag still resume
         config["reference_kv"] = args.reference_kv
+    if args.plan_at_start:
+        config["plan_at_start"] = True
     return config
 
 
@@ -1060,7 +1072,8 @@ def experiment_knapspec_config(args, branch_chunk=None):
                           max_plan_fraction=plan_fraction(args.max_plan_fraction, "--max-plan-fraction"),
                           probe_rounds=args.probe_rounds or None, reference_kv=args.reference_kv,
                           static_plans=args.static_plans, search_tokens=args.search_tokens,
-                          finalists=args.finalists, reference_floor=args.reference_floor, plan_rows=args.plan_rows)
+                          finalists=args.finalists, reference_floor=args.reference_floor, plan_rows=args.plan_rows,
+                          plan_at_start=args.plan_at_start)
 
 
 def check_knapspec_args(args) -> None:
@@ -1071,7 +1084,8 @@ def check_knapspec_args(args) -> None:
     for flag in ("layers", "max_reference_tokens", "branch_chunk", "clasp_skip_count"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             raise ValueError(f"--{flag.replace('_', '-')}={getattr(args, flag)}: must be >= 1 (or left out)")
-    check_two_stage(args.search_tokens, args.finalists, reference_floor=args.reference_floor, plan_rows=args.plan_rows)
+    check_two_stage(args.search_tokens, args.finalists, reference_floor=args.reference_floor, plan_rows=args.plan_rows,
+                    plan_at_start=args.plan_at_start)
     if args.layers is not None and not args.model.startswith("random:"):
         raise ValueError(f"--layers is for random:PRESET models only; {args.model!r} has its own layer count")
     if not 0 <= args.attention_sinks < args.attention_budget:

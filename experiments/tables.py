@@ -275,6 +275,9 @@ KNAPSPEC_EARLY = (f"{K}smollm2-135m_1k-4k_b1_cpu.json", f"{K}smollm2-135m_8k_b1_
 #: the two-stage plan (docs/methods.md §5.6) on the real 1.5B, batch 1, a window of at least 64 tokens
 KNAPSPEC_TWO_STAGE = f"{K}qwen2.5-coder-1.5b_8k-32k_b1_two-stage_h200.json"
 KNAPSPEC_TWO_STAGE_CPU = f"{K}smollm2-135m_1k_b1_two-stage_cpu.json"  # the same plan on the CPU (cpu-knapspec)
+#: the same plan made before the first round on the prompt's last tokens (docs/methods.md §5.6, --plan-at-start)
+KNAPSPEC_AT_START_CPU = f"{K}smollm2-135m_1k_b1_two-stage_at-start_cpu.json"
+KNAPSPEC_PLAN_ROWS_AT_START = f"{K}qwen2.5-coder-1.5b_32k-8k_b16_plan-rows_at-start_h200.json"
 #: the two-stage plan at batch 16 on 2 rows' windows (docs/methods.md §5.6, `--plan-rows 2`), real 1.5B, 32k-8k
 KNAPSPEC_PLAN_ROWS = f"{K}qwen2.5-coder-1.5b_32k-8k_b16_plan-rows_h200.json"
 KNAPSPEC_TRACE = f"{K}qwen2.5-7b-shape_8k_b1_trace_h200.json"
@@ -721,7 +724,10 @@ def knapspec_plan_rows_note() -> str:
             f"**{'met' if min(speedups) >= 0.97 else 'missed'}** here ({min(speedups):.2f}-{max(speedups):.2f}x). "
             "At every context the best candidate that keeps acceptance skipped a single MLP, which saves nothing "
             "measurable, so the grid search chose plain decoding and the loss is the plan and the full-model rounds "
-            "before it. Where the time went beyond AR's: " + "; ".join(losses) + ".")
+            "before it. Where the time went beyond AR's: " + "; ".join(losses) + "."
+            + ("" if (RESULTS / KNAPSPEC_PLAN_ROWS_AT_START).exists() else
+               " The same run with its first plan made before the first round (`--plan-at-start`, no full-model "
+               "rounds; h200-knapspec step qwen2.5-coder-1.5b-b16-32k-8k-plan-rows-at-start): not measured yet."))
 
 
 def _plan_stage_split(plan: dict) -> str:
@@ -753,7 +759,28 @@ def knapspec_two_stage_cpu_note() -> str:
             + _plan_stage_split(p) + "); its best "
             f"candidate skipped {p['n_skip_attn']} Attention / {p['n_skip_mlp']} MLP sub-layers at alpha "
             f"{p['alpha']:.2f} on the window, and the grid search chose gamma* = {p['gamma_star']}"
-            + (" (plain decoding)." if p["gamma_star"] == 0 else "."))
+            + (" (plain decoding)." if p["gamma_star"] == 0 else ".") + knapspec_at_start_cpu_note(c))
+
+
+def knapspec_at_start_cpu_note(base: dict) -> str:
+    """The CPU two-stage plan made before the first round (cpu-knapspec step smollm2-135m-1k-two-stage-at-start),
+    beside ``base``, the same plan after round 6."""
+    if not (RESULTS / KNAPSPEC_AT_START_CPU).exists():
+        return (" The same plan before the first round (`--plan-at-start`): not measured yet (cpu-knapspec step "
+                "smollm2-135m-1k-two-stage-at-start).")
+    (key, c), = [(k, v) for k, v in load(KNAPSPEC_AT_START_CPU)["cases"].items() if "speedup_vs_ar" in v]
+    p = c["plans"][0] if c.get("plans") else None
+    split, base_split = c["time_split_estimate"], base["time_split_estimate"]
+    return (f" The same plan made before the first round on the prompt's last 64 tokens (`--plan-at-start`, "
+            f"`{KNAPSPEC_AT_START_CPU}`): {c['speedup_vs_ar']:.2f}x AR (after round 6: {base['speedup_vs_ar']:.2f}x), "
+            f"planning {100 * c['plan_fraction_of_decode']:.1f} % of decode, draft + verify "
+            f"{1e3 * (split['draft_s'] + split['verify_s']):.0f} ms (after round 6: "
+            f"{1e3 * (base_split['draft_s'] + base_split['verify_s']):.0f} ms)"
+            + (f"; the plan at round {p['round']} ran on {p['reference_tokens']} reference tokens, skipped "
+               f"{p['n_skip_attn']} Attention / {p['n_skip_mlp']} MLP sub-layers at alpha {p['alpha']:.2f} and chose "
+               f"gamma* = {p['gamma_star']}" if p else "")
+            + (". The two speed-ups are within this machine's run-to-run spread of the paired AR speed-up (about "
+               "±5 %)." if abs(c["speedup_vs_ar"] - base["speedup_vs_ar"]) < 0.05 else "."))
 
 
 def knapspec_alpha_notes() -> List[str]:
@@ -1419,6 +1446,15 @@ def _figures() -> List[Figure]:
                            ("cases", key, "plans", 0, "seconds"), scale=1e3))
                 add(Figure(f"{base}/dp-predicted-ms", f"{what}: the first plan, the allowance's prediction",
                            "ms", KNAPSPEC_PLAN_ROWS, ("cases", key, "plans", 0, "predicted_seconds"), scale=1e3))
+    if (RESULTS / KNAPSPEC_AT_START_CPU).exists():
+        (key, _), = [(k, v) for k, v in load(KNAPSPEC_AT_START_CPU)["cases"].items() if "speedup_vs_ar" in v]
+        base = "knapspec/plans/smollm2-135m/ctx1024/b1/cpu/two-stage-at-start"
+        what = ("KnapSpec, two-stage plan made before the first round (--plan-at-start), SmolLM2-135M f32 CPU, 1k, "
+                "batch 1, 256 new")
+        add(Figure(f"{base}/planning-share", f"{what}: planning / decode time", "%", KNAPSPEC_AT_START_CPU,
+                   ("cases", key, "plan_fraction_of_decode"), scale=100, target="target <= 5 %"))
+        add(Figure(f"{base}/speedup", f"{what}, vs paired AR", "x AR", KNAPSPEC_AT_START_CPU,
+                   ("cases", key, "speedup_vs_ar")))
     if (RESULTS / KNAPSPEC_TWO_STAGE_CPU).exists():
         (key, _), = [(k, v) for k, v in load(KNAPSPEC_TWO_STAGE_CPU)["cases"].items() if "speedup_vs_ar" in v]
         base = "knapspec/plans/smollm2-135m/ctx1024/b1/cpu/two-stage"

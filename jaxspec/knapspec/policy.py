@@ -290,6 +290,10 @@ class KnapSpecConfig:
     # cost grows with its rows, so at batch 16 no window fits the planning allowance; the allowance prices
     # plan_rows / batch of the batch's cost. None = every row (the paper, batch 1)
     plan_rows: Optional[int] = None
+    # with reference_floor: the first plan runs before the first round, on the prompt's last reference_floor
+    # tokens a row, so no round drafts with the full model (docs/methods.md §5.6); the next plan is the schedule's
+    # second (plan_round + plan_interval). False: the first plan after round plan_round (the paper)
+    plan_at_start: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "keep_attention", tuple(sorted({int(x) for x in self.keep_attention})))
@@ -324,6 +328,9 @@ class KnapSpecConfig:
             raise ValueError(f"search_tokens={self.search_tokens} must be >= 1, or None (the DP on the whole window)")
         if self.finalists < 1:
             raise ValueError(f"finalists={self.finalists} must be >= 1")
+        if self.plan_at_start and self.reference_floor is None:
+            raise ValueError("plan_at_start=True plans on the prompt's last tokens before any round: it needs "
+                             "reference_floor (how many of them a row's window holds)")
         if self.reference_floor is not None and int(self.reference_floor) < 1:
             raise ValueError(f"reference_floor={self.reference_floor} must be >= 1, or None (the tokens committed "
                              f"since the window's mark)")
@@ -758,7 +765,7 @@ class KnapSpecController(ScriptedController):
         true_round, mark = 0, None
         last = None  # (plan end time, plan seconds, round) of the previous plan
         schedule = knapspec.schedule
-        next_plan = schedule.next_plan_round(0) if self.replan else None
+        next_plan = (0 if knapspec.plan_at_start else schedule.next_plan_round(0)) if self.replan else None
         ref_cap = knapspec.max_reference_tokens
         batch = len(lengths)
         row_share = 1.0 if knapspec.plan_rows is None else min(int(knapspec.plan_rows), batch) / batch
@@ -773,7 +780,9 @@ class KnapSpecController(ScriptedController):
                 ref_cap = int(self.allowance["tokens"])
         while next_plan is not None and not run.finished():
             mark_at = schedule.mark_round(next_plan)
-            if current["gamma"] != 0:  # plain decoding: the reference is taken when planning
+            if next_plan == 0:  # plan_at_start: the prompt's last reference_floor tokens are the whole reference
+                mark = np.maximum(np.asarray(run.state.target_cache.lengths) - int(knapspec.reference_floor), 0)
+            elif current["gamma"] != 0:  # plain decoding: the reference is taken when planning
                 if mark_at > true_round:
                     true_round += yield from advance(mark_at - true_round)
                     if true_round < mark_at:  # every row finished
@@ -841,7 +850,9 @@ class KnapSpecController(ScriptedController):
                 self.records[-1].probe = probe
                 if probe is not None and probe["choice"] == "ar":
                     self.records[-1].gamma_used, self.records[-1].verify_rows = 0, 1
-            next_plan = schedule.next_plan_round(true_round + 1)
+            # after a plan at the start the schedule's own first grid point is skipped (its window would be
+            # the few rounds since)
+            next_plan = schedule.next_plan_round(max(true_round, schedule.plan_round if next_plan == 0 else 0) + 1)
         if not run.finished():
             true_round += yield from advance(None)
         if current["draft_state"] is not None:  # a plan made as the last rows finished: keep it in the state

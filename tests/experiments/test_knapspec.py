@@ -1,6 +1,7 @@
 """The knapspec experiment end to end on a tiny random model, and the pieces it relies on."""
 
 import json
+import re
 
 import jax
 import jax.numpy as jnp
@@ -137,3 +138,21 @@ def test_experiment_end_to_end_on_a_tiny_random_model(tmp_path, monkeypatch, cap
     assert main(argv[:-2]) == 2
     err = capsys.readouterr().err
     assert "planned with another latency model" in err and "(differs in: u)" in err
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(plan_at_start=True), "--plan-at-start plans on the prompt's last tokens before any round: give "
+                               "--reference-floor R"),
+    (dict(reference_floor=0), "--reference-floor=0: must be >= 1"),
+    (dict(plan_rows=0), "--plan-rows=0: must be >= 1"),
+    (dict(search_tokens=0), "--search-tokens=0: must be >= 1"),
+    (dict(finalists=0), "--finalists=0: must be >= 1"),
+])
+def test_planning_flags_are_checked_before_anything_loads(kwargs, message):
+    from experiments.knapspec import check_two_stage
+
+    args = dict(search_tokens=None, finalists=4)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        check_two_stage(args.pop("search_tokens"), args.pop("finalists"), **args)
+    check_two_stage(None, 4, reference_floor=64, plan_at_start=True)  # the pair it needs is accepted

@@ -670,6 +670,27 @@ def test_reference_floor_reaches_back_into_earlier_tokens(params, ar_rows, floor
         KnapSpecConfig(reference_floor=0)
 
 
+def test_plan_at_start_plans_on_the_prompt_before_any_round(params, ar_rows):
+    """plan_at_start with reference_floor = R: the first plan runs at round 0 on each row's last min(R, prompt)
+    prompt tokens, so no round drafts with the full model before it; the next plan is the schedule's second grid
+    point, not round 6; greedy output is AR's."""
+    planner = WindowPlanner([2, 0, 3])
+    knap = dataclasses_replace(KNAP, reference_floor=24, plan_at_start=True, plan_interval=8)
+    result = knapspec_generate(params, TARGET, PROMPTS, latency=LATENCY, knapspec=knap, max_new_tokens=NEW,
+                               planner=planner)
+    assert result.rows() == ar_rows
+    rounds = [p["round"] for p in result.metrics["knapspec_plans"]]
+    assert rounds[0] == 0 and rounds[1] == knap.plan_round + knap.plan_interval
+    tokens, mask, prefix, lengths = planner.windows[0]
+    counts = mask.sum(axis=1).astype(int)
+    np.testing.assert_array_equal(lengths, [len(p) for p in PROMPTS])  # nothing committed beyond the prompt yet
+    np.testing.assert_array_equal(counts, np.minimum(24, lengths))
+    for b, count in enumerate(counts):
+        assert tokens[b, :count].tolist() == list(PROMPTS[b])[-count:]
+    with pytest.raises(ValueError, match="needs reference_floor"):
+        KnapSpecConfig(plan_at_start=True)
+
+
 class PricedWindowPlanner(WindowPlanner):
     """A window-keeping planner with a price per reference token (so the allowance and the records price plans)."""
 
