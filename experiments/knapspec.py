@@ -135,6 +135,9 @@ def add_planning_arguments(add, prefix: str = "") -> None:
         help="planning budget: postpone a re-plan while the previous plan cost more than this fraction of the decode "
              "time since it, and cap the DP's reference (or make no plan) so one plan's predicted cost fits it "
              "(<= 0: the paper's fixed schedule, a plan every interval, no cap)")
+    add(f"--{prefix}plan-cost-scale", type=float, default=1.0, metavar="X",
+        help="the planning allowance multiplies the latency model's price of a plan by X: measured / predicted plan "
+             "time of earlier plans of this model on this device (docs/methods.md §5.6; default 1, the model alone)")
     add(f"--{prefix}probe-rounds", type=int, default=8,
         help="measured arbitration: after a plan that drafts, time this many speculative rounds and as many "
              "plain-decoding steps, keep the faster until the next plan (0: off, as in the paper)")
@@ -213,6 +216,7 @@ def knapspec_config_from_args(args):
                           coupled=args.knapspec_coupled, honor_gamma=not args.knapspec_official_gamma,
                           gamma_buckets=parse_gamma_buckets(args.knapspec_gamma_buckets),
                           max_plan_fraction=plan_fraction(args.knapspec_max_plan_fraction),
+                          plan_cost_scale=getattr(args, "knapspec_plan_cost_scale", 1.0),
                           exit_aware_tpt=not getattr(args, "knapspec_spec_tpt", False),
                           probe_rounds=getattr(args, "knapspec_probe_rounds", 8) or None,
                           reference_kv=getattr(args, "knapspec_reference_kv", "branch"),
@@ -540,6 +544,9 @@ def register(subparsers) -> None:
                    help="DP branches per attention batch (default: all, or fewer when the scores would pass 4 GB)")
     p.add_argument("--max-reference-tokens", type=int, default=None, help="cap the DP reference per row")
     add_planning_arguments(p.add_argument)
+    p.add_argument("--plan-cost-scale-from", default=None, metavar="FILES",
+                   help="set --plan-cost-scale to the largest measured / predicted plan time in these knapspec results "
+                        "files (the same model and --device-tag)")
     p.add_argument("--clasp-skip-count", type=int, default=None)
     p.add_argument("--profile-dir", default=None,
                    help="latency profiles (JSON) are read / written here (default: next to --out)")
@@ -565,6 +572,10 @@ def _config_of(args) -> Dict[str, Any]:
         config["reference_kv"] = args.reference_kv
     if args.plan_at_start:
         config["plan_at_start"] = True
+    if args.plan_cost_scale != 1.0:
+        config["plan_cost_scale"] = args.plan_cost_scale
+    if args.plan_cost_scale_from:
+        config["plan_cost_scale_from"] = args.plan_cost_scale_from
     return config
 
 
@@ -1073,7 +1084,7 @@ def experiment_knapspec_config(args, branch_chunk=None):
                           probe_rounds=args.probe_rounds or None, reference_kv=args.reference_kv,
                           static_plans=args.static_plans, search_tokens=args.search_tokens,
                           finalists=args.finalists, reference_floor=args.reference_floor, plan_rows=args.plan_rows,
-                          plan_at_start=args.plan_at_start)
+                          plan_at_start=args.plan_at_start, plan_cost_scale=args.plan_cost_scale)
 
 
 def check_knapspec_args(args) -> None:
@@ -1095,7 +1106,45 @@ def check_knapspec_args(args) -> None:
         raise ValueError(f"--candidate-reference-tokens={args.candidate_reference_tokens}: must be >= 1")
     if args.candidate_plans < 0 or args.plan_cost_repeats < 0 or args.probe_rounds < 0:
         raise ValueError("--candidate-plans, --plan-cost-repeats and --probe-rounds must be >= 0")
+    if args.plan_cost_scale_from:
+        if args.plan_cost_scale != 1.0:
+            raise ValueError(f"--plan-cost-scale {args.plan_cost_scale:g} and --plan-cost-scale-from: give one "
+                             f"(the second measures the first from earlier plans)")
+        sources = [s.strip() for s in args.plan_cost_scale_from.split(",") if s.strip()]
+        args.plan_cost_scale = plan_cost_scale_from(sources, args.model, args.device_tag)
     experiment_knapspec_config(args)  # the planner's own checks
+
+
+def plan_cost_scale_from(paths: Sequence[str], model: str, device_tag: Optional[str]) -> float:
+    """The largest measured / predicted time of the plans recorded in knapspec results files of ``model``
+    (and ``device_tag`` when given): the price the planning allowance should have put on them
+    (docs/methods.md §5.6). A file planned with a scale already has it in its predictions, so its ratios
+    are multiplied by it."""
+    ratios = []
+    for path in paths:
+        path = pathlib.Path(path)
+        if not path.is_file():
+            raise ValueError(f"--plan-cost-scale-from {path}: no such file")
+        data = json.loads(path.read_text())
+        config = data.get("config", {})
+        if data.get("experiment") != "knapspec":
+            raise ValueError(f"--plan-cost-scale-from {path}: not a knapspec results file "
+                             f"(experiment {data.get('experiment')!r})")
+        if config.get("model") != model:
+            raise ValueError(f"--plan-cost-scale-from {path}: its plans are of model {config.get('model')!r}, this "
+                             f"run's is {model!r}")
+        if device_tag and config.get("device_tag") != device_tag:
+            raise ValueError(f"--plan-cost-scale-from {path}: measured on {config.get('device_tag')!r}, this run is "
+                             f"tagged {device_tag!r}")
+        scale = float(config.get("plan_cost_scale", 1.0))
+        for case in data.get("cases", {}).values():
+            for plan in (case.get("plans") or []) if isinstance(case, dict) else []:
+                if plan.get("predicted_seconds") and plan.get("seconds"):
+                    ratios.append(scale * plan["seconds"] / plan["predicted_seconds"])
+    if not ratios:
+        raise ValueError(f"--plan-cost-scale-from {', '.join(map(str, paths))}: no plan with a predicted time in "
+                         f"these files")
+    return max(ratios)
 
 
 def cmd_knapspec(args) -> Dict[str, Any]:

@@ -278,6 +278,9 @@ KNAPSPEC_TWO_STAGE_CPU = f"{K}smollm2-135m_1k_b1_two-stage_cpu.json"  # the same
 #: the same plan made before the first round on the prompt's last tokens (docs/methods.md §5.6, --plan-at-start)
 KNAPSPEC_AT_START_CPU = f"{K}smollm2-135m_1k_b1_two-stage_at-start_cpu.json"
 KNAPSPEC_PLAN_ROWS_AT_START = f"{K}qwen2.5-coder-1.5b_32k-8k_b16_plan-rows_at-start_h200.json"
+#: the allowance pricing a plan at its measured cost (docs/methods.md §5.6, --plan-cost-scale-from)
+KNAPSPEC_CALIBRATED_CPU = f"{K}smollm2-135m_1k_b1_two-stage_calibrated_cpu.json"
+KNAPSPEC_PLAN_ROWS_CALIBRATED = f"{K}qwen2.5-coder-1.5b_32k-8k_b16_plan-rows_calibrated_h200.json"
 #: the two-stage plan at batch 16 on 2 rows' windows (docs/methods.md §5.6, `--plan-rows 2`), real 1.5B, 32k-8k
 KNAPSPEC_PLAN_ROWS = f"{K}qwen2.5-coder-1.5b_32k-8k_b16_plan-rows_h200.json"
 KNAPSPEC_TRACE = f"{K}qwen2.5-7b-shape_8k_b1_trace_h200.json"
@@ -798,6 +801,45 @@ def knapspec_two_stage_cpu_note() -> str:
             f"candidate skipped {p['n_skip_attn']} Attention / {p['n_skip_mlp']} MLP sub-layers at alpha "
             f"{p['alpha']:.2f} on the window, and the grid search chose gamma* = {p['gamma_star']}"
             + (" (plain decoding)." if p["gamma_star"] == 0 else ".") + knapspec_at_start_cpu_note(c))
+
+
+def knapspec_calibrated_note() -> str:
+    """The two-stage plan with the allowance pricing plans at their measured cost (``--plan-cost-scale-from``):
+    the CPU step, and the H200 batch-16 step when measured."""
+    parts = []
+    for source, where in ((KNAPSPEC_CALIBRATED_CPU, "CPU, SmolLM2-135M f32, 1k, batch 1"),
+                          (KNAPSPEC_PLAN_ROWS_CALIBRATED, "H200, real Qwen2.5-Coder-1.5B bf16, batch 16, 2 plan rows")):
+        if not (RESULTS / source).exists():
+            parts.append(f"{where}: not measured yet (`{source}`)")
+            continue
+        data = load(source)
+        scale = data["config"].get("plan_cost_scale", 1.0)
+        runs = []
+        for key, c in data["cases"].items():
+            if not isinstance(c, dict) or "speedup_vs_ar" not in c:
+                continue
+            a, ctx = c.get("plan_allowance") or {}, key.split("/")[2][3:]
+            text = f"{ctx} tokens {c['speedup_vs_ar']:.2f}x AR, planning {100 * c['plan_fraction_of_decode']:.1f} %"
+            if a.get("skip"):
+                text += f" (no plan: {a.get('allowed_tokens')} tokens fit, under the minimum)"
+            elif c.get("plans"):
+                p = c["plans"][0]
+                text += (f" ({p['reference_tokens']} reference tokens, {1e3 * p['seconds']:.0f} ms measured against "
+                         f"{1e3 * p['predicted_seconds']:.0f} ms predicted, gamma* = {p['gamma_star']})")
+                unscaled = KNAPSPEC_TWO_STAGE_CPU if source == KNAPSPEC_CALIBRATED_CPU else None
+                if unscaled and (RESULTS / unscaled).exists() and "rescore" in p.get("stage_seconds", {}):
+                    (_, b), = [(k, v) for k, v in load(unscaled)["cases"].items() if "speedup_vs_ar" in v]
+                    bp = b["plans"][0]
+                    if "rescore" in bp.get("stage_seconds", {}):
+                        text += (f"; rescoring the finalists took {p['stage_seconds']['rescore']:.2f} s on "
+                                 f"{p['reference_tokens']} tokens against {bp['stage_seconds']['rescore']:.2f} s on "
+                                 f"{bp['reference_tokens']} in the unscaled run (`{unscaled}`): mostly a fixed cost per "
+                                 "plan, which one factor on a per-token price cannot express, so the smaller window "
+                                 "saved little")
+            runs.append(text)
+        parts.append(f"{where}, price x {scale:.2f} (`{source}`): " + "; ".join(runs))
+    return ("The allowance pricing a plan at what earlier plans of the model measured against their prediction "
+            "(docs/methods.md §5.6, `--plan-cost-scale-from`): " + ". ".join(parts) + ".")
 
 
 def knapspec_at_start_cpu_note(base: dict) -> str:
@@ -1489,6 +1531,15 @@ def _figures() -> List[Figure]:
                            ("cases", key, "plans", 0, "seconds"), scale=1e3))
                 add(Figure(f"{base}/dp-predicted-ms", f"{what}: the first plan, the allowance's prediction",
                            "ms", KNAPSPEC_PLAN_ROWS, ("cases", key, "plans", 0, "predicted_seconds"), scale=1e3))
+    if (RESULTS / KNAPSPEC_CALIBRATED_CPU).exists():
+        (key, _), = [(k, v) for k, v in load(KNAPSPEC_CALIBRATED_CPU)["cases"].items() if "speedup_vs_ar" in v]
+        base = "knapspec/plans/smollm2-135m/ctx1024/b1/cpu/two-stage-calibrated"
+        what = ("KnapSpec, two-stage plan priced at its measured cost (--plan-cost-scale-from), SmolLM2-135M f32 "
+                "CPU, 1k, batch 1, 256 new")
+        add(Figure(f"{base}/planning-share", f"{what}: planning / decode time", "%", KNAPSPEC_CALIBRATED_CPU,
+                   ("cases", key, "plan_fraction_of_decode"), scale=100, target="target <= 5 %"))
+        add(Figure(f"{base}/speedup", f"{what}, vs paired AR", "x AR", KNAPSPEC_CALIBRATED_CPU,
+                   ("cases", key, "speedup_vs_ar")))
     if (RESULTS / KNAPSPEC_AT_START_CPU).exists():
         (key, _), = [(k, v) for k, v in load(KNAPSPEC_AT_START_CPU)["cases"].items() if "speedup_vs_ar" in v]
         base = "knapspec/plans/smollm2-135m/ctx1024/b1/cpu/two-stage-at-start"
@@ -3155,7 +3206,7 @@ def results_markdown() -> str:
                  "allowance of a 256-token decode, or the chosen plan's measured rate lost to plain decoding in the "
                  "probe (the acceptance estimated from ≤ 19 reference tokens is optimistic).",
                  *knapspec_alpha_notes(), knapspec_dp_cost_note(), knapspec_real_note(), knapspec_two_stage_note(),
-                 knapspec_plan_rows_note(), knapspec_draft_step_note(),
+                 knapspec_plan_rows_note(), knapspec_calibrated_note(), knapspec_draft_step_note(),
                  f"The paper's correlation of predicted TPT with speed-up (0.837) is not reproduced "
                  f"(r = {v('knapspec/correlation/smollm2-135m/ctx1024/b1/cpu/predicted-tpt-vs-speedup')} / "
                  f"{v('knapspec/correlation/smollm2-135m/ctx2048/b1/cpu/predicted-tpt-vs-speedup')} / "

@@ -294,6 +294,10 @@ class KnapSpecConfig:
     # tokens a row, so no round drafts with the full model (docs/methods.md §5.6); the next plan is the schedule's
     # second (plan_round + plan_interval). False: the first plan after round plan_round (the paper)
     plan_at_start: bool = False
+    # the planning allowance multiplies the planner's modelled cost by this: the measured / predicted time of
+    # earlier plans of this model on this device (docs/methods.md §5.6; on the H200 the two-stage plan ran 3-11x
+    # the model, which prices the DP's rows by plain many-row forwards). 1 = the model alone
+    plan_cost_scale: float = 1.0
 
     def __post_init__(self):
         object.__setattr__(self, "keep_attention", tuple(sorted({int(x) for x in self.keep_attention})))
@@ -328,6 +332,10 @@ class KnapSpecConfig:
             raise ValueError(f"search_tokens={self.search_tokens} must be >= 1, or None (the DP on the whole window)")
         if self.finalists < 1:
             raise ValueError(f"finalists={self.finalists} must be >= 1")
+        if isinstance(self.plan_cost_scale, bool) or not isinstance(self.plan_cost_scale, (int, float)) or \
+                not 0 < float(self.plan_cost_scale) < float("inf"):
+            raise ValueError(f"plan_cost_scale={self.plan_cost_scale!r} must be a finite number > 0 (measured / "
+                             f"predicted plan time; 1 = the latency model's price alone)")
         if self.plan_at_start and self.reference_floor is None:
             raise ValueError("plan_at_start=True plans on the prompt's last tokens before any round: it needs "
                              "reference_floor (how many of them a row's window holds)")
@@ -618,13 +626,16 @@ def reference_allowance(planner, latency: Optional[LatencyModel], config: ModelC
     if knapspec.max_plan_fraction is None or latency is None:
         return out
     costs = getattr(planner, "reference_costs", None)
+    scale = float(knapspec.plan_cost_scale)
     if costs is not None:
-        fixed, per_token = (float(x) * row_share for x in costs(config, n))
+        fixed, per_token = (float(x) * row_share * scale for x in costs(config, n))
     else:
         per_token = planner.reference_cost(config, n)
         if per_token is None:
             return out
-        fixed, per_token = 0.0, float(per_token) * row_share
+        fixed, per_token = 0.0, float(per_token) * row_share * scale
+    if scale != 1.0:
+        out["plan_cost_scale"] = scale
     decode = float(new_tokens) * latency.a * latency.t_step(n, config.num_layers)
     budget = knapspec.max_plan_fraction * knapspec.allowance_margin * decode
     out.update(predicted_dp_s_per_token=per_token, predicted_ar_decode_s=decode, plan_budget_s=budget)
@@ -836,6 +847,7 @@ class KnapSpecController(ScriptedController):
                     if search is not None and ref_tokens.shape[1] > search and hasattr(planner, "reference_costs"):
                         fixed, per_token = planner.reference_costs(config, n)
                         cost = (fixed + per_token * ref_tokens.shape[1]) * row_share
+                    cost *= float(knapspec.plan_cost_scale)  # the allowance's prediction, as it priced the plan
                 self.records.append(PlanRecord(
                     true_round, plan, candidates, int(token_mask.sum()), weights, time.perf_counter() - plan_start,
                     gamma_used=current["gamma"], verify_rows=current["bucket"] + 1 if current["gamma"] else 1,

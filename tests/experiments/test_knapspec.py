@@ -156,3 +156,27 @@ def test_planning_flags_are_checked_before_anything_loads(kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         check_two_stage(args.pop("search_tokens"), args.pop("finalists"), **args)
     check_two_stage(None, 4, reference_floor=64, plan_at_start=True)  # the pair it needs is accepted
+
+
+def test_plan_cost_scale_from_takes_the_largest_measured_over_predicted(tmp_path):
+    from experiments.knapspec import plan_cost_scale_from
+
+    def results(name, plans, model="qwen2.5-coder-1.5b", device="h200", experiment="knapspec", **config):
+        path = tmp_path / name
+        path.write_text(json.dumps({"experiment": experiment, "config": dict(model=model, device_tag=device, **config),
+                                    "cases": {"a": {"plans": plans}, "b": {"plans": []}, "c": "not a case"}}))
+        return str(path)
+
+    a = results("a.json", [{"seconds": 0.4, "predicted_seconds": 0.1}, {"seconds": 0.2, "predicted_seconds": None}])
+    b = results("b.json", [{"seconds": 0.3, "predicted_seconds": 0.15}], plan_cost_scale=3.0)  # already scaled 3x
+    assert plan_cost_scale_from([a], "qwen2.5-coder-1.5b", "h200") == pytest.approx(4.0)
+    assert plan_cost_scale_from([a, b], "qwen2.5-coder-1.5b", None) == pytest.approx(6.0)
+    for paths, model, device, message in [
+            ([results("m.json", [])], "qwen2.5-coder-1.5b", "h200", "no plan with a predicted time"),
+            ([a], "smollm2-135m", "h200", "its plans are of model 'qwen2.5-coder-1.5b', this run's is 'smollm2-135m'"),
+            ([a], "qwen2.5-coder-1.5b", "cpu", "measured on 'h200', this run is tagged 'cpu'"),
+            ([results("x.json", [], experiment="pair-speed")], "qwen2.5-coder-1.5b", None, "not a knapspec results"),
+            ([str(tmp_path / "none.json")], "qwen2.5-coder-1.5b", None, "no such file")]:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            plan_cost_scale_from(paths, model, device)
+

@@ -670,6 +670,33 @@ def test_reference_floor_reaches_back_into_earlier_tokens(params, ar_rows, floor
         KnapSpecConfig(reference_floor=0)
 
 
+def test_plan_cost_scale_prices_the_plan_as_measured(params, ar_rows):
+    """plan_cost_scale = X: the allowance prices a plan at X times the latency model's cost (fewer reference
+    tokens fit; none when too few would), and each plan record's prediction carries the same X."""
+    from jaxspec.knapspec.policy import KnapSpecPlanner, reference_allowance
+
+    lat = latency.LatencyModel(c1=1.0, c2=0.01, c3=0.5, c0=0.2, v=0.05, a=1.1, u=0.003)
+    knap = dataclasses_replace(KNAP, max_plan_fraction=0.05, probe_rounds=None)
+    base = reference_allowance(KnapSpecPlanner(lat, knap), lat, TARGET, 100.0, 100000, knap)
+    scaled_knap = dataclasses_replace(knap, plan_cost_scale=4.0)
+    scaled = reference_allowance(KnapSpecPlanner(lat, scaled_knap), lat, TARGET, 100.0, 100000, scaled_knap)
+    assert scaled["predicted_dp_s_per_token"] == pytest.approx(4 * base["predicted_dp_s_per_token"])
+    assert scaled["allowed_tokens"] == int(base["plan_budget_s"] // (4 * base["predicted_dp_s_per_token"]))
+    assert scaled["plan_cost_scale"] == 4.0 and "plan_cost_scale" not in base
+    # a scale that leaves fewer than min_reference_tokens: no plan, plain decoding from the start, output = AR
+    cheap = latency.LatencyModel(c1=1.0, c2=0.0, c3=0.5, c0=0.2, v=0.75 * 1.65 / (2.5 * 8), a=1.1)
+    runs = {}
+    for scale in (1.0, 1e4):
+        k = dataclasses_replace(knap, min_reference_tokens=1, plan_cost_scale=scale)
+        runs[scale] = knapspec_generate(params, TARGET, PROMPTS, latency=cheap, knapspec=k, max_new_tokens=NEW)
+        assert runs[scale].rows() == ar_rows
+    assert runs[1.0].metrics["knapspec_plans"] and not runs[1.0].metrics["plan_allowance"]["skip"]
+    assert runs[1e4].metrics["plan_allowance"]["skip"] and runs[1e4].metrics["knapspec_plans"] == []
+    for bad in (0.0, -1.0, float("inf"), True):
+        with pytest.raises(ValueError, match="plan_cost_scale"):
+            KnapSpecConfig(plan_cost_scale=bad)
+
+
 def test_plan_at_start_plans_on_the_prompt_before_any_round(params, ar_rows):
     """plan_at_start with reference_floor = R: the first plan runs at round 0 on each row's last min(R, prompt)
     prompt tokens, so no round drafts with the full model before it; the next plan is the schedule's second grid
