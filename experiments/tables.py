@@ -1531,32 +1531,19 @@ def _figures() -> List[Figure]:
                            ("cases", key, "plans", 0, "seconds"), scale=1e3))
                 add(Figure(f"{base}/dp-predicted-ms", f"{what}: the first plan, the allowance's prediction",
                            "ms", KNAPSPEC_PLAN_ROWS, ("cases", key, "plans", 0, "predicted_seconds"), scale=1e3))
-    if (RESULTS / KNAPSPEC_CALIBRATED_CPU).exists():
-        (key, _), = [(k, v) for k, v in load(KNAPSPEC_CALIBRATED_CPU)["cases"].items() if "speedup_vs_ar" in v]
-        base = "knapspec/plans/smollm2-135m/ctx1024/b1/cpu/two-stage-calibrated"
-        what = ("KnapSpec, two-stage plan priced at its measured cost (--plan-cost-scale-from), SmolLM2-135M f32 "
-                "CPU, 1k, batch 1, 256 new")
-        add(Figure(f"{base}/planning-share", f"{what}: planning / decode time", "%", KNAPSPEC_CALIBRATED_CPU,
+    for source, slug, variant in (
+            (KNAPSPEC_CALIBRATED_CPU, "two-stage-calibrated", "two-stage plan priced at its measured cost "
+                                                              "(--plan-cost-scale-from)"),
+            (KNAPSPEC_AT_START_CPU, "two-stage-at-start", "two-stage plan made before the first round (--plan-at-start)"),
+            (KNAPSPEC_TWO_STAGE_CPU, "two-stage", "two-stage plan (3 search tokens, 2 finalists)")):
+        if not (RESULTS / source).exists():
+            continue
+        (key, _), = [(k, v) for k, v in load(source)["cases"].items() if "speedup_vs_ar" in v]
+        base = f"knapspec/plans/smollm2-135m/ctx1024/b1/cpu/{slug}"
+        what = f"KnapSpec, {variant}, SmolLM2-135M f32 CPU, 1k, batch 1, 256 new"
+        add(Figure(f"{base}/planning-share", f"{what}: planning / decode time", "%", source,
                    ("cases", key, "plan_fraction_of_decode"), scale=100, target="target <= 5 %"))
-        add(Figure(f"{base}/speedup", f"{what}, vs paired AR", "x AR", KNAPSPEC_CALIBRATED_CPU,
-                   ("cases", key, "speedup_vs_ar")))
-    if (RESULTS / KNAPSPEC_AT_START_CPU).exists():
-        (key, _), = [(k, v) for k, v in load(KNAPSPEC_AT_START_CPU)["cases"].items() if "speedup_vs_ar" in v]
-        base = "knapspec/plans/smollm2-135m/ctx1024/b1/cpu/two-stage-at-start"
-        what = ("KnapSpec, two-stage plan made before the first round (--plan-at-start), SmolLM2-135M f32 CPU, 1k, "
-                "batch 1, 256 new")
-        add(Figure(f"{base}/planning-share", f"{what}: planning / decode time", "%", KNAPSPEC_AT_START_CPU,
-                   ("cases", key, "plan_fraction_of_decode"), scale=100, target="target <= 5 %"))
-        add(Figure(f"{base}/speedup", f"{what}, vs paired AR", "x AR", KNAPSPEC_AT_START_CPU,
-                   ("cases", key, "speedup_vs_ar")))
-    if (RESULTS / KNAPSPEC_TWO_STAGE_CPU).exists():
-        (key, _), = [(k, v) for k, v in load(KNAPSPEC_TWO_STAGE_CPU)["cases"].items() if "speedup_vs_ar" in v]
-        base = "knapspec/plans/smollm2-135m/ctx1024/b1/cpu/two-stage"
-        what = "KnapSpec, two-stage plan (3 search tokens, 2 finalists), SmolLM2-135M f32 CPU, 1k, batch 1, 256 new"
-        add(Figure(f"{base}/planning-share", f"{what}: planning / decode time", "%", KNAPSPEC_TWO_STAGE_CPU,
-                   ("cases", key, "plan_fraction_of_decode"), scale=100, target="target <= 5 %"))
-        add(Figure(f"{base}/speedup", f"{what}, vs paired AR", "x AR", KNAPSPEC_TWO_STAGE_CPU,
-                   ("cases", key, "speedup_vs_ar")))
+        add(Figure(f"{base}/speedup", f"{what}, vs paired AR", "x AR", source, ("cases", key, "speedup_vs_ar")))
     # KnapSpec: static plans, one DP on 64 reference tokens, the DP's acceptance estimate, budgeted attention
     base = "knapspec/plans/smollm2-135m/ctx1024/b1/cpu/64ref"
     add(Figure(f"{base}/static-draft-step-over-predicted", "one draft step with a static plan (executed sub-layers "
