@@ -577,8 +577,9 @@ def choice_table_from(paths: Sequence[str], margin: float = CHOICE_MARGIN) -> Ch
         cfg = data.get("config", {})
         changed = [k for k in CHANGED_METHOD_OPTIONS if cfg.get(k) not in (None, 0, 1)]
         if changed:
-            raise ValueError(f"choice-table: {path} was measured with {', '.join('--' + k.replace('_', '-') for k in changed)}"
-                             f"; a choice table is built from plain runs of each method")
+            flags = ", ".join("--" + k.replace("_", "-") for k in changed)
+            raise ValueError(f"choice-table: {path} was measured with {flags}; a choice table is built from plain "
+                             f"runs of each method")
         this = {"target": cfg.get("model"), "draft": cfg.get("draft"), "dtype": cfg.get("dtype"),
                 "device": (data.get("environment", {}).get("devices") or [None])[0]}
         for k, v in this.items():

@@ -46,8 +46,8 @@ class ChoiceTable:
     ``entries``: dicts with ``method`` (the name the table is looked up by), ``context_bucket`` (a power of
     two: :func:`context_bucket` of the run at its start), ``batch`` (rows), ``speedup`` (whole run against
     AR in the same process) and optionally ``ar_step_s`` (a plain step's seconds, which the tail check
-    uses) and ``sources``. ``meta``: what the speed-ups were measured on (``target``, ``draft``,
-    ``device``, ...), kept in the file and the run's metrics."""
+    uses) and ``measured`` (the runs it came from). ``meta``: what the speed-ups were measured on
+    (``target``, ``draft``, ``device``, ...), kept in the file and the run's metrics."""
 
     def __init__(self, entries: Sequence[Mapping[str, Any]], margin: float = CHOICE_MARGIN,
                  meta: Optional[Mapping[str, Any]] = None):
@@ -367,5 +367,5 @@ class MeasuredChoiceController(ScriptedController):
         return metrics, {}
 
 
-__all__ = ["CHOICE_MARGIN", "ChoiceTable", "MeasuredChoiceController", "context_bucket", "finish_times", "measured_arbitration", "pooled_rates",
-           "remaining_steps", "two_stretch_step"]
+__all__ = ["CHOICE_MARGIN", "ChoiceTable", "MeasuredChoiceController", "context_bucket", "finish_times",
+           "measured_arbitration", "pooled_rates", "remaining_steps", "two_stretch_step"]

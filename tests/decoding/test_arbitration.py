@@ -78,12 +78,14 @@ def test_plain_probe_prices_a_step_without_the_per_call_cost(params, monkeypatch
 
     assert two_stretch_step(0.3 + 2 * 0.01, 2, 0.3 + 6 * 0.01, 6) == pytest.approx(0.01)
     assert two_stretch_step(0.5, 2, 0.4, 6) is None and two_stretch_step(0.5, 3, 0.6, 3) is None
-    real, fixed = engine_module.plain_decode, 0.25
+    # a step priced well above the tiny model's own (~1 ms) and a loaded machine's timing jitter, so the
+    # difference of the two stretches (4 steps) cannot come out negative from noise
+    real, fixed, step = engine_module.plain_decode, 0.25, 0.02
 
     def per_call(*args, **kwargs):
         out = real(*args, **kwargs)
         jax.block_until_ready(out)
-        time.sleep(fixed)
+        time.sleep(fixed + step * int(args[2]))  # args[2]: the stretch's step count
         return out
 
     monkeypatch.setattr(engine_module, "plain_decode", per_call)
@@ -96,8 +98,9 @@ def test_plain_probe_prices_a_step_without_the_per_call_cost(params, monkeypatch
     probe = result.metrics["arbitration"]["events"][0]["probe"]
     assert probe["ar_steps"] == 8  # two stretches, 2 and 6 steps
     # the mean carries 2 x fixed / 8 steps; the two-stretch step carries none of it
-    assert probe["ar_step_s_mean"] > 2 * fixed / 8
+    assert probe["ar_step_s_mean"] > step + 2 * fixed / 8
     assert probe["ar_step_s"] < probe["ar_step_s_mean"] - fixed / 8
+    assert 0.75 * step < probe["ar_step_s"] < step + 0.02  # the sleep's step and the model's, give or take jitter
     assert probe["ar_tokens_per_s"] > probe["ar_tokens_per_s_mean"]
 
 
