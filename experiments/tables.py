@@ -1498,39 +1498,30 @@ def _figures() -> List[Figure]:
                        f"{method} vs paired AR, real Qwen2.5-Coder-1.5B bf16, {ctx[3:]} tokens, batch {batch}", "x AR",
                        source, ("cases", key, "speedup_vs_ar"),
                        target="target >= 1.1x at 32k/b16" if method == "knapspec" else ""))
-    if (RESULTS / KNAPSPEC_TWO_STAGE).exists():
-        for key, case in load(KNAPSPEC_TWO_STAGE)["cases"].items():
+    for source, batch, slug, variant, speedup_target, ref_target in (
+            (KNAPSPEC_TWO_STAGE, 1, "knapspec-two-stage", "two-stage plan (3 search tokens, 2 finalists, a window of "
+             ">= 64 tokens)", "", "target >= 64"),
+            (KNAPSPEC_PLAN_ROWS, 16, "knapspec-plan-rows", "two-stage plan on 2 rows' windows (3 search tokens, 2 "
+             "finalists, >= 64 tokens a row)", "target >= 0.97x", None)):
+        if not (RESULTS / source).exists():
+            continue
+        for key, case in load(source)["cases"].items():
             ctx = key.split("/")[2]
-            base = f"selfspec/real-qwen1.5b/h200/{ctx}/b1/knapspec-two-stage"
-            what = (f"KnapSpec, two-stage plan (3 search tokens, 2 finalists, a window of >= 64 tokens), real "
-                    f"Qwen2.5-Coder-1.5B bf16, {ctx[3:]} tokens, batch 1, 256 new tokens")
-            add(Figure(f"{base}/speedup", f"{what}, vs paired AR", "x AR", KNAPSPEC_TWO_STAGE,
-                       ("cases", key, "speedup_vs_ar")))
-            add(Figure(f"{base}/planning-share", f"{what}: planning / decode time", "%", KNAPSPEC_TWO_STAGE,
+            base = f"selfspec/real-qwen1.5b/h200/{ctx}/b{batch}/{slug}"
+            what = (f"KnapSpec, {variant}, real Qwen2.5-Coder-1.5B bf16, {ctx[3:]} tokens, batch {batch}, 256 new "
+                    "tokens")
+            add(Figure(f"{base}/speedup", f"{what}, vs paired AR", "x AR", source, ("cases", key, "speedup_vs_ar"),
+                       target=speedup_target))
+            add(Figure(f"{base}/planning-share", f"{what}: planning / decode time", "%", source,
                        ("cases", key, "plan_fraction_of_decode"), scale=100, target="target <= 5 %"))
             if case.get("plans"):
-                add(Figure(f"{base}/reference-tokens", f"{what}: reference tokens of the first plan", "tokens",
-                           KNAPSPEC_TWO_STAGE, ("cases", key, "plans", 0, "reference_tokens"),
-                           target="target >= 64"))
-                add(Figure(f"{base}/dp-ms", f"{what}: the first plan, measured", "ms", KNAPSPEC_TWO_STAGE,
+                if ref_target:
+                    add(Figure(f"{base}/reference-tokens", f"{what}: reference tokens of the first plan", "tokens",
+                               source, ("cases", key, "plans", 0, "reference_tokens"), target=ref_target))
+                add(Figure(f"{base}/dp-ms", f"{what}: the first plan, measured", "ms", source,
                            ("cases", key, "plans", 0, "seconds"), scale=1e3))
                 add(Figure(f"{base}/dp-predicted-ms", f"{what}: the first plan, the allowance's prediction",
-                           "ms", KNAPSPEC_TWO_STAGE, ("cases", key, "plans", 0, "predicted_seconds"), scale=1e3))
-    if (RESULTS / KNAPSPEC_PLAN_ROWS).exists():
-        for key, case in load(KNAPSPEC_PLAN_ROWS)["cases"].items():
-            ctx = key.split("/")[2]
-            base = f"selfspec/real-qwen1.5b/h200/{ctx}/b16/knapspec-plan-rows"
-            what = (f"KnapSpec, two-stage plan on 2 rows' windows (3 search tokens, 2 finalists, >= 64 tokens a row), "
-                    f"real Qwen2.5-Coder-1.5B bf16, {ctx[3:]} tokens, batch 16, 256 new tokens")
-            add(Figure(f"{base}/speedup", f"{what}, vs paired AR", "x AR", KNAPSPEC_PLAN_ROWS,
-                       ("cases", key, "speedup_vs_ar"), target="target >= 0.97x"))
-            add(Figure(f"{base}/planning-share", f"{what}: planning / decode time", "%", KNAPSPEC_PLAN_ROWS,
-                       ("cases", key, "plan_fraction_of_decode"), scale=100, target="target <= 5 %"))
-            if case.get("plans"):
-                add(Figure(f"{base}/dp-ms", f"{what}: the first plan, measured", "ms", KNAPSPEC_PLAN_ROWS,
-                           ("cases", key, "plans", 0, "seconds"), scale=1e3))
-                add(Figure(f"{base}/dp-predicted-ms", f"{what}: the first plan, the allowance's prediction",
-                           "ms", KNAPSPEC_PLAN_ROWS, ("cases", key, "plans", 0, "predicted_seconds"), scale=1e3))
+                           "ms", source, ("cases", key, "plans", 0, "predicted_seconds"), scale=1e3))
     for source, slug, variant in (
             (KNAPSPEC_CALIBRATED_CPU, "two-stage-calibrated", "two-stage plan priced at its measured cost "
                                                               "(--plan-cost-scale-from)"),
