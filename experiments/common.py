@@ -75,6 +75,24 @@ def environment() -> Dict[str, Any]:
     return env
 
 
+def load_choice_table(path: str, target: Optional[str], draft: Optional[str]):
+    """``--arbitrate-table FILE`` before any model loads: the :class:`~jaxspec.decoding.arbitration.ChoiceTable`,
+    or a one-line ``ValueError`` for a missing or malformed file, or one measured for another target/draft
+    pair (its ``meta``)."""
+    from jaxspec.decoding.arbitration import ChoiceTable
+
+    if not pathlib.Path(path).is_file():
+        raise ValueError(f"--arbitrate-table {path}: no such file (write one with `python -m experiments.run "
+                         f"choice-table`)")
+    table = ChoiceTable.load(path)
+    for side, name in (("target", target), ("draft", draft)):
+        measured = table.meta.get(side)
+        if measured is not None and name and measured != name:
+            raise ValueError(f"--arbitrate-table {path}: measured with {side} {measured!r}, this run's {side} is "
+                             f"{name!r} (a table holds one pair's speed-ups)")
+    return table
+
+
 def check_output_path(path: Optional[str]) -> None:
     """Refuse an ``--out`` that cannot be written, before any work: a directory, a read-only file,
     a parent that is not a folder or not writable. A missing parent folder is created."""

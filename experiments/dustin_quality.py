@@ -40,7 +40,7 @@ import numpy as np
 
 from experiments import registry
 from experiments.common import (REPO, CompileCounter, ResultWriter, check_skip_ranges, check_warm_workers, config_of,
-                                load_model_timed, print_table, stop_tokens, warm_compilation_cache)
+                                load_choice_table, load_model_timed, print_table, stop_tokens, warm_compilation_cache)
 
 SPARSE_METHODS = ("dustin", "streaming", "snapkv", "quest", "magicdec")
 PROFILE_DIR = REPO / "experiments" / "profiles"
@@ -140,17 +140,7 @@ def validate(args) -> None:
         if args.arbitrate is None:
             raise ValueError("--arbitrate-table gives the measured choice its decisions; give --arbitrate ROUNDS too "
                              "(the probe for cases the table does not hold)")
-        if not pathlib.Path(args.arbitrate_table).is_file():
-            raise ValueError(f"--arbitrate-table {args.arbitrate_table}: no such file (write one with "
-                             f"`python -m experiments.run choice-table`)")
-        from jaxspec.decoding.arbitration import ChoiceTable
-
-        table = ChoiceTable.load(args.arbitrate_table)
-        for side, name in (("target", args.model), ("draft", args.draft)):
-            measured = table.meta.get(side)
-            if measured is not None and name and measured != name:
-                raise ValueError(f"--arbitrate-table {args.arbitrate_table}: measured with {side} {measured!r}, this "
-                                 f"run's {side} is {name!r} (a table holds one pair's speed-ups)")
+        load_choice_table(args.arbitrate_table, args.model, args.draft)
     if args.draft_window is not None:
         if args.draft_kv == "full":
             raise ValueError(f"--draft-window={args.draft_window} needs --draft-kv streaming or verify-set")
@@ -356,9 +346,8 @@ def run_sparse(args, model, prompts, sampling, stops, out):
             prior = getattr(args, "arbitrate_tail_prior", None)
             table, table_method = None, None
             if getattr(args, "arbitrate_table", None):
-                from jaxspec.decoding.arbitration import ChoiceTable
-
-                table, table_method = ChoiceTable.load(args.arbitrate_table), choice_table_method(args)
+                table = load_choice_table(args.arbitrate_table, args.model, args.draft)
+                table_method = choice_table_method(args)
             kwargs["controller"] = MeasuredChoiceController(probe_rounds=args.arbitrate, tail_check=tail,
                                                             tail_prior_rounds=prior, table=table,
                                                             table_method=table_method)

@@ -1154,8 +1154,8 @@ def cmd_knapspec(args) -> Dict[str, Any]:
     methods = _names(args.methods, METHODS, "methods")
     contexts = _ints(args.contexts, "contexts")
     batches = _ints(args.batches, "batches")
+    args.device_tag = args.device_tag or jax.default_backend()  # before the checks: --plan-cost-scale-from matches it
     check_knapspec_args(args)
-    args.device_tag = args.device_tag or jax.default_backend()
     writer = ResultWriter(args.out, "knapspec", _config_of(args))
     model = load(args)
     if "clasp" in methods:

@@ -41,9 +41,9 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 import numpy as np
 
-from experiments.common import ResultWriter, config_of, print_table, progress_line
-from jaxspec.decoding.arbitration import CHOICE_MARGIN, ChoiceTable
+from experiments.common import ResultWriter, config_of, load_choice_table, print_table, progress_line
 from experiments.dustin_speed import DUSTIN_METHODS, SPARSE_DRAFT_KV  # Dustin-H, and with a sparse draft KV
+from jaxspec.decoding.arbitration import CHOICE_MARGIN, ChoiceTable, MeasuredChoiceController
 
 #: self-speculation without a second model (docs/methods.md §5.1): the target drafts over sinks + a window of its
 #: own cache; MagicDec's self-draft verifies densely, Dustin-H's sparsely on I_verify
@@ -112,15 +112,7 @@ def check_args(args) -> Tuple[List[int], List[int], List[str]]:
         if not args.arbitrate:
             raise ValueError("--arbitrate-table gives the measured choice its decisions; give --arbitrate ROUNDS too "
                              "(the probe for keys the table does not hold)")
-        if not pathlib.Path(args.arbitrate_table).is_file():
-            raise ValueError(f"--arbitrate-table {args.arbitrate_table}: no such file (write one with "
-                             f"`python -m experiments.run choice-table`)")
-        table = ChoiceTable.load(args.arbitrate_table)  # a clear error for a malformed file
-        for side, name in (("target", args.model), ("draft", args.draft)):
-            measured = table.meta.get(side)
-            if measured is not None and measured != name:
-                raise ValueError(f"--arbitrate-table {args.arbitrate_table}: measured with {side} {measured!r}, this "
-                                 f"run's {side} is {name!r} (a table holds one pair's speed-ups)")
+        load_choice_table(args.arbitrate_table, args.model, args.draft)
     if args.arbitrate and "quest" in methods:
         raise ValueError("--arbitrate: quest is not run under the measured choice; drop it from --methods")
     if args.backend_check < 0:
@@ -354,9 +346,8 @@ def cmd_pair_speed(args) -> Dict[str, Any]:
                 ar_runs.append({"before": method, "decode_s": ar_s, "tok_s": ar_tps})
                 controller = None
                 if args.arbitrate:  # the measured choice (docs/methods.md §5.2), probed afresh in the timed run
-                    from jaxspec.decoding.arbitration import MeasuredChoiceController
-
-                    table = ChoiceTable.load(args.arbitrate_table) if args.arbitrate_table else None
+                    table = (load_choice_table(args.arbitrate_table, args.model, args.draft)
+                             if args.arbitrate_table else None)
                     controller = MeasuredChoiceController(probe_rounds=args.arbitrate, remember=False,
                                                           tail_check=args.arbitrate_tail or None,
                                                           tail_prior_rounds=args.arbitrate_tail_prior,
