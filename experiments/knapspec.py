@@ -570,6 +570,10 @@ def _config_of(args) -> Dict[str, Any]:
     config = {k: getattr(args, k) for k in keys}
     if args.reference_kv != "branch":  # named only when set: files written before the flag still resume
         config["reference_kv"] = args.reference_kv
+    # the two-stage search (docs/methods.md §5.6), named only when set, like reference_kv
+    for key, default in (("search_tokens", None), ("finalists", 4), ("reference_floor", None), ("plan_rows", None)):
+        if getattr(args, key) != default:
+            config[key] = getattr(args, key)
     if args.plan_at_start:
         config["plan_at_start"] = True
     if args.plan_cost_scale != 1.0:
