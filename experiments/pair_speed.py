@@ -513,7 +513,8 @@ def register(subparsers) -> None:
                    help="run every method under the measured choice between speculation and plain decoding "
                         "(probe ROUNDS rounds against as many AR steps; docs/methods.md §5.2); 0 = off")
     p.add_argument("--arbitrate-tail", type=int, default=0, metavar="ROUNDS",
-                   help="with --arbitrate: the tail check every ROUNDS speculative rounds (0 = off)")
+                   help="with --arbitrate: the tail check every ROUNDS speculative rounds (0 = off); it guards probed "
+                        "decisions, not those taken from --arbitrate-table (docs/methods.md §5.2)")
     p.add_argument("--arbitrate-tail-prior", type=float, default=None, metavar="M",
                    help="with --arbitrate-tail: each row's tokens per round is pooled toward the batch mean with the "
                         "weight of M rounds (default: as many rounds as observed; 0 = each row's own rate, the rule "

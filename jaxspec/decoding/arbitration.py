@@ -45,8 +45,8 @@ class ChoiceTable:
 
     ``entries``: dicts with ``method`` (the name the table is looked up by), ``context_bucket`` (a power of
     two: :func:`context_bucket` of the run at its start), ``batch`` (rows), ``speedup`` (whole run against
-    AR in the same process) and optionally ``ar_step_s`` (a plain step's seconds, which the tail check
-    uses) and ``measured`` (the runs it came from). ``meta``: what the speed-ups were measured on
+    AR in the same process) and optionally ``ar_step_s`` (a plain step's seconds, from the paired AR run;
+    recorded, not used to decide) and ``measured`` (the runs it came from). ``meta``: what the speed-ups were measured on
     (``target``, ``draft``, ``device``, ...), kept in the file and the run's metrics."""
 
     def __init__(self, entries: Sequence[Mapping[str, Any]], margin: float = CHOICE_MARGIN,
@@ -227,7 +227,9 @@ class MeasuredChoiceController(ScriptedController):
     the measured round time, the probe's plain step time); switch to plain
     decoding for the rest once that is sooner. A probe's rates are means over the rows, but the
     loop waits for its slowest row, so a batch with a few low-acceptance rows can be faster in plain
-    decoding than its probe says (docs/methods.md §5.2)."""
+    decoding than its probe says (docs/methods.md §5.2). The tail check guards probed (and remembered)
+    decisions only: a ``table`` decision stands for the run, since the table's speed-ups were measured
+    over whole runs, slowest rows and opening rounds included."""
 
     def __init__(self, probe_rounds: int = 8, reprobe_rounds: Optional[int] = None, remember: bool = True,
                  tail_check: Optional[int] = None, tail_prior_rounds: Optional[float] = None,
@@ -289,8 +291,6 @@ class MeasuredChoiceController(ScriptedController):
             entry = None if self.table is None else self.table.lookup(self.table_method, *key)
             if entry is not None:  # measured whole runs decide; no probe (docs/methods.md §5.2)
                 choice = self.table.decide(entry)
-                if entry.get("ar_step_s"):
-                    self.step_seconds.setdefault(key, float(entry["ar_step_s"]))
             elif choice is None:
                 probe, _ = yield from measured_arbitration(
                     run, lambda: self._speculative(run, self.probe_rounds),
@@ -315,7 +315,9 @@ class MeasuredChoiceController(ScriptedController):
             span = limit if self.reprobe_rounds is None else self.reprobe_rounds
             if run.finished():
                 break
-            if choice == "speculative" and self.tail_check is not None and step_s:
+            # a table's decision is not tail-checked: its speed-up is over whole runs, which include the
+            # opening rounds whose pace the check would judge it by (docs/methods.md §5.2)
+            if choice == "speculative" and self.tail_check is not None and step_s and entry is None:
                 if (yield from self._speculate_to_tail(run, span, step_s)):
                     continue  # span done (re-probe) or every row finished
                 yield from self._plain(run, remaining_steps(run))  # the tail in plain decoding
