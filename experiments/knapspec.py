@@ -164,6 +164,10 @@ def add_planning_arguments(add, prefix: str = "") -> None:
         help="the DP's reference window reaches back (earlier committed tokens, then the prompt's last ones) until "
              "each row has at least R tokens; the planning allowance still caps it (default: the tokens committed "
              "in the last 5 rounds, the paper). docs/methods.md §5.6")
+    add(f"--{prefix}dp-attention", choices=("xla", "pallas", "pallas-interpret"), default="xla",
+        help="the attention of the DP's branches (docs/methods.md §4.3): xla = the vmap-ed reference (default); "
+             "pallas = every branch's rows folded into one call of the Pallas history kernel, the cache read once "
+             "(GPU; pallas-interpret anywhere, slow)")
     add(f"--{prefix}plan-at-start", action="store_true",
         help="with --{prefix}reference-floor R: the first plan runs before the first round, on the prompt's last R "
              "tokens a row, so no round drafts with the full model (default: after round 6, the paper). "
@@ -187,6 +191,18 @@ def check_two_stage(search_tokens, finalists, prefix: str = "", reference_floor=
                          f"whole window)")
     if finalists < 1:
         raise ValueError(f"--{prefix}finalists={finalists}: must be >= 1")
+
+
+def check_dp_attention(choice: str, reference_kv: str = "branch", branch_chunk=None, prefix: str = "") -> None:
+    """``--[knapspec-]dp-attention`` before any model loads: a kernel backend must run here and apply."""
+    if choice == "xla":
+        return
+    from jaxspec.knapspec.dp import check_history_backend
+
+    try:
+        check_history_backend(choice, reference_kv, branch_chunk)
+    except ValueError as err:
+        raise ValueError(f"--{prefix}dp-attention={choice}: {err}") from None
 
 
 def parse_gamma_buckets(text: str, flag: str = "--knapspec-gamma-buckets"):
@@ -225,7 +241,8 @@ def knapspec_config_from_args(args):
                           finalists=getattr(args, "knapspec_finalists", 4),
                           reference_floor=getattr(args, "knapspec_reference_floor", None),
                           plan_rows=getattr(args, "knapspec_plan_rows", None),
-                          plan_at_start=getattr(args, "knapspec_plan_at_start", False))
+                          plan_at_start=getattr(args, "knapspec_plan_at_start", False),
+                          dp_attention=getattr(args, "knapspec_dp_attention", "xla"))
 
 
 def validate_self_spec(args) -> None:
@@ -237,6 +254,8 @@ def validate_self_spec(args) -> None:
     check_two_stage(getattr(args, "knapspec_search_tokens", None), getattr(args, "knapspec_finalists", 4), "knapspec-",
                     getattr(args, "knapspec_reference_floor", None), getattr(args, "knapspec_plan_rows", None),
                     getattr(args, "knapspec_plan_at_start", False))
+    check_dp_attention(getattr(args, "knapspec_dp_attention", "xla"), getattr(args, "knapspec_reference_kv", "branch"),
+                       prefix="knapspec-")
     if args.knapspec_gamma_max < 1:
         raise ValueError(f"--knapspec-gamma-max={args.knapspec_gamma_max}: must be >= 1")
     default_gamma_max = registry.family_defaults("self-speculative")["knapspec_gamma_max"]
@@ -576,6 +595,8 @@ def _config_of(args) -> Dict[str, Any]:
             config[key] = getattr(args, key)
     if args.plan_at_start:
         config["plan_at_start"] = True
+    if args.dp_attention != "xla":
+        config["dp_attention"] = args.dp_attention
     if args.plan_cost_scale != 1.0:
         config["plan_cost_scale"] = args.plan_cost_scale
     if args.plan_cost_scale_from:
@@ -870,7 +891,7 @@ class Case:
                                             "alpha", "p_c", "p_ac", "predicted_tpt", "t_attn", "t_mlp", "t_token",
                                             "verify_row_cost", "seconds", "predicted_seconds", "probe",
                                             "reference_tokens", "candidates", "w_attn", "w_mlp", "planner",
-                                            "stage_seconds")}
+                                            "stage_seconds", "dp_attention")}
                       for p in plans],
             "final_skip": {"n_skip_attn": int(final_mask[:, 0].sum()), "n_skip_mlp": int(final_mask[:, 1].sum())},
             "timings": timings, "ar_decode_s": ar["decode_s"], "ar_step_s": ar["step_s"],
@@ -1088,7 +1109,8 @@ def experiment_knapspec_config(args, branch_chunk=None):
                           probe_rounds=args.probe_rounds or None, reference_kv=args.reference_kv,
                           static_plans=args.static_plans, search_tokens=args.search_tokens,
                           finalists=args.finalists, reference_floor=args.reference_floor, plan_rows=args.plan_rows,
-                          plan_at_start=args.plan_at_start, plan_cost_scale=args.plan_cost_scale)
+                          plan_at_start=args.plan_at_start, plan_cost_scale=args.plan_cost_scale,
+                          dp_attention=args.dp_attention)
 
 
 def check_knapspec_args(args) -> None:
@@ -1101,6 +1123,7 @@ def check_knapspec_args(args) -> None:
             raise ValueError(f"--{flag.replace('_', '-')}={getattr(args, flag)}: must be >= 1 (or left out)")
     check_two_stage(args.search_tokens, args.finalists, reference_floor=args.reference_floor, plan_rows=args.plan_rows,
                     plan_at_start=args.plan_at_start)
+    check_dp_attention(args.dp_attention, args.reference_kv, args.branch_chunk)
     if args.layers is not None and not args.model.startswith("random:"):
         raise ValueError(f"--layers is for random:PRESET models only; {args.model!r} has its own layer count")
     if not 0 <= args.attention_sinks < args.attention_budget:
@@ -1115,15 +1138,21 @@ def check_knapspec_args(args) -> None:
             raise ValueError(f"--plan-cost-scale {args.plan_cost_scale:g} and --plan-cost-scale-from: give one "
                              f"(the second measures the first from earlier plans)")
         sources = [s.strip() for s in args.plan_cost_scale_from.split(",") if s.strip()]
-        args.plan_cost_scale = plan_cost_scale_from(sources, args.model, args.device_tag)
+        from jaxspec.knapspec.policy import KnapSpecConfig, dp_history_backend
+
+        dp_attention = dp_history_backend(KnapSpecConfig(dp_attention=args.dp_attention, reference_kv=args.reference_kv,
+                                                         branch_chunk=args.branch_chunk)) or "xla"
+        args.plan_cost_scale = plan_cost_scale_from(sources, args.model, args.device_tag, dp_attention)
     experiment_knapspec_config(args)  # the planner's own checks
 
 
-def plan_cost_scale_from(paths: Sequence[str], model: str, device_tag: Optional[str]) -> float:
+def plan_cost_scale_from(paths: Sequence[str], model: str, device_tag: Optional[str],
+                         dp_attention: Optional[str] = None) -> float:
     """The largest measured / predicted time of the plans recorded in knapspec results files of ``model``
     (and ``device_tag`` when given): the price the planning allowance should have put on them
     (docs/methods.md §5.6). A file planned with a scale already has it in its predictions, so its ratios
-    are multiplied by it."""
+    are multiplied by it. ``dp_attention`` (the run's, resolved): KnapSpec plans made with another DP
+    attention are refused (a plan record without the field ran the reference, ``"xla"``)."""
     ratios = []
     for path in paths:
         path = pathlib.Path(path)
@@ -1143,6 +1172,11 @@ def plan_cost_scale_from(paths: Sequence[str], model: str, device_tag: Optional[
         scale = float(config.get("plan_cost_scale", 1.0))
         for case in data.get("cases", {}).values():
             for plan in (case.get("plans") or []) if isinstance(case, dict) else []:
+                used = plan.get("dp_attention", "xla")
+                if dp_attention and plan.get("planner", "knapspec") == "knapspec" and used != dp_attention:
+                    raise ValueError(f"--plan-cost-scale-from {path}: its plans ran the DP with {used!r} attention, "
+                                     f"this run's is {dp_attention!r} (--dp-attention): their cost does not carry "
+                                     f"over")
                 if plan.get("predicted_seconds") and plan.get("seconds"):
                     ratios.append(scale * plan["seconds"] / plan["predicted_seconds"])
     if not ratios:

@@ -37,7 +37,13 @@ Implementations (same semantics, same result):
   branch's ``r`` query rows attend to the true full-model prefix KV cache of that layer
   (``prefix_len`` valid slots) plus the branch's own new K/V, causally -- exactly
   :func:`jaxspec.models.layers.attention_sublayer`, ``vmap``-ed over branches (the cache is shared,
-  not copied); ``branch_chunk`` bounds memory with ``lax.map(batch_size=...)``.
+  not copied); ``branch_chunk`` bounds memory with ``lax.map(batch_size=...)``. With
+  ``history_backend`` (a kernel backend, e.g. ``"pallas"`` on a GPU) the branches are folded into the
+  query rows instead: the backend's history kernel serves all ``J x r`` rows of a row's cache with an
+  online softmax (one read of the cache per block of query rows), and each branch's own new K/V are
+  merged in exactly
+  (:func:`branch_folded_attention`); the vmap-ed reference materialises ``J x Hq x r x S`` float32
+  scores per layer, several passes of which dominate the DP at long context.
   With ``reference_kv="target"`` (:data:`REFERENCE_KV`) a branch's row ``t`` attends instead to the
   target's K/V of rows ``< t`` and to its own only at ``t`` (:func:`target_kv_attention`; the
   target's K/V of a layer are projected once from its boundary state, for all branches).
@@ -59,7 +65,7 @@ import numpy as np
 
 from jaxspec.config import ModelConfig
 from jaxspec.models.cache import KVCache
-from jaxspec.models.attention import batchable_config
+from jaxspec.models.attention import batchable_config, get_backend
 from jaxspec.models.layers import (attention_sublayer, default_positions, embed, lm_head, mlp_sublayer, project_qkv,
                                    rope_tables)
 
@@ -418,16 +424,79 @@ def _agreement(params, config, final_states, teacher_state, token_mask, chunk: i
     return jax.lax.map(one, final_states, batch_size=chunk)
 
 
+# compiled once per shape: run eagerly, the map over candidates re-traced and dispatched op by op on
+# every call (~0.13 s per rescore of SmolLM2 on a 2-core CPU, whatever the window's width)
+_agreement_jit = jax.jit(_agreement, static_argnums=(1, 5, 6))
+
+
 def _alpha(params, config, final_states, teacher_state, token_mask, chunk: int):
     """Greedy agreement of each candidate's final state with the target's, over the masked tokens."""
     return _agreement(params, config, final_states, teacher_state, token_mask, chunk, None)[:, 0]
 
 
+def branch_folded_attention(config: ModelConfig, backend: str, q, k_new, v_new, cache_k, cache_v, lengths):
+    """The DP's branch-parallel attention with the branches folded into the query rows: ``q [J, B, r, Hq, D]``
+    and each branch's own ``k_new, v_new [J, B, r, Hkv, D]``; every branch's rows attend to the first
+    ``lengths[b]`` slots of the shared ``cache_k/v [B, Hkv, S, D]`` and causally to their own branch's new
+    K/V. Returns ``[J, B, r, Hq, D]``, what :func:`jaxspec.models.layers.attention_sublayer`'s attention
+    gives per branch. The history part is ``backend``'s history kernel over all ``J x r`` rows (no scores
+    written; the cache read once per block of query rows), merged with each branch's new-token part by
+    their softmax statistics (docs/methods.md §4.3)."""
+    from pallas_kernels import attention as kernels
+    from pallas_kernels import reference
+
+    branches, batch, steps, num_heads, dim = q.shape
+    kv_heads, groups = config.num_kv_heads, config.queries_per_kv
+    rows = branches * steps  # per KV group: row j * r + t
+    folded = q.transpose(1, 0, 2, 3, 4).reshape(batch, rows, num_heads, dim)
+    packed = kernels.pack_queries(folded, kv_heads, 1.0 / np.sqrt(dim))  # [B, Hkv, >= G * J * r, D]
+    used = groups * rows
+    history = kernels.merged_history(get_backend(backend).dense_history_partials(packed, cache_k, cache_v, lengths),
+                                     used)
+    qg = packed[:, :, :used].reshape(batch, kv_heads, groups, branches, steps, dim)
+    kn = k_new.transpose(1, 3, 0, 2, 4)  # [B, Hkv, J, r, D]
+    vn = v_new.transpose(1, 3, 0, 2, 4)
+    scores = jnp.einsum("bkgjtd,bkjud->bkjgtu", qg, kn, preferred_element_type=jnp.float32)
+    causal = jnp.tril(jnp.ones((steps, steps), bool))
+    acc, l, m = reference.partial_from_scores(scores, causal, vn[:, :, :, None])  # [B, Hkv, J, G, r, (D)]
+    new_part = (acc.transpose(0, 1, 3, 2, 4, 5).reshape(batch, kv_heads, used, dim),
+                l.transpose(0, 1, 3, 2, 4).reshape(batch, kv_heads, used),
+                m.transpose(0, 1, 3, 2, 4).reshape(batch, kv_heads, used))
+    out = reference.normalize(reference.merge_partials([history, new_part]), q.dtype)  # [B, Hkv, G*J*r, D]
+    out = out.reshape(batch, kv_heads, groups, branches, steps, dim)
+    return out.transpose(3, 0, 4, 1, 2, 5).reshape(branches, batch, steps, num_heads, dim)
+
+
+def check_history_backend(history_backend: Optional[str], reference_kv: str = "branch",
+                          branch_chunk: Optional[int] = None) -> Optional[str]:
+    """``history_backend`` of :func:`knapsack_dp` checked: None for the reference attention (None or
+    ``"xla"``), else the name of a backend with a history kernel that runs on this platform."""
+    if history_backend is None or history_backend == "xla":
+        return None
+    backend = get_backend(history_backend)  # raises on an unknown name, listing the valid ones
+    if not backend.opaque_kernel or backend.tpu_kernels:
+        raise ValueError(f"history_backend={history_backend!r}: the DP folds its branches into a Triton history "
+                         f"kernel; valid: 'pallas' (GPU), 'pallas-interpret' (any platform, slow), 'xla' or None "
+                         f"(the reference attention)")
+    if not backend.runs_on():
+        raise ValueError(f"history_backend={history_backend!r} needs a GPU ({backend.description}); this platform "
+                         f"is {jax.default_backend()!r}: valid here 'pallas-interpret' (slow) or 'xla' / None")
+    if reference_kv != "branch":
+        raise ValueError(f"history_backend={history_backend!r} folds the 'branch' reference's attention; "
+                         f"reference_kv={reference_kv!r} runs the reference attention (leave history_backend None)")
+    if branch_chunk:
+        raise ValueError(f"history_backend={history_backend!r} runs every branch in one kernel call; "
+                         f"branch_chunk={branch_chunk} (branches per batch) is for the reference attention")
+    return history_backend
+
+
 def _model_sublayers(config: ModelConfig, prefix_len, steps: int, branch_chunk: Optional[int],
-                     reference_kv: str = "branch"):
+                     reference_kv: str = "branch", history_backend: Optional[str] = None):
     """Sub-layer functions of the model for the DP: single state and all-slots versions. A layer's
     argument is ``(layer, cache_k, cache_v)``, with ``reference_kv="target"`` also the target's input
-    to its Attention sub-layer ``[B, r, H]`` (:func:`reference_attention_inputs`)."""
+    to its Attention sub-layer ``[B, r, H]`` (:func:`reference_attention_inputs`). ``history_backend``:
+    the all-slots Attention folds the branches into one history-kernel call of that backend
+    (:func:`branch_folded_attention`; the "branch" reference only)."""
     cos, sin = _rope(config, prefix_len, steps)
     check_reference_kv(reference_kv)
 
@@ -449,6 +518,11 @@ def _model_sublayers(config: ModelConfig, prefix_len, steps: int, branch_chunk: 
         return mlp_sublayer(layer_x[0], h, config)
 
     def attn_all(layer_x, g):  # branch-parallel: every branch attends to the shared prefix cache
+        if history_backend is not None and reference_kv == "branch":
+            layer, cache_k, cache_v = layer_x[:3]
+            q, k, v = jax.vmap(lambda h: project_qkv(layer, h, config, cos, sin))(g)
+            out = branch_folded_attention(config, history_backend, q, k, v, cache_k, cache_v, prefix_len)
+            return g + jnp.einsum("jbtq,qd->jbtd", out.reshape(g.shape[:3] + (-1,)), layer.wo)
         ref_kv = reference_kv_of(layer_x) if reference_kv == "target" else None  # once for all branches
         fn = functools.partial(attn, layer_x, ref_kv=ref_kv)
         if branch_chunk:
@@ -486,10 +560,15 @@ def stacked_scan_layers(params, reuse: bool = True):
 
 def _knapsack_dp_fn(params, stacked, cache: KVCache, prefix_len, states, token_mask, *, config, w_attn, w_mlp,
                     budget, tau, branch_chunk, alpha_chunk, exit_threshold=None, keep_attention=(),
-                    reference_kv="branch"):
+                    reference_kv="branch", history_backend=None):
     num_layers = config.num_layers
-    _, _, attn_all, mlp_all = _model_sublayers(config, prefix_len, states.shape[2], branch_chunk, reference_kv)
-    layer_xs = (stacked, jnp.stack(cache.keys[1:]), jnp.stack(cache.values[1:]))
+    _, _, attn_all, mlp_all = _model_sublayers(config, prefix_len, states.shape[2], branch_chunk, reference_kv,
+                                               history_backend)
+    keys, values = jnp.stack(cache.keys[1:]), jnp.stack(cache.values[1:])
+    if history_backend is not None:  # the kernel walks the cache in blocks: pad the stacked copy (slots unread)
+        pad = get_backend(history_backend).round_capacity(keys.shape[3]) - keys.shape[3]
+        keys, values = (jnp.pad(x, ((0, 0),) * 3 + ((0, pad), (0, 0))) for x in (keys, values))
+    layer_xs = (stacked, keys, values)
     if reference_kv == "target":
         layer_xs = layer_xs + (reference_attention_inputs(states, num_layers),)
     targets = states[3:].reshape((num_layers - 1, 2) + states.shape[1:])
@@ -502,7 +581,7 @@ def _knapsack_dp_fn(params, stacked, cache: KVCache, prefix_len, states, token_m
 
 _knapsack_dp = jax.jit(_knapsack_dp_fn, static_argnames=("config", "w_attn", "w_mlp", "budget", "tau",
                                                           "branch_chunk", "alpha_chunk", "exit_threshold",
-                                                          "keep_attention", "reference_kv"))
+                                                          "keep_attention", "reference_kv", "history_backend"))
 
 
 @dataclasses.dataclass
@@ -526,6 +605,8 @@ class Candidates:
     # and their number per row; alpha / confident / agree_confident are then the whole window's
     search_alpha: Optional[np.ndarray] = None  # [C]
     search_tokens: Optional[int] = None
+    # the backend the DP's branch attention folded into (knapsack_dp's history_backend; None: the reference)
+    history_backend: Optional[str] = None
     # wall seconds of each part of the plan that produced these candidates (policy.plan_skip_set:
     # boundary_states, dp, grid_search, rescore), None when not recorded
     stage_seconds: Optional[Dict[str, float]] = None
@@ -543,7 +624,7 @@ def knapsack_dp(params, config: ModelConfig, cache: KVCache, prefix_len, states,
                 w_mlp: int, budget: Optional[int] = None, tau: float = DEFAULT_TAU, branch_chunk: Optional[int] = None,
                 alpha_chunk: int = 8, keep_states: bool = False, reuse_stacked: bool = True,
                 exit_threshold: Optional[float] = None, keep_attention: Sequence[int] = (),
-                reference_kv: str = "branch") -> Candidates:
+                reference_kv: str = "branch", history_backend: Optional[str] = None) -> Candidates:
     """Run the jit-compiled, scan-vectorised DP on the model.
 
     ``reuse_stacked``: keep the stacked layer weights between calls (:func:`stacked_scan_layers`).
@@ -556,10 +637,14 @@ def knapsack_dp(params, config: ModelConfig, cache: KVCache, prefix_len, states,
     confidence (``Candidates.confident`` / ``agree_confident``; for the exit-aware TPT).
     ``keep_attention``: layers whose Attention sub-layer no candidate skips (module doc).
     ``reference_kv``: how the reference tokens see one another (:data:`REFERENCE_KV`).
+    ``history_backend``: an attention backend with a history kernel (``"pallas"`` on a GPU,
+    ``"pallas-interpret"`` anywhere, for tests) that the branch-parallel Attention folds all branches
+    into (:func:`branch_folded_attention`); None or ``"xla"``: the ``vmap``-ed reference attention.
     """
     config = _dp_config(config)
     keep_attention = check_keep_attention(keep_attention, config.num_layers)
     check_reference_kv(reference_kv)
+    history_backend = check_history_backend(history_backend, reference_kv, branch_chunk)
     budget = skip_budget(w_attn, w_mlp, config.num_layers) if budget is None else int(budget)
     token_mask = jnp.ones(states.shape[1:3], jnp.float32) if token_mask is None else jnp.asarray(token_mask,
                                                                                                   jnp.float32)
@@ -571,7 +656,7 @@ def knapsack_dp(params, config: ModelConfig, cache: KVCache, prefix_len, states,
         token_mask, config=config, w_attn=int(w_attn), w_mlp=int(w_mlp), budget=budget, tau=float(tau),
         branch_chunk=branch_chunk, alpha_chunk=alpha_chunk,
         exit_threshold=None if exit_threshold is None else float(exit_threshold), keep_attention=keep_attention,
-        reference_kv=reference_kv)
+        reference_kv=reference_kv, history_backend=history_backend)
     trace = DPTrace(np.asarray(values, np.float64), np.asarray(skipped), np.asarray(valid), first_layer=1)
     masks, slots = backtrack(trace, config.num_layers, w_attn, w_mlp)
     denom = max(float(np.asarray(token_mask).sum()), 1.0)
@@ -580,7 +665,8 @@ def knapsack_dp(params, config: ModelConfig, cache: KVCache, prefix_len, states,
     return Candidates(masks=masks, weights=slots, cosine=trace.final_values[slots] / denom,
                       alpha=stats[:, 0], w_attn=int(w_attn), w_mlp=int(w_mlp), budget=budget,
                       trace=trace, final_states=np.asarray(final)[slots] if keep_states else None,
-                      confident=stats[:, 1] if exits else None, agree_confident=stats[:, 2] if exits else None)
+                      confident=stats[:, 1] if exits else None, agree_confident=stats[:, 2] if exits else None,
+                      history_backend=history_backend)
 
 
 # ---------------------------------------------------------------------------- fixed plans
@@ -642,7 +728,7 @@ def plan_agreement(params, config: ModelConfig, cache: KVCache, prefix_len, stat
     finals = _plan_states(params, cache, jnp.asarray(prefix_len, jnp.int32), states, jnp.asarray(masks),
                           config=config, reference_kv=reference_kv, executed_only=executed_only)
     threshold = None if exit_threshold is None else float(exit_threshold)
-    return np.asarray(_agreement(params, config, finals, states[-1], token_mask, 8, threshold), np.float64)
+    return np.asarray(_agreement_jit(params, config, finals, states[-1], token_mask, 8, threshold), np.float64)
 
 
 # ---------------------------------------------------------------------------- references on the model

@@ -80,7 +80,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -94,8 +94,9 @@ from jaxspec.decoding.sampling import SamplingConfig, sample_token, sampling_pro
 from jaxspec.decoding.speculative import EngineConfig, SpeculativeResult, speculative_generate
 from jaxspec.knapspec.budgeted import BUDGET, DENSE, SKIP, budgeted_forward, check_budget, plan_choices
 from jaxspec.knapspec.coupled import plan_coupled_skip_set
-from jaxspec.knapspec.dp import (DEFAULT_TAU, WEIGHT_CAP, Candidates, boundary_states, check_keep_attention,
-                                 check_reference_kv, knapsack_dp, knapsack_weights, plan_agreement, skip_budget)
+from jaxspec.knapspec.dp import (DEFAULT_TAU, WEIGHT_CAP, Candidates, boundary_states, check_history_backend,
+                                 check_keep_attention, check_reference_kv, knapsack_dp, knapsack_weights,
+                                 plan_agreement, skip_budget)
 from jaxspec.knapspec.latency import LatencyModel, effective_context
 from jaxspec.knapspec.planner import GAMMA_GRID, Plan, Planner, PlannerBase, choose_plan
 from jaxspec.models.llama import forward, freeze_skip_mask
@@ -219,6 +220,16 @@ class KnapSpecDraft(DraftPolicyBase):
 
 
 # ---------------------------------------------------------------------------- schedule
+#: values of :attr:`KnapSpecConfig.dp_attention`
+DP_ATTENTION = ("xla", "pallas", "pallas-interpret")
+
+
+def dp_history_backend(knapspec: "KnapSpecConfig") -> Optional[str]:
+    """The ``history_backend`` the sub-layer DP runs with under ``knapspec`` (None: the reference
+    attention), from :attr:`KnapSpecConfig.dp_attention`."""
+    return check_history_backend(knapspec.dp_attention, knapspec.reference_kv, knapspec.branch_chunk)
+
+
 @dataclasses.dataclass(frozen=True)
 class KnapSpecConfig:
     """KnapSpec knobs (defaults: the official code)."""
@@ -298,10 +309,19 @@ class KnapSpecConfig:
     # earlier plans of this model on this device (docs/methods.md §5.6; on the H200 the two-stage plan ran 3-11x
     # the model, which prices the DP's rows by plain many-row forwards). 1 = the model alone
     plan_cost_scale: float = 1.0
+    # the attention of the DP's branches (sub-layer DP, "branch" reference; jaxspec.knapspec.dp.knapsack_dp's
+    # history_backend): "xla" = the vmap-ed reference attention; "pallas" = every branch's rows folded into
+    # one call of the Pallas history kernel, the cache read once (GPU, opt-in like the model's Pallas
+    # attention; "pallas-interpret" on any platform, for tests)
+    dp_attention: str = "xla"
 
     def __post_init__(self):
         object.__setattr__(self, "keep_attention", tuple(sorted({int(x) for x in self.keep_attention})))
         check_reference_kv(self.reference_kv)
+        if self.dp_attention not in DP_ATTENTION:
+            raise ValueError(f"dp_attention={self.dp_attention!r}; valid: {', '.join(DP_ATTENTION)}")
+        if self.dp_attention != "xla":
+            check_history_backend(self.dp_attention, self.reference_kv, self.branch_chunk)
         if self.reference_kv != "branch" and self.coupled:
             raise ValueError(f"reference_kv={self.reference_kv!r} is for the sub-layer DP; coupled=True (whole "
                              f"layers, the CLaSp-style ablation) runs the paper's 'branch' reference")
@@ -432,6 +452,9 @@ class PlanRecord:
     probe: Optional[dict] = None  # the measured arbitration after this plan (KnapSpecConfig.probe_rounds)
     predicted_seconds: Optional[float] = None  # the planner's reference_cost x the window width (None: no model)
     rows: Optional[int] = None  # the rows the DP ran on (KnapSpecConfig.plan_rows; None: not recorded)
+    # the controller's parts of the plan (seconds): waiting for the device work in flight when it began,
+    # the reference window (and the planning rows' cache), applying the plan; None: not recorded
+    host_seconds: Optional[Dict[str, float]] = None
 
     def summary(self) -> dict:
         out = self.plan.summary()
@@ -444,8 +467,11 @@ class PlanRecord:
                    n_skip_attn=int(mask[:, 0].sum()), n_skip_mlp=int(mask[:, 1].sum()), probe=self.probe,
                    predicted_seconds=self.predicted_seconds, rows=self.rows)
         c = self.candidates
-        if c is not None and c.stage_seconds:  # and the rest of the planning time (window, applying the plan)
-            out["stage_seconds"] = dict(c.stage_seconds, other=self.seconds - sum(c.stage_seconds.values()))
+        if c is not None and c.stage_seconds:  # with the controller's parts, and the rest of the planning time
+            stages = dict(c.stage_seconds, **(self.host_seconds or {}))
+            out["stage_seconds"] = dict(stages, other=self.seconds - sum(stages.values()))
+        if c is not None and c.stage_seconds:
+            out["dp_attention"] = c.history_backend or "xla"
         if c is not None and c.search_alpha is not None:  # a two-stage plan: the search's estimate beside the window's
             out.update(search_tokens=c.search_tokens, search_alpha=float(c.search_alpha[self.plan.index]))
         return out
@@ -511,7 +537,7 @@ def plan_skip_set(target_params, config: ModelConfig, cache, tokens, token_mask,
     candidates = knapsack_dp(target_params, config, cache, prefix_len, states[:, :, :s], mask, w_attn=w_attn,
                              w_mlp=w_mlp, tau=knapspec.tau, branch_chunk=knapspec.branch_chunk,
                              exit_threshold=threshold, keep_attention=knapspec.keep_attention,
-                             reference_kv=knapspec.reference_kv)
+                             reference_kv=knapspec.reference_kv, history_backend=dp_history_backend(knapspec))
     lap("dp")
 
     def choose(c):
@@ -818,7 +844,8 @@ class KnapSpecController(ScriptedController):
                     continue
             plan_start = time.perf_counter()
             state = run.state
-            cache_lengths = np.asarray(state.target_cache.lengths)
+            cache_lengths = np.asarray(state.target_cache.lengths)  # waits for the device work in flight
+            host = {"device_in_flight": time.perf_counter() - plan_start}  # the controller's own parts of a plan
             if current["gamma"] == 0 or mark is None:
                 mark = np.maximum(cache_lengths - knapspec.ar_reference_tokens, 0)
             if knapspec.reference_floor is not None:  # at least this many tokens a row (earlier ones, the prompt's)
@@ -835,10 +862,13 @@ class KnapSpecController(ScriptedController):
                     rows = planning_rows(token_mask, np.asarray(state.done), int(knapspec.plan_rows))
                     ref_tokens, token_mask, prefix = ref_tokens[rows], token_mask[rows], prefix[rows]
                     plan_cache = cache_rows(plan_cache, rows)
+                    jax.block_until_ready(plan_cache.keys)
+                host["window"] = time.perf_counter() - plan_start - host["device_in_flight"]
                 plan, candidates, weights = planner.plan(run.target_params, config, plan_cache,
                                                          jnp.asarray(ref_tokens), jnp.asarray(token_mask),
                                                          jnp.asarray(prefix), n)
                 del plan_cache
+                applying = time.perf_counter()
                 apply_plan(plan.mask, plan.gamma if knapspec.honor_gamma else gamma_max)
                 cost = planner.reference_cost(config, n)
                 if cost is not None:
@@ -848,11 +878,12 @@ class KnapSpecController(ScriptedController):
                         fixed, per_token = planner.reference_costs(config, n)
                         cost = (fixed + per_token * ref_tokens.shape[1]) * row_share
                     cost *= float(knapspec.plan_cost_scale)  # the allowance's prediction, as it priced the plan
+                host["apply"] = time.perf_counter() - applying
                 self.records.append(PlanRecord(
                     true_round, plan, candidates, int(token_mask.sum()), weights, time.perf_counter() - plan_start,
                     gamma_used=current["gamma"], verify_rows=current["bucket"] + 1 if current["gamma"] else 1,
                     context_length=float(np.mean(cache_lengths + 1)), planner=planner.name,
-                    predicted_seconds=cost, rows=int(ref_tokens.shape[0])))
+                    predicted_seconds=cost, rows=int(ref_tokens.shape[0]), host_seconds=host))
             plan_end = time.perf_counter()
             self.timings["plan_s"] += plan_end - plan_start
             last = (plan_end, plan_end - plan_start, true_round)

@@ -171,6 +171,13 @@ def test_plan_cost_scale_from_takes_the_largest_measured_over_predicted(tmp_path
     b = results("b.json", [{"seconds": 0.3, "predicted_seconds": 0.15}], plan_cost_scale=3.0)  # already scaled 3x
     assert plan_cost_scale_from([a], "qwen2.5-coder-1.5b", "h200") == pytest.approx(4.0)
     assert plan_cost_scale_from([a, b], "qwen2.5-coder-1.5b", None) == pytest.approx(6.0)
+    # plans of the reference DP attention (no field: "xla") price a run of the same, not one of the kernel's
+    assert plan_cost_scale_from([a], "qwen2.5-coder-1.5b", "h200", "xla") == pytest.approx(4.0)
+    with pytest.raises(ValueError, match=re.escape("its plans ran the DP with 'xla' attention, this run's is "
+                                                   "'pallas'")):
+        plan_cost_scale_from([a], "qwen2.5-coder-1.5b", "h200", "pallas")
+    folded = results("f.json", [{"seconds": 0.2, "predicted_seconds": 0.1, "dp_attention": "pallas"}])
+    assert plan_cost_scale_from([folded], "qwen2.5-coder-1.5b", "h200", "pallas") == pytest.approx(2.0)
     for paths, model, device, message in [
             ([results("m.json", [])], "qwen2.5-coder-1.5b", "h200", "no plan with a predicted time"),
             ([a], "smollm2-135m", "h200", "its plans are of model 'qwen2.5-coder-1.5b', this run's is 'smollm2-135m'"),

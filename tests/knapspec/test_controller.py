@@ -626,9 +626,22 @@ def test_two_stage_plans_decode_as_ar_and_report_both_estimates(params, ar_rows)
                          for p in plans)
     for p in plans:  # the planning time split into its parts; they add up to the plan's seconds
         stages = p["stage_seconds"]
-        assert set(stages) == {"boundary_states", "dp", "grid_search", "rescore", "other"}
+        assert set(stages) == {"device_in_flight", "window", "boundary_states", "dp", "grid_search", "rescore",
+                               "apply", "other"}
         assert min(v for k, v in stages.items() if k != "other") > 0 and stages["other"] >= 0
         assert sum(stages.values()) == pytest.approx(p["seconds"])
+        assert p["dp_attention"] == "xla"  # the default
+
+
+def test_plans_with_the_dp_attention_folded_into_the_history_kernel_decode_as_ar(params, ar_rows):
+    """dp_attention="pallas-interpret": the DP's branches run through the (interpreted) Pallas history kernel;
+    the run still decodes AR's tokens and each plan names the attention its DP used."""
+    knap = dataclasses_replace(KNAP, max_plan_fraction=None, probe_rounds=None, search_tokens=4, finalists=2,
+                               dp_attention="pallas-interpret")
+    result = knapspec_generate(params, TARGET, PROMPTS, latency=LATENCY, knapspec=knap, max_new_tokens=NEW)
+    assert result.rows() == ar_rows
+    plans = [p for p in result.metrics["knapspec_plans"] if "stage_seconds" in p]
+    assert plans and all(p["dp_attention"] == "pallas-interpret" for p in plans)
 
 
 class WindowPlanner(ScriptedPlanner):

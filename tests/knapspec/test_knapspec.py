@@ -218,6 +218,42 @@ def test_scan_dp_equals_python_loop_dp(tiny_problem, w_attn, w_mlp):
     np.testing.assert_allclose(chunked.cosine, fast.cosine, rtol=1e-5)
 
 
+@pytest.mark.parametrize("w_attn,w_mlp", [(2, 1)])
+def test_dp_with_branches_folded_into_the_history_kernel_equals_the_vmapped_dp(tiny_problem, w_attn, w_mlp):
+    """history_backend: every branch's rows in one call of the Pallas history kernel (interpreted here),
+    merged with each branch's own K/V by their softmax statistics, give the DP of the vmap-ed reference
+    attention: the same trace, masks and alphas (docs/methods.md §4.3). Both cache rows are ragged and the
+    cache capacity is not a multiple of the kernel's block (the stacked copy is padded)."""
+    params, cache, prefix, _, token_mask, states = tiny_problem
+    assert int(np.max(prefix)) <= 40 < cache.capacity
+    trimmed = dataclass_replace(cache, keys=tuple(k[:, :, :40] for k in cache.keys),  # 40 slots: padded to 64
+                                values=tuple(v[:, :, :40] for v in cache.values))
+    ref = dp.knapsack_dp(params, TINY, cache, prefix, states, token_mask, w_attn=w_attn, w_mlp=w_mlp,
+                         keep_states=True)
+    folded = dp.knapsack_dp(params, TINY, trimmed, prefix, states, token_mask, w_attn=w_attn, w_mlp=w_mlp,
+                            keep_states=True, history_backend="pallas-interpret")
+    np.testing.assert_array_equal(folded.trace.valid, ref.trace.valid)
+    np.testing.assert_array_equal(folded.trace.skipped, ref.trace.skipped)
+    ok = ref.trace.valid
+    np.testing.assert_allclose(folded.trace.values[ok], ref.trace.values[ok], rtol=1e-5)
+    np.testing.assert_array_equal(folded.masks, ref.masks)
+    np.testing.assert_allclose(folded.alpha, ref.alpha, atol=1e-6)
+    np.testing.assert_allclose(folded.final_states, ref.final_states, rtol=1e-4, atol=1e-4)
+    assert len(folded) > 3
+    same = dp.knapsack_dp(params, TINY, cache, prefix, states, token_mask, w_attn=w_attn, w_mlp=w_mlp,
+                          history_backend="xla")  # "xla" names the reference attention
+    np.testing.assert_array_equal(same.masks, ref.masks)
+    for bad, match in (("pallas-tpu", "Triton history kernel"), ("nope", "attention_backend")):
+        with pytest.raises(ValueError, match=match):
+            dp.knapsack_dp(params, TINY, cache, prefix, states, token_mask, w_attn=1, w_mlp=1, history_backend=bad)
+    with pytest.raises(ValueError, match="reference_kv='target'"):
+        dp.knapsack_dp(params, TINY, cache, prefix, states, token_mask, w_attn=1, w_mlp=1,
+                       history_backend="pallas-interpret", reference_kv="target")
+    with pytest.raises(ValueError, match="branch_chunk=3"):
+        dp.knapsack_dp(params, TINY, cache, prefix, states, token_mask, w_attn=1, w_mlp=1,
+                       history_backend="pallas-interpret", branch_chunk=3)
+
+
 def test_dp_candidates_are_realised_by_the_skip_forward(tiny_problem):
     """Each backtracked mask, run through the model's own forward with that dynamic skip mask
     (what the draft policy executes), reproduces the DP's final state, cosine and alpha; slot 0
