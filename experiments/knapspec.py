@@ -555,6 +555,10 @@ def register(subparsers) -> None:
     p.add_argument("--attention-sinks", type=int, default=4, help="knapspec-budget: sinks of the budget")
     p.add_argument("--plan-cost-repeats", type=int, default=3,
                    help="planner timings with / without the stacked-weights reuse per case (0: skip)")
+    p.add_argument("--dp-attention-check", type=int, default=0, metavar="REPEATS",
+                   help="with --dp-attention pallas|pallas-interpret: per case, time the DP of the run's planning "
+                        "shape with the reference attention and with the kernel, REPEATS times each, and record "
+                        "whether they agree (0: skip)")
     p.add_argument("--device-tag", default=None, help="label in case keys and file names (default: the backend)")
     p.add_argument("--gamma-max", type=int, default=10)
     p.add_argument("--gamma-buckets", default="1,2,3,4,6,8",
@@ -597,6 +601,8 @@ def _config_of(args) -> Dict[str, Any]:
         config["plan_at_start"] = True
     if args.dp_attention != "xla":
         config["dp_attention"] = args.dp_attention
+    if args.dp_attention_check:
+        config["dp_attention_check"] = args.dp_attention_check
     if args.plan_cost_scale != 1.0:
         config["plan_cost_scale"] = args.plan_cost_scale
     if args.plan_cost_scale_from:
@@ -1040,6 +1046,57 @@ class Case:
                 "median_reuse_s": float(np.median(times["reuse_stacked_s"]))}
 
 
+    def dp_attention_check(self, repeats: int) -> Dict[str, Any]:
+        """The DP of this run's planning shape (its plan rows, its search tokens or
+        ``--candidate-reference-tokens``; the prompts' last tokens as the window, as a plan at the start
+        makes it) with the reference attention and with ``--dp-attention``'s kernel, interleaved
+        ``repeats`` times after a warm-up of each: the DP's seconds and whether the two agree (trace,
+        masks, values, alphas; docs/methods.md §4.3)."""
+        import jax.numpy as jnp
+
+        from jaxspec.knapspec.dp import boundary_states, knapsack_dp, knapsack_weights
+        from jaxspec.knapspec.policy import cache_rows, dp_history_backend
+
+        cache = self.prefill()[0]
+        folded = dp_history_backend(self.knapspec)
+        rows = list(range(min(int(self.knapspec.plan_rows or self.batch), self.batch)))
+        width = int(self.knapspec.search_tokens or self.args.candidate_reference_tokens)
+        lengths = np.asarray([len(self.prompts[b]) for b in rows])
+        tokens = jnp.asarray(np.stack([np.asarray(self.prompts[b][n - width:n]) for b, n in zip(rows, lengths)]),
+                             jnp.int32)
+        prefix = jnp.asarray(lengths - width, jnp.int32)
+        if len(rows) < self.batch:
+            cache = cache_rows(cache, rows)
+        cfg = self.model.config
+        states = boundary_states(self.model.params, cfg, tokens, cache, prefix)
+        n = float(self.capacity)
+        w_attn, w_mlp = knapsack_weights(self.latency.t_attn(n), self.latency.t_mlp())
+
+        def dp(backend):
+            start = time.perf_counter()
+            cands = knapsack_dp(self.model.params, cfg, cache, prefix, states, None, w_attn=w_attn, w_mlp=w_mlp,
+                                reference_kv=self.knapspec.reference_kv, history_backend=backend)
+            return time.perf_counter() - start, cands  # knapsack_dp returns host arrays: the DP has finished
+
+        _, ref = dp(None)
+        _, got = dp(folded)
+        times = {"reference_s": [], "folded_s": []}
+        for _ in range(repeats):
+            times["reference_s"].append(dp(None)[0])
+            times["folded_s"].append(dp(folded)[0])
+        valid = ref.trace.valid
+        same_shape = got.masks.shape == ref.masks.shape
+        return {"dp_attention": folded, "rows": len(rows), "search_tokens": width, "budget": ref.budget,
+                "w_attn": w_attn, "w_mlp": w_mlp, **times,
+                "median_reference_s": float(np.median(times["reference_s"])),
+                "median_folded_s": float(np.median(times["folded_s"])),
+                "same_valid": bool(np.array_equal(got.trace.valid, valid)),
+                "same_masks": bool(same_shape and np.array_equal(got.masks, ref.masks)),
+                "max_value_diff": float(np.max(np.abs(got.trace.values[valid] - ref.trace.values[valid])))
+                if np.array_equal(got.trace.valid, valid) and valid.any() else None,
+                "max_alpha_diff": float(np.max(np.abs(got.alpha - ref.alpha))) if same_shape else None}
+
+
 # ---------------------------------------------------------------------------- driver
 def _latency_profile(args, model: Model, batch: int, max_capacity: int, profile_dir: pathlib.Path):
     from jaxspec.knapspec.latency import (device_name, forward_contexts, load_or_profile, profile_latency,
@@ -1124,6 +1181,11 @@ def check_knapspec_args(args) -> None:
     check_two_stage(args.search_tokens, args.finalists, reference_floor=args.reference_floor, plan_rows=args.plan_rows,
                     plan_at_start=args.plan_at_start)
     check_dp_attention(args.dp_attention, args.reference_kv, args.branch_chunk)
+    if args.dp_attention_check < 0:
+        raise ValueError(f"--dp-attention-check={args.dp_attention_check}: must be >= 0 (repeats; 0 = skip)")
+    if args.dp_attention_check and args.dp_attention == "xla":
+        raise ValueError("--dp-attention-check compares the DP's kernel attention with the reference: give "
+                         "--dp-attention pallas (GPU) or pallas-interpret")
     if args.layers is not None and not args.model.startswith("random:"):
         raise ValueError(f"--layers is for random:PRESET models only; {args.model!r} has its own layer count")
     if not 0 <= args.attention_sinks < args.attention_budget:
@@ -1258,6 +1320,12 @@ def run_case(case: Case, methods: Sequence[str]) -> None:
               f"plans {[(p['n_skip_attn'], p['n_skip_mlp'], p['gamma_used']) for p in out['plans']]}, planning "
               f"{100 * out['plan_fraction_of_decode']:.1f} %, identical {out['identical_to_ar']} "
               f"({time.perf_counter() - start:.0f} s)", file=sys.stderr, flush=True)
+    if args.dp_attention_check and not writer.has(f"{key}/dp_attention"):
+        out = case.dp_attention_check(args.dp_attention_check)
+        writer.add(f"{key}/dp_attention", out)
+        print(f"[{key}/dp_attention] DP on {out['rows']} rows x {out['search_tokens']} tokens: reference "
+              f"{out['median_reference_s']:.3f} s, {out['dp_attention']} {out['median_folded_s']:.3f} s, same masks "
+              f"{out['same_masks']}", file=sys.stderr, flush=True)
     if args.plan_cost_repeats and not writer.has(f"{key}/plan_cost"):
         out = case.plan_cost(args.plan_cost_repeats)
         writer.add(f"{key}/plan_cost", out)

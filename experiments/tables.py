@@ -278,6 +278,7 @@ KNAPSPEC_TWO_STAGE_CPU = f"{K}smollm2-135m_1k_b1_two-stage_cpu.json"  # the same
 #: the same plan made before the first round on the prompt's last tokens (docs/methods.md §5.6, --plan-at-start)
 KNAPSPEC_AT_START_CPU = f"{K}smollm2-135m_1k_b1_two-stage_at-start_cpu.json"
 KNAPSPEC_PLAN_ROWS_AT_START = f"{K}qwen2.5-coder-1.5b_32k-8k_b16_plan-rows_at-start_h200.json"
+KNAPSPEC_DP_PALLAS = f"{K}qwen2.5-coder-1.5b_32k-8k_b16_plan-rows_at-start_dp-pallas_h200.json"
 #: the allowance pricing a plan at its measured cost (docs/methods.md §5.6, --plan-cost-scale-from)
 KNAPSPEC_CALIBRATED_CPU = f"{K}smollm2-135m_1k_b1_two-stage_calibrated_cpu.json"
 KNAPSPEC_PLAN_ROWS_CALIBRATED = f"{K}qwen2.5-coder-1.5b_32k-8k_b16_plan-rows_calibrated_h200.json"
@@ -772,7 +773,37 @@ def knapspec_plan_rows_note() -> str:
             "before it. Where the time went beyond AR's: " + "; ".join(losses) + "."
             + " The same run with its first plan made before the first round (`--plan-at-start`, no full-model "
             "rounds; h200-knapspec step qwen2.5-coder-1.5b-b16-32k-8k-plan-rows-at-start): " + _speedups_and_shares(
-                KNAPSPEC_PLAN_ROWS_AT_START) + ".")
+                KNAPSPEC_PLAN_ROWS_AT_START) + ". " + _dp_pallas_note())
+
+
+def _dp_pallas_note() -> str:
+    """The at-start run with the DP's branches in the Pallas history kernel (step ...-at-start-dp-pallas)."""
+    head = ("The same with the DP's branch attention in the Pallas history kernel (`--dp-attention pallas`, "
+            "docs/methods.md §4.3; step qwen2.5-coder-1.5b-b16-32k-8k-plan-rows-at-start-dp-pallas): ")
+    if not (RESULTS / KNAPSPEC_DP_PALLAS).exists():
+        return head + "not measured yet."
+    cases = load(KNAPSPEC_DP_PALLAS)["cases"]
+    parts = []
+    for key, c in cases.items():
+        if not (isinstance(c, dict) and "speedup_vs_ar" in c):
+            continue
+        ctx = key.split("/")[2][3:]
+        text = f"{ctx} tokens {c['speedup_vs_ar']:.2f}x AR, planning {100 * c['plan_fraction_of_decode']:.1f} %"
+        if c.get("plans"):
+            p = c["plans"][0]
+            text += f" (plan {1e3 * p['seconds']:.0f} ms{_plan_stage_split(p).replace(': ', ': ', 1)})"
+        check = cases.get(key.rsplit("/", 1)[0] + "/dp_attention")
+        if check:
+            text += (f"; the DP alone on {check['rows']} rows x {check['search_tokens']} tokens: "
+                     f"{1e3 * check['median_reference_s']:.0f} ms with the reference attention, "
+                     f"{1e3 * check['median_folded_s']:.0f} ms in the kernel "
+                     f"({check['median_reference_s'] / check['median_folded_s']:.1f}x), "
+                     + ("the same candidates" if check["same_masks"] else "**different candidates**")
+                     + (f" (largest cosine-sum difference {check['max_value_diff']:.1e})"
+                        if check.get("max_value_diff") is not None else ""))
+        parts.append(text)
+    return head + f"`{KNAPSPEC_DP_PALLAS}`: " + "; ".join(parts) + "."
+
 
 
 def _speedups_and_shares(source: str) -> str:
@@ -1532,11 +1563,26 @@ def _figures() -> List[Figure]:
             (KNAPSPEC_TWO_STAGE, 1, "knapspec-two-stage", "two-stage plan (3 search tokens, 2 finalists, a window of "
              ">= 64 tokens)", "", "target >= 64"),
             (KNAPSPEC_PLAN_ROWS, 16, "knapspec-plan-rows", "two-stage plan on 2 rows' windows (3 search tokens, 2 "
-             "finalists, >= 64 tokens a row)", "target >= 0.97x", None)):
+             "finalists, >= 64 tokens a row)", "target >= 0.97x", None),
+            (KNAPSPEC_PLAN_ROWS_AT_START, 16, "knapspec-plan-rows-at-start", "two-stage plan on 2 rows' windows made "
+             "before the first round", "target >= 0.97x", None),
+            (KNAPSPEC_DP_PALLAS, 16, "knapspec-plan-rows-dp-pallas", "two-stage plan on 2 rows' windows made before "
+             "the first round, the DP's attention in the Pallas history kernel", "target >= 0.97x", None)):
         if not (RESULTS / source).exists():
             continue
         for key, case in load(source)["cases"].items():
             ctx = key.split("/")[2]
+            if key.endswith("/dp_attention"):  # the DP alone, reference attention against the kernel
+                base = f"selfspec/real-qwen1.5b/h200/{ctx}/b{batch}/dp-attention"
+                what = (f"one KnapSpec DP on {case['rows']} rows x {case['search_tokens']} tokens, real "
+                        f"Qwen2.5-Coder-1.5B bf16, {ctx[3:]} tokens")
+                add(Figure(f"{base}/reference-ms", f"{what}, the vmap-ed reference attention", "ms", source,
+                           ("cases", key, "median_reference_s"), scale=1e3))
+                add(Figure(f"{base}/pallas-ms", f"{what}, branches folded into the Pallas history kernel", "ms",
+                           source, ("cases", key, "median_folded_s"), scale=1e3))
+                continue
+            if "speedup_vs_ar" not in case:
+                continue
             base = f"selfspec/real-qwen1.5b/h200/{ctx}/b{batch}/{slug}"
             what = (f"KnapSpec, {variant}, real Qwen2.5-Coder-1.5B bf16, {ctx[3:]} tokens, batch {batch}, 256 new "
                     "tokens")

@@ -72,6 +72,36 @@ def test_prefilled_cache_gives_the_same_tokens_and_is_not_consumed():
                           capacity=capacity + 1, prefilled=prefilled)
 
 
+def test_dp_attention_check_compares_the_kernel_dp_with_the_reference(tmp_path, capsys):
+    """--dp-attention-check: the DP of the run's planning shape (2 of 3 rows, 3 search tokens) with the
+    reference attention and with the interpreted kernel agrees, and both are timed; bad combinations are
+    refused before any model loads."""
+    out = tmp_path / "dp.json"
+    argv = ["knapspec", "--model", "random:smollm2-135m-shape", "--layers", "4", "--contexts", "64",
+            "--max-new-tokens", "8", "--batches", "3", "--methods", "knapspec", "--plan-rows", "2",
+            "--search-tokens", "3", "--reference-floor", "8", "--plan-at-start", "--max-plan-fraction", "0",
+            "--dp-attention", "pallas-interpret", "--dp-attention-check", "1", "--plan-cost-repeats", "0",
+            "--candidate-plans", "0", "--device-tag", "test", "--latency-fit", "isolated", "--out", str(out)]
+    assert main(argv) == 0
+    data = json.loads(out.read_text())
+    check = data["cases"]["test/summarize/ctx64/b3/dp_attention"]
+    assert check["dp_attention"] == "pallas-interpret" and check["rows"] == 2 and check["search_tokens"] == 3
+    assert check["same_valid"] and check["same_masks"] and check["max_value_diff"] < 1e-3
+    assert check["max_alpha_diff"] == 0.0
+    assert len(check["reference_s"]) == len(check["folded_s"]) == 1 and check["median_folded_s"] > 0
+    assert data["config"]["dp_attention"] == "pallas-interpret" and data["config"]["dp_attention_check"] == 1
+    plans = data["cases"]["test/summarize/ctx64/b3/knapspec"]["plans"]
+    assert plans and all(p["dp_attention"] == "pallas-interpret" for p in plans)
+    capsys.readouterr()
+    for extra, message in ((["--dp-attention", "xla"], "--dp-attention-check compares"),
+                           (["--dp-attention", "pallas"], "needs a GPU"),
+                           (["--dp-attention-check", "-1"], "must be >= 0")):
+        assert main(argv[:-2] + extra + ["--out", str(tmp_path / "bad.json")]) != 0
+        err = capsys.readouterr().err
+        assert message in err and "profiling" not in err  # refused before any work
+    assert not (tmp_path / "bad.json").exists()
+
+
 def test_experiment_end_to_end_on_a_tiny_random_model(tmp_path, monkeypatch, capsys):
     out = tmp_path / "ks.json"
     argv = ["knapspec", "--model", "random:smollm2-135m-shape", "--layers", "4", "--contexts", "64",
