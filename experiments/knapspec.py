@@ -762,11 +762,19 @@ def forward_times(model: Model, prefilled, mask, verify_rows: int, repeats: int 
 
 def auto_branch_chunk(config, batch: int, capacity: int, reference: int, budget_slots: int,
                       limit_bytes: float = 4e9) -> Optional[int]:
-    """Branches per attention batch so the DP's float32 scores stay under ``limit_bytes``."""
+    """Branches per attention batch so the DP's float32 scores stay under ``limit_bytes``: ``batch`` and
+    ``reference`` are the rows and tokens the DP runs on (:func:`dp_shape`)."""
     per_branch = 3 * 4 * batch * config.num_heads * reference * capacity
     if per_branch * budget_slots <= limit_bytes:
         return None
     return max(1, int(limit_bytes // per_branch))
+
+
+def dp_shape(args, batch: int) -> Tuple[int, int]:
+    """The rows and reference tokens per row one DP runs on: ``--plan-rows`` of the batch (else all), and
+    ``--search-tokens`` with a two-stage plan, else the window, ``--max-reference-tokens`` or 64."""
+    rows = min(int(args.plan_rows), batch) if args.plan_rows else batch
+    return rows, int(args.search_tokens or args.max_reference_tokens or 64)
 
 
 # ---------------------------------------------------------------------------- one case
@@ -783,9 +791,10 @@ class Case:
         self.key = f"{args.device_tag}/{task}/ctx{context}/b{batch}"
         cfg = model.config
         self.capacity = context + max_new + args.gamma_max + 2
-        reference = args.max_reference_tokens or 64
-        chunk = args.branch_chunk or auto_branch_chunk(cfg, batch, self.capacity, reference,
-                                                       skip_budget(5, 1, cfg.num_layers) + 1)
+        rows, reference = dp_shape(args, batch)
+        chunk = args.branch_chunk
+        if chunk is None and args.dp_attention == "xla":  # the kernel writes no scores: nothing to bound
+            chunk = auto_branch_chunk(cfg, rows, self.capacity, reference, skip_budget(5, 1, cfg.num_layers) + 1)
         self.knapspec = experiment_knapspec_config(args, branch_chunk=chunk)
         self.prompts = build_prompts(model, task, context, batch, args.seed)
         self.prefilled = None
@@ -892,6 +901,7 @@ class Case:
             "draft_steps": metrics["draft_steps"], "ar_steps": metrics["ar_steps"], "ar_tokens": metrics["ar_tokens"],
             "gamma_buckets_used": metrics.get("gamma_buckets_used"), "honor_gamma": metrics.get("honor_gamma"),
             "static_plans": metrics.get("static_plans"), "compiled_plans": metrics.get("compiled_plans"),
+            "dp_branch_chunk": self.knapspec.branch_chunk,  # branches per attention batch of the DP (None: all)
             "plans": [{k: p.get(k) for k in ("round", "context_length", "n", "n_skip_attn", "n_skip_mlp",
                                             "skip_attn", "skip_mlp", "gamma_star", "gamma_used", "mode",
                                             "alpha", "p_c", "p_ac", "predicted_tpt", "t_attn", "t_mlp", "t_token",

@@ -72,6 +72,23 @@ def test_prefilled_cache_gives_the_same_tokens_and_is_not_consumed():
                           capacity=capacity + 1, prefilled=prefilled)
 
 
+def test_the_dp_memory_bound_uses_the_rows_and_tokens_the_dp_runs_on():
+    """The real 1.5B at 32k, batch 16: bounded as if the DP ran on all 16 rows and 64 tokens, its 85 slot
+    states went through each attention one at a time; on its 2 plan rows x 3 search tokens they fit at
+    once. Without a two-stage plan the window (64, or --max-reference-tokens) sets the tokens."""
+    from types import SimpleNamespace
+
+    from experiments.knapspec import auto_branch_chunk, dp_shape
+
+    cfg = SimpleNamespace(num_heads=12)
+    assert auto_branch_chunk(cfg, 16, 32268, 64, 85) == 1
+    two_stage = SimpleNamespace(plan_rows=2, search_tokens=3, max_reference_tokens=None)
+    assert dp_shape(two_stage, 16) == (2, 3) and auto_branch_chunk(cfg, 2, 32268, 3, 85) is None
+    paper = SimpleNamespace(plan_rows=None, search_tokens=None, max_reference_tokens=None)
+    assert dp_shape(paper, 16) == (16, 64) and dp_shape(paper, 1) == (1, 64)
+    assert dp_shape(SimpleNamespace(plan_rows=32, search_tokens=None, max_reference_tokens=24), 8) == (8, 24)
+
+
 def test_dp_attention_check_compares_the_kernel_dp_with_the_reference(tmp_path, capsys):
     """--dp-attention-check: the DP of the run's planning shape (2 of 3 rows, 3 search tokens) with the
     reference attention and with the interpreted kernel agrees, and both are timed; bad combinations are
