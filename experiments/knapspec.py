@@ -1151,18 +1151,34 @@ def _static_plan(args, model: Model, profile, knapspec, context_n: float):
                                  reference_tokens=64, context_n=context_n)
 
 
-def check_same_latency_model(writer, batch: int, fit: Dict[str, float], path) -> None:
+#: the latency fields a results file keeps per batch (``latency_b{batch}``), enough to plan as it did
+SAVED_LATENCY_FIELDS = ("method", "forward", "contexts", "attn_times", "mlp_time", "token_time", "verify_rows",
+                        "verify_times")
+
+
+def resumed_latency_profile(writer, batch: int, profile, path):
     """A resumed results file keeps one latency model per batch: its cases were planned with the model it
-    saved (``latency_b{batch}``); if the profile now gives another (re-measured, or a newer profile format),
-    refuse before any case runs rather than mix plans of two models in one file."""
-    old = (writer.previous.get(f"latency_b{batch}") or {}).get("fit")
+    saved (``latency_b{batch}``). If the profile at ``path`` now gives another (measured again for a longer
+    context by another step, or a newer format), the rest of the file's cases are planned with the saved one
+    (returned in place of ``profile``, with a note); a file that saved too little to plan with is refused
+    before any case runs rather than mix plans of two models in one file."""
+    from jaxspec.knapspec.latency import LatencyModel
+
+    saved = writer.previous.get(f"latency_b{batch}") or {}
+    old, fit = saved.get("fit"), profile.model.as_dict()
     if old is None or not any(f"/b{batch}/" in key for key in writer.data["cases"]):
-        return
+        return profile
     differ = sorted(k for k in set(old) | set(fit) if not np.isclose(old.get(k, 0.0), fit.get(k, 0.0), rtol=1e-9))
-    if differ:
+    if not differ:
+        return profile
+    if any(field not in saved for field in SAVED_LATENCY_FIELDS):
         raise ValueError(f"{writer.path} holds batch-{batch} cases planned with another latency model than {path} "
-                         f"gives now (differs in: {', '.join(differ)}); pass another --out (or move the file away) "
-                         f"so one file holds one model")
+                         f"gives now (differs in: {', '.join(differ)}) and does not keep enough of it to plan with; "
+                         f"pass another --out (or move the file away) so one file holds one model")
+    print(f"[resume] batch {batch}: planning with the latency model {writer.path}'s cases were planned with; {path} "
+          f"gives another now (differs in: {', '.join(differ)})", file=sys.stderr, flush=True)
+    return dataclasses.replace(profile, model=LatencyModel(**{k: float(v) for k, v in old.items()}),
+                               **{field: saved[field] for field in SAVED_LATENCY_FIELDS})
 
 
 def experiment_knapspec_config(args, branch_chunk=None):
@@ -1281,12 +1297,12 @@ def cmd_knapspec(args) -> Dict[str, Any]:
     max_capacity = max(c + n + args.gamma_max + 2 for _, c, n in cases)
     for batch in batches:
         profile, path = _latency_profile(args, model, batch, max_capacity, profile_dir)
+        profile = resumed_latency_profile(writer, batch, profile, path)
         m = profile.model
         print(f"latency (batch {batch}, {profile.method} fit): t_mlp = {m.c1 * 1e6:.1f} us, "
               f"t_attn(n) = {m.c2 * 1e9:.3f} ns * n + {m.c3 * 1e6:.1f} us, t_token = {m.c0 * 1e6:.1f} us, "
               f"verify row cost v = {m.v:.3f}",
               file=sys.stderr, flush=True)
-        check_same_latency_model(writer, batch, m.as_dict(), path)
         writer.set(f"latency_b{batch}", {"path": str(path), "device": profile.device, "fit": m.as_dict(),
                                          "method": profile.method, "forward": profile.forward,
                                          "contexts": profile.contexts, "attn_times": profile.attn_times,

@@ -177,14 +177,23 @@ def test_experiment_end_to_end_on_a_tiny_random_model(tmp_path, monkeypatch, cap
     monkeypatch.setattr(knapspec_experiment.Case, "plan_cost", refuse)
     monkeypatch.setattr(knapspec_experiment.Case, "candidates", refuse)
     assert main(argv[:-2]) == 0
-    # cases planned with another latency model (here: the saved one altered) are not resumed under this one
+    # cases planned with another latency model than the profile now gives (here: the saved one altered): the
+    # rest of the file is planned with the saved model, which the file keeps
     saved = json.loads(out.read_text())
     saved["latency_b1"]["fit"]["u"] = 1.0
     out.write_text(json.dumps(saved))
     capsys.readouterr()
+    assert main(argv[:-2]) == 0
+    err = capsys.readouterr().err
+    assert "[resume] batch 1: planning with the latency model" in err and "(differs in: u)" in err
+    assert json.loads(out.read_text())["latency_b1"]["fit"]["u"] == 1.0
+    # a file that kept only the fit cannot be planned with as it was: refused before any case runs
+    saved = json.loads(out.read_text())
+    del saved["latency_b1"]["forward"]
+    out.write_text(json.dumps(saved))
     assert main(argv[:-2]) == 2
     err = capsys.readouterr().err
-    assert "planned with another latency model" in err and "(differs in: u)" in err
+    assert "planned with another latency model" in err and "does not keep enough of it" in err
 
 
 @pytest.mark.parametrize("kwargs, message", [
