@@ -1019,7 +1019,9 @@ def knapspec_budget_generate(target_params, target_config: ModelConfig, prompts:
     (:func:`~jaxspec.knapspec.budgeted.plan_choices`) on the last ``reference_tokens`` prompt tokens of
     each row (attending to the prompt before them), then a fixed, statically compiled draft for the
     whole run. ``timings["plan_s"]`` (inside ``decode_s``) is the plan; ``metrics["budget_plan"]`` the
-    plan's codes, gamma, predicted TPT and alpha."""
+    plan's codes, gamma, predicted TPT and alpha. With ``knapspec.plan_rows = N`` the plan uses the first
+    N rows' tails only (a copy of their cache rows), as the re-planning KnapSpec does (docs/methods.md
+    §5.6): its dense choice attends to each planned row's whole cache for every slot state."""
     from jaxspec.decoding.autoregressive import pad_prompts, prefill
     from jaxspec.models.cache import init_cache
 
@@ -1041,10 +1043,14 @@ def knapspec_budget_generate(target_params, target_config: ModelConfig, prompts:
     ref = np.stack([tokens[b, prefix[b]: prefix[b] + r] for b in range(len(prompts))]).astype(np.int32)
     n = context_n if context_n is not None else effective_context(target_config, lengths + engine.max_new_tokens,
                                                                   capacity)
+    plan_cache, plan_prefix = prefilled[0], prefix
+    if knapspec.plan_rows is not None and int(knapspec.plan_rows) < len(prompts):
+        rows = list(range(int(knapspec.plan_rows)))  # every row's tail has r tokens: the first rows
+        ref, plan_prefix, plan_cache = ref[rows], prefix[rows], cache_rows(plan_cache, rows)
 
     def plan():
-        return plan_choices(target_params, target_config, prefilled[0], jnp.asarray(ref),
-                            jnp.ones(ref.shape, jnp.float32), jnp.asarray(prefix, jnp.int32), latency, float(n),
+        return plan_choices(target_params, target_config, plan_cache, jnp.asarray(ref),
+                            jnp.ones(ref.shape, jnp.float32), jnp.asarray(plan_prefix, jnp.int32), latency, float(n),
                             sinks=sinks, window=window, tau=knapspec.tau, weight_cap=knapspec.weight_cap,
                             gammas=knapspec.plan_gammas)
 
@@ -1053,6 +1059,7 @@ def knapspec_budget_generate(target_params, target_config: ModelConfig, prompts:
     start = time.perf_counter()
     best, cands, weights = plan()
     plan_s = time.perf_counter() - start
+    del plan_cache
     codes = best["plan"] if best is not None else np.zeros((target_config.num_layers, 2), np.int8)
     gamma = min(int(best["gamma"]) if best is not None else knapspec.gamma_max, engine.gamma)
     result = knapspec_generate(target_params, target_config, prompts, knapspec=knapspec, engine=engine, seed=seed,
@@ -1065,7 +1072,7 @@ def knapspec_budget_generate(target_params, target_config: ModelConfig, prompts:
         "codes": np.asarray(codes).tolist(), "gamma": gamma, "sinks": int(sinks), "window": int(window),
         "predicted_tpt": None if best is None else best["tpt"], "alpha": None if best is None else
         float(cands.alpha[best["index"]]), "weights": list(weights), "candidates": len(cands),
-        "reference_tokens": int(r * len(prompts)), "n": float(n), "plan_s": plan_s,
+        "reference_tokens": int(r * len(ref)), "rows": int(len(ref)), "n": float(n), "plan_s": plan_s,
         "n_dense_attn": int((codes[:, 0] == DENSE).sum()), "n_budget_attn": int((codes[:, 0] == BUDGET).sum()),
         "n_skip_attn": int((codes[:, 0] == SKIP).sum()), "n_skip_mlp": int((codes[:, 1] == SKIP).sum())}
     return result

@@ -1,6 +1,8 @@
 """KnapSpec with budgeted attention (docs/methods.md §5.4): the three-choice DP (scan) vs brute force,
 its weights, the budgeted forward, and the planner."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -195,3 +197,8 @@ def test_budget_generate_is_exact_and_drafts_with_the_plan():
     assert plan["n_budget_attn"] + plan["n_skip_attn"] + plan["n_skip_mlp"] > 0
     with pytest.raises(ValueError, match="static_codes"):
         KnapSpecDraft(TINY, static_codes=((0, 1),) * TINY.num_layers, attention_budget=(1, 4))
+    # planned on the first row's tail only (plan_rows = 1): still AR's tokens, half the reference tokens
+    one_row = knapspec_budget_generate(params, TINY, prompts, latency=lat, sinks=1, window=4, reference_tokens=8,
+                                       knapspec=dataclasses.replace(knap, plan_rows=1), max_new_tokens=12)
+    assert one_row.rows() == result.rows()
+    assert one_row.metrics["budget_plan"]["reference_tokens"] == 8 and one_row.metrics["budget_plan"]["rows"] == 1
