@@ -777,6 +777,10 @@ def dp_shape(args, batch: int) -> Tuple[int, int]:
     return rows, int(args.search_tokens or args.max_reference_tokens or 64)
 
 
+#: kernel rows per call the DP attention check times beside the kernel's default (64)
+DP_CHECK_ROW_BLOCKS = (128, 256)
+
+
 # ---------------------------------------------------------------------------- one case
 class Case:
     def __init__(self, args, model: Model, writer: ResultWriter, profile, task: str, context: int,
@@ -1082,11 +1086,20 @@ class Case:
         n = float(self.capacity)
         w_attn, w_mlp = knapsack_weights(self.latency.t_attn(n), self.latency.t_mlp())
 
-        def dp(backend):
+        def dp(backend, rows_per_call=None):
             start = time.perf_counter()
             cands = knapsack_dp(self.model.params, cfg, cache, prefix, states, None, w_attn=w_attn, w_mlp=w_mlp,
-                                reference_kv=self.knapspec.reference_kv, history_backend=backend)
+                                reference_kv=self.knapspec.reference_kv, history_backend=backend,
+                                history_rows=rows_per_call)
             return time.perf_counter() - start, cands  # knapsack_dp returns host arrays: the DP has finished
+
+        def agreement(got, ref):
+            valid, same_shape = ref.trace.valid, got.masks.shape == ref.masks.shape
+            same_valid = bool(np.array_equal(got.trace.valid, valid))
+            return {"same_valid": same_valid, "same_masks": bool(same_shape and np.array_equal(got.masks, ref.masks)),
+                    "max_value_diff": float(np.max(np.abs(got.trace.values[valid] - ref.trace.values[valid])))
+                    if same_valid and valid.any() else None,
+                    "max_alpha_diff": float(np.max(np.abs(got.alpha - ref.alpha))) if same_shape else None}
 
         _, ref = dp(None)
         _, got = dp(folded)
@@ -1094,17 +1107,23 @@ class Case:
         for _ in range(repeats):
             times["reference_s"].append(dp(None)[0])
             times["folded_s"].append(dp(folded)[0])
-        valid = ref.trace.valid
-        same_shape = got.masks.shape == ref.masks.shape
+        # the kernel's rows per call (each call reads the cache once): larger blocks than its default, each
+        # compiled and checked first; a block the device cannot hold is recorded, not fatal
+        blocks = {}
+        for rows_per_call in DP_CHECK_ROW_BLOCKS:
+            try:
+                _, other = dp(folded, rows_per_call)
+                seconds = [dp(folded, rows_per_call)[0] for _ in range(repeats)]
+            except Exception as err:  # noqa: BLE001 -- a compile or resource error of this block size
+                blocks[str(rows_per_call)] = {"error": f"{type(err).__name__}: {str(err)[:300]}"}
+                continue
+            blocks[str(rows_per_call)] = {"seconds": seconds, "median_s": float(np.median(seconds)),
+                                          **agreement(other, ref)}
         return {"dp_attention": folded, "rows": len(rows), "search_tokens": width, "budget": ref.budget,
                 "w_attn": w_attn, "w_mlp": w_mlp, **times,
                 "median_reference_s": float(np.median(times["reference_s"])),
-                "median_folded_s": float(np.median(times["folded_s"])),
-                "same_valid": bool(np.array_equal(got.trace.valid, valid)),
-                "same_masks": bool(same_shape and np.array_equal(got.masks, ref.masks)),
-                "max_value_diff": float(np.max(np.abs(got.trace.values[valid] - ref.trace.values[valid])))
-                if np.array_equal(got.trace.valid, valid) and valid.any() else None,
-                "max_alpha_diff": float(np.max(np.abs(got.alpha - ref.alpha))) if same_shape else None}
+                "median_folded_s": float(np.median(times["folded_s"])), **agreement(got, ref),
+                "kernel_rows_per_call": blocks}
 
 
 # ---------------------------------------------------------------------------- driver

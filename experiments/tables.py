@@ -832,6 +832,12 @@ def _dp_pallas_note() -> str:
                      + ("the same candidates" if check["same_masks"] else "**different candidates**")
                      + (f" (largest cosine-sum difference {check['max_value_diff']:.1e})"
                         if check.get("max_value_diff") is not None else ""))
+            blocks = []
+            for rows, b in (check.get("kernel_rows_per_call") or {}).items():
+                blocks.append(f"{rows} rows a call " + (f"failed ({b['error'].split(':')[0]})" if "error" in b else
+                              f"{1e3 * b['median_s']:.0f} ms" + ("" if b["same_masks"] else ", **different candidates**")))
+            if blocks:
+                text += " (the kernel's default 64 query rows a call; " + ", ".join(blocks) + ")"
         parts.append(text)
     return head + f"`{KNAPSPEC_DP_PALLAS}`: " + "; ".join(parts) + "."
 

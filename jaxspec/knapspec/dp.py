@@ -434,14 +434,16 @@ def _alpha(params, config, final_states, teacher_state, token_mask, chunk: int):
     return _agreement(params, config, final_states, teacher_state, token_mask, chunk, None)[:, 0]
 
 
-def branch_folded_attention(config: ModelConfig, backend: str, q, k_new, v_new, cache_k, cache_v, lengths):
+def branch_folded_attention(config: ModelConfig, backend: str, q, k_new, v_new, cache_k, cache_v, lengths,
+                            max_rows: Optional[int] = None):
     """The DP's branch-parallel attention with the branches folded into the query rows: ``q [J, B, r, Hq, D]``
     and each branch's own ``k_new, v_new [J, B, r, Hkv, D]``; every branch's rows attend to the first
     ``lengths[b]`` slots of the shared ``cache_k/v [B, Hkv, S, D]`` and causally to their own branch's new
     K/V. Returns ``[J, B, r, Hq, D]``, what :func:`jaxspec.models.layers.attention_sublayer`'s attention
     gives per branch. The history part is ``backend``'s history kernel over all ``J x r`` rows (no scores
     written; the cache read once per block of query rows), merged with each branch's new-token part by
-    their softmax statistics (docs/methods.md §4.3)."""
+    their softmax statistics (docs/methods.md §4.3). ``max_rows``: query rows per kernel call (a power of
+    two >= 16; default the kernel's ``MAX_QUERY_ROWS``), each call one read of the cache."""
     from pallas_kernels import attention as kernels
     from pallas_kernels import reference
 
@@ -451,8 +453,13 @@ def branch_folded_attention(config: ModelConfig, backend: str, q, k_new, v_new, 
     folded = q.transpose(1, 0, 2, 3, 4).reshape(batch, rows, num_heads, dim)
     packed = kernels.pack_queries(folded, kv_heads, 1.0 / np.sqrt(dim))  # [B, Hkv, >= G * J * r, D]
     used = groups * rows
-    history = kernels.merged_history(get_backend(backend).dense_history_partials(packed, cache_k, cache_v, lengths),
-                                     used)
+    chosen = get_backend(backend)
+    if max_rows is None:
+        partials = chosen.dense_history_partials(packed, cache_k, cache_v, lengths)
+    else:
+        partials = kernels.dense_history_partials(packed, cache_k, cache_v, lengths, interpret=chosen.interpret,
+                                                  max_rows=int(max_rows))
+    history = kernels.merged_history(partials, used)
     qg = packed[:, :, :used].reshape(batch, kv_heads, groups, branches, steps, dim)
     kn = k_new.transpose(1, 3, 0, 2, 4)  # [B, Hkv, J, r, D]
     vn = v_new.transpose(1, 3, 0, 2, 4)
@@ -491,7 +498,8 @@ def check_history_backend(history_backend: Optional[str], reference_kv: str = "b
 
 
 def _model_sublayers(config: ModelConfig, prefix_len, steps: int, branch_chunk: Optional[int],
-                     reference_kv: str = "branch", history_backend: Optional[str] = None):
+                     reference_kv: str = "branch", history_backend: Optional[str] = None,
+                     history_rows: Optional[int] = None):
     """Sub-layer functions of the model for the DP: single state and all-slots versions. A layer's
     argument is ``(layer, cache_k, cache_v)``, with ``reference_kv="target"`` also the target's input
     to its Attention sub-layer ``[B, r, H]`` (:func:`reference_attention_inputs`). ``history_backend``:
@@ -521,7 +529,8 @@ def _model_sublayers(config: ModelConfig, prefix_len, steps: int, branch_chunk: 
         if history_backend is not None and reference_kv == "branch":
             layer, cache_k, cache_v = layer_x[:3]
             q, k, v = jax.vmap(lambda h: project_qkv(layer, h, config, cos, sin))(g)
-            out = branch_folded_attention(config, history_backend, q, k, v, cache_k, cache_v, prefix_len)
+            out = branch_folded_attention(config, history_backend, q, k, v, cache_k, cache_v, prefix_len,
+                                          history_rows)
             return g + jnp.einsum("jbtq,qd->jbtd", out.reshape(g.shape[:3] + (-1,)), layer.wo)
         ref_kv = reference_kv_of(layer_x) if reference_kv == "target" else None  # once for all branches
         fn = functools.partial(attn, layer_x, ref_kv=ref_kv)
@@ -560,10 +569,10 @@ def stacked_scan_layers(params, reuse: bool = True):
 
 def _knapsack_dp_fn(params, stacked, cache: KVCache, prefix_len, states, token_mask, *, config, w_attn, w_mlp,
                     budget, tau, branch_chunk, alpha_chunk, exit_threshold=None, keep_attention=(),
-                    reference_kv="branch", history_backend=None):
+                    reference_kv="branch", history_backend=None, history_rows=None):
     num_layers = config.num_layers
     _, _, attn_all, mlp_all = _model_sublayers(config, prefix_len, states.shape[2], branch_chunk, reference_kv,
-                                               history_backend)
+                                               history_backend, history_rows)
     keys, values = jnp.stack(cache.keys[1:]), jnp.stack(cache.values[1:])
     if history_backend is not None:  # the kernel walks the cache in blocks: pad the stacked copy (slots unread)
         pad = get_backend(history_backend).round_capacity(keys.shape[3]) - keys.shape[3]
@@ -581,7 +590,8 @@ def _knapsack_dp_fn(params, stacked, cache: KVCache, prefix_len, states, token_m
 
 _knapsack_dp = jax.jit(_knapsack_dp_fn, static_argnames=("config", "w_attn", "w_mlp", "budget", "tau",
                                                           "branch_chunk", "alpha_chunk", "exit_threshold",
-                                                          "keep_attention", "reference_kv", "history_backend"))
+                                                          "keep_attention", "reference_kv", "history_backend",
+                                                          "history_rows"))
 
 
 @dataclasses.dataclass
@@ -624,7 +634,8 @@ def knapsack_dp(params, config: ModelConfig, cache: KVCache, prefix_len, states,
                 w_mlp: int, budget: Optional[int] = None, tau: float = DEFAULT_TAU, branch_chunk: Optional[int] = None,
                 alpha_chunk: int = 8, keep_states: bool = False, reuse_stacked: bool = True,
                 exit_threshold: Optional[float] = None, keep_attention: Sequence[int] = (),
-                reference_kv: str = "branch", history_backend: Optional[str] = None) -> Candidates:
+                reference_kv: str = "branch", history_backend: Optional[str] = None,
+                history_rows: Optional[int] = None) -> Candidates:
     """Run the jit-compiled, scan-vectorised DP on the model.
 
     ``reuse_stacked``: keep the stacked layer weights between calls (:func:`stacked_scan_layers`).
@@ -640,11 +651,19 @@ def knapsack_dp(params, config: ModelConfig, cache: KVCache, prefix_len, states,
     ``history_backend``: an attention backend with a history kernel (``"pallas"`` on a GPU,
     ``"pallas-interpret"`` anywhere, for tests) that the branch-parallel Attention folds all branches
     into (:func:`branch_folded_attention`); None or ``"xla"``: the ``vmap``-ed reference attention.
+    ``history_rows``: with ``history_backend``, query rows per kernel call (a power of two >= 16; default
+    the kernel's); each call reads the cache once.
     """
     config = _dp_config(config)
     keep_attention = check_keep_attention(keep_attention, config.num_layers)
     check_reference_kv(reference_kv)
     history_backend = check_history_backend(history_backend, reference_kv, branch_chunk)
+    if history_rows is not None:
+        if history_backend is None:
+            raise ValueError(f"history_rows={history_rows} sets the kernel's rows per call: it needs a "
+                             f"history_backend (the reference attention has no kernel)")
+        if isinstance(history_rows, bool) or int(history_rows) < 16 or int(history_rows) & (int(history_rows) - 1):
+            raise ValueError(f"history_rows={history_rows} must be a power of two >= 16")
     budget = skip_budget(w_attn, w_mlp, config.num_layers) if budget is None else int(budget)
     token_mask = jnp.ones(states.shape[1:3], jnp.float32) if token_mask is None else jnp.asarray(token_mask,
                                                                                                   jnp.float32)
@@ -656,7 +675,8 @@ def knapsack_dp(params, config: ModelConfig, cache: KVCache, prefix_len, states,
         token_mask, config=config, w_attn=int(w_attn), w_mlp=int(w_mlp), budget=budget, tau=float(tau),
         branch_chunk=branch_chunk, alpha_chunk=alpha_chunk,
         exit_threshold=None if exit_threshold is None else float(exit_threshold), keep_attention=keep_attention,
-        reference_kv=reference_kv, history_backend=history_backend)
+        reference_kv=reference_kv, history_backend=history_backend,
+        history_rows=None if history_rows is None else int(history_rows))
     trace = DPTrace(np.asarray(values, np.float64), np.asarray(skipped), np.asarray(valid), first_layer=1)
     masks, slots = backtrack(trace, config.num_layers, w_attn, w_mlp)
     denom = max(float(np.asarray(token_mask).sum()), 1.0)

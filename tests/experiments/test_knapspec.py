@@ -106,6 +106,9 @@ def test_dp_attention_check_compares_the_kernel_dp_with_the_reference(tmp_path, 
     assert check["same_valid"] and check["same_masks"] and check["max_value_diff"] < 1e-3
     assert check["max_alpha_diff"] == 0.0
     assert len(check["reference_s"]) == len(check["folded_s"]) == 1 and check["median_folded_s"] > 0
+    for block in ("128", "256"):  # larger kernel row blocks, each checked against the reference too
+        timed = check["kernel_rows_per_call"][block]
+        assert timed["same_masks"] and timed["median_s"] > 0
     assert data["config"]["dp_attention"] == "pallas-interpret" and data["config"]["dp_attention_check"] == 1
     plans = data["cases"]["test/summarize/ctx64/b3/knapspec"]["plans"]
     assert plans and all(p["dp_attention"] == "pallas-interpret" for p in plans)

@@ -243,6 +243,16 @@ def test_dp_with_branches_folded_into_the_history_kernel_equals_the_vmapped_dp(t
     same = dp.knapsack_dp(params, TINY, cache, prefix, states, token_mask, w_attn=w_attn, w_mlp=w_mlp,
                           history_backend="xla")  # "xla" names the reference attention
     np.testing.assert_array_equal(same.masks, ref.masks)
+    wide = dp.knapsack_dp(params, TINY, trimmed, prefix, states, token_mask, w_attn=w_attn, w_mlp=w_mlp,
+                          history_backend="pallas-interpret", history_rows=16)  # 16 rows a call: several calls
+    np.testing.assert_array_equal(wide.masks, ref.masks)
+    np.testing.assert_allclose(wide.trace.values[ok], ref.trace.values[ok], rtol=1e-5)
+    for rows, match in ((24, "power of two >= 16"), (8, "power of two >= 16")):
+        with pytest.raises(ValueError, match=match):
+            dp.knapsack_dp(params, TINY, trimmed, prefix, states, token_mask, w_attn=1, w_mlp=1,
+                           history_backend="pallas-interpret", history_rows=rows)
+    with pytest.raises(ValueError, match="needs a history_backend"):
+        dp.knapsack_dp(params, TINY, cache, prefix, states, token_mask, w_attn=1, w_mlp=1, history_rows=64)
     for bad, match in (("pallas-tpu", "Triton history kernel"), ("nope", "attention_backend")):
         with pytest.raises(ValueError, match=match):
             dp.knapsack_dp(params, TINY, cache, prefix, states, token_mask, w_attn=1, w_mlp=1, history_backend=bad)
