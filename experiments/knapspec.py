@@ -166,8 +166,8 @@ def add_planning_arguments(add, prefix: str = "") -> None:
              "in the last 5 rounds, the paper). docs/methods.md §5.6")
     add(f"--{prefix}dp-attention", choices=("xla", "pallas", "pallas-interpret"), default="xla",
         help="the attention of the DP's branches (docs/methods.md §4.3): xla = the vmap-ed reference (default); "
-             "pallas = every branch's rows folded into one call of the Pallas history kernel, the cache read once "
-             "(GPU; pallas-interpret anywhere, slow)")
+             "pallas = every branch's rows folded into the query rows of the Pallas history kernel, no scores "
+             "written (GPU; pallas-interpret anywhere, slow)")
     add(f"--{prefix}plan-at-start", action="store_true",
         help="with --{prefix}reference-floor R: the first plan runs before the first round, on the prompt's last R "
              "tokens a row, so no round drafts with the full model (default: after round 6, the paper). "

@@ -311,7 +311,7 @@ class KnapSpecConfig:
     plan_cost_scale: float = 1.0
     # the attention of the DP's branches (sub-layer DP, "branch" reference; jaxspec.knapspec.dp.knapsack_dp's
     # history_backend): "xla" = the vmap-ed reference attention; "pallas" = every branch's rows folded into
-    # one call of the Pallas history kernel, the cache read once (GPU, opt-in like the model's Pallas
+    # the query rows of the Pallas history kernel, no scores written (GPU, opt-in like the model's Pallas
     # attention; "pallas-interpret" on any platform, for tests)
     dp_attention: str = "xla"
 
@@ -470,7 +470,6 @@ class PlanRecord:
         if c is not None and c.stage_seconds:  # with the controller's parts, and the rest of the planning time
             stages = dict(c.stage_seconds, **(self.host_seconds or {}))
             out["stage_seconds"] = dict(stages, other=self.seconds - sum(stages.values()))
-        if c is not None and c.stage_seconds:
             out["dp_attention"] = c.history_backend or "xla"
         if c is not None and c.search_alpha is not None:  # a two-stage plan: the search's estimate beside the window's
             out.update(search_tokens=c.search_tokens, search_alpha=float(c.search_alpha[self.plan.index]))
