@@ -914,29 +914,20 @@ def knapspec_calibrated_note() -> str:
                     (_, b), = [(k, v) for k, v in load(unscaled)["cases"].items() if "speedup_vs_ar" in v]
                     bp = b["plans"][0]
                     if "rescore" in bp.get("stage_seconds", {}):
-                        text += (f"; rescoring the finalists took {p['stage_seconds']['rescore']:.2f} s on "
-                                 f"{p['reference_tokens']} tokens against {bp['stage_seconds']['rescore']:.2f} s on "
-                                 f"{bp['reference_tokens']} in the unscaled run (`{unscaled}`): mostly a fixed cost per "
-                                 "plan, which one factor on a per-token price cannot express, so the smaller window "
-                                 "saved little. That fixed cost was the finalists' agreement with the target running "
-                                 "op by op (~0.13 s a plan on this machine, whatever the window); it is compiled "
-                                 "since, and the at-start run above, measured after, rescored 38 tokens in "
-                                 + _at_start_rescore() + " (both runs here predate it)")
+                        mine, theirs = p["stage_seconds"]["rescore"], bp["stage_seconds"]["rescore"]
+                        width = p["reference_tokens"] / bp["reference_tokens"]
+                        text += (f"; rescoring the finalists took {mine:.2f} s on {p['reference_tokens']} tokens "
+                                 f"against {theirs:.2f} s on {bp['reference_tokens']} in the unscaled run "
+                                 f"(`{unscaled}`)")
+                        if width < 0.7 and mine / theirs > 0.7:
+                            text += (": mostly a fixed cost per plan, which one factor on a per-token price cannot "
+                                     "express, so the smaller window saved little")
+                        else:
+                            text += ", about in proportion to the window"
             runs.append(text)
         parts.append(f"{where}, price x {scale:.2f} (`{source}`): " + "; ".join(runs))
     return ("The allowance pricing a plan at what earlier plans of the model measured against their prediction "
             "(docs/methods.md §5.6, `--plan-cost-scale-from`): " + ". ".join(parts) + ".")
-
-
-def _at_start_rescore() -> str:
-    """The at-start CPU run's rescoring time, e.g. ``0.16 s`` (or 'a time not recorded')."""
-    if not (RESULTS / KNAPSPEC_AT_START_CPU).exists():
-        return "a time not recorded"
-    for case in load(KNAPSPEC_AT_START_CPU)["cases"].values():
-        for p in (case.get("plans") or []) if isinstance(case, dict) else []:
-            if "rescore" in p.get("stage_seconds", {}):
-                return f"{p['stage_seconds']['rescore']:.2f} s"
-    return "a time not recorded"
 
 
 def knapspec_at_start_cpu_note(base: dict) -> str:
