@@ -883,7 +883,16 @@ def knapspec_two_stage_cpu_note() -> str:
             + _plan_stage_split(p) + "); its best "
             f"candidate skipped {p['n_skip_attn']} Attention / {p['n_skip_mlp']} MLP sub-layers at alpha "
             f"{p['alpha']:.2f} on the window, and the grid search chose gamma* = {p['gamma_star']}"
-            + (" (plain decoding)." if p["gamma_star"] == 0 else ".") + knapspec_at_start_cpu_note(c))
+            + (" (plain decoding)." if p["gamma_star"] == 0 else ".")
+            + (f" The budget assumed the latency profile's {1e3 * c['predicted_ar_step_s']:.1f} ms AR step where the "
+               f"paired AR run measured {1e3 * c['ar_step_s']:.1f} ms, so the plan the budget admitted is "
+               f"{c['predicted_ar_step_s'] / c['ar_step_s']:.2f}x the share it was sized for"
+               + (f"; a plan on 64 tokens at the modelled price ({a['predicted_dp_search_s']:.2f} s + 64 x "
+                  f"{1e3 * a['predicted_dp_s_per_token']:.1f} ms) would be "
+                  f"{100 * (a['predicted_dp_search_s'] + 64 * a['predicted_dp_s_per_token']) / (256 * c['ar_step_s']):.1f}"
+                  " % of a 256-step decode at the measured step." if "predicted_dp_search_s" in a else ".")
+               if c["predicted_ar_step_s"] > 1.1 * c["ar_step_s"] else "")
+            + knapspec_at_start_cpu_note(c))
 
 
 def knapspec_calibrated_note() -> str:
