@@ -721,10 +721,7 @@ def knapspec_two_stage_note() -> str:
                 "qwen2.5-coder-1.5b-b1-8k-32k-two-stage).")
     parts, ratios, shares, losses = [], [], [], []
     for key, c in load(KNAPSPEC_TWO_STAGE)["cases"].items():
-        ctx = key.split("/")[2][3:]
-        shares.append(c["plan_fraction_of_decode"])
-        losses.append(_time_beyond_ar(ctx, c))
-        text = f"{ctx} tokens: {c['speedup_vs_ar']:.2f}x AR, planning {100 * c['plan_fraction_of_decode']:.1f} % of decode"
+        text = _plan_case_head(key, c, shares, losses)
         if c.get("plans"):
             p = c["plans"][0]
             ratios.append(p["seconds"] / p["predicted_seconds"])
@@ -752,6 +749,30 @@ def knapspec_two_stage_note() -> str:
             "measured acceptance could not be compared: no plan drafted." + knapspec_two_stage_cpu_note())
 
 
+#: layers of the real Qwen2.5-Coder-1.5B (its DP's slot count is (w_attn + w_mlp) x layers / 2 + 1)
+QWEN_15B_LAYERS = 28
+
+
+def _old_branch_chunk(context: int) -> int:
+    """Branches per attention batch the knapspec experiment used for the real 1.5B's batch-16 DP before its
+    memory bound took the DP's own rows and tokens (16 rows, 64 tokens, 256 new, gamma_max 10)."""
+    from types import SimpleNamespace
+
+    from experiments.knapspec import auto_branch_chunk
+
+    return auto_branch_chunk(SimpleNamespace(num_heads=12), 16, context + 256 + 10 + 2, 64,
+                             (5 + 1) * QWEN_15B_LAYERS // 2 + 1) or 0
+
+
+def _plan_case_head(key: str, c: dict, shares: list, losses: list) -> str:
+    """``8192 tokens: 0.79x AR, planning 13.8 % of decode`` for one KnapSpec case; appends its planning share
+    and its time beyond AR (:func:`_time_beyond_ar`) to ``shares`` and ``losses``."""
+    ctx = key.split("/")[2][3:]
+    shares.append(c["plan_fraction_of_decode"])
+    losses.append(_time_beyond_ar(ctx, c))
+    return f"{ctx} tokens: {c['speedup_vs_ar']:.2f}x AR, planning {100 * c['plan_fraction_of_decode']:.1f} % of decode"
+
+
 def _time_beyond_ar(ctx: str, c: dict) -> str:
     """Decode minus the paired AR decode of one KnapSpec case, split by the run's own estimate."""
     split = c["time_split_estimate"]
@@ -767,15 +788,14 @@ def knapspec_plan_rows_note() -> str:
     if not (RESULTS / KNAPSPEC_PLAN_ROWS).exists():
         return ("The two-stage plan at batch 16 on 2 rows' windows: not measured yet (h200-knapspec step "
                 "qwen2.5-coder-1.5b-b16-32k-8k-plan-rows).")
-    parts, shares, ratios, losses, speedups, dp, rest = [], [], [], [], [], [], []
+    parts, shares, ratios, losses, speedups, dp, rest, slots, chunks = [], [], [], [], [], [], [], [], {}
     for key, c in load(KNAPSPEC_PLAN_ROWS)["cases"].items():
-        ctx = key.split("/")[2][3:]
-        shares.append(c["plan_fraction_of_decode"])
+        text = _plan_case_head(key, c, shares, losses)
         speedups.append(c["speedup_vs_ar"])
-        losses.append(_time_beyond_ar(ctx, c))
-        text = f"{ctx} tokens: {c['speedup_vs_ar']:.2f}x AR, planning {100 * c['plan_fraction_of_decode']:.1f} % of decode"
         if c.get("plans"):
             p = c["plans"][0]
+            slots.append((p["w_attn"] + p["w_mlp"]) * QWEN_15B_LAYERS // 2 + 1)
+            chunks[int(key.split("/")[2][3:])] = _old_branch_chunk(int(key.split("/")[2][3:]))
             ratios.append(p["seconds"] / p["predicted_seconds"])
             dp.append(p.get("stage_seconds", {}).get("dp", float("nan")))
             rest.append(p.get("stage_seconds", {}).get("other", float("nan")))
@@ -793,9 +813,11 @@ def knapspec_plan_rows_note() -> str:
             f"**{'met' if worst <= 0.05 else 'missed'}** ({100 * min(shares):.1f}-{100 * worst:.1f} %): the plan ran "
             f"{min(ratios):.1f}-{max(ratios):.1f}x the allowance's prediction: the DP on the search tokens took "
             f"{min(dp):.2f}-{max(dp):.2f} s, growing with the context: the experiment bounded the DP's float32 "
-            "scores as if it ran on all 16 rows and 64 tokens, so its 71-85 slot states went through each attention "
-            "one at a time at 16k-32k and three at a time at 8k, where the 2 rows x 3 search tokens it ran on fit "
-            "all at once (the bound now uses the DP's own rows and tokens, `dp_branch_chunk` in each case), and "
+            f"scores as if it ran on all 16 rows and 64 tokens, so its {min(slots)}-{max(slots)} slot states went "
+            "through each attention " + ", ".join(f"{n} at a time at {round(ctx / 1000)}k"
+                                                  for ctx, n in sorted(chunks.items())) + ", where the 2 rows x 3 "
+            "search tokens it ran on fit all at once (the bound now uses the DP's own rows and tokens, "
+            "`dp_branch_chunk` in each case), and "
             f"{min(rest):.2f}-{max(rest):.2f} s went outside the named stages at every context (not traced). "
             "No KnapSpec variant below 0.97x AR: "
             f"**{'met' if min(speedups) >= 0.97 else 'missed'}** here ({min(speedups):.2f}-{max(speedups):.2f}x). "

@@ -371,3 +371,19 @@ def dp_model_problem(params, config, *, width: int = 8, capacity: int = 64, ragg
         token_mask[1, 6:] = 0
     states = dp.boundary_states(params, config, tokens, cache, prefix)
     return cache, prefix, tokens, jnp.asarray(token_mask), states
+
+
+def check_same_candidates(got, ref, *, weights: bool = False) -> None:
+    """Two runs of the KnapSpec DP on one problem (``dp.Candidates``, the scan's with ``keep_states``)
+    agree: the trace's valid slots and skip choices, its values on the valid slots, the backtracked
+    masks (and ``weights``), alphas and final states; and the instance is non-trivial (> 3 candidates)."""
+    np.testing.assert_array_equal(got.trace.valid, ref.trace.valid)
+    np.testing.assert_array_equal(got.trace.skipped, ref.trace.skipped)
+    ok = ref.trace.valid
+    np.testing.assert_allclose(got.trace.values[ok], ref.trace.values[ok], rtol=1e-5)
+    np.testing.assert_array_equal(got.masks, ref.masks)
+    if weights:
+        np.testing.assert_array_equal(got.weights, ref.weights)
+    np.testing.assert_allclose(got.alpha, ref.alpha, atol=1e-6)
+    np.testing.assert_allclose(got.final_states, ref.final_states, rtol=1e-4, atol=1e-4)
+    assert len(got) > 3  # a non-trivial instance: several budgets survive
