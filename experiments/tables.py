@@ -755,13 +755,12 @@ QWEN_15B_LAYERS = 28
 
 def _old_branch_chunk(context: int) -> int:
     """Branches per attention batch the knapspec experiment used for the real 1.5B's batch-16 DP before its
-    memory bound took the DP's own rows and tokens (16 rows, 64 tokens, 256 new, gamma_max 10)."""
-    from types import SimpleNamespace
-
-    from experiments.knapspec import auto_branch_chunk
-
-    return auto_branch_chunk(SimpleNamespace(num_heads=12), 16, context + 256 + 10 + 2, 64,
-                             (5 + 1) * QWEN_15B_LAYERS // 2 + 1) or 0
+    memory bound took the DP's own rows and tokens: that bound (4 GB of float32 scores, three buffers) as it
+    was applied then, to 16 rows x 64 tokens x 12 heads over the case's capacity (256 new tokens, gamma_max 10);
+    the files of those runs do not record it."""
+    per_branch = 3 * 4 * 16 * 12 * 64 * (context + 256 + 10 + 2)
+    slots = (5 + 1) * QWEN_15B_LAYERS // 2 + 1
+    return 0 if per_branch * slots <= 4e9 else max(1, int(4e9 // per_branch))
 
 
 def _plan_case_head(key: str, c: dict, shares: list, losses: list) -> str:
