@@ -828,6 +828,24 @@ def knapspec_plan_rows_note() -> str:
                 KNAPSPEC_PLAN_ROWS_AT_START) + ". " + _dp_pallas_note())
 
 
+def _same_plan_as_reference() -> str:
+    """Whether the plans made with the kernel's DP equal those of the reference DP's at-start run, per context."""
+    if not (RESULTS / KNAPSPEC_PLAN_ROWS_AT_START).exists():
+        return ""
+    def firsts(source):
+        return {k.split("/")[2]: (c["plans"][0]["skip_attn"], c["plans"][0]["skip_mlp"], c["plans"][0]["gamma_star"])
+                for k, c in load(source)["cases"].items() if isinstance(c, dict) and c.get("plans")}
+    kernel, reference = firsts(KNAPSPEC_DP_PALLAS), firsts(KNAPSPEC_PLAN_ROWS_AT_START)
+    both = sorted(set(kernel) & set(reference), key=lambda c: -int(c[3:]))
+    if not both:
+        return ""
+    same = [c for c in both if kernel[c] == reference[c]]
+    return (f". The plan made with the kernel equals the reference DP's in the at-start run above at "
+            f"{len(same)} of {len(both)} contexts ("
+            + ", ".join(f"{c[3:]} tokens: skip Attention {list(kernel[c][0])}, MLP {list(kernel[c][1])}, gamma* "
+                        f"{kernel[c][2]}" + ("" if c in same else " against " + str(reference[c])) for c in both) + ")")
+
+
 def _dp_pallas_note() -> str:
     """The at-start run with the DP's branches in the Pallas history kernel (step ...-at-start-dp-pallas)."""
     head = ("The same with the DP's branch attention in the Pallas history kernel (`--dp-attention pallas`, "
@@ -860,7 +878,22 @@ def _dp_pallas_note() -> str:
             if blocks:
                 text += " (the kernel's default 64 query rows a call; " + ", ".join(blocks) + ")"
         parts.append(text)
-    return head + f"`{KNAPSPEC_DP_PALLAS}`: " + "; ".join(parts) + "."
+    text = head + f"`{KNAPSPEC_DP_PALLAS}`: " + "; ".join(parts) + "."
+    checks = [c for k, c in cases.items() if k.endswith("/dp_attention")]
+    if any(not c["same_masks"] for c in checks):
+        text += (" The two DPs agree exactly in float32 (tests, the kernel interpreted on the CPU); this run is "
+                 "bf16, where the kernel and XLA's attention round each branch's attention differently, and "
+                 "through 56 sub-layers that moves some cosine sums and greedy tokens enough to change the "
+                 "candidate set" + _same_plan_as_reference() + "; whether all of the difference is rounding is "
+                 "not shown on the GPU.")
+    windows = [p["stage_seconds"].get("window", 0.0) for c in cases.values() if isinstance(c, dict)
+               for p in c.get("plans", []) if p.get("stage_seconds")]
+    if windows and max(windows) > 0.05:
+        text += (f" The plan's largest part, {1e3 * min(windows):.0f}-{1e3 * max(windows):.0f} ms at every context, "
+                 "was the reference window: it copied the plan rows' K/V out of the batch's cache by indexing "
+                 "each layer's keys and values eagerly, one dispatch each. That copy is now one compiled gather "
+                 "(jaxspec.knapspec.policy.cache_rows); not measured again on the GPU yet.")
+    return text
 
 
 
@@ -3010,13 +3043,21 @@ def choice_table_block() -> str:
             f"{sum(e['speedup'] < 1 + margin for e in entries)} of {len(entries)} entries pick plain decoding: "
             + "; ".join(picks_ar) + ".")
     if (RESULTS / PAIR_SPEED_CHOICE_TABLE).exists():
-        runs, overruled, table_spec = [], [], 0
-        for key, case in load(PAIR_SPEED_CHOICE_TABLE)["cases"].items():
+        runs, overruled, table_spec, plain_runs = [], [], 0, []
+        data = load(PAIR_SPEED_CHOICE_TABLE)
+        cfg, labels_of = data["config"], dict(PAIR_METHODS)
+        missing = [f"{labels_of.get(m, m).strip('*')} at {round(int(c) / 1000)}k/b{b}"
+                   for c in str(cfg["contexts"]).split(",") for b in str(cfg["batches"]).split(",")
+                   for m in str(cfg["methods"]).split(",")
+                   if "speedup_vs_ar" not in (data["cases"].get(f"ctx{c}/b{b}", {}).get(m) or {})]
+        for key, case in data["cases"].items():
             if not key.startswith("ctx"):
                 continue
             for m, label in PAIR_METHODS:
                 if not (isinstance(case.get(m), dict) and "speedup_vs_ar" in case[m]):
                     continue
+                if case[m]["metrics"].get("rounds") == 0 and case[m]["metrics"].get("ar_steps"):
+                    plain_runs.append((case[m]["speedup_vs_ar"], label.strip("*"), case[m]["metrics"]["ar_steps"]))
                 events = case[m]["metrics"]["arbitration"]["events"]
                 first = events[0] if events else {}
                 tail = [e for e in events if e.get("reason") == "tail"]
@@ -3035,6 +3076,15 @@ def choice_table_block() -> str:
             text += (f" Every method deciding from it (`{PAIR_SPEED_CHOICE_TABLE}`, tail check every 8 rounds): "
                      + "; ".join(r[1] for r in runs) + f". Never slower than AR: **{'met' if worst >= 1 else 'missed'}**"
                      + (f" (lowest {worst:.2f}x)." if worst >= 1 else f", by up to {100 * (1 - worst):.0f} %."))
+            if plain_runs:
+                text += (f" The runs the table sent to plain decoding ({', '.join(sorted(set(p[1] for p in plain_runs)))}"
+                         f") decoded " + "-".join(sorted({str(p[2]) for p in plain_runs}, key=int)) + " plain steps and "
+                         f"no draft round, the same work as the paired AR run, and measured "
+                         f"{min(p[0] for p in plain_runs):.2f}-{max(p[0] for p in plain_runs):.2f}x it: below 1.00x "
+                         "there is the spread of two timings of identical plain decoding, not a decision.")
+            if missing:
+                text += (" Not measured yet (the step's GPU time ran out; it resumes at the next method): "
+                         + ", ".join(missing) + ".")
             if overruled:
                 paces = [o[0] for o in overruled]
                 text += (f" The tail check overruled {len(overruled)} of the {table_spec} speculative decisions the "

@@ -769,3 +769,18 @@ def test_plan_rows_plan_on_the_rows_with_the_most_reference_tokens(params, ar_ro
                                                 np.array([False, True, False]), 2), [0, 2])
     with pytest.raises(ValueError, match="plan_rows=0"):
         KnapSpecConfig(plan_rows=0)
+
+
+def test_cache_rows_copies_the_rows_of_every_layer():
+    """The plan rows' cache (one compiled gather for all layers) holds exactly those rows' K/V and lengths."""
+    from jaxspec.knapspec.policy import cache_rows
+    from jaxspec.models.cache import KVCache
+
+    rng = np.random.default_rng(0)
+    keys = tuple(jnp.asarray(rng.normal(size=(4, 2, 8, 3)), jnp.float32) for _ in range(3))
+    values = tuple(jnp.asarray(rng.normal(size=(4, 2, 8, 3)), jnp.float32) for _ in range(3))
+    cache = KVCache(keys=keys, values=values, lengths=jnp.asarray([5, 6, 7, 8], jnp.int32))
+    out = cache_rows(cache, np.array([3, 1], np.int64))
+    assert out.lengths.tolist() == [8, 6] and out.num_layers == 3
+    for new, old in zip(out.keys + out.values, keys + values):
+        np.testing.assert_array_equal(np.asarray(new), np.asarray(old)[[3, 1]])
