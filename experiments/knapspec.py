@@ -1245,11 +1245,8 @@ def check_knapspec_args(args) -> None:
             raise ValueError(f"--plan-cost-scale {args.plan_cost_scale:g} and --plan-cost-scale-from: give one "
                              f"(the second measures the first from earlier plans)")
         sources = [s.strip() for s in args.plan_cost_scale_from.split(",") if s.strip()]
-        from jaxspec.knapspec.policy import KnapSpecConfig, dp_history_backend
-
-        dp_attention = dp_history_backend(KnapSpecConfig(dp_attention=args.dp_attention, reference_kv=args.reference_kv,
-                                                         branch_chunk=args.branch_chunk)) or "xla"
-        args.plan_cost_scale = plan_cost_scale_from(sources, args.model, args.device_tag, dp_attention)
+        # --dp-attention is checked above: its value names the DP's attention as plan records do
+        args.plan_cost_scale = plan_cost_scale_from(sources, args.model, args.device_tag, args.dp_attention)
     experiment_knapspec_config(args)  # the planner's own checks
 
 
