@@ -59,7 +59,8 @@ PROFILED_METHODS = DUSTIN_METHODS + ("dustin-self",)
 DENSE_METHODS = ("sd", "magicdec", "magicdec-self")
 SPARSE_BUDGET_METHODS = ("magicdec", "dustin", "streaming", "quest") + tuple(SPARSE_DRAFT_KV) + SELF_METHODS
 #: options recorded in a results file's config only when set
-OPTIONAL_CONFIG = ("arbitrate", "arbitrate_tail", "arbitrate_tail_prior", "arbitrate_table")
+OPTIONAL_CONFIG = (
+    "arbitrate", "arbitrate_tail", "arbitrate_tail_prior", "arbitrate_table", "arbitrate_table_tail_after")
 #: ``--backend-check`` fails when the last-position logits differ by more than this share of their scale
 BACKEND_CHECK_RTOL = 0.05
 
@@ -113,6 +114,10 @@ def check_args(args) -> Tuple[List[int], List[int], List[str]]:
             raise ValueError("--arbitrate-table gives the measured choice its decisions; give --arbitrate ROUNDS too "
                              "(the probe for keys the table does not hold)")
         load_choice_table(args.arbitrate_table, args.model, args.draft)
+    after = getattr(args, "arbitrate_table_tail_after", 0)
+    if after < 0 or (after and not (getattr(args, "arbitrate_table", None) and args.arbitrate_tail)):
+        raise ValueError(f"--arbitrate-table-tail-after={after}: rounds >= 1 (0 = off), and it needs --arbitrate-table "
+                         f"and --arbitrate-tail (it tail-checks the table's decisions)")
     if args.arbitrate and "quest" in methods:
         raise ValueError("--arbitrate: quest is not run under the measured choice; drop it from --methods")
     if args.backend_check < 0:
@@ -351,7 +356,8 @@ def cmd_pair_speed(args) -> Dict[str, Any]:
                     controller = MeasuredChoiceController(probe_rounds=args.arbitrate, remember=False,
                                                           tail_check=args.arbitrate_tail or None,
                                                           tail_prior_rounds=args.arbitrate_tail_prior,
-                                                          table=table, table_method=method)
+                                                          table=table, table_method=method,
+                                                          table_tail_after=args.arbitrate_table_tail_after or None)
                 dp, ds = _draft_inputs(method, model, draft, draft_cache)
                 result = speculative_generate(model.params, config, [], prompt_tokens=(tokens, lengths),
                                               draft_policy=draft_policy, draft_params=dp,
@@ -514,7 +520,8 @@ def register(subparsers) -> None:
                         "(probe ROUNDS rounds against as many AR steps; docs/methods.md §5.2); 0 = off")
     p.add_argument("--arbitrate-tail", type=int, default=0, metavar="ROUNDS",
                    help="with --arbitrate: the tail check every ROUNDS speculative rounds (0 = off); it guards probed "
-                        "decisions, not those taken from --arbitrate-table (docs/methods.md §5.2)")
+                        "decisions, and those taken from --arbitrate-table only with --arbitrate-table-tail-after "
+                        "(docs/methods.md §5.2)")
     p.add_argument("--arbitrate-tail-prior", type=float, default=None, metavar="M",
                    help="with --arbitrate-tail: each row's tokens per round is pooled toward the batch mean with the "
                         "weight of M rounds (default: as many rounds as observed; 0 = each row's own rate, the rule "
@@ -523,6 +530,10 @@ def register(subparsers) -> None:
                    help="with --arbitrate: take each method's decision from this choice table (whole-run speed-ups "
                         "measured earlier, `choice-table`) where it holds the case's (context bucket, batch); probe "
                         "only where it does not (docs/methods.md §5.2)")
+    p.add_argument("--arbitrate-table-tail-after", type=int, default=0, metavar="N",
+                   help="with --arbitrate-table and --arbitrate-tail: tail-check the table's speculative decisions "
+                        "too, from their N-th round on (0 = off: a table's decision stands for the run); catches a "
+                        "straggler row the table's run did not have (docs/methods.md §5.2)")
     p.add_argument("--copy-gib", type=float, default=4.0, help="size of the copy-bandwidth measurement")
     p.add_argument("--compile-threads", type=int, default=0, metavar="N",
                    help="per case, build every method's round loop in N threads at once before the first one runs "

@@ -200,6 +200,7 @@ PAIR_SPEED_F32 = f"{PS}8k_b2_f32_identity_h200.json"   # float32: greedy Classic
 #: the measured choice's decisions from whole runs (docs/methods.md §5.2), and every method deciding from it
 CHOICE_TABLE = "choice_table/choice_table_qwen2.5-coder-1.5b_0.5b_h200.json"
 PAIR_SPEED_CHOICE_TABLE = f"{PS}32k_b8-16_choice-table_h200.json"
+PAIR_SPEED_CHOICE_TABLE_GUARDED = f"{PS}32k_b8-16_choice-table-guarded_h200.json"
 PAIR_SPEED_CHECK = f"{PS}8k_h200.json"                  # holds the Pallas-vs-XLA logits check
 PAIR_SPEED_SUITE = "h200-qwen-pair"
 PAIR_SPEED_PLOT = f"{PS}speedup_h200.png"
@@ -3043,61 +3044,82 @@ def choice_table_block() -> str:
             f"{sum(e['speedup'] < 1 + margin for e in entries)} of {len(entries)} entries pick plain decoding: "
             + "; ".join(picks_ar) + ".")
     if (RESULTS / PAIR_SPEED_CHOICE_TABLE).exists():
-        runs, overruled, table_spec, plain_runs = [], [], 0, []
-        data = load(PAIR_SPEED_CHOICE_TABLE)
-        cfg, labels_of = data["config"], dict(PAIR_METHODS)
-        missing = [f"{labels_of.get(m, m).strip('*')} at {round(int(c) / 1000)}k/b{b}"
-                   for c in str(cfg["contexts"]).split(",") for b in str(cfg["batches"]).split(",")
-                   for m in str(cfg["methods"]).split(",")
-                   if "speedup_vs_ar" not in (data["cases"].get(f"ctx{c}/b{b}", {}).get(m) or {})]
-        for key, case in data["cases"].items():
-            if not key.startswith("ctx"):
-                continue
-            for m, label in PAIR_METHODS:
-                if not (isinstance(case.get(m), dict) and "speedup_vs_ar" in case[m]):
-                    continue
-                if case[m]["metrics"].get("rounds") == 0 and case[m]["metrics"].get("ar_steps"):
-                    plain_runs.append((case[m]["speedup_vs_ar"], label.strip("*"), case[m]["metrics"]["ar_steps"]))
-                events = case[m]["metrics"]["arbitration"]["events"]
-                first = events[0] if events else {}
-                tail = [e for e in events if e.get("reason") == "tail"]
-                how = (f"table {first['table_speedup']:.2f}x: {'speculate' if first['choice'] == 'speculative' else 'AR'}"
-                       if first.get("reason") == "table" else f"probed: {first.get('choice')}")
-                if first.get("reason") == "table" and first["choice"] == "speculative":
-                    table_spec += 1
-                if tail:
-                    overruled.append((tail[0]["speculative_finish_s"] / tail[0]["plain_finish_s"],
-                                      first.get("table_speedup"), case[m]["speedup_vs_ar"]))
-                    how += f"; overruled by the tail check after {tail[0]['after_rounds']} rounds: AR"
-                runs.append((case[m]["speedup_vs_ar"], f"{label.strip('*')} at {key[3:].replace('000/', 'k/')} "
-                             f"{case[m]['speedup_vs_ar']:.2f}x ({how})"))
-        if runs:
-            worst = min(r[0] for r in runs)
-            text += (f" Every method deciding from it (`{PAIR_SPEED_CHOICE_TABLE}`, tail check every 8 rounds): "
-                     + "; ".join(r[1] for r in runs) + f". Never slower than AR: **{'met' if worst >= 1 else 'missed'}**"
-                     + (f" (lowest {worst:.2f}x)." if worst >= 1 else f", by up to {100 * (1 - worst):.0f} %."))
-            if plain_runs:
-                text += (f" The runs the table sent to plain decoding ({', '.join(sorted(set(p[1] for p in plain_runs)))}"
-                         f") decoded " + "-".join(sorted({str(p[2]) for p in plain_runs}, key=int)) + " plain steps and "
-                         f"no draft round, the same work as the paired AR run, and measured "
-                         f"{min(p[0] for p in plain_runs):.2f}-{max(p[0] for p in plain_runs):.2f}x it: below 1.00x "
-                         "there is the spread of two timings of identical plain decoding, not a decision.")
-            if missing:
-                text += (" Not measured yet (the step's GPU time ran out; it resumes at the next method): "
-                         + ", ".join(missing) + ".")
-            if overruled:
-                paces = [o[0] for o in overruled]
-                text += (f" The tail check overruled {len(overruled)} of the {table_spec} speculative decisions the "
-                         f"table took: after the opening rounds it put the batch's finish {min(paces):.1f}-"
-                         f"{max(paces):.1f}x later than plain decoding's, and those runs ended at "
-                         f"{min(o[2] for o in overruled):.2f}-{max(o[2] for o in overruled):.2f}x AR. This run "
-                         "tail-checked the table's decisions; the check now guards probed decisions only, since "
-                         "the table's whole runs include their slow opening rounds (docs/methods.md §5.2). The "
-                         "same step under that rule is not measured yet.")
+        text += _choice_runs_text(PAIR_SPEED_CHOICE_TABLE, guarded=False)
     else:
         text += (" Every method deciding from it at 32k, batch 16 and 8 (h200-qwen-pair step "
                  "`ctx32k-b16-b8-choice-table`): not measured yet.")
+    if (RESULTS / PAIR_SPEED_CHOICE_TABLE_GUARDED).exists():
+        text += _choice_runs_text(PAIR_SPEED_CHOICE_TABLE_GUARDED, guarded=True)
+    else:
+        text += (" The same with the table's speculative decisions tail-checked from their 32nd round on "
+                 "(`--arbitrate-table-tail-after 32`, step `ctx32k-b8-b16-choice-table-guarded`): not measured yet.")
     return text + "\n\n" + "\n".join(lines)
+
+
+def _choice_runs_text(path: str, guarded: bool) -> str:
+    """The runs of one pair-speed file whose methods decided from the choice table: each speed-up, how it was
+    decided, and what the tail check did."""
+    runs, overruled, table_spec, plain_runs, stragglers = [], [], 0, [], []
+    data = load(path)
+    cfg, labels_of = data["config"], dict(PAIR_METHODS)
+    after = cfg.get("arbitrate_table_tail_after")
+    missing = [f"{labels_of.get(m, m).strip('*')} at {round(int(c) / 1000)}k/b{b}"
+               for c in str(cfg["contexts"]).split(",") for b in str(cfg["batches"]).split(",")
+               for m in str(cfg["methods"]).split(",")
+               if "speedup_vs_ar" not in (data["cases"].get(f"ctx{c}/b{b}", {}).get(m) or {})]
+    for key, case in data["cases"].items():
+        if not key.startswith("ctx"):
+            continue
+        for m, label in PAIR_METHODS:
+            if not (isinstance(case.get(m), dict) and "speedup_vs_ar" in case[m]):
+                continue
+            metrics = case[m]["metrics"]
+            where = key[3:].replace("000/", "k/")
+            if metrics.get("rounds") == 0 and metrics.get("ar_steps"):
+                plain_runs.append((case[m]["speedup_vs_ar"], label.strip("*"), metrics["ar_steps"]))
+            events = metrics["arbitration"]["events"]
+            first = events[0] if events else {}
+            tail = [e for e in events if e.get("reason") == "tail"]
+            how = (f"table {first['table_speedup']:.2f}x: {'speculate' if first['choice'] == 'speculative' else 'AR'}"
+                   if first.get("reason") == "table" else f"probed: {first.get('choice')}")
+            if first.get("reason") == "table" and first["choice"] == "speculative":
+                table_spec += 1
+                rows = [r for r in metrics.get("rounds_per_row") or [] if r]
+                if case[m]["speedup_vs_ar"] < 1 and rows and metrics.get("tau"):
+                    stragglers.append(f"{label.strip('*')} at {where}: slowest row {max(rows)} rounds against a "
+                                      f"mean row's {255 / metrics['tau']:.0f}")
+            if tail:
+                overruled.append((tail[0]["speculative_finish_s"] / tail[0]["plain_finish_s"],
+                                  first.get("table_speedup"), case[m]["speedup_vs_ar"]))
+                how += f"; the tail check switched to AR after {tail[0]['after_rounds']} rounds"
+            runs.append((case[m]["speedup_vs_ar"], f"{label.strip('*')} at {where} "
+                         f"{case[m]['speedup_vs_ar']:.2f}x ({how})"))
+    if not runs:
+        return ""
+    worst = min(r[0] for r in runs)
+    rule = (f"the table's decisions tail-checked from round {after} on" if after else "tail check every 8 rounds")
+    text = (f" {'With the guard' if guarded else 'Every method deciding from it'} (`{path}`, {rule}): "
+            + "; ".join(r[1] for r in runs) + f". Never slower than AR: **{'met' if worst >= 1 else 'missed'}**"
+            + (f" (lowest {worst:.2f}x)." if worst >= 1 else f", by up to {100 * (1 - worst):.0f} %."))
+    if stragglers:
+        text += (" Below AR on a speculative table decision: " + "; ".join(stragglers) + " (the batch waits for its "
+                 "slowest row).")
+    if plain_runs:
+        text += (f" The runs the table sent to plain decoding ({', '.join(sorted(set(p[1] for p in plain_runs)))}"
+                 f") decoded " + "-".join(sorted({str(p[2]) for p in plain_runs}, key=int)) + " plain steps and "
+                 f"no draft round, the same work as the paired AR run, and measured "
+                 f"{min(p[0] for p in plain_runs):.2f}-{max(p[0] for p in plain_runs):.2f}x it: below 1.00x "
+                 "there is the spread of two timings of identical plain decoding, not a decision.")
+    if missing:
+        text += (" Not measured yet (the step's GPU time ran out; it resumes at the next method): "
+                 + ", ".join(missing) + ".")
+    if overruled:
+        paces = [o[0] for o in overruled]
+        text += (f" The tail check switched {len(overruled)} of the {table_spec} speculative table decisions to plain "
+                 f"decoding, its estimate putting the batch's finish {min(paces):.1f}-{max(paces):.1f}x later than "
+                 f"plain decoding's; those runs ended at {min(o[2] for o in overruled):.2f}-"
+                 f"{max(o[2] for o in overruled):.2f}x AR.")
+    return text
 
 
 def _pair_intro() -> str:

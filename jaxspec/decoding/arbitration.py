@@ -214,6 +214,31 @@ def finish_times(round_s: float, step_s: float, left, tokens_per_round) -> Tuple
     return float(round_s * np.max(np.ceil(left / rate))), float(step_s * np.max(left))
 
 
+def simulated_tail_switch(rounds_per_row, round_s: float, step_s: float, new_tokens: int, after: int,
+                          every: int, prior_rounds: Optional[float] = None, opening_rounds: int = 8,
+                          opening_pace: float = 0.6) -> Optional[int]:
+    """The round at which the tail check (checks every ``every`` rounds from round ``after`` on) would switch
+    a measured run to plain decoding, or None if it never would (docs/methods.md §5.2). Row i commits
+    ``new_tokens / rounds_per_row[i]`` tokens a round, times ``opening_pace`` in the first
+    ``opening_rounds`` rounds (opening rounds are slower than a whole run's mean); ``round_s`` and
+    ``step_s`` are the run's round and plain step prices. An estimate of what the guard does on a run whose
+    per-round trajectory was not recorded, not a replay."""
+    rounds_per_row = np.asarray(rounds_per_row, np.float64)
+    rate = new_tokens / np.maximum(rounds_per_row, 1)
+    out = np.zeros_like(rate)
+    for n in range(1, 8 * int(rounds_per_row.max()) + 8):
+        out = np.minimum(out + rate * (opening_pace if n <= opening_rounds else 1.0), new_tokens)
+        active = out < new_tokens
+        if not active.any():
+            return None
+        if n >= after and n % every == 0:
+            per_round = pooled_rates(out[active], n, prior_rounds)
+            spec_s, plain_s = finish_times(round_s, step_s, new_tokens - out[active], per_round)
+            if plain_s < spec_s:
+                return n
+    return None
+
+
 class MeasuredChoiceController(ScriptedController):
     """Speculation only where it pays: probe ``probe_rounds`` speculative rounds against as many plain
     decoding steps on the live sequence (:func:`measured_arbitration`), then run the rest of the run
@@ -228,12 +253,16 @@ class MeasuredChoiceController(ScriptedController):
     decoding for the rest once that is sooner. A probe's rates are means over the rows, but the
     loop waits for its slowest row, so a batch with a few low-acceptance rows can be faster in plain
     decoding than its probe says (docs/methods.md §5.2). The tail check guards probed (and remembered)
-    decisions only: a ``table`` decision stands for the run, since the table's speed-ups were measured
-    over whole runs, slowest rows and opening rounds included."""
+    decisions from their first chunk on. A ``table`` decision stands for the run by default, since the
+    table's speed-ups were measured over whole runs, slowest rows and opening rounds included;
+    ``table_tail_after=N`` tail-checks it too, from its ``N``-th round on (judged by the rounds since
+    speculation began and the entry's ``ar_step_s``): a row far slower than those of the table's run (a
+    straggler) is then caught once the opening rounds weigh little in its rate."""
 
     def __init__(self, probe_rounds: int = 8, reprobe_rounds: Optional[int] = None, remember: bool = True,
                  tail_check: Optional[int] = None, tail_prior_rounds: Optional[float] = None,
-                 table: Optional[ChoiceTable] = None, table_method: Optional[str] = None):
+                 table: Optional[ChoiceTable] = None, table_method: Optional[str] = None,
+                 table_tail_after: Optional[int] = None):
         if isinstance(probe_rounds, bool) or not isinstance(probe_rounds, int) or probe_rounds < 1:
             raise ValueError(f"probe_rounds={probe_rounds!r} must be an integer >= 1")
         if reprobe_rounds is not None and (isinstance(reprobe_rounds, bool) or not isinstance(reprobe_rounds, int)
@@ -250,6 +279,14 @@ class MeasuredChoiceController(ScriptedController):
         if table is not None and not table_method:
             raise ValueError("a choice table needs table_method: the method name its entries are looked up by")
         self.table, self.table_method = table, table_method
+        if table_tail_after is not None and (isinstance(table_tail_after, bool) or not isinstance(table_tail_after, int)
+                                             or table_tail_after < 1):
+            raise ValueError(f"table_tail_after={table_tail_after!r} must be None (a table's decision stands) or an "
+                             f"integer >= 1 (tail-check it from that round on)")
+        if table_tail_after is not None and (tail_check is None or table is None):
+            raise ValueError(f"table_tail_after={table_tail_after} needs tail_check (the check's interval) and a "
+                             f"table (the decisions it guards)")
+        self.table_tail_after = table_tail_after
         self.decisions: Dict[Tuple[int, int], str] = {}
         self.step_seconds: Dict[Tuple[int, int], float] = {}  # the probes' plain step time per key
 
@@ -307,6 +344,8 @@ class MeasuredChoiceController(ScriptedController):
                     if probe.get("ar_step_s"):
                         self.step_seconds[key] = probe["ar_step_s"]
             step_s = probe.get("ar_step_s") if probe is not None else self.step_seconds.get(key)
+            if entry is not None:  # a plain step's price from the table's paired AR run, if it has one
+                step_s = entry.get("ar_step_s") if self.table_tail_after is not None else None
             event = {"context_bucket": key[0], "active_rows": key[1], "choice": choice, "probe": probe,
                      "remembered": probe is None and entry is None}
             if entry is not None:
@@ -315,10 +354,12 @@ class MeasuredChoiceController(ScriptedController):
             span = limit if self.reprobe_rounds is None else self.reprobe_rounds
             if run.finished():
                 break
-            # a table's decision is not tail-checked: its speed-up is over whole runs, which include the
-            # opening rounds whose pace the check would judge it by (docs/methods.md §5.2)
-            if choice == "speculative" and self.tail_check is not None and step_s and entry is None:
-                if (yield from self._speculate_to_tail(run, span, step_s)):
+            # a table's decision is tail-checked only from its table_tail_after-th round: its speed-up is over
+            # whole runs, which include the opening rounds whose pace an early check would judge it by
+            # (docs/methods.md §5.2)
+            if choice == "speculative" and self.tail_check is not None and step_s:
+                after = 0 if entry is None else self.table_tail_after
+                if (yield from self._speculate_to_tail(run, span, step_s, after)):
                     continue  # span done (re-probe) or every row finished
                 yield from self._plain(run, remaining_steps(run))  # the tail in plain decoding
             elif choice == "speculative":
@@ -329,14 +370,16 @@ class MeasuredChoiceController(ScriptedController):
             if not run.finished():
                 yield Chunk(plain_steps=1)
 
-    def _speculate_to_tail(self, run, span: int, step_s: float):
-        """Speculate for up to ``span`` rounds in chunks of ``tail_check``; returns True when the span
-        ended or every row finished, False when plain decoding will finish the batch sooner."""
+    def _speculate_to_tail(self, run, span: int, step_s: float, after: int = 0):
+        """Speculate for up to ``span`` rounds, the first ``after`` of them unchecked, then in chunks of
+        ``tail_check``; returns True when the span ended or every row finished, False when plain decoding
+        will finish the batch sooner."""
         start_out = np.asarray(run.state.num_out).copy()
         spent, rounds = 0.0, 0
         while rounds < span and not run.finished():
             t0 = time.perf_counter()
-            rounds += (yield from self._speculative(run, min(self.tail_check, span - rounds)))
+            chunk = max(self.tail_check, after - rounds)  # the unchecked opening as one chunk
+            rounds += (yield from self._speculative(run, min(chunk, span - rounds)))
             spent += time.perf_counter() - t0
             if run.finished() or rounds >= span:
                 return True
@@ -350,7 +393,7 @@ class MeasuredChoiceController(ScriptedController):
                 self.events.append({"context_bucket": context_bucket(run), "active_rows": int(active.sum()),
                                     "choice": "ar", "reason": "tail", "after_rounds": rounds,
                                     "speculative_finish_s": spec_s, "plain_finish_s": plain_s,
-                                    "tail_prior_rounds": self.tail_prior_rounds,
+                                    "tail_prior_rounds": self.tail_prior_rounds, "unchecked_rounds": after,
                                     "remembered": False, "probe": None})
                 return False
         return True
@@ -359,7 +402,8 @@ class MeasuredChoiceController(ScriptedController):
         counters = run.counters
         choices = [event["choice"] for event in self.events]
         metrics = {"arbitration": {"probe_rounds": self.probe_rounds, "reprobe_rounds": self.reprobe_rounds,
-                                   "tail_check": self.tail_check, "events": self.events,
+                                   "tail_check": self.tail_check, "table_tail_after": self.table_tail_after,
+                                   "events": self.events,
                                    "table": None if self.table is None else {
                                        "method": self.table_method, "margin": self.table.margin,
                                        "meta": self.table.meta},

@@ -310,6 +310,97 @@ def test_a_table_decision_is_not_tail_checked(params, ar_rows, monkeypatch):
     assert calls == [] and result.metrics["ar_tokens"] == 0
 
 
+@pytest.mark.parametrize("after", [2, 1000])
+def test_table_tail_after_checks_a_table_decision_from_that_round_on(params, ar_rows, monkeypatch, after):
+    """With ``table_tail_after=N`` the table's speculative decision runs N rounds unchecked, then the tail check
+    judges it with the entry's plain step price and switches to plain decoding where that finishes sooner (a
+    straggler row); a run shorter than N rounds is never checked. The output stays AR's either way."""
+    from jaxspec.decoding import arbitration
+
+    calls = []
+
+    def estimate(round_s, step_s, left, per_round):
+        calls.append(step_s)
+        return 1.0, 0.5  # plain decoding finishes sooner
+
+    monkeypatch.setattr(arbitration, "finish_times", estimate)
+    table = ChoiceTable([_entry(1.4, ar_step_s=0.0042)])
+    controller = MeasuredChoiceController(probe_rounds=2, remember=False, tail_check=1, table=table,
+                                          table_method="self", table_tail_after=after)
+    seen = []
+    real = controller._speculative
+
+    def speculative(run, rounds):
+        seen.append(rounds)
+        return (yield from real(run, rounds))
+
+    controller._speculative = speculative
+    result = _run(params, controller)
+    assert result.rows() == ar_rows
+    info = result.metrics["arbitration"]
+    events = info["events"]
+    assert events[0]["reason"] == "table" and events[0]["choice"] == "speculative" and info["table_tail_after"] == after
+    if after == 2:
+        assert seen == [2] and calls == [0.0042]  # the unchecked opening as one chunk, then one check
+        assert events[1]["reason"] == "tail" and events[1]["unchecked_rounds"] == 2 and events[1]["after_rounds"] == 2
+        assert info["choice"] == "ar" and result.metrics["ar_tokens"] > 0
+    else:
+        assert calls == [] and len(events) == 1 and result.metrics["ar_tokens"] == 0
+
+
+def test_simulated_tail_switch_on_the_measured_pair_runs():
+    """The guard's default on the committed real-pair runs (rounds per row, round and step prices): the
+    MagicDec 32k/b8 run whose one row took 180 rounds is switched at the first check (round 32), and no run of
+    at least 1.2x AR is switched before round 56 (a late switch keeps the gain of the rounds already run)."""
+    import glob
+    import pathlib
+
+    from jaxspec.decoding.arbitration import simulated_tail_switch
+
+    root = pathlib.Path(__file__).resolve().parents[2] / "experiments" / "results" / "pair_speed"
+    runs = []
+    for path in sorted(glob.glob(str(root / "*_h200.json"))):
+        data = json.loads(pathlib.Path(path).read_text())
+        for case in data["cases"].values():
+            if not isinstance(case, dict) or "ar" not in case:
+                continue
+            for name, record in case.items():
+                metrics = record.get("metrics") if isinstance(record, dict) else None
+                if not metrics or not any(metrics.get("rounds_per_row") or [0]) or metrics.get("ar_steps"):
+                    continue
+                rows = metrics["rounds_per_row"]
+                switch = simulated_tail_switch(rows, record["timings"]["decode_s"] / max(rows),
+                                               len(rows) / record["paired_ar_tok_s"], 255, after=32, every=8)
+                runs.append((name, case["batch"], max(rows), record["speedup_vs_ar"], switch))
+    assert len(runs) > 40
+    straggler = [r for r in runs if r[0] == "magicdec" and r[1] == 8 and r[2] == 180 and r[3] < 0.6]
+    assert straggler and all(r[4] == 32 for r in straggler)
+    assert all(r[4] is None or r[4] >= 56 for r in runs if r[3] >= 1.2)
+
+
+def test_table_tail_after_refuses_bad_values():
+    table = ChoiceTable([_entry(1.4)])
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match="table_tail_after"):
+            MeasuredChoiceController(tail_check=4, table=table, table_method="self", table_tail_after=bad)
+    with pytest.raises(ValueError, match="needs tail_check"):
+        MeasuredChoiceController(table=table, table_method="self", table_tail_after=8)
+    with pytest.raises(ValueError, match="needs tail_check"):
+        MeasuredChoiceController(tail_check=4, table_tail_after=8)
+
+
+def test_a_table_entry_without_a_step_price_is_not_tail_checked(params, ar_rows, monkeypatch):
+    """The check needs a plain step's price; a table entry without ``ar_step_s`` keeps its decision."""
+    from jaxspec.decoding import arbitration
+
+    calls = []
+    monkeypatch.setattr(arbitration, "finish_times", lambda *a: calls.append(a) or (1.0, 0.5))
+    controller = MeasuredChoiceController(probe_rounds=2, remember=False, tail_check=1,
+                                          table=ChoiceTable([_entry(1.4)]), table_method="self", table_tail_after=1)
+    result = _run(params, controller)
+    assert result.rows() == ar_rows and calls == [] and result.metrics["ar_tokens"] == 0
+
+
 @pytest.mark.parametrize("speedup", [1.4, 0.7])
 def test_a_timed_run_with_a_table_compiles_nothing(params, ar_rows, speedup):
     """The warm-up run compiles both modes whatever the table decides, so the timed run, speculating (1.4x)

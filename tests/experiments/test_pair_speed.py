@@ -74,6 +74,9 @@ def test_check_args_accepts_good_input():
     (["--arbitrate-tail", "4"], "--arbitrate-tail refines --arbitrate ROUNDS"),
     (["--arbitrate", "8", "--methods", "sd,quest"], "quest is not run under the measured choice"),
     (["--arbitrate=-1"], "--arbitrate=-1 / --arbitrate-tail=0: rounds >= 0"),
+    (["--arbitrate", "8", "--arbitrate-tail", "8", "--arbitrate-table-tail-after", "32"],
+     "--arbitrate-table-tail-after=32: rounds >= 1 (0 = off), and it needs --arbitrate-table"),
+    (["--arbitrate-table-tail-after=-2"], "--arbitrate-table-tail-after=-2: rounds >= 1"),
 ])
 def test_check_args_refuses_bad_input(extra, message):
     with pytest.raises(ValueError) as err:
