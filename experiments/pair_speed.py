@@ -532,8 +532,9 @@ def register(subparsers) -> None:
                         "only where it does not (docs/methods.md §5.2)")
     p.add_argument("--arbitrate-table-tail-after", type=int, default=0, metavar="N",
                    help="with --arbitrate-table and --arbitrate-tail: tail-check the table's speculative decisions "
-                        "too, from their N-th round on (0 = off: a table's decision stands for the run); catches a "
-                        "straggler row the table's run did not have (docs/methods.md §5.2)")
+                        "too, from their N-th round on, switching when plain decoding finishes at least 10 %% sooner "
+                        "(0 = off: a table's decision stands for the run); catches a straggler row the table's run "
+                        "did not have (docs/methods.md §5.2)")
     p.add_argument("--copy-gib", type=float, default=4.0, help="size of the copy-bandwidth measurement")
     p.add_argument("--compile-threads", type=int, default=0, metavar="N",
                    help="per case, build every method's round loop in N threads at once before the first one runs "

@@ -201,6 +201,8 @@ PAIR_SPEED_F32 = f"{PS}8k_b2_f32_identity_h200.json"   # float32: greedy Classic
 CHOICE_TABLE = "choice_table/choice_table_qwen2.5-coder-1.5b_0.5b_h200.json"
 PAIR_SPEED_CHOICE_TABLE = f"{PS}32k_b8-16_choice-table_h200.json"
 PAIR_SPEED_CHOICE_TABLE_GUARDED = f"{PS}32k_b8-16_choice-table-guarded_h200.json"
+#: MeasuredChoiceController's default table_tail_margin (jaxspec.decoding.arbitration; tests check they agree)
+TABLE_TAIL_MARGIN = 0.1
 PAIR_SPEED_CHECK = f"{PS}8k_h200.json"                  # holds the Pallas-vs-XLA logits check
 PAIR_SPEED_SUITE = "h200-qwen-pair"
 PAIR_SPEED_PLOT = f"{PS}speedup_h200.png"
@@ -841,10 +843,13 @@ def _same_plan_as_reference() -> str:
     if not both:
         return ""
     same = [c for c in both if kernel[c] == reference[c]]
+    plain = [c for c in both if c not in same and kernel[c][2] == 0 == reference[c][2]]
     return (f". The plan made with the kernel equals the reference DP's in the at-start run above at "
             f"{len(same)} of {len(both)} contexts ("
             + ", ".join(f"{c[3:]} tokens: skip Attention {list(kernel[c][0])}, MLP {list(kernel[c][1])}, gamma* "
-                        f"{kernel[c][2]}" + ("" if c in same else " against " + str(reference[c])) for c in both) + ")")
+                        f"{kernel[c][2]}" + ("" if c in same else " against " + str(reference[c])) for c in both) + ")"
+            + (f"; where they differ ({', '.join(c[3:] for c in plain)} tokens) both have gamma* 0, so both decode "
+               "plainly and the run is the same" if plain else ""))
 
 
 def _dp_pallas_note() -> str:
@@ -860,12 +865,31 @@ def _dp_pallas_note() -> str:
             continue
         ctx = key.split("/")[2][3:]
         text = f"{ctx} tokens {c['speedup_vs_ar']:.2f}x AR, planning {100 * c['plan_fraction_of_decode']:.1f} %"
-        if c.get("plans"):
-            p = c["plans"][0]
-            text += f" (plan {1e3 * p['seconds']:.0f} ms{_plan_stage_split(p).replace(': ', ': ', 1)})"
+        plans = c.get("plans") or []
+        if plans:
+            text += " (" + "; ".join(f"the plan at round {p['round']} {1e3 * p['seconds']:.0f} ms"
+                                     f"{_plan_stage_split(p)}" for p in plans) + ")"
+        fraction = load(KNAPSPEC_DP_PALLAS)["config"].get("max_plan_fraction")
+        if len(plans) > 1 and fraction and c.get("plan_fraction_of_decode"):
+            total_plan = sum(p["seconds"] for p in plans)
+            decode = total_plan / c["plan_fraction_of_decode"]
+            kept, spent = [plans[0]], plans[0]["seconds"]
+            for prev, p in zip(plans, plans[1:]):  # the run rule: a re-plan priced as the previous one
+                if spent + prev["seconds"] > fraction * decode:
+                    break
+                kept.append(p)
+                spent += p["seconds"]
+            if len(kept) < len(plans):
+                rest = decode - total_plan + spent
+                text += (f"; the run's planning budget (no re-plan that takes the run's planning past "
+                         f"{100 * fraction:.0f} % of its projected decode time, added after this run) would not "
+                         f"make {len(plans) - len(kept)} of its {len(plans)} plans: planning "
+                         f"{100 * spent / rest:.1f} % of decode without them (predicted, not measured)")
         check = cases.get(key.rsplit("/", 1)[0] + "/dp_attention")
         if check:
-            text += (f"; the DP alone on {check['rows']} rows x {check['search_tokens']} tokens: "
+            earlier = check.get("measured_in")
+            text += (f"; the DP alone on {check['rows']} rows x {check['search_tokens']} tokens"
+                     + (f" (an earlier run of the step, commit {earlier['commit'][:7]})" if earlier else "") + ": "
                      f"{1e3 * check['median_reference_s']:.0f} ms with the reference attention, "
                      f"{1e3 * check['median_folded_s']:.0f} ms in the kernel "
                      f"({check['median_reference_s'] / check['median_folded_s']:.1f}x), "
@@ -889,6 +913,10 @@ def _dp_pallas_note() -> str:
                  "not shown on the GPU.")
     windows = [p["stage_seconds"].get("window", 0.0) for c in cases.values() if isinstance(c, dict)
                for p in c.get("plans", []) if p.get("stage_seconds")]
+    if windows and max(windows) <= 0.05:
+        text += (f" The reference window (the plan rows' K/V copied out of the batch's cache, one compiled gather: "
+                 f"jaxspec.knapspec.policy.cache_rows) took {1e3 * min(windows):.1f}-{1e3 * max(windows):.1f} ms a "
+                 "plan, where the eager per-layer copy it replaced took 95 ms at 32k and 16k.")
     if windows and max(windows) > 0.05:
         text += (f" The plan's largest part, {1e3 * min(windows):.0f}-{1e3 * max(windows):.0f} ms at every context, "
                  "was the reference window: it copied the plan rows' K/V out of the batch's cache by indexing "
@@ -3085,12 +3113,13 @@ def _choice_runs_text(path: str, guarded: bool) -> str:
             if first.get("reason") == "table" and first["choice"] == "speculative":
                 table_spec += 1
                 rows = [r for r in metrics.get("rounds_per_row") or [] if r]
-                if case[m]["speedup_vs_ar"] < 1 and rows and metrics.get("tau"):
+                if case[m]["speedup_vs_ar"] < 1 and rows and metrics.get("tau") and not tail:
                     stragglers.append(f"{label.strip('*')} at {where}: slowest row {max(rows)} rounds against a "
                                       f"mean row's {255 / metrics['tau']:.0f}")
             if tail:
                 overruled.append((tail[0]["speculative_finish_s"] / tail[0]["plain_finish_s"],
-                                  first.get("table_speedup"), case[m]["speedup_vs_ar"]))
+                                  first.get("table_speedup"), case[m]["speedup_vs_ar"], label.strip("*"), where,
+                                  tail[0].get("margin", 0.0)))
                 how += f"; the tail check switched to AR after {tail[0]['after_rounds']} rounds"
             runs.append((case[m]["speedup_vs_ar"], f"{label.strip('*')} at {where} "
                          f"{case[m]['speedup_vs_ar']:.2f}x ({how})"))
@@ -3119,6 +3148,13 @@ def _choice_runs_text(path: str, guarded: bool) -> str:
                  f"decoding, its estimate putting the batch's finish {min(paces):.1f}-{max(paces):.1f}x later than "
                  f"plain decoding's; those runs ended at {min(o[2] for o in overruled):.2f}-"
                  f"{max(o[2] for o in overruled):.2f}x AR.")
+        if guarded and all(o[5] == 0.0 for o in overruled):
+            stand = [o for o in overruled if 1 - 1 / o[0] >= TABLE_TAIL_MARGIN]
+            text += (f" This run switched at any gain; the guard now switches a table's decision only where plain "
+                     f"decoding finishes at least {100 * TABLE_TAIL_MARGIN:.0f} % sooner (docs/methods.md §5.2), "
+                     f"which keeps {len(stand)} of these {len(overruled)} switches ("
+                     + "; ".join(f"{o[3]} at {o[4]}: plain {100 * (1 - 1 / o[0]):.1f} % sooner" for o in overruled)
+                     + "); that rule is not measured on the GPU yet.")
     return text
 
 

@@ -216,7 +216,7 @@ def finish_times(round_s: float, step_s: float, left, tokens_per_round) -> Tuple
 
 def simulated_tail_switch(rounds_per_row, round_s: float, step_s: float, new_tokens: int, after: int,
                           every: int, prior_rounds: Optional[float] = None, opening_rounds: int = 8,
-                          opening_pace: float = 0.6) -> Optional[int]:
+                          opening_pace: float = 0.6, margin: float = 0.0) -> Optional[int]:
     """The round at which the tail check (checks every ``every`` rounds from round ``after`` on) would switch
     a measured run to plain decoding, or None if it never would (docs/methods.md §5.2). Row i commits
     ``new_tokens / rounds_per_row[i]`` tokens a round, times ``opening_pace`` in the first
@@ -234,7 +234,7 @@ def simulated_tail_switch(rounds_per_row, round_s: float, step_s: float, new_tok
         if n >= after and n % every == 0:
             per_round = pooled_rates(out[active], n, prior_rounds)
             spec_s, plain_s = finish_times(round_s, step_s, new_tokens - out[active], per_round)
-            if plain_s < spec_s:
+            if plain_s < spec_s * (1.0 - margin):
                 return n
     return None
 
@@ -257,12 +257,15 @@ class MeasuredChoiceController(ScriptedController):
     table's speed-ups were measured over whole runs, slowest rows and opening rounds included;
     ``table_tail_after=N`` tail-checks it too, from its ``N``-th round on (judged by the rounds since
     speculation began and the entry's ``ar_step_s``): a row far slower than those of the table's run (a
-    straggler) is then caught once the opening rounds weigh little in its rate."""
+    straggler) is then caught once the opening rounds weigh little in its rate. Such a switch needs plain
+    decoding to finish at least ``table_tail_margin`` (10 %) sooner: at round 32 a row's rate still carries
+    the slow opening rounds (8 of 32 at about 0.6x pace: ~10 % low), and a near-tie is no evidence against
+    a whole-run measurement (docs/methods.md §5.2)."""
 
     def __init__(self, probe_rounds: int = 8, reprobe_rounds: Optional[int] = None, remember: bool = True,
                  tail_check: Optional[int] = None, tail_prior_rounds: Optional[float] = None,
                  table: Optional[ChoiceTable] = None, table_method: Optional[str] = None,
-                 table_tail_after: Optional[int] = None):
+                 table_tail_after: Optional[int] = None, table_tail_margin: float = 0.1):
         if isinstance(probe_rounds, bool) or not isinstance(probe_rounds, int) or probe_rounds < 1:
             raise ValueError(f"probe_rounds={probe_rounds!r} must be an integer >= 1")
         if reprobe_rounds is not None and (isinstance(reprobe_rounds, bool) or not isinstance(reprobe_rounds, int)
@@ -286,7 +289,11 @@ class MeasuredChoiceController(ScriptedController):
         if table_tail_after is not None and (tail_check is None or table is None):
             raise ValueError(f"table_tail_after={table_tail_after} needs tail_check (the check's interval) and a "
                              f"table (the decisions it guards)")
-        self.table_tail_after = table_tail_after
+        if isinstance(table_tail_margin, bool) or not isinstance(table_tail_margin, (int, float)) \
+                or not 0 <= table_tail_margin < 1:
+            raise ValueError(f"table_tail_margin={table_tail_margin!r} must be a number in [0, 1) (switch when plain "
+                             f"decoding finishes at least that share sooner)")
+        self.table_tail_after, self.table_tail_margin = table_tail_after, float(table_tail_margin)
         self.decisions: Dict[Tuple[int, int], str] = {}
         self.step_seconds: Dict[Tuple[int, int], float] = {}  # the probes' plain step time per key
 
@@ -359,7 +366,8 @@ class MeasuredChoiceController(ScriptedController):
             # (docs/methods.md §5.2)
             if choice == "speculative" and self.tail_check is not None and step_s:
                 after = 0 if entry is None else self.table_tail_after
-                if (yield from self._speculate_to_tail(run, span, step_s, after)):
+                margin = 0.0 if entry is None else self.table_tail_margin
+                if (yield from self._speculate_to_tail(run, span, step_s, after, margin)):
                     continue  # span done (re-probe) or every row finished
                 yield from self._plain(run, remaining_steps(run))  # the tail in plain decoding
             elif choice == "speculative":
@@ -370,10 +378,10 @@ class MeasuredChoiceController(ScriptedController):
             if not run.finished():
                 yield Chunk(plain_steps=1)
 
-    def _speculate_to_tail(self, run, span: int, step_s: float, after: int = 0):
+    def _speculate_to_tail(self, run, span: int, step_s: float, after: int = 0, margin: float = 0.0):
         """Speculate for up to ``span`` rounds, the first ``after`` of them unchecked, then in chunks of
         ``tail_check``; returns True when the span ended or every row finished, False when plain decoding
-        will finish the batch sooner."""
+        will finish the batch sooner (by at least ``margin`` of the speculative finish)."""
         start_out = np.asarray(run.state.num_out).copy()
         spent, rounds = 0.0, 0
         while rounds < span and not run.finished():
@@ -389,11 +397,12 @@ class MeasuredChoiceController(ScriptedController):
             left = run.engine.max_new_tokens - out[active]
             per_round = pooled_rates((out - start_out)[active], rounds, self.tail_prior_rounds)
             spec_s, plain_s = finish_times(spent / max(rounds, 1), step_s, left, per_round)
-            if plain_s < spec_s:
+            if plain_s < spec_s * (1.0 - margin):
                 self.events.append({"context_bucket": context_bucket(run), "active_rows": int(active.sum()),
                                     "choice": "ar", "reason": "tail", "after_rounds": rounds,
                                     "speculative_finish_s": spec_s, "plain_finish_s": plain_s,
                                     "tail_prior_rounds": self.tail_prior_rounds, "unchecked_rounds": after,
+                                    "margin": margin,
                                     "remembered": False, "probe": None})
                 return False
         return True
@@ -403,6 +412,7 @@ class MeasuredChoiceController(ScriptedController):
         choices = [event["choice"] for event in self.events]
         metrics = {"arbitration": {"probe_rounds": self.probe_rounds, "reprobe_rounds": self.reprobe_rounds,
                                    "tail_check": self.tail_check, "table_tail_after": self.table_tail_after,
+                                   "table_tail_margin": self.table_tail_margin,
                                    "events": self.events,
                                    "table": None if self.table is None else {
                                        "method": self.table_method, "margin": self.table.margin,

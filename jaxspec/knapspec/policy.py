@@ -17,7 +17,9 @@
   with ``t_attn`` at the *current* context length (official code: accumulate at
   ``step % 64 in 2..6``, optimise at ``step % 64 == 6``). Planning budget (docs/methods.md §5,
   ``KnapSpecConfig.max_plan_fraction``, default 5 %): a plan on this grid is skipped to a later
-  grid point while the previous plan cost more than that fraction of the decode time since it.
+  grid point while the previous plan cost more than that fraction of the decode time since it, and
+  no re-plan runs that would take the run's planning (priced as the previous plan) past that fraction
+  of the run's projected decode time.
 * :class:`KnapSpecController` -- the driver, an engine controller
   (:class:`~jaxspec.decoding.contract.Controller`): the engine's jitted ``while_loop`` runs in
   chunks between schedule events, and at each plan event a *planner* (:class:`KnapSpecPlanner`: reference states
@@ -87,7 +89,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.config import ModelConfig
-from jaxspec.decoding.arbitration import measured_arbitration
+from jaxspec.decoding.arbitration import measured_arbitration, remaining_steps
 from jaxspec.decoding.contract import Chunk, DraftPolicyBase, ScriptedController
 from jaxspec.decoding.policies import DenseVerify, Proposal
 from jaxspec.decoding.sampling import SamplingConfig, sample_token, sampling_probs
@@ -739,6 +741,7 @@ class KnapSpecController(ScriptedController):
         fraction = None if run.warmup else knapspec.max_plan_fraction
         self.records: List[PlanRecord] = []
         self.timings = {"plan_s": 0.0}
+        decode_start = time.perf_counter()
         self.allowance = None
         self.buckets_used = set()
         self.schedule_rounds = 0
@@ -848,6 +851,15 @@ class KnapSpecController(ScriptedController):
                     next_plan = schedule.next_plan_round(true_round + int(np.ceil(needed)))
                     self.timings["postponed_plans"] = self.timings.get("postponed_plans", 0) + 1
                     continue
+                # and over the whole run: no re-plan (priced as the previous one) that would take the run's
+                # planning past the fraction of its projected decode time (docs/methods.md §5.6)
+                left = remaining_steps(run)
+                done = max(engine.max_new_tokens - left, 1)
+                projected = (time.perf_counter() - decode_start) * engine.max_new_tokens / done
+                if self.timings["plan_s"] + last[1] > fraction * projected:
+                    self.timings["plans_over_run_budget"] = 1
+                    next_plan = None
+                    break
             plan_start = time.perf_counter()
             state = run.state
             cache_lengths = np.asarray(state.target_cache.lengths)  # waits for the device work in flight

@@ -370,7 +370,8 @@ def test_simulated_tail_switch_on_the_measured_pair_runs():
                     continue
                 rows = metrics["rounds_per_row"]
                 switch = simulated_tail_switch(rows, record["timings"]["decode_s"] / max(rows),
-                                               len(rows) / record["paired_ar_tok_s"], 255, after=32, every=8)
+                                               len(rows) / record["paired_ar_tok_s"], 255, after=32, every=8,
+                                               margin=0.1)
                 runs.append((name, case["batch"], max(rows), record["speedup_vs_ar"], switch))
     assert len(runs) > 40
     straggler = [r for r in runs if r[0] == "magicdec" and r[1] == 8 and r[2] == 180 and r[3] < 0.6]
@@ -383,10 +384,32 @@ def test_table_tail_after_refuses_bad_values():
     for bad in (0, -1, 2.5, True):
         with pytest.raises(ValueError, match="table_tail_after"):
             MeasuredChoiceController(tail_check=4, table=table, table_method="self", table_tail_after=bad)
+    for bad in (-0.1, 1.0, True, "0.1"):
+        with pytest.raises(ValueError, match="table_tail_margin"):
+            MeasuredChoiceController(tail_check=4, table=table, table_method="self", table_tail_after=8,
+                                     table_tail_margin=bad)
     with pytest.raises(ValueError, match="needs tail_check"):
         MeasuredChoiceController(table=table, table_method="self", table_tail_after=8)
     with pytest.raises(ValueError, match="needs tail_check"):
         MeasuredChoiceController(tail_check=4, table_tail_after=8)
+
+
+@pytest.mark.parametrize("plain_s, switches", [(0.95, False), (0.85, True)])
+def test_a_table_decision_switches_only_past_its_margin(params, ar_rows, monkeypatch, plain_s, switches):
+    """A table's decision is overruled only where plain decoding finishes at least table_tail_margin (10 %)
+    sooner: a near-tie (5 % sooner) keeps speculating, 15 % sooner switches. A probed decision under the same
+    estimate switches at any gain (test_tail_check_switches_to_plain_decoding_only_when_it_finishes_sooner)."""
+    from jaxspec.decoding import arbitration
+
+    monkeypatch.setattr(arbitration, "finish_times", lambda *a: (1.0, plain_s))
+    controller = MeasuredChoiceController(probe_rounds=2, remember=False, tail_check=1, table_method="self",
+                                          table=ChoiceTable([_entry(1.4, ar_step_s=0.004)]), table_tail_after=2)
+    result = _run(params, controller)
+    assert result.rows() == ar_rows
+    tail = [e for e in result.metrics["arbitration"]["events"] if e.get("reason") == "tail"]
+    assert bool(tail) == switches and (result.metrics["ar_tokens"] > 0) == switches
+    if switches:
+        assert tail[0]["margin"] == 0.1
 
 
 def test_a_table_entry_without_a_step_price_is_not_tail_checked(params, ar_rows, monkeypatch):

@@ -140,3 +140,14 @@ def test_divergence_note_sorts_diverging_items_by_what_the_answers_do():
     assert "1 of 4 outputs equal dense; of the 3 that leave it (first differing token at 1, 2, 4)" in note
     assert "1 still give the correct answer" in note and "1 are items dense fails too" in note
     assert "1 differ from dense in retrieval" in note
+
+
+def test_the_tables_tail_margin_is_the_controllers_default():
+    """tables.py imports no jaxspec module, so it keeps its own copy of the guard's margin: they must agree."""
+    import inspect
+
+    from experiments import tables
+    from jaxspec.decoding.arbitration import MeasuredChoiceController
+
+    default = inspect.signature(MeasuredChoiceController).parameters["table_tail_margin"].default
+    assert tables.TABLE_TAIL_MARGIN == default

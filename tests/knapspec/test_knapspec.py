@@ -456,6 +456,71 @@ def test_expensive_plans_are_postponed_and_output_stays_exact(spec_params):
         KnapSpecConfig(max_plan_fraction=1.5)
 
 
+def test_replans_stop_at_the_run_planning_budget(spec_params, monkeypatch):
+    """max_plan_fraction over the whole run: on a clock where a plain step costs 1 and a plan 1, the spacing
+    rule alone (at 5 %, a plan only after 20 units of decoding since the previous one) still re-plans at step 22
+    of 30 and plans 2 units of 32 (6 %: the second plan has too little run left after it); with the run rule
+    that re-plan would take the planning past 5 % of the projected decode time and is not made. Greedy output
+    equals AR either way."""
+    import types
+
+    from jaxspec.knapspec import policy
+    from jaxspec.knapspec.planner import PlannerBase
+    from jaxspec.knapspec.policy import KnapSpecController, KnapSpecPlanner
+
+    clock = types.SimpleNamespace(t=0.0)
+    monkeypatch.setattr(policy, "time", types.SimpleNamespace(perf_counter=lambda: clock.t))
+
+    class PlainPlanner(PlannerBase):  # each plan costs 1 clock unit and picks plain decoding
+        name = "plain"
+
+        def __init__(self, inner):
+            self.inner, self.calls = inner, 0
+
+        def plan(self, *args):
+            self.calls += 1
+            clock.t += 1.0
+            plan, candidates, weights = self.inner.plan(*args)
+            return dataclasses.replace(plan, gamma=0), candidates, weights
+
+    real_chunks = KnapSpecController.chunks
+
+    def timed_chunks(self, run):  # a plain step costs 1 unit, a round 2
+        gen = real_chunks(self, run)
+        try:
+            chunk = next(gen)
+            while True:
+                if not run.warmup:
+                    clock.t += float(chunk.plain_steps or 0) + 2.0 * float(chunk.rounds or 0)
+                sent = yield chunk
+                chunk = gen.send(sent)
+        except StopIteration as stop:
+            return stop.value
+
+    monkeypatch.setattr(KnapSpecController, "chunks", timed_chunks)
+    expected = generate(spec_params, SPEC_TARGET, PROMPTS, 30).rows()
+    lat = latency.LatencyModel(c1=1.0, c2=0.01, c3=0.5)
+    shares = {}
+    for run_rule in (False, True):
+        knap = KnapSpecConfig(gamma_max=4, plan_interval=4, plan_round=2, reference_rounds=2, max_plan_fraction=0.05,
+                              probe_rounds=None, min_reference_tokens=1)
+        if not run_rule:  # the spacing rule only: a run budget too large to bind
+            monkeypatch.setattr(policy, "remaining_steps", lambda run: run.engine.max_new_tokens - 1)
+        else:
+            monkeypatch.undo()
+            monkeypatch.setattr(policy, "time", types.SimpleNamespace(perf_counter=lambda: clock.t))
+            monkeypatch.setattr(KnapSpecController, "chunks", timed_chunks)
+        clock.t = 0.0
+        planner = PlainPlanner(KnapSpecPlanner(lat, knap))
+        result = knapspec_generate(spec_params, SPEC_TARGET, PROMPTS, latency=lat, knapspec=knap, max_new_tokens=30,
+                                   planner=planner)
+        assert result.rows() == expected
+        shares[run_rule] = (result.timings["plan_s"] / clock.t, planner.calls,
+                            result.timings.get("plans_over_run_budget", 0))
+    assert shares[False][0] > 0.05 and shares[False][1] == 2 and shares[False][2] == 0  # spacing alone overspends
+    assert shares[True][0] <= 0.05 and shares[True][1] == 1 and shares[True][2] == 1
+
+
 @pytest.mark.parametrize("greedy", [True, False])
 def test_draft_early_exit_and_fillers(spec_params, greedy):
     """One proposal: without early exit the draft equals SelfDraft's (greedy); with a threshold no
