@@ -852,7 +852,7 @@ class KnapSpecController(ScriptedController):
                     self.timings["postponed_plans"] = self.timings.get("postponed_plans", 0) + 1
                     continue
                 # and over the whole run: no re-plan (priced as the previous one) that would take the run's
-                # planning past the fraction of its projected decode time (docs/methods.md §5.6)
+                # planning past the fraction of its projected decode time (docs/methods.md §5)
                 left = remaining_steps(run)
                 done = max(engine.max_new_tokens - left, 1)
                 projected = (time.perf_counter() - decode_start) * engine.max_new_tokens / done
