@@ -549,6 +549,11 @@ def register(subparsers) -> None:
     c.add_argument("--from", dest="sources", required=True, metavar="FILES",
                    help="comma-separated pair-speed results files (runs without --arbitrate, one target/draft pair "
                         "and device); where several measure one key the lowest speed-up is kept")
+    c.add_argument("--outcomes", default="", metavar="FILES",
+                   help="comma-separated pair-speed results files measured deciding from a choice table "
+                        "(--arbitrate-table): each speculative decision the table took there adds that run's "
+                        "whole-run speed-up to its key, so a decision that lost once is not taken again "
+                        "(docs/methods.md §5.2)")
     c.add_argument("--margin", type=float, default=CHOICE_MARGIN,
                    help="speculate only where the measured speed-up is at least 1 + MARGIN (default %(default)s)")
     c.set_defaults(func=cmd_choice_table)
@@ -558,11 +563,19 @@ def register(subparsers) -> None:
 CHANGED_METHOD_OPTIONS = ("arbitrate", "reselect_every")
 
 
-def choice_table_from(paths: Sequence[str], margin: float = CHOICE_MARGIN) -> ChoiceTable:
+def choice_table_from(paths: Sequence[str], margin: float = CHOICE_MARGIN,
+                      outcomes: Sequence[str] = ()) -> ChoiceTable:
     """A :class:`~jaxspec.decoding.arbitration.ChoiceTable` from pair-speed results files: one entry per
     (method, context bucket, batch) with a measured speed-up against the paired AR run; where several files
     (or runs) measure the same key, the lowest speed-up is kept (the table should never promise a gain that
-    one of its runs did not show), and every measurement is listed under ``measured``."""
+    one of its runs did not show), and every measurement is listed under ``measured``.
+
+    ``outcomes``: pair-speed files measured deciding from a choice table (``--arbitrate-table``). Where the
+    table's decision in such a run was to speculate, that run's whole-run speed-up (tail-check switches
+    included: they are part of what the decision delivered) joins its key's runs, marked ``"outcome":
+    True``; decisions for plain decoding and probed ones add nothing (they measured no speculative run the
+    table chose). So a speculative decision that once ended below ``1 + margin`` is not taken again
+    (docs/methods.md §5.2)."""
     import json
     import math
 
@@ -570,7 +583,8 @@ def choice_table_from(paths: Sequence[str], margin: float = CHOICE_MARGIN) -> Ch
         raise ValueError("choice-table: give at least one pair-speed results file (--from)")
     found: Dict[Tuple[str, int, int], List[Dict[str, Any]]] = {}
     meta: Dict[str, Any] = {}
-    for path in paths:
+    sources = [(p, False) for p in paths] + [(p, True) for p in outcomes]
+    for path, outcome in sources:
         path = pathlib.Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"choice-table: {path}: no such file")
@@ -580,10 +594,16 @@ def choice_table_from(paths: Sequence[str], margin: float = CHOICE_MARGIN) -> Ch
                              f"{data.get('experiment')!r})")
         cfg = data.get("config", {})
         changed = [k for k in CHANGED_METHOD_OPTIONS if cfg.get(k) not in (None, 0, 1)]
-        if changed:
+        if outcome and not (cfg.get("arbitrate") and cfg.get("arbitrate_table")):
+            raise ValueError(f"choice-table: --outcomes {path} was not measured deciding from a choice table "
+                             f"(--arbitrate with --arbitrate-table); give plain runs with --from")
+        if outcome and cfg.get("reselect_every") not in (None, 0, 1):
+            raise ValueError(f"choice-table: --outcomes {path} was measured with --reselect-every; outcomes "
+                             f"count only for the methods as the table holds them")
+        if not outcome and changed:
             flags = ", ".join("--" + k.replace("_", "-") for k in changed)
             raise ValueError(f"choice-table: {path} was measured with {flags}; a choice table is built from plain "
-                             f"runs of each method")
+                             f"runs of each method (runs deciding from a table go in --outcomes)")
         this = {"target": cfg.get("model"), "draft": cfg.get("draft"), "dtype": cfg.get("dtype"),
                 "device": (data.get("environment", {}).get("devices") or [None])[0]}
         for k, v in this.items():
@@ -600,9 +620,17 @@ def choice_table_from(paths: Sequence[str], margin: float = CHOICE_MARGIN) -> Ch
                 r = case.get(method)
                 if not isinstance(r, dict) or not r.get("speedup_vs_ar"):
                     continue
-                found.setdefault((method, bucket, batch), []).append(
-                    {"speedup": float(r["speedup_vs_ar"]), "tok_s": r.get("tok_s"),
-                     "paired_ar_tok_s": r.get("paired_ar_tok_s"), "context": context, "source": str(path)})
+                run = {"speedup": float(r["speedup_vs_ar"]), "tok_s": r.get("tok_s"),
+                       "paired_ar_tok_s": r.get("paired_ar_tok_s"), "context": context, "source": str(path)}
+                if outcome:
+                    events = ((r.get("metrics") or {}).get("arbitration") or {}).get("events") or []
+                    first = events[0] if events else {}
+                    if first.get("reason") != "table" or first.get("choice") != "speculative":
+                        continue
+                    run["outcome"] = True
+                    run["switched_to_ar"] = any(e.get("reason") == "tail" and e.get("choice") == "ar"
+                                                for e in events[1:])
+                found.setdefault((method, bucket, batch), []).append(run)
     if not found:
         raise ValueError(f"choice-table: no measured method in {', '.join(map(str, paths))}")
     entries = []
@@ -620,12 +648,14 @@ def cmd_choice_table(args) -> Dict[str, Any]:
     if not args.out:
         raise ValueError("choice-table: give --out FILE, the table to write")
     sources = [s.strip() for s in args.sources.split(",") if s.strip()]
-    table = choice_table_from(sources, margin=args.margin)
+    outcomes = [s.strip() for s in (args.outcomes or "").split(",") if s.strip()]
+    table = choice_table_from(sources, margin=args.margin, outcomes=outcomes)
     path = table.save(args.out)
     rows = [{"method": r["method"], "context_bucket": r["context_bucket"], "batch": r["batch"],
-             "speedup": round(r["speedup"], 3), "runs": len(r["measured"]), "choice": r["choice"]}
+             "speedup": round(r["speedup"], 3), "runs": len(r["measured"]),
+             "outcomes": sum(bool(m.get("outcome")) for m in r["measured"]), "choice": r["choice"]}
             for r in table.rows()]
-    print_table(rows, ["method", "context_bucket", "batch", "speedup", "runs", "choice"])
+    print_table(rows, ["method", "context_bucket", "batch", "speedup", "runs", "outcomes", "choice"])
     print(f"wrote {path} ({len(rows)} entries, margin {table.margin:g}; "
           f"{sum(r['choice'] == 'ar' for r in rows)} choose plain decoding)")
     return table.to_json()

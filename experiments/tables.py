@@ -3061,12 +3061,26 @@ def choice_table_block() -> str:
         if ar_here:
             picks_ar.append(f"{bucket // 1024}k/b{batch}: {', '.join(ar_here)}")
         lines.append(f"| {bucket // 1024}k | {batch} | " + " | ".join(row) + " |")
+    outcomes = [e for e in entries if any(m.get("outcome") for m in e.get("measured", []))]
+    flipped = [e for e in outcomes if e["speedup"] < 1 + margin
+               and min(m["speedup"] for m in e["measured"] if not m.get("outcome")) >= 1 + margin]
     text = (f"The choice table (docs/methods.md §5.2; `{CHOICE_TABLE}`, step `choice-table`, no GPU needed): per method "
             "and (context bucket, batch), the lowest whole-run speed-up against the paired AR run among the plain runs "
-            f"above that measured it, and the decision the measured choice takes from it (speculate at >= "
+            "above that measured it"
+            + (" and the runs below that decided from the table and speculated (its decisions' outcomes)" if outcomes
+               else "")
+            + f", and the decision the measured choice takes from it (speculate at >= "
             f"{1 + margin:.2f}x, plain decoding below, no probe; a case the table lacks is probed as before). "
             f"{sum(e['speedup'] < 1 + margin for e in entries)} of {len(entries)} entries pick plain decoding: "
             + "; ".join(picks_ar) + ".")
+    if flipped:
+        text += (" The outcomes turn " + ", ".join(
+            f"{labels[e['method']]} at {e['context_bucket'] // 1024}k/b{e['batch']} (plain runs "
+            f"{min(m['speedup'] for m in e['measured'] if not m.get('outcome')):.2f}x, deciding from the table "
+            + ", ".join(f"{m['speedup']:.2f}x" for m in e["measured"] if m.get("outcome")) + ")"
+            for e in flipped)
+            + " to plain decoding; the runs below decided from the table before these outcomes were in it, and a run "
+              "deciding from the table as it is now is not measured yet.")
     if (RESULTS / PAIR_SPEED_CHOICE_TABLE).exists():
         text += _choice_runs_text(PAIR_SPEED_CHOICE_TABLE, guarded=False)
     else:

@@ -454,6 +454,50 @@ def test_choice_table_keeps_each_keys_lowest_speedup(tmp_path, capsys):
             pair_speed.check_args(_args(*extra))
 
 
+def _with_events(path, events_of):
+    """Give the methods of a _pair_file the arbitration events a run deciding from a table records."""
+    data = json.loads(pathlib.Path(path).read_text())
+    for key, case in data["cases"].items():
+        for method, events in events_of.items():
+            if isinstance(case, dict) and method in case:
+                case[method]["metrics"] = {"arbitration": {"events": events}}
+    pathlib.Path(path).write_text(json.dumps(data))
+    return path
+
+
+def test_choice_table_outcomes_take_back_a_decision_that_lost(tmp_path, capsys):
+    """A run deciding from the table adds its whole-run speed-up to a key only where the table chose to
+    speculate (a tail switch included); plain-decoding and probed decisions add nothing; the lowest still wins."""
+    plain = _pair_file(tmp_path / "plain.json", {(32000, 8): {"magicdec": (1.06, 2300.0), "dustin": (1.06, 2300.0),
+                                                              "sd": (0.9, 2300.0), "streaming": (1.3, 2300.0)}})
+    table_spec = [{"choice": "speculative", "reason": "table", "table_speedup": 1.06}]
+    chosen = _pair_file(tmp_path / "chosen.json",
+                        {(32000, 8): {"magicdec": (0.58, 2310.0), "dustin": (1.19, 2310.0), "sd": (0.97, 2310.0),
+                                      "streaming": (0.7, 2310.0)}},
+                        arbitrate=8, arbitrate_table="table.json")
+    _with_events(chosen, {"magicdec": table_spec + [{"choice": "ar", "reason": "tail", "after_rounds": 32}],
+                          "dustin": table_spec,
+                          "sd": [{"choice": "ar", "reason": "table", "table_speedup": 0.9}],
+                          "streaming": [{"choice": "speculative", "reason": "probe"}]})
+    table = pair_speed.choice_table_from([plain], outcomes=[chosen])
+    rows = {r["method"]: r for r in table.rows()}
+    assert rows["magicdec"]["speedup"] == 0.58 and rows["magicdec"]["choice"] == "ar"
+    outcome = [m for m in rows["magicdec"]["measured"] if m.get("outcome")]
+    assert len(outcome) == 1 and outcome[0]["switched_to_ar"] is True
+    assert rows["magicdec"]["ar_step_s"] == pytest.approx(8 / 2310.0)
+    assert rows["dustin"]["speedup"] == 1.06 and len(rows["dustin"]["measured"]) == 2  # 1.19 joins, 1.06 stays
+    assert rows["dustin"]["choice"] == "speculative"
+    assert len(rows["sd"]["measured"]) == 1 and len(rows["streaming"]["measured"]) == 1  # AR / probed: no outcome
+    assert pair_speed.choice_table_from([plain]).rows()[1]["choice"] == "speculative"  # magicdec without outcomes
+    out = tmp_path / "t.json"
+    assert main(["choice-table", "--from", plain, "--outcomes", chosen, "--out", str(out)]) == 0
+    assert "2 choose plain decoding" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="was not measured deciding from a choice table"):
+        pair_speed.choice_table_from([plain], outcomes=[plain])
+    with pytest.raises(ValueError, match="runs deciding from a table go in --outcomes"):
+        pair_speed.choice_table_from([chosen])
+
+
 def test_choice_table_refuses_mixed_or_unsuitable_files(tmp_path):
     good = _pair_file(tmp_path / "good.json", {(16000, 8): {"sd": (0.9, 3000.0)}})
     for name, kwargs, message in [("chosen", dict(arbitrate=8), "measured with --arbitrate"),
