@@ -60,7 +60,8 @@ DENSE_METHODS = ("sd", "magicdec", "magicdec-self")
 SPARSE_BUDGET_METHODS = ("magicdec", "dustin", "streaming", "quest") + tuple(SPARSE_DRAFT_KV) + SELF_METHODS
 #: options recorded in a results file's config only when set
 OPTIONAL_CONFIG = (
-    "arbitrate", "arbitrate_tail", "arbitrate_tail_prior", "arbitrate_table", "arbitrate_table_tail_after")
+    "arbitrate", "arbitrate_tail", "arbitrate_tail_prior", "arbitrate_table", "arbitrate_table_tail_after",
+    "arbitrate_table_tail_margin")
 #: ``--backend-check`` fails when the last-position logits differ by more than this share of their scale
 BACKEND_CHECK_RTOL = 0.05
 
@@ -118,6 +119,10 @@ def check_args(args) -> Tuple[List[int], List[int], List[str]]:
     if after < 0 or (after and not (getattr(args, "arbitrate_table", None) and args.arbitrate_tail)):
         raise ValueError(f"--arbitrate-table-tail-after={after}: rounds >= 1 (0 = off), and it needs --arbitrate-table "
                          f"and --arbitrate-tail (it tail-checks the table's decisions)")
+    margin = getattr(args, "arbitrate_table_tail_margin", None)
+    if margin is not None and (not after or not 0 <= margin < 1):
+        raise ValueError(f"--arbitrate-table-tail-margin={margin}: a share in [0, 1) (switch a table's decision when "
+                         f"plain decoding finishes at least that much sooner), with --arbitrate-table-tail-after")
     if args.arbitrate and "quest" in methods:
         raise ValueError("--arbitrate: quest is not run under the measured choice; drop it from --methods")
     if args.backend_check < 0:
@@ -357,7 +362,9 @@ def cmd_pair_speed(args) -> Dict[str, Any]:
                                                           tail_check=args.arbitrate_tail or None,
                                                           tail_prior_rounds=args.arbitrate_tail_prior,
                                                           table=table, table_method=method,
-                                                          table_tail_after=args.arbitrate_table_tail_after or None)
+                                                          table_tail_after=args.arbitrate_table_tail_after or None,
+                                                          **({} if args.arbitrate_table_tail_margin is None else
+                                                             {"table_tail_margin": args.arbitrate_table_tail_margin}))
                 dp, ds = _draft_inputs(method, model, draft, draft_cache)
                 result = speculative_generate(model.params, config, [], prompt_tokens=(tokens, lengths),
                                               draft_policy=draft_policy, draft_params=dp,
@@ -535,6 +542,9 @@ def register(subparsers) -> None:
                         "too, from their N-th round on, switching when plain decoding finishes at least 10 %% sooner "
                         "(0 = off: a table's decision stands for the run); catches a straggler row the table's run "
                         "did not have (docs/methods.md §5.2)")
+    p.add_argument("--arbitrate-table-tail-margin", type=float, default=None, metavar="M",
+                   help="with --arbitrate-table-tail-after: switch a table's decision only where plain decoding "
+                        "finishes at least this share sooner (default: the controller's, 0.1; 0 = at any gain)")
     p.add_argument("--copy-gib", type=float, default=4.0, help="size of the copy-bandwidth measurement")
     p.add_argument("--compile-threads", type=int, default=0, metavar="N",
                    help="per case, build every method's round loop in N threads at once before the first one runs "

@@ -3,6 +3,7 @@ inputs, and one small end-to-end run on the real SmolLM2-135M as both target and
 
 import json
 import pathlib
+import re
 
 import numpy as np
 import pytest
@@ -77,6 +78,7 @@ def test_check_args_accepts_good_input():
     (["--arbitrate", "8", "--arbitrate-tail", "8", "--arbitrate-table-tail-after", "32"],
      "--arbitrate-table-tail-after=32: rounds >= 1 (0 = off), and it needs --arbitrate-table"),
     (["--arbitrate-table-tail-after=-2"], "--arbitrate-table-tail-after=-2: rounds >= 1"),
+    (["--arbitrate-table-tail-margin", "0.1"], "--arbitrate-table-tail-margin=0.1: a share in [0, 1)"),
 ])
 def test_check_args_refuses_bad_input(extra, message):
     with pytest.raises(ValueError) as err:
@@ -449,8 +451,11 @@ def test_choice_table_keeps_each_keys_lowest_speedup(tmp_path, capsys):
     for extra, message in [(["--arbitrate-table", str(out)], "give --arbitrate ROUNDS too"),
                            (["--arbitrate", "8", "--arbitrate-table", str(tmp_path / "none.json")], "no such file"),
                            (["--arbitrate", "8", "--arbitrate-table", str(out), "--draft", "smollm2-135m"],
-                            "measured with draft 'qwen2.5-coder-0.5b', this run's draft is 'smollm2-135m'")]:
-        with pytest.raises(ValueError, match=message):
+                            "measured with draft 'qwen2.5-coder-0.5b', this run's draft is 'smollm2-135m'"),
+                           (["--arbitrate", "8", "--arbitrate-tail", "8", "--arbitrate-table", str(out),
+                             "--arbitrate-table-tail-after", "32", "--arbitrate-table-tail-margin", "1.5"],
+                            "--arbitrate-table-tail-margin=1.5: a share in [0, 1)")]:
+        with pytest.raises(ValueError, match=re.escape(message)):
             pair_speed.check_args(_args(*extra))
 
 
