@@ -142,6 +142,8 @@ def test_experiment_end_to_end_on_a_tiny_random_model(tmp_path, monkeypatch, cap
         assert case["identical_to_ar"] is True  # greedy: every method reproduces AR
         check = case["draft_step_check"]  # one draft step, dynamic and static, against the latency model
         assert check["dynamic_s"] > 0 and check["static_s"] > 0 and check["predicted_s"] > 0
+        # timed as the profile and the draft loop run forwards; the one-call-per-forward times kept beside
+        assert check["timed"] == "4 forwards per jitted call" and check["single_call_static_s"] > 0
         assert case["tokens_per_s"] > 0 and case["ar_tokens_per_s"] > 0
         split = case["time_split_estimate"]
         assert split["draft_forward_s"] > 0 and split["verify_forward_s"] > 0
