@@ -771,7 +771,7 @@ def forward_times(model: Model, prefilled, mask, verify_rows: int, repeats: int 
         _FORWARDS["static_loop"] = jax.jit(forward_loop_fn, static_argnames=("config", "steps", "mask"),
                                            donate_argnames=("cache",))
     static_loop, steps = _FORWARDS["static_loop"], int(steps_per_call)
-    state = {"cache": jax.tree.map(jnp.copy, cache)}
+    state = {"cache": _copy(cache)}
     calls = {"draft_step_in_loop_s": lambda c: forward_loop(model.params, c, one, mask, config=config, steps=steps),
              "draft_step_static_in_loop_s": lambda c: static_loop(model.params, c, one, mask=frozen, config=config,
                                                                   steps=steps)}

@@ -3146,8 +3146,7 @@ def _choice_runs_text(path: str, guarded: bool) -> str:
                                       f"mean row's {255 / metrics['tau']:.0f}")
             if tail:
                 overruled.append((tail[0]["speculative_finish_s"] / tail[0]["plain_finish_s"],
-                                  first.get("table_speedup"), case[m]["speedup_vs_ar"], label.strip("*"), where,
-                                  tail[0].get("margin", 0.0)))
+                                  first.get("table_speedup"), case[m]["speedup_vs_ar"], label.strip("*"), where))
                 how += f"; the tail check switched to AR after {tail[0]['after_rounds']} rounds"
             runs.append((case[m]["speedup_vs_ar"], f"{label.strip('*')} at {where} "
                          f"{case[m]['speedup_vs_ar']:.2f}x ({how})"))
@@ -3158,10 +3157,9 @@ def _choice_runs_text(path: str, guarded: bool) -> str:
             + (f", the table's decisions checked from round {after} on" if after else
                ", on probed decisions only: the table's decisions stand"))
     # the guard's margin as its runs recorded it (runs from before the margin existed record none: 0)
-    recorded = [case[m]["metrics"]["arbitration"].get("table_tail_margin", 0.0)
-                for case in data["cases"].values() if isinstance(case, dict)
-                for m in case if isinstance(case[m], dict) and "arbitration" in (case[m].get("metrics") or {})]
-    tail_margin = recorded[0] if recorded else 0.0
+    tail_margin = next((r["metrics"]["arbitration"].get("table_tail_margin", 0.0)
+                        for case in data["cases"].values() if isinstance(case, dict) for r in case.values()
+                        if isinstance(r, dict) and "arbitration" in (r.get("metrics") or {})), 0.0)
     if after:
         rule += (f", switching only where plain decoding finishes at least {100 * tail_margin:.0f} % sooner"
                  if tail_margin else ", switching at any gain")
@@ -3186,7 +3184,7 @@ def _choice_runs_text(path: str, guarded: bool) -> str:
                  f"decoding, its estimate putting the batch's finish {min(paces):.1f}-{max(paces):.1f}x later than "
                  f"plain decoding's; those runs ended at {min(o[2] for o in overruled):.2f}-"
                  f"{max(o[2] for o in overruled):.2f}x AR.")
-        if guarded and all(o[5] == 0.0 for o in overruled):
+        if guarded and not tail_margin:
             stand = [o for o in overruled if 1 - 1 / o[0] >= TABLE_TAIL_MARGIN]
             text += (f" This run switched at any gain; the guard now switches a table's decision only where plain "
                      f"decoding finishes at least {100 * TABLE_TAIL_MARGIN:.0f} % sooner (docs/methods.md §5.2), "
