@@ -202,6 +202,7 @@ CHOICE_TABLE = "choice_table/choice_table_qwen2.5-coder-1.5b_0.5b_h200.json"
 PAIR_SPEED_CHOICE_TABLE = f"{PS}32k_b8-16_choice-table_h200.json"
 PAIR_SPEED_CHOICE_TABLE_GUARDED = f"{PS}32k_b8-16_choice-table-guarded_h200.json"
 PAIR_SPEED_CHOICE_TABLE_GUARDED_NO_MARGIN = f"{PS}32k_b8-16_choice-table-guarded-no-margin_h200.json"
+PAIR_SPEED_CHOICE_TABLE_OUTCOMES = f"{PS}32k_b8-16_choice-table-outcomes_h200.json"
 #: MeasuredChoiceController's default table_tail_margin (jaxspec.decoding.arbitration; tests check they agree)
 TABLE_TAIL_MARGIN = 0.1
 PAIR_SPEED_CHECK = f"{PS}8k_h200.json"                  # holds the Pallas-vs-XLA logits check
@@ -615,7 +616,25 @@ def knapspec_draft_step_note() -> str:
             f"only) {min(static):.2f}-{max(static):.2f}x"
             f", {inside} of {len(static)} within 10 % (**{'met' if inside == len(static) else 'missed'}** on the "
             f"GPU)" + (f"; by batch: {by_batch}" if by_batch else "") + f"; with the dynamic mask (a lax.cond per "
-            f"sub-layer) {min(dynamic):.2f}-{max(dynamic):.2f}x." + cpu)
+            f"sub-layer) {min(dynamic):.2f}-{max(dynamic):.2f}x." + _draft_step_in_loop_gpu() + cpu)
+
+
+def _draft_step_in_loop_gpu() -> str:
+    """The H200 cases whose draft-step check timed the plan's forward inside the compiled draft loop."""
+    if not (RESULTS / KNAPSPEC_DP_PALLAS).exists():
+        return ""
+    looped = [(key, c["draft_step_check"]) for key, c in load(KNAPSPEC_DP_PALLAS)["cases"].items()
+              if isinstance(c, dict) and (c.get("draft_step_check") or {}).get("timed", "").startswith("4 forwards")]
+    if not looped:
+        return ""
+    inside = sum(abs(c["static_over_predicted"] - 1) <= 0.1 for _, c in looped)
+    return (f" Timed as the draft loop runs it ({looped[0][1]['timed']}, `{KNAPSPEC_DP_PALLAS}`, batch 16, each "
+            "plan skipping one MLP): " + "; ".join(
+                f"{int(key.split('/')[2][3:]) // 1000}k static {c['static_over_predicted']:.2f}x, dynamic "
+                f"{c['dynamic_over_predicted']:.2f}x (one forward per call: static "
+                f"{c['single_call_static_over_predicted']:.2f}x)" for key, c in looped)
+            + f"; {inside} of {len(looped)} static steps within 10 %. The other H200 cases are not re-measured "
+              "this way yet.")
 
 
 def knapspec_real_note() -> str:
@@ -901,6 +920,11 @@ def _dp_pallas_note() -> str:
                          f"{100 * fraction:.0f} % of its projected decode time, added after this run) would not "
                          f"make {len(plans) - len(kept)} of its {len(plans)} plans: planning "
                          f"{100 * spent / rest:.1f} % of decode without them (predicted, not measured)")
+        split = c.get("time_split_estimate") or {}
+        if c["speedup_vs_ar"] < 0.97 and c.get("rounds") == 0 and split.get("other_s") is not None:
+            text += (f"; after the plan it decoded plainly ({c['ar_steps']} plain steps, no draft round), and "
+                     f"{split['other_s']:.2f} s of its {c['timings']['decode_s']:.2f} s decode went outside the plan "
+                     f"and the plain steps' AR-priced time (not traced)")
         check = cases.get(key.rsplit("/", 1)[0] + "/dp_attention")
         if check:
             earlier = check.get("measured_in")
@@ -920,6 +944,13 @@ def _dp_pallas_note() -> str:
                 text += " (the kernel's default 64 query rows a call; " + ", ".join(blocks) + ")"
         parts.append(text)
     text = head + f"`{KNAPSPEC_DP_PALLAS}`: " + "; ".join(parts) + "."
+    shares = {key.split("/")[2][3:]: c["plan_fraction_of_decode"] for key, c in cases.items()
+              if isinstance(c, dict) and c.get("plan_fraction_of_decode") is not None}
+    over = [f"{ctx} tokens {100 * f:.1f} %" for ctx, f in shares.items() if f > 0.05]
+    if shares:
+        text += (" Planning at most 5 % of decode: " + ("**met** at every context" if not over else
+                 f"**missed** at {', '.join(over)}; met at the other {len(shares) - len(over)} of {len(shares)}")
+                 + ".")
     checks = [c for k, c in cases.items() if k.endswith("/dp_attention")]
     if any(not c["same_masks"] for c in checks):
         text += (" The two DPs agree exactly in float32 (tests, the kernel interpreted on the CPU); this run is "
@@ -1544,6 +1575,16 @@ def _figures() -> List[Figure]:
                                f"{case['batch']} (pair-speed)", "x AR", source, ("cases", key, method, "speedup_vs_ar"),
                                target="target >= 2.0x (best self-speculative) at 32k/b16"
                                if key == "ctx32000/b16" else ""))
+    if (RESULTS / PAIR_SPEED_CHOICE_TABLE_OUTCOMES).exists():
+        for key, case in pair_cases(PAIR_SPEED_CHOICE_TABLE_OUTCOMES):
+            for method, label in PAIR_METHODS:
+                if isinstance(case.get(method), dict) and "speedup_vs_ar" in case[method]:
+                    add(Figure(f"real-pair/h200/{key}/{method}/choice-table/speedup",
+                               f"real Qwen2.5-Coder pair, {case['context'] // 1000}k, batch {case['batch']}, bf16: "
+                               f"{label.strip('*')} deciding from the choice table (tail-checked), whole run vs its "
+                               "paired AR", "x AR", PAIR_SPEED_CHOICE_TABLE_OUTCOMES,
+                               ("cases", key, method, "speedup_vs_ar"),
+                               target="never slower than AR with the choice on"))
     for key, case in pair_cases(PAIR_SPEED_F32):
         for method, label in PAIR_METHODS:
             if method in case:
@@ -3095,8 +3136,10 @@ def choice_table_block() -> str:
             f"{min(m['speedup'] for m in e['measured'] if not m.get('outcome')):.2f}x, deciding from the table "
             + ", ".join(f"{m['speedup']:.2f}x" for m in e["measured"] if m.get("outcome")) + ")"
             for e in flipped)
-            + " to plain decoding; the runs below decided from the table before these outcomes were in it, and a run "
-              "deciding from the table as it is now is not measured yet.")
+            + " to plain decoding; the first runs below decided from the table before these outcomes were in it"
+            + ("; the last decided from the table with these outcomes in it."
+               if (RESULTS / PAIR_SPEED_CHOICE_TABLE_OUTCOMES).exists()
+               else ", and a run deciding from the table as it is now is not measured yet."))
     if (RESULTS / PAIR_SPEED_CHOICE_TABLE).exists():
         text += _choice_runs_text(PAIR_SPEED_CHOICE_TABLE, guarded=False)
     else:
@@ -3109,13 +3152,19 @@ def choice_table_block() -> str:
     else:
         text += (" The same with the table's speculative decisions tail-checked from their 32nd round on "
                  "(`--arbitrate-table-tail-after 32`, step `ctx32k-b8-b16-choice-table-guarded`): not measured yet.")
+    if (RESULTS / PAIR_SPEED_CHOICE_TABLE_OUTCOMES).exists():
+        text += _choice_runs_text(PAIR_SPEED_CHOICE_TABLE_OUTCOMES, guarded=True,
+                                  title="Deciding from the table with those outcomes, guarded as above")
+    else:
+        text += (" Every method deciding from the table with those outcomes, guarded as above (step "
+                 "`ctx32k-b8-b16-choice-table-outcomes`): not measured yet.")
     return text + "\n\n" + "\n".join(lines)
 
 
-def _choice_runs_text(path: str, guarded: bool) -> str:
+def _choice_runs_text(path: str, guarded: bool, title: str = "") -> str:
     """The runs of one pair-speed file whose methods decided from the choice table: each speed-up, how it was
     decided, and what the tail check did."""
-    runs, overruled, table_spec, plain_runs, stragglers = [], [], 0, [], []
+    runs, overruled, table_spec, plain_runs, stragglers, run_plain = [], [], 0, [], [], []
     data = load(path)
     cfg, labels_of = data["config"], dict(PAIR_METHODS)
     after = cfg.get("arbitrate_table_tail_after")
@@ -3131,7 +3180,8 @@ def _choice_runs_text(path: str, guarded: bool) -> str:
                 continue
             metrics = case[m]["metrics"]
             where = key[3:].replace("000/", "k/")
-            if metrics.get("rounds") == 0 and metrics.get("ar_steps"):
+            plain = bool(metrics.get("rounds") == 0 and metrics.get("ar_steps"))
+            if plain:
                 plain_runs.append((case[m]["speedup_vs_ar"], label.strip("*"), metrics["ar_steps"]))
             events = metrics["arbitration"]["events"]
             first = events[0] if events else {}
@@ -3150,6 +3200,7 @@ def _choice_runs_text(path: str, guarded: bool) -> str:
                 how += f"; the tail check switched to AR after {tail[0]['after_rounds']} rounds"
             runs.append((case[m]["speedup_vs_ar"], f"{label.strip('*')} at {where} "
                          f"{case[m]['speedup_vs_ar']:.2f}x ({how})"))
+            run_plain.append(plain)
     if not runs:
         return ""
     worst = min(r[0] for r in runs)
@@ -3163,9 +3214,15 @@ def _choice_runs_text(path: str, guarded: bool) -> str:
     if after:
         rule += (f", switching only where plain decoding finishes at least {100 * tail_margin:.0f} % sooner"
                  if tail_margin else ", switching at any gain")
-    text = (f" {'With the guard' if guarded else 'Every method deciding from it'} (`{path}`, {rule}): "
+    title = title or ("With the guard" if guarded else "Every method deciding from it")
+    text = (f" {title} (`{path}`, {rule}): "
             + "; ".join(r[1] for r in runs) + f". Never slower than AR: **{'met' if worst >= 1 else 'missed'}**"
             + (f" (lowest {worst:.2f}x)." if worst >= 1 else f", by up to {100 * (1 - worst):.0f} %."))
+    speculated = [r[0] for r, plain in zip(runs, run_plain) if not plain]
+    if worst < 1 and plain_runs and all(plain for r, plain in zip(runs, run_plain) if r[0] < 1):
+        text += (" Every run below 1.00x is one the table sent to plain decoding"
+                 + (f"; the runs that speculated measured {min(speculated):.2f}-{max(speculated):.2f}x."
+                    if speculated else "."))
     if stragglers:
         text += (" Below AR on a speculative table decision: " + "; ".join(stragglers) + " (the batch waits for its "
                  "slowest row).")
