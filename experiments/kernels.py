@@ -514,3 +514,113 @@ def register(subparsers) -> None:
     bench.add_argument("--repeats", type=int, default=5)
     bench.add_argument("--copy-gib", type=float, default=4.0)
     bench.set_defaults(func=cmd_bench_attention)
+    sel = subparsers.add_parser("bench-selection", help="the input-aware m rules' selection cost against the "
+                                                        "fixed rule (docs/methods.md §3.7), any backend")
+    sel.add_argument("--contexts", default="16384,32768")
+    sel.add_argument("--batches", default="1,16")
+    sel.add_argument("--budgets", default="128,256,512,1024")
+    sel.add_argument("--rules", default=",".join(SELECTION_RULES), help="coverage, entropy, max-mass")
+    sel.add_argument("--dustin-profile", default=None,
+                     help="take each budget's sinks, window and m from this Dustin profile (default: m = (k-s-w)/2)")
+    sel.add_argument("--iters", type=int, default=20, help="calls per timing (best of groups of 4)")
+    sel.add_argument("--repeats", type=int, default=5, help="timings per rule, interleaved across rules; best")
+    sel.set_defaults(func=cmd_bench_selection)
+
+
+# ---------------------------------------------------------------------------- the input-aware m rules' cost
+SELECTION_RULES = ("coverage", "entropy", "max-mass")
+
+
+def _rule_configs(profile_path, budgets):
+    """``{k: DustinConfig}`` (hybrid, fixed m) from a Dustin profile's per-budget sinks, window and m; without a
+    profile the defaults (m = half of k - s - w). The SRH layers and heads only switch the rules on here."""
+    import json
+
+    from jaxspec.dustin.config import DustinConfig
+
+    configs = json.loads(open(profile_path).read())["configs"] if profile_path else {}
+    out = {}
+    for k in budgets:
+        entry = configs.get(str(k))
+        if profile_path and entry is None:
+            raise ValueError(f"--dustin-profile {profile_path} has no config for k={k}; it has k = "
+                             f"{', '.join(sorted(configs, key=int))}")
+        base = dict(budget=k, sinks=entry["sinks"], window=entry["window"], m=entry["m"]) if entry else dict(budget=k)
+        out[k] = DustinConfig(**base, target_layer=0, target_heads=(0, 1, 2, 3), draft_layers=(0,),
+                              draft_heads=((0, 1, 2, 3),), mode="hybrid")
+    return out
+
+
+def cmd_bench_selection(args) -> Dict[str, Any]:
+    """The input-aware m rules (docs/methods.md §3.7) against the fixed rule, each timed on the same signals in
+    the same process, interleaved: ``select_for_config`` with ``m_rule`` fixed and each rule. Signals are
+    seeded and heavy-tailed (``u ** 8``), which is the shape of attention mass; the cost does not depend on
+    their values. The coverage rule is checked against its direct reference (every candidate selected in full)."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxspec.dustin.selection import select_for_config, select_input_aware_reference
+
+    rules = [r for r in args.rules.split(",") if r]
+    unknown = [r for r in rules if r not in SELECTION_RULES]
+    if unknown:
+        raise ValueError(f"--rules {args.rules!r}: unknown {unknown}; valid: {', '.join(SELECTION_RULES)}")
+    budgets = [int(k) for k in args.budgets.split(",")]
+    configs = _rule_configs(args.dustin_profile, budgets)
+    if args.repeats < 1 or args.iters < 1:
+        raise ValueError(f"--repeats {args.repeats} / --iters {args.iters}: each must be >= 1")
+    writer = ResultWriter(args.out, "bench-selection", config_of(args))
+
+    def timed(fn, *operands):
+        best = float("inf")
+        for _ in range(args.iters // 4 + 1):
+            start = time.perf_counter()
+            for _ in range(4):
+                out = fn(*operands)
+            jax.block_until_ready(out)
+            best = min(best, (time.perf_counter() - start) / 4)
+        return best
+
+    rows_out = []
+    for context in [int(c) for c in args.contexts.split(",")]:
+        for batch in [int(b) for b in args.batches.split(",")]:
+            rng = np.random.default_rng(context + batch)
+            s_d = jnp.asarray(rng.random((batch, context), np.float32) ** 8)
+            s_t = jnp.asarray(rng.random((batch, context), np.float32) ** 8)
+            lengths = jnp.asarray(context - rng.integers(0, max(context // 64, 1), batch), jnp.int32)
+            for k in budgets:
+                key = f"ctx{context}/b{batch}/k{k}"
+                if writer.has(key):
+                    rows_out.extend(writer.get(key)["rows"])
+                    continue
+                fixed_cfg = configs[k]
+                fns = {"fixed": jax.jit(lambda a, b, n, c=fixed_cfg: select_for_config(c, a, b, n))}
+                for rule in rules:
+                    cfg = fixed_cfg.replace(m_rule=rule)
+                    if cfg.input_aware:
+                        fns[rule] = jax.jit(lambda a, b, n, c=cfg: select_for_config(c, a, b, n))
+                for fn in fns.values():
+                    jax.block_until_ready(fn(s_d, s_t, lengths))  # compile
+                samples = {name: [] for name in fns}
+                for _ in range(args.repeats):  # interleaved, so drift on the machine touches every rule alike
+                    for name, fn in fns.items():
+                        samples[name].append(timed(fn, s_d, s_t, lengths))
+                best = {name: min(v) for name, v in samples.items()}
+                result = {"context": context, "batch": batch, "k": k, "m": fixed_cfg.effective_m,
+                          "sinks": fixed_cfg.sinks, "window": fixed_cfg.window_size,
+                          "seconds": best, "samples_s": samples,
+                          "ratio_to_fixed": {n: best[n] / best["fixed"] for n in best if n != "fixed"}}
+                if "coverage" in fns:
+                    cfg = fixed_cfg.replace(m_rule="coverage")
+                    ref = select_input_aware_reference(s_d, s_t, lengths, k=k, sinks=cfg.sinks, window=cfg.window_size,
+                                                       candidates=cfg.m_candidates)[0]
+                    result["coverage_equals_reference"] = bool(jnp.all(ref == fns["coverage"](s_d, s_t, lengths)))
+                rows = [{"context": context, "batch": batch, "k": k, "rule": n, "ms": 1e3 * best[n],
+                         "vs_fixed": result["ratio_to_fixed"].get(n, 1.0)} for n in best]
+                result["rows"] = rows
+                rows_out.extend(rows)
+                writer.add(key, result)
+                print(f"[bench-selection] {key}: " + ", ".join(f"{r['rule']} {r['ms']:.3f} ms ({r['vs_fixed']:.2f}x)"
+                                                             for r in rows), flush=True)
+    print_table(rows_out, title="selection per round: the input-aware m rules vs the fixed rule (same signals)")
+    return writer.data

@@ -266,6 +266,17 @@ def signal_mass(scores: jax.Array, lengths: jax.Array, *, sinks: int, window: in
     return x / jnp.where(total > 0, total, 1.0)
 
 
+def signal_total(scores: jax.Array, lengths: jax.Array, *, sinks: int, window: int) -> jax.Array:
+    """``[B, 1]``: the divisor :func:`signal_mass` uses, each row's sum of its non-negative scores over
+    the non-protected valid positions (1 where that sum is 0), without writing the normalised signal."""
+    seq = scores.shape[1]
+    positions = jnp.arange(seq, dtype=jnp.int32)[None, :]
+    lengths = lengths.astype(jnp.int32)[:, None]
+    candidate = (positions < lengths) & (positions >= sinks) & (positions < lengths - window)
+    total = jnp.sum(jnp.where(candidate, jnp.maximum(scores.astype(jnp.float32), 0.0), 0.0), axis=1, keepdims=True)
+    return jnp.where(total > 0, total, 1.0)
+
+
 #: coverages within this of the best count as tied (the earlier candidate wins): two sums of the same
 #: positions' mass taken in different orders differ by float rounding
 COVERAGE_TIE = 1e-6
@@ -309,18 +320,22 @@ def select_input_aware(s_draft: jax.Array, s_target: jax.Array, lengths: jax.Arr
         keep = (chosen >= sinks) & (chosen < (lengths - window)[:, None])
         order_key = jnp.where(keep, ~order_preserving_keys(jnp.take_along_axis(scores, jnp.maximum(chosen, 0), 1)),
                               jnp.uint32(0xFFFFFFFF))
-        order = jnp.argsort(order_key, axis=1, stable=True)[:, :count]  # ties: the lower position (sorted input)
-        return jnp.where(jnp.take_along_axis(keep, order, 1), jnp.take_along_axis(chosen, order, 1), -1)
+        # one sort carrying the positions (ties: the lower position, the input being sorted by position)
+        _, by_rank = jax.lax.sort((order_key, jnp.where(keep, chosen, -1)), dimension=1, num_keys=1, is_stable=True)
+        return by_rank[:, :count]
 
     m_max = max(int(c) for c in candidates)
     top_d = ranked(s_draft, m_max)  # [B, m_max]
     top_t = ranked(s_target, free)  # [B, free]
-    mass_d = signal_mass(s_draft, lengths, sinks=sinks, window=window)
-    mass_t = signal_mass(s_target, lengths, sinks=sinks, window=window)
+    # each signal's mass at the ranked positions only: the row totals of signal_mass, and the scores
+    # gathered at the [B, k] positions (no normalised copy of either signal over the width)
+    total_d = signal_total(s_draft, lengths, sinks=sinks, window=window)
+    total_t = signal_total(s_target, lengths, sinks=sinks, window=window)
 
     def mass_at(pos):
         safe = jnp.maximum(pos, 0)
-        got = jnp.take_along_axis(mass_d, safe, 1) + jnp.take_along_axis(mass_t, safe, 1)
+        got = (jnp.maximum(jnp.take_along_axis(s_draft, safe, 1), 0.0) / total_d
+               + jnp.maximum(jnp.take_along_axis(s_target, safe, 1), 0.0) / total_t)
         return jnp.where(pos >= 0, got, 0.0)
 
     # the draft rank of each of the target's positions (m_max: not among the draft's top)
@@ -339,11 +354,18 @@ def select_input_aware(s_draft: jax.Array, s_target: jax.Array, lengths: jax.Arr
     fill = jnp.stack(fills, axis=1)[jnp.arange(batch), best]  # [B, free]
     m_best = jnp.asarray(candidates, jnp.int32)[best]
     from_d = jnp.where(jnp.arange(m_max)[None, :] < m_best[:, None], top_d, -1)
-    picked = jnp.concatenate([from_d, jnp.where(fill, top_t, -1)], axis=1)
-    positions = jnp.arange(width, dtype=jnp.int32)[None, :]
-    protected = (positions < lengths[:, None]) & ((positions < sinks) | (positions >= (lengths - window)[:, None]))
-    chosen = protected | indices_to_mask(picked, width)
-    return compact_positions(chosen, k), m_best
+    # the set in increasing order from its [B, ~2k] members, not a mask over the width: the sinks, the
+    # window and the picked positions are disjoint (the ranked lists hold no protected position, and
+    # the fill skips the draft's first m_best) and number at most k
+    length = lengths[:, None]
+    sink = jnp.arange(sinks, dtype=jnp.int32)[None, :]
+    recent = length - window + jnp.arange(window, dtype=jnp.int32)[None, :]
+    members = jnp.concatenate([jnp.where(sink < length, sink, -1),
+                               jnp.where((recent >= sinks) & (recent >= 0), recent, -1),
+                               from_d, jnp.where(fill, top_t, -1)], axis=1)
+    none = jnp.iinfo(jnp.int32).max
+    ordered = jax.lax.sort(jnp.where(members >= 0, members, none), dimension=1)[:, :k]
+    return jnp.where(ordered == none, -1, ordered), m_best
 
 
 @functools.partial(jax.jit, static_argnames=("k", "sinks", "window", "candidates"))

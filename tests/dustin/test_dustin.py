@@ -565,6 +565,14 @@ def test_input_aware_selection_equals_its_direct_reference(seed):
                                                   window=window, candidates=candidates)
         np.testing.assert_array_equal(np.asarray(m_fast), np.asarray(m_ref))
         np.testing.assert_array_equal(np.asarray(fast), np.asarray(ref))
+    # a budget wider than the cache (the signals are padded to k)
+    short_d, short_t, short_len = jnp.asarray(s_d[:, :100]), jnp.asarray(s_t[:, :100]), jnp.minimum(lengths, 100)
+    fast, m_fast = select_input_aware(short_d, short_t, short_len, k=k, sinks=sinks, window=window,
+                                      candidates=(50, 27, 73))
+    ref, m_ref = select_input_aware_reference(short_d, short_t, short_len, k=k, sinks=sinks, window=window,
+                                              candidates=(50, 27, 73))
+    np.testing.assert_array_equal(np.asarray(m_fast), np.asarray(m_ref))
+    np.testing.assert_array_equal(np.asarray(fast), np.asarray(ref))
     with pytest.raises(ValueError, match="candidates"):
         select_input_aware(jnp.asarray(s_d), jnp.asarray(s_t), lengths, k=k, sinks=sinks, window=window,
                            candidates=(free + 1,))
