@@ -203,6 +203,11 @@ PAIR_SPEED_CHOICE_TABLE = f"{PS}32k_b8-16_choice-table_h200.json"
 PAIR_SPEED_CHOICE_TABLE_GUARDED = f"{PS}32k_b8-16_choice-table-guarded_h200.json"
 PAIR_SPEED_CHOICE_TABLE_GUARDED_NO_MARGIN = f"{PS}32k_b8-16_choice-table-guarded-no-margin_h200.json"
 PAIR_SPEED_CHOICE_TABLE_OUTCOMES = f"{PS}32k_b8-16_choice-table-outcomes_h200.json"
+#: the input-aware m rules' selection cost against the fixed rule (bench-selection), per device
+SELECTION_COST = (("cpu", "selection/selection_rules_cost_qwen2.5-coder-1.5b-profile_16k-32k_cpu.json"),
+                  ("h200", "selection/selection_rules_cost_qwen2.5-coder-1.5b-profile_16k-32k_h200.json"))
+SELECTION_RULE_TAGS = {"coverage": "input-aware-coverage", "entropy": "input-aware-entropy",
+                       "max-mass": "input-aware"}
 #: MeasuredChoiceController's default table_tail_margin (jaxspec.decoding.arbitration; tests check they agree)
 TABLE_TAIL_MARGIN = 0.1
 PAIR_SPEED_CHECK = f"{PS}8k_h200.json"                  # holds the Pallas-vs-XLA logits check
@@ -1701,6 +1706,15 @@ def _figures() -> List[Figure]:
                 add(Figure(f"{base}/{tag}/selection-cost-vs-fixed", f"selection time per round / fixed m's, {tag}, "
                            f"k = {row['k']}", "x", source, _m_rule(row["k"], f"selection_ratio_{field}"),
                            target="target <= 1.1"))
+    for device, source in SELECTION_COST:
+        if not (RESULTS / source).exists():
+            continue
+        for key, case in load(source)["cases"].items():
+            for rule, ratio in case["ratio_to_fixed"].items():
+                add(Figure(f"dustin/input-aware-m/selection-cost/{device}/{key}/{SELECTION_RULE_TAGS[rule]}/vs-fixed",
+                           f"selection per round, the {rule} rule / the fixed rule, same signals, {case['context']} "
+                           f"positions, batch {case['batch']}, k = {case['k']} (bench-selection)", "x", source,
+                           ("cases", key, "ratio_to_fixed", rule), target="target <= 1.1"))
     # KnapSpec
     for label, source, tag, ctx, batch, other in KNAPSPEC_RUNS:
         model = source[len(K):].split("_")[0]
@@ -2431,6 +2445,51 @@ def _input_aware_reach(device: str) -> int:
     """The longest item context of the input-aware-m files run on ``device`` (0: none)."""
     return max((c["context"] for _, s in INPUT_AWARE_M if s.endswith(f"_{device}.json")
                 for c in load(s)["cases"].values() if "context" in c), default=0)
+
+
+def selection_cost_tables() -> List[str]:
+    """The bench-selection runs: each rule's selection per round against the fixed rule's, same signals."""
+    out = []
+    for device, source in SELECTION_COST:
+        if not (RESULTS / source).exists():
+            continue
+        data = load(source)
+        rules = [r for r in SELECTION_RULE_TAGS if any(r in c["ratio_to_fixed"] for c in data["cases"].values())]
+        lines = ["| positions | batch | k | m | fixed rule ms | " + " | ".join(f"{r} / fixed" for r in rules) + " |",
+                 "|---|---|---|---|---|" + "---|" * len(rules)]
+        for case in data["cases"].values():
+            lines.append(f"| {case['context']} | {case['batch']} | {case['k']} | {case['m']} | "
+                         f"{1e3 * case['seconds']['fixed']:.3f} | "
+                         + " | ".join(f"{case['ratio_to_fixed'][r]:.2f}x" if r in case["ratio_to_fixed"] else "-"
+                                      for r in rules) + " |")
+        checked = [c["coverage_equals_reference"] for c in data["cases"].values() if "coverage_equals_reference" in c]
+        out.append(f"The selection alone, each rule against the fixed rule on the same seeded signals in one process "
+                   f"(`{source}`, {data['environment'].get('devices', ['?'])[0] if device != 'cpu' else 'CPU'}, "
+                   f"each budget's sinks, window and m from the Qwen2.5-Coder pair's profile; best of "
+                   f"{data['config']['repeats']} interleaved timings of {data['config']['iters']} calls)"
+                   + (f"; the coverage rule's set equals its direct reference in {sum(checked)} of {len(checked)} "
+                      "cases" if checked else "") + ":\n\n" + "\n".join(lines))
+    return out
+
+
+def selection_cost_verdicts() -> List[str]:
+    out = []
+    for device, source in SELECTION_COST:
+        if not (RESULTS / source).exists():
+            continue
+        cases = list(load(source)["cases"].values())
+        for rule in SELECTION_RULE_TAGS:
+            ratios = [c["ratio_to_fixed"][rule] for c in cases if rule in c["ratio_to_fixed"]]
+            if not ratios:
+                continue
+            inside = sum(r <= 1.1 for r in ratios)
+            worst = [f"{c['context'] // 1024}k/b{c['batch']}/k{c['k']}" for c in cases
+                     if c["ratio_to_fixed"].get(rule, 0) > 1.1]
+            out.append(f"Selection cost, {rule} rule, {device.upper() if device != 'cpu' else 'CPU'} "
+                       f"(bench-selection): {min(ratios):.2f}-{max(ratios):.2f}x the fixed rule, within 1.1x at "
+                       f"{inside} of {len(ratios)} points (target <= 1.1x: **{'met' if inside == len(ratios) else 'missed'}**"
+                       + (f"; over at {', '.join(worst)}" if worst else "") + ").")
+    return out
 
 
 def input_aware_reach_note() -> str:
@@ -3398,8 +3457,10 @@ def results_markdown() -> str:
                 [block for m, src in INPUT_AWARE_M
                  for block in (f"{m} + {INPUT_AWARE_M_DRAFT[m]}, {_m_run_label(src)} (`{src}`):\n\n"
                                + m_rule_table(src),
-                               f"![input-aware m, {m}](../experiments/results/{src.replace('.json', '.png')})")],
+                               f"![input-aware m, {m}](../experiments/results/{src.replace('.json', '.png')})")]
+                + selection_cost_tables(),
                 [f"{m}, {_m_run_label(src)}: {line}" for m, src in INPUT_AWARE_M for line in m_rule_verdicts(src)]
+                + selection_cost_verdicts()
                 + [oracle_persistence_note()]
                 + [input_aware_reach_note()]),
         section("Dustin: speed",

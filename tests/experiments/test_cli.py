@@ -540,3 +540,22 @@ def test_every_method_registered_once_with_its_family():
     assert names[:2] == ["ar", "sd"] and len(names) == len(set(names))
     assert {"knapspec", "clasp", "static-skip", "dustin", "streaming", "snapkv", "quest", "magicdec"} <= set(names)
     assert set(registry.METHOD_ARGUMENTS) == {m.family for m in registry.METHODS.values()}
+
+
+def test_bench_selection_times_every_rule_against_the_fixed_rule(tmp_path):
+    """bench-selection: one case per (context, batch, k), each rule's time beside the fixed rule's on the same
+    signals, the coverage rule's set checked against its direct reference."""
+    out = tmp_path / "sel.json"
+    assert main(["bench-selection", "--contexts", "1024", "--batches", "2", "--budgets", "128", "--iters", "1",
+                 "--repeats", "1", "--dustin-profile", str(pathlib.Path(__file__).resolve().parents[2] / "experiments"
+                                                           / "profiles" / "qwen2.5-coder-1.5b_qwen2.5-coder-0.5b.json"),
+                 "--out", str(out)]) == 0
+    case = json.loads(out.read_text())["cases"]["ctx1024/b2/k128"]
+    assert set(case["ratio_to_fixed"]) == {"coverage", "entropy", "max-mass"}
+    assert case["m"] == 73 and case["coverage_equals_reference"] is True
+    assert all(t > 0 for t in case["seconds"].values())
+
+
+def test_bench_selection_refuses_an_unknown_rule(capsys):
+    assert main(["bench-selection", "--rules", "coverage,median"]) == 2
+    assert "median" in capsys.readouterr().err
