@@ -955,7 +955,7 @@ class Case:
                        "steps x AR step; other = the rest",
                 "plan_s": plan_s, "draft_s": draft_est, "verify_s": verify_est, "ar_interval_s": ar_est,
                 "other_s": decode_s - plan_s - draft_est - verify_est - ar_est, **fwd},
-            "predicted_ar_step_s": self.latency.a * self.latency.t_step(self.capacity, self.model.config.num_layers),
+            "predicted_ar_step_s": self.latency.t_plain(self.capacity, self.model.config.num_layers),
             "latency_prediction": self.latency_prediction(final_mask, bucket + 1, metrics, rounds, decode_s - plan_s),
             "draft_step_check": self.draft_step_check(final_mask, fwd),
             "load_average_before": load_before,
@@ -984,7 +984,7 @@ class Case:
         step = m.t_step(n, L)
         draft = float(draft_time(np.asarray(mask, bool), m.t_attn(n), m.t_mlp(), m.t_token()))
         verify = step * (m.a + m.v * (verify_rows - 1))
-        total = metrics["draft_steps"] * draft + rounds * verify + metrics["ar_steps"] * step * m.a
+        total = metrics["draft_steps"] * draft + rounds * verify + metrics["ar_steps"] * m.t_plain(n, L)
         return {"method": self.latency_method, "n": n, "step_s": step, "draft_step_s": draft,
                 "verify_s": verify, "verify_rows": int(verify_rows), "decode_s": total,
                 "measured_decode_minus_plan_s": measured_s, "ratio_measured_to_predicted": measured_s / total

@@ -116,7 +116,9 @@ class LatencyModel:
     contexts that exceed the row count (``u_n = 0`` when only one was measured); both 0 = not measured. ``v`` comes from
     at most ``gamma + 1`` rows, where a GPU is still bound by the weights' bytes; extrapolated to the
     DP's hundreds of rows (Qwen2.5-Coder-1.5B on the H200: 0.11 ms a row) it predicted a DP too dear
-    to run at 8k, batch 1 (docs/methods.md §4.1)."""
+    to run at 8k, batch 1 (docs/methods.md §4.1). ``p``: the decode loop's own step over ``t_step``
+    (:meth:`t_plain`, the price of plain decoding in the planning allowance and the arbitration's model;
+    0 = not measured, ``a`` stands in)."""
 
     c1: float
     c2: float
@@ -126,6 +128,7 @@ class LatencyModel:
     a: float = 1.0
     u: float = 0.0
     u_n: float = 0.0
+    p: float = 0.0
 
     def t_mlp(self) -> float:
         return float(self.c1)
@@ -145,9 +148,17 @@ class LatencyModel:
         """Predicted full-model decode step at context ``n``: ``L (t_attn(n) + t_mlp) + t_token``."""
         return float(num_layers) * (self.t_attn(n) + self.t_mlp()) + self.t_token()
 
+    def t_plain(self, n, num_layers: int) -> float:
+        """Predicted step of plain decoding at context ``n``: ``p t_step(n)`` where the profile timed the
+        decode loop itself (``p`` > 0), else ``a t_step(n)`` (the target's one-row forward). The two differ
+        where the decode loop and a one-row forward compile differently (the 2-core CPU: p 0.9, a 1.4)."""
+        ratio = self.p if self.p > 0 else self.a
+        return float(ratio) * self.t_step(n, num_layers)
+
     def as_dict(self) -> Dict[str, float]:
         return {"c1": float(self.c1), "c2": float(self.c2), "c3": float(self.c3), "c0": float(self.c0),
-                "v": float(self.v), "a": float(self.a), "u": float(self.u), "u_n": float(self.u_n)}
+                "v": float(self.v), "a": float(self.a), "u": float(self.u), "u_n": float(self.u_n),
+                "p": float(self.p)}
 
 
 def verify_row_cost(step_one_row: float, step_rows: float, rows: int) -> float:
@@ -607,8 +618,38 @@ def profile_latency_forward(config: ModelConfig, batch: int = 1, contexts: Seque
                     out[key].append(seconds / steps)
         return out, state["cache"]
 
+    def measure_plain(n, cache):
+        """The decode loop plain decoding runs (``decode_loop``: ``steps`` greedy steps from the cache's
+        lengths, which are then restored) against the all-executed draft-form forward, round-robin: the
+        decode loop's step and the full step's ratio is the price of plain decoding (``p``)."""
+        from jaxspec.decoding.autoregressive import decode_loop
+        from jaxspec.decoding.sampling import SamplingConfig
+
+        state = {"cache": cache}
+        start = jnp.copy(cache.lengths)  # the loop donates the cache (lengths too)
+        logits = jnp.zeros((batch, config.vocab_size), jnp.float32)
+
+        def plain_call():
+            out, after = decode_loop(params, state["cache"], logits, jax.random.PRNGKey(0), config=config,
+                                     sampling=SamplingConfig(), max_new_tokens=steps + 1, stop_tokens=())
+            state["cache"] = after.with_lengths(jnp.copy(start))  # a fresh buffer: the next call donates it
+            return out
+
+        def full_call():
+            out, state["cache"] = forward_loop(params, state["cache"], one, masks["full"], config=config, steps=steps)
+            return out
+
+        out = {"plain": [], "full": []}
+        for round_ in range(warmup + repeats):
+            for name, call in (("plain", plain_call), ("full", full_call)):
+                seconds = float(timer((name, n, 1), call))
+                if round_ >= warmup:
+                    out[name].append(seconds / steps)
+        return out, state["cache"]
+
     samples: Dict[str, List[List[float]]] = {"full": [], "noattn": [], "nomlp": []}
     verify_samples: List[List[float]] = []
+    plain_samples: Dict[str, List[float]] = {}
     one = jnp.zeros((batch, 1), jnp.int32)
     for n in contexts:
         # the cache holds exactly n slots (the xla backend reads them all), n - top_rows of them valid
@@ -620,6 +661,8 @@ def profile_latency_forward(config: ModelConfig, batch: int = 1, contexts: Seque
             got, cache = measure([(("verify", n, r), jnp.zeros((batch, r), jnp.int32), None) for r in rows_list],
                                  cache)
             verify_samples = [got[("verify", n, r)] for r in rows_list]
+        if n == contexts[-1] and top_rows >= steps:
+            plain_samples, cache = measure_plain(n, cache)
         del cache
     bulk_contexts = bulk_profile_contexts(contexts, bulk_list)
     bulk_samples_per_context: List[List[List[float]]] = []
@@ -641,11 +684,18 @@ def profile_latency_forward(config: ModelConfig, batch: int = 1, contexts: Seque
         fit.update(u_raw=slopes[-1], u_per_context=slopes, u_at=float(u), u_n=float(u_n))
         fit["clamped"].extend(clamped)
         model = dataclasses.replace(model, u=u, u_n=u_n)
+    if plain_samples:
+        plain_med = statistics.median(plain_samples["plain"])
+        full_med = statistics.median(plain_samples["full"])
+        # the ratio to the full step timed beside it, carried onto the fitted step (as a is)
+        model = dataclasses.replace(model, p=float(plain_med / full_med) * float(
+            med["full"][-1] / model.t_step(contexts[-1], L)))
+        fit.update(plain_step=plain_med, plain_full_step=full_med, plain_over_full=plain_med / full_med)
     forward = {"steps_per_call": steps, "times": med, "samples": samples, "verify_context": contexts[-1],
                "verify_rows": rows_list, "verify_times": verify_med, "verify_samples": verify_samples,
                "bulk_rows": bulk_list, "bulk_times": bulk_med, "bulk_samples": bulk_samples,
                "bulk_contexts": bulk_contexts, "bulk_times_per_context": bulk_med_per_context,
-               "bulk_samples_per_context": bulk_samples_per_context, "fit": fit,
+               "bulk_samples_per_context": bulk_samples_per_context, "plain_samples": plain_samples, "fit": fit,
                "how": "whole forwards (jaxspec.models.llama.forward, dynamic skip mask as the KnapSpec draft; "
                       "verification without a mask) in a jitted fori_loop carrying the donated cache"}
     return LatencyProfile(device=device_name(), platform=jax.devices()[0].platform, jax_version=jax.__version__,
@@ -687,6 +737,8 @@ def load_or_profile(path, config: ModelConfig, batch: int = 1, *, profile_fn: Op
                 and not {"bulk_rows", "bulk_contexts"} <= set(profile.forward)
                 and profile_kwargs.get("bulk_rows", DEFAULT_BULK_ROWS)):
             profile = None  # measured before the row price per context existed: measure again (the DP's cost needs it)
+        if profile is not None and profile.method == "forward" and "plain_samples" not in profile.forward:
+            profile = None  # measured before the decode loop's own step was timed: measure again
         if profile is not None and profile.matches(config, batch):
             return profile
     profile = profile_fn(config, batch, **profile_kwargs)

@@ -644,7 +644,7 @@ def reference_allowance(planner, latency: Optional[LatencyModel], config: ModelC
                         knapspec: KnapSpecConfig, row_share: float = 1.0) -> dict:
     """How many reference tokens per row one plan may use so that its predicted cost stays within
     ``allowance_margin`` x ``max_plan_fraction`` of the predicted plain-decoding time of the run
-    (``new_tokens`` steps of ``a t_step(n)``). ``{"tokens": cap or None (no cap), "skip": True when even
+    (``new_tokens`` steps of ``LatencyModel.t_plain(n)``). ``{"tokens": cap or None (no cap), "skip": True when even
     ``min_reference_tokens`` would not fit, ...}``; no cap without a budget, a latency model or a
     planner with ``reference_cost`` (CLaSp). Deterministic (no timing), so a warm-up run and the
     timed run make the same choice and compile the same DP shape. ``row_share``: the share of the
@@ -663,7 +663,7 @@ def reference_allowance(planner, latency: Optional[LatencyModel], config: ModelC
         fixed, per_token = 0.0, float(per_token) * row_share * scale
     if scale != 1.0:
         out["plan_cost_scale"] = scale
-    decode = float(new_tokens) * latency.a * latency.t_step(n, config.num_layers)
+    decode = float(new_tokens) * latency.t_plain(n, config.num_layers)
     budget = knapspec.max_plan_fraction * knapspec.allowance_margin * decode
     out.update(predicted_dp_s_per_token=per_token, predicted_ar_decode_s=decode, plan_budget_s=budget)
     if fixed:
@@ -785,7 +785,7 @@ class KnapSpecController(ScriptedController):
             """Time ``probe_rounds`` speculative rounds under the new plan, then as many plain-decoding
             steps; keep the faster (tokens committed per second) until the next plan
             (:func:`~jaxspec.decoding.arbitration.measured_arbitration`). The plain-decoding rate is the
-            better of the probe's and the latency model's (active rows per ``a t_step(n)``): a short
+            better of the probe's and the latency model's (active rows per ``LatencyModel.t_plain(n)``): a short
             probe's fixed per-call cost (dispatch, host syncs) weighs more on a few cheap AR steps than
             on the longer speculative rounds, which would favour drafting."""
             rounds = knapspec.probe
@@ -798,7 +798,7 @@ class KnapSpecController(ScriptedController):
             ar_model = None
             if model is not None:
                 def ar_model(active):
-                    return active / max(model.a * model.t_step(n, config.num_layers), 1e-12)
+                    return active / max(model.t_plain(n, config.num_layers), 1e-12)
             probe, units = yield from measured_arbitration(run, lambda: advance(rounds), plain, rounds=rounds,
                                                            ar_model_rate=ar_model)
             if probe is not None and probe["choice"] == "speculative":

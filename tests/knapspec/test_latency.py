@@ -32,6 +32,8 @@ def synthetic_times(model, L, kind, n, rows=1, verify_context=None):
         return full - S * model.t_mlp()
     if kind == "bulk":  # many rows: the price u + u_n n a row, whatever the few-row slope v says
         return full * model.a + model.t_row(n) * (rows - 1)
+    if kind == "plain":  # the decode loop's own step
+        return model.t_plain(n, L)
     assert kind == "verify"
     return full * (model.a + model.v * (rows - 1))
 
@@ -84,6 +86,10 @@ def test_forward_fit_recovers_the_target_forward_ratio():
     # a profile with ``a`` round-trips; one written before ``a`` existed loads with a = 1
     assert latency.LatencyModel(**dataclasses.replace(TRUE, a=0.5).as_dict()).a == 0.5
     assert latency.LatencyModel(**{k: v for k, v in TRUE.as_dict().items() if k != "a"}).a == 1.0
+    # the decode loop's step: measured (p) or, where it was not, the one-row forward's (a)
+    old = latency.LatencyModel(**{k: v for k, v in TRUE.as_dict().items() if k != "p"})
+    assert old.p == 0.0 and old.t_plain(700, 30) == pytest.approx(old.a * old.t_step(700, 30))
+    assert dataclasses.replace(TRUE, p=0.7).t_plain(700, 30) == pytest.approx(0.7 * TRUE.t_step(700, 30))
 
 
 def _mock_profile(config=TINY, model=TRUE, steps=3, contexts=(128, 256, 512), **kwargs):
@@ -104,7 +110,13 @@ def test_forward_profiler_with_a_mocked_clock_recovers_the_model():
     # round-robin: the three variants of a context alternate, warm-up round included (3 rounds)
     assert [k for k, n, _ in seen if n == 128] == ["full", "noattn", "nomlp"] * 3
     assert len(profile.forward["samples"]["full"][0]) == 2
-    assert {k for k, _, _ in seen} == {"full", "noattn", "nomlp", "verify", "bulk"}
+    assert {k for k, _, _ in seen} == {"full", "noattn", "nomlp", "verify", "bulk", "plain"}
+    # the decode loop timed at the largest context beside the full step: p recovered (TRUE has none: a)
+    assert {n for k, n, _ in seen if k == "plain"} == {512}
+    assert profile.model.p == pytest.approx(TRUE.a, rel=1e-8)
+    cpu_like, _ = _mock_profile(model=dataclasses.replace(TRUE, a=1.4, p=0.9))
+    assert cpu_like.model.p == pytest.approx(0.9, rel=1e-8) and cpu_like.model.a == pytest.approx(1.4, rel=1e-8)
+    assert cpu_like.model.t_plain(300, TINY.num_layers) == pytest.approx(0.9 * TRUE.t_step(300, TINY.num_layers))
     # contexts 128 / 256 / 512: only 512 exceeds the 256 rows, so one bulk context and no context slope
     assert [r for k, n, r in seen if k == "bulk"] == list(latency.DEFAULT_BULK_ROWS) * 3
     assert {n for k, n, r in seen if k == "bulk"} == {512} and profile.forward["bulk_contexts"] == [512]
@@ -221,6 +233,7 @@ def test_forward_profile_times_the_draft_forward_of_a_tiny_model():
     assert len(profile.forward["verify_times"]) == 2 and profile.verify_rows == 4
     assert profile.model.c1 >= 0 and profile.model.c0 >= 0 and profile.model.v >= 0 and profile.model.u >= 0
     assert profile.forward["bulk_rows"] == [8, 32] and min(profile.forward["bulk_times"]) > 0
+    assert profile.model.p > 0 and min(profile.forward["plain_samples"]["plain"]) > 0  # the decode loop, timed
     # one loop step == the engine's forward with the same skip mask
     mask = jnp.asarray(latency.forward_skip_masks(3)["noattn"])
     cache = init_cache(config, 2, 32, lengths=jnp.full((2,), 20, jnp.int32))
@@ -273,7 +286,7 @@ def test_experiment_latency_fit_forward_on_a_tiny_random_model(tmp_path):
     assert case["identical_to_ar"] is True
     pred = case["latency_prediction"]
     assert pred["method"] == "forward" and pred["step_s"] > 0 and pred["decode_s"] > 0
-    # plain decoding runs the target's own (unmasked) forward: a draft-form steps
-    assert pred["step_s"] * lat["fit"]["a"] == pytest.approx(case["predicted_ar_step_s"])
+    # plain decoding is priced at the decode loop's own step, p draft-form steps (timed by the profile)
+    assert lat["fit"]["p"] > 0 and pred["step_s"] * lat["fit"]["p"] == pytest.approx(case["predicted_ar_step_s"])
     raw = lat["forward"]["fit"]["a_raw"]
     assert lat["fit"]["a"] > 0 and (raw <= 0 or lat["fit"]["a"] == pytest.approx(raw))
