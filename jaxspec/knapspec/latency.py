@@ -150,8 +150,9 @@ class LatencyModel:
 
     def t_plain(self, n, num_layers: int) -> float:
         """Predicted step of plain decoding at context ``n``: ``p t_step(n)`` where the profile timed the
-        decode loop itself (``p`` > 0), else ``a t_step(n)`` (the target's one-row forward). The two differ
-        where the decode loop and a one-row forward compile differently (the 2-core CPU: p 0.9, a 1.4)."""
+        decode loop itself (``p`` > 0), else ``a t_step(n)`` (the target's one-row forward, extrapolated from
+        the verification rows' line). The two can differ where the decode loop and a forward of a few rows
+        compile or scale differently."""
         ratio = self.p if self.p > 0 else self.a
         return float(ratio) * self.t_step(n, num_layers)
 
