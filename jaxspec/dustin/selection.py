@@ -254,27 +254,28 @@ def select_verify_indices_rows(s_draft: jax.Array, s_target: jax.Array, lengths:
     return select_top_k(lifted, lengths, k=k, sinks=sinks, window=window)
 
 
-def signal_mass(scores: jax.Array, lengths: jax.Array, *, sinks: int, window: int) -> jax.Array:
-    """``scores [B, S]`` normalised to sum 1 over each row's non-protected valid positions (the
-    positions the split decides about); a row without such positions is all zero."""
+def _split_scores(scores: jax.Array, lengths: jax.Array, *, sinks: int, window: int) -> jax.Array:
+    """``scores [B, S]`` clipped at 0 on each row's non-protected valid positions (the positions the
+    split decides about), 0 elsewhere."""
     seq = scores.shape[1]
     positions = jnp.arange(seq, dtype=jnp.int32)[None, :]
     lengths = lengths.astype(jnp.int32)[:, None]
     candidate = (positions < lengths) & (positions >= sinks) & (positions < lengths - window)
-    x = jnp.where(candidate, jnp.maximum(scores.astype(jnp.float32), 0.0), 0.0)
-    total = jnp.sum(x, axis=1, keepdims=True)
-    return x / jnp.where(total > 0, total, 1.0)
+    return jnp.where(candidate, jnp.maximum(scores.astype(jnp.float32), 0.0), 0.0)
 
 
 def signal_total(scores: jax.Array, lengths: jax.Array, *, sinks: int, window: int) -> jax.Array:
-    """``[B, 1]``: the divisor :func:`signal_mass` uses, each row's sum of its non-negative scores over
-    the non-protected valid positions (1 where that sum is 0), without writing the normalised signal."""
-    seq = scores.shape[1]
-    positions = jnp.arange(seq, dtype=jnp.int32)[None, :]
-    lengths = lengths.astype(jnp.int32)[:, None]
-    candidate = (positions < lengths) & (positions >= sinks) & (positions < lengths - window)
-    total = jnp.sum(jnp.where(candidate, jnp.maximum(scores.astype(jnp.float32), 0.0), 0.0), axis=1, keepdims=True)
+    """``[B, 1]``: the divisor of :func:`signal_mass`, each row's sum over :func:`_split_scores` (1 where
+    that sum is 0); without writing the normalised signal."""
+    total = jnp.sum(_split_scores(scores, lengths, sinks=sinks, window=window), axis=1, keepdims=True)
     return jnp.where(total > 0, total, 1.0)
+
+
+def signal_mass(scores: jax.Array, lengths: jax.Array, *, sinks: int, window: int) -> jax.Array:
+    """``scores [B, S]`` normalised to sum 1 over each row's non-protected valid positions (the
+    positions the split decides about); a row without such positions is all zero."""
+    return _split_scores(scores, lengths, sinks=sinks, window=window) / signal_total(scores, lengths, sinks=sinks,
+                                                                                     window=window)
 
 
 #: coverages within this of the best count as tied (the earlier candidate wins): two sums of the same

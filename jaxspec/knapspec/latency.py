@@ -698,7 +698,8 @@ def profile_latency_forward(config: ModelConfig, batch: int = 1, contexts: Seque
                "bulk_contexts": bulk_contexts, "bulk_times_per_context": bulk_med_per_context,
                "bulk_samples_per_context": bulk_samples_per_context, "plain_samples": plain_samples, "fit": fit,
                "how": "whole forwards (jaxspec.models.llama.forward, dynamic skip mask as the KnapSpec draft; "
-                      "verification without a mask) in a jitted fori_loop carrying the donated cache"}
+                      "verification without a mask) in a jitted fori_loop carrying the donated cache; plain "
+                      "decoding: decode_loop itself, beside the full forward, at the largest context"}
     return LatencyProfile(device=device_name(), platform=jax.devices()[0].platform, jax_version=jax.__version__,
                           config_name=config.name, config=config_fields(config), batch=int(batch),
                           contexts=contexts, attn_times=fit["t_attn_per_context"], mlp_time=model.c1,
