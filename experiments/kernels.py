@@ -535,10 +535,11 @@ def _rule_configs(profile_path, budgets):
     """``{k: DustinConfig}`` (hybrid, fixed m) from a Dustin profile's per-budget sinks, window and m; without a
     profile the defaults (m = half of k - s - w). The SRH layers and heads only switch the rules on here."""
     import json
+    import pathlib
 
     from jaxspec.dustin.config import DustinConfig
 
-    configs = json.loads(open(profile_path).read())["configs"] if profile_path else {}
+    configs = json.loads(pathlib.Path(profile_path).read_text())["configs"] if profile_path else {}
     out = {}
     for k in budgets:
         entry = configs.get(str(k))
