@@ -388,8 +388,8 @@ def plan_choices(target_params, config: ModelConfig, cache, tokens, token_mask, 
             continue
         t_draft = plan_draft_time(cands.plans[c], latency, n, sinks + window)
         for gamma in gammas:
-            score = float(expected_tokens(cands.alpha[c], gamma)) / (
-                gamma * t_draft + t_target * (latency.a + latency.v * gamma))
+            factor = latency.plain_ratio if gamma == 0 else latency.a + latency.v * gamma  # tpt's pricing
+            score = float(expected_tokens(cands.alpha[c], gamma)) / (gamma * t_draft + t_target * factor)
             if best is None or score > best["tpt"]:
                 best = {"index": c, "gamma": int(gamma), "tpt": score, "plan": cands.plans[c]}
     return best, cands, weights

@@ -148,13 +148,17 @@ class LatencyModel:
         """Predicted full-model decode step at context ``n``: ``L (t_attn(n) + t_mlp) + t_token``."""
         return float(num_layers) * (self.t_attn(n) + self.t_mlp()) + self.t_token()
 
+    @property
+    def plain_ratio(self) -> float:
+        """Plain decoding's step in modelled steps: ``p`` where measured, else ``a``."""
+        return float(self.p if self.p > 0 else self.a)
+
     def t_plain(self, n, num_layers: int) -> float:
         """Predicted step of plain decoding at context ``n``: ``p t_step(n)`` where the profile timed the
         decode loop itself (``p`` > 0), else ``a t_step(n)`` (the target's one-row forward, extrapolated from
         the verification rows' line). The two can differ where the decode loop and a forward of a few rows
         compile or scale differently."""
-        ratio = self.p if self.p > 0 else self.a
-        return float(ratio) * self.t_step(n, num_layers)
+        return self.plain_ratio * self.t_step(n, num_layers)
 
     def as_dict(self) -> Dict[str, float]:
         return {"c1": float(self.c1), "c2": float(self.c2), "c3": float(self.c3), "c0": float(self.c0),
@@ -688,9 +692,11 @@ def profile_latency_forward(config: ModelConfig, batch: int = 1, contexts: Seque
     if plain_samples:
         plain_med = statistics.median(plain_samples["plain"])
         full_med = statistics.median(plain_samples["full"])
-        # the ratio to the full step timed beside it, carried onto the fitted step (as a is)
-        model = dataclasses.replace(model, p=float(plain_med / full_med) * float(
-            med["full"][-1] / model.t_step(contexts[-1], L)))
+        # the ratio to the full step timed beside it, carried onto the fitted step (as a is); a fitted
+        # step that is not positive (a noisy fit of a tiny model) leaves p unmeasured (a stands in)
+        fitted = model.t_step(contexts[-1], L)
+        model = dataclasses.replace(model, p=float(plain_med / full_med) * float(med["full"][-1] / fitted)
+                                    if fitted > 0 and full_med > 0 else 0.0)
         fit.update(plain_step=plain_med, plain_full_step=full_med, plain_over_full=plain_med / full_med)
     forward = {"steps_per_call": steps, "times": med, "samples": samples, "verify_context": contexts[-1],
                "verify_rows": rows_list, "verify_times": verify_med, "verify_samples": verify_samples,

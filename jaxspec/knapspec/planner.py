@@ -91,18 +91,22 @@ def target_time(num_layers: int, t_attn: float, t_mlp: float, t_token: float = 0
     return float(num_layers) * (float(t_attn) + float(t_mlp)) + float(t_token)
 
 
-def tpt(alpha, gamma, t_draft, t_target, v: float = 0.0, a: float = 1.0, p_c=None, p_ac=None):
+def tpt(alpha, gamma, t_draft, t_target, v: float = 0.0, a: float = 1.0, p_c=None, p_ac=None,
+        plain: Optional[float] = None):
     """Tokens per unit time of one round (broadcasting over arrays); verifying ``gamma + 1`` rows
     costs ``t_target (a + v gamma)`` (``a``: the target's unmasked one-row forward in modelled
-    steps; gamma = 0, plain decoding, costs ``a t_target`` a token). ``p_c``, ``p_ac``: the
-    early-exit statistics (module doc); None = every round drafts ``gamma`` tokens."""
+    steps); gamma = 0, plain decoding, costs ``plain t_target`` a token (``LatencyModel.plain_ratio``:
+    the decode loop's own step; None = ``a``). ``p_c``, ``p_ac``: the early-exit statistics (module
+    doc); None = every round drafts ``gamma`` tokens."""
     g = np.asarray(gamma, np.float64)
     if p_c is None:
         tokens, drafts = expected_tokens(alpha, gamma), g
     else:
         tokens, drafts = expected_tokens_exit(alpha, p_ac, gamma), expected_drafts(p_c, gamma)
-    return tokens / (drafts * np.asarray(t_draft, np.float64)
-                     + np.asarray(t_target, np.float64) * (float(a) + float(v) * g))
+    factor = float(a) + float(v) * g
+    if plain is not None:
+        factor = np.where(g == 0, float(plain), factor)
+    return tokens / (drafts * np.asarray(t_draft, np.float64) + np.asarray(t_target, np.float64) * factor)
 
 
 @dataclasses.dataclass
@@ -121,6 +125,7 @@ class Plan:
     t_token: float = 0.0
     verify_row_cost: float = 0.0
     target_ratio: float = 1.0  # LatencyModel.a
+    plain_ratio: Optional[float] = None  # LatencyModel.plain_ratio (gamma = 0); None = target_ratio
     p_c: Optional[float] = None  # early-exit statistics of the chosen candidate (exit-aware TPT)
     p_ac: Optional[float] = None
 
@@ -130,7 +135,7 @@ class Plan:
         num_layers = self.mask.shape[0]
         return float(tpt(self.alpha, self.gamma, draft_time(self.mask, self.t_attn, self.t_mlp, self.t_token),
                          target_time(num_layers, self.t_attn, self.t_mlp, self.t_token), self.verify_row_cost,
-                         self.target_ratio, self.p_c, self.p_ac))
+                         self.target_ratio, self.p_c, self.p_ac, self.plain_ratio))
 
     def summary(self) -> dict:
         mask = np.asarray(self.mask, bool)
@@ -138,13 +143,14 @@ class Plan:
                 "alpha": float(self.alpha), "n": float(self.n), "index": int(self.index),
                 "t_attn": float(self.t_attn), "t_mlp": float(self.t_mlp), "t_token": float(self.t_token),
                 "verify_row_cost": float(self.verify_row_cost), "target_ratio": float(self.target_ratio),
+                "plain_ratio": self.plain_ratio,
                 "skip_attn": np.nonzero(mask[:, 0])[0].tolist(), "skip_mlp": np.nonzero(mask[:, 1])[0].tolist(),
                 "predicted_tpt": self.predicted_tpt, "p_c": self.p_c, "p_ac": self.p_ac}
 
 
 def objective_table(masks, alphas, t_attn: float, t_mlp: float, gammas: Sequence[int] = GAMMA_GRID,
                     objective: str = "tpt", t_token: float = 0.0, verify_row_cost: float = 0.0,
-                    target_ratio: float = 1.0, exit_stats=None) -> np.ndarray:
+                    target_ratio: float = 1.0, exit_stats=None, plain_ratio: Optional[float] = None) -> np.ndarray:
     """``[C, G]`` objective of every (candidate, gamma)."""
     if objective not in OBJECTIVES:
         raise ValueError(f"objective={objective!r}; valid: {OBJECTIVES}")
@@ -153,14 +159,15 @@ def objective_table(masks, alphas, t_attn: float, t_mlp: float, gammas: Sequence
     if objective == "tpl":
         t_attn = t_mlp = 1.0
         t_token = verify_row_cost = 0.0
-        target_ratio = 1.0
+        target_ratio, plain_ratio = 1.0, None
     g = np.asarray(gammas, np.float64)[None, :]
     t_d = draft_time(masks, t_attn, t_mlp, t_token)[:, None]
     t_t = target_time(num_layers, t_attn, t_mlp, t_token)
     p_c = p_ac = None
     if exit_stats is not None and objective == "tpt":
         p_c, p_ac = (np.asarray(x, np.float64).reshape(-1)[:, None] for x in exit_stats)
-    return tpt(np.asarray(alphas, np.float64)[:, None], g, t_d, t_t, verify_row_cost, target_ratio, p_c, p_ac)
+    return tpt(np.asarray(alphas, np.float64)[:, None], g, t_d, t_t, verify_row_cost, target_ratio, p_c, p_ac,
+               plain_ratio)
 
 
 def choose_plan(masks, alphas, latency: Union[LatencyModel, Tuple[float, float]], n: float = 0.0, *,
@@ -179,18 +186,18 @@ def choose_plan(masks, alphas, latency: Union[LatencyModel, Tuple[float, float]]
         raise ValueError(f"gammas must be non-negative integers; got {gammas}")
     if isinstance(latency, LatencyModel):
         t_attn, t_mlp, t_token, v = latency.t_attn(n), latency.t_mlp(), latency.t_token(), latency.v
-        a = latency.a
+        a, plain = latency.a, latency.plain_ratio
     else:
         values = tuple(float(x) for x in latency)
         if len(values) not in (2, 3, 4):
             raise ValueError(f"latency must be a LatencyModel or (t_attn, t_mlp[, t_token[, v]]); got {latency!r}")
         t_attn, t_mlp, t_token, v = values + (0.0,) * (4 - len(values))
-        a = 1.0
+        a, plain = 1.0, None
     if exit_stats is not None:
         exit_stats = tuple(np.asarray(x, np.float64).reshape(-1) for x in exit_stats)
         if len(exit_stats) != 2 or any(x.shape != alphas.shape for x in exit_stats):
             raise ValueError(f"exit_stats must be (p_c, p_ac), each of {alphas.shape[0]} values")
-    table = objective_table(masks, alphas, t_attn, t_mlp, gammas, objective, t_token, v, a, exit_stats)
+    table = objective_table(masks, alphas, t_attn, t_mlp, gammas, objective, t_token, v, a, exit_stats, plain)
     is_full = ~masks.any(axis=(1, 2))
     if exclude_full and not is_full.all():
         table = np.where(is_full[:, None], -np.inf, table)
@@ -201,6 +208,7 @@ def choose_plan(masks, alphas, latency: Union[LatencyModel, Tuple[float, float]]
                 table=table, gammas=gammas, t_token=float(t_token),
                 verify_row_cost=float(v) if objective == "tpt" else 0.0,
                 target_ratio=float(a) if objective == "tpt" else 1.0,
+                plain_ratio=plain if objective == "tpt" else None,
                 p_c=float(exit_stats[0][index]) if exit_stats is not None and objective == "tpt" else None,
                 p_ac=float(exit_stats[1][index]) if exit_stats is not None and objective == "tpt" else None)
 

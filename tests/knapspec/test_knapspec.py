@@ -301,6 +301,14 @@ def test_tpt_edge_cases():
     # a: the target's unmasked forward in modelled steps (verification a + v g; plain decoding a)
     assert planner.tpt(0.7, 0, 0.5, 2.0, v=0.1, a=0.5) == pytest.approx(1.0)
     assert planner.tpt(1.0, 2, 0.5, 2.0, v=0.1, a=0.5) == pytest.approx(3.0 / (1.0 + 2.0 * 0.7))
+    # plain: the decode loop's own step prices gamma = 0 only; verification keeps a + v g
+    assert planner.tpt(0.7, 0, 0.5, 2.0, v=0.1, a=0.5, plain=0.25) == pytest.approx(2.0)
+    assert planner.tpt(1.0, 2, 0.5, 2.0, v=0.1, a=0.5, plain=0.25) == pytest.approx(3.0 / (1.0 + 2.0 * 0.7))
+    model = latency.LatencyModel(c1=1e-3, c2=0.0, c3=1e-3, a=1.4, p=0.9)
+    plan = planner.choose_plan(np.zeros((1, 3, 2), bool), [0.0], model, 100.0, gammas=(0, 1))
+    step = model.t_step(100.0, 3)
+    assert plan.gamma == 0 and plan.table[0, 0] == pytest.approx(1.0 / (0.9 * step))  # p, not a
+    assert plan.predicted_tpt == pytest.approx(1.0 / (0.9 * step)) and plan.summary()["plain_ratio"] == 0.9
     masks = np.zeros((1, 3, 2), bool)
     masks[0, 1] = True  # skip attention and MLP of layer 1
     assert planner.draft_time(masks, 2.0, 1.0)[0] == 2 * 2.0 + 2 * 1.0

@@ -233,7 +233,7 @@ def test_forward_profile_times_the_draft_forward_of_a_tiny_model():
     assert len(profile.forward["verify_times"]) == 2 and profile.verify_rows == 4
     assert profile.model.c1 >= 0 and profile.model.c0 >= 0 and profile.model.v >= 0 and profile.model.u >= 0
     assert profile.forward["bulk_rows"] == [8, 32] and min(profile.forward["bulk_times"]) > 0
-    assert profile.model.p > 0 and min(profile.forward["plain_samples"]["plain"]) > 0  # the decode loop, timed
+    assert profile.model.p >= 0 and min(profile.forward["plain_samples"]["plain"]) > 0  # the decode loop, timed
     # one loop step == the engine's forward with the same skip mask
     mask = jnp.asarray(latency.forward_skip_masks(3)["noattn"])
     cache = init_cache(config, 2, 32, lengths=jnp.full((2,), 20, jnp.int32))
