@@ -48,7 +48,7 @@ from jaxspec.knapspec.dp import (DEFAULT_TAU, WEIGHT_CAP, boundary_states, cos_s
                                  per_sublayer_can_skip, skip_budget, stacked_scan_layers,
                                  sublayer_can_skip)
 from jaxspec.knapspec.latency import LatencyModel
-from jaxspec.knapspec.planner import expected_tokens
+from jaxspec.knapspec.planner import tpt
 from jaxspec.models.cache import KVCache
 from jaxspec.models.layers import (attention_sublayer, decoder_layer, default_positions, embed, lm_head, mlp_sublayer,
                                    rope_tables)
@@ -388,8 +388,8 @@ def plan_choices(target_params, config: ModelConfig, cache, tokens, token_mask, 
             continue
         t_draft = plan_draft_time(cands.plans[c], latency, n, sinks + window)
         for gamma in gammas:
-            factor = latency.plain_ratio if gamma == 0 else latency.a + latency.v * gamma  # tpt's pricing
-            score = float(expected_tokens(cands.alpha[c], gamma)) / (gamma * t_draft + t_target * factor)
+            score = float(tpt(cands.alpha[c], gamma, t_draft, t_target, latency.v, latency.a,
+                              plain=latency.plain_ratio))
             if best is None or score > best["tpt"]:
                 best = {"index": c, "gamma": int(gamma), "tpt": score, "plan": cands.plans[c]}
     return best, cands, weights

@@ -603,9 +603,24 @@ def profile_latency_forward(config: ModelConfig, batch: int = 1, contexts: Seque
             jax.block_until_ready(call())
             return time.perf_counter() - start
 
-    def measure(group, cache):
-        """Time the ``(key, tokens, mask)`` of ``group`` round-robin (warm-up rounds first), so a
+    def round_robin(calls):
+        """Seconds per forward of each ``(key, call)``, timed round-robin (warm-up rounds first), so a
         change in the machine's load hits every variant alike and their differences stay sound."""
+        out = {key: [] for key, _ in calls}
+        for round_ in range(warmup + repeats):
+            for key, call in calls:
+                seconds = float(timer(key, call))
+                if round_ >= warmup:
+                    out[key].append(seconds / steps)
+        return out
+
+    def measure(group, cache, plain=False):
+        """Time the ``(key, tokens, mask)`` of ``group`` in ``forward_loop``; with ``plain``, also the
+        decode loop plain decoding runs (``decode_loop``: ``steps`` greedy steps from the cache's
+        lengths, which are then restored), key ``("plain", n, 1)``: its ratio to the full step is ``p``."""
+        from jaxspec.decoding.autoregressive import decode_loop
+        from jaxspec.decoding.sampling import SamplingConfig
+
         state = {"cache": cache}
 
         def caller(tokens, mask):
@@ -615,42 +630,18 @@ def profile_latency_forward(config: ModelConfig, batch: int = 1, contexts: Seque
             return call
 
         calls = [(key, caller(tokens, mask)) for key, tokens, mask in group]
-        out = {key: [] for key, _ in calls}
-        for round_ in range(warmup + repeats):
-            for key, call in calls:
-                seconds = float(timer(key, call))
-                if round_ >= warmup:
-                    out[key].append(seconds / steps)
-        return out, state["cache"]
+        if plain:
+            start = jnp.copy(cache.lengths)  # the loop donates the cache (lengths too)
+            logits = jnp.zeros((batch, config.vocab_size), jnp.float32)
 
-    def measure_plain(n, cache):
-        """The decode loop plain decoding runs (``decode_loop``: ``steps`` greedy steps from the cache's
-        lengths, which are then restored) against the all-executed draft-form forward, round-robin: the
-        decode loop's step and the full step's ratio is the price of plain decoding (``p``)."""
-        from jaxspec.decoding.autoregressive import decode_loop
-        from jaxspec.decoding.sampling import SamplingConfig
+            def plain_call():
+                out, after = decode_loop(params, state["cache"], logits, jax.random.PRNGKey(0), config=config,
+                                         sampling=SamplingConfig(), max_new_tokens=steps + 1, stop_tokens=())
+                state["cache"] = after.with_lengths(jnp.copy(start))  # a fresh buffer: the next call donates it
+                return out
 
-        state = {"cache": cache}
-        start = jnp.copy(cache.lengths)  # the loop donates the cache (lengths too)
-        logits = jnp.zeros((batch, config.vocab_size), jnp.float32)
-
-        def plain_call():
-            out, after = decode_loop(params, state["cache"], logits, jax.random.PRNGKey(0), config=config,
-                                     sampling=SamplingConfig(), max_new_tokens=steps + 1, stop_tokens=())
-            state["cache"] = after.with_lengths(jnp.copy(start))  # a fresh buffer: the next call donates it
-            return out
-
-        def full_call():
-            out, state["cache"] = forward_loop(params, state["cache"], one, masks["full"], config=config, steps=steps)
-            return out
-
-        out = {"plain": [], "full": []}
-        for round_ in range(warmup + repeats):
-            for name, call in (("plain", plain_call), ("full", full_call)):
-                seconds = float(timer((name, n, 1), call))
-                if round_ >= warmup:
-                    out[name].append(seconds / steps)
-        return out, state["cache"]
+            calls.insert(0, (("plain", group[0][0][1], 1), plain_call))
+        return round_robin(calls), state["cache"]
 
     samples: Dict[str, List[List[float]]] = {"full": [], "noattn": [], "nomlp": []}
     verify_samples: List[List[float]] = []
@@ -667,7 +658,8 @@ def profile_latency_forward(config: ModelConfig, batch: int = 1, contexts: Seque
                                  cache)
             verify_samples = [got[("verify", n, r)] for r in rows_list]
         if n == contexts[-1] and top_rows >= steps:
-            plain_samples, cache = measure_plain(n, cache)
+            got, cache = measure([(("full", n, 1), one, masks["full"])], cache, plain=True)
+            plain_samples = {"plain": got[("plain", n, 1)], "full": got[("full", n, 1)]}
         del cache
     bulk_contexts = bulk_profile_contexts(contexts, bulk_list)
     bulk_samples_per_context: List[List[List[float]]] = []
