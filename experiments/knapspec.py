@@ -789,6 +789,65 @@ def forward_times(model: Model, prefilled, mask, verify_rows: int, repeats: int 
     return out
 
 
+def _budget_loop_fn(params, cache, tokens, *, config, plan, sinks, window, steps):
+    """``steps`` draft forwards under a budget ``plan`` at the cache's current lengths, each fed the
+    previous step's greedy tokens (as :func:`~jaxspec.knapspec.latency.forward_loop_fn`)."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxspec.knapspec.budgeted import budgeted_forward
+
+    start = cache.lengths
+
+    def body(_, carry):
+        cache, tokens = carry
+        logits, cache, _ = budgeted_forward(params, tokens, cache.with_lengths(start), config=config, plan=plan,
+                                            sinks=sinks, window=window)
+        return cache.with_lengths(start), jnp.argmax(logits, axis=-1).astype(jnp.int32)
+
+    cache, tokens = jax.lax.fori_loop(0, steps, body, (cache, tokens))
+    return tokens, cache
+
+
+def budget_draft_times(model: Model, prefilled, plan, sinks: int, window: int, repeats: int = 5,
+                       steps_per_call: int = 4) -> Dict[str, float]:
+    """One draft forward under a budget ``plan`` (docs/methods.md §5.4: dense, budgeted or skipped
+    Attention per layer), timed as :func:`forward_times` times the static skip mask: one jitted call,
+    and ``steps_per_call`` forwards in one jitted loop carrying the (donated) cache, per forward
+    (median of ``repeats``; on a copy of the cache)."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxspec.knapspec.budgeted import budgeted_forward_jit, freeze_plan
+
+    config, cache = model.config, prefilled[0]
+    frozen = freeze_plan(plan)
+    one = jnp.zeros((cache.batch_size, 1), jnp.int32)
+    single = lambda: budgeted_forward_jit(model.params, one, cache, config=config, plan=frozen, sinks=sinks,
+                                          window=window)[0]
+    jax.block_until_ready(single())
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(single())
+        times.append(time.perf_counter() - start)
+    if "budget_loop" not in _FORWARDS:
+        _FORWARDS["budget_loop"] = jax.jit(_budget_loop_fn, static_argnames=("config", "plan", "sinks", "window",
+                                                                            "steps"), donate_argnames=("cache",))
+    loop, steps = _FORWARDS["budget_loop"], int(steps_per_call)
+    state, looped = {"cache": _copy(cache)}, []
+    for round_ in range(1 + repeats):  # the first round compiles
+        start = time.perf_counter()
+        tokens, state["cache"] = loop(model.params, state["cache"], one, config=config, plan=frozen, sinks=sinks,
+                                      window=window, steps=steps)
+        jax.block_until_ready(tokens)
+        if round_:
+            looped.append((time.perf_counter() - start) / steps)
+    del state
+    return {"draft_forward_budget_s": float(np.median(times)), "draft_step_budget_in_loop_s": float(np.median(looped)),
+            "draft_steps_per_call": steps}
+
+
 def auto_branch_chunk(config, batch: int, capacity: int, reference: int, budget_slots: int,
                       limit_bytes: float = 4e9) -> Optional[int]:
     """Branches per attention batch so the DP's float32 scores stay under ``limit_bytes``: ``batch`` and
@@ -924,7 +983,11 @@ class Case:
         bucket = max(metrics.get("gamma_buckets_used") or [self.args.gamma_max])
         fwd = forward_times(self.model, self.prefill(), final_mask, bucket + 1,
                             steps_per_call=self.profile_steps_per_call)
-        draft_est = metrics["draft_steps"] * fwd["draft_forward_s"]
+        budget = metrics.get("budget_plan") if method == "knapspec-budget" else None
+        if budget:  # the draft runs the plan's dense / budgeted / skipped sub-layers, not a skip mask
+            fwd.update(budget_draft_times(self.model, self.prefill(), budget["codes"], budget["sinks"],
+                                          budget["window"], steps_per_call=self.profile_steps_per_call))
+        draft_est = metrics["draft_steps"] * fwd["draft_forward_budget_s" if budget else "draft_forward_s"]
         verify_est = rounds * fwd["verify_forward_s"]
         ar_est = metrics["ar_steps"] * ar["step_s"]
         plan_s = timings.get("plan_s", 0.0)
@@ -950,14 +1013,17 @@ class Case:
             "plan_fraction_of_decode": plan_s / max(decode_s, 1e-9),
             "plan_allowance": metrics.get("plan_allowance"),
             "time_split_estimate": {
-                "how": "planning measured; draft = draft forwards x one draft forward with the final mask; verify = "
+                "how": "planning measured; draft = draft forwards x one draft forward with the final mask (a "
+                       "budget plan: with its codes); verify = "
                        "rounds x one verification forward (largest bucket used); plain decoding = AR-interval "
                        "steps x AR step; other = the rest",
                 "plan_s": plan_s, "draft_s": draft_est, "verify_s": verify_est, "ar_interval_s": ar_est,
                 "other_s": decode_s - plan_s - draft_est - verify_est - ar_est, **fwd},
             "predicted_ar_step_s": self.latency.t_plain(self.capacity, self.model.config.num_layers),
-            "latency_prediction": self.latency_prediction(final_mask, bucket + 1, metrics, rounds, decode_s - plan_s),
-            "draft_step_check": self.draft_step_check(final_mask, fwd),
+            "latency_prediction": self.latency_prediction(final_mask, bucket + 1, metrics, rounds, decode_s - plan_s,
+                                                          budget=budget),
+            "draft_step_check": (self.budget_draft_step_check(budget, fwd) if budget
+                                 else self.draft_step_check(final_mask, fwd)),
             "load_average_before": load_before,
         }
         if method == "clasp":
@@ -973,7 +1039,8 @@ class Case:
                                        f"[{self.key}] trace {method}")}
         return out
 
-    def latency_prediction(self, mask, verify_rows: int, metrics, rounds: int, measured_s: float) -> Dict[str, Any]:
+    def latency_prediction(self, mask, verify_rows: int, metrics, rounds: int, measured_s: float,
+                           budget: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
         """The latency model's step times at the cache capacity (what the planner used: the xla
         backend reads every slot) and its decode time for the counted forwards (draft forwards with
         ``mask``, every round verifying ``verify_rows`` rows, AR-interval steps), vs the measured
@@ -982,7 +1049,12 @@ class Case:
 
         m, L, n = self.latency, self.model.config.num_layers, float(self.capacity)
         step = m.t_step(n, L)
-        draft = float(draft_time(np.asarray(mask, bool), m.t_attn(n), m.t_mlp(), m.t_token()))
+        if budget:
+            from jaxspec.knapspec.budgeted import plan_draft_time
+
+            draft = float(plan_draft_time(budget["codes"], m, n, budget["sinks"] + budget["window"]))
+        else:
+            draft = float(draft_time(np.asarray(mask, bool), m.t_attn(n), m.t_mlp(), m.t_token()))
         verify = step * (m.a + m.v * (verify_rows - 1))
         total = metrics["draft_steps"] * draft + rounds * verify + metrics["ar_steps"] * m.t_plain(n, L)
         return {"method": self.latency_method, "n": n, "step_s": step, "draft_step_s": draft,
@@ -1011,6 +1083,24 @@ class Case:
                 "static_within_10pct": bool(predicted > 0 and abs(static / predicted - 1) <= 0.10),
                 "single_call_dynamic_s": single_dynamic, "single_call_static_s": single_static,
                 "single_call_static_over_predicted": ratio(single_static)}
+
+    def budget_draft_step_check(self, budget: Dict[str, Any], fwd: Dict[str, float]) -> Dict[str, Any]:
+        """One draft forward of a budget plan (its dense / budgeted / skipped sub-layers compiled in)
+        against the latency model's time for it at the cache capacity
+        (:func:`~jaxspec.knapspec.budgeted.plan_draft_time`)."""
+        from jaxspec.knapspec.budgeted import plan_draft_time
+
+        predicted = float(plan_draft_time(budget["codes"], self.latency, float(self.capacity),
+                                          budget["sinks"] + budget["window"]))
+        timed, single = fwd["draft_step_budget_in_loop_s"], fwd["draft_forward_budget_s"]
+        ratio = (lambda t: t / predicted if predicted > 0 else None)
+        return {"plan": "budget", "n": float(self.capacity), "n_dense_attn": budget.get("n_dense_attn"),
+                "n_budget_attn": budget.get("n_budget_attn"), "n_skip_attn": budget.get("n_skip_attn"),
+                "n_skip_mlp": budget.get("n_skip_mlp"), "predicted_s": predicted,
+                "timed": f"{fwd['draft_steps_per_call']} forwards per jitted call", "static_s": timed,
+                "static_over_predicted": ratio(timed),
+                "static_within_10pct": bool(predicted > 0 and abs(timed / predicted - 1) <= 0.10),
+                "single_call_static_s": single, "single_call_static_over_predicted": ratio(single)}
 
     # ------------------------------------------------------------------------ candidates
     def candidates(self) -> Dict[str, Any]:

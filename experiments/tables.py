@@ -284,7 +284,8 @@ KNAPSPEC_REAL = {1: f"{K}qwen2.5-coder-1.5b_8k-32k_b1_h200.json", 16: f"{K}qwen2
 #: KnapSpec with budgeted attention and the static skip set on the real 1.5B (h200-knapspec *-budget-static, *-static)
 KNAPSPEC_REAL_BASELINES = ((1, f"{K}qwen2.5-coder-1.5b_8k-32k_b1_budget-static_h200.json", ("knapspec-budget",
                                                                                                 "static-skip")),
-                           (16, f"{K}qwen2.5-coder-1.5b_32k-8k_b16_budget_plan-rows_h200.json", ("knapspec-budget",)),
+                           (16, f"{K}qwen2.5-coder-1.5b_32k-8k_b16_budget_plan-rows_at-start_dp-pallas_h200.json",
+                            ("knapspec-budget",)),
                            (16, f"{K}qwen2.5-coder-1.5b_32k-8k_b16_static_h200.json", ("static-skip",)))
 KNAPSPEC_EARLY = (f"{K}smollm2-135m_1k-4k_b1_cpu.json", f"{K}smollm2-135m_8k_b1_cpu.json")
 #: the two-stage plan (docs/methods.md §5.6) on the real 1.5B, batch 1, a window of at least 64 tokens
@@ -725,15 +726,35 @@ def _knapspec_real_baselines() -> str:
             got = [(key.split("/")[2][3:], c) for key, c in cases.items()
                    if key.endswith(f"/{method}") and "speedup_vs_ar" in c]
             if got:
-                rows = " (its plan on 2 rows' tails)" if method == "knapspec-budget" and batch > 1 else ""
+                rows = (" (its plan on 2 rows' tails, made before the first round, the DP's attention in the Pallas "
+                        "history kernel)") if method == "knapspec-budget" and batch > 1 else ""
+                def plan_of(c):
+                    bp = c.get("budget_plan")
+                    if method != "knapspec-budget" or not bp:
+                        return ""
+                    text = (f"; plan: {bp['n_dense_attn']} dense / {bp['n_budget_attn']} budgeted / "
+                            f"{bp['n_skip_attn']} skipped Attention, {bp['n_skip_mlp']} skipped MLP, gamma "
+                            f"{bp['gamma']}, planning {100 * c['plan_fraction_of_decode']:.1f} % of decode")
+                    if (c.get("draft_step_check") or {}).get("plan") != "budget":
+                        text += "; this file's draft-step check timed the full model, not the plan, so it is not shown"
+                    return text
+
+                static = next((c for k, c in cases.items() if k.endswith(f"static_plan/b{batch}")), None)
+                if method == "static-skip" and static and "gamma" in static:
+                    src = (static.get("source") or {}).get("plan") or {}
+                    rows = (f" (its offline plan skips {len(src.get('skip_attn', []))} Attention / "
+                            f"{len(src.get('skip_mlp', []))} MLP sub-layers with gamma {static['gamma']}"
+                            + (": plain decoding" if static["gamma"] == 0 else "") + ")")
                 parts.append(f"{labels[method]}, batch {batch}{rows}: " + ", ".join(
                     f"{ctx} tokens {c['speedup_vs_ar']:.2f}x AR (tau "
-                    f"{'-' if c['tau'] is None else format(c['tau'], '.2f')})" for ctx, c in got) + f" (`{source}`)")
+                    f"{'-' if c['tau'] is None else format(c['tau'], '.2f')}{plan_of(c)})" for ctx, c in got)
+                    + f" (`{source}`)")
             else:
                 missing.append(f"{labels[method]} at batch {batch}")
     return ((" ".join(p[:1].upper() + p[1:] + "." for p in parts) + " ") if parts else "") + (
         ("Not measured yet: " + "; ".join(missing) + " (h200-knapspec steps qwen2.5-coder-1.5b-b1-8k-32k-budget-static, "
-         "qwen2.5-coder-1.5b-b16-32k-8k-budget-plan-rows, qwen2.5-coder-1.5b-b16-8k-32k-static).") if missing else "")
+         "qwen2.5-coder-1.5b-b16-32k-8k-budget-plan-rows-at-start-dp-pallas, qwen2.5-coder-1.5b-b16-8k-32k-static)."
+         ) if missing else "")
 
 
 def h200_self_draft_note() -> str:
@@ -742,21 +763,34 @@ def h200_self_draft_note() -> str:
     if not (RESULTS / source).exists():
         return ("The real 1.5B drafting for itself on the H200: not measured yet (h200-qwen-pair steps "
                 "self-drafts-b16, self-drafts-b1).")
-    cases = {k: c for k, c in load(source)["cases"].items() if k != "copy_bandwidth"}
-    points = []
-    for key, case in cases.items():
-        cells = ", ".join(f"{m} {case[m]['speedup_vs_ar']:.2f}x (tau {case[m]['metrics']['tau']:.2f})"
-                          for m in ("dustin-self", "magicdec-self") if m in case)
-        points.append(f"{key.split('/')[0][3:]} tokens: {cells}")
+    def points_of(src):
+        cases = {k: c for k, c in load(src)["cases"].items() if k != "copy_bandwidth"}
+        points = []
+        for key, case in cases.items():
+            cells = ", ".join(f"{m} {case[m]['speedup_vs_ar']:.2f}x (tau {case[m]['metrics']['tau']:.2f})"
+                              for m in ("dustin-self", "magicdec-self") if m in case)
+            points.append(f"{key.split('/')[0][3:]} tokens: {cells}")
+        return cases, points
+
+    cases, points = points_of(source)
     best = max((case[m]["speedup_vs_ar"], m) for case in [cases.get("ctx32000/b16", {})] for m in case
                if m in ("dustin-self", "magicdec-self"))
+    b1 = "Batch 1 (step self-drafts-b1) is not measured yet. "
+    if (RESULTS / PAIR_SPEED_SELF[1]).exists():
+        b1_cases, b1_points = points_of(PAIR_SPEED_SELF[1])
+        taus = {k.split("/")[0][3:]: c["magicdec-self"]["metrics"]["tau"] for k, c in b1_cases.items()
+                if "magicdec-self" in c}
+        b1 = (f"At batch 1 (`{PAIR_SPEED_SELF[1]}`, step `self-drafts-b1`): " + "; ".join(b1_points)
+              + ". There one read of the 1.5B's weights dominates every step, cache or not, so a window-only draft "
+              "saves little; MagicDec's self-draft accepted " + ", ".join(f"{t:.2f} at {c} tokens" for c, t in
+                                                                        taus.items()) + " tokens a round. ")
     return ("On the H200, the real Qwen2.5-Coder-1.5B drafting for itself over 4 sinks + a window of its own cache "
             f"(bf16, batch 16, 256 new tokens, `{source}`, step `self-drafts-b16`): " + "; ".join(points)
             + f". The best self-speculative method at 32k/b16 >= 2.0x AR: **{'met' if best[0] >= 2.0 else 'missed'}** "
             f"({best[1]} {best[0]:.2f}x). A self-draft step still reads all of the 1.5B's weights, so only at 32k, "
             "where its KV reads dominate AR's step, does the window-only draft pay; MagicDec's dense verification "
-            "then reads the whole cache once a round. Batch 1 (step self-drafts-b1) is not measured yet; KnapSpec "
-            "and CLaSp on the real 1.5B are in the KnapSpec section.")
+            "then reads the whole cache once a round. " + b1 + "KnapSpec and CLaSp on the real 1.5B are in the "
+            "KnapSpec section.")
 
 
 def knapspec_two_stage_note() -> str:
@@ -1764,10 +1798,12 @@ def _figures() -> List[Figure]:
         if not (RESULTS / source).exists():
             continue
         for key, case in load(source)["cases"].items():
-            _, _, ctx, _, method = key.split("/")
-            if "speedup_vs_ar" not in case:
+            if key.count("/") != 4 or "speedup_vs_ar" not in case:  # e.g. a static run's "h200/static_plan/b16"
                 continue
-            if (case.get("draft_step_check") or {}).get("static_over_predicted"):
+            _, _, ctx, _, method = key.split("/")
+            check = case.get("draft_step_check") or {}
+            # a budget plan's draft is checked only where the check ran its codes (older files timed the full model)
+            if check.get("static_over_predicted") and (method != "knapspec-budget" or check.get("plan") == "budget"):
                 add(Figure(f"selfspec/real-qwen1.5b/h200/{ctx}/b{batch}/{method}/static-draft-step-over-predicted",
                            f"{method}: one draft step with its plan compiled in / the latency model's prediction, real "
                            f"Qwen2.5-Coder-1.5B bf16, {ctx[3:]} tokens, batch {batch}", "x", source,
