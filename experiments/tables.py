@@ -247,7 +247,7 @@ INPUT_AWARE_M = tuple((model, f"dustin_quality/dustin_quality_input_aware_m_{run
     ("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b_4k_cpu"), ("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b_8k_cpu"),
     ("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b_16k_cpu"),
     # the H200 run: 16000-token items (ctx16000 in its keys; the CPU's are 16384)
-    ("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b_16k_h200"),
+    ("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b_16k_h200"), ("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b_32k_h200"),
     # the entropy rule's runs, files of their own (fixed m and the oracle repeat the 2k files' numbers)
     ("smollm2-135m", "entropy_smollm2-135m_2k_cpu"), ("qwen2.5-coder-1.5b", "entropy_qwen2.5-coder-1.5b_2k_cpu"))
     if (RESULTS / f"dustin_quality/dustin_quality_input_aware_m_{run}.json").is_file())
