@@ -735,6 +735,10 @@ def _knapspec_real_baselines() -> str:
                     text = (f"; plan: {bp['n_dense_attn']} dense / {bp['n_budget_attn']} budgeted / "
                             f"{bp['n_skip_attn']} skipped Attention, {bp['n_skip_mlp']} skipped MLP, gamma "
                             f"{bp['gamma']}, planning {100 * c['plan_fraction_of_decode']:.1f} % of decode")
+                    t = c.get("timings") or {}
+                    if c.get("rounds") and t.get("decode_s") and c.get("ar_step_s"):
+                        text += (f", {1e3 * (t['decode_s'] - t.get('plan_s', 0.0)) / c['rounds']:.1f} ms a round "
+                                 f"against an AR step of {1e3 * c['ar_step_s']:.1f} ms")
                     if (c.get("draft_step_check") or {}).get("plan") != "budget":
                         text += "; this file's draft-step check timed the full model, not the plan, so it is not shown"
                     return text
@@ -784,6 +788,15 @@ def h200_self_draft_note() -> str:
               + ". There one read of the 1.5B's weights dominates every step, cache or not, so a window-only draft "
               "saves little; MagicDec's self-draft accepted " + ", ".join(f"{t:.2f} at {c} tokens" for c, t in
                                                                         taus.items()) + " tokens a round. ")
+    straggle = []  # the batch loop runs until its slowest row is done
+    for key, case in cases.items():
+        met = (case.get("dustin-self") or {}).get("metrics") or {}
+        if met.get("rounds") and met.get("row_rounds"):
+            batch = int(key.split("/b")[1])
+            straggle.append(f"{key.split('/')[0][3:]} tokens {met['rounds']} against {met['row_rounds'] / batch:.0f}")
+    if straggle:
+        b1 += ("At batch 16 the loop runs until its slowest row is done, so Dustin-H's self-draft ran more loop "
+               "rounds than its rows' mean (" + ", ".join(straggle) + "): the rows that finish early wait. ")
     return ("On the H200, the real Qwen2.5-Coder-1.5B drafting for itself over 4 sinks + a window of its own cache "
             f"(bf16, batch 16, 256 new tokens, `{source}`, step `self-drafts-b16`): " + "; ".join(points)
             + f". The best self-speculative method at 32k/b16 >= 2.0x AR: **{'met' if best[0] >= 2.0 else 'missed'}** "
