@@ -1358,6 +1358,15 @@ def check_knapspec_args(args) -> None:
     if args.dp_attention_check and args.dp_attention == "xla":
         raise ValueError("--dp-attention-check compares the DP's kernel attention with the reference: give "
                          "--dp-attention pallas (GPU) or pallas-interpret")
+    methods = {m.strip() for m in args.methods.split(",") if m.strip()}
+    replanning = [flag for flag, on in (("--search-tokens", args.search_tokens is not None),
+                                        ("--reference-floor", args.reference_floor is not None),
+                                        ("--plan-at-start", args.plan_at_start),
+                                        (f"--dp-attention {args.dp_attention}", args.dp_attention != "xla")) if on]
+    if methods and methods <= {"knapspec-budget"} and replanning:
+        raise ValueError(f"{', '.join(replanning)}: options of the re-planning KnapSpec's DP; knapspec-budget plans once "
+                         f"before the first round with the three-choice DP on --candidate-reference-tokens tokens a "
+                         f"row (docs/methods.md §5.4): drop them")
     if args.layers is not None and not args.model.startswith("random:"):
         raise ValueError(f"--layers is for random:PRESET models only; {args.model!r} has its own layer count")
     if not 0 <= args.attention_sinks < args.attention_budget:

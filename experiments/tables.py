@@ -284,8 +284,7 @@ KNAPSPEC_REAL = {1: f"{K}qwen2.5-coder-1.5b_8k-32k_b1_h200.json", 16: f"{K}qwen2
 #: KnapSpec with budgeted attention and the static skip set on the real 1.5B (h200-knapspec *-budget-static, *-static)
 KNAPSPEC_REAL_BASELINES = ((1, f"{K}qwen2.5-coder-1.5b_8k-32k_b1_budget-static_h200.json", ("knapspec-budget",
                                                                                                 "static-skip")),
-                           (16, f"{K}qwen2.5-coder-1.5b_32k-8k_b16_budget_plan-rows_at-start_dp-pallas_h200.json",
-                            ("knapspec-budget",)),
+                           (16, f"{K}qwen2.5-coder-1.5b_32k-8k_b16_budget_plan-rows_h200.json", ("knapspec-budget",)),
                            (16, f"{K}qwen2.5-coder-1.5b_32k-8k_b16_static_h200.json", ("static-skip",)))
 KNAPSPEC_EARLY = (f"{K}smollm2-135m_1k-4k_b1_cpu.json", f"{K}smollm2-135m_8k_b1_cpu.json")
 #: the two-stage plan (docs/methods.md §5.6) on the real 1.5B, batch 1, a window of at least 64 tokens
@@ -726,8 +725,11 @@ def _knapspec_real_baselines() -> str:
             got = [(key.split("/")[2][3:], c) for key, c in cases.items()
                    if key.endswith(f"/{method}") and "speedup_vs_ar" in c]
             if got:
-                rows = (" (its plan on 2 rows' tails, made before the first round, the DP's attention in the Pallas "
-                        "history kernel)") if method == "knapspec-budget" and batch > 1 else ""
+                bp = got[0][1].get("budget_plan") or {}
+                rows = (f" (one plan before the first round on {bp['rows']} rows' last "
+                        f"{bp['reference_tokens'] // bp['rows']} prompt tokens each)"
+                        if method == "knapspec-budget" and bp.get("rows") else "")
+
                 def plan_of(c):
                     bp = c.get("budget_plan")
                     if method != "knapspec-budget" or not bp:
@@ -757,7 +759,7 @@ def _knapspec_real_baselines() -> str:
                 missing.append(f"{labels[method]} at batch {batch}")
     return ((" ".join(p[:1].upper() + p[1:] + "." for p in parts) + " ") if parts else "") + (
         ("Not measured yet: " + "; ".join(missing) + " (h200-knapspec steps qwen2.5-coder-1.5b-b1-8k-32k-budget-static, "
-         "qwen2.5-coder-1.5b-b16-32k-8k-budget-plan-rows-at-start-dp-pallas, qwen2.5-coder-1.5b-b16-8k-32k-static)."
+         "qwen2.5-coder-1.5b-b16-32k-8k-budget-plan-rows, qwen2.5-coder-1.5b-b16-8k-32k-static)."
          ) if missing else "")
 
 

@@ -254,3 +254,17 @@ def test_plan_cost_scale_from_takes_the_largest_measured_over_predicted(tmp_path
         with pytest.raises(ValueError, match=re.escape(message)):
             plan_cost_scale_from(paths, model, device)
 
+
+
+def test_re_planning_options_are_refused_for_a_budget_only_run(tmp_path, capsys):
+    """knapspec-budget plans once with its own DP: the re-planning DP's options would be silently unused."""
+    base = ["knapspec", "--model", "random:smollm2-135m-shape", "--layers", "2", "--contexts", "64",
+            "--max-new-tokens", "8", "--batches", "1", "--candidate-plans", "0", "--device-tag", "test",
+            "--latency-fit", "isolated"]
+    for extra in (["--plan-at-start", "--reference-floor", "8"], ["--search-tokens", "3"],
+                  ["--dp-attention", "pallas-interpret"]):
+        out = tmp_path / "bad.json"
+        assert main(base + ["--methods", "knapspec-budget", *extra, "--out", str(out)]) != 0
+        err = capsys.readouterr().err
+        assert "options of the re-planning KnapSpec's DP" in err and "profiling" not in err
+        assert extra[0] in err and not out.exists()
