@@ -369,6 +369,29 @@ def plan_draft_time(plan, latency: LatencyModel, n: float, budget_tokens: int) -
             + mlps * latency.t_mlp() + latency.t_token())
 
 
+class BudgetDPCost:
+    """The three-choice DP's price per reference token (docs/methods.md §5.4), for the planning
+    allowance (:func:`jaxspec.knapspec.policy.reference_allowance`): like the two-choice DP (§5.6) it
+    runs every saved-weight slot state (skip budget + 1 under :func:`choice_weights`) of each reference
+    token through the model, each slot a row at the latency model's many-row price ``t_row(n)``
+    (else ``v t_step``); the budgeted branch over ``sinks + window`` slots is not priced apart."""
+
+    def __init__(self, latency: LatencyModel, sinks: int, window: int, weight_cap: int = WEIGHT_CAP):
+        self.latency, self.sinks, self.window, self.weight_cap = latency, int(sinks), int(window), int(weight_cap)
+
+    def slots(self, config: ModelConfig, n: float) -> int:
+        lat = self.latency
+        w_attn, _, w_mlp = choice_weights(lat.t_attn(n), lat.t_attn(min(float(self.sinks + self.window), float(n))),
+                                          lat.t_mlp(), self.weight_cap)
+        return skip_budget(w_attn, w_mlp, config.num_layers) + 1
+
+    def reference_cost(self, config: ModelConfig, n: float) -> float:
+        lat = self.latency
+        row = lat.t_row(n)
+        row = row if row > 0 else float(lat.v) * lat.t_step(n, config.num_layers)
+        return float(self.slots(config, n)) * row
+
+
 def plan_choices(target_params, config: ModelConfig, cache, tokens, token_mask, prefix_len, latency: LatencyModel,
                  n: float, *, sinks: int, window: int, tau: float = DEFAULT_TAU, weight_cap: int = WEIGHT_CAP,
                  gammas: Sequence[int] = tuple(range(1, 11)), exclude_full: bool = True):
@@ -395,7 +418,7 @@ def plan_choices(target_params, config: ModelConfig, cache, tokens, token_mask, 
     return best, cands, weights
 
 
-__all__ = ["BUDGET", "DENSE", "SKIP", "ChoiceCandidates", "ChoiceTrace", "backtrack_choices", "brute_force_choices",
+__all__ = ["BUDGET", "DENSE", "SKIP", "BudgetDPCost", "ChoiceCandidates", "ChoiceTrace", "backtrack_choices", "brute_force_choices",
            "budgeted_forward", "budgeted_forward_jit", "check_budget", "choice_transition", "choice_weights",
            "dp_scan_choices", "freeze_plan", "knapsack_dp_choices", "plan_choices", "plan_draft_time",
            "sink_window_indices"]

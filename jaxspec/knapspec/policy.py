@@ -94,7 +94,8 @@ from jaxspec.decoding.contract import Chunk, DraftPolicyBase, ScriptedController
 from jaxspec.decoding.policies import DenseVerify, Proposal
 from jaxspec.decoding.sampling import SamplingConfig, sample_token, sampling_probs
 from jaxspec.decoding.speculative import EngineConfig, SpeculativeResult, speculative_generate
-from jaxspec.knapspec.budgeted import BUDGET, DENSE, SKIP, budgeted_forward, check_budget, plan_choices
+from jaxspec.knapspec.budgeted import (BUDGET, DENSE, SKIP, BudgetDPCost, budgeted_forward, check_budget,
+                                      plan_choices)
 from jaxspec.knapspec.coupled import plan_coupled_skip_set
 from jaxspec.knapspec.dp import (DEFAULT_TAU, WEIGHT_CAP, Candidates, boundary_states, check_history_backend,
                                  check_keep_attention, check_reference_kv, knapsack_dp, knapsack_weights,
@@ -1039,7 +1040,10 @@ def knapspec_budget_generate(target_params, target_config: ModelConfig, prompts:
     whole run. ``timings["plan_s"]`` (inside ``decode_s``) is the plan; ``metrics["budget_plan"]`` the
     plan's codes, gamma, predicted TPT and alpha. With ``knapspec.plan_rows = N`` the plan uses the first
     N rows' tails only (a copy of their cache rows), as the re-planning KnapSpec does (docs/methods.md
-    §5.6): its dense choice attends to each planned row's whole cache for every slot state."""
+    §5.6): its dense choice attends to each planned row's whole cache for every slot state. The plan
+    keeps to the planning allowance (:func:`reference_allowance` with :class:`BudgetDPCost`; ``metrics
+    ["plan_allowance"]``): fewer reference tokens where it would cost more, no plan and plain decoding
+    (gamma 0) where even ``knapspec.min_reference_tokens`` would not fit."""
     from jaxspec.decoding.autoregressive import pad_prompts, prefill
     from jaxspec.models.cache import init_cache
 
@@ -1057,13 +1061,20 @@ def knapspec_budget_generate(target_params, target_config: ModelConfig, prompts:
     r = int(min(reference_tokens, int(lengths.min()) - 1))
     if r < 1:
         raise ValueError(f"prompts of {int(lengths.min())} tokens leave no reference tokens for the plan")
-    prefix = lengths - r
-    ref = np.stack([tokens[b, prefix[b]: prefix[b] + r] for b in range(len(prompts))]).astype(np.int32)
     n = context_n if context_n is not None else effective_context(target_config, lengths + engine.max_new_tokens,
                                                                   capacity)
+    planned = len(prompts) if knapspec.plan_rows is None else min(int(knapspec.plan_rows), len(prompts))
+    # the planning allowance (docs/methods.md §5.6) priced for the three-choice DP: fewer reference
+    # tokens, or no plan at all (plain decoding) when even the minimum would not fit
+    allowance = reference_allowance(BudgetDPCost(latency, sinks, window, knapspec.weight_cap), latency, target_config,
+                                    float(n), engine.max_new_tokens, knapspec, row_share=planned / len(prompts))
+    if allowance["tokens"] is not None:
+        r = min(r, int(allowance["tokens"]))
+    prefix = lengths - r
+    ref = np.stack([tokens[b, prefix[b]: prefix[b] + r] for b in range(len(prompts))]).astype(np.int32)
     plan_cache, plan_prefix = prefilled[0], prefix
-    if knapspec.plan_rows is not None and int(knapspec.plan_rows) < len(prompts):
-        rows = list(range(int(knapspec.plan_rows)))  # every row's tail has r tokens: the first rows
+    if planned < len(prompts):
+        rows = list(range(planned))  # every row's tail has r tokens: the first rows
         ref, plan_prefix, plan_cache = ref[rows], prefix[rows], cache_rows(plan_cache, rows)
 
     def plan():
@@ -1072,25 +1083,31 @@ def knapspec_budget_generate(target_params, target_config: ModelConfig, prompts:
                             sinks=sinks, window=window, tau=knapspec.tau, weight_cap=knapspec.weight_cap,
                             gammas=knapspec.plan_gammas)
 
-    if warmup:  # compile the DP outside the timed plan, as the warm-up run does for the other planners
-        plan()
-    start = time.perf_counter()
-    best, cands, weights = plan()
-    plan_s = time.perf_counter() - start
+    if allowance["skip"]:  # no affordable plan: plain decoding from the start (gamma* = 0)
+        best, cands, weights, plan_s = None, None, (), 0.0
+    else:
+        if warmup:  # compile the DP outside the timed plan, as the warm-up run does for the other planners
+            plan()
+        start = time.perf_counter()
+        best, cands, weights = plan()
+        plan_s = time.perf_counter() - start
     del plan_cache
     codes = best["plan"] if best is not None else np.zeros((target_config.num_layers, 2), np.int8)
-    gamma = min(int(best["gamma"]) if best is not None else knapspec.gamma_max, engine.gamma)
+    gamma = (0 if allowance["skip"] else
+             min(int(best["gamma"]) if best is not None else knapspec.gamma_max, engine.gamma))
     result = knapspec_generate(target_params, target_config, prompts, knapspec=knapspec, engine=engine, seed=seed,
                                capacity=capacity, warmup=warmup, replan=False, prefilled=prefilled,
                                initial_plan=(codes == SKIP, gamma), attention_plan=(codes, sinks, window),
                                allow_beyond_context=allow_beyond_context)
     result.timings["plan_s"] = plan_s
     result.timings["decode_s"] = result.timings.get("decode_s", 0.0) + plan_s
+    result.metrics["plan_allowance"] = allowance
     result.metrics["budget_plan"] = {
         "codes": np.asarray(codes).tolist(), "gamma": gamma, "sinks": int(sinks), "window": int(window),
         "predicted_tpt": None if best is None else best["tpt"], "alpha": None if best is None else
-        float(cands.alpha[best["index"]]), "weights": list(weights), "candidates": len(cands),
-        "reference_tokens": int(r * len(ref)), "rows": int(len(ref)), "n": float(n), "plan_s": plan_s,
+        float(cands.alpha[best["index"]]), "weights": list(weights), "candidates": 0 if cands is None else len(cands),
+        "reference_tokens": 0 if allowance["skip"] else int(r * len(ref)), "rows": int(len(ref)), "n": float(n),
+        "plan_s": plan_s, "allowance": allowance,
         "n_dense_attn": int((codes[:, 0] == DENSE).sum()), "n_budget_attn": int((codes[:, 0] == BUDGET).sum()),
         "n_skip_attn": int((codes[:, 0] == SKIP).sum()), "n_skip_mlp": int((codes[:, 1] == SKIP).sum())}
     return result

@@ -202,3 +202,39 @@ def test_budget_generate_is_exact_and_drafts_with_the_plan():
                                        knapspec=dataclasses.replace(knap, plan_rows=1), max_new_tokens=12)
     assert one_row.rows() == result.rows()
     assert one_row.metrics["budget_plan"]["reference_tokens"] == 8 and one_row.metrics["budget_plan"]["rows"] == 1
+
+
+def test_budget_generate_keeps_its_plan_within_the_planning_allowance():
+    """The one three-choice plan is priced like the two-choice DP (slot rows x t_row(n) per reference
+    token, docs/methods.md §5.6): a plan that would cost more than the allowance runs on fewer tokens,
+    and one that cannot fit even the minimum is not made (plain decoding, still AR's tokens)."""
+    from jaxspec.decoding.autoregressive import generate
+    from jaxspec.knapspec.budgeted import BudgetDPCost
+    from jaxspec.knapspec.policy import KnapSpecConfig, knapspec_budget_generate
+
+    params = init_params(TINY, jax.random.PRNGKey(1), scale=0.2)
+    prompts = [np.random.RandomState(1).randint(0, 97, n).tolist() for n in (30, 24)]
+    ar = generate(params, TINY, prompts, 12).rows()
+    knap = KnapSpecConfig(gamma_max=4, gamma_buckets=(), max_plan_fraction=0.5, probe_rounds=None, tau=0.3,
+                          gammas=(1, 2, 3, 4), min_reference_tokens=2)
+    base = latency.LatencyModel(c1=1.0, c2=1.0, c3=0.1)
+    cost = BudgetDPCost(base, 1, 4)
+    n = 26.0  # the plan's context: the cache capacity
+    per_token = cost.reference_cost(TINY, n)
+    assert per_token == pytest.approx(cost.slots(TINY, n) * base.v * base.t_step(n, TINY.num_layers))
+    decode = 12 * base.t_plain(n, TINY.num_layers)
+    # scale the many-row price so that about 3 reference tokens fit (of the 8 asked for)
+    u = 0.5 * knap.allowance_margin * decode / 3.2 / cost.slots(TINY, n)
+    capped = latency.LatencyModel(c1=1.0, c2=1.0, c3=0.1, u=u)
+    result = knapspec_budget_generate(params, TINY, prompts, latency=capped, sinks=1, window=4, reference_tokens=8,
+                                      knapspec=knap, max_new_tokens=12, context_n=n)
+    plan = result.metrics["budget_plan"]
+    assert plan["allowance"]["allowed_tokens"] == 3 and plan["reference_tokens"] == 3 * 2
+    assert result.rows() == ar and result.metrics["plan_allowance"] is plan["allowance"]
+    # a price at which not even min_reference_tokens fit: no plan, gamma 0, plain decoding
+    dear = latency.LatencyModel(c1=1.0, c2=1.0, c3=0.1, u=100 * u)
+    plain = knapspec_budget_generate(params, TINY, prompts, latency=dear, sinks=1, window=4, reference_tokens=8,
+                                     knapspec=knap, max_new_tokens=12, context_n=n)
+    plan = plain.metrics["budget_plan"]
+    assert plan["allowance"]["skip"] and plan["gamma"] == 0 and plan["reference_tokens"] == 0
+    assert plain.timings["plan_s"] == 0.0 and plain.rows() == ar
