@@ -85,6 +85,9 @@ def add_dustin_args(parser: argparse.ArgumentParser) -> None:
                             "candidate m covering the most of both signals' mass (coverage), or the profiled m "
                             "-/+ 10 %% of k - s - w when the signals' entropy gap leaves its usual range (entropy); "
                             "docs/methods.md §3.7")
+    group.add_argument("--dustin-m-steps", type=int, default=1, metavar="N",
+                       help="with --dustin-m-rule coverage: its candidates are the profiled m and m -/+ i x 10 %% of "
+                            "k - s - w for i = 1..N (default 1)")
     group.add_argument("--dustin-reselect-every", type=int, default=None, metavar="R",
                        help="dustin: select I_verify from the signals every R-th round only; the rounds between "
                             "reuse that selection with their own sinks and window (docs/methods.md §3.8; 1: every "
@@ -155,6 +158,10 @@ def validate(args) -> None:
     if m_rule != "fixed" and (method != "dustin" or args.dustin_mode != "hybrid"):
         raise ValueError(f"--dustin-m-rule {m_rule} chooses Dustin-H's split: it needs --method dustin with "
                          f"--dustin-mode hybrid (got --method {method} --dustin-mode {args.dustin_mode})")
+    m_steps = getattr(args, "dustin_m_steps", 1)
+    if m_steps != 1 and (m_steps < 1 or m_rule != "coverage"):
+        raise ValueError(f"--dustin-m-steps={m_steps}: an integer >= 1 that widens --dustin-m-rule coverage's "
+                         f"candidates (got --dustin-m-rule {m_rule})")
     if method == "quest" and (args.profile or args.fixed_tau is not None):
         raise ValueError("--method quest runs its own verification loop: --profile and --fixed-tau are not supported")
     if args.dustin_profile:
@@ -248,6 +255,9 @@ def dustin_config_for(args, target_config, draft_config, skip_mask) -> Tuple[Any
     if getattr(args, "dustin_m_rule", "fixed") != "fixed":
         config = config.replace(m_rule=args.dustin_m_rule)
         info["m_rule"] = args.dustin_m_rule
+        if getattr(args, "dustin_m_steps", 1) != 1:
+            config = config.replace(m_steps=args.dustin_m_steps)
+            info["m_steps"] = args.dustin_m_steps
         if args.dustin_m_rule == "max-mass":
             info["m_balance"] = config.m_balance
         else:
@@ -728,7 +738,7 @@ class QualityRunner:
             self.draft_policy = DustinSelfDraft(config=self.tcfg, layers=tuple(d_layers), heads=heads)
 
     # -- methods
-    def methods(self, budgets, names) -> List[Method]:
+    def methods(self, budgets, names, m_steps: int = 1) -> List[Method]:
         out = []
         for budget in budgets:
             for name in names:
@@ -737,6 +747,8 @@ class QualityRunner:
                     dustin = profile_config(self.profile, budget, "hybrid")
                     if name != "dustin-h-oracle":
                         dustin = dustin.replace(m_rule=M_RULE_METHODS[name])
+                    if name == "dustin-h-cov" and m_steps != 1:
+                        dustin = dustin.replace(m_steps=m_steps)
                 out.append(Method(name, budget, dustin))
         return out
 
@@ -1229,6 +1241,11 @@ def cmd_dustin_quality(args) -> Dict[str, Any]:
     bad = [m for m in names if m not in QUALITY_METHODS]
     if bad:
         raise ValueError(f"unknown --methods {bad}; valid: {', '.join(QUALITY_METHODS)}")
+    m_steps = getattr(args, "m_steps", 1)
+    if m_steps < 1:
+        raise ValueError(f"--m-steps={m_steps}: must be >= 1 (steps of the coverage rule's candidate ladder)")
+    if m_steps != 1 and "dustin-h-cov" not in names:
+        raise ValueError(f"--m-steps={m_steps} widens the coverage rule's candidates: add dustin-h-cov to --methods")
     per_length = {}
     for part in args.items.split(","):
         try:
@@ -1264,7 +1281,7 @@ def cmd_dustin_quality(args) -> Dict[str, Any]:
         raise ValueError(f"the evaluation tasks share haystack text with the profile's calibration data: {overlap}")
     items = _select_items(evaluation, per_length, args.task_seed)
     runner = QualityRunner(target, draft, mask, profile, args.gamma, args.max_new_tokens, stop_tokens(target.tokenizer))
-    methods = runner.methods(budgets, names)
+    methods = runner.methods(budgets, names, m_steps=m_steps)
     writer.set("profile", {"file": args.dustin_profile, "created": profile.created, "target": profile.target.get("name"),
                            "draft": profile.draft.get("name"),
                            "configs": {str(b): c.to_dict() for b, c in sorted(profile.configs.items())},
@@ -1534,6 +1551,9 @@ def register(subparsers) -> None:
     qual.add_argument("--depths", default="0.25,0.5,0.75")
     qual.add_argument("--max-new-tokens", type=int, default=16)
     qual.add_argument("--ppl-tokens", type=int, default=40, help="teacher-forced haystack tokens for perplexity")
+    qual.add_argument("--m-steps", type=int, default=1, metavar="N",
+                      help="dustin-h-cov: steps of the coverage rule's candidate ladder on each side of the profiled m "
+                           "(m -/+ i x 10 %% of k - s - w, i = 1..N; docs/methods.md §3.7)")
     qual.add_argument("--plot", default=None, metavar="PNG", help="ARR vs k per method")
     qual.add_argument("--warm-workers", type=int, default=1, metavar="N",
                       help="before the first item, N processes (each a share of --methods, one item of that length) "

@@ -67,8 +67,10 @@ class DustinConfig:
         signals' mass), or ``"entropy"`` (m, or m -/+ ``m_spread * (k - s - w)`` when the entropy gap
         ``H(p_T) - H(p_D)`` of the normalised signals lies outside ``m_entropy_centre -/+ m_entropy_band``;
         no extra selection).
-      m_spread: the coverage rule's candidates are m and m -/+ ``m_spread * (k - s - w)``, clipped; the
-        entropy rule's step.
+      m_spread: the coverage rule's candidates are m and m -/+ ``i * m_spread * (k - s - w)`` for
+        ``i = 1 .. m_steps``, clipped; the entropy rule's step.
+      m_steps: how many steps of the coverage rule's candidate ladder on each side of m (1: m and
+        m -/+ one step); the coverage rule only.
       m_entropy_centre, m_entropy_band: the entropy rule's dead zone (docs/methods.md §3.7): m stays the
         profiled m while ``H(p_T) - H(p_D)`` (each entropy divided by the log of the number of positions
         it is taken over) lies within ``centre -/+ band``; above it (the target signal flatter than usual)
@@ -92,6 +94,7 @@ class DustinConfig:
     draft_window: Optional[int] = None
     m_rule: str = "fixed"
     m_spread: float = 0.1
+    m_steps: int = 1
     m_entropy_centre: float = -0.2
     m_entropy_band: float = 0.05
     reselect_every: int = 1
@@ -114,6 +117,11 @@ class DustinConfig:
             raise ValueError(f"m_rule={self.m_rule!r}; valid: {M_RULES}")
         if isinstance(self.m_spread, bool) or not isinstance(self.m_spread, (int, float)) or not 0 < self.m_spread <= 1:
             raise ValueError(f"m_spread={self.m_spread!r} must be a number in (0, 1]")
+        if isinstance(self.m_steps, bool) or not isinstance(self.m_steps, int) or self.m_steps < 1:
+            raise ValueError(f"m_steps={self.m_steps!r} must be an integer >= 1")
+        if self.m_steps != 1 and self.m_rule != "coverage":
+            raise ValueError(f"m_steps={self.m_steps} widens the coverage rule's candidates; m_rule={self.m_rule!r} "
+                             f"does not use it")
         for name in ("m_entropy_centre", "m_entropy_band"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not -1 <= value <= 1:
@@ -192,12 +200,12 @@ class DustinConfig:
 
     @property
     def m_candidates(self) -> Tuple[int, ...]:
-        """The coverage rule's candidate m values, the profiled m first (ties keep it); the entropy rule's
-        m, m - step and m + step."""
+        """The coverage rule's candidate m values, the profiled m first (ties keep it), then m - i step and
+        m + i step for i = 1 .. :attr:`m_steps`; the entropy rule's m, m - step and m + step."""
         m, free = self.effective_m, self.free_budget
         step = int(round(self.m_spread * free))
         out = []
-        for value in (m, m - step, m + step):
+        for value in (m, *(m + sign * i * step for i in range(1, self.m_steps + 1) for sign in (-1, 1))):
             value = min(max(value, 0), free)
             if value not in out:
                 out.append(value)
@@ -229,6 +237,7 @@ class DustinConfig:
                 "mode": self.mode,
                 **({"draft_kv": self.draft_kv, "draft_window": self.draft_window} if self.draft_kv != "full" else {}),
                 **({"m_rule": self.m_rule, "m_spread": self.m_spread} if self.m_rule != "fixed" else {}),
+                **({"m_steps": self.m_steps} if self.m_steps != 1 else {}),
                 **({"m_entropy_centre": self.m_entropy_centre, "m_entropy_band": self.m_entropy_band}
                    if self.m_rule == "entropy" else {}),
                 **({"reselect_every": self.reselect_every} if self.reselect_every != 1 else {})}

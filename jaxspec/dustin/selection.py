@@ -345,15 +345,14 @@ def select_input_aware(s_draft: jax.Array, s_target: jax.Array, lengths: jax.Arr
     t_rank_d = jnp.take_along_axis(rank_of, jnp.maximum(top_t, 0), 1)
     d_cum = jnp.concatenate([jnp.zeros((batch, 1)), jnp.cumsum(mass_at(top_d), axis=1)], axis=1)
     t_mass = mass_at(top_t)
-    covered, fills = [], []
-    for m in candidates:
-        fillable = (top_t >= 0) & (t_rank_d >= int(m))
-        fill = fillable & (jnp.cumsum(fillable.astype(jnp.int32), axis=1) <= free - int(m))
-        covered.append(d_cum[:, int(m)] + jnp.sum(jnp.where(fill, t_mass, 0.0), axis=1))
-        fills.append(fill)
-    best = first_best(jnp.stack(covered, axis=1))
-    fill = jnp.stack(fills, axis=1)[jnp.arange(batch), best]  # [B, free]
-    m_best = jnp.asarray(candidates, jnp.int32)[best]
+    # every candidate at once ([B, C, free]): the target's fill skips the draft's first m
+    ms = jnp.asarray(candidates, jnp.int32)
+    fillable = (top_t >= 0)[:, None, :] & (t_rank_d[:, None, :] >= ms[None, :, None])
+    fills = fillable & (jnp.cumsum(fillable.astype(jnp.int32), axis=2) <= (free - ms)[None, :, None])
+    covered = d_cum[:, ms] + jnp.sum(jnp.where(fills, t_mass[:, None, :], 0.0), axis=2)
+    best = first_best(covered)
+    fill = fills[jnp.arange(batch), best]  # [B, free]
+    m_best = ms[best]
     from_d = jnp.where(jnp.arange(m_max)[None, :] < m_best[:, None], top_d, -1)
     # the set in increasing order from its [B, ~2k] members, not a mask over the width: the sinks, the
     # window and the picked positions are disjoint (the ranked lists hold no protected position, and

@@ -505,8 +505,14 @@ def test_m_rule_config():
     at_free = cfg.replace(m=92, m_rule="coverage")
     assert at_free.input_aware and at_free.m_candidates == (92, 83) and at_free.uses_target_signal
     assert not cfg.replace(m=92, m_rule="max-mass").input_aware and not cfg.replace(m=92).uses_target_signal
+    # a wider ladder: m first, then m -/+ i steps (i = 1 .. m_steps), clipped, duplicates dropped
+    ladder = cfg.replace(m_rule="coverage", m_steps=3)
+    assert ladder.m_candidates == (70, 61, 79, 52, 88, 43, 92) and DustinConfig.from_dict(ladder.to_dict()) == ladder
+    assert ladder.to_dict()["m_steps"] == 3 and "m_steps" not in aware.to_dict()
     for bad, message in ((dict(m_rule="adaptive"), "m_rule='adaptive'"), (dict(m_spread=0.0), "m_spread=0.0"),
-                         (dict(m_rule="coverage", mode="target"), "needs mode='hybrid'")):
+                         (dict(m_rule="coverage", mode="target"), "needs mode='hybrid'"),
+                         (dict(m_rule="coverage", m_steps=0), "m_steps=0"),
+                         (dict(m_rule="entropy", m_steps=2), "m_steps=2 widens the coverage rule's")):
         with pytest.raises(ValueError, match=message):
             cfg.replace(**bad)
 
@@ -558,7 +564,7 @@ def test_input_aware_selection_equals_its_direct_reference(seed):
     s_t = np.round(rng.rand(batch, seq), 2).astype(np.float32)  # many ties
     s_d[1] = np.round(s_d[1], 1)  # ties in the draft signal too
     lengths = jnp.asarray([700, 30, 90, 150, 36, 513])
-    for candidates in ((50, 27, 73), (0, free, 40), (free,), (0,)):
+    for candidates in ((50, 27, 73), (0, free, 40), (free,), (0,), (50, 41, 59, 32, 68, 23, 77)):
         fast, m_fast = select_input_aware(jnp.asarray(s_d), jnp.asarray(s_t), lengths, k=k, sinks=sinks,
                                           window=window, candidates=candidates)
         ref, m_ref = select_input_aware_reference(jnp.asarray(s_d), jnp.asarray(s_t), lengths, k=k, sinks=sinks,

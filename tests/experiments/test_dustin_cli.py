@@ -99,6 +99,10 @@ def test_generate_sparse_methods(folders, tmp_path):
       "/no/such/table.json"], "--arbitrate-table /no/such/table.json: no such file"),
     (["--method", "dustin", "--budget", "128", "--draft-skip", "mlp:1", "--dustin-mode", "target", "--dustin-m-rule",
       "max-mass"], "needs --method dustin with --dustin-mode hybrid"),
+    (["--method", "dustin", "--budget", "128", "--draft", "x", "--dustin-m-steps", "3"],
+     "--dustin-m-steps=3: an integer >= 1 that widens --dustin-m-rule coverage's candidates (got --dustin-m-rule fixed)"),
+    (["--method", "dustin", "--budget", "128", "--draft", "x", "--dustin-m-rule", "coverage", "--dustin-m-steps", "0"],
+     "--dustin-m-steps=0"),
 ])
 def test_generate_bad_input(folders, capsys, extra, message):
     target, _ = folders
@@ -313,6 +317,10 @@ def test_quality_refuses_more_items_than_the_split_holds(folders, tmp_path, caps
     err = capsys.readouterr().err
     assert "--items 400:3 asks for more items than the evaluation split holds" in err and "= 2); raise --samples" in err
     assert not (tmp_path / "q.json").exists()
+    for extra, message in ((["--m-steps", "2"], "--m-steps=2 widens the coverage rule's candidates: add dustin-h-cov"),
+                           (["--m-steps", "0", "--methods", "dustin-h-cov"], "--m-steps=0: must be >= 1")):
+        assert main(argv[:-2] + extra + ["--out", str(tmp_path / "q.json")]) == 2
+        assert message in capsys.readouterr().err and not (tmp_path / "q.json").exists()
 
 
 def test_profile_extension_adds_budgets_and_keeps_the_rest(folders, tmp_path, capsys):
