@@ -248,6 +248,8 @@ INPUT_AWARE_M = tuple((model, f"dustin_quality/dustin_quality_input_aware_m_{run
     ("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b_16k_cpu"),
     # the H200 run: 16000-token items (ctx16000 in its keys; the CPU's are 16384)
     ("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b_16k_h200"), ("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b_32k_h200"),
+    # the coverage rule with a wider candidate ladder (--m-steps), beside fixed m and the oracle on the same items
+    ("qwen2.5-coder-1.5b", "ladder_qwen2.5-coder-1.5b_4k_cpu"), ("qwen2.5-coder-1.5b", "ladder_qwen2.5-coder-1.5b_16k_h200"),
     # the entropy rule's runs, files of their own (fixed m and the oracle repeat the 2k files' numbers)
     ("smollm2-135m", "entropy_smollm2-135m_2k_cpu"), ("qwen2.5-coder-1.5b", "entropy_qwen2.5-coder-1.5b_2k_cpu"))
     if (RESULTS / f"dustin_quality/dustin_quality_input_aware_m_{run}.json").is_file())
@@ -1775,7 +1777,9 @@ def _figures() -> List[Figure]:
         for row in m_rule_rows(load(source)["cases"]):
             ctx = {c["context"] for c in load(source)["cases"].values() if "context" in c}.pop()
             base = f"dustin/input-aware-m/{model}/ctx{ctx}/k{row['k']}"
-            for tag, field in (("fixed", "fixed"), ("input-aware", "max_mass"), ("input-aware-coverage", "coverage"),
+            steps = load(source).get("config", {}).get("m_steps", 1) or 1
+            cov = "input-aware-coverage" + (f"-ladder{steps}" if steps != 1 else "")  # --m-steps: its own keys
+            for tag, field in (("fixed", "fixed"), ("input-aware", "max_mass"), (cov, "coverage"),
                                ("input-aware-entropy", "entropy"), ("oracle", "oracle")):
                 if row.get(f"arr_{field}") is None or any(x.key == f"{base}/{tag}/arr" for x in f):  # fixed, oracle: once
                     continue
@@ -1783,8 +1787,7 @@ def _figures() -> List[Figure]:
                            "fraction", source, _m_rule(row["k"], f"arr_{field}")))
                 add(Figure(f"{base}/{tag}/agreement", f"token match with dense, Dustin-H {tag} m, k = {row['k']}",
                            "fraction", source, _m_rule(row["k"], f"match_{field}")))
-            for tag, field in (("input-aware", "max_mass"), ("input-aware-coverage", "coverage"),
-                               ("input-aware-entropy", "entropy")):
+            for tag, field in (("input-aware", "max_mass"), (cov, "coverage"), ("input-aware-entropy", "entropy")):
                 if row.get(f"gap_closed_{field}") is None or row.get(f"selection_ratio_{field}") is None:
                     continue
                 add(Figure(f"{base}/{tag}/gap-closed", f"share of the fixed-to-oracle ARR gap closed, {tag}, "
@@ -2483,8 +2486,11 @@ for _source, _title, _ctx, _merged in (
 
 
 def _m_run_label(source: str) -> str:
-    """An input-aware-m run's label: its item contexts, and the device where it is not the CPU."""
-    return _items_context(source) + (", H200" if source.endswith("_h200.json") else "")
+    """An input-aware-m run's label: its item contexts, the device where it is not the CPU, and the
+    coverage rule's candidate ladder where it is wider than one step (``--m-steps``)."""
+    steps = load(source).get("config", {}).get("m_steps", 1)
+    return (_items_context(source) + (", H200" if source.endswith("_h200.json") else "")
+            + (f", coverage ladder of {steps} steps" if steps and steps != 1 else ""))
 
 
 def _items_context(source: str) -> str:
