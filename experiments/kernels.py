@@ -519,7 +519,10 @@ def register(subparsers) -> None:
     sel.add_argument("--contexts", default="16384,32768")
     sel.add_argument("--batches", default="1,16")
     sel.add_argument("--budgets", default="128,256,512,1024")
-    sel.add_argument("--rules", default=",".join(SELECTION_RULES), help="coverage, entropy, max-mass")
+    sel.add_argument("--rules", default=",".join(SELECTION_RULES[:3]),
+                     help="coverage, entropy, max-mass, coverage-ladder (the coverage rule with --m-steps)")
+    sel.add_argument("--m-steps", type=int, default=4, metavar="N",
+                     help="coverage-ladder: steps of its candidate ladder on each side of m (docs/methods.md §3.7)")
     sel.add_argument("--dustin-profile", default=None,
                      help="take each budget's sinks, window and m from this Dustin profile (default: m = (k-s-w)/2)")
     sel.add_argument("--iters", type=int, default=20, help="calls per timing (best of groups of 4)")
@@ -528,7 +531,7 @@ def register(subparsers) -> None:
 
 
 # ---------------------------------------------------------------------------- the input-aware m rules' cost
-SELECTION_RULES = ("coverage", "entropy", "max-mass")
+SELECTION_RULES = ("coverage", "entropy", "max-mass", "coverage-ladder")
 
 
 def _rule_configs(profile_path, budgets):
@@ -566,6 +569,9 @@ def cmd_bench_selection(args) -> Dict[str, Any]:
     unknown = [r for r in rules if r not in SELECTION_RULES]
     if unknown:
         raise ValueError(f"--rules {args.rules!r}: unknown {unknown}; valid: {', '.join(SELECTION_RULES)}")
+    if "coverage-ladder" in rules and args.m_steps < 2:
+        raise ValueError(f"--m-steps={args.m_steps}: the coverage-ladder rule needs a ladder of at least 2 steps "
+                         f"(1 is the coverage rule)")
     budgets = [int(k) for k in args.budgets.split(",")]
     configs = _rule_configs(args.dustin_profile, budgets)
     if args.repeats < 1 or args.iters < 1:
@@ -597,7 +603,8 @@ def cmd_bench_selection(args) -> Dict[str, Any]:
                 fixed_cfg = configs[k]
                 fns = {"fixed": jax.jit(lambda a, b, n, c=fixed_cfg: select_for_config(c, a, b, n))}
                 for rule in rules:
-                    cfg = fixed_cfg.replace(m_rule=rule)
+                    cfg = (fixed_cfg.replace(m_rule="coverage", m_steps=args.m_steps) if rule == "coverage-ladder"
+                           else fixed_cfg.replace(m_rule=rule))
                     if cfg.input_aware:
                         fns[rule] = jax.jit(lambda a, b, n, c=cfg: select_for_config(c, a, b, n))
                 for fn in fns.values():
@@ -611,11 +618,13 @@ def cmd_bench_selection(args) -> Dict[str, Any]:
                           "sinks": fixed_cfg.sinks, "window": fixed_cfg.window_size,
                           "seconds": best, "samples_s": samples,
                           "ratio_to_fixed": {n: best[n] / best["fixed"] for n in best if n != "fixed"}}
-                if "coverage" in fns:
-                    cfg = fixed_cfg.replace(m_rule="coverage")
-                    ref = select_input_aware_reference(s_d, s_t, lengths, k=k, sinks=cfg.sinks, window=cfg.window_size,
-                                                       candidates=cfg.m_candidates)[0]
-                    result["coverage_equals_reference"] = bool(jnp.all(ref == fns["coverage"](s_d, s_t, lengths)))
+                for name, steps in (("coverage", 1), ("coverage-ladder", args.m_steps)):
+                    if name in fns:
+                        cfg = fixed_cfg.replace(m_rule="coverage", m_steps=steps)
+                        ref = select_input_aware_reference(s_d, s_t, lengths, k=k, sinks=cfg.sinks,
+                                                           window=cfg.window_size, candidates=cfg.m_candidates)[0]
+                        result[f"{name.replace('-', '_')}_equals_reference"] = bool(
+                            jnp.all(ref == fns[name](s_d, s_t, lengths)))
                 rows = [{"context": context, "batch": batch, "k": k, "rule": n, "ms": 1e3 * best[n],
                          "vs_fixed": result["ratio_to_fixed"].get(n, 1.0)} for n in best]
                 result["rows"] = rows

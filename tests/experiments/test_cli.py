@@ -554,8 +554,16 @@ def test_bench_selection_times_every_rule_against_the_fixed_rule(tmp_path):
     assert set(case["ratio_to_fixed"]) == {"coverage", "entropy", "max-mass"}
     assert case["m"] == 73 and case["coverage_equals_reference"] is True
     assert all(t > 0 for t in case["seconds"].values())
+    # the coverage rule's wider candidate ladder, also checked against its reference
+    ladder = tmp_path / "ladder.json"
+    assert main(["bench-selection", "--contexts", "1024", "--batches", "2", "--budgets", "128", "--iters", "1",
+                 "--repeats", "1", "--rules", "coverage-ladder", "--m-steps", "3", "--out", str(ladder)]) == 0
+    case = json.loads(ladder.read_text())["cases"]["ctx1024/b2/k128"]
+    assert set(case["ratio_to_fixed"]) == {"coverage-ladder"} and case["coverage_ladder_equals_reference"] is True
 
 
 def test_bench_selection_refuses_an_unknown_rule(capsys):
     assert main(["bench-selection", "--rules", "coverage,median"]) == 2
     assert "median" in capsys.readouterr().err
+    assert main(["bench-selection", "--rules", "coverage-ladder", "--m-steps", "1"]) == 2
+    assert "--m-steps=1: the coverage-ladder rule needs a ladder of at least 2 steps" in capsys.readouterr().err
