@@ -207,8 +207,7 @@ PAIR_SPEED_CHOICE_TABLE_OUTCOMES = f"{PS}32k_b8-16_choice-table-outcomes_h200.js
 SELECTION_COST = (("cpu", "selection/selection_rules_cost_qwen2.5-coder-1.5b-profile_16k-32k_cpu.json"),
                   ("h200", "selection/selection_rules_cost_qwen2.5-coder-1.5b-profile_16k-32k_h200.json"),
                   # the coverage rule's wider candidate ladder (bench-selection --rules coverage-ladder --m-steps 4)
-                  ("cpu", "selection/selection_rules_cost_ladder4_qwen2.5-coder-1.5b-profile_16k-32k_cpu.json"),
-                  ("h200", "selection/selection_rules_cost_ladder4_qwen2.5-coder-1.5b-profile_16k-32k_h200.json"))
+                  ("cpu", "selection/selection_rules_cost_ladder4_qwen2.5-coder-1.5b-profile_16k-32k_cpu.json"))
 SELECTION_RULE_TAGS = {"coverage": "input-aware-coverage", "entropy": "input-aware-entropy",
                        "max-mass": "input-aware", "coverage-ladder": "input-aware-coverage-ladder"}
 #: MeasuredChoiceController's default table_tail_margin (jaxspec.decoding.arbitration; tests check they agree)
@@ -252,7 +251,7 @@ INPUT_AWARE_M = tuple((model, f"dustin_quality/dustin_quality_input_aware_m_{run
     # the H200 run: 16000-token items (ctx16000 in its keys; the CPU's are 16384)
     ("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b_16k_h200"), ("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b_32k_h200"),
     # the coverage rule with a wider candidate ladder (--m-steps), beside fixed m and the oracle on the same items
-    ("qwen2.5-coder-1.5b", "ladder_qwen2.5-coder-1.5b_4k_cpu"), ("qwen2.5-coder-1.5b", "ladder_qwen2.5-coder-1.5b_16k_h200"),
+    ("qwen2.5-coder-1.5b", "ladder_qwen2.5-coder-1.5b_4k_cpu"),
     # the entropy rule's runs, files of their own (fixed m and the oracle repeat the 2k files' numbers)
     ("smollm2-135m", "entropy_smollm2-135m_2k_cpu"), ("qwen2.5-coder-1.5b", "entropy_qwen2.5-coder-1.5b_2k_cpu"))
     if (RESULTS / f"dustin_quality/dustin_quality_input_aware_m_{run}.json").is_file())
