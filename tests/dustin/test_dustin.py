@@ -588,10 +588,12 @@ def test_input_aware_m_through_the_engine(models, dense_run):
     """k >= context with the coverage rule: exactly dense (== AR); k = 128: sparse, runs, one k-set per row."""
     target_params, draft_params = models
     engine, dense_rows = dense_run
-    draft, verify = dustin_policies(_dustin_config(512, m=100).replace(m_rule="coverage"), TARGET, DRAFT)
-    result = speculative_generate(target_params, TARGET, PROMPTS, draft_policy=draft, draft_params=draft_params,
-                                  verify_policy=verify, engine=engine)
-    assert result.rows() == dense_rows
+    for steps in (1, 3):  # the default candidates and a wider ladder (m_steps)
+        cfg = _dustin_config(512, m=100).replace(m_rule="coverage", m_steps=steps)
+        draft, verify = dustin_policies(cfg, TARGET, DRAFT)
+        result = speculative_generate(target_params, TARGET, PROMPTS, draft_policy=draft, draft_params=draft_params,
+                                      verify_policy=verify, engine=engine)
+        assert result.rows() == dense_rows
     draft, verify = dustin_policies(_dustin_config(128, m=30).replace(m_rule="coverage"), TARGET, DRAFT)
     result = speculative_generate(target_params, TARGET, PROMPTS, draft_policy=draft, draft_params=draft_params,
                                   verify_policy=verify, engine=engine)
