@@ -519,7 +519,7 @@ def register(subparsers) -> None:
     sel.add_argument("--contexts", default="16384,32768")
     sel.add_argument("--batches", default="1,16")
     sel.add_argument("--budgets", default="128,256,512,1024")
-    sel.add_argument("--rules", default=",".join(SELECTION_RULES[:3]),
+    sel.add_argument("--rules", default=",".join(DEFAULT_SELECTION_RULES),
                      help="coverage, entropy, max-mass, coverage-ladder (the coverage rule with --m-steps)")
     sel.add_argument("--m-steps", type=int, default=4, metavar="N",
                      help="coverage-ladder: steps of its candidate ladder on each side of m (docs/methods.md §3.7)")
@@ -532,6 +532,8 @@ def register(subparsers) -> None:
 
 # ---------------------------------------------------------------------------- the input-aware m rules' cost
 SELECTION_RULES = ("coverage", "entropy", "max-mass", "coverage-ladder")
+#: what bench-selection times unless --rules says otherwise (the ladder is the coverage rule widened)
+DEFAULT_SELECTION_RULES = SELECTION_RULES[:3]
 
 
 def _rule_configs(profile_path, budgets):

@@ -752,13 +752,7 @@ def forward_times(model: Model, prefilled, mask, verify_rows: int, repeats: int 
     mask = jnp.asarray(mask, bool)
 
     def median(fn, *a):
-        jax.block_until_ready(fn(*a))
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            jax.block_until_ready(fn(*a))
-            times.append(time.perf_counter() - start)
-        return float(np.median(times))
+        return _median_call_s(lambda: fn(*a), repeats)
 
     frozen = freeze_skip_mask(mask)
     key = (config, frozen)
@@ -771,12 +765,36 @@ def forward_times(model: Model, prefilled, mask, verify_rows: int, repeats: int 
         _FORWARDS["static_loop"] = jax.jit(forward_loop_fn, static_argnames=("config", "steps", "mask"),
                                            donate_argnames=("cache",))
     static_loop, steps = _FORWARDS["static_loop"], int(steps_per_call)
-    state = {"cache": _copy(cache)}
     calls = {"draft_step_in_loop_s": lambda c: forward_loop(model.params, c, one, mask, config=config, steps=steps),
              "draft_step_static_in_loop_s": lambda c: static_loop(model.params, c, one, mask=frozen, config=config,
                                                                   steps=steps)}
+    out.update(_in_loop_step_s(calls, cache, repeats, steps))
+    out["draft_steps_per_call"] = steps
+    return out
+
+
+def _median_call_s(call, repeats: int) -> float:
+    """Median seconds of ``call()`` (a jitted call) over ``repeats`` timed calls after one untimed."""
+    import jax
+
+    jax.block_until_ready(call())
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(call())
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def _in_loop_step_s(calls: Dict[str, Any], cache, repeats: int, steps: int) -> Dict[str, float]:
+    """Per-forward median seconds of each ``calls[name](cache) -> (tokens, cache)`` (``steps`` forwards in
+    one jitted loop donating the cache), round-robin over the names on one copy of ``cache``; the first
+    round compiles and is not timed."""
+    import jax
+
+    state = {"cache": _copy(cache)}
     times: Dict[str, List[float]] = {k: [] for k in calls}
-    for round_ in range(1 + repeats):  # the first round compiles
+    for round_ in range(1 + repeats):
         for name, call in calls.items():
             start = time.perf_counter()
             tokens, state["cache"] = call(state["cache"])
@@ -784,9 +802,7 @@ def forward_times(model: Model, prefilled, mask, verify_rows: int, repeats: int 
             if round_:
                 times[name].append((time.perf_counter() - start) / steps)
     del state
-    out.update({name: float(np.median(t)) for name, t in times.items()})
-    out["draft_steps_per_call"] = steps
-    return out
+    return {name: float(np.median(t)) for name, t in times.items()}
 
 
 def _budget_loop_fn(params, cache, tokens, *, config, plan, sinks, window, steps):
@@ -823,29 +839,16 @@ def budget_draft_times(model: Model, prefilled, plan, sinks: int, window: int, r
     config, cache = model.config, prefilled[0]
     frozen = freeze_plan(plan)
     one = jnp.zeros((cache.batch_size, 1), jnp.int32)
-    single = lambda: budgeted_forward_jit(model.params, one, cache, config=config, plan=frozen, sinks=sinks,
-                                          window=window)[0]
-    jax.block_until_ready(single())
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(single())
-        times.append(time.perf_counter() - start)
+    single = _median_call_s(lambda: budgeted_forward_jit(model.params, one, cache, config=config, plan=frozen,
+                                                         sinks=sinks, window=window)[0], repeats)
     if "budget_loop" not in _FORWARDS:
         _FORWARDS["budget_loop"] = jax.jit(_budget_loop_fn, static_argnames=("config", "plan", "sinks", "window",
                                                                             "steps"), donate_argnames=("cache",))
     loop, steps = _FORWARDS["budget_loop"], int(steps_per_call)
-    state, looped = {"cache": _copy(cache)}, []
-    for round_ in range(1 + repeats):  # the first round compiles
-        start = time.perf_counter()
-        tokens, state["cache"] = loop(model.params, state["cache"], one, config=config, plan=frozen, sinks=sinks,
-                                      window=window, steps=steps)
-        jax.block_until_ready(tokens)
-        if round_:
-            looped.append((time.perf_counter() - start) / steps)
-    del state
-    return {"draft_forward_budget_s": float(np.median(times)), "draft_step_budget_in_loop_s": float(np.median(looped)),
-            "draft_steps_per_call": steps}
+    looped = _in_loop_step_s({"draft_step_budget_in_loop_s": lambda c: loop(
+        model.params, c, one, config=config, plan=frozen, sinks=sinks, window=window, steps=steps)},
+        cache, repeats, steps)
+    return {"draft_forward_budget_s": single, **looped, "draft_steps_per_call": steps}
 
 
 def auto_branch_chunk(config, batch: int, capacity: int, reference: int, budget_slots: int,
