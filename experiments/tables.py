@@ -185,6 +185,13 @@ PAIR_SPEED_SPARSE_DRAFT_16K = f"{PS}16k_b16_sparse-draft_h200.json"  # the same 
 PAIR_SPEED_SPARSE_DRAFT_B8 = f"{PS}8k-32k_b8_sparse-draft_h200.json"  # the same three at batch 8, 8k-32k
 #: the 1.5B as its own draft over sinks + a window (no second model), batch 16 and 1, when measured
 PAIR_SPEED_SELF = tuple(f"pair_speed/pair_speed_qwen2.5-coder-1.5b_self-draft_8k-32k_b{b}_h200.json" for b in (16, 1))
+#: Dustin-H's self-draft at 32k/b16 again: the per-round split at gamma 4, 6 and 8, and the whole-loop command
+#: buffers (CUDA graphs) at gamma 4 (32k and 16k) and 6; the sparse draft KV with command buffers (16k and 32k)
+PSS = "pair_speed/pair_speed_qwen2.5-coder-1.5b_self-draft_"
+PAIR_SPEED_SELF_LEVERS = (f"{PSS}32k_b16_split_h200.json", f"{PSS}32k_b16_gamma6_h200.json",
+                          f"{PSS}32k_b16_gamma8_h200.json", f"{PSS}16k-32k_b16_cmdbuf_h200.json",
+                          f"{PSS}32k_b16_gamma6_cmdbuf_h200.json")
+PAIR_SPEED_SPARSE_DRAFT_CMDBUF = f"{PS}16k-32k_b16_sparse-draft_cmdbuf_h200.json"
 #: 32k/b16 again: with the per-round split and a trace, selecting every second round, under the measured choice
 PAIR_SPEED_SPLIT_32K = f"{PS}32k_b16_split_h200.json"
 PAIR_SPEED_RESELECT = f"{PS}32k_b16_reselect2_h200.json"
@@ -192,8 +199,8 @@ PAIR_SPEED_ARBITRATE = f"{PS}32k_b16_arbitrate_h200.json"
 PAIR_SPEED = (f"{PS}32k_b16_h200.json", PAIR_SPEED_SPARSE_DRAFT, f"{PS}16k_b16_h200.json", PAIR_SPEED_SPARSE_DRAFT_16K,
               f"{PS}32k_b1_h200.json", f"{PS}8k-16k_b1_h200.json", f"{PS}8k-32k_b8_h200.json", f"{PS}8k_h200.json"
               ) + tuple(p for p in PAIR_SPEED_SELF + (PAIR_SPEED_SPARSE_DRAFT_B8, PAIR_SPEED_SPLIT_32K, PAIR_SPEED_RESELECT,
-                                                      PAIR_SPEED_ARBITRATE)
-                        if (RESULTS / p).exists())
+                                                      PAIR_SPEED_ARBITRATE, PAIR_SPEED_SPARSE_DRAFT_CMDBUF)
+                        + PAIR_SPEED_SELF_LEVERS if (RESULTS / p).exists())
 #: pair-speed files measured while another pair-speed process used the same GPU (see the section's first note)
 PAIR_SPEED_SHARED_GPU = frozenset({"pair_speed_qwen2.5-coder-1.5b_0.5b_8k_h200.json"})
 PAIR_SPEED_F32 = f"{PS}8k_b2_f32_identity_h200.json"   # float32: greedy ClassicSD / MagicDec = AR
@@ -286,10 +293,15 @@ KNAPSPEC_RUNS = (  # (label, source, tag, context, batch, with the CLaSp / offic
 #: the real Qwen2.5-Coder-1.5B on the H200 by batch (suite h200-knapspec); every case it holds becomes a figure
 KNAPSPEC_REAL = {1: f"{K}qwen2.5-coder-1.5b_8k-32k_b1_h200.json", 16: f"{K}qwen2.5-coder-1.5b_8k-32k_b16_h200.json"}
 #: KnapSpec with budgeted attention and the static skip set on the real 1.5B (h200-knapspec *-budget-static, *-static)
+#: (batch, file, methods, variant): a variant names a run of a method under other settings (its figures' slug suffix)
 KNAPSPEC_REAL_BASELINES = ((1, f"{K}qwen2.5-coder-1.5b_8k-32k_b1_budget-static_h200.json", ("knapspec-budget",
-                                                                                                "static-skip")),
-                           (16, f"{K}qwen2.5-coder-1.5b_32k-8k_b16_budget_plan-rows_h200.json", ("knapspec-budget",)),
-                           (16, f"{K}qwen2.5-coder-1.5b_32k-8k_b16_static_h200.json", ("static-skip",)))
+                                                                                                "static-skip"), ""),
+                           (16, f"{K}qwen2.5-coder-1.5b_32k-8k_b16_budget_plan-rows_h200.json", ("knapspec-budget",), ""),
+                           (16, f"{K}qwen2.5-coder-1.5b_32k-8k_b16_budget_plan-rows_no-allowance_h200.json",
+                            ("knapspec-budget",), "no-allowance"),
+                           (16, f"{K}qwen2.5-coder-1.5b_32k-8k_b16_static_h200.json", ("static-skip",), ""))
+#: what each variant of KNAPSPEC_REAL_BASELINES changed
+KNAPSPEC_VARIANTS = {"no-allowance": "without the planning allowance (16 reference tokens a row whatever they cost)"}
 KNAPSPEC_EARLY = (f"{K}smollm2-135m_1k-4k_b1_cpu.json", f"{K}smollm2-135m_8k_b1_cpu.json")
 #: the two-stage plan (docs/methods.md §5.6) on the real 1.5B, batch 1, a window of at least 64 tokens
 KNAPSPEC_TWO_STAGE = f"{K}qwen2.5-coder-1.5b_8k-32k_b1_two-stage_h200.json"
@@ -723,7 +735,7 @@ def _knapspec_real_baselines() -> str:
     labels = {"knapspec-budget": "KnapSpec with budgeted attention (sinks + window, K = 256, one plan)",
               "static-skip": "the static skip set (calibrated offline on another book)"}
     parts, missing = [], []
-    for batch, source, methods in KNAPSPEC_REAL_BASELINES:
+    for batch, source, methods, variant in KNAPSPEC_REAL_BASELINES:
         cases = load(source)["cases"] if (RESULTS / source).exists() else {}
         for method in methods:
             got = [(key.split("/")[2][3:], c) for key, c in cases.items()
@@ -745,6 +757,9 @@ def _knapspec_real_baselines() -> str:
                     if c.get("rounds") and t.get("decode_s") and c.get("ar_step_s"):
                         text += (f", {1e3 * (t['decode_s'] - t.get('plan_s', 0.0)) / c['rounds']:.1f} ms a round "
                                  f"against an AR step of {1e3 * c['ar_step_s']:.1f} ms")
+                    if bp.get("alpha") is not None and c.get("acceptance_rate") is not None:
+                        text += (f"; the plan's alpha {bp['alpha']:.2f} on {bp['reference_tokens']} reference tokens "
+                                 f"against {c['acceptance_rate']:.2f} of drafted tokens accepted")
                     if (c.get("draft_step_check") or {}).get("plan") != "budget":
                         text += "; this file's draft-step check timed the full model, not the plan, so it is not shown"
                     return text
@@ -755,7 +770,8 @@ def _knapspec_real_baselines() -> str:
                     rows = (f" (its offline plan skips {len(src.get('skip_attn', []))} Attention / "
                             f"{len(src.get('skip_mlp', []))} MLP sub-layers with gamma {static['gamma']}"
                             + (": plain decoding" if static["gamma"] == 0 else "") + ")")
-                parts.append(f"{labels[method]}, batch {batch}{rows}: " + ", ".join(
+                parts.append(f"{labels[method]}{' ' + KNAPSPEC_VARIANTS[variant] if variant else ''}, batch "
+                             f"{batch}{rows}: " + ", ".join(
                     f"{ctx} tokens {c['speedup_vs_ar']:.2f}x AR (tau "
                     f"{'-' if c['tau'] is None else format(c['tau'], '.2f')}{plan_of(c)})" for ctx, c in got)
                     + f" (`{source}`)")
@@ -785,6 +801,9 @@ def h200_self_draft_note() -> str:
     cases, points = points_of(source)
     best = max((case[m]["speedup_vs_ar"], m) for case in [cases.get("ctx32000/b16", {})] for m in case
                if m in ("dustin-self", "magicdec-self"))
+    levers = self_draft_levers()
+    if levers["best"] is not None and levers["best"][0] > best[0]:
+        best = levers["best"]
     b1 = "Batch 1 (step self-drafts-b1) is not measured yet. "
     if (RESULTS / PAIR_SPEED_SELF[1]).exists():
         b1_cases, b1_points = points_of(PAIR_SPEED_SELF[1])
@@ -806,10 +825,90 @@ def h200_self_draft_note() -> str:
     return ("On the H200, the real Qwen2.5-Coder-1.5B drafting for itself over 4 sinks + a window of its own cache "
             f"(bf16, batch 16, 256 new tokens, `{source}`, step `self-drafts-b16`): " + "; ".join(points)
             + f". The best self-speculative method at 32k/b16 >= 2.0x AR: **{'met' if best[0] >= 2.0 else 'missed'}** "
-            f"({best[1]} {best[0]:.2f}x). A self-draft step still reads all of the 1.5B's weights, so only at 32k, "
+            f"({best[1]} {best[0]:.2f}x{', one run' if best[0] >= 2.0 else ''}). " + levers["text"] + "A self-draft step still reads all of the 1.5B's weights, so only at 32k, "
             "where its KV reads dominate AR's step, does the window-only draft pay; MagicDec's dense verification "
             "then reads the whole cache once a round. " + b1 + "KnapSpec and CLaSp on the real 1.5B are in the "
             "KnapSpec section.")
+
+
+def self_draft_levers() -> Dict[str, Any]:
+    """Dustin-H's self-draft at 32k/b16 measured again (PAIR_SPEED_SELF_LEVERS): the split, gamma 6 and 8 and the
+    command buffers; ``{"best": (speed-up, label) of the runs without command buffers or None, "text": ...}``."""
+    runs = []
+    for source in PAIR_SPEED_SELF_LEVERS + (PAIR_SPEED_SPARSE_DRAFT_CMDBUF,):
+        if (RESULTS / source).exists():
+            data = load(source)
+            runs.append((source, int(data["config"].get("gamma", 4)), dict(pair_cases(source))))
+    if not runs:
+        return {"best": None, "text": ""}
+
+    def cell(case, method="dustin-self"):
+        r = case[method]
+        met = r["metrics"]
+        return (f"{r['speedup_vs_ar']:.2f}x (tau {met['tau']:.2f}, {100 * met['acceptance_rate']:.0f} % of drafted "
+                f"tokens accepted, {met['rounds']} loop rounds against the rows' mean {met['row_rounds'] / case['batch']:.1f}, "
+                f"{1e3 * r['timings']['decode_s'] / met['rounds']:.1f} ms a round)")
+
+    def round_ms(r):
+        return 1e3 * r["timings"]["decode_s"] / r["metrics"]["rounds"]
+
+    def without(key, method, gamma):
+        """The same point measured without command buffers: the first such run in PAIR_SPEED."""
+        for src in PAIR_SPEED:
+            if "cmdbuf" in pair_run_tag(src) or int(load(src)["config"].get("gamma", 4)) != gamma:
+                continue
+            c = dict(pair_cases(src)).get(key)
+            if c and method in c:
+                return c[method]
+        return None
+
+    best, by_gamma, cmdbuf, ratios, split = None, [], [], [], ""
+    for source, gamma, cases in runs:
+        tag = pair_run_tag(source)
+        if "cmdbuf" in tag:
+            for key, c in cases.items():
+                for method in ("dustin-self", "dustin-kv-streaming", "dustin"):
+                    if method not in c:
+                        continue
+                    r, base = c[method], without(key, method, gamma)
+                    cell = (f"{method} at {c['context'] // 1000}k, gamma {gamma}: {round_ms(r):.2f} ms a round, "
+                            f"{r['metrics']['rounds']} rounds, {r['speedup_vs_ar']:.2f}x")
+                    if base:
+                        ratios.append(round_ms(base) / round_ms(r))
+                        cell += (f" (without them {round_ms(base):.2f} ms, {base['metrics']['rounds']} rounds, "
+                                 f"{base['speedup_vs_ar']:.2f}x)")
+                    cmdbuf.append(cell)
+            continue
+        case = cases.get("ctx32000/b16")
+        if case is None or "dustin-self" not in case:
+            continue
+        if best is None or case["dustin-self"]["speedup_vs_ar"] > best[0]:
+            best = (case["dustin-self"]["speedup_vs_ar"], f"dustin-self at gamma {gamma}")
+        by_gamma.append(f"gamma {gamma}: {cell(case)}")
+        sp = case["dustin-self"].get("round_split_ms")
+        if sp and gamma == 4 and not split:
+            total = sp["draft_ms"] + sp["verify_ms"] + sp["other_ms"]
+            split = (f"The per-round split at gamma 4 (`{source}`; one call and one host sync per phase, so "
+                     f"{total:.1f} ms against the fused loop's round; the shares are what it says): the draft's "
+                     f"{gamma} steps {100 * sp['draft_ms'] / total:.0f} %, selection "
+                     f"{100 * sp['selection_ms'] / total:.0f} %, verification "
+                     f"{100 * sp['verification_ms'] / total:.0f} %, the rest {100 * sp['other_ms'] / total:.0f} %. ")
+    text = ""
+    if by_gamma:
+        text += ("Dustin-H's self-draft at 32k/b16 measured again with longer drafts (steps self-draft-32k-b16-split, "
+                 "-gamma6, -gamma8): " + "; ".join(by_gamma) + ". Longer drafts pay until acceptance falls and the "
+                 "slowest row sets the loop's length. " + split)
+    if cmdbuf:
+        faster = 100 * (max(ratios) - 1) if ratios else 0.0
+        text += ("With the whole-loop command buffers (CUDA graphs; steps self-drafts-b16-cmdbuf, "
+                 "self-draft-32k-b16-gamma6-cmdbuf, b16-sparse-draft-cmdbuf): " + "; ".join(cmdbuf) + ". "
+                 + (f"No round ran more than {max(faster, 0):.0f} % faster with them, so they do not remove a round's "
+                    "excess over its bytes floor (no trace checked which launches XLA captured). " if faster <= 3 else
+                    f"The best round ran {faster:.0f} % faster with them. ")
+                 + "Where the speed-ups differ, the loop ran a different number of rounds: at batch 16 the slowest "
+                 "row sets the loop's length, and which row straggles moves from run to run (bf16, sparse "
+                 "selection), so a batch-16 speed-up varies by that much between runs of the same point. ")
+    return {"best": best, "text": text}
 
 
 def knapspec_two_stage_note() -> str:
@@ -1636,8 +1735,9 @@ def _figures() -> List[Figure]:
                    f"real SmolLM2-135M, 7.6k prompt, batch 16: {method}, {backend} attention", "x AR", source,
                    ("results", "speedup_vs_ar")))
     measured = set()  # (key, method) already in the index: a second run's repeats go under its own name
+    selfspec_seen = set()
     for source in PAIR_SPEED:
-        dtype = load(source)["config"]["dtype"]
+        dtype, gamma = load(source)["config"]["dtype"], int(load(source)["config"].get("gamma", 4))
         for key, case in pair_cases(source):
             what = (f"real Qwen2.5-Coder pair (pair-speed), {case['context'] // 1000}k, batch {case['batch']}, "
                     f"{dtype}, Pallas" + (", shared GPU (provisional)" if pathlib.Path(source).name
@@ -1663,12 +1763,16 @@ def _figures() -> List[Figure]:
                            ("cases", key, method, "speedup_vs_ar"), target=target))
                 add(Figure(f"{base}/{method}/tok_s", f"{what}: {name} tokens/s", "tokens/s", source,
                            ("cases", key, method, "tok_s")))
-                add(Figure(f"{base}/{method}/tau", f"{what}: {name} tau (tokens per row-round, of 5)",
+                add(Figure(f"{base}/{method}/tau", f"{what}: {name} tau (tokens per row-round, of {gamma + 1})",
                            "tokens/round", source, ("cases", key, method, "metrics", "tau")))
-                if method in ("magicdec-self", "dustin-self") and base.endswith(key):  # self-speculation
-                    add(Figure(f"selfspec/real-qwen1.5b/h200/{key}/{method}/speedup",
+                # self-speculation: the first run of each method and gamma (command-buffer runs stay under their tag)
+                slug = method if gamma == 4 else f"{method}-gamma{gamma}"
+                if (method in ("magicdec-self", "dustin-self") and "cmdbuf" not in pair_run_tag(source)
+                        and (key, slug) not in selfspec_seen):
+                    selfspec_seen.add((key, slug))
+                    add(Figure(f"selfspec/real-qwen1.5b/h200/{key}/{slug}/speedup",
                                f"{name} vs paired AR, real Qwen2.5-Coder-1.5B bf16, {case['context']} tokens, batch "
-                               f"{case['batch']} (pair-speed)", "x AR", source, ("cases", key, method, "speedup_vs_ar"),
+                               f"{case['batch']}, gamma {gamma} (pair-speed)", "x AR", source, ("cases", key, method, "speedup_vs_ar"),
                                target="target >= 2.0x (best self-speculative) at 32k/b16"
                                if key == "ctx32000/b16" else ""))
     if (RESULTS / PAIR_SPEED_CHOICE_TABLE_OUTCOMES).exists():
@@ -1822,16 +1926,18 @@ def _figures() -> List[Figure]:
             if f"{tag}/summarize/ctx{ctx}/b{batch}/{method}" in cases:
                 add(Figure(f"{base}/{method}/speedup-vs-ar", f"{method} vs paired AR: {label}", "x AR",
                            other or source, _knapspec_case(tag, ctx, batch, method)))
-    for batch, source in [*KNAPSPEC_REAL.items(), *((b, src) for b, src, _ in KNAPSPEC_REAL_BASELINES)]:
+    for batch, source, variant in [*((b, src, "") for b, src in KNAPSPEC_REAL.items()),
+                                   *((b, src, v) for b, src, _, v in KNAPSPEC_REAL_BASELINES)]:
         if not (RESULTS / source).exists():
             continue
         for key, case in load(source)["cases"].items():
             if key.count("/") != 4 or "speedup_vs_ar" not in case:  # e.g. a static run's "h200/static_plan/b16"
                 continue
-            _, _, ctx, _, method = key.split("/")
+            _, _, ctx, _, run_method = key.split("/")
+            method = f"{run_method}-{variant}" if variant else run_method
             check = case.get("draft_step_check") or {}
             # a budget plan's draft is checked only where the check ran its codes (older files timed the full model)
-            if check.get("static_over_predicted") and (method != "knapspec-budget" or check.get("plan") == "budget"):
+            if check.get("static_over_predicted") and (run_method != "knapspec-budget" or check.get("plan") == "budget"):
                 add(Figure(f"selfspec/real-qwen1.5b/h200/{ctx}/b{batch}/{method}/static-draft-step-over-predicted",
                            f"{method}: one draft step with its plan compiled in / the latency model's prediction, real "
                            f"Qwen2.5-Coder-1.5B bf16, {ctx[3:]} tokens, batch {batch}", "x", source,
@@ -1934,7 +2040,7 @@ README_KEYS = (  # the README's short table
     "dustin-speed/7b-shape/ctx32768/b16/dustin-kv-streaming/speedup",
     "real-pair/h200/ctx32000/b16/dustin/speedup",
     "real-pair/h200/ctx32000/b16/dustin-kv-streaming/speedup",
-    "selfspec/real-qwen1.5b/h200/ctx32000/b16/dustin-self/speedup",
+    "selfspec/real-qwen1.5b/h200/ctx32000/b16/dustin-self-gamma6/speedup",
     "real-pair/h200/ctx32000/dustin-h/k512/agreement",
     "kernels/dense-attention/qwen2.5-7b/ctx32768/b16/bandwidth",
     "kernels/72b/ctx32768/b16/k512/attention_speedup_device",
