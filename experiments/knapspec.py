@@ -449,6 +449,7 @@ def run_self_spec(args, model, prompts, sampling, stops, out):
                                           capacity=capacity)
         planner = f"knapspec-budget (K={args.knapspec_attention_budget}, one plan)"
         extra["budget_plan"] = result.metrics["budget_plan"]
+        extra["fixed_plan_probe"] = result.metrics.get("fixed_plan_probe")
     elif method == KNAPSPEC_DUSTIN:
         from experiments.dustin_quality import SINKS, dustin_config_for
         from jaxspec.dustin.self_speculative import knapspec_dustin_config, knapspec_dustin_generate
@@ -553,6 +554,12 @@ def register(subparsers) -> None:
     p.add_argument("--attention-budget", type=int, default=256, metavar="K",
                    help="knapspec-budget: history slots of a budgeted Attention (sinks + window; docs/methods.md §5.4)")
     p.add_argument("--attention-sinks", type=int, default=4, help="knapspec-budget: sinks of the budget")
+    from jaxspec.config import ATTENTION_BACKENDS
+
+    p.add_argument("--attention-backend", default="auto", choices=list(ATTENTION_BACKENDS),
+                   help="the decode attention of every method and of AR (auto: the platform's default, the jnp "
+                        "reference on a GPU, which reads the whole cache capacity; pallas: jaxspec's kernels); the "
+                        "DP's branches keep the reference (--dp-attention moves them)")
     p.add_argument("--plan-cost-repeats", type=int, default=3,
                    help="planner timings with / without the stacked-weights reuse per case (0: skip)")
     p.add_argument("--dp-attention-check", type=int, default=0, metavar="REPEATS",
@@ -601,6 +608,8 @@ def _config_of(args) -> Dict[str, Any]:
         config["plan_at_start"] = True
     if args.dp_attention != "xla":
         config["dp_attention"] = args.dp_attention
+    if args.attention_backend != "auto":
+        config["attention_backend"] = args.attention_backend
     if args.dp_attention_check:
         config["dp_attention_check"] = args.dp_attention_check
     if args.plan_cost_scale != 1.0:
@@ -627,7 +636,7 @@ def load(args) -> Model:
         from jaxspec.config import preset
         from jaxspec.models.llama import init_params
 
-        overrides = {"dtype": args.dtype}
+        overrides = {"dtype": args.dtype, "attention_backend": args.attention_backend}
         if args.layers is not None:
             overrides["num_layers"] = int(args.layers)
         config = preset(args.model.split(":", 1)[1], **overrides)
@@ -638,7 +647,8 @@ def load(args) -> Model:
     from jaxspec.models.loading import load_model
 
     model = load_model(args.model, dtype=args.dtype)
-    return Model(model.params, model.config, model.tokenizer, args.model, real=True)
+    config = model.config.replace(attention_backend=args.attention_backend)
+    return Model(model.params, config, model.tokenizer, args.model, real=True)
 
 
 def _chat_frame(tokenizer) -> Tuple[List[int], List[int]]:
@@ -887,7 +897,9 @@ class Case:
         self.static_plan = static_plan
         self.key = f"{args.device_tag}/{task}/ctx{context}/b{batch}"
         cfg = model.config
-        self.capacity = context + max_new + args.gamma_max + 2
+        from jaxspec.models.attention import backend_of
+
+        self.capacity = backend_of(cfg).round_capacity(context + max_new + args.gamma_max + 2)  # the kernels' blocks
         rows, reference = dp_shape(args, batch)
         chunk = args.branch_chunk
         if chunk is None and args.dp_attention == "xla":  # the kernel writes no scores: nothing to bound
@@ -1033,6 +1045,7 @@ class Case:
             out["clasp_skip_count"] = metrics.get("clasp_skip_count")
         if method == "knapspec-budget":
             out["budget_plan"] = metrics["budget_plan"]
+            out["fixed_plan_probe"] = metrics.get("fixed_plan_probe")  # the plan against plain decoding, at the start
         if getattr(self.args, "trace", False):  # one more (compiled) run of each, under the profiler
             from experiments.trace import trace_or_error
 
@@ -1265,7 +1278,9 @@ def _latency_profile(args, model: Model, batch: int, max_capacity: int, profile_
     fit = getattr(args, "latency_fit", "isolated")
     name = model.source.replace("random:", "random-").replace("/", "_")
     layers = f"-L{model.config.num_layers}" if not model.real else ""
-    stem = f"latency_{name}{layers}_{model.config.dtype}_{args.device_tag}_b{batch}"
+    backend = getattr(args, "attention_backend", "auto")
+    backend = f"_{backend}" if backend != "auto" else ""  # profiles of the default backend keep their names
+    stem = f"latency_{name}{layers}_{model.config.dtype}{backend}_{args.device_tag}_b{batch}"
     path = profile_dir / f"{stem}_{fit}.json"
     legacy = profile_dir / f"{stem}.json"  # isolated profiles saved before the fit method was in the name
     if fit == "isolated" and not path.exists() and legacy.exists():

@@ -715,7 +715,7 @@ class KnapSpecController(ScriptedController):
 
     def __init__(self, knapspec: KnapSpecConfig, planner=None, *, latency: Optional[LatencyModel] = None,
                  context_n: Optional[float] = None, initial_plan: Optional[Tuple[np.ndarray, int]] = None,
-                 replan: bool = True, draft_policy: Optional["KnapSpecDraft"] = None):
+                 replan: bool = True, draft_policy: Optional["KnapSpecDraft"] = None, probe_fixed: bool = False):
         if replan and planner is None:
             raise ValueError("KnapSpecController needs a planner to re-plan (or replan=False)")
         if planner is not None and not isinstance(planner, Planner):
@@ -723,6 +723,8 @@ class KnapSpecController(ScriptedController):
                             f"name, plan, latency_model, reference_cost); derive it from PlannerBase")
         self.knapspec, self.planner, self.context_n = knapspec, planner, context_n
         self.initial_plan, self.replan = initial_plan, replan
+        # a fixed plan (replan=False) that drafts: probe it against plain decoding once, at the start
+        self.probe_fixed = bool(probe_fixed) and not replan
         self.latency = latency if latency is not None else (planner.latency_model() if planner is not None else None)
         if knapspec.static_plans and not isinstance(draft_policy, KnapSpecDraft):
             raise ValueError(f"KnapSpecConfig.static_plans compiles KnapSpecDraft for each plan: pass the run's "
@@ -782,14 +784,14 @@ class KnapSpecController(ScriptedController):
                         draft_policy=current["policy"])
             return run.last_chunk
 
-        def arbitrate(n):
+        def arbitrate(n, rounds=None):
             """Time ``probe_rounds`` speculative rounds under the new plan, then as many plain-decoding
             steps; keep the faster (tokens committed per second) until the next plan
             (:func:`~jaxspec.decoding.arbitration.measured_arbitration`). The plain-decoding rate is the
             better of the probe's and the latency model's (active rows per ``LatencyModel.t_plain(n)``): a short
             probe's fixed per-call cost (dispatch, host syncs) weighs more on a few cheap AR steps than
             on the longer speculative rounds, which would favour drafting."""
-            rounds = knapspec.probe
+            rounds = knapspec.probe if rounds is None else int(rounds)
             speculative_gamma = current["gamma"]
 
             def plain():
@@ -810,6 +812,12 @@ class KnapSpecController(ScriptedController):
             mask, gamma = self.initial_plan
             apply_plan(mask, gamma if knapspec.honor_gamma else gamma_max)
         true_round, mark = 0, None
+        self.fixed_probe = None
+        if self.probe_fixed and knapspec.probe_rounds and current["gamma"] > 0 and knapspec.honor_gamma:
+            # the measured arbitration for a plan made once (docs/methods.md §5.4): its acceptance comes from
+            # a few reference tokens, so time it against plain decoding before trusting it for the whole run
+            n0 = self.context_n if self.context_n is not None else effective_context(config, lengths, run.capacity)
+            self.fixed_probe, true_round = yield from arbitrate(n0, knapspec.probe_rounds)
         last = None  # (plan end time, plan seconds, round) of the previous plan
         schedule = knapspec.schedule
         next_plan = (0 if knapspec.plan_at_start else schedule.next_plan_round(0)) if self.replan else None
@@ -920,7 +928,8 @@ class KnapSpecController(ScriptedController):
         if current["draft_state"] is not None:  # a plan made as the last rows finished: keep it in the state
             yield Chunk(rounds=0, gamma=current["bucket"], draft_state=take_draft_state(),
                         draft_policy=current["policy"])
-        if run.warmup and self.replan and knapspec.honor_gamma:  # compile plain decoding, whichever mode comes
+        # compile plain decoding, whichever mode the timed run takes
+        if run.warmup and (self.replan or self.probe_fixed) and knapspec.honor_gamma:
             yield Chunk(plain_steps=1)
         self.schedule_rounds = true_round
 
@@ -932,6 +941,7 @@ class KnapSpecController(ScriptedController):
                        ar_intervals=counters.plain_stretches, schedule_rounds=self.schedule_rounds,
                        gamma_buckets_used=sorted(self.buckets_used), honor_gamma=self.knapspec.honor_gamma,
                        knapspec_plans=[r.summary() for r in self.records], plan_allowance=self.allowance,
+                       fixed_plan_probe=getattr(self, "fixed_probe", None),
                        draft_steps=int(final.draft_state["draft_steps"]),
                        static_plans=self.draft_policy is not None,
                        compiled_plans=len(counters.draft_policies),
@@ -949,7 +959,7 @@ def knapspec_generate(target_params, target_config: ModelConfig, prompts: Sequen
                       prefilled=None, profile: bool = False, mesh=None, rules=None,
                       allow_beyond_context: bool = False, static_plan: bool = True,
                       attention_plan: Optional[Tuple[np.ndarray, int, int]] = None,
-                      draft_policy=None) -> SpeculativeResult:
+                      draft_policy=None, probe_fixed_plan: bool = False) -> SpeculativeResult:
     """Greedy or sampled speculative generation with KnapSpec self-drafting: the engine's
     :func:`~jaxspec.decoding.speculative.speculative_generate` with :class:`KnapSpecDraft` and a
     :class:`KnapSpecController`.
@@ -965,6 +975,9 @@ def knapspec_generate(target_params, target_config: ModelConfig, prompts: Sequen
     for that plan (``KnapSpecDraft.static_mask``: skipped sub-layers removed at trace time, no
     per-sub-layer ``lax.cond``); False keeps the dynamic mask. ``attention_plan=(codes [L, 2], sinks,
     window)`` (with ``replan=False``): draft with that three-choice plan (docs/methods.md §5.4) instead.
+    ``probe_fixed_plan`` (with ``replan=False``): time ``knapspec.probe`` rounds of the fixed plan against as
+    many plain-decoding steps at the start and keep the faster for the run (the measured arbitration;
+    ``metrics["fixed_plan_probe"]``).
     ``draft_policy``: another self-draft in place of :class:`KnapSpecDraft` (e.g. Dustin's
     ``DustinSelfDraft``, docs/methods.md §5.5): a policy with ``initial_state(skip_mask)`` whose state
     holds ``"skip_mask"``; its state also gets ``"draft_steps"`` and ``"gamma_cap"`` (the controller sets the
@@ -1019,7 +1032,8 @@ def knapspec_generate(target_params, target_config: ModelConfig, prompts: Sequen
                          f"{type(policy).__name__} has its own forward")
     controller = KnapSpecController(knapspec, planner, latency=latency, context_n=context_n,
                                     initial_plan=initial_plan, replan=replan,
-                                    draft_policy=policy if knapspec.static_plans else None)
+                                    draft_policy=policy if knapspec.static_plans else None,
+                                    probe_fixed=probe_fixed_plan)
     return speculative_generate(target_params, target_config, prompts, draft_policy=policy,
                                 draft_state=draft_state, verify_policy=verify_policy,
                                 verify_state=verify_state, engine=engine, seed=seed, capacity=capacity, warmup=warmup,
@@ -1043,7 +1057,9 @@ def knapspec_budget_generate(target_params, target_config: ModelConfig, prompts:
     §5.6): its dense choice attends to each planned row's whole cache for every slot state. The plan
     keeps to the planning allowance (:func:`reference_allowance` with :class:`BudgetDPCost`; ``metrics
     ["plan_allowance"]``): fewer reference tokens where it would cost more, no plan and plain decoding
-    (gamma 0) where even ``knapspec.min_reference_tokens`` would not fit."""
+    (gamma 0) where even ``knapspec.min_reference_tokens`` would not fit. A plan that drafts is then
+    probed against plain decoding (``knapspec.probe_rounds`` rounds, the measured arbitration;
+    ``metrics["fixed_plan_probe"]``; None = no probe): its acceptance comes from a few reference tokens."""
     from jaxspec.decoding.autoregressive import pad_prompts, prefill
     from jaxspec.models.cache import init_cache
 
@@ -1098,7 +1114,8 @@ def knapspec_budget_generate(target_params, target_config: ModelConfig, prompts:
     result = knapspec_generate(target_params, target_config, prompts, knapspec=knapspec, engine=engine, seed=seed,
                                capacity=capacity, warmup=warmup, replan=False, prefilled=prefilled,
                                initial_plan=(codes == SKIP, gamma), attention_plan=(codes, sinks, window),
-                               allow_beyond_context=allow_beyond_context)
+                               allow_beyond_context=allow_beyond_context,
+                               probe_fixed_plan=knapspec.probe_rounds is not None)
     result.timings["plan_s"] = plan_s
     result.timings["decode_s"] = result.timings.get("decode_s", 0.0) + plan_s
     result.metrics["plan_allowance"] = allowance

@@ -268,3 +268,22 @@ def test_re_planning_options_are_refused_for_a_budget_only_run(tmp_path, capsys)
         err = capsys.readouterr().err
         assert "options of the re-planning KnapSpec's DP" in err and "profiling" not in err
         assert extra[0] in err and not out.exists()
+
+
+def test_experiment_runs_every_method_on_the_chosen_attention_backend(tmp_path):
+    """--attention-backend: AR and each method decode with that backend (the Pallas kernels, here
+    interpreted), the cache rounded to the kernels' blocks; greedy output still equals AR's, the
+    config names the backend and the latency profile is saved under a name of its own."""
+    out = tmp_path / "ks.json"
+    argv = ["knapspec", "--model", "random:smollm2-135m-shape", "--layers", "2", "--contexts", "64",
+            "--max-new-tokens", "16", "--gamma-max", "2", "--gamma-buckets", "1", "--batches", "2",
+            "--methods", "knapspec-budget,static-skip", "--candidate-plans", "0", "--candidate-reference-tokens", "8",
+            "--attention-budget", "16", "--attention-sinks", "2", "--plan-cost-repeats", "0", "--device-tag", "test",
+            "--latency-fit", "isolated", "--max-plan-fraction", "0", "--dtype", "float32",
+            "--attention-backend", "pallas-interpret", "--profile-dir", str(tmp_path), "--out", str(out)]
+    assert main(argv) == 0
+    data = json.loads(out.read_text())
+    assert data["config"]["attention_backend"] == "pallas-interpret"
+    for method in ("knapspec-budget", "static-skip"):
+        assert data["cases"][f"test/summarize/ctx64/b2/{method}"]["identical_to_ar"] is True
+    assert (tmp_path / "latency_random-smollm2-135m-shape-L2_float32_pallas-interpret_test_b2_isolated.json").exists()

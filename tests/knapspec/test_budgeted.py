@@ -238,3 +238,46 @@ def test_budget_generate_keeps_its_plan_within_the_planning_allowance():
     plan = plain.metrics["budget_plan"]
     assert plan["allowance"]["skip"] and plan["gamma"] == 0 and plan["reference_tokens"] == 0
     assert plain.timings["plan_s"] == 0.0 and plain.rows() == ar
+
+
+@pytest.mark.parametrize("slow", ["speculative", "ar"])
+def test_budget_generate_probes_its_plan_against_plain_decoding(monkeypatch, slow):
+    """The one budgeted plan comes from a few reference tokens, so with ``probe_rounds`` the run times
+    that many rounds of it against as many plain-decoding steps at the start and keeps the faster for the
+    rest (the measured arbitration). Slowing one side on the host makes the choice certain; the output
+    is AR's either way, and only a plain-decoding winner adds plain steps after the probe."""
+    import time
+
+    from jaxspec.decoding import speculative as engine_module
+    from jaxspec.decoding.autoregressive import generate
+    from jaxspec.knapspec.policy import KnapSpecConfig, knapspec_budget_generate
+
+    side = {"speculative": "run_loop", "ar": "plain_decode"}[slow]
+    real = getattr(engine_module, side)
+
+    def slowed(*args, **kwargs):
+        out = real(*args, **kwargs)
+        jax.block_until_ready(out)
+        time.sleep(0.25)
+        return out
+
+    monkeypatch.setattr(engine_module, side, slowed)
+    params = init_params(TINY, jax.random.PRNGKey(1), scale=0.2)
+    prompts = [np.random.RandomState(1).randint(0, 97, n).tolist() for n in (30, 24)]
+    lat = latency.LatencyModel(c1=1.0, c2=1.0, c3=0.1)
+    knap = KnapSpecConfig(gamma_max=4, gamma_buckets=(), max_plan_fraction=None, probe_rounds=2, tau=0.3,
+                          gammas=(1, 2, 3, 4))
+    result = knapspec_budget_generate(params, TINY, prompts, latency=lat, sinks=1, window=4, reference_tokens=8,
+                                      knapspec=knap, max_new_tokens=12)
+    assert result.rows() == generate(params, TINY, prompts, 12).rows()
+    probe = result.metrics["fixed_plan_probe"]
+    winner = "ar" if slow == "speculative" else "speculative"
+    assert probe["rounds"] == 2 and probe["choice"] == winner
+    assert probe["speculative_tokens"] > 0 and probe["ar_steps"] == 2
+    assert (probe["ar_tokens_per_s"] > probe["speculative_tokens_per_s"]) == (winner == "ar")
+    # after the probe: plain decoding to the end, or the plan's rounds (no further plain steps)
+    assert (result.metrics["ar_steps"] > probe["ar_steps"]) == (winner == "ar")
+    # no probe without probe_rounds
+    unprobed = knapspec_budget_generate(params, TINY, prompts, latency=lat, sinks=1, window=4, reference_tokens=8,
+                                        knapspec=dataclasses.replace(knap, probe_rounds=None), max_new_tokens=12)
+    assert unprobed.metrics["fixed_plan_probe"] is None and unprobed.metrics["ar_steps"] == 0
