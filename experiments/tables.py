@@ -318,6 +318,8 @@ KNAPSPEC_PLAN_ROWS_CALIBRATED = f"{K}qwen2.5-coder-1.5b_32k-8k_b16_plan-rows_cal
 #: the two-stage plan at batch 16 on 2 rows' windows (docs/methods.md §5.6, `--plan-rows 2`), real 1.5B, 32k-8k
 KNAPSPEC_PLAN_ROWS = f"{K}qwen2.5-coder-1.5b_32k-8k_b16_plan-rows_h200.json"
 KNAPSPEC_TRACE = f"{K}qwen2.5-7b-shape_8k_b1_trace_h200.json"
+#: AR, KnapSpec-budget and KnapSpec's two-stage plan on 2 rows decoding with the Pallas kernel (--attention-backend)
+KNAPSPEC_PALLAS = f"{K}qwen2.5-coder-1.5b_32k-8k_b16_pallas_h200.json"
 
 
 def _row(variant, k="-"):
@@ -727,7 +729,28 @@ def knapspec_real_note() -> str:
     return ("Real Qwen2.5-Coder-1.5B on the H200 (bf16, 256 new tokens; `" + "`, `".join(
                 s for s in KNAPSPEC_REAL.values() if (RESULTS / s).exists()) + "`): "
             + "; ".join(parts) + "." + price + (" Not measured yet: " + "; ".join(missing) + "." if missing else "")
-            + " " + _knapspec_real_baselines())
+            + " " + _knapspec_real_baselines() + " " + _knapspec_attention_backend_note())
+
+
+def _knapspec_attention_backend_note() -> str:
+    """The knapspec runs' AR step (the reference attention unless the file names a backend) against pair-speed's
+    AR on the Pallas kernel, at 32k/b16."""
+    ks = KNAPSPEC_REAL_BASELINES[1][1]
+    if not (RESULTS / ks).exists() or not (RESULTS / PAIR_SPEED_SELF[0]).exists():
+        return ""
+    data = load(ks)
+    case = next((c for k, c in data["cases"].items() if "/ctx32000/b16/" in k and c.get("ar_step_s")), None)
+    pair = dict(pair_cases(PAIR_SPEED_SELF[0])).get("ctx32000/b16")
+    if case is None or pair is None:
+        return ""
+    pair_step = 1e3 / (pair["ar"]["tok_s_mean"] / pair["batch"])
+    backend = data["config"].get("attention_backend", "auto")
+    return (f"These KnapSpec runs decode with the {'jnp reference attention' if backend == 'auto' else backend} "
+            f"(`--attention-backend {backend}`): their AR step at 32k/b16 takes "
+            f"{1e3 * case['ar_step_s']:.1f} ms (`{ks}`) against {pair_step:.1f} ms for AR on jaxspec's Pallas kernel "
+            f"(`{PAIR_SPEED_SELF[0]}`), so their speed-ups are against a {case['ar_step_s'] * 1e3 / pair_step:.1f}x slower "
+            "AR; h200-knapspec step qwen2.5-coder-1.5b-b16-32k-8k-pallas measures AR and KnapSpec on the kernel"
+            + (" (not run yet)." if not (RESULTS / KNAPSPEC_PALLAS).exists() else "."))
 
 
 def _knapspec_real_baselines() -> str:
