@@ -490,6 +490,70 @@ def cmd_dustin_profile(args) -> Dict[str, Any]:
     return writer.data
 
 
+# ---------------------------------------------------------------------------- dustin-m-bounds
+def cmd_dustin_m_bounds(args) -> Dict[str, Any]:
+    """How predictable the per-round best m is (docs/methods.md §3.7): full-KV greedy decoding of
+    evaluation-split needle tasks recording every round (``collect_calibration``), then per budget
+    ``m_choice_study``: fixed m, the per-round oracle, the previous round's best m, the next round's
+    target signal as the recall weights, and the causal hindsight rule."""
+    from jaxspec.dustin.search import DustinProfile, collect_calibration, m_choice_study
+
+    budgets = _check_budgets(args.budgets)
+    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+    lengths = _parse_ints(args.lengths, "--lengths")
+    depths = _parse_floats(args.depths, "--depths")
+    if not args.dustin_profile:
+        raise ValueError("give --dustin-profile FILE (the pair's profile: its SRH layers, heads and m per budget)")
+    if args.items < 1:
+        raise ValueError(f"--items {args.items} must be >= 1")
+    profile = DustinProfile.load(args.dustin_profile)
+    configs = {b: profile_config(profile, b, "hybrid") for b in budgets}
+    missing = [b for b, c in configs.items() if not (c.draft_layers and c.target_heads)]
+    if missing:
+        raise ValueError(f"--budgets {missing}: the profile's config has no draft layer there, so there is no split "
+                         f"to choose")
+    heads: Dict[int, Tuple[int, ...]] = {}  # every draft layer any budget reads, with its heads
+    t_heads: Dict[int, Tuple[int, ...]] = {}  # the same for the target
+    for b, c in configs.items():
+        for table, layer, hs in ([(heads, layer, hs) for layer, hs in zip(c.draft_layers, c.draft_heads)]
+                                 + [(t_heads, c.target_layer, c.target_heads)]):
+            if table.setdefault(layer, tuple(hs)) != tuple(hs):
+                raise ValueError(f"the profile's budgets read layer {layer} with different heads; give --budgets "
+                                 f"that agree")
+    writer = ResultWriter(args.out, "dustin-m-bounds", config_of(args))
+    target, draft, mask = _load_pair(args)
+    _, evaluation = build_task_splits(target.tokenizer, args, kinds, lengths, depths)
+    tasks = list(evaluation)[:args.items]
+    layers = sorted(heads)
+    target_heads = [t_heads.get(layer, (0,)) for layer in range(target.config.num_layers)]
+    started = time.perf_counter()
+    prompts = [target.tokenizer.encode(task.prompt) for task in tasks]
+    print(f"[dustin-m-bounds] {len(prompts)} evaluation tasks ({', '.join(kinds)}; {lengths} tokens, task seed "
+          f"{args.task_seed}): full-KV greedy decoding, every round recorded ...", file=sys.stderr, flush=True)
+    records = collect_calibration(target.params, target.config, draft.params if draft else None,
+                                  draft.config if draft else None, prompts, target_heads=target_heads,
+                                  draft_heads=[heads[layer] for layer in layers], draft_layers=layers,
+                                  gamma=args.gamma, max_new_tokens=args.max_new_tokens, batch_size=1,
+                                  self_draft_mask=mask)
+    print(f"[dustin-m-bounds] {records.num_items} rounds in {time.perf_counter() - started:.0f} s", file=sys.stderr,
+          flush=True)
+    rows = []
+    for b, c in sorted(configs.items()):
+        study = m_choice_study(records, c, target_layer=c.target_layer,
+                               draft_layers=[layers.index(x) for x in c.draft_layers])
+        writer.set(f"k{b}", study)
+        gap = study["gap_closed"]
+        rows.append({"k": b, "m": study["m"], "rounds": study["rounds"], "fixed": study["arr"]["fixed"],
+                     "oracle": study["arr"]["oracle"], "oracle_m": f"{study['oracle_m']['mean']:.0f} ± "
+                                                                 f"{study['oracle_m']['std']:.0f}",
+                     **{f"{name} closes": "-" if gap[name] is None else f"{100 * gap[name]:+.0f} %"
+                        for name in ("persistence", "signal_proxy", "hindsight")}})
+    writer.set("tasks", [task.task_id for task in tasks])
+    writer.set("seconds", time.perf_counter() - started)
+    print_table(rows, title="dustin-m-bounds: share of the fixed-to-oracle ARR gap each per-round choice closes")
+    return writer.data
+
+
 def _extend_profile(args, budgets, kinds, lengths, depths) -> Dict[str, Any]:
     """``dustin-profile --extend FILE``: new budgets on the profile's own SRHs (jaxspec.dustin.search.extend_profile)."""
     from jaxspec.dustin.search import DustinProfile, extend_profile
@@ -1540,6 +1604,18 @@ def register(subparsers) -> None:
                       help="add --budgets to this existing profile: its SRHs, calibration rounds on --lengths "
                            "(e.g. longer prompts for a larger k), Algorithm 1 per new budget; its configs are kept")
     prof.set_defaults(func=cmd_dustin_profile)
+
+    bounds = subparsers.add_parser("dustin-m-bounds", help="how predictable the per-round best split m is: fixed m, "
+                                                           "the oracle, the previous round's best m, the target "
+                                                           "signal as the recall weights, the hindsight rule")
+    _pair_args(bounds, "128,256,512,1024")
+    bounds.add_argument("--dustin-profile", default=None, metavar="FILE", help="the pair's profile (dustin-profile)")
+    bounds.add_argument("--kinds", default="passkey,needle_qa,kv_retrieval")
+    bounds.add_argument("--lengths", default="2048", help="context lengths of the evaluation tasks (tokens)")
+    bounds.add_argument("--depths", default="0.25,0.5,0.75")
+    bounds.add_argument("--items", type=int, default=12, help="evaluation tasks decoded (the first N of the split)")
+    bounds.add_argument("--max-new-tokens", type=int, default=48, help="greedy tokens per task (its rounds)")
+    bounds.set_defaults(func=cmd_dustin_m_bounds)
 
     qual = subparsers.add_parser("dustin-quality", help="ARR, agreement with dense, perplexity, retrieval accuracy and "
                                                         "tau of Dustin-H/T/D and the sparse baselines per budget")

@@ -262,6 +262,13 @@ INPUT_AWARE_M = tuple((model, f"dustin_quality/dustin_quality_input_aware_m_{run
     # the entropy rule's runs, files of their own (fixed m and the oracle repeat the 2k files' numbers)
     ("smollm2-135m", "entropy_smollm2-135m_2k_cpu"), ("qwen2.5-coder-1.5b", "entropy_qwen2.5-coder-1.5b_2k_cpu"))
     if (RESULTS / f"dustin_quality/dustin_quality_input_aware_m_{run}.json").is_file())
+#: how predictable the per-round best m is (dustin-m-bounds; docs/methods.md §3.7): (model, file) that exist
+M_BOUNDS = tuple((model, f"dustin_quality/dustin_m_bounds_{run}.json") for model, run in (
+    ("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b_2k_cpu"),)
+    if (RESULTS / f"dustin_quality/dustin_m_bounds_{run}.json").is_file())
+M_BOUND_TAGS = (("persistence", "persistence-bound", "the previous round's best m"),
+                ("signal_proxy", "signal-proxy", "the next round's target signal as the recall weights (not causal)"),
+                ("hindsight", "hindsight", "the hindsight rule (causal)"))
 #: the input-aware rules (docs/methods.md §3.7): quality method and the tag of its table columns
 M_RULES = (("dustin-h-ia", "max_mass", "max-mass"), ("dustin-h-cov", "coverage", "coverage"),
            ("dustin-h-ent", "entropy", "entropy"))
@@ -1925,6 +1932,18 @@ def _figures() -> List[Figure]:
                 add(Figure(f"{base}/{tag}/selection-cost-vs-fixed", f"selection time per round / fixed m's, {tag}, "
                            f"k = {row['k']}", "x", source, _m_rule(row["k"], f"selection_ratio_{field}"),
                            target="target <= 1.1"))
+    for model, source in M_BOUNDS:
+        data = load(source)
+        ctx = int(str(data["config"]["lengths"]).split(",")[0])
+        for key, study in data.items():
+            if not (key.startswith("k") and isinstance(study, dict) and "gap_closed" in study):
+                continue
+            for field, tag, label in M_BOUND_TAGS:
+                if study["gap_closed"][field] is not None:
+                    add(Figure(f"dustin/input-aware-m/{model}/ctx{ctx}/{key}/{tag}/gap-closed",
+                               f"share of the fixed-to-oracle ARR gap closed by {label}, full-KV decoding of "
+                               f"{len(data['tasks'])} tasks, k = {study['k']} (dustin-m-bounds)", "%", source,
+                               (key, "gap_closed", field), scale=100))
     for device, source in SELECTION_COST:
         if not (RESULTS / source).exists():
             continue
@@ -2667,6 +2686,64 @@ def oracle_persistence_note() -> str:
             "often by one that wants fewer, so a feedback rule that carries the previous round's best m forward "
             "has little to carry on these items (16 new tokens, 3-6 rounds an item), and the oracle's gain over "
             "fixed m comes from round-by-round choices that do not persist.")
+
+
+def m_bounds_blocks() -> List[str]:
+    """dustin-m-bounds: per k, fixed m, the oracle and the three per-round choices, with the gap each closes."""
+    out = []
+    for model, source in M_BOUNDS:
+        data = load(source)
+        lines = ["| k | fixed m | rounds | ARR fixed | ARR oracle | oracle's m (mean ± sd, range) | "
+                 + " | ".join(f"{label}: gap closed" for _, _, label in M_BOUND_TAGS) + " |",
+                 "|---|---|---|---|---|---|" + "---|" * len(M_BOUND_TAGS)]
+        for key, study in data.items():
+            if not (key.startswith("k") and isinstance(study, dict) and "gap_closed" in study):
+                continue
+            om = study["oracle_m"]
+            lines.append(f"| {study['k']} | {study['m']} | {study['rounds']} | {study['arr']['fixed']:.4f} | "
+                         f"{study['arr']['oracle']:.4f} | {om['mean']:.0f} ± {om['std']:.0f} ({om['min']}-{om['max']}) | "
+                         + " | ".join("-" if study["gap_closed"][f] is None else f"{100 * study['gap_closed'][f]:+.0f} %"
+                                      for f, _, _ in M_BOUND_TAGS) + " |")
+        cfg = data["config"]
+        out.append(f"How predictable the best m is ({model}, `{source}`, `dustin-m-bounds`: {len(data['tasks'])} "
+                   f"evaluation tasks at {cfg['lengths']} tokens decoded greedily with full-KV verification, "
+                   f"{cfg['max_new_tokens']} new tokens, every round's ARR as a function of m). Carrying the previous "
+                   "round's best m forward is what a rule that learns m from finished rounds gets if the best m "
+                   "persists; the next round's target signal (the last committed token's SRH attention over the "
+                   "history, the one view of the verification's attention a sparse round has) standing in for the "
+                   "recall weights is an optimistic stand-in for rules that score m against that signal; the "
+                   "hindsight rule applies it causally (the candidate among m and m ∓ one "
+                   "step that would have covered the most of this round's target signal with the previous "
+                   "round's signals).\n\n" + "\n".join(lines))
+    return out
+
+
+def m_bounds_verdict() -> List[str]:
+    """What the dustin-m-bounds runs say about the input-aware-m target."""
+    out = []
+    for model, source in M_BOUNDS:
+        data = load(source)
+        studies = [s for k, s in data.items() if k.startswith("k") and isinstance(s, dict) and "gap_closed" in s]
+        if not studies:
+            continue
+
+        def mean(field):
+            vals = [s["gap_closed"][field] for s in studies if s["gap_closed"][field] is not None]
+            return 100 * sum(vals) / len(vals) if vals else float("nan")
+
+        gap = [s["arr"]["oracle"] - s["arr"]["fixed"] for s in studies]
+        out.append(f"{model}, {data['config']['lengths']} tokens (`dustin-m-bounds`): the per-round oracle is "
+                   f"{min(gap):.4f}-{max(gap):.4f} ARR above fixed m; carrying the previous round's best m closes "
+                   f"{mean('persistence'):+.0f} % of that gap on average over k, the next round's target signal as "
+                   f"the weights {mean('signal_proxy'):+.0f} %, and the hindsight rule {mean('hindsight'):+.0f} %. "
+                   + ("The best m does not persist from round to round" if mean("persistence") < 33 else
+                      "The best m persists from round to round")
+                   + (", and the target's own signal, scored as if it were the verification's attention, favours "
+                      "the sets built from it (below fixed m)" if mean("signal_proxy") < 0 else "")
+                   + (": none of the three reaches a third of the gap here, so these signals do not predict the "
+                      "oracle's m well enough for the 33 % target." if max(mean(f) for f, _, _ in M_BOUND_TAGS) < 33
+                      else "."))
+    return out
 
 
 def _input_aware_reach(device: str) -> int:
@@ -3687,10 +3764,10 @@ def results_markdown() -> str:
                  for block in (f"{m} + {INPUT_AWARE_M_DRAFT[m]}, {_m_run_label(src)} (`{src}`):\n\n"
                                + m_rule_table(src),
                                f"![input-aware m, {m}](../experiments/results/{src.replace('.json', '.png')})")]
-                + selection_cost_tables(),
+                + selection_cost_tables() + m_bounds_blocks(),
                 [f"{m}, {_m_run_label(src)}: {line}" for m, src in INPUT_AWARE_M for line in m_rule_verdicts(src)]
                 + selection_cost_verdicts()
-                + [oracle_persistence_note()]
+                + [oracle_persistence_note()] + m_bounds_verdict()
                 + [input_aware_reach_note()]),
         section("Dustin: speed",
                 "One H200: random-weight Qwen2.5-7B-shaped target, Qwen2.5-0.5B-shaped draft, Pallas attention in "

@@ -73,6 +73,9 @@ class CalibrationRecords:
     target_heads: Tuple[Tuple[int, ...], ...]
     draft_heads: Tuple[Tuple[int, ...], ...]
     gamma: int
+    #: ``[N]``: which decoded sequence each item is a round of (items of one sequence in round order); None
+    #: when not recorded
+    sequence: Optional[np.ndarray] = None
 
     @property
     def num_items(self) -> int:
@@ -169,7 +172,7 @@ def collect_calibration(target_params, target_config: ModelConfig, draft_params,
             weights, s_target, s_draft, hist, active = (np.asarray(x) for x in record)
             keep = np.nonzero(active)[0]
             if keep.size:
-                items.append((weights[keep], s_target[:, keep], s_draft[:, keep], hist[keep]))
+                items.append((weights[keep], s_target[:, keep], s_draft[:, keep], hist[keep], start + keep))
     if not items:
         raise ValueError("calibration produced no rounds")
     width = max(item[0].shape[1] for item in items)
@@ -182,7 +185,8 @@ def collect_calibration(target_params, target_config: ModelConfig, draft_params,
         target_scores=np.concatenate([pad(i[1]) for i in items], axis=1).astype(np.float32),
         draft_scores=np.concatenate([pad(i[2]) for i in items], axis=1).astype(np.float32),
         lengths=np.concatenate([i[3] for i in items]).astype(np.int32),
-        target_heads=target_heads, draft_heads=draft_heads, gamma=gamma)
+        target_heads=target_heads, draft_heads=draft_heads, gamma=gamma,
+        sequence=np.concatenate([i[4] for i in items]).astype(np.int32))
 
 
 # ---------------------------------------------------------------------------- ARR of selections
@@ -250,6 +254,82 @@ def sweep_m(weights, s_draft, s_target, lengths, *, k: int, sinks: int, window: 
                             k=k, sinks=sinks, window=window)
         total += np.asarray(arrs, np.float64).sum(axis=0)
     return total / len(lengths)
+
+
+def m_choice_study(records: CalibrationRecords, config: DustinConfig, *, target_layer: int = 0,
+                   draft_layers: Optional[Sequence[int]] = None) -> Dict[str, Any]:
+    """How predictable the ARR-maximising m of a round is (docs/methods.md §3.7), per round of each
+    recorded sequence, from its ARR curve (:func:`sweep_m`):
+
+    * ``fixed``: the profile's m every round; ``oracle``: the round's best m (needs the full-KV
+      verification, an upper bound);
+    * ``persistence``: the previous round's best m (the first round: the fixed m) -- what a rule that
+      learns m from finished rounds gets if the best m persists from round to round;
+    * ``signal_proxy``: the m that would maximise the round's ARR if the target's historical signal
+      ``s_T`` of the **next** round (the last committed token's SRH attention over the history, the one
+      target-side view of the verification a sparse round has) stood in for the recall weights -- not
+      causal for this round, so an optimistic bound for rules scoring m against ``s_T``;
+    * ``hindsight``: a causal rule built on that proxy: the candidate among m and m -/+ one coverage
+      step (:attr:`DustinConfig.m_candidates`) that would have covered the most of this round's ``s_T``
+      with the previous round's signals (ties keep m).
+
+    ``records.target_scores[target_layer]`` is ``s_T`` (recorded with ``config.target_heads``);
+    ``s_D`` sums ``records.draft_scores`` over ``draft_layers`` (their indices among the recorded draft
+    layers; default all). Each value is the mean ARR over rounds; ``gap_closed`` is ``(value − fixed) /
+    (oracle − fixed)``; ``oracle_m`` the mean and spread of the best m."""
+    if records.sequence is None:
+        raise ValueError("m_choice_study needs records with their sequence ids (collect_calibration records them)")
+    k, sinks, window, m0 = config.budget, config.sinks, config.window_size, config.effective_m
+    free = k - sinks - window
+    cands = tuple(config.m_candidates)
+    layers = list(range(records.draft_scores.shape[0])) if draft_layers is None else list(draft_layers)
+    s_d_all = records.draft_scores[layers].sum(axis=0)
+    s_t_all = records.target_scores[target_layer]
+    width = records.weights.shape[1]
+    pos = np.arange(width)
+
+    def curve(w, s_d, s_t, length):
+        return sweep_m(w[None], s_d[None], s_t[None], np.array([length]), k=k, sinks=sinks, window=window)
+
+    values = {name: [] for name in ("fixed", "oracle", "persistence", "signal_proxy", "hindsight")}
+    best_ms = []
+    for seq in np.unique(records.sequence):
+        rows = np.nonzero(records.sequence == seq)[0]
+        previous = None  # (s_D, s_T, length, best m) of the sequence's previous round
+        for i, row in enumerate(rows):
+            length = int(records.lengths[row])
+            s_d, s_t = s_d_all[row], s_t_all[row]
+            arr = curve(records.weights[row], s_d, s_t, length)
+            best = int(np.argmax(arr))
+            best_ms.append(best)
+            values["fixed"].append(arr[m0])
+            values["oracle"].append(arr[best])
+            if i + 1 < len(rows):  # the next round's s_T as this round's weights
+                nxt = s_t_all[rows[i + 1]] * (pos < length)
+                proxy = curve(nxt / max(float(nxt.sum()), 1e-30), s_d, s_t, length)
+                values["signal_proxy"].append(arr[int(np.argmax(proxy))])
+            else:
+                values["signal_proxy"].append(arr[m0])
+            if previous is None:
+                m_persist = m_hind = m0
+            else:
+                p_d, p_t, p_len, p_best = previous
+                now = s_t * (pos < p_len)
+                past = curve(now / max(float(now.sum()), 1e-30), p_d, p_t, p_len)
+                scores = np.array([past[min(m, free)] for m in cands])
+                m_persist = p_best
+                m_hind = m0 if scores.max() - past[m0] <= 1e-6 else int(cands[int(np.argmax(scores))])
+            values["persistence"].append(arr[m_persist])
+            values["hindsight"].append(arr[m_hind])
+            previous = (s_d, s_t, length, best)
+    means = {name: float(np.mean(v)) for name, v in values.items()}
+    gap = means["oracle"] - means["fixed"]
+    return {"k": k, "m": m0, "m_candidates": list(cands), "rounds": len(best_ms),
+            "sequences": int(len(np.unique(records.sequence))), "arr": means,
+            "gap_closed": {name: (means[name] - means["fixed"]) / gap if gap > 0 else None
+                           for name in ("persistence", "signal_proxy", "hindsight")},
+            "oracle_m": {"mean": float(np.mean(best_ms)), "std": float(np.std(best_ms)),
+                         "min": int(np.min(best_ms)), "max": int(np.max(best_ms))}}
 
 
 def best_m(arr_by_m: Sequence[float]) -> Tuple[int, float]:

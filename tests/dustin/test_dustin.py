@@ -768,3 +768,47 @@ def test_a_reuse_round_computes_no_selection(models):
     third = verify.verify_forward(target_params, rows, cache.with_lengths(jnp.array([204])), jnp.array([205]),
                                   signals, config=TARGET, state=state).probes
     assert bool(third.fresh)
+
+
+def test_m_choice_study_bounds_on_repeated_rounds():
+    """m_choice_study (docs/methods.md §3.7) on sequences whose rounds repeat exactly, with s_T equal to
+    the recall weights: the previous round's best m is this round's (persistence reaches the oracle from
+    the second round on, 2/3 of the gap over 3 rounds), the next round's s_T picks the oracle m (all but
+    the last round), and the hindsight rule picks the best of m and m -/+ one step from the second round."""
+    from jaxspec.dustin.search import m_choice_study
+
+    rng = np.random.RandomState(7)
+    seq, rounds, k, sinks, window, m0 = 300, 3, 128, 4, 32, 46
+    cfg = DustinConfig(budget=k, sinks=sinks, window=window, m=m0, target_layer=0, target_heads=(0,),
+                       draft_layers=(0,), draft_heads=((0,),))
+    expected = {name: [] for name in ("fixed", "oracle", "persistence", "signal_proxy", "hindsight")}
+    w_all, t_all, d_all, ids = [], [], [], []
+    for sequence in range(2):
+        w = rng.gamma(0.3, size=seq).astype(np.float32)
+        w /= w.sum()
+        d = (w + rng.rand(seq) * 0.02).astype(np.float32)  # a noisy copy: the draft signal alone is not the best
+        t = (w * 5 + rng.rand(seq) * 0.01).astype(np.float32)
+        true = t / t.sum()  # the recall weights: the target signal stands for them exactly
+        curve = sweep_m(true[None], d[None], t[None], np.array([seq]), k=k, sinks=sinks, window=window)
+        best = int(np.argmax(curve))
+        cands = cfg.m_candidates
+        hind = m0 if max(curve[m] for m in cands) - curve[m0] <= 1e-6 else cands[int(np.argmax([curve[m] for m in cands]))]
+        for r in range(rounds):
+            w_all.append(true), t_all.append(t), d_all.append(d), ids.append(sequence)
+            expected["fixed"].append(curve[m0])
+            expected["oracle"].append(curve[best])
+            expected["persistence"].append(curve[m0] if r == 0 else curve[best])
+            expected["signal_proxy"].append(curve[best] if r < rounds - 1 else curve[m0])
+            expected["hindsight"].append(curve[m0] if r == 0 else curve[hind])
+    records = CalibrationRecords(weights=np.stack(w_all), target_scores=np.stack(t_all)[None],
+                                 draft_scores=np.stack(d_all)[None], lengths=np.full(len(ids), seq),
+                                 target_heads=((0,),), draft_heads=((0,),), gamma=4, sequence=np.array(ids))
+    study = m_choice_study(records, cfg)
+    assert study["rounds"] == 6 and study["sequences"] == 2
+    for name, values in expected.items():
+        assert study["arr"][name] == pytest.approx(np.mean(values), abs=1e-6), name
+    assert study["arr"]["oracle"] > study["arr"]["fixed"]  # the instance has a gap to close
+    assert study["gap_closed"]["persistence"] == pytest.approx(2 / 3, abs=1e-4)
+    assert study["gap_closed"]["signal_proxy"] == pytest.approx(2 / 3, abs=1e-4)
+    with pytest.raises(ValueError, match="sequence ids"):
+        m_choice_study(dataclasses.replace(records, sequence=None), cfg)

@@ -431,3 +431,35 @@ def test_quality_warm_workers_leave_the_run_nothing_to_compile(folders, tmp_path
     assert warm_up["first_item"]["cache_misses"] == 0 and warm_up["first_item"]["cache_hits"] > 0, warm_up
     assert "warm_workers" not in data["config"] and "argv" not in data["config"]
     assert len(data["cases"]) == 3  # dense + two methods
+
+
+def test_m_bounds_command(folders, tmp_path, capsys):
+    """`dustin-m-bounds` decodes evaluation tasks with full-KV verification, recording every round, and
+    reports per k the mean ARR of fixed m, the per-round oracle and the three per-round choices (none
+    above the oracle) with the share of the gap each closes; without a profile it stops before loading."""
+    target, draft = folders
+    haystack = _haystack(tmp_path)
+    profile = tmp_path / "profile.json"
+    common = ["--model", str(target), "--draft", str(draft), "--source", str(haystack), "--gamma", "3"]
+    assert main(["dustin-profile", *common, "--budgets", "128", "--lengths", "400", "--kinds", "passkey",
+                 "--depths", "0.3,0.6", "--max-new-tokens", "4", "--srh-max-new-tokens", "3",
+                 "--recall-threshold", "-1", "--profile-file", str(profile), "--out", str(tmp_path / "p.json")]) == 0
+    saved = json.loads(profile.read_text())  # random weights keep no draft layer: give the config two, m = 40
+    saved["configs"]["128"].update(draft_layers=[0, 1], draft_heads=[[0, 1], [2, 3]], m=40)
+    profile.write_text(json.dumps(saved))
+    out = tmp_path / "bounds.json"
+    argv = ["dustin-m-bounds", *common, "--dustin-profile", str(profile), "--budgets", "128", "--lengths", "400",
+            "--kinds", "passkey", "--depths", "0.5", "--samples", "2", "--items", "2", "--max-new-tokens", "8",
+            "--out", str(out)]
+    assert main(argv) == 0
+    data = json.loads(out.read_text())
+    study = data["k128"]
+    assert len(data["tasks"]) == 2 and all(t.startswith("evaluation/passkey/400/") for t in data["tasks"])
+    assert study["sequences"] == 2 and study["rounds"] >= 2
+    arr = study["arr"]
+    assert all(arr["oracle"] >= arr[name] - 1e-6 for name in arr)
+    assert set(study["gap_closed"]) == {"persistence", "signal_proxy", "hindsight"}
+    assert study["oracle_m"]["min"] <= study["oracle_m"]["mean"] <= study["oracle_m"]["max"]
+    capsys.readouterr()
+    assert main(argv[:argv.index("--dustin-profile")] + ["--out", str(tmp_path / "none.json")]) == 2
+    assert "--dustin-profile" in capsys.readouterr().err and not (tmp_path / "none.json").exists()
