@@ -263,9 +263,9 @@ INPUT_AWARE_M = tuple((model, f"dustin_quality/dustin_quality_input_aware_m_{run
     ("smollm2-135m", "entropy_smollm2-135m_2k_cpu"), ("qwen2.5-coder-1.5b", "entropy_qwen2.5-coder-1.5b_2k_cpu"))
     if (RESULTS / f"dustin_quality/dustin_quality_input_aware_m_{run}.json").is_file())
 #: how predictable the per-round best m is (dustin-m-bounds; docs/methods.md §3.7): (model, file) that exist
-M_BOUNDS = tuple((model, f"dustin_quality/dustin_m_bounds_{run}.json") for model, run in (
+M_BOUNDS = tuple((model, f"dustin_quality/dustin_quality_m_bounds_{run}.json") for model, run in (
     ("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b_2k_cpu"),)
-    if (RESULTS / f"dustin_quality/dustin_m_bounds_{run}.json").is_file())
+    if (RESULTS / f"dustin_quality/dustin_quality_m_bounds_{run}.json").is_file())
 M_BOUND_TAGS = (("persistence", "persistence-bound", "the previous round's best m"),
                 ("signal_proxy", "signal-proxy", "the next round's target signal as the recall weights (not causal)"),
                 ("hindsight", "hindsight", "the hindsight rule (causal)"))
