@@ -440,16 +440,20 @@ def build_task_splits(tokenizer, args, kinds, lengths, depths):
                         source=args.source)
 
 
+def _task_args(args) -> Tuple[List[int], List[str], List[int], List[float]]:
+    """``--budgets``, ``--kinds``, ``--lengths``, ``--depths`` of the commands that build needle tasks, checked."""
+    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+    return (_check_budgets(args.budgets), kinds, _parse_ints(args.lengths, "--lengths"),
+            _parse_floats(args.depths, "--depths"))
+
+
 # ---------------------------------------------------------------------------- dustin-profile
 def cmd_dustin_profile(args) -> Dict[str, Any]:
     """SRH identification + calibration rounds + Algorithm 1 on calibration-split needle tasks."""
     from jaxspec.decoding.policies import describe_skip_mask
     from jaxspec.dustin.search import profile_pair
 
-    budgets = _check_budgets(args.budgets)
-    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
-    lengths = _parse_ints(args.lengths, "--lengths")
-    depths = _parse_floats(args.depths, "--depths")
+    budgets, kinds, lengths, depths = _task_args(args)
     if not args.profile_file:
         raise ValueError("give --profile-file FILE: where to save the profile (e.g. experiments/profiles/NAME.json)")
     if args.extend:
@@ -498,10 +502,7 @@ def cmd_dustin_m_bounds(args) -> Dict[str, Any]:
     target signal as the recall weights, and the causal hindsight rule."""
     from jaxspec.dustin.search import DustinProfile, collect_calibration, m_choice_study
 
-    budgets = _check_budgets(args.budgets)
-    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
-    lengths = _parse_ints(args.lengths, "--lengths")
-    depths = _parse_floats(args.depths, "--depths")
+    budgets, kinds, lengths, depths = _task_args(args)
     if not args.dustin_profile:
         raise ValueError("give --dustin-profile FILE (the pair's profile: its SRH layers, heads and m per budget)")
     if args.items < 1:

@@ -173,6 +173,27 @@ def tiny_llama31(tiny_models) -> TinyModel:
     return tiny_models["llama31"]
 
 
+def slow_engine_side(monkeypatch, slow: str, seconds: float = 0.25) -> None:
+    """Make one side of the measured arbitration certainly slower: a host sleep after each call of the
+    engine's speculative loop (``slow="speculative"``) or its plain-decoding stretch (``"ar"``)."""
+    import time
+
+    import jax
+
+    from jaxspec.decoding import speculative as engine_module
+
+    side = {"speculative": "run_loop", "ar": "plain_decode"}[slow]
+    real = getattr(engine_module, side)
+
+    def slowed(*args, **kwargs):
+        out = real(*args, **kwargs)
+        jax.block_until_ready(out)
+        time.sleep(seconds)
+        return out
+
+    monkeypatch.setattr(engine_module, side, slowed)
+
+
 def max_rel_error(ours, reference) -> float:
     """``max|ours - reference| / max|reference|`` (the parity metric)."""
     ours = np.asarray(ours, np.float64)

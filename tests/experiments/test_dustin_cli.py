@@ -139,6 +139,22 @@ def test_generate_sparse_draft_kv_and_arbitrate(folders, tmp_path):
         "dustin-kv-verify-set"
 
 
+def _profile(tmp_path, common, budgets, depths, max_new_tokens, srh_max_new_tokens, draft_layers=False):
+    """`dustin-profile` on the tiny pair (calibration passkey tasks of 400 tokens): the profile's path. Random
+    weights keep no draft layer; ``draft_layers`` gives every config two (heads 0-1 and 2-3) and m = 40."""
+    profile = tmp_path / "profile.json"
+    assert main(["dustin-profile", *common, "--budgets", budgets, "--lengths", "400", "--kinds", "passkey",
+                 "--depths", depths, "--max-new-tokens", str(max_new_tokens), "--srh-max-new-tokens",
+                 str(srh_max_new_tokens), "--recall-threshold", "-1", "--profile-file", str(profile),
+                 "--out", str(tmp_path / "p.json")]) == 0
+    if draft_layers:
+        saved = json.loads(profile.read_text())
+        for config in saved["configs"].values():
+            config.update(draft_layers=[0, 1], draft_heads=[[0, 1], [2, 3]], m=40)
+        profile.write_text(json.dumps(saved))
+    return profile
+
+
 def _haystack(tmp_path):
     import random
 
@@ -159,11 +175,8 @@ def test_profile_and_quality_commands(folders, tmp_path, capsys):
     perplexity); with k = 128 the selections are sparse (ARR < 1)."""
     target, draft = folders
     haystack = _haystack(tmp_path)
-    profile = tmp_path / "profile.json"
     common = ["--model", str(target), "--draft", str(draft), "--source", str(haystack), "--gamma", "3"]
-    assert main(["dustin-profile", *common, "--budgets", "128,512", "--lengths", "400", "--kinds", "passkey",
-                 "--depths", "0.3,0.6", "--max-new-tokens", "4", "--srh-max-new-tokens", "3",
-                 "--recall-threshold", "-1", "--profile-file", str(profile), "--out", str(tmp_path / "p.json")]) == 0
+    profile = _profile(tmp_path, common, "128,512", "0.3,0.6", 4, 3)
     saved = json.loads(profile.read_text())
     assert saved["kind"] == "jaxspec.dustin.profile" and sorted(saved["configs"]) == ["128", "512"]
     assert saved["data"]["split"] == "calibration" and saved["data"]["disjoint_from_evaluation_checked"]
@@ -253,14 +266,7 @@ def test_quality_input_aware_and_oracle_m(folders, tmp_path):
     target, draft = folders
     haystack = _haystack(tmp_path)
     common = ["--model", str(target), "--draft", str(draft), "--source", str(haystack), "--gamma", "3"]
-    profile = tmp_path / "profile.json"
-    assert main(["dustin-profile", *common, "--budgets", "128,512", "--lengths", "400", "--kinds", "passkey",
-                 "--depths", "0.3", "--max-new-tokens", "3", "--srh-max-new-tokens", "2", "--recall-threshold", "-1",
-                 "--profile-file", str(profile), "--out", str(tmp_path / "p.json")]) == 0
-    saved = json.loads(profile.read_text())  # random weights keep no draft layer: give the configs two, m = 40
-    for config in saved["configs"].values():
-        config.update(draft_layers=[0, 1], draft_heads=[[0, 1], [2, 3]], m=40)
-    profile.write_text(json.dumps(saved))
+    profile = _profile(tmp_path, common, "128,512", "0.3", 3, 2, draft_layers=True)
     out = tmp_path / "quality.json"
     assert main(["dustin-quality", *common, "--dustin-profile", str(profile), "--budgets", "128,512", "--methods",
                  "dustin-h,dustin-h-ia,dustin-h-cov,dustin-h-ent,dustin-h-oracle", "--items", "400:1", "--kinds", "passkey",
@@ -439,14 +445,8 @@ def test_m_bounds_command(folders, tmp_path, capsys):
     above the oracle) with the share of the gap each closes; without a profile it stops before loading."""
     target, draft = folders
     haystack = _haystack(tmp_path)
-    profile = tmp_path / "profile.json"
     common = ["--model", str(target), "--draft", str(draft), "--source", str(haystack), "--gamma", "3"]
-    assert main(["dustin-profile", *common, "--budgets", "128", "--lengths", "400", "--kinds", "passkey",
-                 "--depths", "0.3,0.6", "--max-new-tokens", "4", "--srh-max-new-tokens", "3",
-                 "--recall-threshold", "-1", "--profile-file", str(profile), "--out", str(tmp_path / "p.json")]) == 0
-    saved = json.loads(profile.read_text())  # random weights keep no draft layer: give the config two, m = 40
-    saved["configs"]["128"].update(draft_layers=[0, 1], draft_heads=[[0, 1], [2, 3]], m=40)
-    profile.write_text(json.dumps(saved))
+    profile = _profile(tmp_path, common, "128", "0.3,0.6", 4, 3, draft_layers=True)
     out = tmp_path / "bounds.json"
     argv = ["dustin-m-bounds", *common, "--dustin-profile", str(profile), "--budgets", "128", "--lengths", "400",
             "--kinds", "passkey", "--depths", "0.5", "--samples", "2", "--items", "2", "--max-new-tokens", "8",

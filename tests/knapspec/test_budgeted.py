@@ -12,7 +12,7 @@ from jaxspec.config import ModelConfig
 from jaxspec.knapspec import budgeted as bd
 from jaxspec.knapspec import dp, latency
 from jaxspec.models.llama import forward_jit, forward_static_skip, init_params
-from tests.conftest import decomposable_increments, dp_model_problem
+from tests.conftest import decomposable_increments, dp_model_problem, slow_engine_side
 
 TINY = ModelConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=5, num_heads=4, num_kv_heads=2,
                    head_dim=16, dtype="float32")
@@ -246,22 +246,10 @@ def test_budget_generate_probes_its_plan_against_plain_decoding(monkeypatch, slo
     that many rounds of it against as many plain-decoding steps at the start and keeps the faster for the
     rest (the measured arbitration). Slowing one side on the host makes the choice certain; the output
     is AR's either way, and only a plain-decoding winner adds plain steps after the probe."""
-    import time
-
-    from jaxspec.decoding import speculative as engine_module
     from jaxspec.decoding.autoregressive import generate
     from jaxspec.knapspec.policy import KnapSpecConfig, knapspec_budget_generate
 
-    side = {"speculative": "run_loop", "ar": "plain_decode"}[slow]
-    real = getattr(engine_module, side)
-
-    def slowed(*args, **kwargs):
-        out = real(*args, **kwargs)
-        jax.block_until_ready(out)
-        time.sleep(0.25)
-        return out
-
-    monkeypatch.setattr(engine_module, side, slowed)
+    slow_engine_side(monkeypatch, slow)
     params = init_params(TINY, jax.random.PRNGKey(1), scale=0.2)
     prompts = [np.random.RandomState(1).randint(0, 97, n).tolist() for n in (30, 24)]
     lat = latency.LatencyModel(c1=1.0, c2=1.0, c3=0.1)

@@ -19,7 +19,7 @@ from jaxspec.knapspec.planner import Plan, PlannerBase
 from jaxspec.knapspec.policy import KnapSpecConfig, KnapSpecDraft, knapspec_generate
 from jaxspec.models.cache import init_cache
 from jaxspec.models.llama import forward_jit, init_params
-from tests.conftest import dp_model_problem
+from tests.conftest import dp_model_problem, slow_engine_side
 
 TARGET = ModelConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=5, num_heads=4, num_kv_heads=2,
                      head_dim=16, dtype="float32")
@@ -230,20 +230,8 @@ def test_measured_arbitration_keeps_the_faster_mode(params, ar_rows, monkeypatch
     and the record carries both measured rates. With a latency model predicting fast plain
     decoding, its rate stands in for a slow AR probe (the better of the two), so AR wins."""
     import dataclasses
-    import time
 
-    from jaxspec.decoding import speculative as engine_module
-
-    side = {"speculative": "run_loop", "ar": "plain_decode"}[slow]
-    real = getattr(engine_module, side)
-
-    def slowed(*args, **kwargs):
-        out = real(*args, **kwargs)
-        jax.block_until_ready(out)
-        time.sleep(0.25)
-        return out
-
-    monkeypatch.setattr(engine_module, side, slowed)
+    slow_engine_side(monkeypatch, slow)
     knap = dataclasses.replace(KNAP, probe_rounds=5)  # clamped to (4 - 2) // 2 = 1 round per probe
     assert knap.probe == 1 and dataclasses.replace(KNAP, probe_rounds=None).probe == 0
     fast = latency.LatencyModel(c1=1e-7, c2=0.0, c3=1e-7, c0=1e-7) if fast_model else None  # ~1e6 tok/s
