@@ -45,6 +45,7 @@ from jaxspec.decoding.autoregressive import PAD_OUTPUT, decode_steps, pad_prompt
 from jaxspec.decoding.contract import Chunk, DraftPolicyBase, Proposal, RunToEnd, check_policies
 from jaxspec.decoding.policies import DenseVerify
 from jaxspec.decoding.sampling import SamplingConfig, sample_token, sampling_probs
+from jaxspec.models.attention import backend_of
 from jaxspec.models.cache import KVCache, check_context, check_room, init_cache
 from jaxspec.models.llama import forward
 from jaxspec.models.sharding import (ACTIVATION_AXES, CACHE_LENGTHS_AXES, constrain, mesh_of, resolve_placement,
@@ -610,7 +611,7 @@ def speculative_generate(target_params, target_config: ModelConfig, prompts: Seq
         raise ValueError(f"token ids {bad[:5]} outside the vocabulary [0, {target_config.vocab_size})")
     gamma = engine.gamma
     needed = int(lengths.max()) + engine.max_new_tokens + gamma + 2
-    capacity = capacity or needed
+    capacity = backend_of(target_config).round_capacity(capacity or needed)  # what init_cache allocates
     check_room(lengths, capacity, engine.max_new_tokens + gamma + 2,
                f"prompt + {engine.max_new_tokens} new tokens + a draft of gamma={gamma} (+2 headroom)")
     if not allow_beyond_context:

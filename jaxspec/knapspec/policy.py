@@ -975,7 +975,7 @@ def knapspec_generate(target_params, target_config: ModelConfig, prompts: Sequen
     for that plan (``KnapSpecDraft.static_mask``: skipped sub-layers removed at trace time, no
     per-sub-layer ``lax.cond``); False keeps the dynamic mask. ``attention_plan=(codes [L, 2], sinks,
     window)`` (with ``replan=False``): draft with that three-choice plan (docs/methods.md §5.4) instead.
-    ``probe_fixed_plan`` (with ``replan=False``): time ``knapspec.probe`` rounds of the fixed plan against as
+    ``probe_fixed_plan`` (with ``replan=False``): time ``knapspec.probe_rounds`` rounds of the fixed plan against as
     many plain-decoding steps at the start and keep the faster for the run (the measured arbitration;
     ``metrics["fixed_plan_probe"]``).
     ``draft_policy``: another self-draft in place of :class:`KnapSpecDraft` (e.g. Dustin's

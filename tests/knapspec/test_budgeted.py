@@ -269,3 +269,21 @@ def test_budget_generate_probes_its_plan_against_plain_decoding(monkeypatch, slo
     unprobed = knapspec_budget_generate(params, TINY, prompts, latency=lat, sinks=1, window=4, reference_tokens=8,
                                         knapspec=dataclasses.replace(knap, probe_rounds=None), max_new_tokens=12)
     assert unprobed.metrics["fixed_plan_probe"] is None and unprobed.metrics["ar_steps"] == 0
+
+
+def test_budget_generate_on_the_attention_kernels():
+    """On a kernel backend (the Pallas kernels, interpreted) the cache the plan prefills is rounded to the
+    kernels' blocks, and the speculative run takes it as is: greedy output still equals AR's."""
+    from jaxspec.config import preset
+    from jaxspec.decoding.autoregressive import generate
+    from jaxspec.knapspec.policy import KnapSpecConfig, knapspec_budget_generate
+
+    cfg = preset("smollm2-135m-shape", num_layers=2, dtype="float32", attention_backend="pallas-interpret")
+    params = init_params(cfg, jax.random.PRNGKey(0))
+    prompts = [np.random.RandomState(1).randint(0, 1000, n).tolist() for n in (30, 24)]  # 30 + 8 + 4: not x 64
+    knap = KnapSpecConfig(gamma_max=2, gamma_buckets=(), max_plan_fraction=None, probe_rounds=None, tau=0.3,
+                          gammas=(1, 2))
+    result = knapspec_budget_generate(params, cfg, prompts, latency=latency.LatencyModel(c1=1.0, c2=1.0, c3=0.1),
+                                      sinks=1, window=4, reference_tokens=8, knapspec=knap, max_new_tokens=8)
+    assert result.rows() == generate(params, cfg, prompts, 8).rows()
+    assert result.metrics["budget_plan"]["gamma"] >= 1

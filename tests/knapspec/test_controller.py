@@ -465,11 +465,12 @@ def test_cli_generate_knapspec_clasp_static(tmp_path, capsys):
     k = results["knapspec"]
     assert k["latency_profile"]["measured_now"] is True and k["latency_profile"]["path"] == str(profile)
     history = k["plan_history"]
-    assert history and [h["round"] for h in history][:2] == [6, 14]
+    # the plans follow a latency profile measured on the fly: the messages carry what a failure needs
+    assert history and [h["round"] for h in history][:2] == [6, 14], history
     for h in history:
         assert {"context_length", "n_skip_attn", "n_skip_mlp", "gamma_star", "gamma_used", "predicted_tpt"} <= set(h)
-        assert h["n_skip_attn"] + h["n_skip_mlp"] > 0 and h["predicted_tpt"] > 0
-    assert 0 <= k["plan_fraction_of_decode"] < 1 and k["plan_s"] > 0
+        assert h["n_skip_attn"] + h["n_skip_mlp"] > 0 and h["predicted_tpt"] > 0, (h, k["latency_profile"])
+    assert 0 <= k["plan_fraction_of_decode"] < 1 and k["plan_s"] > 0, k
     for field in ("metrics", "gamma", "tokens", "text", "num_generated", "tokens_per_s", "timings", "speedup_vs_ar"):
         assert field in results
     assert results["metrics"]["knapspec_plans"] and results["gamma"] == 4
