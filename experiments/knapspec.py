@@ -54,7 +54,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from experiments import registry
-from experiments.common import DEMO_PROMPT_FILE, REPO, ResultWriter, print_table
+from experiments.common import DEMO_PROMPT_FILE, REPO, ResultWriter, load_model_timed, print_table
 
 METHODS = ("knapspec", "clasp", "static-skip", "knapspec-tpl", "knapspec-coupled", "knapspec-official",
            "knapspec-budget", "knapspec-target-ref")
@@ -644,11 +644,8 @@ def load(args) -> Model:
         return Model(params, config, None, args.model, real=False)
     if args.layers is not None:
         raise ValueError("--layers only applies to random:PRESET models")
-    from jaxspec.models.loading import load_model
-
-    model = load_model(args.model, dtype=args.dtype)
-    config = model.config.replace(attention_backend=args.attention_backend)
-    return Model(model.params, config, model.tokenizer, args.model, real=True)
+    model = load_model_timed(args.model, args.dtype, args.attention_backend)
+    return Model(model.params, model.config, model.tokenizer, args.model, real=True)
 
 
 def _chat_frame(tokenizer) -> Tuple[List[int], List[int]]:

@@ -386,10 +386,7 @@ class BudgetDPCost:
         return skip_budget(w_attn, w_mlp, config.num_layers) + 1
 
     def reference_cost(self, config: ModelConfig, n: float) -> float:
-        lat = self.latency
-        row = lat.t_row(n)
-        row = row if row > 0 else float(lat.v) * lat.t_step(n, config.num_layers)
-        return float(self.slots(config, n)) * row
+        return float(self.slots(config, n)) * self.latency.t_extra_row(n, config.num_layers)
 
 
 def plan_choices(target_params, config: ModelConfig, cache, tokens, token_mask, prefix_len, latency: LatencyModel,

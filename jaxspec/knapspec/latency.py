@@ -144,6 +144,13 @@ class LatencyModel:
         never below 0 (0: the many-row slope was not measured)."""
         return max(0.0, float(self.u + self.u_n * float(n)))
 
+    def t_extra_row(self, n, num_layers: int) -> float:
+        """The price of one more row through the whole model at context ``n`` (a DP's slot state):
+        :meth:`t_row` where the profile measured the many-row slope, else the verification-row cost
+        ``v t_step(n)``; 0 when neither is known."""
+        row = self.t_row(n)
+        return row if row > 0 else float(self.v) * self.t_step(n, num_layers)
+
     def t_step(self, n, num_layers: int) -> float:
         """Predicted full-model decode step at context ``n``: ``L (t_attn(n) + t_mlp) + t_token``."""
         return float(num_layers) * (self.t_attn(n) + self.t_mlp()) + self.t_token()

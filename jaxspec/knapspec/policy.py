@@ -607,7 +607,7 @@ class KnapSpecPlanner(PlannerBase):
         no cap.
         Checked on the CPU with ``v``: SmolLM2-135M 3.05 s predicted vs 3.2-3.65 s measured,
         Qwen2.5-Coder-1.5B 38.6 s vs 45.5 s."""
-        return float(self._slots(config, n)) * self._row_cost(config, n)
+        return float(self._slots(config, n)) * self.latency.t_extra_row(n, config.num_layers)
 
     def _slots(self, config: ModelConfig, n: float) -> int:
         lat = self.latency
@@ -616,11 +616,6 @@ class KnapSpecPlanner(PlannerBase):
         return skip_budget(*knapsack_weights(lat.t_attn(n), lat.t_mlp(), self.knapspec.weight_cap),
                            config.num_layers) + 1
 
-    def _row_cost(self, config: ModelConfig, n: float) -> float:
-        lat = self.latency
-        row = lat.t_row(n)
-        return row if row > 0 else float(lat.v) * lat.t_step(n, config.num_layers)
-
     def reference_costs(self, config: ModelConfig, n: float) -> Tuple[float, float]:
         """``(fixed, per_token)`` predicted seconds of one plan: with ``search_tokens`` (two-stage plan) the
         DP's ``J`` rows per search token are a fixed cost and each window token adds the finalists' rows
@@ -628,7 +623,7 @@ class KnapSpecPlanner(PlannerBase):
         left out); without it every window token costs the DP's ``J`` rows (:meth:`reference_cost`). The
         finalists' rows are an upper bound: they run only the sub-layers they execute after their
         first skip (``dp.plan_agreement``)."""
-        slots, row = self._slots(config, n), self._row_cost(config, n)
+        slots, row = self._slots(config, n), self.latency.t_extra_row(n, config.num_layers)
         if self.knapspec.search_tokens is None:
             return 0.0, float(slots) * row
         return float(slots) * row * int(self.knapspec.search_tokens), float(self.knapspec.finalists + 1) * row
@@ -725,6 +720,7 @@ class KnapSpecController(ScriptedController):
         self.initial_plan, self.replan = initial_plan, replan
         # a fixed plan (replan=False) that drafts: probe it against plain decoding once, at the start
         self.probe_fixed = bool(probe_fixed) and not replan
+        self.fixed_probe = None  # that probe's record (measured_arbitration) once it ran
         self.latency = latency if latency is not None else (planner.latency_model() if planner is not None else None)
         if knapspec.static_plans and not isinstance(draft_policy, KnapSpecDraft):
             raise ValueError(f"KnapSpecConfig.static_plans compiles KnapSpecDraft for each plan: pass the run's "
@@ -941,7 +937,7 @@ class KnapSpecController(ScriptedController):
                        ar_intervals=counters.plain_stretches, schedule_rounds=self.schedule_rounds,
                        gamma_buckets_used=sorted(self.buckets_used), honor_gamma=self.knapspec.honor_gamma,
                        knapspec_plans=[r.summary() for r in self.records], plan_allowance=self.allowance,
-                       fixed_plan_probe=getattr(self, "fixed_probe", None),
+                       fixed_plan_probe=self.fixed_probe,
                        draft_steps=int(final.draft_state["draft_steps"]),
                        static_plans=self.draft_policy is not None,
                        compiled_plans=len(counters.draft_policies),
