@@ -487,7 +487,8 @@ def _measure_point(*, args, context, batch, holder, target_config, draft_config,
         verify_state = None
         fixed_tau = taus[method]
         engine = EngineConfig(gamma=args.gamma, max_new_tokens=args.new_tokens,
-                              fixed_acceptance=acceptance_from_tau(fixed_tau["tau"], args.gamma))
+                              fixed_acceptance=acceptance_from_tau(fixed_tau["tau"], args.gamma),
+                              skip_finished_rows=not args.keep_finished_rows)
         if method == "classic":
             draft_policy, verify_policy = SeparateDraft(draft_config), DenseVerify()
         elif method == "magicdec":  # draft reads a StreamingLLM view of the same budget
@@ -631,6 +632,9 @@ def register(subparsers) -> None:
                        help=f"comma-separated, ar required: {', '.join(METHODS)} (default {', '.join(DEFAULT_METHODS)}; "
                             f"dustin-kv-*: Dustin-H whose draft reads a budget of its cache)")
     bench.add_argument("--gamma", type=int, default=4)
+    bench.add_argument("--keep-finished-rows", action="store_true",
+                       help="a batch's finished rows keep reading their whole history while the loop waits for "
+                            "the others (default: they read none; docs/methods.md §5.7)")
     bench.add_argument("--reselect-every", type=int, default=None, metavar="R",
                        help="the Dustin methods select I_verify every R-th round and reuse it in between "
                             "(docs/methods.md §3.8; 1: every round)")

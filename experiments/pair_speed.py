@@ -276,7 +276,7 @@ def cmd_pair_speed(args) -> Dict[str, Any]:
     target_bytes, draft_bytes = param_bytes(model.params), param_bytes(draft.params)
     kv_bytes = 4 if args.dtype == "float32" else 2  # bytes per cached K/V element (the cache has the model dtype)
     engine = EngineConfig(gamma=args.gamma, sampling=SamplingConfig(), max_new_tokens=args.max_new_tokens,
-                          stop_tokens=())
+                          stop_tokens=(), skip_finished_rows=not args.keep_finished_rows)
     policies = {m: build_policies(args, m, config, draft_config) for m in methods}
     rows: List[Dict[str, Any]] = []
     for context in contexts:
@@ -513,6 +513,9 @@ def register(subparsers) -> None:
                    help="the pair's SRH profile (dustin-profile)")
     p.add_argument("--dustin-mode", default="hybrid", choices=["hybrid", "target", "draft"])
     p.add_argument("--gamma", type=int, default=4)
+    p.add_argument("--keep-finished-rows", action="store_true",
+                    help="a batch's finished rows keep reading their whole history while the loop waits for the "
+                         "others (default: they read none; docs/methods.md §5.7)")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     from jaxspec.config import ATTENTION_BACKENDS

@@ -117,9 +117,11 @@ def prefill(params, config: ModelConfig, tokens: np.ndarray, prompt_lengths: np.
     return cache.with_lengths(start_lengths + jnp.asarray(prompt_lengths, jnp.int32)), last_logits
 
 
-def decode_steps(params, cache, token, done, out, key, start, end, *, config, sampling, stop_tokens):
+def decode_steps(params, cache, token, done, out, key, start, end, *, config, sampling, stop_tokens,
+                 skip_finished: bool = True):
     """The decode ``while_loop``: from step ``start`` while ``step < end`` (traced) and some row is not done,
     feed ``token [B]``, sample the next and write it to ``out[:, step]`` (``PAD_OUTPUT`` for done rows).
+    ``skip_finished``: done rows read none of their history (:attr:`KVCache.frozen`, docs/methods.md §5.7).
     The cache is carried as given (a donated buffer stays in place). Returns ``(out, cache)``."""
     stop = jnp.asarray(stop_tokens if stop_tokens else (-2,), jnp.int32)
 
@@ -129,13 +131,13 @@ def decode_steps(params, cache, token, done, out, key, start, end, *, config, sa
 
     def body(state):
         step, cache, out, token, done, key = state
-        result = forward(params, token[:, None], cache, config=config)
+        result = forward(params, token[:, None], cache.with_frozen(done) if skip_finished else cache, config=config)
         key, sub = jax.random.split(key)
         new = sample_token(result.logits[:, 0], sub, sampling)
         new = jnp.where(done, PAD_OUTPUT, new)
         out = jax.lax.dynamic_update_slice(out, new[:, None], (0, step))
         done = done | jnp.isin(new, stop)
-        return step + 1, result.cache, out, jnp.maximum(new, 0), done, key
+        return step + 1, result.cache.with_frozen(None), out, jnp.maximum(new, 0), done, key
 
     state = (jnp.int32(start), cache, out, token, done, key)
     _, cache, out, _, _, _ = jax.lax.while_loop(cond, body, state)

@@ -46,7 +46,7 @@ from jaxspec.decoding.contract import Chunk, DraftPolicyBase, Proposal, RunToEnd
 from jaxspec.decoding.policies import DenseVerify
 from jaxspec.decoding.sampling import SamplingConfig, sample_token, sampling_probs
 from jaxspec.models.attention import backend_of
-from jaxspec.models.cache import KVCache, check_context, check_room, init_cache
+from jaxspec.models.cache import KVCache, check_context, check_room, freeze_rows, init_cache
 from jaxspec.models.llama import forward
 from jaxspec.models.sharding import (ACTIVATION_AXES, CACHE_LENGTHS_AXES, constrain, mesh_of, resolve_placement,
                                      shard_params, use_mesh)
@@ -60,6 +60,9 @@ class EngineConfig:
     stop_tokens: Tuple[int, ...] = ()
     # Systems benchmarks: probabilities of accepting 0..gamma draft tokens per round (None = real acceptance).
     fixed_acceptance: Optional[Tuple[float, ...]] = None
+    # A batch's finished rows read none of their history while the loop waits for the others (their
+    # caches' rows marked KVCache.frozen each round; docs/methods.md §5.7). False: they run along in full.
+    skip_finished_rows: bool = True
 
     def __post_init__(self):
         if not isinstance(self.gamma, int) or self.gamma < 1:
@@ -231,7 +234,9 @@ def commit_phase(state: LoopState, proposal: Proposal, target_logits, target_cac
 
 
 def _round(target_params, draft_params, state, *, target_config, draft_policy, verify_policy, engine):
-    proposal, key = draft_phase(target_params, draft_params, state.draft_state, state.target_cache, state.pending,
+    frozen = state.done if engine.skip_finished_rows else None  # finished rows read no history this round
+    proposal, key = draft_phase(target_params, draft_params, freeze_rows(state.draft_state, frozen),
+                                 freeze_rows(state.target_cache, frozen), state.pending,
                                  state.previous, state.committed, state.key,
                                  verify_policy.draft_feedback(state.verify_state), target_config=target_config,
                                  draft_policy=draft_policy, engine=engine)
@@ -239,6 +244,9 @@ def _round(target_params, draft_params, state, *, target_config, draft_policy, v
                                           state.pending, proposal.tokens, proposal.signals,
                                           target_config=target_config, verify_policy=verify_policy, engine=engine)
     new = commit_phase(state, proposal, logits, cache, key, engine=engine)
+    if frozen is not None:  # the mark lives for one round: the carried state is as the round found it
+        new = new._replace(target_cache=freeze_rows(new.target_cache, None),
+                           draft_state=freeze_rows(new.draft_state, None))
     return update_verify_state(state, new, probes, verify_policy=verify_policy)
 
 
@@ -433,7 +441,8 @@ def plain_decode_fn(params, state: LoopState, num_steps, *, config: ModelConfig,
     tokens = constrain(jnp.full((batch, steps), PAD_OUTPUT, jnp.int32), ACTIVATION_AXES["output_tokens"])
     tokens, cache = decode_steps(params, state.target_cache.with_lengths(state.committed - 1), state.pending,
                                  state.done, tokens, loop_key, 0, jnp.minimum(steps, num_steps), config=config,
-                                 sampling=engine.sampling, stop_tokens=tuple(engine.stop_tokens))
+                                 sampling=engine.sampling, stop_tokens=tuple(engine.stop_tokens),
+                                 skip_finished=engine.skip_finished_rows)
     position = jnp.arange(steps)[None, :]
     is_stop = jnp.isin(tokens, stop)
     first_stop = jnp.where(is_stop.any(axis=1), jnp.argmax(is_stop, axis=1), steps)

@@ -50,6 +50,10 @@ class KVCache:
     keys: Tuple[jax.Array, ...]
     values: Tuple[jax.Array, ...]
     lengths: jax.Array
+    # [B] bool or None: rows whose history the attention does not read (a batched decode's finished
+    # rows, docs/methods.md §5.7); they attend to slot 0 only, their writes still land at ``lengths``.
+    # Set per round by the engine (:func:`freeze_rows`), never carried between rounds.
+    frozen: Optional[jax.Array] = None
 
     @property
     def batch_size(self) -> int:
@@ -67,6 +71,22 @@ class KVCache:
     def with_lengths(self, lengths) -> "KVCache":
         """Same buffers, new per-row lengths (rollback or commit: no data moves)."""
         return dataclasses.replace(self, lengths=jnp.asarray(lengths, jnp.int32))
+
+    @property
+    def read_lengths(self) -> jax.Array:
+        """History slots the attention reads per row: ``lengths``, and at most 1 (the first slot, so
+        no softmax is empty) for :attr:`frozen` rows."""
+        if self.frozen is None:
+            return self.lengths
+        return jnp.where(self.frozen, jnp.minimum(self.lengths, 1), self.lengths)
+
+    def with_frozen(self, frozen) -> "KVCache":
+        """Same buffers and lengths; ``frozen [B]`` bool (or ``None``) as :attr:`frozen`."""
+        if frozen is not None:
+            frozen = jnp.asarray(frozen, bool)
+            if frozen.shape != self.lengths.shape:
+                raise ValueError(f"frozen has shape {frozen.shape}; the cache has {self.batch_size} rows")
+        return dataclasses.replace(self, frozen=frozen)
 
     def rollback(self, num_rejected) -> "KVCache":
         """Forget the last ``num_rejected[b]`` tokens of each row (a scalar or ``[B]``).
@@ -87,6 +107,18 @@ class KVCache:
 
     def nbytes(self) -> int:
         return sum(int(k.size) * k.dtype.itemsize for k in self.keys + self.values)
+
+
+def freeze_rows(tree, frozen):
+    """``tree`` (any pytree, e.g. a draft policy's state) with every :class:`KVCache` of ``frozen``'s
+    batch marked :attr:`KVCache.frozen` (``None`` clears the mark). Caches of another batch size (a
+    planner's few rows) are left as they are."""
+    def mark(node):
+        if isinstance(node, KVCache) and (frozen is None or node.lengths.shape == jnp.shape(frozen)):
+            return node.with_frozen(frozen)
+        return node
+
+    return jax.tree.map(mark, tree, is_leaf=lambda node: isinstance(node, KVCache))
 
 
 def is_concrete(x) -> bool:

@@ -123,8 +123,11 @@ class LayerOutput(NamedTuple):
 
 def decoder_layer(layer: LayerParams, h, config: ModelConfig, cos, sin, cache_k, cache_v, lengths,
                   verify_indices=None, probe_local: Tuple[int, ...] = (), *, skip_attn=False, skip_mlp=False,
-                  attend=None) -> LayerOutput:
+                  attend=None, history_lengths=None) -> LayerOutput:
     """One decoder layer: attention sub-layer (its K/V written at slots ``lengths ..``) then MLP.
+
+    ``history_lengths [B]``: the history slots the attention reads, when not ``lengths`` (a finished
+    row's 1, :attr:`jaxspec.models.cache.KVCache.read_lengths`).
 
     ``skip_attn`` / ``skip_mlp``: a Python bool removes the sub-layer at trace time; a traced
     bool scalar switches it with ``lax.cond`` (the skipped branch does no work). A skipped
@@ -136,7 +139,8 @@ def decoder_layer(layer: LayerParams, h, config: ModelConfig, cos, sin, cache_k,
     static_attn = isinstance(skip_attn, bool)
     if not (static_attn and skip_attn):
         def run_attn(hh):
-            return attention_sublayer(layer, hh, config, cos, sin, cache_k, cache_v, lengths, verify_indices,
+            return attention_sublayer(layer, hh, config, cos, sin, cache_k, cache_v,
+                                      lengths if history_lengths is None else history_lengths, verify_indices,
                                       probe_local, attend=attend)
 
         with jax.named_scope("attention"):

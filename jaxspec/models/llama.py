@@ -137,6 +137,7 @@ def forward(params: ModelParams, tokens, cache: KVCache, *, config: ModelConfig,
     if dynamic_skip:
         skip_mask = jnp.asarray(skip_mask, bool)
     lengths = cache.lengths
+    history_lengths = None if cache.frozen is None else cache.read_lengths  # finished rows read no history
     capacity = cache.capacity
     if positions is None:
         positions = default_positions(lengths, steps)
@@ -156,7 +157,8 @@ def forward(params: ModelParams, tokens, cache: KVCache, *, config: ModelConfig,
             skip_attn = skip_mlp = False
         with jax.named_scope(f"layer{i}"):
             out = decoder_layer(layer, h, config, cos, sin, cache.keys[i], cache.values[i], lengths,
-                                verify_indices, local, skip_attn=skip_attn, skip_mlp=skip_mlp)
+                                verify_indices, local, skip_attn=skip_attn, skip_mlp=skip_mlp,
+                                history_lengths=history_lengths)
         h, new_keys[i], new_values[i] = out.hidden, out.cache_k, out.cache_v
         if out.probe_queries is not None:
             for j, n in enumerate(n for n, (ly, _) in enumerate(probe_heads) if ly == i):
@@ -166,7 +168,7 @@ def forward(params: ModelParams, tokens, cache: KVCache, *, config: ModelConfig,
     if output_positions is not None:
         h = jnp.take_along_axis(h, output_positions[:, :, None].astype(jnp.int32), axis=1)
     logits = lm_head(params, h, config)
-    new_cache = KVCache(keys=tuple(new_keys), values=tuple(new_values), lengths=lengths + steps)
+    new_cache = KVCache(keys=tuple(new_keys), values=tuple(new_values), lengths=lengths + steps, frozen=cache.frozen)
     probes = None
     if probe_heads:
         probes = _assemble_probes(probe_q, probe_p, probe_heads, batch, steps, config, verify_indices, capacity)

@@ -90,6 +90,44 @@ def test_stop_token_inside_accepted_block(models, ar_tokens):
     assert result.metrics["acceptance_rate"] == 1.0  # the stop came inside a fully accepted block
 
 
+@pytest.mark.parametrize("draft", ["random", "skip"])
+def test_finished_rows_read_no_history_and_change_no_token(models, ar_tokens, monkeypatch, draft):
+    """Once a row is done (here row 0 stops early) the engine marks it frozen each round: its forwards
+    read one history slot (seen inside the jitted loop by a callback on the attention's lengths), and the
+    tokens of every row are those of AR and of the loop that keeps finished rows running in full."""
+    from jaxspec.models import layers
+
+    target_params, draft_params = models
+    stop = ar_tokens[0][2]
+    expected = generate(target_params, TARGET, PROMPTS, 19, stop_tokens=(stop,)).rows()
+    seen = []
+    real = layers.attention
+
+    def recording(config, q, k_new, v_new, cache_k, cache_v, lengths, *args):
+        jax.debug.callback(lambda n: seen.append(np.asarray(n).copy()), lengths)
+        return real(config, q, k_new, v_new, cache_k, cache_v, lengths, *args)
+
+    monkeypatch.setattr(layers, "attention", recording)
+    if draft == "random":
+        kwargs = dict(draft_policy=SeparateDraft(DRAFT), draft_params=draft_params)
+    else:
+        policy = SelfDraft(TARGET)
+        kwargs = dict(draft_policy=policy, draft_state=policy.initial_state(parse_skip_spec("mlp:odd", 4)))
+    rows = {}
+    for skip in (True, False):  # gamma 2 and 19 new tokens: a loop no other test compiles
+        seen.clear()
+        result = speculative_generate(target_params, TARGET, PROMPTS, engine=EngineConfig(
+            gamma=2, max_new_tokens=19, stop_tokens=(stop,), skip_finished_rows=skip), **kwargs)
+        rows[skip] = result.rows()
+        assert result.final_state.target_cache.frozen is None
+        # row 0's history length in the last forward of the loop, long after it stopped (the other rows
+        # run ~8 rounds more): unmarked, it reads at least its prompt and the 2 tokens before its stop
+        last = [n[0] for n in seen if n.shape == (3,)][-1]
+        assert last == 1 if skip else last >= len(PROMPTS[0]) + 2
+    assert rows[True] == rows[False] == expected
+    assert len(expected[0]) == 3 and len(expected[1]) == 19
+
+
 @pytest.mark.parametrize("top_p", [1.0, 0.8])
 def test_rejection_sampling_preserves_target_distribution(top_p):
     """First committed token ~ p_0 and, when all drafts are accepted, the bonus ~ p_gamma."""

@@ -445,6 +445,25 @@ def test_dustin_target_only_and_self_draft(models, dense_run):
                              verify_policy=DustinVerify(_dustin_config(128), TARGET), engine=engine)
 
 
+@pytest.mark.parametrize("draft_kv", ["full", "verify-set"])
+def test_dustin_finished_rows_skipped_change_no_token(models, dense_run, draft_kv):
+    """Sparse Dustin (k = 128 < the long prompts) with a row that stops early: marking finished rows
+    frozen (their attention reads one history slot) leaves every row's tokens as the loop that runs
+    them in full decodes them, for a full-KV and a sparse-KV draft."""
+    target_params, draft_params = models
+    draft, verify = dustin_policies(_dustin_config(128, m=30).replace(draft_kv=draft_kv), TARGET, DRAFT)
+
+    def run(**engine):
+        return speculative_generate(target_params, TARGET, PROMPTS, draft_policy=draft, draft_params=draft_params,
+                                    verify_policy=verify, engine=EngineConfig(gamma=3, max_new_tokens=16, **engine))
+
+    free = run().rows()
+    stop = next(t for t in free[1][1:] if t not in free[0])  # ends row 1 early, row 0 runs to the end
+    rows = {skip: run(stop_tokens=(stop,), skip_finished_rows=skip).rows() for skip in (True, False)}
+    assert rows[True] == rows[False]
+    assert len(rows[True][1]) < 16 and len(rows[True][0]) == 16
+
+
 # ---------------------------------------------------------------------------- profiling pipeline
 class CharTokenizer:
     """One token per ASCII character (vocabulary 128)."""

@@ -301,6 +301,7 @@ def test_pair_speed_end_to_end_and_resume(tmp_path, monkeypatch, one_load_per_mo
     assert case["capacity"] >= 160 + 6 + 4
     gamma = data["config"]["gamma"]
     assert gamma == 4
+    assert data["config"]["keep_finished_rows"] is False  # finished rows read one slot (docs/methods.md §5.7)
     for method in ("sd", "magicdec", "streaming"):
         record = case[method]
         tau = record["metrics"]["tau"]

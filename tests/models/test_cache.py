@@ -6,12 +6,14 @@ compiled forward shapes are shared across tests.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from jaxspec.decoding import autoregressive
-from jaxspec.models.cache import CacheOverflowError, check_room, init_cache
+from jaxspec.models.cache import CacheOverflowError, check_room, freeze_rows, init_cache
 from jaxspec.models.llama import forward, forward_compiled, forward_jit
 
 from tests.conftest import TINY_VOCAB
@@ -265,3 +267,54 @@ def test_prefill_into_partly_filled_cache_that_fits(llama):
     np.testing.assert_array_equal(np.asarray(cache.lengths), [13])
     full = _run(llama, jnp.concatenate([first, second], axis=1), init_cache(config, 1, 16))
     np.testing.assert_allclose(np.asarray(last_logits[0]), np.asarray(full.logits[0, -1]), rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("backend", ["xla", "pallas-interpret"])
+def test_frozen_rows_read_no_history_and_write_where_they_would(llama, backend):
+    """A frozen row (a batched decode's finished row) attends to its first slot only: its logits do not
+    change when the rest of its history does, while an unfrozen row's logits equal those of a forward
+    without the mark. Its new K/V still go to slot ``lengths`` and the mark rides along the cache."""
+    config = llama.config.replace(attention_backend=backend)
+    prompts = _tokens(11, 2, 12)
+    cache = _run(llama, prompts, init_cache(config, 2, 64))
+    cache = cache.cache
+    new = _tokens(12, 2, 2)
+    noisy_keys = tuple(k.at[0, :, 1:12].set(jnp.asarray(np.random.RandomState(13).randn(*k[0, :, 1:12].shape),
+                                                         k.dtype)) for k in cache.keys)
+    noisy = dataclasses.replace(cache, keys=noisy_keys)
+    frozen = jnp.asarray([True, False])
+
+    plain = forward(llama.params, new, cache, config=config)
+    marked = forward(llama.params, new, cache.with_frozen(frozen), config=config)
+    marked_noisy = forward(llama.params, new, noisy.with_frozen(frozen), config=config)
+    plain_noisy = forward(llama.params, new, noisy, config=config)
+
+    np.testing.assert_allclose(np.asarray(marked.logits[1]), np.asarray(plain.logits[1]), rtol=RTOL, atol=ATOL)
+    np.testing.assert_array_equal(np.asarray(marked_noisy.logits[0]), np.asarray(marked.logits[0]))
+    assert not np.allclose(np.asarray(plain_noisy.logits[0]), np.asarray(plain.logits[0]), atol=1e-3)
+    assert not np.allclose(np.asarray(marked.logits[0]), np.asarray(plain.logits[0]), atol=1e-3)
+    np.testing.assert_array_equal(np.asarray(marked.cache.lengths), [14, 14])
+    np.testing.assert_array_equal(np.asarray(marked.cache.frozen), [True, False])
+    for layer in range(config.num_layers):  # row 0's history untouched; its new K/V at slots 12, 13
+        np.testing.assert_array_equal(np.asarray(marked.cache.keys[layer][0, :, :12]),
+                                      np.asarray(cache.keys[layer][0, :, :12]))
+        assert not np.allclose(np.asarray(marked.cache.keys[layer][0, :, 12:14]), 0.0)
+    # layer 0's new keys depend on the tokens only: the frozen row's equal the plain forward's
+    np.testing.assert_allclose(np.asarray(marked.cache.keys[0][0, :, 12:14]),
+                               np.asarray(plain.cache.keys[0][0, :, 12:14]), rtol=RTOL, atol=ATOL)
+
+
+def test_freeze_rows_marks_caches_of_the_batch_only(llama):
+    config = llama.config
+    big, small = init_cache(config, 3, CAPACITY), init_cache(config, 2, CAPACITY)
+    tree = {"draft": big, "plan": small, "step": jnp.int32(0)}
+    marked = freeze_rows(tree, jnp.asarray([False, True, False]))
+    np.testing.assert_array_equal(np.asarray(marked["draft"].frozen), [False, True, False])
+    assert marked["plan"].frozen is None
+    np.testing.assert_array_equal(np.asarray(marked["draft"].read_lengths), [0, 0, 0])
+    cleared = freeze_rows(marked, None)
+    assert cleared["draft"].frozen is None
+    with pytest.raises(ValueError, match=r"frozen has shape \(2,\); the cache has 3 rows"):
+        big.with_frozen(jnp.asarray([True, False]))
+    filled = big.with_lengths([5, 0, 9]).with_frozen(jnp.asarray([True, True, False]))
+    np.testing.assert_array_equal(np.asarray(filled.read_lengths), [1, 0, 9])
