@@ -2951,7 +2951,7 @@ def pair_speed_blocks() -> List[str]:
     if not_run or unshown:
         blocks.append(f"Steps of `{PAIR_SPEED_SUITE}`"
                       + (f" not run yet: {', '.join(f'`{n}`' for n in not_run)}" if not_run else "")
-                      + ("; " if not_run and unshown else "")
+                      + (";" if not_run and unshown else "")
                       + (f" with a committed file not shown here yet: {', '.join(f'`{n}`' for n in unshown)}"
                          if unshown else "") + ".")
     blocks.append(f"![pair-speed speed-ups](../experiments/results/{PAIR_SPEED_PLOT})")
