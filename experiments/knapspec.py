@@ -1124,7 +1124,7 @@ class Case:
 
         from jaxspec.knapspec.dp import REFERENCE_KV, boundary_states, plan_alpha
         from jaxspec.knapspec.planner import objective_table
-        from jaxspec.knapspec.policy import plan_skip_set
+        from jaxspec.knapspec.policy import exit_threshold, plan_skip_set
 
         prefilled = self.prefill()
         r = min(self.args.candidate_reference_tokens, self.max_new)
@@ -1141,8 +1141,15 @@ class Case:
                       n, self.knapspec)
         steady = time.perf_counter() - start
         gammas = tuple(range(1, self.args.gamma_max + 1))
-        table = objective_table(cands.masks, cands.alpha, self.latency.t_attn(n), self.latency.t_mlp(), gammas,
-                                "tpt", self.latency.t_token(), self.latency.v, self.latency.a)
+        # each candidate's TPT as the planner's grid search prices it: with the draft's early exit modelled
+        # from the DP's confidence statistics where the planner models it (planner module doc), so the
+        # correlation is that of the prediction the plan is chosen by; the exit-free TPT of §4.2 beside it
+        exits = (cands.confident, cands.agree_confident) if exit_threshold(self.knapspec) is not None \
+            and cands.confident is not None else None
+        table_args = (cands.masks, cands.alpha, self.latency.t_attn(n), self.latency.t_mlp(), gammas, "tpt",
+                      self.latency.t_token(), self.latency.v, self.latency.a)
+        table = objective_table(*table_args, exit_stats=exits)
+        plain_table = objective_table(*table_args)
         # every candidate's acceptance estimate under both references of the DP (docs/methods.md §4.3)
         states = boundary_states(self.model.params, self.model.config, tokens, prefilled[0], prefix)
         by_reference = {mode: plan_alpha(self.model.params, self.model.config, prefilled[0], prefix, states,
@@ -1150,9 +1157,12 @@ class Case:
         rows = []
         for c in range(len(cands)):
             g = int(np.argmax(table[c]))
+            exit_stats = {} if exits is None else {"p_c": float(exits[0][c]), "p_ac": float(exits[1][c])}
             rows.append({"index": c, "weight": int(cands.weights[c]), "alpha": float(cands.alpha[c]),
                          **{f"alpha_{mode}": float(a[c]) for mode, a in by_reference.items()},
                          "cosine": float(cands.cosine[c]), "gamma": gammas[g], "predicted_tpt": float(table[c, g]),
+                         "exit_aware_tpt": exits is not None, **exit_stats,
+                         "predicted_tpt_no_exit": float(plain_table[c, g]),
                          "n_skip_attn": int(cands.masks[c, :, 0].sum()), "n_skip_mlp": int(cands.masks[c, :, 1].sum()),
                          "mask": cands.masks[c].tolist()})
         ar_decode = (self.last_ar or self.ar())["decode_s"]
@@ -1540,7 +1550,8 @@ def run_case(case: Case, methods: Sequence[str]) -> None:
             out = case.run_method("fixed", initial_plan=(np.asarray(c["mask"], bool), c["gamma"]))
             out.update(candidate=c["index"], weight=c["weight"], predicted_tpt=c["predicted_tpt"],
                        dp_alpha=c["alpha"], gamma=c["gamma"],
-                       **{k: c[k] for k in ("alpha_branch", "alpha_target") if k in c})
+                       **{k: c[k] for k in ("alpha_branch", "alpha_target", "exit_aware_tpt", "p_c", "p_ac",
+                                            "predicted_tpt_no_exit") if k in c})
             writer.add(k, out)
             print(f"[{k}] predicted TPT {c['predicted_tpt']:.1f}, alpha {c['alpha']:.2f} -> "
                   f"{out['tokens_per_s']:.1f} tok/s", file=sys.stderr, flush=True)
@@ -1567,10 +1578,17 @@ def correlation(fixed: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
             errors[f"alpha_{mode}_mean_abs_error"] = float(np.mean(np.abs(np.subtract(est, measured)))) if fixed \
                 else None
             errors[f"alpha_{mode}_mean_error"] = float(np.mean(np.subtract(est, measured))) if fixed else None
-    return {"plans": len(fixed), **errors,
+    no_exit = {}
+    if fixed and all("predicted_tpt_no_exit" in f for f in fixed):  # the exit-free TPT of §4.2 beside it
+        plain = [f["predicted_tpt_no_exit"] for f in fixed]
+        no_exit = {"exit_aware_tpt": bool(fixed[0].get("exit_aware_tpt")),
+                   "pearson_predicted_tpt_no_exit_vs_throughput": pearson(plain, tput),
+                   "pearson_predicted_tpt_no_exit_vs_speedup": pearson(plain, speedup)}
+    return {"plans": len(fixed), **errors, **no_exit,
             "pearson_predicted_tpt_vs_throughput": pearson(tpt, tput),
             "pearson_dp_alpha_vs_throughput": pearson(alpha, tput),
             "pearson_measured_acceptance_vs_throughput": pearson([f["acceptance_rate"] for f in fixed], tput),
+            "pearson_measured_acceptance_vs_speedup": pearson([f["acceptance_rate"] for f in fixed], speedup),
             "pearson_predicted_tpt_vs_speedup": pearson(tpt, speedup),
             "pearson_dp_alpha_vs_speedup": pearson(alpha, speedup),
             "predicted_speedup": [t * f["predicted_ar_step_s"] for t, f in zip(tpt, fixed)],

@@ -165,6 +165,13 @@ def test_experiment_end_to_end_on_a_tiny_random_model(tmp_path, monkeypatch, cap
     assert candidates["reference_tokens_per_row"] == 8 and 0 < candidates["plan_share_of_ar_decode"]
     for row in candidates["candidates"]:  # both DP references' estimate of each candidate; the run's own is branch
         assert row["alpha_branch"] == pytest.approx(row["alpha"], abs=1e-6) and 0 <= row["alpha_target"] <= 1
+        # priced as the planner prices it: early exit modelled from the DP's confidence statistics
+        assert row["exit_aware_tpt"] is True and 0 <= row["p_ac"] <= row["p_c"] <= 1
+        assert row["predicted_tpt"] > 0 and row["predicted_tpt_no_exit"] > 0
+    plan = candidates["plan"]
+    same = [r for r in candidates["candidates"] if r["index"] == plan["index"] and r["gamma"] == plan["gamma"]]
+    for row in same:  # the chosen plan's TPT is its candidate row's
+        assert row["predicted_tpt"] == pytest.approx(plan["predicted_tpt"], rel=1e-9)
     fixed = [k for k in cases if k.startswith("test/summarize/ctx64/b1/fixed/")]
     assert 1 <= len(fixed) <= 4  # spread over the weights, plus the planner's choice
     chosen = candidates["plan"]["index"]
@@ -172,6 +179,8 @@ def test_experiment_end_to_end_on_a_tiny_random_model(tmp_path, monkeypatch, cap
         not any(c["index"] == chosen and c["weight"] > 0 for c in candidates["candidates"])
     correlation = cases["test/summarize/ctx64/b1/correlation"]
     assert correlation["plans"] == len(fixed)
+    assert correlation["exit_aware_tpt"] is True and "pearson_predicted_tpt_no_exit_vs_speedup" in correlation
+    assert "pearson_measured_acceptance_vs_speedup" in correlation
     for mode in ("branch", "target"):
         errors = [abs(cases[k][f"alpha_{mode}"] - cases[k]["acceptance_rate"]) for k in fixed]
         assert correlation[f"alpha_{mode}_mean_abs_error"] == pytest.approx(sum(errors) / len(errors))
