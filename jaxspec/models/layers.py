@@ -126,8 +126,8 @@ def decoder_layer(layer: LayerParams, h, config: ModelConfig, cos, sin, cache_k,
                   attend=None, history_lengths=None) -> LayerOutput:
     """One decoder layer: attention sub-layer (its K/V written at slots ``lengths ..``) then MLP.
 
-    ``history_lengths [B]``: the history slots the attention reads, when not ``lengths`` (a finished
-    row's 1, :attr:`jaxspec.models.cache.KVCache.read_lengths`).
+    ``history_lengths [B]``: the history slots the attention reads (default ``lengths``; a finished
+    row's 1 under :attr:`jaxspec.models.cache.KVCache.read_lengths`).
 
     ``skip_attn`` / ``skip_mlp``: a Python bool removes the sub-layer at trace time; a traced
     bool scalar switches it with ``lax.cond`` (the skipped branch does no work). A skipped
