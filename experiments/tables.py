@@ -3965,7 +3965,11 @@ def results_markdown() -> str:
                 [knapspec_tables(), *knapspec_alpha_table(),
                  "![KnapSpec speed-ups](../experiments/results/knapspec/"
                  "knapspec_speedup_qwen2.5-7b-shape_smollm2-135m_h200_cpu.png)",
-                 "![KnapSpec on the CPU, 1k-4k](../experiments/results/knapspec/knapspec_smollm2-135m_1k-4k_b1_cpu.png)"],
+                 "![KnapSpec on the CPU, 1k-4k](../experiments/results/knapspec/knapspec_smollm2-135m_1k-4k_b1_cpu.png)",
+                 *([f"Fixed candidate plans, predicted against measured speed-up, each priced as the planner prices "
+                    f"it (`{KNAPSPEC_TPT_CORRELATION}`, middle panel):\n\n![KnapSpec TPT correlation on the CPU]"
+                    f"(../experiments/results/{KNAPSPEC_TPT_CORRELATION[:-len('.json')]}.png)"]
+                   if (RESULTS / KNAPSPEC_TPT_CORRELATION).exists() else [])],
                 [f"Never slower than AR beyond planning: **close, not met**. Without an affordable plan KnapSpec "
                  f"decodes plainly: {v(k8 + '/speedup-vs-ar')} (7B, 8k), "
                  f"{v('knapspec/speed/qwen2.5-7b-shape/ctx32768/b1/h200/speedup-vs-ar')} (32k), {v(kc + '/speedup-vs-ar')} "
