@@ -498,6 +498,36 @@ def print_table(rows: Sequence[Dict[str, Any]], columns: Optional[Sequence[str]]
     return text
 
 
+def release_memory(clear_compiled: bool = False, jit_tables: Sequence[Dict[Any, Any]] = ()) -> None:
+    """Hand freed host memory back to the OS (``malloc_trim``; on the CPU backend, where the arrays
+    live in host memory; on an accelerator only with ``clear_compiled``); with ``clear_compiled``
+    also drop every compiled executable (``jax.clear_caches()`` and the experiment's own tables of
+    jitted functions, ``jit_tables``) and collect garbage.
+
+    Measured on SmolLM2 (CPU, dustin-quality): the process grew ~0.3 GB per newly compiled variant
+    while its live JAX arrays stayed constant -- glibc keeps the heap freed after XLA compiles (many
+    arenas, one per compile thread); ``malloc_trim`` returned ~2/3 of it. The executables themselves
+    (~0.06 GB each) only serve one context length (the cache capacity is part of every shape), so
+    callers drop them when the length changes.
+    """
+    import ctypes
+    import gc
+
+    import jax
+
+    if clear_compiled:
+        jax.clear_caches()
+        for table in jit_tables:
+            table.clear()
+        gc.collect()
+    elif jax.default_backend() != "cpu":
+        return
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        pass
+
+
 def median_time(fn: Callable[[], Any], repeats: int = 10, warmup: int = 2) -> Dict[str, float]:
     """Median/min wall time of ``fn`` (which must block until its device work is done)."""
     for _ in range(warmup):

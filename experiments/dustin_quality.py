@@ -41,6 +41,7 @@ import numpy as np
 from experiments import registry
 from experiments.common import (REPO, CompileCounter, ResultWriter, check_skip_ranges, check_warm_workers, config_of,
                                 load_choice_table, load_model_timed, print_table, stop_tokens, warm_compilation_cache)
+from experiments.common import release_memory as common_release_memory
 
 SPARSE_METHODS = ("dustin", "streaming", "snapkv", "quest", "magicdec")
 PROFILE_DIR = REPO / "experiments" / "profiles"
@@ -1236,32 +1237,9 @@ def memory_summary() -> str:
 
 
 def release_memory(clear_compiled: bool = False) -> None:
-    """Hand freed host memory back to the OS (``malloc_trim``; on the CPU backend, where the arrays
-    live in host memory; on an accelerator only with ``clear_compiled``); with ``clear_compiled``
-    also drop every compiled executable (``jax.clear_caches()`` and this module's jit table) and
-    collect garbage.
-
-    Measured on SmolLM2 (CPU): the process grew ~0.3 GB per newly compiled variant while its live
-    JAX arrays stayed constant -- glibc keeps the heap freed after XLA compiles (many arenas, one
-    per compile thread); ``malloc_trim`` returned ~2/3 of it. The executables themselves (~0.06 GB
-    each) only serve one context length (the cache capacity is part of every shape), so they are
-    dropped when the length changes.
-    """
-    import ctypes
-    import gc
-
-    jax, _ = _jax()
+    """:func:`experiments.common.release_memory` with this module's jit table, timed into ``PHASES``."""
     t0 = time.perf_counter()
-    if clear_compiled:
-        jax.clear_caches()
-        JITS.clear()
-        gc.collect()  # a full collection costs ~0.3 s in this process (measured): only with the executables
-    elif jax.default_backend() != "cpu":
-        return
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: nothing to trim
-        pass
+    common_release_memory(clear_compiled, jit_tables=(JITS,))
     PHASES["release_memory"] = PHASES.get("release_memory", 0.0) + time.perf_counter() - t0
 
 

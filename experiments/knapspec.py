@@ -54,7 +54,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from experiments import registry
-from experiments.common import DEMO_PROMPT_FILE, REPO, ResultWriter, load_model_timed, print_table
+from experiments.common import DEMO_PROMPT_FILE, REPO, ResultWriter, load_model_timed, print_table, release_memory
 
 METHODS = ("knapspec", "clasp", "static-skip", "knapspec-tpl", "knapspec-coupled", "knapspec-official",
            "knapspec-budget", "knapspec-target-ref")
@@ -1503,6 +1503,9 @@ def cmd_knapspec(args) -> Dict[str, Any]:
                 print(f"[static skip set] {static_plan.summary()}", file=sys.stderr, flush=True)
                 case.static_plan = static_plan
             run_case(case, methods)
+            # a case's programs serve its cache capacity only: drop them (and the heap their compiles left),
+            # or a run over several contexts with fixed candidate plans outgrows the host's memory
+            release_memory(clear_compiled=True)
     report(writer.data)
     if args.plot:
         plot(writer.data, args.plot)

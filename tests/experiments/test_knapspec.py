@@ -133,7 +133,14 @@ def test_experiment_end_to_end_on_a_tiny_random_model(tmp_path, monkeypatch, cap
             "--max-plan-fraction", "0",  # 40 tokens could not pay for a DP under a planning budget: plan anyway
             "--static-plans",  # the re-planning methods draft each plan with a forward compiled for it
             "--plot", str(tmp_path / "f.png")]
+    from experiments import knapspec as experiment
+
+    released = []
+    real_release = experiment.release_memory
+    monkeypatch.setattr(experiment, "release_memory",
+                        lambda clear_compiled=False: (released.append(clear_compiled), real_release(clear_compiled)))
     assert main(argv) == 0
+    assert released == [True]  # the case's programs dropped after it (one per case)
     data = json.loads(out.read_text())
     cases = data["cases"]
     assert data["environment"]["load_average"] is not None
