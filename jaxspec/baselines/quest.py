@@ -157,6 +157,7 @@ def quest_verify_forward(params, tokens, cache: KVCache, *, config: ModelConfig,
     """
     steps = tokens.shape[1]
     lengths = cache.lengths
+    history = cache.read_lengths  # what the attention reads: 1 slot for a frozen (finished) row
     cos, sin = rope_tables(config, default_positions(lengths, steps))
     h = embed(params, tokens, config)
     keys, values = list(cache.keys), list(cache.values)
@@ -171,7 +172,7 @@ def quest_verify_forward(params, tokens, cache: KVCache, *, config: ModelConfig,
         attend = quest_attend(i) if i >= dense_layers else None
         with jax.named_scope(f"layer{i}"):
             h, keys[i], values[i], _, _ = decoder_layer(layer, h, config, cos, sin, cache.keys[i], cache.values[i],
-                                                        lengths, attend=attend, history_lengths=cache.read_lengths)
+                                                        lengths, attend=attend, history_lengths=history)
     logits = lm_head(params, h, config)
     return ForwardOutput(logits=logits, cache=KVCache(keys=tuple(keys), values=tuple(values), lengths=lengths + steps,
                                                       frozen=cache.frozen), probes=None)

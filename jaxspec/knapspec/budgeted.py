@@ -338,6 +338,7 @@ def budgeted_forward(params, tokens, cache: KVCache, *, config: ModelConfig, pla
     (:func:`sink_window_indices` at the cache lengths) plus the new tokens. Returns ``(logits [B, T, V],
     cache, hidden or None)``; every executed Attention writes its K/V, as the forward does."""
     lengths = cache.lengths
+    history = cache.read_lengths  # what the attention reads: 1 slot for a frozen (finished) row
     steps = tokens.shape[1]
     cos, sin = rope_tables(config, default_positions(lengths, steps))
     indices = sink_window_indices(lengths, sinks, window)
@@ -347,7 +348,7 @@ def budgeted_forward(params, tokens, cache: KVCache, *, config: ModelConfig, pla
         attn_code, mlp_code = plan[i]
         out = decoder_layer(layer, h, config, cos, sin, cache.keys[i], cache.values[i], lengths,
                             indices if attn_code == BUDGET else None, skip_attn=attn_code == SKIP,
-                            skip_mlp=mlp_code == SKIP, history_lengths=cache.read_lengths)
+                            skip_mlp=mlp_code == SKIP, history_lengths=history)
         h, keys[i], values[i] = out.hidden, out.cache_k, out.cache_v
     logits = lm_head(params, h, config)
     new_cache = KVCache(keys=tuple(keys), values=tuple(values), lengths=lengths + steps, frozen=cache.frozen)

@@ -137,6 +137,7 @@ def forward(params: ModelParams, tokens, cache: KVCache, *, config: ModelConfig,
     if dynamic_skip:
         skip_mask = jnp.asarray(skip_mask, bool)
     lengths = cache.lengths
+    history = cache.read_lengths  # what the attention reads: 1 slot for a frozen (finished) row
     capacity = cache.capacity
     if positions is None:
         positions = default_positions(lengths, steps)
@@ -157,7 +158,7 @@ def forward(params: ModelParams, tokens, cache: KVCache, *, config: ModelConfig,
         with jax.named_scope(f"layer{i}"):
             out = decoder_layer(layer, h, config, cos, sin, cache.keys[i], cache.values[i], lengths,
                                 verify_indices, local, skip_attn=skip_attn, skip_mlp=skip_mlp,
-                                history_lengths=cache.read_lengths)
+                                history_lengths=history)
         h, new_keys[i], new_values[i] = out.hidden, out.cache_k, out.cache_v
         if out.probe_queries is not None:
             for j, n in enumerate(n for n, (ly, _) in enumerate(probe_heads) if ly == i):
