@@ -56,6 +56,7 @@ from jaxspec.config import ModelConfig
 from jaxspec.decoding.contract import VerifyPolicyBase
 from jaxspec.decoding.speculative import EngineConfig, SpeculativeResult, speculative_generate
 from jaxspec.models.cache import KVCache
+from jaxspec.models.attention import grouped_key_scores
 from jaxspec.models.layers import decoder_layer, default_positions, embed, lm_head, rope_tables
 from jaxspec.models.llama import ForwardOutput
 
@@ -131,7 +132,7 @@ def _quest_attention(config: ModelConfig, q, k_new, v_new, cache_k, cache_v, len
     scale = 1.0 / np.sqrt(dim)
     qg = q.reshape(batch, steps, config.num_kv_heads, groups, dim).transpose(0, 2, 3, 1, 4)  # [B,Hkv,G,T,D]
     mask = quest_mask(qg, cache_k, lengths, budget=budget, page_size=page_size, min_pages=min_pages)
-    scores_hist = jnp.einsum("bkgtd,bksd->bkgts", qg, cache_k, preferred_element_type=jnp.float32) * scale
+    scores_hist = grouped_key_scores(cache_k, qg) * scale
     scores_hist = jnp.where(mask, scores_hist, -jnp.inf)
     kn = k_new.transpose(0, 2, 1, 3)
     vn = v_new.transpose(0, 2, 1, 3)

@@ -25,6 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxspec.models.attention import key_scores
+
 
 class DraftSignals(NamedTuple):
     """What a Dustin draft policy hands the verify policy (``Proposal.signals``).
@@ -53,7 +55,7 @@ def srh_scores(queries: jax.Array, keys: jax.Array, lengths: jax.Array, kv_group
     for group in sorted(set(kv_groups)):
         members = [i for i, g in enumerate(kv_groups) if g == group]
         q = queries[:, members].reshape(batch, len(members) * rows, dim)
-        scores = jnp.einsum("bqd,bsd->bqs", q, keys[:, group], preferred_element_type=jnp.float32)
+        scores = key_scores(keys[:, group], q)
         scores = jnp.where(valid, scores, -jnp.inf)
         probs = jax.nn.softmax(scores, axis=-1)
         total = total + jnp.sum(jnp.where(valid, probs, 0.0), axis=1)

@@ -65,7 +65,7 @@ import numpy as np
 
 from jaxspec.config import ModelConfig
 from jaxspec.models.cache import KVCache
-from jaxspec.models.attention import batchable_config, get_backend
+from jaxspec.models.attention import batchable_config, get_backend, grouped_key_scores
 from jaxspec.models.layers import (attention_sublayer, default_positions, embed, lm_head, mlp_sublayer, project_qkv,
                                    rope_tables)
 
@@ -337,7 +337,7 @@ def target_kv_attention(config: ModelConfig, q, k_new, v_new, cache_k, cache_v, 
     scale = 1.0 / np.sqrt(dim)
     qg = q.reshape(batch, steps, config.num_kv_heads, groups, dim).transpose(0, 2, 3, 1, 4)  # [B,Hkv,G,T,D]
     valid = jnp.arange(cache_k.shape[2])[None, :] < lengths[:, None]  # [B, S]
-    s_hist = jnp.einsum("bkgtd,bksd->bkgts", qg, cache_k, preferred_element_type=jnp.float32) * scale
+    s_hist = grouped_key_scores(cache_k, qg) * scale
     s_hist = jnp.where(valid[:, None, None, None, :], s_hist, -jnp.inf)
     kr, vr = k_ref.transpose(0, 2, 1, 3), v_ref.transpose(0, 2, 1, 3)  # [B, Hkv, T, D]
     kn, vn = k_new.transpose(0, 2, 1, 3), v_new.transpose(0, 2, 1, 3)

@@ -89,6 +89,26 @@ def _warn_if_interpreter_can_hang() -> None:
 
 
 # ---------------------------------------------------------------------------- the two implementations
+def key_scores(keys: jax.Array, queries: jax.Array) -> jax.Array:
+    """``keys [*batch, S, D]`` x ``queries [*batch, M, D]`` -> float32 scores ``[*batch, M, S]``.
+
+    The keys are the product's left operand (``[S, D] x [D, M]``, then the small ``[S, M]`` result
+    is transposed): with the queries on the left -- as ``jnp.einsum`` orders them -- the CPU's dot
+    materialises ``K^T``, a full read and write of the keys on every call.
+    """
+    lead = tuple(range(keys.ndim - 2))
+    scores = jax.lax.dot_general(keys, queries, (((keys.ndim - 1,), (queries.ndim - 1,)), (lead, lead)),
+                                 preferred_element_type=jnp.float32)
+    return jnp.swapaxes(scores, -1, -2)
+
+
+def grouped_key_scores(keys: jax.Array, qg: jax.Array) -> jax.Array:
+    """``keys [B, Hkv, S, D]`` x ``qg [B, Hkv, G, T, D]`` -> float32 ``[B, Hkv, G, T, S]`` (:func:`key_scores`)."""
+    batch, heads, groups, steps, dim = qg.shape
+    scores = key_scores(keys, qg.reshape(batch, heads, groups * steps, dim))
+    return scores.reshape(batch, heads, groups, steps, keys.shape[2])
+
+
 def xla_attention(config: ModelConfig, q, k_new, v_new, cache_k, cache_v, lengths, verify_indices, probe_local):
     """Attention of ``T`` new query rows over the history plus the new tokens (jnp reference).
 
@@ -108,7 +128,7 @@ def xla_attention(config: ModelConfig, q, k_new, v_new, cache_k, cache_v, length
         safe = jnp.clip(idx, 0, cache_k.shape[2] - 1)[:, None, :, None]
         keys = jnp.take_along_axis(cache_k, safe, axis=2)
         values = jnp.take_along_axis(cache_v, safe, axis=2)
-    scores_hist = jnp.einsum("bkgtd,bksd->bkgts", qg, keys, preferred_element_type=jnp.float32) * scale
+    scores_hist = grouped_key_scores(keys, qg) * scale
     scores_hist = jnp.where(valid[:, None, None, None, :], scores_hist, -jnp.inf)
     kn = k_new.transpose(0, 2, 1, 3)  # [B, Hkv, T, D]
     vn = v_new.transpose(0, 2, 1, 3)
@@ -324,5 +344,5 @@ def attention(config: ModelConfig, q, k_new, v_new, cache_k, cache_v, lengths, v
 
 
 __all__ = ["AUTO_BACKEND", "AttentionBackend", "BACKENDS", "REFERENCE_BACKEND", "attention", "backend_of",
-           "batchable_config", "duplicate_mask", "get_backend", "partials_attention", "platform_default_backend",
-           "xla_attention"]
+           "batchable_config", "duplicate_mask", "get_backend", "grouped_key_scores", "key_scores",
+           "partials_attention", "platform_default_backend", "xla_attention"]

@@ -121,6 +121,20 @@ class LayerOutput(NamedTuple):
     probe_probs: Optional[jax.Array]
 
 
+def _after_read(slots: jax.Array, hidden: jax.Array, capacity: int) -> jax.Array:
+    """``slots`` made to depend on the attention sub-layer's output ``hidden [B, T, d]``.
+
+    The new K/V come from the projections, not from the attention's read of the old cache, so
+    nothing orders the in-place cache write after that read; XLA then copies the whole layer
+    cache (on the CPU: twice per layer per step inside a decode loop, more than the step's own
+    bytes). Routing the slots through ``hidden`` orders the write after the read. A row whose
+    hidden state is NaN (its output is garbage already) writes nothing; every other row's slots
+    are unchanged. The ``lax.cond`` of a dynamic skip mask orders the write the same way.
+    """
+    broken = jnp.isnan(hidden[:, :1, 0])  # [B, 1]: one element per row is enough for the dependency
+    return jnp.where(broken, capacity, slots)
+
+
 def decoder_layer(layer: LayerParams, h, config: ModelConfig, cos, sin, cache_k, cache_v, lengths,
                   verify_indices=None, probe_local: Tuple[int, ...] = (), *, skip_attn=False, skip_mlp=False,
                   attend=None, history_lengths=None) -> LayerOutput:
@@ -157,6 +171,8 @@ def decoder_layer(layer: LayerParams, h, config: ModelConfig, cos, sin, cache_k,
                 enabled = jnp.logical_not(skip_attn)
             h, probe_q, probe_p = out.hidden, out.probe_queries, out.probe_probs
             slots = write_positions(lengths, steps, capacity, enabled)
+            if static_attn:
+                slots = _after_read(slots, h, capacity)
             cache_k = scatter_rows(cache_k, out.keys, slots)
             cache_v = scatter_rows(cache_v, out.values, slots)
     if not (isinstance(skip_mlp, bool) and skip_mlp):
@@ -172,7 +188,10 @@ def lm_head(params: ModelParams, h, config: ModelConfig) -> jax.Array:
     """Final RMSNorm and the LM head: ``h [..., d]`` -> float32 logits ``[..., V]``."""
     with jax.named_scope("lm_head"):
         final = rms_norm(h, params.final_norm, config.rms_norm_eps)
-        return jnp.einsum("...d,dv->...v", final, params.head, preferred_element_type=jnp.float32)
+        if params.lm_head is None:  # tied: contract with the embedding's rows (its transpose would be copied on the CPU)
+            return jax.lax.dot_general(final, params.embed, (((final.ndim - 1,), (1,)), ((), ())),
+                                       preferred_element_type=jnp.float32)
+        return jnp.einsum("...d,dv->...v", final, params.lm_head, preferred_element_type=jnp.float32)
 
 
 __all__ = ["AttentionOutput", "LayerOutput", "apply_rope", "attention_sublayer", "decoder_layer",
