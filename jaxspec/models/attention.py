@@ -92,13 +92,18 @@ def _warn_if_interpreter_can_hang() -> None:
 def key_scores(keys: jax.Array, queries: jax.Array) -> jax.Array:
     """``keys [*batch, S, D]`` x ``queries [*batch, M, D]`` -> float32 scores ``[*batch, M, S]``.
 
-    The keys are the product's left operand (``[S, D] x [D, M]``, then the small ``[S, M]`` result
-    is transposed): with the queries on the left -- as ``jnp.einsum`` orders them -- the CPU's dot
-    materialises ``K^T``, a full read and write of the keys on every call.
+    With few query rows (``M <= D``: decoding, drafting, verification) the keys are the product's
+    left operand (``[S, D] x [D, M]``, then the small ``[S, M]`` result is transposed): with the
+    queries on the left, as ``jnp.einsum`` orders them, the CPU's dot materialises ``K^T``, a full
+    read and write of the keys on every call. With many rows (prefill) transposing the ``[S, M]``
+    result would cost more than ``K^T``, so the queries stay on the left.
     """
     lead = tuple(range(keys.ndim - 2))
-    scores = jax.lax.dot_general(keys, queries, (((keys.ndim - 1,), (queries.ndim - 1,)), (lead, lead)),
-                                 preferred_element_type=jnp.float32)
+    contract = ((keys.ndim - 1,), (queries.ndim - 1,))
+    if queries.shape[-2] > keys.shape[-1]:
+        return jax.lax.dot_general(queries, keys, ((contract[1], contract[0]), (lead, lead)),
+                                   preferred_element_type=jnp.float32)
+    scores = jax.lax.dot_general(keys, queries, (contract, (lead, lead)), preferred_element_type=jnp.float32)
     return jnp.swapaxes(scores, -1, -2)
 
 

@@ -6,7 +6,8 @@ went from 61 to 39 ms once both were gone):
 
 * the new K/V did not depend on the attention's read of the old cache, so nothing ordered the
   in-place write after the read and XLA copied each layer's K and V (twice per step in a loop);
-* the score product had the queries on the left, so the CPU's dot materialised ``K^T``.
+* the score product had the queries on the left, so the CPU's dot materialised ``K^T`` (a prefill's
+  many query rows keep that order: there the transposed scores would cost more).
 
 These tests compile the loops the library runs (AR's ``decode_loop``, the latency profile's
 loop of static and dynamic skip masks) and check their optimised HLO for both, and that the
@@ -87,11 +88,12 @@ def test_draft_forward_loop_updates_the_cache_in_place(params, mask_kind):
     _check_in_place(lowered.compile().as_text())
 
 
+@pytest.mark.parametrize("rows", [5, 13])  # keys on the left (rows <= D = 8) and queries on the left (prefill)
 @pytest.mark.parametrize("lead", [(), (2,), (2, 3)])
-def test_key_scores_equal_the_einsum(lead):
+def test_key_scores_equal_the_einsum(lead, rows):
     rng = np.random.default_rng(0)
     keys = jnp.asarray(rng.standard_normal(lead + (37, 8)), jnp.float32)
-    queries = jnp.asarray(rng.standard_normal(lead + (5, 8)), jnp.float32)
+    queries = jnp.asarray(rng.standard_normal(lead + (rows, 8)), jnp.float32)
     want = jnp.einsum("...md,...sd->...ms", queries, keys)
     np.testing.assert_allclose(np.asarray(key_scores(keys, queries)), np.asarray(want), rtol=1e-5, atol=1e-5)
 
