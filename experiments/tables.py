@@ -372,9 +372,9 @@ def _fixed_cases(d, prefix="cpu/summarize/ctx1024/b1/fixed/"):
     return [v for k, v in d["cases"].items() if k.startswith(prefix)]
 
 
-def _fixed_median(*path):
+def _fixed_median(*path, prefix="cpu/summarize/ctx1024/b1/fixed/"):
     def get(d):
-        values = [read_path(c, path) for c in _fixed_cases(d)]
+        values = [read_path(c, path) for c in _fixed_cases(d, prefix)]
         values = sorted(v for v in values if v is not None)
         mid = len(values) // 2
         return values[mid] if len(values) % 2 else 0.5 * (values[mid - 1] + values[mid])
@@ -644,6 +644,7 @@ def knapspec_draft_step_note() -> str:
                   "forward's cache writes and pays its own dispatch, where the draft loop and the latency profile "
                   "write the cache inside one compiled loop"
                   if single else "") + ".")
+    cpu += _draft_step_in_loop_cpu()
     gpu_timed = {c.get("timed", "one forward per jitted call") for _, _, c in checks}
     return (f"One draft step of each case's plan (the final skip set; docs/methods.md §5.3) against the latency "
             f"model's prediction on the H200, real Qwen2.5-Coder-1.5B bf16, {len(checks)} cases at batch 1 and 16, "
@@ -652,6 +653,32 @@ def knapspec_draft_step_note() -> str:
             f", {inside} of {len(static)} within 10 % (**{'met' if inside == len(static) else 'missed'}** on the "
             f"GPU)" + (f"; by batch: {by_batch}" if by_batch else "") + f"; with the dynamic mask (a lax.cond per "
             f"sub-layer) {min(dynamic):.2f}-{max(dynamic):.2f}x." + _draft_step_in_loop_gpu() + cpu)
+
+
+def _draft_step_in_loop_cpu() -> str:
+    """The CPU correlation run's fixed plans, each draft step timed inside a compiled loop of forwards."""
+    if not (RESULTS / KNAPSPEC_TPT_CORRELATION).exists():
+        return ""
+    data = load(KNAPSPEC_TPT_CORRELATION)
+    parts, static_all = [], []
+    for ctx in TPT_CORRELATION_CONTEXTS:
+        checks = [c["draft_step_check"] for c in _fixed_cases(data, f"cpu/summarize/ctx{ctx}/b1/fixed/")
+                  if "draft_step_check" in c]
+        if not checks:
+            continue
+        static = [c["static_over_predicted"] for c in checks]
+        dynamic = [c["dynamic_over_predicted"] for c in checks]
+        static_all += static
+        parts.append(f"{ctx // 1024}k: static {min(static):.2f}-{max(static):.2f}x ({sum(abs(x - 1) <= 0.1 for x in static)} "
+                     f"of {len(static)} within 10 %), dynamic {min(dynamic):.2f}-{max(dynamic):.2f}x")
+    if not parts:
+        return ""
+    inside = sum(abs(x - 1) <= 0.1 for x in static_all)
+    return (" Timed inside a compiled loop of 4 forwards, as the draft loop and the latency profile run them "
+            f"(the TPT-correlation run's fixed plans, `{KNAPSPEC_TPT_CORRELATION}`): " + "; ".join(parts)
+            + f" (**{'met' if inside == len(static_all) else 'missed'}** on the CPU: {inside} of {len(static_all)}; "
+            "figures `knapspec/plans/smollm2-135m/ctx{1024,2048}/b1/cpu/in-loop/...`). The decode step writes its "
+            "cache in place (docs/methods.md §2), so a static plan's step is its executed sub-layers' bytes.")
 
 
 def _draft_step_in_loop_gpu() -> str:
@@ -2141,6 +2168,17 @@ def _figures() -> List[Figure]:
                      "measured acceptance vs measured speed-up", "paper 0.538 for acceptance")):
                 add(Figure(f"{base}/{slug}", f"Pearson r, {label}, {what}", "r", KNAPSPEC_TPT_CORRELATION,
                            ("cases", key, field), target=target))
+            fixed = f"cpu/summarize/ctx{ctx}/b1/fixed/"
+            if any("draft_step_check" in c for c in _fixed_cases(load(KNAPSPEC_TPT_CORRELATION), fixed)):
+                loop = f"knapspec/plans/smollm2-135m/ctx{ctx}/b1/cpu/in-loop"
+                add(Figure(f"{loop}/static-draft-step-over-predicted", "one draft step with a static plan (executed "
+                           "sub-layers only), timed inside a compiled loop of 4 / the latency model's draft time, "
+                           f"median {what}", "x", KNAPSPEC_TPT_CORRELATION,
+                           _fixed_median("draft_step_check", "static_over_predicted", prefix=fixed),
+                           target="target 0.9-1.1"))
+                add(Figure(f"{loop}/dynamic-draft-step-over-predicted", "the same plans with the dynamic mask "
+                           "(lax.cond per sub-layer) / the latency model", "x", KNAPSPEC_TPT_CORRELATION,
+                           _fixed_median("draft_step_check", "dynamic_over_predicted", prefix=fixed)))
     for ctx in (1024, 2048, 4096):
         add(Figure(f"knapspec/correlation/smollm2-135m/ctx{ctx}/b1/cpu/predicted-tpt-vs-speedup",
                    f"Pearson r, predicted TPT vs measured speed-up over 5 fixed plans, SmolLM2 CPU, {ctx // 1024}k",
