@@ -126,8 +126,8 @@ def _after_read(slots: jax.Array, hidden: jax.Array, capacity: int) -> jax.Array
 
     The new K/V come from the projections, not from the attention's read of the old cache, so
     nothing orders the in-place cache write after that read; XLA then copies the whole layer
-    cache (on the CPU: twice per layer per step inside a decode loop, more than the step's own
-    bytes). Routing the slots through ``hidden`` orders the write after the read. A row whose
+    cache (on the CPU: twice per layer per step inside a decode loop, several times the step's
+    own cache traffic). Routing the slots through ``hidden`` orders the write after the read. A row whose
     hidden state is NaN (its output is garbage already) writes nothing; every other row's slots
     are unchanged. The ``lax.cond`` of a dynamic skip mask orders the write the same way.
     """
