@@ -1,8 +1,7 @@
 """What the compiled decode step does with the KV cache: it updates it in place.
 
 A decode step reads each layer's whole cache and writes one slot of it. Two things used to turn
-that into copies of the whole cache on the CPU (measured: a SmolLM2-135M step at ~1.3k context
-went from 61 to 39 ms once both were gone):
+that into copies of the whole cache on the CPU (docs/methods.md §2, in-place cache writes):
 
 * the new K/V did not depend on the attention's read of the old cache, so nothing ordered the
   in-place write after the read and XLA copied each layer's K and V (twice per step in a loop);
