@@ -82,6 +82,9 @@ SELF_SPEC_METHODS = ("knapspec", "clasp", "static-skip", "knapspec-budget")
 #: reads the self-speculative options and the sparse ones (--budget, --dustin-profile, --dustin-mode, --draft-kv, ...)
 KNAPSPEC_DUSTIN = "knapspec-dustin"
 DEFAULT_CALIBRATION_FILE = DEMO_PROMPT_FILE
+REPROFILE_HELP = ("measure the latency profile again even if a matching one is saved (a saved profile does not "
+                  "record which code it timed); the old file is kept, renamed *.replaced-<time>.json. A resumed --out "
+                  "still plans its remaining cases with the latency model it saved")
 
 
 def add_self_spec_args(parser: argparse.ArgumentParser) -> None:
@@ -92,6 +95,7 @@ def add_self_spec_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--latency-fit", default=DEFAULT_LATENCY_FIT, choices=["isolated", "forward"],
                        help="latency model: 'forward' = fitted on whole forwards of the model as the engine runs "
                             "them; 'isolated' = each sub-layer timed alone (the profile file name holds the method)")
+    group.add_argument("--reprofile", action="store_true", help=REPROFILE_HELP)
     group.add_argument("--knapspec-objective", default="tpt", choices=["tpt", "tpl"],
                        help="grid-search objective: tokens per time (KnapSpec) or tokens per layer (ablation)")
     group.add_argument("--knapspec-coupled", action="store_true",
@@ -376,7 +380,8 @@ def load_latency(args, config, batch: int, n_max: int, params=None):
               f"{m.c3 * 1e6:.1f} us, t_token = {m.c0 * 1e6:.1f} us, v = {m.v:.3f}", file=sys.stderr, flush=True)
         return profile
 
-    profile: LatencyProfile = load_or_profile(path, config, batch, profile_fn=profile_fn, method=fit)
+    profile: LatencyProfile = load_or_profile(path, config, batch, profile_fn=profile_fn, method=fit,
+                                              remeasure=getattr(args, "reprofile", False))
     info = {"path": str(path), "measured_now": bool(measured), "device": profile.device, "batch": profile.batch,
             "contexts": profile.contexts, "fit": profile.model.as_dict(), "method": profile.method}
     return profile, info
@@ -580,6 +585,7 @@ def register(subparsers) -> None:
     p.add_argument("--clasp-skip-count", type=int, default=None)
     p.add_argument("--profile-dir", default=None,
                    help="latency profiles (JSON) are read / written here (default: next to --out)")
+    p.add_argument("--reprofile", action="store_true", help=REPROFILE_HELP)
     p.add_argument("--latency-fit", default=DEFAULT_LATENCY_FIT, choices=["isolated", "forward"],
                    help="latency model: 'forward' = fitted on whole forwards of the model as the engine runs them "
                         "(full / no-Attention / no-MLP steps, verification of 1..11 rows); 'isolated' = each "
@@ -1304,10 +1310,9 @@ def _latency_profile(args, model: Model, batch: int, max_capacity: int, profile_
               file=sys.stderr, flush=True)
         return profile_latency(cfg, b, contexts, **kwargs)
 
-    profile = load_or_profile(path, model.config, batch, profile_fn=measure, method=fit)
+    profile = load_or_profile(path, model.config, batch, profile_fn=measure, method=fit, remeasure=getattr(args, "reprofile", False))
     if max(profile.contexts) < max_capacity:  # saved for shorter contexts: measure again over the full range
-        profile = measure(model.config, batch)
-        profile.save(path)
+        profile = load_or_profile(path, model.config, batch, profile_fn=measure, method=fit, remeasure=True)
     return profile, path
 
 

@@ -719,17 +719,40 @@ def profile_latency_forward(config: ModelConfig, batch: int = 1, contexts: Seque
 PROFILERS = {"isolated": profile_latency, "forward": profile_latency_forward}
 
 
+def set_aside_path(path) -> str:
+    """Where :func:`load_or_profile` keeps a profile it measures again (``remeasure``):
+    ``<stem>.replaced-<UTC time>.json`` next to it (a counter is added if that exists too)."""
+    stem, ext = os.path.splitext(os.fspath(path))
+    base = f"{stem}.replaced-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+    candidate, n = base + ext, 1
+    while os.path.exists(candidate):
+        candidate, n = f"{base}-{n}{ext}", n + 1
+    return candidate
+
+
 def load_or_profile(path, config: ModelConfig, batch: int = 1, *, profile_fn: Optional[Callable] = None,
-                    method: str = "isolated", **profile_kwargs) -> LatencyProfile:
+                    method: str = "isolated", remeasure: bool = False, **profile_kwargs) -> LatencyProfile:
     """Reuse the profile at ``path`` if it was measured on this device for this config and batch
     (and with this ``method``); otherwise measure (``profile_fn(config, batch, **profile_kwargs)``,
     default the profiler of ``method``) and save it there.
+
+    A saved profile does not record which code it timed: after a change to the forward, pass
+    ``remeasure=True`` to measure again whatever the file holds. The old file is then renamed
+    (:func:`set_aside_path`) once the new profile is measured, never overwritten; a failed
+    measurement leaves it in place.
 
     A file of an older format is measured again; a file that cannot be parsed, or that holds
     the other fit ``method``, is an error naming the file and the value (it is not overwritten)."""
     if method not in FIT_METHODS:
         raise ValueError(f"latency fit method {method!r} is not one of {list(FIT_METHODS)}")
     profile_fn = profile_fn or PROFILERS[method]
+    if remeasure:
+        profile = profile_fn(config, batch, **profile_kwargs)
+        if path is not None:
+            if os.path.exists(os.fspath(path)):
+                os.replace(os.fspath(path), set_aside_path(path))
+            profile.save(path)
+        return profile
     if path is not None and os.path.exists(os.fspath(path)):
         try:
             profile = LatencyProfile.load(path)

@@ -303,3 +303,37 @@ def test_experiment_runs_every_method_on_the_chosen_attention_backend(tmp_path):
     for method in ("knapspec-budget", "static-skip"):
         assert data["cases"][f"test/summarize/ctx64/b2/{method}"]["identical_to_ar"] is True
     assert (tmp_path / "latency_random-smollm2-135m-shape-L2_float32_pallas-interpret_test_b2_isolated.json").exists()
+
+
+def test_reprofile_measures_again_and_keeps_the_saved_profile(tmp_path, monkeypatch):
+    """--reprofile (both the experiment's flag and generate's): a saved profile is measured again,
+    not reused, and the old file is kept beside the new one."""
+    import argparse
+    import types
+
+    from jaxspec.knapspec import latency
+    from tests.knapspec.test_latency import TINY, TRUE, synthetic_times
+
+    calls = []
+    real = latency.profile_latency_forward
+
+    def mocked(cfg, b, contexts, params=None, **kwargs):
+        calls.append(b)
+        times = lambda key, call: 4 * synthetic_times(TRUE, cfg.num_layers, key[0], key[1], key[2])  # noqa: E731
+        return real(cfg, b, contexts, steps_per_call=4, timer=times)
+
+    monkeypatch.setattr(latency, "profile_latency_forward", mocked)
+    model = types.SimpleNamespace(source="random:tiny", real=False, config=TINY, params=None)
+    parser = argparse.ArgumentParser()
+    knapspec_experiment.register(parser.add_subparsers())
+    for flags, expected_calls, expected_files in (([], 1, 1), ([], 1, 1), (["--reprofile"], 2, 2)):
+        args = parser.parse_args(["knapspec", "--latency-fit", "forward", "--device-tag", "test"] + flags)
+        profile, path = knapspec_experiment._latency_profile(args, model, 1, 1024, tmp_path)
+        assert len(calls) == expected_calls and len(list(tmp_path.iterdir())) == expected_files, flags
+    assert latency.LatencyProfile.load(path) == profile
+    # generate's flag reaches load_latency the same way
+    gen = argparse.ArgumentParser()
+    knapspec_experiment.add_self_spec_args(gen)
+    args = gen.parse_args(["--reprofile", "--latency-fit", "forward", "--latency-profile", str(path)])
+    knapspec_experiment.load_latency(args, TINY, 1, 1024)
+    assert len(calls) == 3 and len(list(tmp_path.iterdir())) == 3

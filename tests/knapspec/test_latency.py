@@ -221,6 +221,37 @@ def test_forward_profile_round_trip_and_file_errors(tmp_path):
     assert calls == [1] and latency.LatencyProfile.load(bad) == profile
 
 
+def test_remeasure_keeps_the_old_profile_and_a_failed_measurement_loses_nothing(tmp_path):
+    """``remeasure=True`` measures although a matching profile is saved (a profile does not record the
+    code it timed); the old file is renamed, not overwritten, and only once the new one is measured."""
+    old, _ = _mock_profile()
+    new, _ = _mock_profile(model=dataclasses.replace(TRUE, c1=2 * TRUE.c1))
+    assert new.model != old.model
+    path = tmp_path / "forward.json"
+    old.save(path)
+    before = path.read_text()
+
+    def fails(cfg, b):
+        raise RuntimeError("out of memory")
+
+    with pytest.raises(RuntimeError, match="out of memory"):
+        latency.load_or_profile(path, TINY, 1, method="forward", profile_fn=fails, remeasure=True)
+    assert path.read_text() == before and sorted(p.name for p in tmp_path.iterdir()) == ["forward.json"]
+    calls = []
+    got = latency.load_or_profile(path, TINY, 1, method="forward", remeasure=True,
+                                  profile_fn=lambda cfg, b: calls.append(b) or new)
+    assert calls == [1] and got == new and latency.LatencyProfile.load(path) == new
+    (aside,) = [p for p in tmp_path.iterdir() if p.name != "forward.json"]
+    assert aside.name.startswith("forward.replaced-") and aside.name.endswith(".json")
+    assert aside.read_text() == before
+    # again within the same second: a second name, the first kept
+    latency.load_or_profile(path, TINY, 1, method="forward", remeasure=True, profile_fn=lambda cfg, b: old)
+    assert len(list(tmp_path.iterdir())) == 3 and latency.LatencyProfile.load(path) == old
+    assert latency.LatencyProfile.load(aside) == old and aside.read_text() == before
+    # without remeasure the saved profile is used as before
+    assert latency.load_or_profile(path, TINY, 1, method="forward", profile_fn=fails) == old
+
+
 def test_forward_profile_times_the_draft_forward_of_a_tiny_model():
     """Real clock on a 3-layer model: positive times, and the timed loop runs the same forward
     (skip mask) as the KnapSpec draft."""
