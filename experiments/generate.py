@@ -373,8 +373,10 @@ DEMO_METHODS: Dict[str, Dict[str, Any]] = {
     "self-draft": {"method": "sd", "draft_skip": "mlp:10-12", "gamma": 4},
     # KnapSpec chooses the skip set and gamma from a latency model (docs/methods.md §4)
     "knapspec": {"method": "knapspec"},
-    # prompt lookup: drafts by matching the last n-gram against the row's earlier tokens (no draft model)
-    "prompt-lookup": {"method": "prompt-lookup"},
+    # prompt lookup: drafts by matching the last n-gram against the row's earlier tokens (no draft model). One
+    # draft token a round: on a 2-core CPU each verified row costs a share of a float32 step, and gamma 1 is the
+    # only setting that paid in the demo's gamma sweep (cpu-demo steps gamma-1 .. gamma-4, docs/results.md)
+    "prompt-lookup": {"method": "prompt-lookup", "gamma": 1},
 }
 #: the demo's method: the one measured to pay on a small CPU (see the report of `demo`)
 DEMO_METHOD = "prompt-lookup"
@@ -391,6 +393,12 @@ def demo_args(args) -> argparse.Namespace:
                          f"this tree (registered methods: {', '.join(registry.method_names())})")
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens={args.max_new_tokens}: must be >= 1")
+    gamma = vars(args).get("gamma")
+    if gamma is not None and "gamma" not in choice:
+        raise ValueError(f"--gamma={gamma}: the {args.demo_method} demo chooses its draft length itself; --gamma "
+                         f"applies to --demo-method {' | '.join(m for m, c in DEMO_METHODS.items() if 'gamma' in c)}")
+    if gamma is not None:
+        choice = dict(choice, gamma=gamma)
     values = generate_defaults()
     values.update(model=args.model, prompt_file=args.prompt_file or str(DEMO_PROMPT_FILE),
                   max_new_tokens=args.max_new_tokens, dtype=args.dtype, no_warmup=args.no_warmup,
@@ -493,6 +501,9 @@ def register(subparsers) -> None:
     demo.add_argument("--max-new-tokens", type=int, default=96)
     demo.add_argument("--demo-method", default=DEMO_METHOD, choices=list(DEMO_METHODS),
                       help=f"the speculative method next to plain decoding (default {DEMO_METHOD})")
+    demo.add_argument("--gamma", type=int, default=None,
+                      help="draft tokens per round (default: the demo method's own, " + ", ".join(
+                          f"{m} {c['gamma']}" for m, c in DEMO_METHODS.items() if "gamma" in c) + ")")
     demo.add_argument("--dtype", default="float32", choices=["bfloat16", "float32"],
                       help="float32 is faster than bfloat16 on CPU, and keeps greedy speculative == AR")
     demo.add_argument("--no-warmup", action="store_true")

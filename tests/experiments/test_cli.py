@@ -1,13 +1,14 @@
 """The experiments command line: bad input refused up front with one line, results never
 overwritten, the suite runner, the demo, and the experiments' one-way imports."""
 
+import argparse
 import ast
 import json
 import pathlib
 
 import pytest
 
-from experiments import common, registry
+from experiments import common, generate, registry
 from experiments.run import main
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -451,6 +452,29 @@ def test_demo_method_choices(capsys):
     assert "prompt-lookup" in registry.method_names()
     assert main(["demo", "--max-new-tokens", "0"]) == 2
     assert "--max-new-tokens=0" in _error(capsys)
+
+
+def test_demo_gamma_default_override_and_refusals(capsys):
+    """The demo's draft length: each method's own unless --gamma says otherwise; refused (before any model
+    loads) where the method chooses it itself or where it is out of range."""
+    from experiments.generate import DEMO_METHODS, demo_args
+
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers()
+    generate.register(sub)
+
+    def resolved(*argv):
+        return demo_args(parser.parse_args(["demo", *argv]))
+
+    assert resolved().gamma == DEMO_METHODS["prompt-lookup"]["gamma"] == 1
+    assert resolved("--demo-method", "self-draft").gamma == 4
+    assert resolved("--gamma", "3").gamma == 3 and resolved("--gamma", "3").method == "prompt-lookup"
+    with pytest.raises(ValueError, match=r"--gamma=2: the knapspec demo chooses its draft length itself"):
+        resolved("--demo-method", "knapspec", "--gamma", "2")
+    assert main(["demo", "--gamma", "0"]) == 2
+    assert "--gamma=0: must be >= 1" in _error(capsys)
+    assert main(["demo", "--gamma", "9", "--max-new-tokens", "4"]) == 2
+    assert "--gamma=9 exceeds --max-new-tokens=4" in _error(capsys)
 
 
 @pytest.mark.slow
