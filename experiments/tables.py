@@ -153,6 +153,8 @@ DUSTIN_TRACE_SPARSE = "dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_sparse
 #: batch 16 at 8k-32k, all six methods in one process, each at the tau the real pair measured for it (the sparse
 #: draft KV from the real pair's sparse-draft runs at 16k and 32k)
 DUSTIN_SPEED_SPARSE = "dustin_speed/dustin_speed_qwen2.5-7b-shape_8k-32k_b16_sparse-draft_pair-tau_h200.json"
+#: the same batch-16 methods at 32k and 16k with finished rows reading one cache slot (docs/methods.md §5.7)
+DUSTIN_SPEED_FINISHED = "dustin_speed/dustin_speed_qwen2.5-7b-shape_16k-32k_b16_finished-rows-skipped_pair-tau_h200.json"
 #: the same six methods at batch 8 (taus from the real pair's batch-8 runs), when measured
 DUSTIN_SPEED_SPARSE_B8 = "dustin_speed/dustin_speed_qwen2.5-7b-shape_8k-32k_b8_sparse-draft_pair-tau_h200.json"
 #: the earlier, shorter run of the 32k point alone (AR, full-KV Dustin-H, the streaming draft KV)
@@ -676,6 +678,15 @@ def demo_note() -> str:
         text += (" On this 2-core CPU a float32 step of a 135M model is partly compute-bound: each extra verified "
                  "row costs a share of a step (the latency profiles' row cost v), so a round of gamma + 1 rows that "
                  "commits tau tokens costs about as much as tau plain steps.")
+    sweep = {g: load(f"demo/demo_smollm2-135m_prompt-lookup_767_b1_gamma{g}_cpu.json")["results"]
+             for g in (1, 2, 3, 4) if (RESULTS / f"demo/demo_smollm2-135m_prompt-lookup_767_b1_gamma{g}_cpu.json").exists()}
+    if sweep:
+        best = max(sweep, key=lambda g: sweep[g]["speedup_vs_ar"])
+        text += (" By draft length (cpu-demo steps gamma-1 .. gamma-4, one demo run each against AR in the same "
+                 "process): " + ", ".join(f"gamma {g} {r['speedup_vs_ar']:.2f}x (tau {r['metrics']['tau']:.2f})"
+                                          for g, r in sweep.items())
+                 + f"; gamma {best} measured the highest speed-up and {'is' if best == gamma else 'is not'} the "
+                   f"demo's default ({gamma}).")
     if len(runs) == 2:
         first, second = runs["first-run"]["demo"], runs["second-run"]["demo"]
         text += (f" Time to the first token: {first['time_to_first_token_s']:.2f} s with an empty compilation cache "
@@ -816,7 +827,63 @@ def _knapspec_attention_backend_note() -> str:
             f"{1e3 * case['ar_step_s']:.1f} ms (`{ks}`) against {pair_step:.1f} ms for AR on jaxspec's Pallas kernel "
             f"(`{PAIR_SPEED_SELF[0]}`), so their speed-ups are against a {case['ar_step_s'] * 1e3 / pair_step:.1f}x slower "
             "AR; h200-knapspec step qwen2.5-coder-1.5b-b16-32k-8k-pallas measures AR and KnapSpec on the kernel"
-            + (" (not run yet)." if not (RESULTS / KNAPSPEC_PALLAS).exists() else "."))
+            + (" (not run yet)." if not (RESULTS / KNAPSPEC_PALLAS).exists() else ": " + _knapspec_pallas_note()))
+
+
+def _knapspec_pallas_note() -> str:
+    """KnapSpec's two-stage plan and KnapSpec with budgeted attention against AR, all on the Pallas kernel
+    (step qwen2.5-coder-1.5b-b16-32k-8k-pallas), and the 1.1x target of the paper's KnapSpec at 32k/b16."""
+    cases = load(KNAPSPEC_PALLAS)["cases"]
+    parts, measured = [], set()
+    for ctx in (32000, 16384, 8192):
+        ks, budget = (cases.get(f"h200/summarize/ctx{ctx}/b16/{m}") for m in ("knapspec", "knapspec-budget"))
+        if ks is None and budget is None:
+            continue
+        measured.add(ctx)
+        text = f"{ctx} tokens"
+        if ks:
+            step = ks["ar_step_s"]
+            text += f" (AR step {1e3 * step:.2f} ms): KnapSpec {ks['speedup_vs_ar']:.2f}x AR"
+            if ks.get("plans"):
+                p = ks["plans"][0]
+                text += (f" (its plan before the first round skipped {p['n_skip_attn']} Attention / {p['n_skip_mlp']} "
+                         f"MLP sub-layers at alpha {p['alpha']:.2f} on the window, gamma* = {p['gamma_star']}"
+                         + (", so it decoded plainly" if p["gamma_star"] == 0 else "")
+                         + f"; planning {100 * ks['plan_fraction_of_decode']:.1f} % of decode, "
+                           f"{1e3 * ks['timings']['plan_s']:.0f} ms)")
+        if budget:
+            bp, probe = budget.get("budget_plan") or {}, budget.get("fixed_plan_probe") or {}
+            text += (f"; KnapSpec with budgeted attention {budget['speedup_vs_ar']:.2f}x (its plan: "
+                     f"{budget['draft_step_check']['n_dense_attn']} dense / {budget['draft_step_check']['n_budget_attn']} "
+                     f"budgeted Attention sub-layers, gamma {bp.get('gamma')}, alpha {bp.get('alpha', 0):.2f}; planning "
+                     f"{100 * budget['plan_fraction_of_decode']:.1f} % of decode")
+            if probe:
+                text += (f"; its {probe['rounds']} probe rounds ran {probe['speculative_tokens_per_s']:.0f} tokens/s "
+                         f"against {probe['ar_tokens_per_s']:.0f} for plain steps, so it kept plain decoding")
+            text += ")"
+        parts.append(text)
+    top = cases.get("h200/summarize/ctx32000/b16/knapspec")
+    checks = [(k, c["draft_step_check"]) for k, c in cases.items() if c.get("draft_step_check", {}).get("dynamic_s")]
+    out = "; ".join(parts) + "."
+    missing = [f"{round(c / 1000)}k" for c in (32000, 16384, 8192) if c not in measured]
+    if missing:
+        out += f" Not measured: {', '.join(missing)} (the device time ran out)."
+    if top:
+        out += (f" KnapSpec >= 1.1x AR at 32k/b16, on the kernel (with the two-stage plan made before the first "
+                f"round): **missed** ({top['speedup_vs_ar']:.2f}x). "
+                "With AR at the kernel's step, the skip plans that save a useful share of it drop the acceptance on "
+                "the window too far, the grid search rightly picks plain decoding, and the planning time is the loss.")
+    if checks:
+        dyn = [c["dynamic_over_predicted"] for _, c in checks]
+        sta = [c["static_over_predicted"] for _, c in checks]
+        pred = [c["latency_prediction"]["ratio_measured_to_predicted"] for c in cases.values()
+                if c.get("latency_prediction")]
+        out += (f" The latency profile on the kernel was fitted on forwards with the dynamic skip mask (a conditional "
+                f"per sub-layer): the plans' draft step with that mask ran {min(dyn):.2f}-{max(dyn):.2f}x its "
+                f"prediction, the same plan compiled in {min(sta):.2f}-{max(sta):.2f}x, and whole decodes "
+                f"{min(pred):.2f}-{max(pred):.2f}x the model's: on the GPU the conditionals cost what the static plans "
+                "save, so a profile of static forwards is what static plans need.")
+    return out
 
 
 def _knapspec_real_baselines() -> str:
@@ -1826,6 +1893,18 @@ def _figures() -> List[Figure]:
                        _dustin(ctx, 16, method, "speedup"), target=target))
             add(Figure(f"dustin-speed/7b-shape/ctx{ctx}/b16/{method}/fixed-tau", f"{what}, the tau it ran with",
                        "tokens/round", DUSTIN_SPEED_SPARSE, _dustin(ctx, 16, method, "fixed_tau")))
+    if (RESULTS / DUSTIN_SPEED_FINISHED).exists():  # the current default: finished rows read one cache slot
+        for key, case in load(DUSTIN_SPEED_FINISHED)["cases"].items():
+            if key == "copy_bandwidth" or "rows" not in case:
+                continue
+            ctx = int(key.split("/")[0][3:])
+            for r in case["rows"]:
+                if r["method"] == "ar":
+                    continue
+                what = (f"7B/0.5B shapes, {ctx // 1024}k, batch 16, k = 512, the real pair's tau: {r['method']} with "
+                        "finished rows reading one cache slot (AR in the same process)")
+                add(Figure(f"dustin-speed/7b-shape/ctx{ctx}/b16/{r['method']}/finished-rows-skipped/speedup", what,
+                           "x AR", DUSTIN_SPEED_FINISHED, _dustin(ctx, 16, r["method"], "speedup")))
     if (RESULTS / DUSTIN_SPEED_SPARSE_B8).exists():
         b8_labels = dict((("classic", "ClassicSD"), ("magicdec", "MagicDec")) + DUSTIN_SPEED_SPARSE_METHODS)
         for key, case in load(DUSTIN_SPEED_SPARSE_B8)["cases"].items():
@@ -1971,6 +2050,12 @@ def _figures() -> List[Figure]:
         if "plan_fraction" in load(source)["results"]["timings"]:
             add(Figure(f"{key}/planning-share", f"planning time / decode time: {label}", "fraction", source,
                        ("results", "timings", "plan_fraction")))
+    for g in (1, 2, 3, 4):
+        source = f"demo/demo_smollm2-135m_prompt-lookup_767_b1_gamma{g}_cpu.json"
+        if (RESULTS / source).exists():
+            add(Figure(f"demo/smollm2-135m/ctx767/b1/cpu/prompt-lookup/gamma{g}/speedup-vs-ar",
+                       f"the demo at gamma {g}: prompt lookup vs AR, SmolLM2-135M f32, 2-core CPU", "x AR", source,
+                       ("results", "speedup_vs_ar")))
     for run in ("first-run", "second-run"):
         source = f"demo/demo_smollm2-135m_prompt-lookup_767_b1_{run}_cpu.json"
         key = f"demo/smollm2-135m/ctx767/b1/cpu/prompt-lookup/{run}"
@@ -2157,6 +2242,29 @@ def _figures() -> List[Figure]:
                            ("cases", key, "plans", 0, "seconds"), scale=1e3))
                 add(Figure(f"{base}/dp-predicted-ms", f"{what}: the first plan, the allowance's prediction",
                            "ms", source, ("cases", key, "plans", 0, "predicted_seconds"), scale=1e3))
+    if (RESULTS / KNAPSPEC_PALLAS).exists():  # AR and both KnapSpec variants decoding with the Pallas kernel
+        for key, case in load(KNAPSPEC_PALLAS)["cases"].items():
+            if "speedup_vs_ar" not in case:
+                continue
+            _, _, ctx, batch, method = key.split("/")
+            base = f"selfspec/real-qwen1.5b/h200/{ctx}/{batch}/{method}-pallas"
+            what = (f"{method} (two-stage plan on 2 rows before the first round)" if method == "knapspec" else
+                    f"{method}") + (f", AR and {method} on the Pallas attention kernel, real Qwen2.5-Coder-1.5B "
+                                    f"bf16, {ctx[3:]} tokens, batch {batch[1:]}, 256 new tokens")
+            add(Figure(f"{base}/speedup", f"{what}, vs paired AR", "x AR", KNAPSPEC_PALLAS,
+                       ("cases", key, "speedup_vs_ar"),
+                       target="target >= 1.1x at 32k/b16" if method == "knapspec" else ""))
+            add(Figure(f"{base}/planning-share", f"{what}: planning / decode time", "%", KNAPSPEC_PALLAS,
+                       ("cases", key, "plan_fraction_of_decode"), scale=100, target="target <= 5 %"))
+            add(Figure(f"{base}/ar-step-ms", f"{what}: the paired AR step", "ms", KNAPSPEC_PALLAS,
+                       ("cases", key, "ar_step_s"), scale=1e3))
+            check = case.get("draft_step_check") or {}
+            for mode in ("static", "dynamic"):
+                if check.get(f"{mode}_over_predicted"):
+                    add(Figure(f"{base}/{mode}-draft-step-over-predicted",
+                               f"{what}: one draft step of its plan ({mode} mask, {check['timed']}) / the latency "
+                               "model's prediction", "x", KNAPSPEC_PALLAS,
+                               ("cases", key, "draft_step_check", f"{mode}_over_predicted"), target="target 0.9-1.1"))
     for source, slug, variant in (
             (KNAPSPEC_PLAIN_PRICED_CPU, "two-stage-plain-priced", "two-stage plan, plain decoding priced at the "
                                                                   "decode loop's own step"),
@@ -2544,6 +2652,7 @@ def dustin_speed_tables() -> str:
                               for m, label in DUSTIN_SPEED_SPARSE_METHODS[1:]
                               if any(r["method"] == m for r in first["cases"]["ctx32768/b16"]["rows"]))
                   + "; the difference between the two runs is their run-to-run spread.")
+    first_note += " " + finished_rows_speed_note()
     pt = ["| context | AR tok/s | ClassicSD | MagicDec | **Dustin-H** | roofline (Classic / MagicDec / Dustin-H) "
           "| selection / round |", "|---|---|---|---|---|---|---|"]
     for key, case in load(DUSTIN_SPEED_PAIR_TAU)["cases"].items():
@@ -3319,6 +3428,63 @@ def quality_target_notes() -> List[str]:
                    f"match with dense verification {dh['match']:.2f} (k = 512 others: {others}); the per-item "
                    f"records are in `{source}`. " + divergence_note(quality_cases(QUALITY_GPU_MODEL, ctx)))
     return out
+
+
+def finished_rows_speed_note() -> str:
+    """The 7B-shape batch-16 methods with finished rows reading one cache slot, against the sparse-draft run
+    above (finished rows reading their whole history, an earlier commit): speed-ups and ms per loop round."""
+    if not (RESULTS / DUSTIN_SPEED_FINISHED).exists():
+        return ("The same methods with finished rows reading one cache slot (docs/methods.md §5.7): not measured "
+                "yet (step `b16-finished-rows-pair-tau`).")
+    new, old = load(DUSTIN_SPEED_FINISHED)["cases"], load(DUSTIN_SPEED_SPARSE)["cases"]
+    labels = dict((("ar", "AR"), ("classic", "ClassicSD"), ("magicdec", "MagicDec")) + DUSTIN_SPEED_SPARSE_METHODS[1:])
+
+    def per_round(case, method):
+        record = case[method]
+        return 1e3 * record["timing"]["median_s"] / record.get("metrics", {}).get("rounds", record.get("steps", 64))
+
+    parts, change, ar_change, finished = [], {}, [], []
+    for ctx in ("ctx32768/b16", "ctx16384/b16"):
+        if ctx not in new:
+            continue
+        rows = {r["method"]: r for r in new[ctx]["rows"]}
+        cells = []
+        for method, label in labels.items():
+            if method not in rows or method == "ar":
+                continue
+            cell = f"{label} {rows[method]['speedup']:.2f}x"
+            if ctx in old and method in old[ctx]:
+                now, before = per_round(new[ctx], method), per_round(old[ctx], method)
+                change.setdefault("dustin" if method.startswith("dustin") else "other", []).append(now / before - 1)
+                cell += f" ({now:.2f} ms a loop round, {before:.2f} before)"
+            metrics = new[ctx][method].get("metrics", {})
+            if metrics.get("rounds_per_row"):
+                finished.append(1 - sum(metrics["rounds_per_row"]) / (len(metrics["rounds_per_row"]) * metrics["rounds"]))
+            cells.append(cell)
+        ar = f"AR {per_round(new[ctx], 'ar'):.2f} ms a step"
+        if ctx in old:
+            ar_change.append(per_round(new[ctx], "ar") / per_round(old[ctx], "ar") - 1)
+            ar += f" ({per_round(old[ctx], 'ar'):.2f} before)"
+        parts.append(f"{ctx[3:].split('/')[0]} tokens: {ar}; " + ", ".join(cells))
+
+    def span(values):
+        return f"{100 * min(values):+.0f} to {100 * max(values):+.0f} %"
+
+    text = (f"The same methods with finished rows reading one cache slot (docs/methods.md §5.7; `{DUSTIN_SPEED_FINISHED}`,"
+            f" suite `{suite_steps()[DUSTIN_SPEED_FINISHED][0]}`, the same taus, a later commit; \"before\" is the run "
+            "above, whose finished rows read their whole history): " + "; ".join(parts) + ".")
+    if change and ar_change:
+        text += (f" Per loop round against the earlier run: ClassicSD and MagicDec {span(change.get('other', [0]))}, "
+                 f"the Dustin-H variants {span(change.get('dustin', [0]))}, while AR's step moved "
+                 f"{span(ar_change)} (it has no finished rows)")
+        if finished:
+            text += (f"; finished rows held {100 * min(finished):.0f}-{100 * max(finished):.0f} % of the row-rounds "
+                     "(64 new tokens a row)")
+        text += (". So skipping their reads bought no measurable time here, and the Dustin-H rounds got slower by "
+                 "more than AR's change, which two runs of different commits cannot attribute (the commits between "
+                 "them include the skip itself and the in-place cache writes of docs/methods.md §2); the same run "
+                 "with --keep-finished-rows would separate them (not measured).")
+    return text
 
 
 def sparse_draft_notes(main) -> List[str]:
