@@ -82,6 +82,7 @@ SELF_SPEC_METHODS = ("knapspec", "clasp", "static-skip", "knapspec-budget")
 #: reads the self-speculative options and the sparse ones (--budget, --dustin-profile, --dustin-mode, --draft-kv, ...)
 KNAPSPEC_DUSTIN = "knapspec-dustin"
 DEFAULT_CALIBRATION_FILE = DEMO_PROMPT_FILE
+LATENCY_FITS = ("isolated", "forward", "forward-static")
 REPROFILE_HELP = ("measure the latency profile again even if a matching one is saved (a saved profile does not "
                   "record which code it timed); the old file is kept, renamed *.replaced-<time>.json. A resumed --out "
                   "still plans its remaining cases with the latency model it saved")
@@ -92,9 +93,12 @@ def add_self_spec_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--latency-profile", default=None, metavar="FILE",
                        help="sub-layer latency profile (JSON); measured now and saved there if missing or made on "
                             "another device/model/batch (default: a file in the jaxspec cache folder)")
-    group.add_argument("--latency-fit", default=DEFAULT_LATENCY_FIT, choices=["isolated", "forward"],
+    group.add_argument("--latency-fit", default=DEFAULT_LATENCY_FIT, choices=list(LATENCY_FITS),
                        help="latency model: 'forward' = fitted on whole forwards of the model as the engine runs "
-                            "them; 'isolated' = each sub-layer timed alone (the profile file name holds the method)")
+                            "them with the dynamic skip mask; 'forward-static' = the same with each mask compiled "
+                            "in (for plans compiled for themselves: --knapspec-static-plans, budget plans, the "
+                            "static skip set); 'isolated' = each sub-layer timed alone (the profile file name holds "
+                            "the method)")
     group.add_argument("--reprofile", action="store_true", help=REPROFILE_HELP)
     group.add_argument("--knapspec-objective", default="tpt", choices=["tpt", "tpl"],
                        help="grid-search objective: tokens per time (KnapSpec) or tokens per layer (ablation)")
@@ -364,11 +368,12 @@ def load_latency(args, config, batch: int, n_max: int, params=None):
     measured = []
 
     def profile_fn(cfg, b, **kwargs):
-        if fit == "forward":
+        if fit.startswith("forward"):
             contexts = forward_contexts(n_max)
-            print(f"profiling whole-forward latency of {cfg.name} on {device_name()} (batch {b}, contexts "
+            print(f"profiling whole-forward latency ({fit}) of {cfg.name} on {device_name()} (batch {b}, contexts "
                   f"{contexts}); saving to {path} ...", file=sys.stderr, flush=True)
-            profile = profile_latency_forward(cfg, b, contexts, params=params, **kwargs)
+            profile = profile_latency_forward(cfg, b, contexts, params=params, static_masks=fit == "forward-static",
+                                              **kwargs)
         else:
             contexts = profile_contexts(n_max)
             print(f"profiling sub-layer latency of {cfg.name} on {device_name()} (batch {b}, contexts {contexts}); "
@@ -586,9 +591,11 @@ def register(subparsers) -> None:
     p.add_argument("--profile-dir", default=None,
                    help="latency profiles (JSON) are read / written here (default: next to --out)")
     p.add_argument("--reprofile", action="store_true", help=REPROFILE_HELP)
-    p.add_argument("--latency-fit", default=DEFAULT_LATENCY_FIT, choices=["isolated", "forward"],
+    p.add_argument("--latency-fit", default=DEFAULT_LATENCY_FIT, choices=list(LATENCY_FITS),
                    help="latency model: 'forward' = fitted on whole forwards of the model as the engine runs them "
-                        "(full / no-Attention / no-MLP steps, verification of 1..11 rows); 'isolated' = each "
+                        "(full / no-Attention / no-MLP steps with the dynamic skip mask, verification of 1..11 rows); "
+                        "'forward-static' = the same with each mask compiled in (plans compiled for themselves: "
+                        "--static-plans, budget plans, the static skip set); 'isolated' = each "
                         "sub-layer timed alone (launch-bound on a GPU)")
     p.add_argument("--trace", action="store_true",
                    help="trace one more run of AR and of each method with jax.profiler: device busy time, idle "
@@ -1300,11 +1307,12 @@ def _latency_profile(args, model: Model, batch: int, max_capacity: int, profile_
         path = legacy
 
     def measure(cfg, b, **kwargs):
-        if fit == "forward":
+        if fit.startswith("forward"):
             contexts = forward_contexts(max_capacity)
-            print(f"profiling whole-forward latency on {device_name()} (batch {b}, contexts {contexts}) -> {path}",
-                  file=sys.stderr, flush=True)
-            return profile_latency_forward(cfg, b, contexts, params=model.params, **kwargs)
+            print(f"profiling whole-forward latency ({fit}) on {device_name()} (batch {b}, contexts {contexts}) -> "
+                  f"{path}", file=sys.stderr, flush=True)
+            return profile_latency_forward(cfg, b, contexts, params=model.params,
+                                           static_masks=fit == "forward-static", **kwargs)
         contexts = profile_contexts(max_capacity)
         print(f"profiling sub-layer latency on {device_name()} (batch {b}, contexts {contexts}) -> {path}",
               file=sys.stderr, flush=True)

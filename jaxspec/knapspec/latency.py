@@ -51,6 +51,11 @@ Two ways to measure (``method``, the profile's ``method`` field):
       c0 = mean_n [T_full(n) - L (c1 + c2 n + c3)]             (clamped at 0)
       T_verify(r) = t_step(n_verify) (a + v (r - 1))  (least squares in a, v)  (clamped)
 
+  ``"forward-static"`` (``profile_latency_forward(static_masks=True)``): the same forwards with each
+  mask compiled in (skipped sub-layers removed at trace time, no per-sub-layer conditional), the form
+  of a plan compiled for itself (``--knapspec-static-plans``, budget plans, the static skip set). On
+  a GPU each conditional costs a host round trip, so the two fits differ there; on the CPU they agree.
+
   so the modelled step reproduces ``T_full(n)`` (least squares over ``n``), a draft skipping
   every skippable Attention (MLP) reproduces ``T_noattn`` (``T_nomlp``), and the modelled
   verification ``t_step (a + v g)`` reproduces the least-squares line through
@@ -69,6 +74,7 @@ Profile files: format 4 adds ``method`` and ``forward``; format-3 files still lo
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -90,7 +96,7 @@ DEFAULT_CONTEXTS = tuple(range(1024, 25 * 1024 + 1, 2048))
 FORMAT_VERSION = 6
 READABLE_FORMATS = (3, 4, 5, 6)
 #: how the coefficients were measured: one sub-layer per call, or whole forwards of the model
-FIT_METHODS = ("isolated", "forward")
+FIT_METHODS = ("isolated", "forward", "forward-static")
 #: verification rows (gamma + 1) timed by the forward profiler
 DEFAULT_VERIFY_ROWS = (1, 2, 4, 8, 11)
 #: row counts of the many-row forwards timed for ``u``, the cost of one more row at scale (the DP's slot states)
@@ -551,6 +557,8 @@ def forward_loop_fn(params, cache, tokens, mask, *, config, steps):
 
 
 forward_loop = jax.jit(forward_loop_fn, static_argnames=("config", "steps"), donate_argnames=("cache",))
+#: the same loop with the mask compiled in (a frozen ``((attn, mlp), ...)`` tuple or ``None``)
+forward_loop_static = jax.jit(forward_loop_fn, static_argnames=("config", "steps", "mask"), donate_argnames=("cache",))
 
 
 def forward_contexts(n_max: int, points: int = 4) -> List[int]:
@@ -563,8 +571,8 @@ def profile_latency_forward(config: ModelConfig, batch: int = 1, contexts: Seque
                             params=None, warmup: int = 2, repeats: int = 5, seed: int = 0,
                             verify_rows: Sequence[int] = DEFAULT_VERIFY_ROWS, steps_per_call: int = 4,
                             bulk_rows: Sequence[int] = DEFAULT_BULK_ROWS,
-                            timer: Optional[Callable[[tuple, Callable[[], Any]], float]] = None
-                            ) -> LatencyProfile:
+                            timer: Optional[Callable[[tuple, Callable[[], Any]], float]] = None,
+                            static_masks: bool = False) -> LatencyProfile:
     """Measure ``T_full / T_noattn / T_nomlp`` at each context and ``T_verify(r)`` at the largest,
     on whole forwards of the model (``params``, default random ones of ``config``), and fit them
     with :func:`fit_forward`. Each timed call runs ``steps_per_call`` forwards in one jitted
@@ -577,8 +585,11 @@ def profile_latency_forward(config: ModelConfig, batch: int = 1, contexts: Seque
     ``full | noattn | nomlp | verify | bulk``. ``bulk_rows``: row counts of the full model's forwards
     whose least-squares slope is the price of one more row at scale, timed at the largest context and
     at the smallest one above the most rows; the line through the two slopes is ``u + u_n n``
-    (:meth:`LatencyModel.t_row`; one context: ``u_n = 0``; ``()``: not measured, both 0)."""
+    (:meth:`LatencyModel.t_row`; one context: ``u_n = 0``; ``()``: not measured, both 0).
+    ``static_masks``: each mask compiled into its own loop (method ``"forward-static"``) instead of the
+    dynamic mask's conditionals (``"forward"``)."""
     from jaxspec.models.cache import init_cache
+    from jaxspec.models.llama import freeze_skip_mask
 
     if warmup < 1 or repeats < 1 or steps_per_call < 1:
         raise ValueError(f"warmup={warmup}, repeats={repeats} and steps_per_call={steps_per_call} must be >= 1")
@@ -602,7 +613,7 @@ def profile_latency_forward(config: ModelConfig, batch: int = 1, contexts: Seque
         from jaxspec.models.params import init_params
 
         params = init_params(config, jax.random.PRNGKey(seed))
-    masks = {k: jnp.asarray(m) for k, m in forward_skip_masks(L).items()}
+    masks = {k: freeze_skip_mask(m) if static_masks else jnp.asarray(m) for k, m in forward_skip_masks(L).items()}
     steps = int(steps_per_call)
     if timer is None:
         def timer(key, call):
@@ -632,7 +643,12 @@ def profile_latency_forward(config: ModelConfig, batch: int = 1, contexts: Seque
 
         def caller(tokens, mask):
             def call():
-                out, state["cache"] = forward_loop(params, state["cache"], tokens, mask, config=config, steps=steps)
+                if static_masks:
+                    out, state["cache"] = forward_loop_static(params, state["cache"], tokens, mask=mask,
+                                                              config=config, steps=steps)
+                else:
+                    out, state["cache"] = forward_loop(params, state["cache"], tokens, mask, config=config,
+                                                       steps=steps)
                 return out
             return call
 
@@ -702,9 +718,12 @@ def profile_latency_forward(config: ModelConfig, batch: int = 1, contexts: Seque
                "bulk_rows": bulk_list, "bulk_times": bulk_med, "bulk_samples": bulk_samples,
                "bulk_contexts": bulk_contexts, "bulk_times_per_context": bulk_med_per_context,
                "bulk_samples_per_context": bulk_samples_per_context, "plain_samples": plain_samples, "fit": fit,
-               "how": "whole forwards (jaxspec.models.llama.forward, dynamic skip mask as the KnapSpec draft; "
-                      "verification without a mask) in a jitted fori_loop carrying the donated cache; plain "
-                      "decoding: decode_loop itself, beside the full forward, at the largest context"}
+               "static_masks": bool(static_masks),
+               "how": "whole forwards (jaxspec.models.llama.forward, "
+                      + ("each skip mask compiled in, as a plan compiled for itself" if static_masks else
+                         "dynamic skip mask as the KnapSpec draft")
+                      + "; verification without a mask) in a jitted fori_loop carrying the donated cache; plain "
+                        "decoding: decode_loop itself, beside the full forward, at the largest context"}
     return LatencyProfile(device=device_name(), platform=jax.devices()[0].platform, jax_version=jax.__version__,
                           config_name=config.name, config=config_fields(config), batch=int(batch),
                           contexts=contexts, attn_times=fit["t_attn_per_context"], mlp_time=model.c1,
@@ -713,10 +732,11 @@ def profile_latency_forward(config: ModelConfig, batch: int = 1, contexts: Seque
                           token_time=model.c0, token_samples=fit["c0_per_context"],
                           verify_rows=top_rows if len(rows_list) >= 2 else 0,
                           verify_times={f"rows_{r}": t for r, t in zip(rows_list, verify_med)},
-                          method="forward", forward=forward)
+                          method="forward-static" if static_masks else "forward", forward=forward)
 
 
-PROFILERS = {"isolated": profile_latency, "forward": profile_latency_forward}
+PROFILERS = {"isolated": profile_latency, "forward": profile_latency_forward,
+             "forward-static": functools.partial(profile_latency_forward, static_masks=True)}
 
 
 def set_aside_path(path) -> str:
@@ -763,11 +783,11 @@ def load_or_profile(path, config: ModelConfig, batch: int = 1, *, profile_fn: Op
         if profile is not None and profile.method != method:
             raise ValueError(f"latency profile {os.fspath(path)} holds a fit of method {profile.method!r}, "
                              f"not the requested {method!r}; pass another file or the matching method")
-        if (profile is not None and profile.method == "forward"
+        if (profile is not None and profile.method.startswith("forward")
                 and not {"bulk_rows", "bulk_contexts"} <= set(profile.forward)
                 and profile_kwargs.get("bulk_rows", DEFAULT_BULK_ROWS)):
             profile = None  # measured before the row price per context existed: measure again (the DP's cost needs it)
-        if profile is not None and profile.method == "forward" and "plain_samples" not in profile.forward:
+        if profile is not None and profile.method.startswith("forward") and "plain_samples" not in profile.forward:
             profile = None  # measured before the decode loop's own step was timed: measure again
         if profile is not None and profile.matches(config, batch):
             return profile

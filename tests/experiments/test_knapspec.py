@@ -317,10 +317,10 @@ def test_reprofile_measures_again_and_keeps_the_saved_profile(tmp_path, monkeypa
     calls = []
     real = latency.profile_latency_forward
 
-    def mocked(cfg, b, contexts, params=None, **kwargs):
+    def mocked(cfg, b, contexts, params=None, static_masks=False, **kwargs):
         calls.append(b)
         times = lambda key, call: 4 * synthetic_times(TRUE, cfg.num_layers, key[0], key[1], key[2])  # noqa: E731
-        return real(cfg, b, contexts, steps_per_call=4, timer=times)
+        return real(cfg, b, contexts, steps_per_call=4, timer=times, static_masks=static_masks)
 
     monkeypatch.setattr(latency, "profile_latency_forward", mocked)
     model = types.SimpleNamespace(source="random:tiny", real=False, config=TINY, params=None)
@@ -337,3 +337,8 @@ def test_reprofile_measures_again_and_keeps_the_saved_profile(tmp_path, monkeypa
     args = gen.parse_args(["--reprofile", "--latency-fit", "forward", "--latency-profile", str(path)])
     knapspec_experiment.load_latency(args, TINY, 1, 1024)
     assert len(calls) == 3 and len(list(tmp_path.iterdir())) == 3
+    # --latency-fit forward-static: the masks compiled in, a file of its own beside the dynamic fit's
+    args = parser.parse_args(["knapspec", "--latency-fit", "forward-static", "--device-tag", "test"])
+    static, static_path = knapspec_experiment._latency_profile(args, model, 1, 1024, tmp_path)
+    assert static.method == "forward-static" and static_path.name.endswith("_b1_forward-static.json")
+    assert static_path != path and len(calls) == 4 and static_path.exists()

@@ -275,6 +275,47 @@ def test_forward_profile_times_the_draft_forward_of_a_tiny_model():
     assert np.asarray(cache.lengths).tolist() == [20, 20]
 
 
+def test_forward_static_profile_compiles_each_mask_in(tmp_path):
+    """``static_masks=True`` ("forward-static"): every profiled mask is compiled into its own loop (no
+    conditional left in the program, where the dynamic mask has one per skippable sub-layer), it runs
+    the same forward, and the profile keeps its own method on file."""
+    from jaxspec.models.llama import freeze_skip_mask
+
+    config = TINY.replace(num_layers=3)
+    params = init_params(config, jax.random.PRNGKey(0))
+    profile = latency.profile_latency_forward(config, 2, (32, 96), params=params, warmup=1, repeats=2,
+                                              verify_rows=(1, 4), steps_per_call=2, bulk_rows=(), static_masks=True)
+    assert profile.method == "forward-static" and profile.forward["static_masks"] is True
+    assert "compiled in" in profile.forward["how"]
+    for kind in ("full", "noattn", "nomlp"):
+        assert min(profile.forward["times"][kind]) > 0
+    mask = latency.forward_skip_masks(3)["noattn"]
+    tokens = jnp.asarray([[5], [7]], jnp.int32)
+
+    def cache():
+        return init_cache(config, 2, 32, lengths=jnp.full((2,), 20, jnp.int32))
+
+    static = latency.forward_loop_static.lower(params, cache(), tokens, mask=freeze_skip_mask(mask), config=config,
+                                               steps=1).compile().as_text()
+    dynamic = latency.forward_loop.lower(params, cache(), tokens, jnp.asarray(mask), config=config,
+                                         steps=1).compile().as_text()
+    assert "conditional" in dynamic and "conditional" not in static
+    want = jnp.argmax(forward_jit(params, tokens, cache(), config=config, skip_mask=jnp.asarray(mask)).logits, axis=-1)
+    got, _ = latency.forward_loop_static(params, cache(), tokens, mask=freeze_skip_mask(mask), config=config, steps=1)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    path = tmp_path / "static.json"
+    profile.save(path)
+    assert latency.LatencyProfile.load(path) == profile
+
+    def must_not_profile(*args, **kwargs):
+        raise AssertionError("profiled although a matching profile was saved")
+
+    assert latency.load_or_profile(path, config, 2, method="forward-static", profile_fn=must_not_profile) == profile
+    with pytest.raises(ValueError, match="method 'forward-static', not the requested 'forward'"):
+        latency.load_or_profile(path, config, 2, method="forward", profile_fn=must_not_profile)
+    assert latency.PROFILERS["forward-static"].keywords == {"static_masks": True}
+
+
 def test_generate_latency_fit_picks_its_own_file(tmp_path, monkeypatch):
     from experiments import knapspec as self_spec
     from jaxspec.models import registry
