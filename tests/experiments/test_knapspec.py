@@ -311,16 +311,26 @@ def test_reprofile_measures_again_and_keeps_the_saved_profile(tmp_path, monkeypa
     import argparse
     import types
 
+    from jaxspec.config import ModelConfig
     from jaxspec.knapspec import latency
-    from tests.knapspec.test_latency import TINY, TRUE, synthetic_times
 
+    TINY = ModelConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=4, num_heads=4,
+                       num_kv_heads=2, head_dim=16, dtype="float32", name="tiny-reprofile")
+    true = latency.LatencyModel(c1=1.8e-4, c2=6.8e-8, c3=9.8e-5, c0=4.0e-3, v=0.12, u=2.5e-5)
     calls = []
     real = latency.profile_latency_forward
 
+    def clock(key, call):  # four steps a call of a device that follows ``true`` exactly (no forward runs)
+        kind, n, rows = key
+        full, skippable = true.t_step(n, TINY.num_layers), latency.skippable_sublayers(TINY.num_layers)
+        step = {"full": full, "plain": full, "noattn": full - skippable * true.t_attn(n),
+                "nomlp": full - skippable * true.t_mlp(), "verify": full * (1 + true.v * (rows - 1)),
+                "bulk": full + true.t_row(n) * (rows - 1)}[kind]
+        return 4 * step
+
     def mocked(cfg, b, contexts, params=None, static_masks=False, **kwargs):
         calls.append(b)
-        times = lambda key, call: 4 * synthetic_times(TRUE, cfg.num_layers, key[0], key[1], key[2])  # noqa: E731
-        return real(cfg, b, contexts, steps_per_call=4, timer=times, static_masks=static_masks)
+        return real(cfg, b, contexts, steps_per_call=4, timer=clock, static_masks=static_masks)
 
     monkeypatch.setattr(latency, "profile_latency_forward", mocked)
     model = types.SimpleNamespace(source="random:tiny", real=False, config=TINY, params=None)
