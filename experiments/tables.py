@@ -1893,33 +1893,28 @@ def _figures() -> List[Figure]:
                        _dustin(ctx, 16, method, "speedup"), target=target))
             add(Figure(f"dustin-speed/7b-shape/ctx{ctx}/b16/{method}/fixed-tau", f"{what}, the tau it ran with",
                        "tokens/round", DUSTIN_SPEED_SPARSE, _dustin(ctx, 16, method, "fixed_tau")))
-    if (RESULTS / DUSTIN_SPEED_FINISHED).exists():  # the current default: finished rows read one cache slot
-        for key, case in load(DUSTIN_SPEED_FINISHED)["cases"].items():
+    def speculative_rows(source):
+        """(context, row) of each speculative method in a dustin-speed file (AR is the baseline)."""
+        if not (RESULTS / source).exists():
+            return
+        for key, case in load(source)["cases"].items():
             if key == "copy_bandwidth" or "rows" not in case:
                 continue
-            ctx = int(key.split("/")[0][3:])
-            for r in case["rows"]:
-                if r["method"] == "ar":
-                    continue
-                what = (f"7B/0.5B shapes, {ctx // 1024}k, batch 16, k = 512, the real pair's tau: {r['method']} with "
-                        "finished rows reading one cache slot (AR in the same process)")
-                add(Figure(f"dustin-speed/7b-shape/ctx{ctx}/b16/{r['method']}/finished-rows-skipped/speedup", what,
-                           "x AR", DUSTIN_SPEED_FINISHED, _dustin(ctx, 16, r["method"], "speedup")))
-    if (RESULTS / DUSTIN_SPEED_SPARSE_B8).exists():
-        b8_labels = dict((("classic", "ClassicSD"), ("magicdec", "MagicDec")) + DUSTIN_SPEED_SPARSE_METHODS)
-        for key, case in load(DUSTIN_SPEED_SPARSE_B8)["cases"].items():
-            if key == "copy_bandwidth" or "rows" not in case:
-                continue
-            ctx = int(key.split("/")[0][3:])
-            for r in case["rows"]:
-                if r["method"] == "ar":
-                    continue
-                what = (f"7B/0.5B shapes, {ctx // 1024}k, batch 8, k = 512, the real pair's tau for this method "
-                        f"(batch 8): {b8_labels.get(r['method'], r['method'])} (AR in the same process)")
-                add(Figure(f"dustin-speed/7b-shape/ctx{ctx}/b8/{r['method']}/speedup", what, "x AR",
-                           DUSTIN_SPEED_SPARSE_B8, _dustin(ctx, 8, r["method"], "speedup")))
-                add(Figure(f"dustin-speed/7b-shape/ctx{ctx}/b8/{r['method']}/fixed-tau", f"{what}, the tau it ran with",
-                           "tokens/round", DUSTIN_SPEED_SPARSE_B8, _dustin(ctx, 8, r["method"], "fixed_tau")))
+            yield from ((int(key.split("/")[0][3:]), r) for r in case["rows"] if r["method"] != "ar")
+
+    for ctx, r in speculative_rows(DUSTIN_SPEED_FINISHED):  # the current default: finished rows read one slot
+        what = (f"7B/0.5B shapes, {ctx // 1024}k, batch 16, k = 512, the real pair's tau: {r['method']} with "
+                "finished rows reading one cache slot (AR in the same process)")
+        add(Figure(f"dustin-speed/7b-shape/ctx{ctx}/b16/{r['method']}/finished-rows-skipped/speedup", what,
+                   "x AR", DUSTIN_SPEED_FINISHED, _dustin(ctx, 16, r["method"], "speedup")))
+    b8_labels = dict((("classic", "ClassicSD"), ("magicdec", "MagicDec")) + DUSTIN_SPEED_SPARSE_METHODS)
+    for ctx, r in speculative_rows(DUSTIN_SPEED_SPARSE_B8):
+        what = (f"7B/0.5B shapes, {ctx // 1024}k, batch 8, k = 512, the real pair's tau for this method "
+                f"(batch 8): {b8_labels.get(r['method'], r['method'])} (AR in the same process)")
+        add(Figure(f"dustin-speed/7b-shape/ctx{ctx}/b8/{r['method']}/speedup", what, "x AR",
+                   DUSTIN_SPEED_SPARSE_B8, _dustin(ctx, 8, r["method"], "speedup")))
+        add(Figure(f"dustin-speed/7b-shape/ctx{ctx}/b8/{r['method']}/fixed-tau", f"{what}, the tau it ran with",
+                   "tokens/round", DUSTIN_SPEED_SPARSE_B8, _dustin(ctx, 8, r["method"], "fixed_tau")))
     src = DUSTIN_SPEED[16]
     for method in ("classic", "magicdec"):
         add(Figure(f"dustin/speed/qwen2.5-7b-shape/ctx32768/b16/{method}/speedup-vs-ar",
