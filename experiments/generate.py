@@ -374,8 +374,8 @@ DEMO_METHODS: Dict[str, Dict[str, Any]] = {
     # KnapSpec chooses the skip set and gamma from a latency model (docs/methods.md §4)
     "knapspec": {"method": "knapspec"},
     # prompt lookup: drafts by matching the last n-gram against the row's earlier tokens (no draft model). One
-    # draft token a round: on a 2-core CPU each verified row costs a share of a float32 step, and gamma 1 is the
-    # only setting that paid in the demo's gamma sweep (cpu-demo steps gamma-1 .. gamma-4, docs/results.md)
+    # draft token a round: on a 2-core CPU each verified row costs a share of a float32 step, and gamma 1 paid
+    # most in the demo's gamma sweep (cpu-demo steps gamma-1 .. gamma-4, docs/results.md)
     "prompt-lookup": {"method": "prompt-lookup", "gamma": 1},
 }
 #: the demo's method: the one measured to pay on a small CPU (see the report of `demo`)

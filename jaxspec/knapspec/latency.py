@@ -31,7 +31,7 @@ the number of valid positions. The profiler allocates a cache of exactly ``n`` s
 ``t_attn(n)`` is the cost of attending to ``n`` positions; evaluate it at
 :func:`effective_context` (capacity for ``xla``, valid length for the Pallas kernels).
 
-Two ways to measure (``method``, the profile's ``method`` field):
+Three ways to measure (``method``, the profile's ``method`` field):
 
 * ``"isolated"`` (:func:`profile_latency`, the original): each sub-layer timed alone, one jitted
   call per sub-layer. Launch-bound on a GPU at small batch (every call pays a dispatch the real
@@ -51,11 +51,6 @@ Two ways to measure (``method``, the profile's ``method`` field):
       c0 = mean_n [T_full(n) - L (c1 + c2 n + c3)]             (clamped at 0)
       T_verify(r) = t_step(n_verify) (a + v (r - 1))  (least squares in a, v)  (clamped)
 
-  ``"forward-static"`` (``profile_latency_forward(static_masks=True)``): the same forwards with each
-  mask compiled in (skipped sub-layers removed at trace time, no per-sub-layer conditional), the form
-  of a plan compiled for itself (``--knapspec-static-plans``, budget plans, the static skip set). On
-  a GPU each conditional costs a host round trip, so the two fits differ there; on the CPU they agree.
-
   so the modelled step reproduces ``T_full(n)`` (least squares over ``n``), a draft skipping
   every skippable Attention (MLP) reproduces ``T_noattn`` (``T_nomlp``), and the modelled
   verification ``t_step (a + v g)`` reproduces the least-squares line through
@@ -66,6 +61,11 @@ Two ways to measure (``method``, the profile's ``method`` field):
   conditionals made the draft-form step ~2x the target's. Plain decoding (gamma = 0) is priced
   at ``a t_step`` too. (``v_anchored_at_step`` in ``forward["fit"]`` is the earlier ``a = 1``
   fit, kept for comparison; the unclamped values are kept there as well.)
+* ``"forward-static"`` (``profile_latency_forward(static_masks=True)``): the same forwards and fit
+  with each mask compiled in (skipped sub-layers removed at trace time, no per-sub-layer
+  conditional), the form of a plan compiled for itself (``--knapspec-static-plans``, budget plans,
+  the static skip set). On a GPU each conditional costs a host round trip, so the two fits differ
+  there; on the CPU they agree.
 
 Profile files: format 4 adds ``method`` and ``forward``; format-3 files still load (as
 ``method="isolated"``).
