@@ -880,7 +880,7 @@ def _knapspec_pallas_note() -> str:
                 if c.get("latency_prediction")]
         out += (f" The latency profile on the kernel was fitted on forwards with the dynamic skip mask (a conditional "
                 f"per sub-layer): the plans' draft step with that mask ran {min(dyn):.2f}-{max(dyn):.2f}x its "
-                f"prediction, the same plan compiled in {min(sta):.2f}-{max(sta):.2f}x, and whole decodes "
+                f"prediction, the same plan compiled in {min(sta):.2f}-{max(sta):.2f}x, and whole decodes less planning "
                 f"{min(pred):.2f}-{max(pred):.2f}x the model's: on the GPU the conditionals cost what the static plans "
                 "save, so a profile of static forwards is what static plans need.")
     return out

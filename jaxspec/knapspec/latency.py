@@ -615,6 +615,7 @@ def profile_latency_forward(config: ModelConfig, batch: int = 1, contexts: Seque
         params = init_params(config, jax.random.PRNGKey(seed))
     masks = {k: freeze_skip_mask(m) if static_masks else jnp.asarray(m) for k, m in forward_skip_masks(L).items()}
     steps = int(steps_per_call)
+    loop = forward_loop_static if static_masks else forward_loop  # the mask compiled in, or a traced operand
     if timer is None:
         def timer(key, call):
             start = time.perf_counter()
@@ -643,12 +644,7 @@ def profile_latency_forward(config: ModelConfig, batch: int = 1, contexts: Seque
 
         def caller(tokens, mask):
             def call():
-                if static_masks:
-                    out, state["cache"] = forward_loop_static(params, state["cache"], tokens, mask=mask,
-                                                              config=config, steps=steps)
-                else:
-                    out, state["cache"] = forward_loop(params, state["cache"], tokens, mask, config=config,
-                                                       steps=steps)
+                out, state["cache"] = loop(params, state["cache"], tokens, mask=mask, config=config, steps=steps)
                 return out
             return call
 
