@@ -339,6 +339,9 @@ def add_prompt_lookup_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("prompt-lookup (n-gram drafts from the row's own tokens, no draft model)")
     group.add_argument("--ngram-max", type=int, default=3, help="longest n-gram matched against earlier tokens")
     group.add_argument("--ngram-min", type=int, default=1, help="shortest n-gram tried before drafting nothing")
+    group.add_argument("--full-verify", action="store_true",
+                       help="verify gamma + 1 rows every round, also when no n-gram matched (default: such a round "
+                            "verifies the pending token alone, docs/methods.md §5.8)")
 
 
 def validate_prompt_lookup(args) -> None:
@@ -354,9 +357,10 @@ def run_prompt_lookup(args, model, prompts, sampling, stops, out):
     from jaxspec.decoding.speculative import EngineConfig, speculative_generate
 
     engine = EngineConfig(gamma=args.gamma, sampling=sampling, max_new_tokens=args.max_new_tokens,
-                          stop_tokens=tuple(stops))
+                          stop_tokens=tuple(stops), short_verify=not vars(args).get("full_verify", False))
     policy = PromptLookupDraft(vocab_size=model.config.vocab_size, max_ngram=args.ngram_max, min_ngram=args.ngram_min)
-    out["draft"] = {"prompt_lookup": {"max_ngram": args.ngram_max, "min_ngram": args.ngram_min}}
+    out["draft"] = {"prompt_lookup": {"max_ngram": args.ngram_max, "min_ngram": args.ngram_min,
+                                      "short_verify": engine.short_verify}}
     return speculative_generate(model.params, model.config, prompts, draft_policy=policy, engine=engine,
                                 seed=args.seed, warmup=not args.no_warmup, profile=args.profile)
 
@@ -399,6 +403,11 @@ def demo_args(args) -> argparse.Namespace:
                          f"applies to --demo-method {' | '.join(m for m, c in DEMO_METHODS.items() if 'gamma' in c)}")
     if gamma is not None:
         choice = dict(choice, gamma=gamma)
+    if vars(args).get("full_verify"):
+        if choice["method"] != "prompt-lookup":
+            raise ValueError(f"--full-verify: only prompt lookup drafts nothing in some rounds; the "
+                             f"{args.demo_method} demo always verifies gamma + 1 rows")
+        choice = dict(choice, full_verify=True)
     values = generate_defaults()
     values.update(model=args.model, prompt_file=args.prompt_file or str(DEMO_PROMPT_FILE),
                   max_new_tokens=args.max_new_tokens, dtype=args.dtype, no_warmup=args.no_warmup,
@@ -504,6 +513,9 @@ def register(subparsers) -> None:
     demo.add_argument("--gamma", type=int, default=None,
                       help="draft tokens per round (default: the demo method's own, " + ", ".join(
                           f"{m} {c['gamma']}" for m, c in DEMO_METHODS.items() if "gamma" in c) + ")")
+    demo.add_argument("--full-verify", action="store_true",
+                      help="prompt lookup: verify gamma + 1 rows also in rounds without a match (default: the "
+                           "pending token alone there)")
     demo.add_argument("--dtype", default="float32", choices=["bfloat16", "float32"],
                       help="float32 is faster than bfloat16 on CPU, and keeps greedy speculative == AR")
     demo.add_argument("--no-warmup", action="store_true")

@@ -155,6 +155,8 @@ DUSTIN_TRACE_SPARSE = "dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_sparse
 DUSTIN_SPEED_SPARSE = "dustin_speed/dustin_speed_qwen2.5-7b-shape_8k-32k_b16_sparse-draft_pair-tau_h200.json"
 #: the same batch-16 methods at 32k and 16k with finished rows reading one cache slot (docs/methods.md §5.7)
 DUSTIN_SPEED_FINISHED = "dustin_speed/dustin_speed_qwen2.5-7b-shape_16k-32k_b16_finished-rows-skipped_pair-tau_h200.json"
+#: the same with finished rows reading their whole history (--keep-finished-rows), the decode code unchanged
+DUSTIN_SPEED_FINISHED_KEPT = "dustin_speed/dustin_speed_qwen2.5-7b-shape_16k-32k_b16_finished-rows-kept_pair-tau_h200.json"
 #: the same six methods at batch 8 (taus from the real pair's batch-8 runs), when measured
 DUSTIN_SPEED_SPARSE_B8 = "dustin_speed/dustin_speed_qwen2.5-7b-shape_8k-32k_b8_sparse-draft_pair-tau_h200.json"
 #: the earlier, shorter run of the 32k point alone (AR, full-KV Dustin-H, the streaming draft KV)
@@ -329,6 +331,14 @@ KNAPSPEC_PLAN_ROWS = f"{K}qwen2.5-coder-1.5b_32k-8k_b16_plan-rows_h200.json"
 KNAPSPEC_TRACE = f"{K}qwen2.5-7b-shape_8k_b1_trace_h200.json"
 #: AR, KnapSpec-budget and KnapSpec's two-stage plan on 2 rows decoding with the Pallas kernel (--attention-backend)
 KNAPSPEC_PALLAS = f"{K}qwen2.5-coder-1.5b_32k-8k_b16_pallas_h200.json"
+#: the same with every plan compiled for itself and a latency profile of compiled masks (--latency-fit forward-static)
+KNAPSPEC_PALLAS_STATIC = f"{K}qwen2.5-coder-1.5b_32k-8k_b16_pallas_static_h200.json"
+#: the same two KnapSpec variants at batch 1 on the kernel (the dynamic-mask profile)
+KNAPSPEC_PALLAS_B1 = f"{K}qwen2.5-coder-1.5b_32k-8k_b1_pallas_h200.json"
+#: (file, index-key suffix, what the run adds to "on the Pallas attention kernel")
+KNAPSPEC_PALLAS_RUNS = ((KNAPSPEC_PALLAS, "pallas", ""), (KNAPSPEC_PALLAS_B1, "pallas", ""),
+                        (KNAPSPEC_PALLAS_STATIC, "pallas-static",
+                         " with static plans and a profile of compiled masks (--latency-fit forward-static)"))
 
 
 def _row(variant, k="-"):
@@ -1907,6 +1917,11 @@ def _figures() -> List[Figure]:
                 "finished rows reading one cache slot (AR in the same process)")
         add(Figure(f"dustin-speed/7b-shape/ctx{ctx}/b16/{r['method']}/finished-rows-skipped/speedup", what,
                    "x AR", DUSTIN_SPEED_FINISHED, _dustin(ctx, 16, r["method"], "speedup")))
+    for ctx, r in speculative_rows(DUSTIN_SPEED_FINISHED_KEPT):  # the same, finished rows reading their history
+        what = (f"7B/0.5B shapes, {ctx // 1024}k, batch 16, k = 512, the real pair's tau: {r['method']} with "
+                "finished rows reading their whole history, --keep-finished-rows (AR in the same process)")
+        add(Figure(f"dustin-speed/7b-shape/ctx{ctx}/b16/{r['method']}/finished-rows-kept/speedup", what,
+                   "x AR", DUSTIN_SPEED_FINISHED_KEPT, _dustin(ctx, 16, r["method"], "speedup")))
     b8_labels = dict((("classic", "ClassicSD"), ("magicdec", "MagicDec")) + DUSTIN_SPEED_SPARSE_METHODS)
     for ctx, r in speculative_rows(DUSTIN_SPEED_SPARSE_B8):
         what = (f"7B/0.5B shapes, {ctx // 1024}k, batch 8, k = 512, the real pair's tau for this method "
@@ -2237,28 +2252,30 @@ def _figures() -> List[Figure]:
                            ("cases", key, "plans", 0, "seconds"), scale=1e3))
                 add(Figure(f"{base}/dp-predicted-ms", f"{what}: the first plan, the allowance's prediction",
                            "ms", source, ("cases", key, "plans", 0, "predicted_seconds"), scale=1e3))
-    if (RESULTS / KNAPSPEC_PALLAS).exists():  # AR and both KnapSpec variants decoding with the Pallas kernel
-        for key, case in load(KNAPSPEC_PALLAS)["cases"].items():
+    for source, suffix, how in KNAPSPEC_PALLAS_RUNS:  # AR and both KnapSpec variants on the Pallas kernel
+        if not (RESULTS / source).exists():
+            continue
+        for key, case in load(source)["cases"].items():
             if "speedup_vs_ar" not in case:
                 continue
             _, _, ctx, batch, method = key.split("/")
-            base = f"selfspec/real-qwen1.5b/h200/{ctx}/{batch}/{method}-pallas"
+            base = f"selfspec/real-qwen1.5b/h200/{ctx}/{batch}/{method}-{suffix}"
             what = (f"{method} (two-stage plan on 2 rows before the first round)" if method == "knapspec" else
-                    f"{method}") + (f", AR and {method} on the Pallas attention kernel, real Qwen2.5-Coder-1.5B "
+                    f"{method}") + (f", AR and {method} on the Pallas attention kernel{how}, real Qwen2.5-Coder-1.5B "
                                     f"bf16, {ctx[3:]} tokens, batch {batch[1:]}, 256 new tokens")
-            add(Figure(f"{base}/speedup", f"{what}, vs paired AR", "x AR", KNAPSPEC_PALLAS,
+            add(Figure(f"{base}/speedup", f"{what}, vs paired AR", "x AR", source,
                        ("cases", key, "speedup_vs_ar"),
                        target="target >= 1.1x at 32k/b16" if method == "knapspec" else ""))
-            add(Figure(f"{base}/planning-share", f"{what}: planning / decode time", "%", KNAPSPEC_PALLAS,
+            add(Figure(f"{base}/planning-share", f"{what}: planning / decode time", "%", source,
                        ("cases", key, "plan_fraction_of_decode"), scale=100, target="target <= 5 %"))
-            add(Figure(f"{base}/ar-step-ms", f"{what}: the paired AR step", "ms", KNAPSPEC_PALLAS,
+            add(Figure(f"{base}/ar-step-ms", f"{what}: the paired AR step", "ms", source,
                        ("cases", key, "ar_step_s"), scale=1e3))
             check = case.get("draft_step_check") or {}
             for mode in ("static", "dynamic"):
                 if check.get(f"{mode}_over_predicted"):
                     add(Figure(f"{base}/{mode}-draft-step-over-predicted",
                                f"{what}: one draft step of its plan ({mode} mask, {check['timed']}) / the latency "
-                               "model's prediction", "x", KNAPSPEC_PALLAS,
+                               "model's prediction", "x", source,
                                ("cases", key, "draft_step_check", f"{mode}_over_predicted"), target="target 0.9-1.1"))
     for source, slug, variant in (
             (KNAPSPEC_PLAIN_PRICED_CPU, "two-stage-plain-priced", "two-stage plan, plain decoding priced at the "
@@ -3477,9 +3494,42 @@ def finished_rows_speed_note() -> str:
                      "(64 new tokens a row)")
         text += (". So skipping their reads bought no measurable time here, and the Dustin-H rounds got slower by "
                  "more than AR's change, which two runs of different commits cannot attribute (the commits between "
-                 "them include the skip itself and the in-place cache writes of docs/methods.md §2); the same run "
-                 "with --keep-finished-rows would separate them (not measured).")
+                 "them include the skip itself and the in-place cache writes of docs/methods.md §2).")
+        text += _finished_rows_kept_note(new, per_round, labels, span)
     return text
+
+
+def _finished_rows_kept_note(skipped, per_round, labels, span) -> str:
+    """The skipped run against the same methods with --keep-finished-rows (the decode code unchanged between the
+    two runs), so the per-round difference is the skip plus the spread of two GPU runs."""
+    if not (RESULTS / DUSTIN_SPEED_FINISHED_KEPT).exists():
+        return (" The same run with finished rows reading their whole history (--keep-finished-rows, step "
+                "`b16-finished-rows-kept-pair-tau`) separates them: not measured yet.")
+    kept = load(DUSTIN_SPEED_FINISHED_KEPT)["cases"]
+    parts, change, ar_change = [], {}, []
+    for ctx in ("ctx32768/b16", "ctx16384/b16"):
+        if ctx not in kept or ctx not in skipped:
+            continue
+        speeds = {r["method"]: r["speedup"] for r in kept[ctx]["rows"]}
+        cells = []
+        for method, label in labels.items():
+            if method == "ar" or method not in kept[ctx] or method not in skipped[ctx]:
+                continue
+            now, whole = per_round(skipped[ctx], method), per_round(kept[ctx], method)
+            change.setdefault("dustin" if method.startswith("dustin") else "other", []).append(now / whole - 1)
+            cells.append(f"{label} {speeds[method]:.2f}x AR ({whole:.2f} ms a loop round)" if method in speeds
+                         else f"{label} {whole:.2f} ms a loop round")
+        ar_change.append(per_round(skipped[ctx], "ar") / per_round(kept[ctx], "ar") - 1)
+        parts.append(f"{ctx[3:].split('/')[0]} tokens: AR {per_round(kept[ctx], 'ar'):.2f} ms a step; "
+                     + ", ".join(cells))
+    if not parts:
+        return ""
+    return (f" With finished rows reading their whole history (`{DUSTIN_SPEED_FINISHED_KEPT}`, --keep-finished-rows, "
+            "the same decode code as the skipped run: between the two commits nothing under jaxspec/, "
+            "pallas_kernels/ or the experiment changed but the KnapSpec latency profiler): " + "; ".join(parts)
+            + ". The skipped run per loop round against it: ClassicSD and MagicDec "
+            f"{span(change.get('other', [0]))}, the Dustin-H variants {span(change.get('dustin', [0]))}, and AR "
+            f"(no finished rows: the spread of two runs) {span(ar_change)}.")
 
 
 def sparse_draft_notes(main) -> List[str]:

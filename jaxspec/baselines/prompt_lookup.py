@@ -69,6 +69,7 @@ class PromptLookupDraft(DraftPolicyBase):
     max_ngram: int = 3
     min_ngram: int = 1
     name: str = "prompt-lookup"
+    can_draft_nothing = True  # a row without a match drafts nothing (a class attribute, not a field)
 
     def __post_init__(self):
         if not 1 <= self.min_ngram <= self.max_ngram:

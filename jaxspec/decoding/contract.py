@@ -69,6 +69,10 @@ class DraftPolicyBase(abc.ABC):
     """Defaults of :class:`DraftPolicy`: the target's config, a stateless prefill (``None``).
     ``propose`` has no default: a subclass without it cannot be instantiated."""
 
+    #: whether a round's ``Proposal.num_drafted`` can be 0 for every row (e.g. prompt lookup without a
+    #: match): the engine then compiles the one-row verification for such rounds (docs/methods.md §5.8)
+    can_draft_nothing: bool = False
+
     def draft_model_config(self, target_config: ModelConfig) -> ModelConfig:
         return target_config
 

@@ -42,7 +42,7 @@ import numpy as np
 
 from jaxspec.config import ModelConfig
 from jaxspec.decoding.autoregressive import PAD_OUTPUT, decode_steps, pad_prompts, prefill, run_with_warmup
-from jaxspec.decoding.contract import Chunk, DraftPolicyBase, Proposal, RunToEnd, check_policies
+from jaxspec.decoding.contract import Chunk, DraftPolicyBase, Proposal, RunToEnd, VerifyPolicyBase, check_policies
 from jaxspec.decoding.policies import DenseVerify
 from jaxspec.decoding.sampling import SamplingConfig, sample_token, sampling_probs
 from jaxspec.models.attention import backend_of
@@ -63,6 +63,11 @@ class EngineConfig:
     # A batch's finished rows read none of their history while the loop waits for the others (their
     # caches' rows marked KVCache.frozen each round; docs/methods.md §5.7). False: they run along in full.
     skip_finished_rows: bool = True
+    # A round in which no active row drafted a token (a draft policy with can_draft_nothing, e.g. prompt
+    # lookup without a match) verifies the pending token alone: one row instead of gamma + 1, chosen
+    # on the device each round (docs/methods.md §5.8). Only where short_verify_supported(verify_policy);
+    # the tokens are the same either way.
+    short_verify: bool = True
 
     def __post_init__(self):
         if not isinstance(self.gamma, int) or self.gamma < 1:
@@ -169,14 +174,46 @@ def draft_phase(target_params, draft_params, draft_state, target_cache, pending,
     return proposal, key
 
 
-def verify_phase(target_params, target_cache, verify_state, committed, pending, draft_tokens, signals, *,
-                 target_config, verify_policy, engine):
+def short_verify_supported(verify_policy) -> bool:
+    """Whether a round may verify the pending token alone (:attr:`EngineConfig.short_verify`): the verify
+    policy runs the base class's forward (its attention set does not depend on the row count) and probes
+    nothing (probes are per verified row)."""
+    return (not tuple(verify_policy.probe_heads)
+            and getattr(type(verify_policy), "verify_forward", None) is VerifyPolicyBase.verify_forward)
+
+
+def skip_drafts_of(proposal: Proposal, done, *, draft_policy, verify_policy, engine):
+    """The ``skip_drafts`` of :func:`verify_phase`: no active row drafted anything. None where the short
+    verification does not apply: the engine turns it off, the draft policy never drafts nothing for every
+    row (``can_draft_nothing`` false, or no ``num_drafted``), or the verify policy is not
+    :func:`short_verify_supported`."""
+    if (not engine.short_verify or proposal.num_drafted is None or not getattr(draft_policy, "can_draft_nothing", False)
+            or not short_verify_supported(verify_policy)):
+        return None
+    return jnp.all((proposal.num_drafted <= 0) | done)
+
+
+def verify_phase(target_params, target_cache, verify_state, committed, pending, draft_tokens, signals,
+                 skip_drafts=None, *, target_config, verify_policy, engine):
     """The verification forward of ``[pending, d_1 .. d_gamma]`` (the verify policy's
-    ``verify_forward``): ``(logits [B, gamma + 1, V], cache, probes)``."""
+    ``verify_forward``): ``(logits [B, gamma + 1, V], cache, probes)``. ``skip_drafts`` (traced bool
+    scalar, or None): when true, ``pending`` alone is verified and its logits fill all gamma + 1 rows
+    (no draft can be accepted then: every row drafted nothing; :attr:`EngineConfig.short_verify`)."""
     rows = jnp.concatenate([pending[:, None], draft_tokens], axis=1)
-    result = verify_policy.verify_forward(target_params, rows, target_cache, committed, signals,
-                                          config=target_config, state=verify_state)
-    return result.logits, result.cache, result.probes
+
+    def verify(rows):
+        result = verify_policy.verify_forward(target_params, rows, target_cache, committed, signals,
+                                              config=target_config, state=verify_state)
+        return result.logits, result.cache, result.probes
+
+    if skip_drafts is None:
+        return verify(rows)
+
+    def short():
+        logits, cache, probes = verify(rows[:, :1])
+        return jnp.broadcast_to(logits, (rows.shape[0], rows.shape[1], logits.shape[-1])), cache, probes
+
+    return jax.lax.cond(skip_drafts, short, lambda: verify(rows))
 
 
 def commit_phase(state: LoopState, proposal: Proposal, target_logits, target_cache, key, *, engine):
@@ -242,6 +279,8 @@ def _round(target_params, draft_params, state, *, target_config, draft_policy, v
                                  draft_policy=draft_policy, engine=engine)
     logits, cache, probes = verify_phase(target_params, proposal.target_cache, state.verify_state, state.committed,
                                           state.pending, proposal.tokens, proposal.signals,
+                                          skip_drafts_of(proposal, state.done, draft_policy=draft_policy,
+                                                         verify_policy=verify_policy, engine=engine),
                                           target_config=target_config, verify_policy=verify_policy, engine=engine)
     new = commit_phase(state, proposal, logits, cache, key, engine=engine)
     if frozen is not None:  # the mark lives for one round: the carried state is as the round found it
@@ -802,6 +841,8 @@ def _profile(target_params, draft_params, state, static, max_rounds: Optional[in
         t1 = time.perf_counter()
         logits, cache, probes = verify_phase_jit(target_params, proposal.target_cache, state.verify_state,
                                             state.committed, state.pending, proposal.tokens, proposal.signals,
+                                            skip_drafts_of(proposal, state.done, draft_policy=static["draft_policy"],
+                                                           verify_policy=static["verify_policy"], engine=engine),
                                             **verify_static)
         jax.block_until_ready(logits)
         t2 = time.perf_counter()
