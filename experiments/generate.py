@@ -463,7 +463,11 @@ def cmd_demo(args) -> Dict[str, Any]:
     progress_line(f"prefill: first token after {ttft['ttft_s']:.2f} s ({ttft['ttft_compiled_s']:.2f} s once compiled)",
                   done=True)
     out = decode_generate(run_args, prepared)
-    out["demo"] = {"demo_method": args.demo_method, "generate_options": DEMO_METHODS[args.demo_method],
+    # the options as run (--gamma and --full-verify applied to the demo method's own)
+    options = {key: getattr(run_args, key) for key in DEMO_METHODS[args.demo_method]}
+    if vars(args).get("full_verify"):
+        options["full_verify"] = True
+    out["demo"] = {"demo_method": args.demo_method, "generate_options": options,
                    "time_to_first_token_s": ttft["ttft_s"], "time_to_first_token_compiled_s": ttft["ttft_compiled_s"],
                    "wall_s": time.perf_counter() - demo_start, "compilation_cache": str(cache) if cache else None,
                    "compiles": counter.counts()}
