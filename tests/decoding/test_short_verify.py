@@ -1,5 +1,8 @@
 """A round in which no row drafted anything verifies the pending token alone (EngineConfig.short_verify,
-docs/methods.md §5.8): the same logits for that token, the same tokens as the full verification and as AR."""
+off by default, docs/methods.md §5.8): the same logits for that token, the same tokens as the full
+verification and as AR; and why it is off: XLA copies the KV cache through its conditional."""
+
+import re
 
 import jax
 import jax.numpy as jnp
@@ -12,8 +15,8 @@ from jaxspec.decoding.autoregressive import generate
 from jaxspec.decoding.contract import Proposal, VerifyPolicyBase
 from jaxspec.decoding.policies import DenseVerify, SeparateDraft
 from jaxspec.decoding.sampling import SamplingConfig
-from jaxspec.decoding.speculative import (EngineConfig, short_verify_supported, skip_drafts_of, speculative_generate,
-                                          verify_phase)
+from jaxspec.decoding.speculative import (EngineConfig, loop_jit, prefill_loop_state, short_verify_supported,
+                                          skip_drafts_of, speculative_generate, verify_phase)
 from jaxspec.models.cache import init_cache
 from jaxspec.models.llama import forward, init_params
 
@@ -59,7 +62,7 @@ def test_short_verification_gives_the_pending_tokens_logits(params):
 
 
 def test_which_rounds_and_policies_take_it():
-    engine = EngineConfig(gamma=GAMMA)
+    engine = EngineConfig(gamma=GAMMA, short_verify=True)
     tokens = jnp.zeros((2, GAMMA), jnp.int32)
     none = Proposal(tokens, None, None, None, num_drafted=jnp.asarray([0, 0], jnp.int32))
     some = Proposal(tokens, None, None, None, num_drafted=jnp.asarray([0, 2], jnp.int32))
@@ -71,7 +74,7 @@ def test_which_rounds_and_policies_take_it():
     # a finished row's drafts do not count
     assert bool(skip_drafts_of(some, one_done, draft_policy=LOOKUP, verify_policy=dense, engine=engine))
     assert skip_drafts_of(always, live, draft_policy=LOOKUP, verify_policy=dense, engine=engine) is None
-    off = EngineConfig(gamma=GAMMA, short_verify=False)
+    off = EngineConfig(gamma=GAMMA)  # the default
     assert skip_drafts_of(none, live, draft_policy=LOOKUP, verify_policy=dense, engine=off) is None
     assert short_verify_supported(dense)
     # a draft that never drafts nothing in every row (KnapSpec's early exit keeps its first token): no branch
@@ -115,3 +118,22 @@ def test_a_separate_draft_keeps_the_full_verification(params):
     result = speculative_generate(params, CONFIG, [prompt], draft_policy=SeparateDraft(CONFIG.replace(num_layers=1)),
                                   draft_params=draft, engine=EngineConfig(gamma=GAMMA, max_new_tokens=12))
     assert result.rows() == generate(params, CONFIG, [prompt], 12).rows()
+
+
+def test_the_loop_updates_the_cache_in_place_without_it(params):
+    """The compiled round loop (prompt lookup, dense verification) copies no cache-sized buffer by default;
+    with the short verification's conditional XLA copies the caches every round, which is why it is off."""
+    capacity = 4096  # a shape no other buffer of the loop has
+    cache_copy = re.compile(rf"= f32\[1,{CONFIG.num_kv_heads},{capacity},{CONFIG.head_dim}\]\{{[^}}]*\}} copy\(")
+    copies = {}
+    for short in (False, True):
+        engine = EngineConfig(gamma=GAMMA, max_new_tokens=8, short_verify=short)
+        static = dict(target_config=CONFIG, draft_policy=LOOKUP, verify_policy=DenseVerify(), engine=engine)
+        state = prefill_loop_state(params, CONFIG, np.arange(1, 41)[None], np.array([40]), capacity,
+                                   draft_policy=LOOKUP, draft_params=None, draft_state=None,
+                                   verify_policy=DenseVerify(), verify_state=None, engine=engine)
+        text = loop_jit.lower(params, None, state, **static).compile().as_text()
+        copies[short] = len(cache_copy.findall(text))
+        assert (" conditional(" in text) == short
+    assert copies[False] == 0
+    assert copies[True] >= 2 * CONFIG.num_layers
