@@ -47,7 +47,7 @@ from jaxspec.decoding.policies import DenseVerify
 from jaxspec.decoding.sampling import SamplingConfig, sample_token, sampling_probs
 from jaxspec.models.attention import backend_of
 from jaxspec.models.cache import KVCache, check_context, check_room, freeze_rows, init_cache
-from jaxspec.models.llama import forward
+from jaxspec.models.llama import forward, write_new_kv
 from jaxspec.models.sharding import (ACTIVATION_AXES, CACHE_LENGTHS_AXES, constrain, mesh_of, resolve_placement,
                                      shard_params, use_mesh)
 
@@ -208,12 +208,26 @@ def verify_phase(target_params, target_cache, verify_state, committed, pending, 
 
     if skip_drafts is None:
         return verify(rows)
+    # The conditional only reads the cache: each branch returns the logits and the new K/V, written after it
+    # (a branch that wrote the cache would have XLA copy every layer's K and V through the conditional).
+    # The policy's forward is the base class's (short_verify_supported), so this is the same computation.
+    start = committed - 1
+    cache = target_cache.with_lengths(start)
+    indices = verify_policy.verify_indices(verify_state, target_cache, committed, signals)
+    width = rows.shape[1]
 
-    def short():
-        logits, cache, probes = verify(rows[:, :1])
-        return jnp.broadcast_to(logits, (rows.shape[0], rows.shape[1], logits.shape[-1])), cache, probes
+    def rows_forward(count):
+        def run():
+            out = forward(target_params, rows[:, :count], cache, config=target_config, verify_indices=indices,
+                          write_cache=False)
+            pad = ((0, 0), (0, 0), (0, width - count), (0, 0))
+            logits = jnp.broadcast_to(out.logits, (rows.shape[0], width, out.logits.shape[-1]))
+            return logits, jax.tree.map(lambda x: jnp.pad(x, pad), out.new_kv)
+        return run
 
-    return jax.lax.cond(skip_drafts, short, lambda: verify(rows))
+    logits, new_kv = jax.lax.cond(skip_drafts, rows_forward(1), rows_forward(width))
+    written = jnp.arange(width)[None, :] < jnp.where(skip_drafts, 1, width)
+    return logits, write_new_kv(cache, new_kv, start, written), None
 
 
 def commit_phase(state: LoopState, proposal: Proposal, target_logits, target_cache, key, *, engine):

@@ -119,6 +119,9 @@ class LayerOutput(NamedTuple):
     cache_v: jax.Array
     probe_queries: Optional[jax.Array]
     probe_probs: Optional[jax.Array]
+    # write_cache=False: the new tokens' K/V [B, Hkv, T, D] (zeros where attention was skipped), written nowhere
+    new_keys: Optional[jax.Array] = None
+    new_values: Optional[jax.Array] = None
 
 
 def _after_read(slots: jax.Array, hidden: jax.Array, capacity: int) -> jax.Array:
@@ -137,7 +140,7 @@ def _after_read(slots: jax.Array, hidden: jax.Array, capacity: int) -> jax.Array
 
 def decoder_layer(layer: LayerParams, h, config: ModelConfig, cos, sin, cache_k, cache_v, lengths,
                   verify_indices=None, probe_local: Tuple[int, ...] = (), *, skip_attn=False, skip_mlp=False,
-                  attend=None, history_lengths=None) -> LayerOutput:
+                  attend=None, history_lengths=None, write_cache: bool = True) -> LayerOutput:
     """One decoder layer: attention sub-layer (its K/V written at slots ``lengths ..``) then MLP.
 
     ``history_lengths [B]``: the history slots the attention reads (default ``lengths``; a finished
@@ -146,10 +149,13 @@ def decoder_layer(layer: LayerParams, h, config: ModelConfig, cos, sin, cache_k,
     ``skip_attn`` / ``skip_mlp``: a Python bool removes the sub-layer at trace time; a traced
     bool scalar switches it with ``lax.cond`` (the skipped branch does no work). A skipped
     attention sub-layer writes nothing into the cache. ``attend``: see :func:`attention_sublayer`.
+    ``write_cache=False``: the caches come back unchanged and the new K/V in ``new_keys`` / ``new_values``
+    for the caller to write (e.g. after a ``lax.cond`` that should only read the cache).
     """
     steps = h.shape[1]
     capacity = cache_k.shape[2]
     probe_q = probe_p = None
+    new_k = new_v = None
     static_attn = isinstance(skip_attn, bool)
     if not (static_attn and skip_attn):
         def run_attn(hh):
@@ -170,18 +176,24 @@ def decoder_layer(layer: LayerParams, h, config: ModelConfig, cos, sin, cache_k,
                 out = jax.lax.cond(skip_attn, skipped, run_attn, h)
                 enabled = jnp.logical_not(skip_attn)
             h, probe_q, probe_p = out.hidden, out.probe_queries, out.probe_probs
-            slots = write_positions(lengths, steps, capacity, enabled)
-            if static_attn:
-                slots = _after_read(slots, h, capacity)
-            cache_k = scatter_rows(cache_k, out.keys, slots)
-            cache_v = scatter_rows(cache_v, out.values, slots)
+            if write_cache:
+                slots = write_positions(lengths, steps, capacity, enabled)
+                if static_attn:
+                    slots = _after_read(slots, h, capacity)
+                cache_k = scatter_rows(cache_k, out.keys, slots)
+                cache_v = scatter_rows(cache_v, out.values, slots)
+            else:
+                new_k, new_v = out.keys, out.values
     if not (isinstance(skip_mlp, bool) and skip_mlp):
         with jax.named_scope("mlp"):
             if isinstance(skip_mlp, bool):
                 h = mlp_sublayer(layer, h, config)
             else:
                 h = jax.lax.cond(skip_mlp, lambda hh: hh, lambda hh: mlp_sublayer(layer, hh, config), h)
-    return LayerOutput(h, cache_k, cache_v, probe_q, probe_p)
+    if not write_cache and new_k is None:  # attention removed at trace time: no new K/V
+        zeros = jnp.zeros((h.shape[0], config.num_kv_heads, steps, config.head_dim), cache_k.dtype)
+        new_k, new_v = zeros, zeros
+    return LayerOutput(h, cache_k, cache_v, probe_q, probe_p, new_k, new_v)
 
 
 def lm_head(params: ModelParams, h, config: ModelConfig) -> jax.Array:

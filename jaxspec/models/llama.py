@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.config import ModelConfig
-from jaxspec.models.cache import KVCache, check_room, is_concrete
+from jaxspec.models.cache import KVCache, check_room, is_concrete, scatter_rows, write_positions
 from jaxspec.models.layers import (apply_rope, attention_sublayer, decoder_layer, default_positions, embed,
                                    lm_head, mlp_sublayer, project_qkv, rms_norm, rope_tables)
 from jaxspec.models.params import (LayerParams, ModelParams, cast_params, check_param_shapes,
@@ -66,6 +66,8 @@ class ForwardOutput(NamedTuple):
     cache: KVCache  # lengths advanced by T
     probes: Optional[Probes]
     hidden: Optional[jax.Array] = None  # [B, T, H] final hidden state before the norm, if requested
+    # write_cache=False: (keys, values), each a tuple over layers of the new tokens' [B, Hkv, T, D]
+    new_kv: Optional[Tuple[Tuple[jax.Array, ...], Tuple[jax.Array, ...]]] = None
 
 
 # ---------------------------------------------------------------------------- forward
@@ -111,8 +113,12 @@ def _validate_static(config: ModelConfig, skip_mask, probe_heads):
 
 def forward(params: ModelParams, tokens, cache: KVCache, *, config: ModelConfig, skip_mask=None,
             verify_indices=None, probe_heads: ProbeHeads = (), positions=None, output_positions=None,
-            return_hidden: bool = False) -> ForwardOutput:
+            return_hidden: bool = False, write_cache: bool = True) -> ForwardOutput:
     """The forward of ``tokens [B, T]`` appended to ``cache`` (see the module docstring).
+
+    ``write_cache=False``: the attention reads the cache and the new tokens as usual, but their K/V are
+    returned in ``new_kv`` instead of written (the returned cache holds the old buffers, its lengths
+    advanced by ``T``); :func:`write_new_kv` writes them.
 
     Checks (before any work): params' shapes against ``config`` (static), token ids' dtype
     and, when concrete, their range; when ``cache.lengths`` is concrete, that every row has
@@ -147,6 +153,7 @@ def forward(params: ModelParams, tokens, cache: KVCache, *, config: ModelConfig,
     probe_q = [None] * len(probe_heads)
     probe_p = [None] * len(probe_heads)
     new_keys, new_values = list(cache.keys), list(cache.values)
+    rows_k, rows_v = [], []
     for i, layer in enumerate(params.layers):
         local = tuple(hd for (ly, hd) in probe_heads if ly == i)
         if static_skip:
@@ -158,8 +165,11 @@ def forward(params: ModelParams, tokens, cache: KVCache, *, config: ModelConfig,
         with jax.named_scope(f"layer{i}"):
             out = decoder_layer(layer, h, config, cos, sin, cache.keys[i], cache.values[i], lengths,
                                 verify_indices, local, skip_attn=skip_attn, skip_mlp=skip_mlp,
-                                history_lengths=history)
+                                history_lengths=history, write_cache=write_cache)
         h, new_keys[i], new_values[i] = out.hidden, out.cache_k, out.cache_v
+        if not write_cache:
+            rows_k.append(out.new_keys)
+            rows_v.append(out.new_values)
         if out.probe_queries is not None:
             for j, n in enumerate(n for n, (ly, _) in enumerate(probe_heads) if ly == i):
                 probe_q[n] = out.probe_queries[:, j]
@@ -172,7 +182,20 @@ def forward(params: ModelParams, tokens, cache: KVCache, *, config: ModelConfig,
     probes = None
     if probe_heads:
         probes = _assemble_probes(probe_q, probe_p, probe_heads, batch, steps, config, verify_indices, capacity)
-    return ForwardOutput(logits=logits, cache=new_cache, probes=probes, hidden=h if return_hidden else None)
+    return ForwardOutput(logits=logits, cache=new_cache, probes=probes, hidden=h if return_hidden else None,
+                         new_kv=None if write_cache else (tuple(rows_k), tuple(rows_v)))
+
+
+def write_new_kv(cache: KVCache, new_kv, start, enabled=True) -> KVCache:
+    """Write a ``forward(..., write_cache=False)``'s ``new_kv`` (``T`` tokens a row) into ``cache`` at slots
+    ``start [B] ..``; ``enabled`` (bool, broadcast to ``[B, T]``): where false, that token writes nothing.
+    Returns the cache with those buffers and lengths ``start + T``."""
+    keys, values = new_kv
+    steps = keys[0].shape[2]
+    slots = write_positions(start, steps, cache.capacity, enabled)
+    return KVCache(keys=tuple(scatter_rows(c, k, slots) for c, k in zip(cache.keys, keys)),
+                   values=tuple(scatter_rows(c, v, slots) for c, v in zip(cache.values, values)),
+                   lengths=start + steps, frozen=cache.frozen)
 
 
 def _assemble_probes(probe_q, probe_p, probe_heads, batch, steps, config, verify_indices, capacity):

@@ -1,6 +1,6 @@
 """A round in which no row drafted anything verifies the pending token alone (EngineConfig.short_verify,
 off by default, docs/methods.md §5.8): the same logits for that token, the same tokens as the full
-verification and as AR; and why it is off: XLA copies the KV cache through its conditional."""
+verification and as AR; and the cache is still updated in place."""
 
 import re
 
@@ -120,9 +120,10 @@ def test_a_separate_draft_keeps_the_full_verification(params):
     assert result.rows() == generate(params, CONFIG, [prompt], 12).rows()
 
 
-def test_the_loop_updates_the_cache_in_place_without_it(params):
-    """The compiled round loop (prompt lookup, dense verification) copies no cache-sized buffer by default;
-    with the short verification's conditional XLA copies the caches every round, which is why it is off."""
+def test_the_loop_updates_the_cache_in_place(params):
+    """The compiled round loop (prompt lookup, dense verification) copies no cache-sized buffer, with or
+    without the short verification: its conditional only reads the cache, the new K/V are written after it
+    (a conditional whose branches wrote the cache had XLA copy every layer's K and V each round)."""
     capacity = 4096  # a shape no other buffer of the loop has
     cache_copy = re.compile(rf"= f32\[1,{CONFIG.num_kv_heads},{capacity},{CONFIG.head_dim}\]\{{[^}}]*\}} copy\(")
     copies = {}
@@ -135,5 +136,4 @@ def test_the_loop_updates_the_cache_in_place_without_it(params):
         text = loop_jit.lower(params, None, state, **static).compile().as_text()
         copies[short] = len(cache_copy.findall(text))
         assert (" conditional(" in text) == short
-    assert copies[False] == 0
-    assert copies[True] >= 2 * CONFIG.num_layers
+    assert copies == {False: 0, True: 0}

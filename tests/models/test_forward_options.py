@@ -343,3 +343,38 @@ def test_probe_head_out_of_range_raises(setup, bad):
     model, cache, new_tokens, _ = setup
     with pytest.raises(ValueError, match="out of range"):
         forward_jit(model.params, new_tokens, cache, config=model.config, probe_heads=((0, 0), bad))
+
+
+# ---------------------------------------------------------------------------- write_cache=False
+@pytest.mark.parametrize("skip", [None, SKIP_MASKS[0]], ids=["dense", "attention-1-skipped"])
+def test_unwritten_kv_written_after_equals_the_forward(setup, skip):
+    """forward(write_cache=False) returns the logits of the plain forward, leaves the cache as it was, and
+    write_new_kv then gives the cache the plain forward writes (a skipped attention writes nothing)."""
+    model, cache, new_tokens, _ = setup
+    cache = _with_sentinel(cache)
+    options = {} if skip is None else {"skip_mask": tuple(tuple(bool(f) for f in row) for row in skip)}
+    plain = llama_module.forward(model.params, new_tokens, cache, config=model.config, **options)
+    out = llama_module.forward(model.params, new_tokens, cache, config=model.config, write_cache=False, **options)
+    np.testing.assert_allclose(np.asarray(out.logits), np.asarray(plain.logits), rtol=RTOL, atol=ATOL)
+    for before, after in zip(cache.keys + cache.values, out.cache.keys + out.cache.values):
+        np.testing.assert_array_equal(np.asarray(before), np.asarray(after))
+    assert [k.shape for k in out.new_kv[0]] == [(2, model.config.num_kv_heads, NEW, model.config.head_dim)] * 3
+    written = llama_module.write_new_kv(cache, out.new_kv, cache.lengths,
+                                        enabled=np.ones((1, NEW), bool) if skip is None else True)
+    skipped_layers = set() if skip is None else {i for i, row in enumerate(skip) if row[0]}
+    for i in range(model.config.num_layers):
+        for ours, theirs, old in ((written.keys[i], plain.cache.keys[i], cache.keys[i]),
+                                  (written.values[i], plain.cache.values[i], cache.values[i])):
+            if i in skipped_layers:  # the plain forward wrote nothing there (write_new_kv wrote the zeros)
+                np.testing.assert_array_equal(np.asarray(theirs), np.asarray(old))
+            else:
+                np.testing.assert_allclose(np.asarray(ours), np.asarray(theirs), rtol=RTOL, atol=ATOL)
+    np.testing.assert_array_equal(np.asarray(written.lengths), np.asarray(plain.cache.lengths))
+    # disabled tokens write nothing: only the first new token lands
+    first = llama_module.write_new_kv(cache, out.new_kv, cache.lengths, enabled=np.arange(NEW)[None, :] < 1)
+    slots = np.arange(CAPACITY)
+    for ours, theirs, old in zip(first.keys, written.keys, cache.keys):
+        for row, length in enumerate(LENGTHS):
+            ours_row, theirs_row, old_row = (np.asarray(x)[row] for x in (ours, theirs, old))
+            np.testing.assert_array_equal(ours_row[:, slots == length], theirs_row[:, slots == length])
+            np.testing.assert_array_equal(ours_row[:, slots > length], old_row[:, slots > length])
