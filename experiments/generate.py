@@ -339,9 +339,9 @@ def add_prompt_lookup_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("prompt-lookup (n-gram drafts from the row's own tokens, no draft model)")
     group.add_argument("--ngram-max", type=int, default=3, help="longest n-gram matched against earlier tokens")
     group.add_argument("--ngram-min", type=int, default=1, help="shortest n-gram tried before drafting nothing")
-    group.add_argument("--short-verify", action="store_true",
-                       help="a round in which no n-gram matched verifies the pending token alone (default: gamma + 1 "
-                            "rows every round; measured slower on the CPU, docs/methods.md §5.8)")
+    group.add_argument("--full-verify", action="store_true",
+                       help="verify gamma + 1 rows every round, also when no n-gram matched (default: such a round "
+                            "verifies the pending token alone, docs/methods.md §5.8)")
 
 
 def validate_prompt_lookup(args) -> None:
@@ -357,7 +357,7 @@ def run_prompt_lookup(args, model, prompts, sampling, stops, out):
     from jaxspec.decoding.speculative import EngineConfig, speculative_generate
 
     engine = EngineConfig(gamma=args.gamma, sampling=sampling, max_new_tokens=args.max_new_tokens,
-                          stop_tokens=tuple(stops), short_verify=bool(vars(args).get("short_verify")))
+                          stop_tokens=tuple(stops), short_verify=not vars(args).get("full_verify"))
     policy = PromptLookupDraft(vocab_size=model.config.vocab_size, max_ngram=args.ngram_max, min_ngram=args.ngram_min)
     out["draft"] = {"prompt_lookup": {"max_ngram": args.ngram_max, "min_ngram": args.ngram_min,
                                       "short_verify": engine.short_verify}}
@@ -403,11 +403,11 @@ def demo_args(args) -> argparse.Namespace:
                          f"applies to --demo-method {' | '.join(m for m, c in DEMO_METHODS.items() if 'gamma' in c)}")
     if gamma is not None:
         choice = dict(choice, gamma=gamma)
-    if vars(args).get("short_verify"):
+    if vars(args).get("full_verify"):
         if choice["method"] != "prompt-lookup":
-            raise ValueError(f"--short-verify: only prompt lookup drafts nothing in some rounds; the "
+            raise ValueError(f"--full-verify: only prompt lookup drafts nothing in some rounds; the "
                              f"{args.demo_method} demo always verifies gamma + 1 rows")
-        choice = dict(choice, short_verify=True)
+        choice = dict(choice, full_verify=True)
     values = generate_defaults()
     values.update(model=args.model, prompt_file=args.prompt_file or str(DEMO_PROMPT_FILE),
                   max_new_tokens=args.max_new_tokens, dtype=args.dtype, no_warmup=args.no_warmup,
@@ -463,10 +463,10 @@ def cmd_demo(args) -> Dict[str, Any]:
     progress_line(f"prefill: first token after {ttft['ttft_s']:.2f} s ({ttft['ttft_compiled_s']:.2f} s once compiled)",
                   done=True)
     out = decode_generate(run_args, prepared)
-    # the options as run (--gamma and --short-verify applied to the demo method's own)
+    # the options as run (--gamma and --full-verify applied to the demo method's own)
     options = {key: getattr(run_args, key) for key in DEMO_METHODS[args.demo_method]}
-    if vars(args).get("short_verify"):
-        options["short_verify"] = True
+    if vars(args).get("full_verify"):
+        options["full_verify"] = True
     out["demo"] = {"demo_method": args.demo_method, "generate_options": options,
                    "time_to_first_token_s": ttft["ttft_s"], "time_to_first_token_compiled_s": ttft["ttft_compiled_s"],
                    "wall_s": time.perf_counter() - demo_start, "compilation_cache": str(cache) if cache else None,
@@ -517,9 +517,9 @@ def register(subparsers) -> None:
     demo.add_argument("--gamma", type=int, default=None,
                       help="draft tokens per round (default: the demo method's own, " + ", ".join(
                           f"{m} {c['gamma']}" for m, c in DEMO_METHODS.items() if "gamma" in c) + ")")
-    demo.add_argument("--short-verify", action="store_true",
-                      help="prompt lookup: a round without a match verifies the pending token alone (default: gamma "
-                           "+ 1 rows every round)")
+    demo.add_argument("--full-verify", action="store_true",
+                      help="prompt lookup: verify gamma + 1 rows also in rounds without a match (default: the "
+                           "pending token alone there)")
     demo.add_argument("--dtype", default="float32", choices=["bfloat16", "float32"],
                       help="float32 is faster than bfloat16 on CPU, and keeps greedy speculative == AR")
     demo.add_argument("--no-warmup", action="store_true")

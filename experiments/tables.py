@@ -697,21 +697,19 @@ def demo_note() -> str:
                                           for g, r in sweep.items())
                  + f"; gamma {best} measured the highest speed-up and {'is' if best == gamma else 'is not'} the "
                    f"demo's default ({gamma}).")
-    short = {g: load(f"demo/demo_smollm2-135m_prompt-lookup_767_b1_gamma{g}_short-verify_cpu.json")["results"]
-             for g in (1, 4)
-             if (RESULTS / f"demo/demo_smollm2-135m_prompt-lookup_767_b1_gamma{g}_short-verify_cpu.json").exists()}
-    if short:
+    full = {g: load(f"demo/demo_smollm2-135m_prompt-lookup_767_b1_gamma{g}_full-verify_cpu.json")["results"]
+            for g in (1, 4)
+            if (RESULTS / f"demo/demo_smollm2-135m_prompt-lookup_767_b1_gamma{g}_full-verify_cpu.json").exists()}
+    if full:
         cells = []
-        for g, r in short.items():
+        for g, r in full.items():
             rounds = r["metrics"]["drafted_histogram"]
             cells.append(f"gamma {g} {r['speedup_vs_ar']:.2f}x AR"
-                         + (f" against {sweep[g]['speedup_vs_ar']:.2f}x verifying {g + 1} rows every round" if g in sweep
-                            else "")
-                         + f" ({rounds[0]} of {sum(rounds)} rounds found no match and verified one row)")
-        text += (" Verifying the pending token alone in rounds without a match (--short-verify, docs/methods.md §5.8; "
-                 "steps gamma-1-short-verify and gamma-4-short-verify): " + "; ".join(cells)
-                 + ". The lax.cond that makes the choice on the device has XLA copy the KV cache each round, which "
-                   "costs more than the rows it saves, so it is off by default.")
+                         + (f" against {sweep[g]['speedup_vs_ar']:.2f}x with the one-row rounds" if g in sweep else "")
+                         + f" ({rounds[0]} of {sum(rounds)} rounds found no match)")
+        text += (" A round in which no n-gram matched verifies the pending token alone (docs/methods.md §5.8); with "
+                 "every round verifying gamma + 1 rows instead (--full-verify, steps gamma-1-full-verify and "
+                 "gamma-4-full-verify): " + "; ".join(cells) + ".")
     if len(runs) == 2:
         first, second = runs["first-run"]["demo"], runs["second-run"]["demo"]
         text += (f" Time to the first token: {first['time_to_first_token_s']:.2f} s with an empty compilation cache "
@@ -2081,11 +2079,11 @@ def _figures() -> List[Figure]:
             add(Figure(f"demo/smollm2-135m/ctx767/b1/cpu/prompt-lookup/gamma{g}/speedup-vs-ar",
                        f"the demo at gamma {g}: prompt lookup vs AR, SmolLM2-135M f32, 2-core CPU", "x AR", source,
                        ("results", "speedup_vs_ar")))
-        source = f"demo/demo_smollm2-135m_prompt-lookup_767_b1_gamma{g}_short-verify_cpu.json"
+        source = f"demo/demo_smollm2-135m_prompt-lookup_767_b1_gamma{g}_full-verify_cpu.json"
         if (RESULTS / source).exists():
-            add(Figure(f"demo/smollm2-135m/ctx767/b1/cpu/prompt-lookup/gamma{g}/short-verify/speedup-vs-ar",
-                       f"the demo at gamma {g}, rounds without a match verifying one row (--short-verify): prompt "
-                       "lookup vs AR, SmolLM2-135M f32, 2-core CPU", "x AR", source, ("results", "speedup_vs_ar")))
+            add(Figure(f"demo/smollm2-135m/ctx767/b1/cpu/prompt-lookup/gamma{g}/full-verify/speedup-vs-ar",
+                       f"the demo at gamma {g}, every round verifying gamma + 1 rows (--full-verify): prompt lookup "
+                       "vs AR, SmolLM2-135M f32, 2-core CPU", "x AR", source, ("results", "speedup_vs_ar")))
     for run in ("first-run", "second-run"):
         source = f"demo/demo_smollm2-135m_prompt-lookup_767_b1_{run}_cpu.json"
         key = f"demo/smollm2-135m/ctx767/b1/cpu/prompt-lookup/{run}"

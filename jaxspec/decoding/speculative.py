@@ -64,10 +64,9 @@ class EngineConfig:
     # caches' rows marked KVCache.frozen each round; docs/methods.md §5.7). False: they run along in full.
     skip_finished_rows: bool = True
     # A round in which no active row drafted a token (a draft policy with can_draft_nothing, e.g. prompt
-    # lookup without a match) verifies the pending token alone, chosen on the device each round. Off by
-    # default: XLA copies the KV cache through the lax.cond that makes the choice, which costs more than the
-    # rows it saves (docs/methods.md §5.8). The tokens are the same either way.
-    short_verify: bool = False
+    # lookup without a match) verifies the pending token alone, chosen on the device each round
+    # (docs/methods.md §5.8). The tokens are the same either way; False: gamma + 1 rows every round.
+    short_verify: bool = True
 
     def __post_init__(self):
         if not isinstance(self.gamma, int) or self.gamma < 1:

@@ -1,5 +1,5 @@
 """A round in which no row drafted anything verifies the pending token alone (EngineConfig.short_verify,
-off by default, docs/methods.md §5.8): the same logits for that token, the same tokens as the full
+docs/methods.md §5.8): the same logits for that token, the same tokens as the full
 verification and as AR; and the cache is still updated in place."""
 
 import re
@@ -62,7 +62,7 @@ def test_short_verification_gives_the_pending_tokens_logits(params):
 
 
 def test_which_rounds_and_policies_take_it():
-    engine = EngineConfig(gamma=GAMMA, short_verify=True)
+    engine = EngineConfig(gamma=GAMMA)  # the default
     tokens = jnp.zeros((2, GAMMA), jnp.int32)
     none = Proposal(tokens, None, None, None, num_drafted=jnp.asarray([0, 0], jnp.int32))
     some = Proposal(tokens, None, None, None, num_drafted=jnp.asarray([0, 2], jnp.int32))
@@ -74,7 +74,7 @@ def test_which_rounds_and_policies_take_it():
     # a finished row's drafts do not count
     assert bool(skip_drafts_of(some, one_done, draft_policy=LOOKUP, verify_policy=dense, engine=engine))
     assert skip_drafts_of(always, live, draft_policy=LOOKUP, verify_policy=dense, engine=engine) is None
-    off = EngineConfig(gamma=GAMMA)  # the default
+    off = EngineConfig(gamma=GAMMA, short_verify=False)
     assert skip_drafts_of(none, live, draft_policy=LOOKUP, verify_policy=dense, engine=off) is None
     assert short_verify_supported(dense)
     # a draft that never drafts nothing in every row (KnapSpec's early exit keeps its first token): no branch

@@ -509,7 +509,7 @@ def test_generate_prompt_lookup_equals_ar_on_a_tiny_model(tiny, tmp_path, capsys
                  "--out", str(out)]) == 0
     results = json.loads(out.read_text())["results"]
     assert results["identical_to_ar"] is True
-    assert results["draft"] == {"prompt_lookup": {"max_ngram": 2, "min_ngram": 1, "short_verify": False}}
+    assert results["draft"] == {"prompt_lookup": {"max_ngram": 2, "min_ngram": 1, "short_verify": True}}
     assert main(["generate", "--model", str(tiny), "--method", "prompt-lookup", "--ngram-min", "3",
                  "--ngram-max", "2", "--prompt", "x"]) == 2
     assert "--ngram-min=3" in _error(capsys)
