@@ -319,6 +319,8 @@ KNAPSPEC_TWO_STAGE = f"{K}qwen2.5-coder-1.5b_8k-32k_b1_two-stage_h200.json"
 KNAPSPEC_TWO_STAGE_CPU = f"{K}smollm2-135m_1k_b1_two-stage_cpu.json"  # the same plan on the CPU (cpu-knapspec)
 #: the same plan made before the first round on the prompt's last tokens (docs/methods.md §5.6, --plan-at-start)
 KNAPSPEC_AT_START_CPU = f"{K}smollm2-135m_1k_b1_two-stage_at-start_cpu.json"
+#: the at-start two-stage planner on the real Qwen2.5-Coder-1.5B on the CPU (1k, batch 1, 256 new tokens)
+KNAPSPEC_AT_START_QWEN_CPU = f"{K}qwen2.5-coder-1.5b_1k_b1_two-stage_at-start_cpu.json"
 KNAPSPEC_PLAN_ROWS_AT_START = f"{K}qwen2.5-coder-1.5b_32k-8k_b16_plan-rows_at-start_h200.json"
 KNAPSPEC_DP_PALLAS = f"{K}qwen2.5-coder-1.5b_32k-8k_b16_plan-rows_at-start_dp-pallas_h200.json"
 #: the allowance pricing a plan at its measured cost (docs/methods.md §5.6, --plan-cost-scale-from)
@@ -1356,7 +1358,34 @@ def knapspec_two_stage_cpu_note() -> str:
                   f"{100 * (a['predicted_dp_search_s'] + 64 * a['predicted_dp_s_per_token']) / (256 * c['ar_step_s']):.1f}"
                   " % of a 256-step decode at the measured step." if "predicted_dp_search_s" in a else ".")
                if c["predicted_ar_step_s"] > 1.1 * c["ar_step_s"] else "")
-            + knapspec_at_start_cpu_note(c) + knapspec_plain_priced_cpu_note(c))
+            + knapspec_at_start_cpu_note(c) + knapspec_plain_priced_cpu_note(c) + knapspec_qwen_at_start_cpu_note())
+
+
+def knapspec_qwen_at_start_cpu_note() -> str:
+    """The at-start two-stage planner on the real Qwen2.5-Coder-1.5B on the CPU (cpu-knapspec step
+    qwen2.5-coder-1.5b-1k-two-stage-at-start), against the single-stage run of the same model."""
+    if not (RESULTS / KNAPSPEC_AT_START_QWEN_CPU).exists():
+        return ""
+    (_, c), = [(k, v) for k, v in load(KNAPSPEC_AT_START_QWEN_CPU)["cases"].items() if "speedup_vs_ar" in v]
+    a = c.get("plan_allowance") or {}
+    single = dict(pair for pair in load(f"{K}qwen2.5-coder-1.5b_1k_b1_cpu.json")["cases"].items()).get(
+        "cpu/summarize/ctx1024/b1/knapspec") if (RESULTS / f"{K}qwen2.5-coder-1.5b_1k_b1_cpu.json").exists() else None
+    text = (f" The real Qwen2.5-Coder-1.5B with the at-start planner (f32 CPU, 1k, batch 1, 256 new tokens, "
+            f"`{KNAPSPEC_AT_START_QWEN_CPU}`, AR step {1e3 * c['ar_step_s']:.0f} ms): {c['speedup_vs_ar']:.2f}x AR, "
+            f"planning {100 * c['plan_fraction_of_decode']:.1f} % of decode")
+    if a.get("skip"):
+        text += (f"; the allowance priced the DP's search alone at {a['predicted_dp_search_s']:.2f} s against a "
+                 f"{a['plan_budget_s']:.2f} s budget ({1e3 * a['predicted_dp_s_per_token']:.0f} ms a reference token), "
+                 "so it made no plan and decoded plainly")
+    elif c.get("plans"):
+        p = c["plans"][0]
+        text += (f"; its plan skipped {p['n_skip_attn']} Attention / {p['n_skip_mlp']} MLP sub-layers at alpha "
+                 f"{p['alpha']:.2f}, gamma* = {p['gamma_star']}")
+    if single:
+        text += (f" (the single-stage plan of the earlier qwen2.5-coder-1.5b-1k step, 128 new tokens: "
+                 f"{single['speedup_vs_ar']:.2f}x AR with planning {100 * single['plan_fraction_of_decode']:.0f} % of "
+                 "decode)")
+    return text + "."
 
 
 def knapspec_plain_priced_cpu_note(base: dict) -> str:
@@ -2301,12 +2330,16 @@ def _figures() -> List[Figure]:
             (KNAPSPEC_CALIBRATED_CPU, "two-stage-calibrated", "two-stage plan priced at its measured cost "
                                                               "(--plan-cost-scale-from)"),
             (KNAPSPEC_AT_START_CPU, "two-stage-at-start", "two-stage plan made before the first round (--plan-at-start)"),
-            (KNAPSPEC_TWO_STAGE_CPU, "two-stage", "two-stage plan (3 search tokens, 2 finalists)")):
+            (KNAPSPEC_TWO_STAGE_CPU, "two-stage", "two-stage plan (3 search tokens, 2 finalists)"),
+            (KNAPSPEC_AT_START_QWEN_CPU, "two-stage-at-start", "two-stage plan made before the first round "
+                                                               "(--plan-at-start)")):
         if not (RESULTS / source).exists():
             continue
         (key, _), = [(k, v) for k, v in load(source)["cases"].items() if "speedup_vs_ar" in v]
-        base = f"knapspec/plans/smollm2-135m/ctx1024/b1/cpu/{slug}"
-        what = f"KnapSpec, {variant}, SmolLM2-135M f32 CPU, 1k, batch 1, 256 new"
+        model = "qwen2.5-coder-1.5b" if source == KNAPSPEC_AT_START_QWEN_CPU else "smollm2-135m"
+        base = f"knapspec/plans/{model}/ctx1024/b1/cpu/{slug}"
+        what = (f"KnapSpec, {variant}, {'Qwen2.5-Coder-1.5B' if model.startswith('qwen') else 'SmolLM2-135M'} f32 "
+                "CPU, 1k, batch 1, 256 new")
         add(Figure(f"{base}/planning-share", f"{what}: planning / decode time", "%", source,
                    ("cases", key, "plan_fraction_of_decode"), scale=100, target="target <= 5 %"))
         add(Figure(f"{base}/speedup", f"{what}, vs paired AR", "x AR", source, ("cases", key, "speedup_vs_ar")))
