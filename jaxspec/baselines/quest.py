@@ -172,8 +172,9 @@ def quest_verify_forward(params, tokens, cache: KVCache, *, config: ModelConfig,
     for i, layer in enumerate(params.layers):
         attend = quest_attend(i) if i >= dense_layers else None
         with jax.named_scope(f"layer{i}"):
-            h, keys[i], values[i], _, _ = decoder_layer(layer, h, config, cos, sin, cache.keys[i], cache.values[i],
-                                                        lengths, attend=attend, history_lengths=history)
+            out = decoder_layer(layer, h, config, cos, sin, cache.keys[i], cache.values[i], lengths, attend=attend,
+                                history_lengths=history)
+            h, keys[i], values[i] = out.hidden, out.cache_k, out.cache_v
     logits = lm_head(params, h, config)
     return ForwardOutput(logits=logits, cache=KVCache(keys=tuple(keys), values=tuple(values), lengths=lengths + steps,
                                                       frozen=cache.frozen), probes=None)

@@ -757,8 +757,9 @@ def load_or_profile(path, config: ModelConfig, batch: int = 1, *, profile_fn: Op
     (:func:`set_aside_path`) once the new profile is measured, never overwritten; a failed
     measurement leaves it in place.
 
-    A file of an older format is measured again; a file that cannot be parsed, or that holds
-    the other fit ``method``, is an error naming the file and the value (it is not overwritten)."""
+    A file of an older format, or measured for another device, config or batch, is measured again
+    and renamed the same way; a file that cannot be parsed, or that holds the other fit ``method``,
+    is an error naming the file and the value (it is not overwritten)."""
     if method not in FIT_METHODS:
         raise ValueError(f"latency fit method {method!r} is not one of {list(FIT_METHODS)}")
     profile_fn = profile_fn or PROFILERS[method]
@@ -789,5 +790,7 @@ def load_or_profile(path, config: ModelConfig, batch: int = 1, *, profile_fn: Op
             return profile
     profile = profile_fn(config, batch, **profile_kwargs)
     if path is not None:
+        if os.path.exists(os.fspath(path)):  # an older format or another device / config / batch: kept aside
+            os.replace(os.fspath(path), set_aside_path(path))
         profile.save(path)
     return profile

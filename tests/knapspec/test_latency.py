@@ -211,14 +211,17 @@ def test_forward_profile_round_trip_and_file_errors(tmp_path):
     with pytest.raises(ValueError, match="not valid JSON.*delete or move"):
         latency.load_or_profile(bad, TINY, 1, method="forward", profile_fn=must_not_profile)
     assert bad.read_text() == "{not json"
-    # an older format is still measured again (as before)
+    # an older format is still measured again (as before), and the old file is kept aside, not overwritten
     data = json.loads(path.read_text())
     data["format_version"] = 2
     bad.write_text(json.dumps(data))
+    older = bad.read_text()
     calls = []
     latency.load_or_profile(bad, TINY, 1, method="forward",
                             profile_fn=lambda cfg, b: calls.append(b) or profile)
     assert calls == [1] and latency.LatencyProfile.load(bad) == profile
+    (aside,) = tmp_path.glob("bad.replaced-*.json")
+    assert aside.read_text() == older
 
 
 def test_remeasure_keeps_the_old_profile_and_a_failed_measurement_loses_nothing(tmp_path):
