@@ -13,7 +13,7 @@ from jaxspec.baselines.prompt_lookup import PromptLookupDraft
 from jaxspec.config import ModelConfig
 from jaxspec.decoding.autoregressive import generate
 from jaxspec.decoding.contract import Proposal, VerifyPolicyBase
-from jaxspec.decoding.policies import DenseVerify, SeparateDraft
+from jaxspec.decoding.policies import DenseVerify, SelfDraft, SeparateDraft
 from jaxspec.decoding.sampling import SamplingConfig
 from jaxspec.decoding.speculative import (EngineConfig, loop_jit, prefill_loop_state, short_verify_supported,
                                           skip_drafts_of, speculative_generate, verify_phase)
@@ -120,20 +120,37 @@ def test_a_separate_draft_keeps_the_full_verification(params):
     assert result.rows() == generate(params, CONFIG, [prompt], 12).rows()
 
 
+CAPACITY = 4096  # a cache length no other buffer of the loops below has
+
+
+def _cache_copies(params, draft_policy, draft_params, draft_state, engine):
+    """Cache-sized copies in the compiled round loop (its text) and whether it holds a conditional."""
+    pattern = re.compile(rf"= f32\[1,{CONFIG.num_kv_heads},{CAPACITY},{CONFIG.head_dim}\]\{{[^}}]*\}} copy\(")
+    static = dict(target_config=CONFIG, draft_policy=draft_policy, verify_policy=DenseVerify(), engine=engine)
+    state = prefill_loop_state(params, CONFIG, np.arange(1, 41)[None], np.array([40]), CAPACITY,
+                               draft_policy=draft_policy, draft_params=draft_params, draft_state=draft_state,
+                               verify_policy=DenseVerify(), verify_state=None, engine=engine)
+    text = loop_jit.lower(params, draft_params, state, **static).compile().as_text()
+    return len(pattern.findall(text)), " conditional(" in text
+
+
 def test_the_loop_updates_the_cache_in_place(params):
     """The compiled round loop (prompt lookup, dense verification) copies no cache-sized buffer, with or
     without the short verification: its conditional only reads the cache, the new K/V are written after it
     (a conditional whose branches wrote the cache had XLA copy every layer's K and V each round)."""
-    capacity = 4096  # a shape no other buffer of the loop has
-    cache_copy = re.compile(rf"= f32\[1,{CONFIG.num_kv_heads},{capacity},{CONFIG.head_dim}\]\{{[^}}]*\}} copy\(")
-    copies = {}
     for short in (False, True):
         engine = EngineConfig(gamma=GAMMA, max_new_tokens=8, short_verify=short)
-        static = dict(target_config=CONFIG, draft_policy=LOOKUP, verify_policy=DenseVerify(), engine=engine)
-        state = prefill_loop_state(params, CONFIG, np.arange(1, 41)[None], np.array([40]), capacity,
-                                   draft_policy=LOOKUP, draft_params=None, draft_state=None,
-                                   verify_policy=DenseVerify(), verify_state=None, engine=engine)
-        text = loop_jit.lower(params, None, state, **static).compile().as_text()
-        copies[short] = len(cache_copy.findall(text))
-        assert (" conditional(" in text) == short
-    assert copies == {False: 0, True: 0}
+        assert _cache_copies(params, LOOKUP, None, None, engine) == (0, short)
+
+
+def test_other_round_loops_update_the_caches_in_place(params):
+    """The same for a separate draft (its own cache of the same shape) and a self-draft whose dynamic skip
+    mask switches each sub-layer with a lax.cond (KnapSpec's draft): no cache-sized copy."""
+    engine = EngineConfig(gamma=GAMMA, max_new_tokens=8)
+    one_layer = CONFIG.replace(num_layers=1)
+    draft = init_params(one_layer, jax.random.PRNGKey(4), scale=0.3)
+    assert _cache_copies(params, SeparateDraft(one_layer), draft, None, engine) == (0, False)
+    mask = np.zeros((CONFIG.num_layers, 2), bool)
+    mask[1, 1] = True
+    self_draft = SelfDraft(CONFIG)
+    assert _cache_copies(params, self_draft, params, self_draft.initial_state(mask), engine) == (0, True)
