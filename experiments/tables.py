@@ -4032,6 +4032,13 @@ def _choice_runs_text(path: str, guarded: bool, title: str = "") -> str:
                  f"no draft round, the same work as the paired AR run, and measured "
                  f"{min(p[0] for p in plain_runs):.2f}-{max(p[0] for p in plain_runs):.2f}x it: below 1.00x "
                  "there is the spread of two timings of identical plain decoding, not a decision.")
+        spreads = [(key[3:].replace("000/", "k/"), [r["tok_s"] for r in case["ar"]["runs"]])
+                   for key, case in data["cases"].items()
+                   if key.startswith("ctx") and len((case.get("ar") or {}).get("runs") or []) >= 2]
+        if spreads:
+            text += (" The paired AR runs themselves (one before each method, the same plain decoding) spread "
+                     + ", ".join(f"{100 * (max(r) / min(r) - 1):.1f} % at {where} ({len(r)} runs, "
+                                 f"{min(r):.0f}-{max(r):.0f} tokens/s)" for where, r in spreads) + ".")
     if missing:
         text += (" Not measured yet (the step's GPU time ran out; it resumes at the next method): "
                  + ", ".join(missing) + ".")
