@@ -155,7 +155,7 @@ DUSTIN_TRACE_SPARSE = "dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_sparse
 DUSTIN_SPEED_SPARSE = "dustin_speed/dustin_speed_qwen2.5-7b-shape_8k-32k_b16_sparse-draft_pair-tau_h200.json"
 #: the same batch-16 methods at 32k and 16k with finished rows reading one cache slot (docs/methods.md §5.7)
 DUSTIN_SPEED_FINISHED = "dustin_speed/dustin_speed_qwen2.5-7b-shape_16k-32k_b16_finished-rows-skipped_pair-tau_h200.json"
-#: the same with finished rows reading their whole history (--keep-finished-rows), the decode code unchanged
+#: the same with finished rows reading their whole history (--keep-finished-rows)
 DUSTIN_SPEED_FINISHED_KEPT = "dustin_speed/dustin_speed_qwen2.5-7b-shape_16k-32k_b16_finished-rows-kept_pair-tau_h200.json"
 #: the same six methods at batch 8 (taus from the real pair's batch-8 runs), when measured
 DUSTIN_SPEED_SPARSE_B8 = "dustin_speed/dustin_speed_qwen2.5-7b-shape_8k-32k_b8_sparse-draft_pair-tau_h200.json"
@@ -3551,8 +3551,8 @@ def finished_rows_speed_note() -> str:
 
 
 def _finished_rows_kept_note(skipped, per_round, labels, span) -> str:
-    """The skipped run against the same methods with --keep-finished-rows (the decode code unchanged between the
-    two runs), so the per-round difference is the skip plus the spread of two GPU runs."""
+    """The skipped run against the same methods with --keep-finished-rows: per loop round, the skip plus the
+    spread of two GPU runs (and whatever changed between their commits, both named)."""
     if not (RESULTS / DUSTIN_SPEED_FINISHED_KEPT).exists():
         return (" The same run with finished rows reading their whole history (--keep-finished-rows, step "
                 "`b16-finished-rows-kept-pair-tau`) separates them: not measured yet.")
@@ -3575,9 +3575,12 @@ def _finished_rows_kept_note(skipped, per_round, labels, span) -> str:
                      + ", ".join(cells))
     if not parts:
         return ""
+    commits = [load(f)["environment"].get("commit", "?")[:8] for f in (DUSTIN_SPEED_FINISHED, DUSTIN_SPEED_FINISHED_KEPT)]
     return (f" With finished rows reading their whole history (`{DUSTIN_SPEED_FINISHED_KEPT}`, --keep-finished-rows, "
-            "the same decode code as the skipped run: between the two commits nothing under jaxspec/, "
-            "pallas_kernels/ or the experiment changed but the KnapSpec latency profiler): " + "; ".join(parts)
+            f"commit {commits[1]}; the skipped run: commit {commits[0]}"
+            + (", the same commit" if commits[0] == commits[1] else
+               ": what changed between them beyond the skip is for `git diff` to say")
+            + "): " + "; ".join(parts)
             + ". The skipped run per loop round against it: ClassicSD and MagicDec "
             f"{span(change.get('other', [0]))}, the Dustin-H variants {span(change.get('dustin', [0]))}, and AR "
             f"(no finished rows: the spread of two runs) {span(ar_change)}.")
