@@ -140,10 +140,13 @@ class VerifyPolicyBase:
     def verify_indices(self, state, target_cache, committed, signals):
         return None
 
-    def verify_forward(self, target_params, rows, target_cache, committed, signals, *, config, state):
+    def verify_forward(self, target_params, rows, target_cache, committed, signals, *, config, state,
+                       write_cache: bool = True):
+        """``write_cache=False``: the new K/V come back in ``ForwardOutput.new_kv`` unwritten (the engine's
+        one-row verification writes them after its conditional, docs/methods.md §5.8)."""
         indices = self.verify_indices(state, target_cache, committed, signals)
         return forward(target_params, rows, target_cache.with_lengths(committed - 1), config=config,
-                       verify_indices=indices, probe_heads=tuple(self.probe_heads))
+                       verify_indices=indices, probe_heads=tuple(self.probe_heads), write_cache=write_cache)
 
     def update(self, state, probes, num_committed, committed):
         return state

@@ -47,7 +47,7 @@ from jaxspec.decoding.policies import DenseVerify
 from jaxspec.decoding.sampling import SamplingConfig, sample_token, sampling_probs
 from jaxspec.models.attention import backend_of
 from jaxspec.models.cache import KVCache, check_context, check_room, freeze_rows, init_cache
-from jaxspec.models.llama import forward, write_new_kv
+from jaxspec.models.llama import write_new_kv
 from jaxspec.models.sharding import (ACTIVATION_AXES, CACHE_LENGTHS_AXES, constrain, mesh_of, resolve_placement,
                                      shard_params, use_mesh)
 
@@ -200,25 +200,21 @@ def verify_phase(target_params, target_cache, verify_state, committed, pending, 
     (no draft can be accepted then: every row drafted nothing; :attr:`EngineConfig.short_verify`)."""
     rows = jnp.concatenate([pending[:, None], draft_tokens], axis=1)
 
-    def verify(rows):
-        result = verify_policy.verify_forward(target_params, rows, target_cache, committed, signals,
-                                              config=target_config, state=verify_state)
-        return result.logits, result.cache, result.probes
+    def verify(rows, **options):
+        return verify_policy.verify_forward(target_params, rows, target_cache, committed, signals,
+                                            config=target_config, state=verify_state, **options)
 
     if skip_drafts is None:
-        return verify(rows)
+        result = verify(rows)
+        return result.logits, result.cache, result.probes
     # The conditional only reads the cache: each branch returns the logits and the new K/V, written after it
     # (a branch that wrote the cache would have XLA copy every layer's K and V through the conditional).
-    # The policy's forward is the base class's (short_verify_supported), so this is the same computation.
-    start = committed - 1
-    cache = target_cache.with_lengths(start)
-    indices = verify_policy.verify_indices(verify_state, target_cache, committed, signals)
+    # short_verify_supported: the policy's forward is the base class's, which takes write_cache.
     width = rows.shape[1]
 
     def rows_forward(count):
         def run():
-            out = forward(target_params, rows[:, :count], cache, config=target_config, verify_indices=indices,
-                          write_cache=False)
+            out = verify(rows[:, :count], write_cache=False)
             pad = ((0, 0), (0, 0), (0, width - count), (0, 0))
             logits = jnp.broadcast_to(out.logits, (rows.shape[0], width, out.logits.shape[-1]))
             return logits, jax.tree.map(lambda x: jnp.pad(x, pad), out.new_kv)
@@ -226,7 +222,8 @@ def verify_phase(target_params, target_cache, verify_state, committed, pending, 
 
     logits, new_kv = jax.lax.cond(skip_drafts, rows_forward(1), rows_forward(width))
     written = jnp.arange(width)[None, :] < jnp.where(skip_drafts, 1, width)
-    return logits, write_new_kv(cache, new_kv, start, written), None
+    start = committed - 1
+    return logits, write_new_kv(target_cache.with_lengths(start), new_kv, start, written), None
 
 
 def commit_phase(state: LoopState, proposal: Proposal, target_logits, target_cache, key, *, engine):
