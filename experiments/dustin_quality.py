@@ -457,7 +457,11 @@ def cmd_dustin_profile(args) -> Dict[str, Any]:
     budgets, kinds, lengths, depths = _task_args(args)
     if not args.profile_file:
         raise ValueError("give --profile-file FILE: where to save the profile (e.g. experiments/profiles/NAME.json)")
+    if args.srh_kv_groups is not None and args.srh_kv_groups < 1:
+        raise ValueError(f"--srh-kv-groups {args.srh_kv_groups}: give a number of KV groups >= 1")
     if args.extend:
+        if args.srh_kv_groups is not None:
+            raise ValueError("--srh-kv-groups chooses SRHs; --extend keeps the profile's own SRHs (profile anew)")
         return _extend_profile(args, budgets, kinds, lengths, depths)
     writer = ResultWriter(args.out, "dustin-profile", config_of(args))
     target, draft, mask = _load_pair(args)
@@ -472,7 +476,8 @@ def cmd_dustin_profile(args) -> Dict[str, Any]:
         draft_name=args.draft or f"{args.model} self-draft ({args.draft_skip})",
         draft_source=draft.source if draft else target.source, gamma=args.gamma,
         max_new_tokens=args.max_new_tokens, recall_threshold=args.recall_threshold,
-        srh_max_new_tokens=args.srh_max_new_tokens, batch_size=1, self_draft_mask=mask)
+        srh_max_new_tokens=args.srh_max_new_tokens, batch_size=1, self_draft_mask=mask,
+        srh_kv_groups=args.srh_kv_groups)
     if mask is not None:  # a self-draft's SRH layers must execute their attention: drop any that do not
         for budget in budgets:
             check_self_draft_layers(profile.configs[budget], mask)
@@ -1579,6 +1584,10 @@ def register(subparsers) -> None:
     prof.add_argument("--srh-max-new-tokens", type=int, default=None,
                       help="decode steps per needle test (default: longest answer + 8)")
     prof.add_argument("--recall-threshold", type=float, default=0.5)
+    prof.add_argument("--srh-kv-groups", type=int, default=None, metavar="G",
+                      help="GQA-aware SRHs: each layer's 4 heads from at most G KV groups (the best-scoring set "
+                           "under that limit), so the scoring reads G KV heads' keys per SRH layer; default: "
+                           "the best heads anywhere")
     prof.add_argument("--extend", default=None, metavar="FILE",
                       help="add --budgets to this existing profile: its SRHs, calibration rounds on --lengths "
                            "(e.g. longer prompts for a larger k), Algorithm 1 per new budget; its configs are kept")

@@ -528,6 +528,18 @@ def register(subparsers) -> None:
     sel.add_argument("--iters", type=int, default=20, help="calls per timing (best of groups of 4)")
     sel.add_argument("--repeats", type=int, default=5, help="timings per rule, interleaved across rules; best")
     sel.set_defaults(func=cmd_bench_selection)
+    sco = subparsers.add_parser("bench-scoring", help="Dustin's per-round signal scoring (s_T and s_D) of each "
+                                                      "profile's SRHs, same keys, one process (any backend)")
+    sco.add_argument("--dustin-profile", required=True,
+                     help="comma-separated Dustin profiles of one pair (the first is the baseline of the ratios)")
+    sco.add_argument("--contexts", default="16384,32768")
+    sco.add_argument("--batches", default="1,16")
+    sco.add_argument("--budgets", default="512", help="the profiles' budgets whose SRH layers and heads are timed")
+    sco.add_argument("--gamma", type=int, default=4, help="draft steps: query rows of the draft signal")
+    sco.add_argument("--dtype", default="float32", choices=["bfloat16", "float32"], help="the caches' key dtype")
+    sco.add_argument("--iters", type=int, default=20, help="calls per timing (best of groups of 4)")
+    sco.add_argument("--repeats", type=int, default=5, help="timings per profile, interleaved; best")
+    sco.set_defaults(func=cmd_bench_scoring)
 
 
 # ---------------------------------------------------------------------------- the input-aware m rules' cost
@@ -635,4 +647,114 @@ def cmd_bench_selection(args) -> Dict[str, Any]:
                 print(f"[bench-selection] {key}: " + ", ".join(f"{r['rule']} {r['ms']:.3f} ms ({r['vs_fixed']:.2f}x)"
                                                              for r in rows), flush=True)
     print_table(rows_out, title="selection per round: the input-aware m rules vs the fixed rule (same signals)")
+    return writer.data
+
+
+# ---------------------------------------------------------------------------- the signals' scoring cost
+def _kv_groups_read(heads, queries_per_kv) -> int:
+    return len({int(h) // queries_per_kv for h in heads})
+
+
+def cmd_bench_scoring(args) -> Dict[str, Any]:
+    """Dustin's two signals as a round computes them (docs/methods.md §3.1, §3.4): ``target_signal`` (the last
+    committed token's query at the target SRH heads against that layer's keys) and ``draft_signal`` (gamma query
+    rows per draft SRH layer against the draft's keys), for each profile's config of a budget, on the same seeded
+    keys, timed interleaved in one process. The scoring reads each KV group's keys once per layer, so the key
+    bytes follow the number of KV groups the SRHs span (GQA-aware SRHs: ``dustin-profile --srh-kv-groups``)."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxspec.dustin.search import DustinProfile
+    from jaxspec.dustin.signals import DraftSignals, draft_signal, target_signal
+
+    paths = [p for p in args.dustin_profile.split(",") if p]
+    if not paths or len(set(paths)) != len(paths):
+        raise ValueError(f"--dustin-profile {args.dustin_profile!r}: give one or more distinct profiles")
+    budgets = [int(k) for k in args.budgets.split(",")]
+    if args.repeats < 1 or args.iters < 1 or args.gamma < 1:
+        raise ValueError(f"--repeats {args.repeats} / --iters {args.iters} / --gamma {args.gamma}: each must be >= 1")
+    profiles = [DustinProfile.load(p) for p in paths]
+    shape_keys = ("num_heads", "num_kv_heads", "head_dim")
+    for path, prof in zip(paths[1:], profiles[1:]):
+        for side in ("target", "draft"):
+            if any(getattr(prof, side).get(k) != getattr(profiles[0], side).get(k) for k in shape_keys):
+                raise ValueError(f"--dustin-profile {path}: its {side} shape differs from {paths[0]}'s; compare "
+                                 "profiles of one pair")
+    for path, prof in zip(paths, profiles):
+        missing = [k for k in budgets if k not in prof.configs]
+        if missing:
+            raise ValueError(f"--dustin-profile {path} has no config for k={missing}; it has k = {sorted(prof.configs)}")
+    tgt, dft = profiles[0].target, profiles[0].draft
+    t_qpk, d_qpk = tgt["num_heads"] // tgt["num_kv_heads"], dft["num_heads"] // dft["num_kv_heads"]
+    dtype = jnp.dtype(args.dtype)
+    writer = ResultWriter(args.out, "bench-scoring", config_of(args))
+
+    def timed(fn, *operands):
+        best = float("inf")
+        for _ in range(args.iters // 4 + 1):
+            start = time.perf_counter()
+            for _ in range(4):
+                out = fn(*operands)
+            jax.block_until_ready(out)
+            best = min(best, (time.perf_counter() - start) / 4)
+        return best
+
+    rows_out = []
+    for context in [int(c) for c in args.contexts.split(",")]:
+        for batch in [int(b) for b in args.batches.split(",")]:
+            for k in budgets:
+                key = f"ctx{context}/b{batch}/k{k}"
+                if writer.has(key):
+                    rows_out.extend(writer.get(key)["rows"])
+                    continue
+                configs = [prof.config(k) for prof in profiles]
+                draft_layers = max(len(c.draft_layers) for c in configs)
+                rng = jax.random.split(jax.random.PRNGKey(context + batch), 2 + draft_layers)
+                t_keys = jax.random.normal(rng[0], (batch, tgt["num_kv_heads"], context, tgt["head_dim"]), dtype)
+                d_keys = [jax.random.normal(r, (batch, dft["num_kv_heads"], context, dft["head_dim"]), dtype)
+                          for r in rng[2:]]
+                lengths = jnp.full((batch,), context - 1, jnp.int32)
+                fns, operands, info = {}, {}, {}
+                for path, cfg in zip(paths, configs):
+                    t_query = jax.random.normal(rng[1], (batch, len(cfg.target_heads), tgt["head_dim"]), jnp.float32)
+                    d_queries = jax.random.normal(rng[1], (batch, sum(len(h) for h in cfg.draft_heads), args.gamma,
+                                                           dft["head_dim"]), jnp.float32)
+
+                    def round_scoring(tq, tk, dq, dk, n, cfg=cfg):
+                        s_t = target_signal(tq, tk, n, cfg.target_heads, t_qpk)
+                        s_d = draft_signal(DraftSignals(dq, tuple(dk)), n, cfg.draft_heads, d_qpk, context)
+                        return s_t, s_d
+
+                    fns[path] = jax.jit(round_scoring)
+                    operands[path] = (t_query, t_keys, d_queries, d_keys[:len(cfg.draft_layers)], lengths)
+                    groups_t = _kv_groups_read(cfg.target_heads, t_qpk)
+                    groups_d = [_kv_groups_read(h, d_qpk) for h in cfg.draft_heads]
+                    key_bytes = batch * context * dtype.itemsize * (groups_t * tgt["head_dim"]
+                                                                    + sum(groups_d) * dft["head_dim"])
+                    info[path] = {"target_layer": cfg.target_layer, "target_heads": list(cfg.target_heads),
+                                  "target_kv_groups": groups_t, "draft_layers": list(cfg.draft_layers),
+                                  "draft_heads": [list(h) for h in cfg.draft_heads], "draft_kv_groups": groups_d,
+                                  "key_bytes": key_bytes}
+                for path, fn in fns.items():
+                    jax.block_until_ready(fn(*operands[path]))  # compile
+                samples = {path: [] for path in fns}
+                for _ in range(args.repeats):  # interleaved, so drift on the machine touches every profile alike
+                    for path, fn in fns.items():
+                        samples[path].append(timed(fn, *operands[path]))
+                best = {path: min(v) for path, v in samples.items()}
+                base = paths[0]
+                rows = [{"context": context, "batch": batch, "k": k, "profile": path,
+                         "kv_groups": f"{info[path]['target_kv_groups']} / {'+'.join(map(str, info[path]['draft_kv_groups']))}",
+                         "MB": info[path]["key_bytes"] / 1e6, "ms": 1e3 * best[path],
+                         "GBps": info[path]["key_bytes"] / best[path] / 1e9,
+                         "vs_first": best[path] / best[base],
+                         "bytes_vs_first": info[path]["key_bytes"] / info[base]["key_bytes"]} for path in paths]
+                writer.add(key, {"context": context, "batch": batch, "k": k, "seconds": best, "samples_s": samples,
+                                 "profiles": info, "rows": rows})
+                rows_out.extend(rows)
+                print(f"[bench-scoring] {key}: " + ", ".join(f"{r['profile']} {r['ms']:.3f} ms ({r['vs_first']:.2f}x, "
+                                                             f"bytes {r['bytes_vs_first']:.2f}x)" for r in rows),
+                      flush=True)
+                del t_keys, d_keys
+    print_table(rows_out, title="Dustin's signal scoring per round (s_T + s_D), each profile's SRHs, same keys")
     return writer.data

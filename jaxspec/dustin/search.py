@@ -532,15 +532,20 @@ def profile_pair(target_params, target_config: ModelConfig, draft_params, draft_
                  gamma: int = 4, max_new_tokens: int = 32, heads_per_layer: int = 4, recall_threshold: float = 0.5,
                  srh_max_new_tokens: Optional[int] = None, batch_size: int = 4, sinks: int = 4,
                  max_draft_layers: int = 4, min_gain: float = 0.001, layer_search_m: Optional[int] = None,
-                 self_draft_mask=None) -> Tuple[DustinProfile, CalibrationRecords]:
+                 self_draft_mask=None, srh_kv_groups: Optional[int] = None) -> Tuple[DustinProfile, CalibrationRecords]:
     """SRHs of both models on the calibration needle tasks, calibration rounds on the same prompts,
     Algorithm 1 per budget. Returns the profile and the records (for further sweeps).
 
-    A self-draft: ``draft_params=None``, ``draft_config=None`` and ``self_draft_mask`` ``[L, 2]``."""
-    from jaxspec.dustin.srh import cases_from_tasks, identify_srh
+    A self-draft: ``draft_params=None``, ``draft_config=None`` and ``self_draft_mask`` ``[L, 2]``.
+    ``srh_kv_groups``: each layer's SRHs (target and draft) come from at most that many KV groups
+    (``SRHResult.top_heads(kv_groups=...)``, docs/methods.md §3.4); None: the best heads anywhere."""
+    from jaxspec.dustin.srh import cases_from_tasks, check_kv_groups, identify_srh
 
     for budget in budgets:
         check_budget(budget)
+    if srh_kv_groups is not None:  # before any forward
+        for model in (target_config, draft_config or target_config):
+            check_kv_groups(srh_kv_groups, model.queries_per_kv, model.num_heads, min(heads_per_layer, model.num_heads))
     tasks = list(calibration)
     check_calibration_data(tasks, evaluation)
     cases = cases_from_tasks(tasks, tokenizer, prefix_ids=prefix_ids)
@@ -554,7 +559,9 @@ def profile_pair(target_params, target_config: ModelConfig, draft_params, draft_
     else:
         srh_d = identify_srh(draft_params, draft_config, cases, max_new_tokens=srh_max_new_tokens,
                              recall_threshold=recall_threshold, batch_size=batch_size)
-    target_heads, draft_heads = srh_t.top_heads(heads_per_layer), srh_d.top_heads(heads_per_layer)
+    draft_model = draft_config or target_config
+    target_heads = srh_t.top_heads(heads_per_layer, kv_groups=srh_kv_groups, queries_per_kv=target_config.queries_per_kv)
+    draft_heads = srh_d.top_heads(heads_per_layer, kv_groups=srh_kv_groups, queries_per_kv=draft_model.queries_per_kv)
     records = collect_calibration(target_params, target_config, draft_params, draft_config,
                                   [c.tokens for c in cases], target_heads=target_heads, draft_heads=draft_heads,
                                   gamma=gamma, max_new_tokens=max_new_tokens, batch_size=batch_size,
@@ -571,7 +578,8 @@ def profile_pair(target_params, target_config: ModelConfig, draft_params, draft_
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), gamma=gamma,
         srh={"target": {"top_heads": [list(h) for h in target_heads], **srh_t.to_dict()},
              "draft": {"top_heads": [list(h) for h in draft_heads], **srh_d.to_dict()},
-             "recall_threshold": recall_threshold, "heads_per_layer": heads_per_layer},
+             "recall_threshold": recall_threshold, "heads_per_layer": heads_per_layer,
+             **({"kv_groups": srh_kv_groups} if srh_kv_groups is not None else {})},
         search={str(b): r.to_dict() for b, r in results.items()})
     return profile, records
 

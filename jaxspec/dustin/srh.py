@@ -51,6 +51,44 @@ class NeedleCase:
             raise ValueError(f"{self.case_id or 'case'}: a prompt needs at least 2 tokens")
 
 
+def _ranked(row: np.ndarray, candidates: np.ndarray) -> Tuple[int, ...]:
+    """``candidates`` (head ids) by descending ``row[head]``, ties to the lower head."""
+    order = np.lexsort((candidates, -row[candidates]))
+    return tuple(int(h) for h in candidates[order])
+
+
+def check_kv_groups(kv_groups: int, queries_per_kv: int, num_heads: int, per_layer: int) -> int:
+    """Validate a GQA-aware SRH request; returns ``kv_groups``."""
+    if queries_per_kv < 1 or num_heads % queries_per_kv:
+        raise ValueError(f"queries_per_kv={queries_per_kv} does not divide the {num_heads} heads")
+    total = num_heads // queries_per_kv
+    if not 1 <= kv_groups <= total:
+        raise ValueError(f"kv_groups={kv_groups}: valid 1..{total} (the model's KV heads)")
+    if per_layer > kv_groups * queries_per_kv:
+        raise ValueError(f"{per_layer} SRHs per layer do not fit in kv_groups={kv_groups} KV group(s) of "
+                         f"{queries_per_kv} query heads; allow at least {-(-per_layer // queries_per_kv)} groups "
+                         "or keep fewer heads per layer")
+    return kv_groups
+
+
+def grouped_top_heads(row: np.ndarray, per_layer: int, kv_groups: int, queries_per_kv: int) -> Tuple[int, ...]:
+    """The ``per_layer`` heads of one layer's needle mass ``row [H]`` from at most ``kv_groups`` KV groups
+    with the largest summed mass: every choice of groups is tried (``C(Hkv, kv_groups)``: at most 70 for
+    8 KV heads), its best heads taken, and the best total wins (ties: the lexicographically first groups).
+    Returned in descending mass order, like the unconstrained choice."""
+    import itertools
+
+    total_groups = row.size // queries_per_kv
+    best, best_mass = None, -np.inf
+    for chosen in itertools.combinations(range(total_groups), kv_groups):
+        candidates = np.concatenate([np.arange(g * queries_per_kv, (g + 1) * queries_per_kv) for g in chosen])
+        heads = _ranked(row, candidates)[:per_layer]
+        mass = float(row[list(heads)].sum())
+        if mass > best_mass + 1e-12:
+            best, best_mass = heads, mass
+    return _ranked(row, np.asarray(best))
+
+
 def cases_from_tasks(tasks, tokenizer, *, prefix_ids: Sequence[int] = ()) -> List[NeedleCase]:
     """Needle cases from :class:`jaxspec.data.Task` objects (``prefix_ids``, e.g. a BOS token, are
     prepended and shift the spans). The answer ids are the prompt tokens covering the answer
@@ -86,14 +124,25 @@ class SRHResult:
     generated: List[List[int]]  # greedy outputs
     case_ids: List[str]
 
-    def top_heads(self, per_layer: int = 4) -> Tuple[Tuple[int, ...], ...]:
-        """Per layer, the ``per_layer`` heads with the most needle mass (ties: lower head)."""
+    def top_heads(self, per_layer: int = 4, *, kv_groups: Optional[int] = None,
+                  queries_per_kv: int = 1) -> Tuple[Tuple[int, ...], ...]:
+        """Per layer, the ``per_layer`` heads with the most needle mass (ties: lower head).
+
+        ``kv_groups`` (GQA-aware choice, docs/methods.md §3.4): the heads of a layer come from at
+        most that many KV groups (``head // queries_per_kv``), the set with the most summed needle
+        mass under that constraint. Scoring reads each KV group's keys once per layer
+        (:func:`jaxspec.dustin.signals.srh_scores`), so fewer groups read fewer keys every round.
+        """
         if not self.kept.any():
             raise ValueError(f"no needle test reached the recall threshold (recalls {np.round(self.recall, 2)}): "
                              "the model does not retrieve these needles; use shorter/easier tests or a lower "
                              "recall_threshold")
-        heads = min(per_layer, self.scores.shape[1])
-        return tuple(tuple(int(h) for h in np.lexsort((np.arange(row.size), -row))[:heads]) for row in self.scores)
+        num_heads = self.scores.shape[1]
+        heads = min(per_layer, num_heads)
+        if kv_groups is None:
+            return tuple(_ranked(row, np.arange(num_heads))[:heads] for row in self.scores)
+        groups = check_kv_groups(kv_groups, queries_per_kv, num_heads, heads)
+        return tuple(grouped_top_heads(row, heads, groups, queries_per_kv) for row in self.scores)
 
     def to_dict(self) -> dict:
         return {"scores": np.round(self.scores, 6).tolist(), "recall": self.recall.tolist(),

@@ -20,7 +20,7 @@ from jaxspec.dustin.arr import all_heads, round_arr, round_recall_weights
 from jaxspec.dustin.selection import reuse_verify_indices
 from jaxspec.dustin.search import (CalibrationRecords, DustinProfile, ProfileError, algorithm1, best_m,
                                    check_calibration_data, profile_pair, selection_arr, sweep_m)
-from jaxspec.dustin.srh import NeedleCase, identify_srh
+from jaxspec.dustin.srh import NeedleCase, SRHResult, identify_srh
 from jaxspec.models.cache import init_cache
 from jaxspec.models.llama import forward, init_params
 
@@ -356,6 +356,34 @@ def test_srh_identification(models):
         dataclasses.replace(result, kept=np.zeros(3, bool)).top_heads()
 
 
+def test_grouped_top_heads_match_brute_force():
+    """GQA-aware SRHs (docs/methods.md §3.4): the heads from at most G KV groups with the largest summed
+    needle mass, against every head subset of the right size; G = all groups is the unconstrained choice."""
+    import itertools
+
+    rng = np.random.RandomState(3)
+    qpk, num_heads = 3, 12  # 4 KV groups of 3 query heads
+    scores = rng.rand(6, num_heads)
+    scores[5] = np.round(scores[5] * 4) / 4  # ties
+    result = SRHResult(scores=scores, recall=np.ones(1), kept=np.ones(1, bool), counted_steps=np.ones(1),
+                       generated=[[0]], case_ids=["c"])
+    for per_layer, groups in ((4, 2), (3, 1), (2, 1), (4, 3), (5, 2)):
+        chosen = result.top_heads(per_layer, kv_groups=groups, queries_per_kv=qpk)
+        for layer, heads in enumerate(chosen):
+            row = scores[layer]
+            assert len(set(h // qpk for h in heads)) <= groups and len(set(heads)) == per_layer
+            best = max(row[list(c)].sum() for c in itertools.combinations(range(num_heads), per_layer)
+                       if len({h // qpk for h in c}) <= groups)
+            assert row[list(heads)].sum() == pytest.approx(best)
+            assert list(row[list(heads)]) == sorted(row[list(heads)], reverse=True)  # by descending mass
+    assert result.top_heads(4, kv_groups=4, queries_per_kv=qpk) == result.top_heads(4)
+    for kwargs, message in ((dict(kv_groups=0), "kv_groups=0: valid 1..4"),
+                            (dict(kv_groups=5), "kv_groups=5: valid 1..4"),
+                            (dict(kv_groups=1), "4 SRHs per layer do not fit in kv_groups=1")):
+        with pytest.raises(ValueError, match=message):
+            result.top_heads(4, queries_per_kv=qpk, **kwargs)
+
+
 # ---------------------------------------------------------------------------- engine
 PROMPTS = [np.random.RandomState(7).randint(0, 128, n).tolist() for n in (220, 150, 40)]
 
@@ -510,6 +538,24 @@ def test_profile_pipeline_calibration_split(models, tmp_path):
     path = tmp_path / "profile.json"
     profile.save(path)
     assert DustinProfile.load(path).configs == profile.configs
+
+
+def test_profile_pipeline_grouped_srhs(models):
+    from jaxspec.data import build_splits
+
+    target_params, draft_params = models
+    calibration, evaluation = build_splits(CharTokenizer(), _documents(), kinds=("passkey",), context_lengths=(400,),
+                                           depths=(0.3,))
+    with pytest.raises(ValueError, match="4 SRHs per layer do not fit in kv_groups=1"):  # before any forward
+        profile_pair(None, TARGET, None, DRAFT, [], CharTokenizer(), srh_kv_groups=1)
+    profile, _ = profile_pair(target_params, TARGET, draft_params, DRAFT, calibration, CharTokenizer(), budgets=(128,),
+                              evaluation=evaluation, gamma=3, max_new_tokens=4, recall_threshold=-1.0,
+                              srh_max_new_tokens=3, heads_per_layer=2, srh_kv_groups=1)
+    assert profile.srh["kv_groups"] == 1
+    for model, key in ((TARGET, "target"), (DRAFT, "draft")):
+        assert all(len({h // model.queries_per_kv for h in heads}) == 1 for heads in profile.srh[key]["top_heads"])
+    cfg = profile.config(128)
+    assert len({h // TARGET.queries_per_kv for h in cfg.target_heads}) == 1
 
 
 # ---------------------------------------------------------------------------- input-aware m (docs/methods.md §3.7)

@@ -586,6 +586,30 @@ def test_bench_selection_times_every_rule_against_the_fixed_rule(tmp_path):
     assert set(case["ratio_to_fixed"]) == {"coverage-ladder"} and case["coverage_ladder_equals_reference"] is True
 
 
+def test_bench_scoring_times_each_profiles_srhs_on_the_same_keys(tmp_path, capsys):
+    """bench-scoring: one round's s_T + s_D with each profile's own layers and heads, the key bytes each reads
+    (GQA-aware SRHs read one KV group per SRH layer), ratios against the first profile."""
+    profiles = pathlib.Path(__file__).resolve().parents[2] / "experiments" / "profiles"
+    anywhere = str(profiles / "qwen2.5-coder-1.5b_qwen2.5-coder-0.5b.json")
+    one_group = str(profiles / "qwen2.5-coder-1.5b_qwen2.5-coder-0.5b_srh-1group.json")
+    out = tmp_path / "scoring.json"
+    assert main(["bench-scoring", "--dustin-profile", f"{anywhere},{one_group}", "--contexts", "512", "--batches", "2",
+                 "--budgets", "128", "--iters", "1", "--repeats", "1", "--out", str(out)]) == 0
+    case = json.loads(out.read_text())["cases"]["ctx512/b2/k128"]
+    info = case["profiles"]
+    assert info[anywhere]["target_kv_groups"] == 2 and info[one_group]["target_kv_groups"] == 1
+    assert all(g == 1 for g in info[one_group]["draft_kv_groups"])
+    # key bytes: batch x positions x 4 bytes x (target groups x 128 + draft groups x 64)
+    for name in (anywhere, one_group):
+        i = info[name]
+        assert i["key_bytes"] == 2 * 512 * 4 * (i["target_kv_groups"] * 128 + sum(i["draft_kv_groups"]) * 64)
+    assert all(t > 0 for t in case["seconds"].values()) and case["rows"][0]["vs_first"] == 1.0
+    assert main(["bench-scoring", "--dustin-profile", f"{anywhere},{anywhere}"]) == 2
+    assert "distinct profiles" in capsys.readouterr().err
+    assert main(["bench-scoring", "--dustin-profile", one_group, "--budgets", "2048"]) == 2
+    assert "has no config for k=[2048]" in capsys.readouterr().err
+
+
 def test_bench_selection_refuses_an_unknown_rule(capsys):
     assert main(["bench-selection", "--rules", "coverage,median"]) == 2
     assert "median" in capsys.readouterr().err
