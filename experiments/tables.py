@@ -278,6 +278,14 @@ M_RULES = (("dustin-h-ia", "max_mass", "max-mass"), ("dustin-h-cov", "coverage",
            ("dustin-h-ent", "entropy", "entropy"))
 #: how each input-aware-m run drafts
 INPUT_AWARE_M_DRAFT = {"smollm2-135m": "mlp:10-12 self-draft", "qwen2.5-coder-1.5b": "qwen2.5-coder-0.5b draft"}
+#: GQA-aware SRHs (docs/methods.md §3.4): the Qwen pair's profile with the best heads anywhere against the one whose
+#: heads share one KV group per layer; quality on the same items at one commit, and the per-round scoring of both
+SRH_GROUP_PROFILES = (("any", "experiments/profiles/qwen2.5-coder-1.5b_qwen2.5-coder-0.5b.json"),
+                      ("1group", "experiments/profiles/qwen2.5-coder-1.5b_qwen2.5-coder-0.5b_srh-1group.json"))
+SRH_GROUP_QUALITY = {ctx: tuple((tag, f"dustin_quality/dustin_quality_srh-{tag}_qwen2.5-coder-1.5b_{ctx // 1024}k_cpu.json")
+                            for tag in ("any", "1group")) for ctx in (2048, 4096)}
+SRH_GROUP_SCORING = "selection/selection_scoring_srh-groups_qwen2.5-coder-1.5b-profile_16k-32k_cpu.json"
+SRH_GROUP_METHODS = ("dustin-h", "dustin-t", "dustin-d")
 QUALITY_PAIR = {"qwen2.5-coder-1.5b": "Qwen2.5-Coder-1.5B + Qwen2.5-Coder-0.5B draft",
                 "smollm2-135m": "SmolLM2-135M, self-draft mlp:10-12"}
 K = "knapspec/knapspec_"
@@ -1820,6 +1828,128 @@ def distinct_ngrams(tokens: Sequence[int], n: int = 8) -> Optional[float]:
 
 
 
+SRH_GROUP_LABEL = {"any": "the best 4 anywhere", "1group": "from one KV group"}
+
+
+def srh_group_contexts() -> List[int]:
+    """The contexts whose quality runs exist with both profiles (and both profiles are committed)."""
+    if not all((REPO / p).exists() for _, p in SRH_GROUP_PROFILES):
+        return []
+    return [ctx for ctx, runs in SRH_GROUP_QUALITY.items() if all((RESULTS / src).exists() for _, src in runs)]
+
+
+def _srh_group_rows(ctx: int) -> Dict[str, Dict[Tuple[str, int], Dict[str, Any]]]:
+    return {tag: {(r["method"], r["k"]): r for r in quality_rows(complete_quality_cases(src))}
+            for tag, src in SRH_GROUP_QUALITY[ctx]}
+
+
+def _srh_group_quality(source: str, method: str, budget: int, field: str):
+    def get(_):
+        return read_path(quality_rows(complete_quality_cases(source)), ({"method": method, "k": budget}, field))
+    return get
+
+
+def _scoring_ratio(data: Dict[str, Any], key: str) -> float:
+    seconds = data["cases"][key]["seconds"]
+    return seconds[SRH_GROUP_PROFILES[1][1]] / seconds[SRH_GROUP_PROFILES[0][1]]
+
+
+def _groups(heads: Sequence[int], per_kv: int) -> str:
+    return f"{list(heads)} ({len({h // per_kv for h in heads})} group{'s' if len({h // per_kv for h in heads}) > 1 else ''})"
+
+
+def srh_group_blocks() -> List[str]:
+    """The two profiles' configs, their quality on the same items, and the per-round scoring of each."""
+    if not srh_group_contexts():
+        return ["Not measured yet (suite cpu-dustin-quality, steps `qwen2.5-coder-1.5b-profile-srh-1group`, "
+                "`qwen2.5-coder-1.5b-2k-srh-any`, `qwen2.5-coder-1.5b-2k-srh-1group`, `scoring-srh-groups`)."]
+    profiles = {tag: json.loads((REPO / path).read_text()) for tag, path in SRH_GROUP_PROFILES}
+    t_qpk = profiles["any"]["target"]["num_heads"] // profiles["any"]["target"]["num_kv_heads"]
+    d_qpk = profiles["any"]["draft"]["num_heads"] // profiles["any"]["draft"]["num_kv_heads"]
+    budgets = sorted(set.intersection(*(set(map(int, p["configs"])) for p in profiles.values())))
+    lines = ["| k | SRHs | target layer: heads | draft layers: heads | m | calibration ARR (Algorithm 1) |",
+             "|---|---|---|---|---|---|"]
+    for k in budgets:
+        for tag, _ in SRH_GROUP_PROFILES:
+            c = profiles[tag]["configs"][str(k)]
+            draft = "; ".join(f"{layer}: {_groups(h, d_qpk)}" for layer, h in zip(c["draft_layers"], c["draft_heads"]))
+            lines.append(f"| {k} | {SRH_GROUP_LABEL[tag]} | {c['target_layer']}: {_groups(c['target_heads'], t_qpk)} | "
+                         f"{draft} | {c['m']} | {profiles[tag]['search'][str(k)]['arr']:.4f} |")
+    out = ["The two profiles (`" + "`, `".join(p for _, p in SRH_GROUP_PROFILES) + "`; heads with their KV groups, "
+           f"{t_qpk} query heads per KV head in the target, {d_qpk} in the draft):\n\n" + "\n".join(lines)]
+    for ctx in srh_group_contexts():
+        rows, runs = _srh_group_rows(ctx), SRH_GROUP_QUALITY[ctx]
+        q_budgets = quality_budgets(runs[0][1])
+        items = len({c["task"] for c in complete_quality_cases(runs[0][1]).values()})
+        lines = ["| method | k | ARR any / one group | token match vs dense any / one group | "
+                 "retrieval accuracy any / one group | tau any / one group |", "|---|---|---|---|---|---|"]
+        for method in SRH_GROUP_METHODS:
+            for k in q_budgets:
+                a, g = rows["any"].get((method, k)), rows["1group"].get((method, k))
+                if not a or not g:
+                    continue
+                lines.append(f"| {method} | {k} | {a['ARR']:.4f} / {g['ARR']:.4f} | {a['match']:.2f} / {g['match']:.2f} "
+                             f"| {a['accuracy']:.2f} / {g['accuracy']:.2f} | {a['tau']:.2f} / {g['tau']:.2f} |")
+        out.append(f"Quality on the same {items} seeded {ctx // 1024}k evaluation items (passkey, needle QA; float32, "
+                   f"greedy, gamma 4, 16 new tokens, CPU; `{runs[0][1]}`, `{runs[1][1]}`, one commit):\n\n"
+                   + "\n".join(lines))
+    if (RESULTS / SRH_GROUP_SCORING).exists():
+        data = load(SRH_GROUP_SCORING)
+        lines = ["| positions | batch | k | KV groups read (target / draft layers), any | one group | "
+                 "key MB any / one group | ms any | ms one group | one group / any |", "|---|---|---|---|---|---|---|---|---|"]
+        for case in data["cases"].values():
+            (pa, ia), (pg, ig) = [(p, case["profiles"][p]) for _, p in SRH_GROUP_PROFILES]
+            fmt_g = lambda i: f"{i['target_kv_groups']} / {' + '.join(map(str, i['draft_kv_groups']))}"  # noqa: E731
+            lines.append(f"| {case['context']} | {case['batch']} | {case['k']} | {fmt_g(ia)} | {fmt_g(ig)} | "
+                         f"{ia['key_bytes'] / 1e6:.0f} / {ig['key_bytes'] / 1e6:.0f} | "
+                         f"{1e3 * case['seconds'][pa]:.2f} | {1e3 * case['seconds'][pg]:.2f} | "
+                         f"{case['seconds'][pg] / case['seconds'][pa]:.2f}x |")
+        out.append(f"The signal scoring of one round (s_T of the target SRH layer and s_D of the draft SRH layers, "
+                   f"gamma {data['config']['gamma']} draft rows, {data['config']['dtype']} keys, seeded; "
+                   f"`{SRH_GROUP_SCORING}`, CPU, best of {data['config']['repeats']} interleaved timings of "
+                   f"{data['config']['iters']} calls; each profile's own layers and heads at k = "
+                   f"{data['config']['budgets']}):\n\n" + "\n".join(lines))
+    return out
+
+
+def srh_group_verdicts() -> List[str]:
+    out = []
+    for ctx in srh_group_contexts():
+        out += _srh_group_verdicts(ctx)
+    return out + _srh_scoring_verdicts()
+
+
+def _srh_group_verdicts(ctx: int) -> List[str]:
+    rows, out = _srh_group_rows(ctx), []
+    for method in SRH_GROUP_METHODS:
+        pairs = [(k, rows["any"][(method, k)]["ARR"], rows["1group"][(method, k)]["ARR"])
+                 for (m, k) in rows["any"] if m == method and (m, k) in rows["1group"]]
+        if pairs:
+            diffs = [g - a for _, a, g in pairs]
+            out.append(f"{ctx // 1024}k, {method}: one-group SRHs change ARR by {min(diffs):+.4f} to {max(diffs):+.4f} across k "
+                       f"(mean {sum(diffs) / len(diffs):+.4f}); token match " + ", ".join(
+                           f"k = {k}: {rows['any'][(method, k)]['match']:.2f} → {rows['1group'][(method, k)]['match']:.2f}"
+                           for k, _, _ in pairs) + ".")
+    return out
+
+
+def _srh_scoring_verdicts() -> List[str]:
+    if not (RESULTS / SRH_GROUP_SCORING).exists():
+        return []
+    data = load(SRH_GROUP_SCORING)
+    parts = []
+    for key, case in data["cases"].items():
+        (pa, ia), (pg, ig) = [(p, case["profiles"][p]) for _, p in SRH_GROUP_PROFILES]
+        parts.append(f"{case['context'] // 1024}k/b{case['batch']}: {_scoring_ratio(data, key):.2f}x the time for "
+                     f"{ig['key_bytes'] / ia['key_bytes']:.2f}x the key bytes")
+    return [f"Signal scoring per round with one-group SRHs against the best-anywhere heads on the CPU (bench-scoring, "
+            f"float32): " + "; ".join(parts) + ". The selection target (<= 3 % of "
+            "a round at 32k/b16) is held on the GPU: on the H200 the 7B shape's scoring of 4 target heads measured "
+            "297 µs in 4 KV groups against 207 µs in one (bench-attention above, 32k, batch 16, with the top-k), "
+            "and the round with one-group target heads (h200-dustin-speed step `b16-srh-1group-pair-tau-32k`) is "
+            "not measured yet."]
+
+
 def _figures() -> List[Figure]:
     f: List[Figure] = []
     add = f.append
@@ -2225,6 +2355,20 @@ def _figures() -> List[Figure]:
                            f"selection per round, the {rule} rule / the fixed rule, same signals, {case['context']} "
                            f"positions, batch {case['batch']}, k = {case['k']} (bench-selection)", "x", source,
                            ("cases", key, "ratio_to_fixed", rule), target="target <= 1.1"))
+    # GQA-aware SRHs
+    for ctx in srh_group_contexts():
+        for tag, source in SRH_GROUP_QUALITY[ctx]:
+            for budget in quality_budgets(source):
+                for field, name, label in (("ARR", "arr", "ARR"), ("match", "agreement", "token match with dense")):
+                    add(Figure(f"dustin/srh-groups/qwen2.5-coder-1.5b/ctx{ctx}/k{budget}/dustin-h/{tag}/{name}",
+                               f"{label}, Dustin-H, SRHs {SRH_GROUP_LABEL[tag]}, {ctx // 1024}k, k = {budget}",
+                               "fraction", source, _srh_group_quality(source, "dustin-h", budget, field)))
+    if (RESULTS / SRH_GROUP_SCORING).exists():
+        for key, case in load(SRH_GROUP_SCORING)["cases"].items():
+            add(Figure(f"dustin/srh-groups/qwen2.5-coder-1.5b-profile/scoring/cpu/{key}/1group-vs-any",
+                       f"signal scoring per round (s_T + s_D), one-KV-group SRHs / the best heads anywhere, "
+                       f"{case['context']} positions, batch {case['batch']}, k = {case['k']} (bench-scoring)", "x",
+                       SRH_GROUP_SCORING, lambda d, key=key: _scoring_ratio(d, key)))
     # KnapSpec
     for label, source, tag, ctx, batch, other in KNAPSPEC_RUNS:
         model = source[len(K):].split("_")[0]
@@ -4214,6 +4358,14 @@ def results_markdown() -> str:
                 + selection_cost_verdicts()
                 + [oracle_persistence_note()] + m_bounds_verdict()
                 + [input_aware_reach_note()]),
+        section("Dustin: GQA-aware SRHs",
+                "The scoring of Dustin's two signals reads each SRH layer's keys once per KV group its heads span "
+                "(docs/methods.md §3.1), every round. A profile made with `--srh-kv-groups 1` takes each layer's 4 "
+                "SRHs from one KV group (the best-scoring such set; docs/methods.md §3.4), so the scoring reads one "
+                "KV head's keys per SRH layer. The Qwen2.5-Coder-1.5B / 0.5B pair (2 KV heads each) profiled both "
+                "ways on the same calibration tasks, then measured on the same evaluation items at one commit.",
+                ("dustin/srh-groups/",), srh_group_blocks(), srh_group_verdicts(),
+                extra_sources=[s for ctx in srh_group_contexts() for _, s in SRH_GROUP_QUALITY[ctx]]),
         section("Dustin: speed",
                 "One H200: random-weight Qwen2.5-7B-shaped target, Qwen2.5-0.5B-shaped draft, Pallas attention in "
                 "both, gamma 4, k = 512, 64 new tokens, acceptance fixed to the real Qwen2.5-Coder pair's tau "
