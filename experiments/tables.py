@@ -283,7 +283,7 @@ INPUT_AWARE_M_DRAFT = {"smollm2-135m": "mlp:10-12 self-draft", "qwen2.5-coder-1.
 SRH_GROUP_PROFILES = (("any", "experiments/profiles/qwen2.5-coder-1.5b_qwen2.5-coder-0.5b.json"),
                       ("1group", "experiments/profiles/qwen2.5-coder-1.5b_qwen2.5-coder-0.5b_srh-1group.json"))
 SRH_GROUP_QUALITY = {ctx: tuple((tag, f"dustin_quality/dustin_quality_srh-{tag}_qwen2.5-coder-1.5b_{ctx // 1024}k_cpu.json")
-                            for tag in ("any", "1group")) for ctx in (2048, 4096)}
+                            for tag in ("any", "1group")) for ctx in (2048, 4096, 8192, 16384)}
 SRH_GROUP_SCORING = "selection/selection_scoring_srh-groups_qwen2.5-coder-1.5b-profile_16k-32k_cpu.json"
 SRH_GROUP_METHODS = ("dustin-h", "dustin-t", "dustin-d")
 QUALITY_PAIR = {"qwen2.5-coder-1.5b": "Qwen2.5-Coder-1.5B + Qwen2.5-Coder-0.5B draft",

@@ -15,6 +15,7 @@ Cost: a prefill without probes, then ``max_new_tokens`` one-token forwards probi
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from typing import List, Optional, Sequence, Tuple
 
 import jax
@@ -76,8 +77,6 @@ def grouped_top_heads(row: np.ndarray, per_layer: int, kv_groups: int, queries_p
     with the largest summed mass: every choice of groups is tried (``C(Hkv, kv_groups)``: at most 70 for
     8 KV heads), its best heads taken, and the best total wins (ties: the lexicographically first groups).
     Returned in descending mass order, like the unconstrained choice."""
-    import itertools
-
     total_groups = row.size // queries_per_kv
     best, best_mass = None, -np.inf
     for chosen in itertools.combinations(range(total_groups), kv_groups):
