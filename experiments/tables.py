@@ -167,6 +167,13 @@ DUSTIN_SPEED_SPARSE_METHODS = (("ar", "AR"), ("dustin", "Dustin-H (full draft KV
 #: batch 16 at 8k-32k, each method at the tau pair-speed measured for it on the real pair (nearest context, batch 16)
 DUSTIN_SPEED_PAIR_TAU = "dustin_speed/dustin_speed_qwen2.5-7b-shape_8k-32k_b16_pair-tau_h200.json"
 DUSTIN_SPEED_RESELECT = "dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_reselect2_pair-tau_h200.json"
+#: GQA-aware SRHs on the H200: the target's 4 SRHs in one KV group (--target-heads 0,1,2,3), each against the run
+#: with the SRHs spread over 4 groups that it repeats (the baseline is rerun in the same lease)
+DUSTIN_SPEED_SRH_1GROUP = (
+    ("every round", "dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_srh-1group_pair-tau_h200.json",
+     "dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_sparse-draft_pair-tau_h200.json", "srh-1group"),
+    ("every second round", "dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_reselect2_srh-1group_pair-tau_h200.json",
+     DUSTIN_SPEED_RESELECT, "reselect2-srh-1group"))
 DUSTIN_SMOLLM2_TAU = "dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b8-16_smollm2-tau_h200.json"
 E2E = {("ClassicSD (self-draft mlp:10-12)", "Pallas"): "generate/generate_smollm2-135m_sd-mlp10-12_7.6k_b16_pallas_h200.json",
        ("MagicDec k = 512", "Pallas"): "generate/generate_smollm2-135m_magicdec-k512_7.6k_b16_pallas_h200.json",
@@ -1909,13 +1916,50 @@ def srh_group_blocks() -> List[str]:
                    f"`{SRH_GROUP_SCORING}`, CPU, best of {data['config']['repeats']} interleaved timings of "
                    f"{data['config']['iters']} calls; each profile's own layers and heads at k = "
                    f"{data['config']['budgets']}):\n\n" + "\n".join(lines))
+    out += _srh_group_h200_blocks()
+    return out
+
+
+def _srh_group_h200_blocks() -> List[str]:
+    """dustin-speed with the target's SRHs in one KV group against the run with them in four, on the H200."""
+    out = []
+    for when, source, base, _ in DUSTIN_SPEED_SRH_1GROUP:
+        if not (RESULTS / source).exists() or not (RESULTS / base).exists():
+            continue
+        data, ref = load(source), load(base)
+        lines = ["| method | target SRH heads | selection ms (mean per round) | selection / round | x AR |",
+                 "|---|---|---|---|---|"]
+        for method in ("dustin", "dustin-kv-streaming"):
+            for d in (ref, data):
+                heads = str(d["config"].get("target_heads") or "")
+                label = heads.replace(",", ", ") if heads else "one per KV group (the default)"
+                row = read_path(d, ("cases", "ctx32768/b16", "rows", {"method": method}))
+                lines.append(f"| {method} | {label} | {row.get('selection_ms_per_round', row['selection_ms']):.3f} | "
+                             f"{100 * _selection_share(d, method):.1f} % | {row['speedup']:.2f}x |")
+        commits = {d["environment"].get("commit", "?")[:7] for d in (data, ref)}
+        out.append(f"On the H200, the 7B / 0.5B shapes at 32k, batch 16, k = 512, selecting {when} (`{source}` against "
+                   f"`{base}`, " + ("one commit" if len(commits) == 1 else f"commits {' and '.join(sorted(commits))}")
+                   + "):\n\n" + "\n".join(lines))
     return out
 
 
 def srh_group_verdicts() -> List[str]:
-    out = []
+    out, diffs, accuracy_same, points = [], [], 0, 0
     for ctx in srh_group_contexts():
+        rows = _srh_group_rows(ctx)
+        for (method, k), a in rows["any"].items():
+            g = rows["1group"].get((method, k))
+            if method == "dustin-h" and g:
+                diffs.append(g["ARR"] - a["ARR"])
+                points += 1
+                accuracy_same += g["accuracy"] == a["accuracy"]
         out += _srh_group_verdicts(ctx)
+    if diffs:
+        out.insert(0, f"Dustin-H with one-group SRHs against the best heads anywhere, {points} (context, k) points at "
+                      + ", ".join(f"{c // 1024}k" for c in srh_group_contexts())
+                      + f": ARR {min(diffs):+.4f} to {max(diffs):+.4f} (mean {sum(diffs) / len(diffs):+.4f}), "
+                      f"higher at {sum(d > 0 for d in diffs)} of them; retrieval accuracy the same at "
+                      f"{accuracy_same} of {points}.")
     return out + _srh_scoring_verdicts()
 
 
@@ -1942,12 +1986,21 @@ def _srh_scoring_verdicts() -> List[str]:
         (pa, ia), (pg, ig) = [(p, case["profiles"][p]) for _, p in SRH_GROUP_PROFILES]
         parts.append(f"{case['context'] // 1024}k/b{case['batch']}: {_scoring_ratio(data, key):.2f}x the time for "
                      f"{ig['key_bytes'] / ia['key_bytes']:.2f}x the key bytes")
-    return [f"Signal scoring per round with one-group SRHs against the best-anywhere heads on the CPU (bench-scoring, "
+    h200 = []
+    for when, source, base, _ in DUSTIN_SPEED_SRH_1GROUP:
+        if (RESULTS / source).exists() and (RESULTS / base).exists():
+            shares = {m: (_selection_share(load(base), m), _selection_share(load(source), m))
+                      for m in ("dustin", "dustin-kv-streaming")}
+            h200.append(f"Selection at most 3 % of a round at 32k/b16 on the H200, target SRHs in one KV group, "
+                        f"selecting {when}: " + "; ".join(
+                            f"{m} {100 * b:.1f} % → {100 * g:.1f} % ({'**met**' if g <= 0.03 else '**missed**'})"
+                            for m, (b, g) in shares.items()) + ".")
+    return h200 + [f"Signal scoring per round with one-group SRHs against the best-anywhere heads on the CPU (bench-scoring, "
             f"float32): " + "; ".join(parts) + ". The selection target (<= 3 % of "
             "a round at 32k/b16) is held on the GPU: on the H200 the 7B shape's scoring of 4 target heads measured "
-            "297 µs in 4 KV groups against 207 µs in one (bench-attention above, 32k, batch 16, with the top-k), "
-            "and the round with one-group target heads (h200-dustin-speed step `b16-srh-1group-pair-tau-32k`) is "
-            "not measured yet."]
+            "297 µs in 4 KV groups against 207 µs in one (bench-attention above, 32k, batch 16, with the top-k)"
+            + ("." if h200 else ", and the round with one-group target heads (h200-dustin-speed steps "
+               "`b16-srh-1group-pair-tau-32k`, `b16-reselect-2-srh-1group-pair-tau-32k`) is not measured yet.")]
 
 
 def _figures() -> List[Figure]:
@@ -2369,6 +2422,16 @@ def _figures() -> List[Figure]:
                        f"signal scoring per round (s_T + s_D), one-KV-group SRHs / the best heads anywhere, "
                        f"{case['context']} positions, batch {case['batch']}, k = {case['k']} (bench-scoring)", "x",
                        SRH_GROUP_SCORING, lambda d, key=key: _scoring_ratio(d, key)))
+    for when, source, _, tag in DUSTIN_SPEED_SRH_1GROUP:
+        if not (RESULTS / source).exists():
+            continue
+        for method in ("dustin", "dustin-kv-streaming"):
+            what = f"7B/0.5B shapes, 32k, batch 16, k = 512, target SRHs in one KV group, selecting {when}: {method}"
+            add(Figure(f"dustin-speed/7b-shape/ctx32768/b16/{method}/{tag}/speedup", what, "x AR", source,
+                       _dustin(32768, 16, method, "speedup")))
+            add(Figure(f"dustin-speed/7b-shape/ctx32768/b16/{method}/{tag}/selection-share-of-round",
+                       f"{what}: selection / round time", "%", source,
+                       functools.partial(_selection_share, method=method), scale=100, target="target <= 3 %"))
     # KnapSpec
     for label, source, tag, ctx, batch, other in KNAPSPEC_RUNS:
         model = source[len(K):].split("_")[0]
