@@ -174,6 +174,9 @@ DUSTIN_SPEED_SRH_1GROUP = (
      "dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_sparse-draft_pair-tau_h200.json", "srh-1group"),
     ("every second round", "dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_reselect2_srh-1group_pair-tau_h200.json",
      DUSTIN_SPEED_RESELECT, "reselect2-srh-1group"))
+#: the real pair end to end with the one-group profile, against the run with the committed profile
+PAIR_SPEED_SRH_1GROUP = ("pair_speed/pair_speed_qwen2.5-coder-1.5b_0.5b_32k_b16_srh-1group_h200.json",
+                         "pair_speed/pair_speed_qwen2.5-coder-1.5b_0.5b_32k_b16_sparse-draft_h200.json")
 DUSTIN_SMOLLM2_TAU = "dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b8-16_smollm2-tau_h200.json"
 E2E = {("ClassicSD (self-draft mlp:10-12)", "Pallas"): "generate/generate_smollm2-135m_sd-mlp10-12_7.6k_b16_pallas_h200.json",
        ("MagicDec k = 512", "Pallas"): "generate/generate_smollm2-135m_magicdec-k512_7.6k_b16_pallas_h200.json",
@@ -1939,6 +1942,21 @@ def _srh_group_h200_blocks() -> List[str]:
         commits = {d["environment"].get("commit", "?")[:7] for d in (data, ref)}
         out.append(f"On the H200, the 7B / 0.5B shapes at 32k, batch 16, k = 512, selecting {when} (`{source}` against "
                    f"`{base}`, " + ("one commit" if len(commits) == 1 else f"commits {' and '.join(sorted(commits))}")
+                   + "):\n\n" + "\n".join(lines))
+    source, base = PAIR_SPEED_SRH_1GROUP
+    if (RESULTS / source).exists() and (RESULTS / base).exists():
+        data, ref = load(source), load(base)
+        lines = ["| method | SRHs | x paired AR | tau | acceptance |", "|---|---|---|---|---|"]
+        for method in ("dustin", "dustin-kv-streaming"):
+            for label, d in (("the best 4 anywhere", ref), ("from one KV group", data)):
+                case = d["cases"]["ctx32000/b16"].get(method) or {}
+                if "speedup_vs_ar" in case:
+                    lines.append(f"| {method} | {label} | {case['speedup_vs_ar']:.2f}x | {case['metrics']['tau']:.2f} | "
+                                 f"{case['metrics']['acceptance_rate']:.3f} |")
+        commits = {d["environment"].get("commit", "?")[:7] for d in (data, ref)}
+        out.append(f"The real Qwen2.5-Coder pair on the H200 (pair-speed, 32000 tokens, batch 16, bf16, Pallas; "
+                   f"`{source}` against `{base}`, "
+                   + ("one commit" if len(commits) == 1 else f"commits {' and '.join(sorted(commits))}")
                    + "):\n\n" + "\n".join(lines))
     return out
 
