@@ -1962,22 +1962,26 @@ def _srh_group_h200_blocks() -> List[str]:
 
 
 def srh_group_verdicts() -> List[str]:
-    out, diffs, accuracy_same, points = [], [], 0, 0
+    out, diffs, accuracy_same, points, per_ctx = [], [], 0, 0, []
     for ctx in srh_group_contexts():
-        rows = _srh_group_rows(ctx)
+        rows, here = _srh_group_rows(ctx), []
         for (method, k), a in rows["any"].items():
             g = rows["1group"].get((method, k))
             if method == "dustin-h" and g:
-                diffs.append(g["ARR"] - a["ARR"])
+                here.append(g["ARR"] - a["ARR"])
                 points += 1
                 accuracy_same += g["accuracy"] == a["accuracy"]
+        diffs += here
+        if here:
+            per_ctx.append(f"{ctx // 1024}k {sum(here) / len(here):+.4f}")
         out += _srh_group_verdicts(ctx)
     if diffs:
         out.insert(0, f"Dustin-H with one-group SRHs against the best heads anywhere, {points} (context, k) points at "
                       + ", ".join(f"{c // 1024}k" for c in srh_group_contexts())
                       + f": ARR {min(diffs):+.4f} to {max(diffs):+.4f} (mean {sum(diffs) / len(diffs):+.4f}), "
-                      f"higher at {sum(d > 0 for d in diffs)} of them; retrieval accuracy the same at "
-                      f"{accuracy_same} of {points}.")
+                      f"higher at {sum(d > 0 for d in diffs)} of them; mean per context " + ", ".join(per_ctx)
+                      + f"; retrieval accuracy the same at {accuracy_same} of {points}. Both profiles were "
+                      "calibrated on 2k tasks.")
     return out + _srh_scoring_verdicts()
 
 
