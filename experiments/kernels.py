@@ -548,6 +548,20 @@ SELECTION_RULES = ("coverage", "entropy", "max-mass", "coverage-ladder")
 DEFAULT_SELECTION_RULES = SELECTION_RULES[:3]
 
 
+def _best_of_groups(fn, operands, iters: int) -> float:
+    """Seconds per call of ``fn(*operands)``: the best of ``iters // 4 + 1`` groups of 4 back-to-back calls."""
+    import jax
+
+    best = float("inf")
+    for _ in range(iters // 4 + 1):
+        start = time.perf_counter()
+        for _ in range(4):
+            out = fn(*operands)
+        jax.block_until_ready(out)
+        best = min(best, (time.perf_counter() - start) / 4)
+    return best
+
+
 def _rule_configs(profile_path, budgets):
     """``{k: DustinConfig}`` (hybrid, fixed m) from a Dustin profile's per-budget sinks, window and m; without a
     profile the defaults (m = half of k - s - w). The SRH layers and heads only switch the rules on here."""
@@ -593,14 +607,7 @@ def cmd_bench_selection(args) -> Dict[str, Any]:
     writer = ResultWriter(args.out, "bench-selection", config_of(args))
 
     def timed(fn, *operands):
-        best = float("inf")
-        for _ in range(args.iters // 4 + 1):
-            start = time.perf_counter()
-            for _ in range(4):
-                out = fn(*operands)
-            jax.block_until_ready(out)
-            best = min(best, (time.perf_counter() - start) / 4)
-        return best
+        return _best_of_groups(fn, operands, args.iters)
 
     rows_out = []
     for context in [int(c) for c in args.contexts.split(",")]:
@@ -690,14 +697,7 @@ def cmd_bench_scoring(args) -> Dict[str, Any]:
     writer = ResultWriter(args.out, "bench-scoring", config_of(args))
 
     def timed(fn, *operands):
-        best = float("inf")
-        for _ in range(args.iters // 4 + 1):
-            start = time.perf_counter()
-            for _ in range(4):
-                out = fn(*operands)
-            jax.block_until_ready(out)
-            best = min(best, (time.perf_counter() - start) / 4)
-        return best
+        return _best_of_groups(fn, operands, args.iters)
 
     rows_out = []
     for context in [int(c) for c in args.contexts.split(",")]:
