@@ -606,9 +606,6 @@ def cmd_bench_selection(args) -> Dict[str, Any]:
         raise ValueError(f"--repeats {args.repeats} / --iters {args.iters}: each must be >= 1")
     writer = ResultWriter(args.out, "bench-selection", config_of(args))
 
-    def timed(fn, *operands):
-        return _best_of_groups(fn, operands, args.iters)
-
     rows_out = []
     for context in [int(c) for c in args.contexts.split(",")]:
         for batch in [int(b) for b in args.batches.split(",")]:
@@ -633,7 +630,7 @@ def cmd_bench_selection(args) -> Dict[str, Any]:
                 samples = {name: [] for name in fns}
                 for _ in range(args.repeats):  # interleaved, so drift on the machine touches every rule alike
                     for name, fn in fns.items():
-                        samples[name].append(timed(fn, s_d, s_t, lengths))
+                        samples[name].append(_best_of_groups(fn, (s_d, s_t, lengths), args.iters))
                 best = {name: min(v) for name, v in samples.items()}
                 result = {"context": context, "batch": batch, "k": k, "m": fixed_cfg.effective_m,
                           "sinks": fixed_cfg.sinks, "window": fixed_cfg.window_size,
@@ -696,9 +693,6 @@ def cmd_bench_scoring(args) -> Dict[str, Any]:
     dtype = jnp.dtype(args.dtype)
     writer = ResultWriter(args.out, "bench-scoring", config_of(args))
 
-    def timed(fn, *operands):
-        return _best_of_groups(fn, operands, args.iters)
-
     rows_out = []
     for context in [int(c) for c in args.contexts.split(",")]:
         for batch in [int(b) for b in args.batches.split(",")]:
@@ -740,7 +734,7 @@ def cmd_bench_scoring(args) -> Dict[str, Any]:
                 samples = {path: [] for path in fns}
                 for _ in range(args.repeats):  # interleaved, so drift on the machine touches every profile alike
                     for path, fn in fns.items():
-                        samples[path].append(timed(fn, *operands[path]))
+                        samples[path].append(_best_of_groups(fn, operands[path], args.iters))
                 best = {path: min(v) for path, v in samples.items()}
                 base = paths[0]
                 rows = [{"context": context, "batch": batch, "k": k, "profile": path,

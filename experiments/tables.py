@@ -1865,7 +1865,8 @@ def _scoring_ratio(data: Dict[str, Any], key: str) -> float:
 
 
 def _groups(heads: Sequence[int], per_kv: int) -> str:
-    return f"{list(heads)} ({len({h // per_kv for h in heads})} group{'s' if len({h // per_kv for h in heads}) > 1 else ''})"
+    count = len({h // per_kv for h in heads})
+    return f"{list(heads)} ({count} group{'s' if count > 1 else ''})"
 
 
 def srh_group_blocks() -> List[str]:
