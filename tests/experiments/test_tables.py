@@ -20,7 +20,7 @@ RESULTS = REPO / "experiments" / "results"
 SUITES = sorted((REPO / "experiments" / "suites").glob("*.toml"))
 RUN_TAG = re.compile(r"_s[0-9]|logs_s|profiles_s|session")
 # <experiment>/<experiment>_<model-or-shape>[_<context>][_b<batch>][_<detail>]_<device>.json
-RESULT_NAME = re.compile(r"^(?P<exp>[a-z_]+)/(?P=exp)(_[A-Za-z0-9.+-]+)+_(h200|cpu)\.(json|png)$")
+RESULT_NAME = re.compile(r"^(?P<exp>[a-z_]+)/(?P=exp)(_[A-Za-z0-9.+-]+)+_(h200|h100|cpu)\.(json|png)$")
 # latency profiles, named by the knapspec experiment itself, live in one folder per run
 PROFILE_NAME = re.compile(r"^knapspec/latency_[A-Za-z0-9._-]+/latency_[A-Za-z0-9._-]+\.json$")
 
