@@ -169,11 +169,13 @@ DUSTIN_SPEED_PAIR_TAU = "dustin_speed/dustin_speed_qwen2.5-7b-shape_8k-32k_b16_p
 DUSTIN_SPEED_RESELECT = "dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_reselect2_pair-tau_h200.json"
 #: GQA-aware SRHs on the H200: the target's 4 SRHs in one KV group (--target-heads 0,1,2,3), each against the run
 #: with the SRHs spread over 4 groups that it repeats (the baseline is rerun in the same lease)
-DUSTIN_SPEED_SRH_1GROUP = (
-    ("every round", "dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_srh-1group_pair-tau_h200.json",
-     "dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_sparse-draft_pair-tau_h200.json", "srh-1group"),
-    ("every second round", "dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_reselect2_srh-1group_pair-tau_h200.json",
-     DUSTIN_SPEED_RESELECT, "reselect2-srh-1group"))
+DUSTIN_SPEED_SRH_1GROUP = tuple(
+    (when, f"dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_{one}_pair-tau_{dev}.json",
+     f"dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_{base}_pair-tau_{dev}.json", tag, dev)
+    for dev in ("h200", "h100")  # h100-dustin-speed repeats both pairs on one H100 (baselines in the same lease)
+    for when, one, base, tag in (("every round", "srh-1group", "sparse-draft", "srh-1group"),
+                                 ("every second round", "reselect2_srh-1group", "reselect2", "reselect2-srh-1group")))
+DEVICE_NAME = {"h200": "H200", "h100": "H100"}
 #: the real pair end to end with the one-group profile, against the run with the committed profile
 PAIR_SPEED_SRH_1GROUP = ("pair_speed/pair_speed_qwen2.5-coder-1.5b_0.5b_32k_b16_srh-1group_h200.json",
                          "pair_speed/pair_speed_qwen2.5-coder-1.5b_0.5b_32k_b16_sparse-draft_h200.json")
@@ -1958,7 +1960,7 @@ def srh_group_blocks() -> List[str]:
 def _srh_group_h200_blocks() -> List[str]:
     """dustin-speed with the target's SRHs in one KV group against the run with them in four, on the H200."""
     out = []
-    for when, source, base, _ in DUSTIN_SPEED_SRH_1GROUP:
+    for when, source, base, _, dev in DUSTIN_SPEED_SRH_1GROUP:
         if not (RESULTS / source).exists() or not (RESULTS / base).exists():
             continue
         data, ref = load(source), load(base)
@@ -1972,7 +1974,7 @@ def _srh_group_h200_blocks() -> List[str]:
                 lines.append(f"| {method} | {label} | {row.get('selection_ms_per_round', row['selection_ms']):.3f} | "
                              f"{100 * _selection_share(d, method):.1f} % | {row['speedup']:.2f}x |")
         commits = {d["environment"].get("commit", "?")[:7] for d in (data, ref)}
-        out.append(f"On the H200, the 7B / 0.5B shapes at 32k, batch 16, k = 512, selecting {when} (`{source}` against "
+        out.append(f"On the {DEVICE_NAME[dev]}, the 7B / 0.5B shapes at 32k, batch 16, k = 512, selecting {when} (`{source}` against "
                    f"`{base}`, " + ("one commit" if len(commits) == 1 else f"commits {' and '.join(sorted(commits))}")
                    + "):\n\n" + "\n".join(lines))
     source, base = PAIR_SPEED_SRH_1GROUP
@@ -2041,11 +2043,11 @@ def _srh_scoring_verdicts() -> List[str]:
         parts.append(f"{case['context'] // 1024}k/b{case['batch']}: {_scoring_ratio(data, key):.2f}x the time for "
                      f"{ig['key_bytes'] / ia['key_bytes']:.2f}x the key bytes")
     h200 = []
-    for when, source, base, _ in DUSTIN_SPEED_SRH_1GROUP:
+    for when, source, base, _, dev in DUSTIN_SPEED_SRH_1GROUP:
         if (RESULTS / source).exists() and (RESULTS / base).exists():
             shares = {m: (_selection_share(load(base), m), _selection_share(load(source), m))
                       for m in ("dustin", "dustin-kv-streaming")}
-            h200.append(f"Selection at most 3 % of a round at 32k/b16 on the H200, target SRHs in one KV group, "
+            h200.append(f"Selection at most 3 % of a round at 32k/b16 on the {DEVICE_NAME[dev]}, target SRHs in one KV group, "
                         f"selecting {when}: " + "; ".join(
                             f"{m} {100 * b:.1f} % → {100 * g:.1f} % ({'**met**' if g <= 0.03 else '**missed**'})"
                             for m, (b, g) in shares.items()) + ".")
@@ -2476,16 +2478,20 @@ def _figures() -> List[Figure]:
                        f"signal scoring per round (s_T + s_D), one-KV-group SRHs / the best heads anywhere, "
                        f"{case['context']} positions, batch {case['batch']}, k = {case['k']} (bench-scoring)", "x",
                        SRH_GROUP_SCORING, lambda d, key=key: _scoring_ratio(d, key)))
-    for when, source, _, tag in DUSTIN_SPEED_SRH_1GROUP:
-        if not (RESULTS / source).exists():
-            continue
-        for method in ("dustin", "dustin-kv-streaming"):
-            what = f"7B/0.5B shapes, 32k, batch 16, k = 512, target SRHs in one KV group, selecting {when}: {method}"
-            add(Figure(f"dustin-speed/7b-shape/ctx32768/b16/{method}/{tag}/speedup", what, "x AR", source,
-                       _dustin(32768, 16, method, "speedup")))
-            add(Figure(f"dustin-speed/7b-shape/ctx32768/b16/{method}/{tag}/selection-share-of-round",
-                       f"{what}: selection / round time", "%", source,
-                       functools.partial(_selection_share, method=method), scale=100, target="target <= 3 %"))
+    for when, source, base, tag, dev in DUSTIN_SPEED_SRH_1GROUP:
+        # the H200 baselines are indexed under their own keys above; the H100 ones only here, beside their pair
+        for src, tg, heads in ((source, tag, "target SRHs in one KV group"),
+                               (base, tag.replace("-srh-1group", "").replace("srh-1group", "sparse-draft"),
+                                "target SRHs one per KV group"))[:1 if dev == "h200" else 2]:
+            if not (RESULTS / src).exists():
+                continue
+            for method in ("dustin", "dustin-kv-streaming"):
+                what = (f"7B/0.5B shapes, 32k, batch 16, k = 512, {heads}, selecting {when}: {method}"
+                        + ("" if dev == "h200" else f", {DEVICE_NAME[dev]}"))
+                key = f"dustin-speed/7b-shape/ctx32768/b16/{method}/{tg}" + ("" if dev == "h200" else f"/{dev}")
+                add(Figure(f"{key}/speedup", what, "x AR", src, _dustin(32768, 16, method, "speedup")))
+                add(Figure(f"{key}/selection-share-of-round", f"{what}: selection / round time", "%", src,
+                           functools.partial(_selection_share, method=method), scale=100, target="target <= 3 %"))
     # KnapSpec
     for label, source, tag, ctx, batch, other in KNAPSPEC_RUNS:
         model = source[len(K):].split("_")[0]
