@@ -173,7 +173,7 @@ DUSTIN_SPEED_SRH_1GROUP = tuple(
     (when, f"dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_{one}_pair-tau{'_repeat' * tag.endswith('-repeat')}_{dev}.json",
      f"dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_{base}_pair-tau{'_repeat' * tag.endswith('-repeat')}_{dev}.json",
      tag, dev)
-    for dev in ("h200", "h100")  # h100-dustin-speed repeats both pairs on one H100 (baselines in the same lease)
+    for dev in ("h200", "h100")  # h100-dustin-speed repeats both pairs on one H100 (baselines in the same suite run)
     for when, one, base, tag in (("every round", "srh-1group", "sparse-draft", "srh-1group"),
                                  ("every second round", "reselect2_srh-1group", "reselect2", "reselect2-srh-1group"))
     + (("every round, run again", "srh-1group", "sparse-draft", "srh-1group-repeat"),) * (dev == "h100"))
@@ -2083,8 +2083,8 @@ def _srh_group_spread_verdicts() -> List[str]:
             parts.append(f"{method} {sum(anyg) / len(anyg):.3f} → {sum(one) / len(one):.3f} ms "
                          f"({100 * (sum(one) / sum(anyg) - 1):+.0f} %; the same configuration's runs "
                          f"{min(anyg):.3f}-{max(anyg):.3f} and {min(one):.3f}-{max(one):.3f} ms)")
-        out.append(f"One-group target SRHs on the {DEVICE_NAME[dev]}, the every-round pair run {len(pairs)} times in "
-                   f"one lease, mean selection time per round: " + "; ".join(parts) + ". The change is the size "
+        out.append(f"One-group target SRHs on the {DEVICE_NAME[dev]}, the every-round pair run {len(pairs)} times on "
+                   f"one machine, mean selection time per round: " + "; ".join(parts) + ". The change is the size "
                    "of the run-to-run spread: the target signal's key reads that one group saves (what bench-attention "
                    "measured for the 7B shape's target scoring on the H200, below) are too small a part of the "
                    "selection to show in one run, and "
