@@ -167,16 +167,21 @@ DUSTIN_SPEED_SPARSE_METHODS = (("ar", "AR"), ("dustin", "Dustin-H (full draft KV
 #: batch 16 at 8k-32k, each method at the tau pair-speed measured for it on the real pair (nearest context, batch 16)
 DUSTIN_SPEED_PAIR_TAU = "dustin_speed/dustin_speed_qwen2.5-7b-shape_8k-32k_b16_pair-tau_h200.json"
 DUSTIN_SPEED_RESELECT = "dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_reselect2_pair-tau_h200.json"
-#: GQA-aware SRHs on the H200: the target's 4 SRHs in one KV group (--target-heads 0,1,2,3), each against the run
-#: with the SRHs spread over 4 groups that it repeats (the baseline is rerun in the same lease)
-DUSTIN_SPEED_SRH_1GROUP = tuple(
-    (when, f"dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_{one}_pair-tau{'_repeat' * tag.endswith('-repeat')}_{dev}.json",
-     f"dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_{base}_pair-tau{'_repeat' * tag.endswith('-repeat')}_{dev}.json",
-     tag, dev)
-    for dev in ("h200", "h100")  # h100-dustin-speed repeats both pairs on one H100 (baselines in the same suite run)
-    for when, one, base, tag in (("every round", "srh-1group", "sparse-draft", "srh-1group"),
-                                 ("every second round", "reselect2_srh-1group", "reselect2", "reselect2-srh-1group"))
-    + (("every round, run again", "srh-1group", "sparse-draft", "srh-1group-repeat"),) * (dev == "h100"))
+#: GQA-aware SRHs on the GPU: the target's 4 SRHs in one KV group (--target-heads 0,1,2,3), each against the run with
+#: them spread over 4 groups that it repeats: (selecting when, file, baseline file, index tag, the baseline's index
+#: tag, device; the H200 baselines are indexed elsewhere under their own keys). The H100 runs
+#: (suite h100-dustin-speed) hold both pairs and the every-round pair once more, all in one suite run.
+_D = "dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_"
+DUSTIN_SPEED_SRH_1GROUP = (
+    ("every round", f"{_D}srh-1group_pair-tau_h200.json", f"{_D}sparse-draft_pair-tau_h200.json", "srh-1group", None, "h200"),
+    ("every second round", f"{_D}reselect2_srh-1group_pair-tau_h200.json", DUSTIN_SPEED_RESELECT,
+     "reselect2-srh-1group", None, "h200"),
+    ("every round", f"{_D}srh-1group_pair-tau_h100.json", f"{_D}sparse-draft_pair-tau_h100.json", "srh-1group",
+     "sparse-draft", "h100"),
+    ("every second round", f"{_D}reselect2_srh-1group_pair-tau_h100.json", f"{_D}reselect2_pair-tau_h100.json",
+     "reselect2-srh-1group", "reselect2", "h100"),
+    ("every round, run again", f"{_D}srh-1group_pair-tau_repeat_h100.json", f"{_D}sparse-draft_pair-tau_repeat_h100.json",
+     "srh-1group-repeat", "sparse-draft-repeat", "h100"))
 DEVICE_NAME = {"h200": "H200", "h100": "H100"}
 #: the real pair end to end with the one-group profile, against the run with the committed profile
 PAIR_SPEED_SRH_1GROUP = ("pair_speed/pair_speed_qwen2.5-coder-1.5b_0.5b_32k_b16_srh-1group_h200.json",
@@ -1955,14 +1960,15 @@ def srh_group_blocks() -> List[str]:
                    f"`{SRH_GROUP_SCORING}`, CPU, best of {data['config']['repeats']} interleaved timings of "
                    f"{data['config']['iters']} calls; each profile's own layers and heads at k = "
                    f"{data['config']['budgets']}):\n\n" + "\n".join(lines))
-    out += _srh_group_h200_blocks()
+    out += _srh_group_gpu_blocks()
     return out
 
 
-def _srh_group_h200_blocks() -> List[str]:
-    """dustin-speed with the target's SRHs in one KV group against the run with them in four, on the H200."""
+def _srh_group_gpu_blocks() -> List[str]:
+    """dustin-speed with the target's SRHs in one KV group against the run with them in four (H200, H100), and the
+    real pair end to end with the one-group profile."""
     out = []
-    for when, source, base, _, dev in DUSTIN_SPEED_SRH_1GROUP:
+    for when, source, base, _, _, dev in DUSTIN_SPEED_SRH_1GROUP:
         if not (RESULTS / source).exists() or not (RESULTS / base).exists():
             continue
         data, ref = load(source), load(base)
@@ -1975,7 +1981,7 @@ def _srh_group_h200_blocks() -> List[str]:
                 row = read_path(d, ("cases", "ctx32768/b16", "rows", {"method": method}))
                 lines.append(f"| {method} | {label} | {row.get('selection_ms_per_round', row['selection_ms']):.3f} | "
                              f"{100 * _selection_share(d, method):.1f} % | {row['speedup']:.2f}x |")
-        commits = {d["environment"].get("commit", "?")[:7] for d in (data, ref)}
+        commits = {_code_commit(d) for d in (data, ref)}
         out.append(f"On the {DEVICE_NAME[dev]}, the 7B / 0.5B shapes at 32k, batch 16, k = 512, selecting {when} (`{source}` against "
                    f"`{base}`, " + ("one commit" if len(commits) == 1 else f"commits {' and '.join(sorted(commits))}")
                    + "):\n\n" + "\n".join(lines))
@@ -1995,6 +2001,12 @@ def _srh_group_h200_blocks() -> List[str]:
                    + ("one commit" if len(commits) == 1 else f"commits {' and '.join(sorted(commits))}")
                    + "):\n\n" + "\n".join(lines))
     return out
+
+
+def _code_commit(data: Dict[str, Any]) -> str:
+    """The commit a run's code was at: a copied tree records it as ``tree_commit`` beside its older git metadata."""
+    env = data["environment"]
+    return (env.get("tree_commit") or env.get("commit") or "?")[:7]
 
 
 def srh_group_verdicts() -> List[str]:
@@ -2045,7 +2057,7 @@ def _srh_scoring_verdicts() -> List[str]:
         parts.append(f"{case['context'] // 1024}k/b{case['batch']}: {_scoring_ratio(data, key):.2f}x the time for "
                      f"{ig['key_bytes'] / ia['key_bytes']:.2f}x the key bytes")
     h200 = []
-    for when, source, base, _, dev in DUSTIN_SPEED_SRH_1GROUP:
+    for when, source, base, _, _, dev in DUSTIN_SPEED_SRH_1GROUP:
         if (RESULTS / source).exists() and (RESULTS / base).exists():
             shares = {m: (_selection_share(load(base), m), _selection_share(load(source), m))
                       for m in ("dustin", "dustin-kv-streaming")}
@@ -2067,7 +2079,7 @@ def _srh_group_spread_verdicts() -> List[str]:
     the same configuration between the two runs."""
     out = []
     for dev in DEVICE_NAME:
-        pairs = [(load(src), load(base)) for when, src, base, _, d in DUSTIN_SPEED_SRH_1GROUP
+        pairs = [(load(src), load(base)) for when, src, base, _, _, d in DUSTIN_SPEED_SRH_1GROUP
                  if d == dev and when.startswith("every round") and (RESULTS / src).exists()
                  and (RESULTS / base).exists()]
         if len(pairs) < 2:
@@ -2511,12 +2523,10 @@ def _figures() -> List[Figure]:
                        f"signal scoring per round (s_T + s_D), one-KV-group SRHs / the best heads anywhere, "
                        f"{case['context']} positions, batch {case['batch']}, k = {case['k']} (bench-scoring)", "x",
                        SRH_GROUP_SCORING, lambda d, key=key: _scoring_ratio(d, key)))
-    for when, source, base, tag, dev in DUSTIN_SPEED_SRH_1GROUP:
-        # the H200 baselines are indexed under their own keys above; the H100 ones only here, beside their pair
+    for when, source, base, tag, base_tag, dev in DUSTIN_SPEED_SRH_1GROUP:
         for src, tg, heads in ((source, tag, "target SRHs in one KV group"),
-                               (base, tag.replace("-srh-1group", "").replace("srh-1group", "sparse-draft"),
-                                "target SRHs one per KV group"))[:1 if dev == "h200" else 2]:
-            if not (RESULTS / src).exists():
+                               (base, base_tag, "target SRHs one per KV group")):
+            if tg is None or not (RESULTS / src).exists():
                 continue
             for method in ("dustin", "dustin-kv-streaming"):
                 what = (f"7B/0.5B shapes, 32k, batch 16, k = 512, {heads}, selecting {when}: {method}"
