@@ -1982,8 +1982,11 @@ def _srh_group_gpu_blocks() -> List[str]:
                 lines.append(f"| {method} | {label} | {row.get('selection_ms_per_round', row['selection_ms']):.3f} | "
                              f"{100 * _selection_share(d, method):.1f} % | {row['speedup']:.2f}x |")
         commits = {_code_commit(d) for d in (data, ref)}
+        taus = sorted({f["path"].removeprefix("experiments/results/") for d in (data, ref)
+                       for f in d.get("acceptance", {}).get("files", [])})
         out.append(f"On the {DEVICE_NAME[dev]}, the 7B / 0.5B shapes at 32k, batch 16, k = 512, selecting {when} (`{source}` against "
                    f"`{base}`, " + ("one commit" if len(commits) == 1 else f"commits {' and '.join(sorted(commits))}")
+                   + (f"; each method at the tau the real pair measured for it in `{'`, `'.join(taus)}`" if taus else "")
                    + "):\n\n" + "\n".join(lines))
     source, base = PAIR_SPEED_SRH_1GROUP
     if (RESULTS / source).exists() and (RESULTS / base).exists():
