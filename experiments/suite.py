@@ -5,11 +5,12 @@ A suite file::
     description = "What this suite measures, in one paragraph."
     device = "nvidia-h200"            # where its committed results were measured ("cpu" for CPU suites)
     needs = ["smollm2-135m"]          # optional: registry models / corpora a machine must have
+    env = {XLA_PYTHON_CLIENT_PREALLOCATE = "true"}  # optional: environment variables for every step
     [[steps]]
     name = "b16"                      # unique within the suite
     run = "dustin-speed --contexts 32768 --batches 16 --out experiments/results/..."
     timeout_s = 400                   # optional
-    env = {XLA_FLAGS = "..."}         # optional: environment variables for this step only
+    env = {XLA_FLAGS = "..."}         # optional: environment variables for this step (over the suite's)
 
 Each step is one ``python -m experiments.run <run>`` subprocess (from the repository root) with
 its timeout, cut to what is left of ``--time-budget``. A step whose ``--out`` is complete is
@@ -39,7 +40,7 @@ from experiments.common import REPO, ResultWriter, print_table
 
 SUITES_DIR = REPO / "experiments" / "suites"
 SUITES_DIR_ENV = "JAXSPEC_SUITES_DIR"
-SUITE_FIELDS = {"description": str, "device": str, "needs": list, "steps": list}
+SUITE_FIELDS = {"description": str, "device": str, "needs": list, "env": dict, "steps": list}
 STEP_FIELDS = {"name": str, "run": str, "timeout_s": (int, float), "env": dict}
 
 
@@ -48,7 +49,7 @@ class Step:
     name: str
     run: str
     timeout_s: Optional[float] = None
-    env: tuple = ()  # (NAME, value) pairs set for this step's process only
+    env: tuple = ()  # (NAME, value) pairs set for this step's process only (the suite's, then the step's own)
 
     def argv(self) -> List[str]:
         return shlex.split(self.run)
@@ -73,6 +74,12 @@ def _type_name(kind) -> str:
     return " or ".join({str: "a string", list: "a list", int: "an integer", float: "a number"}[k] for k in kinds)
 
 
+def _check_env(env: dict, where: str) -> None:
+    bad_env = [k for k, v in env.items() if not isinstance(v, str) or not k.isidentifier()]
+    if bad_env:
+        raise ValueError(f"{where}: field 'env' must map variable names to strings; bad entries {bad_env}")
+
+
 def load_suite(path: pathlib.Path) -> Suite:
     """Read and check one suite file; every error names the file, the step and the field."""
     try:
@@ -91,6 +98,7 @@ def load_suite(path: pathlib.Path) -> Suite:
     needs = data.get("needs", [])
     if not all(isinstance(n, str) for n in needs):
         raise ValueError(f"{path}: field 'needs' must be a list of strings, got {needs!r}")
+    _check_env(data.get("env", {}), str(path))
     if not data["steps"]:
         raise ValueError(f"{path}: no [[steps]]")
     steps, seen = [], set()
@@ -116,9 +124,7 @@ def load_suite(path: pathlib.Path) -> Suite:
         seen.add(raw["name"])
         if "timeout_s" in raw and not raw["timeout_s"] > 0:
             raise ValueError(f"{where}: field 'timeout_s' must be > 0, got {raw['timeout_s']!r}")
-        bad_env = [k for k, v in raw.get("env", {}).items() if not isinstance(v, str) or not k.isidentifier()]
-        if bad_env:
-            raise ValueError(f"{where}: field 'env' must map variable names to strings; bad entries {bad_env}")
+        _check_env(raw.get("env", {}), where)
         try:
             argv = shlex.split(raw["run"])
         except ValueError as err:
@@ -129,7 +135,7 @@ def load_suite(path: pathlib.Path) -> Suite:
             raise ValueError(f"{where}: field 'run' starts another suite; a step runs one experiment")
         check_step_command(argv, where)
         steps.append(Step(raw["name"], raw["run"], float(raw["timeout_s"]) if "timeout_s" in raw else None,
-                          tuple(sorted(raw.get("env", {}).items()))))
+                          tuple(sorted({**data.get("env", {}), **raw.get("env", {})}.items()))))
     return Suite(path.stem, path, data["description"], data["device"], tuple(needs), tuple(steps))
 
 

@@ -79,7 +79,8 @@ def suite_steps() -> Dict[str, Tuple[str, str]]:
             out = argv[argv.index("--out") + 1]
             prefix = "experiments/results/"
             if out.startswith(prefix):
-                env = "".join(f"{k}={shlex.quote(v)} " for k, v in step.get("env", {}).items())
+                env = "".join(f"{k}={shlex.quote(v)} "  # the suite's env, then the step's own (as the runner)
+                              for k, v in {**suite.get("env", {}), **step.get("env", {})}.items())
                 steps[out[len(prefix):]] = (path.stem, f"{env}python -m experiments.run {step['run']}")
     return steps
 

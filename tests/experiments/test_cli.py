@@ -298,6 +298,8 @@ def test_suite_validation_names_file_step_and_field(tmp_path, capsys):
         "notoml": ('description = "d', "not valid TOML"),
         "badenv": ('description = "d"\ndevice = "cpu"\n[[steps]]\nname = "a"\n' + FAST_OK + "\nenv = {X = 3}",
                    "step 'a': field 'env' must map variable names to strings; bad entries ['X']"),
+        "badsuiteenv": ('description = "d"\ndevice = "cpu"\nenv = {Y = 1}\n[[steps]]\nname = "a"\n' + FAST_OK,
+                        "field 'env' must map variable names to strings; bad entries ['Y']"),
     }
     for name, (text, _) in cases.items():
         _suite(d, name, text)
@@ -350,6 +352,17 @@ def test_suite_step_env_reaches_the_step_process_only(tmp_path, monkeypatch):
     assert seen["env"]["XLA_FLAGS"] == "--xla_dump_to=/tmp/x" and seen["env"]["JAXSPEC_TEST_MARK"] == "1"
     assert seen["command"][-8:] == step.argv()[-8:]
     assert "JAXSPEC_TEST_MARK" not in __import__("os").environ
+
+
+def test_suite_env_reaches_every_step_and_a_step_env_wins(tmp_path):
+    from experiments import suite
+
+    d = tmp_path / "suites"
+    _suite(d, "env", 'description = "d"\ndevice = "cpu"\nenv = {A = "suite", B = "suite"}\n'
+           f'[[steps]]\nname = "one"\n{FAST_OK}\nenv = {{B = "step"}}\n[[steps]]\nname = "two"\n{FAST_OK}\n')
+    one, two = suite.load_suite(d / "env.toml").steps
+    assert dict(one.env) == {"A": "suite", "B": "step"}
+    assert dict(two.env) == {"A": "suite", "B": "suite"}
 
 
 @pytest.mark.slow
