@@ -184,6 +184,12 @@ DUSTIN_SPEED_SRH_1GROUP = (
     ("every round, run again", f"{_D}srh-1group_pair-tau_repeat_h100.json", f"{_D}sparse-draft_pair-tau_repeat_h100.json",
      "srh-1group-repeat", "sparse-draft-repeat", "h100"))
 DEVICE_NAME = {"h200": "H200", "h100": "H100"}
+#: selection every third round at 32k/b16, each method at the tau the real pair measured with it
+DUSTIN_SPEED_RESELECT3 = f"{_D}reselect3_pair-tau_h200.json"
+#: dustin-speed runs that shared their GPU with another process for part of the run: file -> what ran beside it
+DUSTIN_SPEED_SHARED_GPU = {
+    f"{_D}srh-1group_pair-tau_h200.json": "another process on the same GPU was loading two models and saving "
+                                          "converted copies of their weights"}
 #: the real pair end to end with the one-group profile, against the run with the committed profile
 PAIR_SPEED_SRH_1GROUP = ("pair_speed/pair_speed_qwen2.5-coder-1.5b_0.5b_32k_b16_srh-1group_h200.json",
                          "pair_speed/pair_speed_qwen2.5-coder-1.5b_0.5b_32k_b16_sparse-draft_h200.json")
@@ -219,11 +225,17 @@ PAIR_SPEED_SPARSE_DRAFT_CMDBUF = f"{PS}16k-32k_b16_sparse-draft_cmdbuf_h200.json
 #: 32k/b16 again: with the per-round split and a trace, selecting every second round, under the measured choice
 PAIR_SPEED_SPLIT_32K = f"{PS}32k_b16_split_h200.json"
 PAIR_SPEED_RESELECT = f"{PS}32k_b16_reselect2_h200.json"
+PAIR_SPEED_RESELECT3 = f"{PS}32k_b16_reselect3_h200.json"
+#: ClassicSD, MagicDec and both Dustin-H drafts with finished rows reading one cache slot (docs/methods.md §5.7, the
+#: default) and reading their whole history (--keep-finished-rows)
+PAIR_SPEED_FINISHED = f"{PS}32k_b16_finished-rows-skipped_h200.json"
+PAIR_SPEED_FINISHED_KEPT = f"{PS}32k_b16_finished-rows-kept_h200.json"
 PAIR_SPEED_ARBITRATE = f"{PS}32k_b16_arbitrate_h200.json"
 PAIR_SPEED = (f"{PS}32k_b16_h200.json", PAIR_SPEED_SPARSE_DRAFT, f"{PS}16k_b16_h200.json", PAIR_SPEED_SPARSE_DRAFT_16K,
               f"{PS}32k_b1_h200.json", f"{PS}8k-16k_b1_h200.json", f"{PS}8k-32k_b8_h200.json", f"{PS}8k_h200.json"
               ) + tuple(p for p in PAIR_SPEED_SELF + (PAIR_SPEED_SPARSE_DRAFT_B8, PAIR_SPEED_SPLIT_32K, PAIR_SPEED_RESELECT,
-                                                      PAIR_SPEED_ARBITRATE, PAIR_SPEED_SPARSE_DRAFT_CMDBUF)
+                                                      PAIR_SPEED_RESELECT3, PAIR_SPEED_FINISHED,
+                                                      PAIR_SPEED_FINISHED_KEPT, PAIR_SPEED_ARBITRATE, PAIR_SPEED_SPARSE_DRAFT_CMDBUF)
                         + PAIR_SPEED_SELF_LEVERS if (RESULTS / p).exists())
 #: pair-speed files measured while another pair-speed process used the same GPU (see the section's first note)
 PAIR_SPEED_SHARED_GPU = frozenset({"pair_speed_qwen2.5-coder-1.5b_0.5b_8k_h200.json"})
@@ -638,10 +650,61 @@ def selection_share_note() -> str:
         shares.append(f"{label} {100 * share:.1f} % (**{'met' if share <= 0.03 else 'missed'}**; "
                       f"{row['selection_ms_per_round']:.2f} ms a round on average, {row['speedup']:.2f}x AR at "
                       f"tau {row['tau']:.2f})")
-    return (text + " Selecting every second round (docs/methods.md §3.8, `--reselect-every 2`, each method at the "
-            f"tau the real pair measured with it, `{DUSTIN_SPEED_RESELECT}`): " + "; ".join(shares) + ". The "
-            "speed-up barely moves: half a selection is a few per cent of a round, and a reused set lowers the "
-            "real pair's tau a little (the next note's 32k/b16 runs).")
+    text += (" Selecting every second round (docs/methods.md §3.8, `--reselect-every 2`, each method at the "
+             f"tau the real pair measured with it, `{DUSTIN_SPEED_RESELECT}`): " + "; ".join(shares) + ". The "
+             "speed-up barely moves: half a selection is a few per cent of a round, and a reused set lowers the "
+             "real pair's tau a little (the next note's 32k/b16 runs).")
+    return text + _reselect3_note()
+
+
+def _reselect3_note() -> str:
+    """Selection every third round: its share of a round on the 7B shape at the real pair's tau, and the real pair's
+    own speed-ups selecting every round, every second and every third round at 32k/b16."""
+    if not (RESULTS / DUSTIN_SPEED_RESELECT3).exists():
+        return " Selecting every third round (step `b16-reselect-3-pair-tau-32k`) is not measured yet."
+    data, shares = load(DUSTIN_SPEED_RESELECT3), []
+    for method, label in (("dustin", "full-KV Dustin-H"), ("dustin-kv-streaming", "with the streaming draft KV")):
+        row = read_path(data, ("cases", "ctx32768/b16", "rows", {"method": method}))
+        share = _selection_share(data, method)
+        shares.append(f"{label} {100 * share:.1f} % (**{'met' if share <= 0.03 else 'missed'}**; "
+                      f"{row['selection_ms_per_round']:.2f} ms a round on average, {row['speedup']:.2f}x AR at "
+                      f"tau {row['tau']:.2f})")
+    text = (" Selecting every third round (`--reselect-every 3`, each method at the tau the real pair measured with "
+            f"it, `{DUSTIN_SPEED_RESELECT3}`, commit {_code_commit(data)}): " + "; ".join(shares) + ".")
+    runs = [(when, src) for when, src in (("every round", PAIR_SPEED_SPARSE_DRAFT),
+                                          ("every round, finished rows reading their history", PAIR_SPEED_FINISHED_KEPT),
+                                          ("every second round", PAIR_SPEED_RESELECT),
+                                          ("every third round", PAIR_SPEED_RESELECT3)) if (RESULTS / src).exists()]
+    parts, taus, every_round = [], [], []
+    for method, label in (("dustin", "full-KV Dustin-H"), ("dustin-kv-streaming", "the streaming draft KV")):
+        cells = []
+        for when, src in runs:
+            case = load(src)["cases"].get("ctx32000/b16", {}).get(method)
+            if case and "speedup_vs_ar" in case:
+                cells.append(f"{when} {case['speedup_vs_ar']:.2f}x (tau {case['metrics']['tau']:.2f})")
+                taus.append(case["metrics"]["tau"])
+                if when.startswith("every round"):
+                    every_round.append((method, case["speedup_vs_ar"]))
+        if cells:
+            parts.append(f"{label}: " + ", ".join(cells))
+    if parts:
+        text += (" The real pair end to end at 32k/b16 against its paired AR, one run each (`"
+                 + "`, `".join(src for _, src in runs) + "`): " + "; ".join(parts)
+                 + f". Tau spans {min(taus):.2f}-{max(taus):.2f} across these runs")
+        spreads = []
+        for method, label in (("dustin", "full-KV Dustin-H"), ("dustin-kv-streaming", "the streaming draft KV")):
+            values = [v for m, v in every_round if m == method]
+            fewer = [(when, load(src)["cases"]["ctx32000/b16"][method]["speedup_vs_ar"]) for when, src in runs
+                     if not when.startswith("every round") and "speedup_vs_ar"
+                     in load(src)["cases"].get("ctx32000/b16", {}).get(method, {})]
+            if len(values) > 1 and fewer:
+                where = ["inside" if min(values) <= v <= max(values) else "above" if v > max(values) else "below"
+                         for _, v in fewer]
+                spreads.append(f"{label}: every round {min(values):.2f}-{max(values):.2f}x; "
+                               + ", ".join(f"{when} {w} that span" for (when, _), w in zip(fewer, where)))
+        text += ((". Against the two runs selecting every round (they differ only in reading finished rows): "
+                  + "; ".join(spreads)) if spreads else "") + "."
+    return text
 
 
 def _draft_step_checks():
@@ -695,7 +758,27 @@ def knapspec_draft_step_note() -> str:
             f"only) {min(static):.2f}-{max(static):.2f}x"
             f", {inside} of {len(static)} within 10 % (**{'met' if inside == len(static) else 'missed'}** on the "
             f"GPU)" + (f"; by batch: {by_batch}" if by_batch else "") + f"; with the dynamic mask (a lax.cond per "
-            f"sub-layer) {min(dynamic):.2f}-{max(dynamic):.2f}x." + _draft_step_in_loop_gpu() + cpu)
+            f"sub-layer) {min(dynamic):.2f}-{max(dynamic):.2f}x." + _draft_step_in_loop_gpu()
+            + _draft_step_static_profile_gpu() + cpu)
+
+
+def _draft_step_static_profile_gpu() -> str:
+    """The static-plan run whose latency profile was fitted on forwards with each mask compiled in: its plans' draft
+    steps (compiled for the plan, in a loop of 4 forwards) against that profile's prediction."""
+    if not (RESULTS / KNAPSPEC_PALLAS_STATIC).exists():
+        return ""
+    checks = [(key, c["draft_step_check"]) for key, c in load(KNAPSPEC_PALLAS_STATIC)["cases"].items()
+              if isinstance(c, dict) and c.get("draft_step_check", {}).get("static_over_predicted")]
+    if not checks:
+        return ""
+    ratios = [c["static_over_predicted"] for _, c in checks]
+    inside = sum(abs(x - 1) <= 0.1 for x in ratios)
+    timed = sorted({c.get("timed", "one forward per jitted call") for _, c in checks})
+    return (f" With the latency profile fitted on forwards with each plan's mask compiled in (`--latency-fit "
+            f"forward-static`, `{KNAPSPEC_PALLAS_STATIC}`, batch 16, 8k-32k, skip plans and budgeted-attention "
+            f"plans, timed {' / '.join(timed)}): {min(ratios):.2f}-{max(ratios):.2f}x, {inside} of {len(ratios)} "
+            f"within 10 % (**{'met' if inside == len(ratios) else 'missed'}** for this profile on the GPU; the "
+            "cases above were priced by each run's `--latency-fit forward` profile, fitted on forwards with the dynamic mask).")
 
 
 def demo_note() -> str:
@@ -1985,10 +2068,12 @@ def _srh_group_gpu_blocks() -> List[str]:
         commits = {_code_commit(d) for d in (data, ref)}
         taus = sorted({f["path"].removeprefix("experiments/results/") for d in (data, ref)
                        for f in d.get("acceptance", {}).get("files", [])})
+        shared = [f"`{f}` ran while {DUSTIN_SPEED_SHARED_GPU[f]}" for f in (source, base) if f in DUSTIN_SPEED_SHARED_GPU]
         out.append(f"On the {DEVICE_NAME[dev]}, the 7B / 0.5B shapes at 32k, batch 16, k = 512, selecting {when} (`{source}` against "
                    f"`{base}`, " + ("one commit" if len(commits) == 1 else f"commits {' and '.join(sorted(commits))}")
                    + (f"; each method at the tau the real pair measured for it in `{'`, `'.join(taus)}`" if taus else "")
-                   + "):\n\n" + "\n".join(lines))
+                   + "):\n\n" + "\n".join(lines)
+                   + (f"\n\nShared GPU: {'; '.join(shared)}, so its timings are provisional." if shared else ""))
     source, base = PAIR_SPEED_SRH_1GROUP
     if (RESULTS / source).exists() and (RESULTS / base).exists():
         data, ref = load(source), load(base)
@@ -2534,6 +2619,16 @@ def _figures() -> List[Figure]:
                        f"signal scoring per round (s_T + s_D), one-KV-group SRHs / the best heads anywhere, "
                        f"{case['context']} positions, batch {case['batch']}, k = {case['k']} (bench-scoring)", "x",
                        SRH_GROUP_SCORING, lambda d, key=key: _scoring_ratio(d, key)))
+    for tag, src in (("reselect2", DUSTIN_SPEED_RESELECT), ("reselect3", DUSTIN_SPEED_RESELECT3)):
+        if not (RESULTS / src).exists():
+            continue
+        for method in ("dustin", "dustin-kv-streaming"):
+            what = (f"7B/0.5B shapes, 32k, batch 16, k = 512, selecting every {tag[-1]}{'nd' if tag[-1] == '2' else 'rd'} "
+                    f"round, the tau the real pair measured with it: {method}")
+            key = f"dustin-speed/7b-shape/ctx32768/b16/{method}/{tag}"
+            add(Figure(f"{key}/speedup", what, "x AR", src, _dustin(32768, 16, method, "speedup")))
+            add(Figure(f"{key}/selection-share-of-round", f"{what}: selection / round time", "%", src,
+                       functools.partial(_selection_share, method=method), scale=100, target="target <= 3 %"))
     for when, source, base, tag, base_tag, dev in DUSTIN_SPEED_SRH_1GROUP:
         for src, tg, heads in ((source, tag, "target SRHs in one KV group"),
                                (base, base_tag, "target SRHs one per KV group")):
@@ -3611,7 +3706,7 @@ def pair_speed_blocks() -> List[str]:
             blocks.append(f"`{source}` (step `{_step_of(source)}`): not measured yet: {', '.join(missing)}"
                           + (" — only its Pallas-vs-XLA logits check ran (below)." if not pair_cases(source)
                              and "backend_check" in data["cases"] else "."))
-    shown = set(PAIR_SPEED) | {PAIR_SPEED_F32} | {source for _, _, source in REAL_PAIR}
+    shown = set(PAIR_SPEED) | {PAIR_SPEED_F32, PAIR_SPEED_SRH_1GROUP[0]} | {source for _, _, source in REAL_PAIR}
     not_run = [name for name, out in _pair_suite_steps() if not (RESULTS / out).exists()]
     unshown = [name for name, out in _pair_suite_steps() if (RESULTS / out).exists() and out not in shown]
     if not_run or unshown:
