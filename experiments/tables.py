@@ -4383,7 +4383,7 @@ def choice_table_block() -> str:
 def _choice_runs_text(path: str, guarded: bool, title: str = "") -> str:
     """The runs of one pair-speed file whose methods decided from the choice table: each speed-up, how it was
     decided, and what the tail check did."""
-    runs, overruled, table_spec, plain_runs, stragglers, run_plain = [], [], 0, [], [], []
+    runs, overruled, table_spec, plain_runs, stragglers, run_plain, run_where = [], [], 0, [], [], [], []
     data = load(path)
     cfg, labels_of = data["config"], dict(PAIR_METHODS)
     after = cfg.get("arbitrate_table_tail_after")
@@ -4420,6 +4420,7 @@ def _choice_runs_text(path: str, guarded: bool, title: str = "") -> str:
             runs.append((case[m]["speedup_vs_ar"], f"{label.strip('*')} at {where} "
                          f"{case[m]['speedup_vs_ar']:.2f}x ({how})"))
             run_plain.append(plain)
+            run_where.append(where)
     if not runs:
         return ""
     worst = min(r[0] for r in runs)
@@ -4458,6 +4459,15 @@ def _choice_runs_text(path: str, guarded: bool, title: str = "") -> str:
             text += (" The paired AR runs themselves (one before each method, the same plain decoding) spread "
                      + ", ".join(f"{100 * (max(r) / min(r) - 1):.1f} % at {where} ({len(r)} runs, "
                                  f"{min(r):.0f}-{max(r):.0f} tokens/s)" for where, r in spreads) + ".")
+            # the same target read against that spread: a run counts as slower than AR only where it is below
+            # the slowest-over-fastest ratio of the paired AR runs at its own point
+            floor = {where: min(r) / max(r) for where, r in spreads}
+            below = [(r[0], w) for r, w in zip(runs, run_where) if w in floor and r[0] < floor[w]]
+            if worst < 1 and len(floor) == len({w for w in run_where}):
+                text += (" Read against that spread (a run is slower than AR only below its point's slowest "
+                         "over fastest paired AR run): never slower than AR "
+                         + ("**met**." if not below else
+                            f"**missed** ({', '.join(f'{x:.2f}x at {w}' for x, w in below)})."))
     if missing:
         text += (" Not measured yet (the step's GPU time ran out; it resumes at the next method): "
                  + ", ".join(missing) + ".")
