@@ -21,6 +21,13 @@ bounded size. ``stage`` moves a registry model's GGUF there in chunks:
    verifies the whole file's sha256 (the registry's own check) and, with ``--convert DTYPE``,
    loads it once so the converted fast-loading copy exists before the first timed run.
 
+``pack`` groups the chunks of one or more split folders into one folder per transfer (``t00``,
+``t01``, ...), each with one manifest covering every model, so each transfer carries exactly one folder
+and ``receive --dir`` takes it as it is: the short last chunks share the first transfers, the rest
+follow in the order given (send the model that converts longest first)::
+
+       python -m experiments.stage pack ~/xfer/1.5b ~/xfer/0.5b --out ~/xfer/transfers --transfer-mib 52
+
 ``--convert DTYPE --background`` converts in a process of its own (it outlives the call that
 started it), so one model can convert while the next one's chunks arrive; ``stage wait`` blocks
 until no conversion is running (each holds a lock file with its pid in the cache folder; one left
@@ -89,6 +96,73 @@ def split(names: List[str], out_dir: pathlib.Path, chunk_mib: float) -> Dict:
         print(f"{name}: {len(chunks)} chunks of <= {chunk_mib:g} MiB in {out_dir}", file=sys.stderr)
     manifest_path.write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
+
+
+def pack(split_dirs: List[pathlib.Path], out_dir: pathlib.Path, transfer_mib: float) -> List[Dict]:
+    """Group the chunks of ``split_dirs`` (folders written by :func:`split`) into transfers of at most
+    ``transfer_mib`` MiB of chunks each: ``out_dir/tNN/`` holds one transfer's chunks (hard links where
+    the file system allows, else copies) and a manifest of every model, and ``out_dir/transfers.json``
+    lists the transfers. The chunks shorter than the split's chunk size (each model's last) are packed
+    first, largest first, each into the first transfer with room; the others follow, as many to a transfer
+    as fit, in the order of ``split_dirs`` and of their manifests. Returns the transfers (``name``,
+    ``chunks``, ``bytes``)."""
+    if transfer_mib <= 0:
+        raise ValueError(f"--transfer-mib={transfer_mib}: must be > 0")
+    if not split_dirs:
+        raise ValueError("give at least one folder written by `stage split`")
+    limit = int(transfer_mib * MIB)
+    models: Dict[str, Dict] = {}
+    chunks = []  # (folder, chunk entry), in order
+    for folder in split_dirs:
+        for name, entry in _load_manifest(folder)["models"].items():
+            if name in models and models[name] != entry:
+                raise ValueError(f"{folder}: model {name!r} is also in another folder with different chunks; "
+                                 f"split each model once")
+            if name in models:
+                continue
+            models[name] = entry
+            for chunk in entry["chunks"]:
+                if not (folder / chunk["name"]).is_file():
+                    raise FileNotFoundError(f"{folder / chunk['name']} is missing: run `stage split` again")
+                if chunk["size"] > limit:
+                    raise ValueError(f"{chunk['name']} is {chunk['size'] / MIB:.1f} MiB, over --transfer-mib "
+                                     f"{transfer_mib:g}: split again with --chunk-mib <= {transfer_mib:g}")
+                chunks.append((folder, chunk))
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise ValueError(f"--out {out_dir} is not empty: give a new folder (its transfers would mix with these)")
+    full = max(c[1]["size"] for c in chunks)  # the split's chunk size; a model's last chunk is shorter
+    short = sorted((c for c in chunks if c[1]["size"] < full), key=lambda c: -c[1]["size"])
+    groups: List[List] = []
+    for item in short:  # first fit, largest first
+        for group in groups:
+            if sum(c[1]["size"] for c in group) + item[1]["size"] <= limit:
+                group.append(item)
+                break
+        else:
+            groups.append([item])
+    for item in (c for c in chunks if c[1]["size"] == full):  # in order, as many to a transfer as fit
+        if groups and groups[-1][-1][1]["size"] == full and sum(c[1]["size"] for c in groups[-1]) + full <= limit:
+            groups[-1].append(item)
+        else:
+            groups.append([item])
+    manifest = json.dumps({"models": models}, indent=1) + "\n"
+    transfers = []
+    for number, group in enumerate(groups):
+        folder = out_dir / f"t{number:02d}"
+        folder.mkdir(parents=True)
+        (folder / MANIFEST).write_text(manifest)
+        for source, chunk in group:
+            try:
+                os.link(source / chunk["name"], folder / chunk["name"])
+            except OSError:
+                shutil.copyfile(source / chunk["name"], folder / chunk["name"])
+        transfers.append({"name": folder.name, "chunks": [c["name"] for _, c in group],
+                          "bytes": sum(c["size"] for _, c in group)})
+    (out_dir / "transfers.json").write_text(json.dumps({"transfer_mib": transfer_mib, "transfers": transfers},
+                                                       indent=1) + "\n")
+    print(f"{len(chunks)} chunks of {len(models)} model(s) in {len(transfers)} transfers of <= {transfer_mib:g} MiB "
+          f"in {out_dir}", file=sys.stderr)
+    return transfers
 
 
 def _load_manifest(transfer_dir: pathlib.Path) -> Dict:
@@ -253,6 +327,11 @@ def main(argv=None) -> int:
     sp.add_argument("--chunk-mib", type=float, default=52.0,
                     help="largest chunk in MiB: the transfer limit minus everything else a transfer carries "
                          "(default 52: a 64 MiB transfer with a source tree of up to ~12 MiB)")
+    pk = sub.add_parser("pack", help="group split folders' chunks into one folder per transfer, each with a manifest")
+    pk.add_argument("dirs", nargs="+", type=pathlib.Path, help="folders written by `stage split`, in sending order")
+    pk.add_argument("--out", required=True, type=pathlib.Path, help="a new folder for the tNN transfer folders")
+    pk.add_argument("--transfer-mib", type=float, default=52.0,
+                    help="most MiB of chunks a transfer carries (default 52, the default chunk size)")
     rc = sub.add_parser("receive", help="take the carried chunks; reassemble and verify complete models")
     rc.add_argument("--dir", required=True, type=pathlib.Path, help="where this transfer's chunks and manifest are")
     rc.add_argument("--stage-dir", type=pathlib.Path, default=pathlib.Path("/tmp/jaxspec_stage"))
@@ -272,6 +351,8 @@ def main(argv=None) -> int:
     try:
         if args.command == "split":
             split(args.names, args.dir, args.chunk_mib)
+        elif args.command == "pack":
+            pack(args.dirs, args.out, args.transfer_mib)
         elif args.command == "convert":
             for name, seconds in convert_models(args.names, args.dtype).items():
                 print(f"{name}: loaded as {args.dtype} in {seconds:.1f} s")

@@ -150,3 +150,49 @@ def test_background_conversion_starts_under_its_lock_and_wait_returns(tiny_asset
     stage.wait_for_conversions(timeout=120, poll=0.2)
     assert not lock.exists()
     assert (registry.cache_dir() / "stage-convert.log").is_file()
+
+
+def test_pack_groups_chunks_into_transfers_each_receivable_alone(tiny_asset, tmp_path, monkeypatch):
+    """Two models split apart, packed into transfers: the short last chunks share the first transfer, every
+    transfer folder is received on its own, and both files reassemble."""
+    other = bytes(range(255, -1, -1)) * 30
+    source = tmp_path / "source" / "other.gguf"
+    source.write_bytes(other)
+    monkeypatch.setitem(registry.KNOWN_MODELS, "other", registry.ModelAsset(
+        name="other", description="test", packages=("other==0",), kind="wheel_member", member_glob="other.gguf",
+        filename="other.gguf", size=len(other), sha256=hashlib.sha256(other).hexdigest()))
+    paths = {"tiny": tmp_path / "source" / "tiny.gguf", "other": source}
+    monkeypatch.setattr(registry, "resolve_model_file", lambda name, **kw: paths[name])
+    chunk = 3000 / stage.MIB
+    stage.split(["tiny"], tmp_path / "a", chunk_mib=chunk)   # 3000 x 3 + 1240
+    stage.split(["other"], tmp_path / "b", chunk_mib=chunk)  # 3000 x 2 + 1680
+    transfers = stage.pack([tmp_path / "a", tmp_path / "b"], tmp_path / "out", transfer_mib=chunk)
+    assert [t["bytes"] for t in transfers] == [1680 + 1240, 3000, 3000, 3000, 3000, 3000]
+    assert transfers[0]["chunks"] == ["other.gguf.part002", "tiny.gguf.part003"]
+    assert transfers[1]["chunks"] == ["tiny.gguf.part000"] and transfers[-1]["chunks"] == ["other.gguf.part001"]
+    listed = json.loads((tmp_path / "out" / "transfers.json").read_text())["transfers"]
+    assert [t["name"] for t in listed] == [f"t{i:02d}" for i in range(6)]
+    staged = tmp_path / "stage"
+    states = [stage.receive(tmp_path / "out" / t["name"], staged) for t in transfers]
+    assert states[0] == {"tiny": "1/4 chunks", "other": "1/3 chunks"}
+    assert states[-1] == {"tiny": "in cache", "other": "assembled, sha256 verified"}
+    assert (registry.cache_dir() / "tiny.gguf").read_bytes() == tiny_asset
+    assert (registry.cache_dir() / "other.gguf").read_bytes() == other
+    wider = stage.pack([tmp_path / "a", tmp_path / "b"], tmp_path / "out2", transfer_mib=2 * chunk)
+    assert [t["bytes"] for t in wider] == [2920, 6000, 6000, 3000]  # two full chunks a transfer, in order
+    assert wider[2]["chunks"] == ["tiny.gguf.part002", "other.gguf.part000"]
+
+
+def test_pack_refuses_bad_input_before_writing(tiny_asset, tmp_path, capsys):
+    stage.split(["tiny"], tmp_path / "a", chunk_mib=3000 / stage.MIB)
+    assert stage.main(["pack", str(tmp_path / "a"), "--out", str(tmp_path / "o"), "--transfer-mib", "0"]) == 2
+    assert "--transfer-mib=0.0: must be > 0" in capsys.readouterr().err
+    assert stage.main(["pack", str(tmp_path / "a"), "--out", str(tmp_path / "o"),
+                       "--transfer-mib", str(2000 / stage.MIB)]) == 2
+    assert "over --transfer-mib" in capsys.readouterr().err and not (tmp_path / "o").exists()
+    assert stage.main(["pack", str(tmp_path / "missing"), "--out", str(tmp_path / "o")]) == 2
+    assert "manifest.json not found" in capsys.readouterr().err
+    (tmp_path / "o").mkdir()
+    (tmp_path / "o" / "x").write_text("")
+    assert stage.main(["pack", str(tmp_path / "a"), "--out", str(tmp_path / "o")]) == 2
+    assert "is not empty" in capsys.readouterr().err
