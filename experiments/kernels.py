@@ -283,6 +283,8 @@ def cmd_bench_attention(args) -> Dict[str, Any]:
     return writer.data
 
 
+#: how attention-device-time runs a model's layers in its one program
+LAYER_LOOPS = ("scan", "unrolled")
 #: the Pallas kernels' names start with this (``pallas_kernels/attention.py``)
 OWN_KERNEL_PREFIX = "jaxspec_"
 
@@ -317,7 +319,10 @@ def cmd_attention_device_time(args) -> Dict[str, Any]:
     its host time also holds the loop's per-layer overhead), each with its own
     query rows and, for the sparse variants, its own index set (distinct positions, so one layer's
     gathered rows are not another's cache hits), over one [B, Hkv, S, D] K/V pair (each dense layer
-    reads all of it, far beyond the L2). Per variant: the device time of every kernel the program
+    reads all of it, far beyond the L2). ``--layer-loop unrolled`` calls the layers one after another in
+    the program instead (as the model's own forward does), each layer's queries and index set a buffer
+    of its own and each output its own result, so no per-layer slice or stacked write runs beside the
+    attention; each call compiles separately, so give it few variants. Per variant: the device time of every kernel the program
     launches (the profiler's device planes, merges and slices included; median of ``--repeats``
     traced runs), the host time of the same program, kernel launches, and the layer-0 output's error
     against the jnp reference. ``speedup_device``: the fastest dense variant's device time over the
@@ -331,6 +336,8 @@ def cmd_attention_device_time(args) -> Dict[str, Any]:
                                           sparse_history_reference)
 
     tilings = _parse_configs(args.sparse_configs, 3)
+    if args.layer_loop not in LAYER_LOOPS:
+        raise ValueError(f"--layer-loop {args.layer_loop!r}: one of {', '.join(LAYER_LOOPS)}")
     if args.repeats < 1 or args.layers < 0:
         raise ValueError(f"--repeats {args.repeats} / --layers {args.layers}: repeats >= 1, layers >= 0 "
                          f"(0: the shape's own count)")
@@ -403,15 +410,24 @@ def cmd_attention_device_time(args) -> Dict[str, Any]:
                     case_rows = []
                     for name, (fn, (q_all, k_, v_, x_all), kind) in variants.items():
                         per_layer_x = x_all.ndim == 3  # index sets differ per layer; lengths are shared
+                        if args.layer_loop == "unrolled":
+                            # each layer's inputs as buffers of their own, cut before the timed program
+                            q_all = [q_all[i] for i in range(layers)]
+                            x_all = [x_all[i] for i in range(layers)] if per_layer_x else x_all
 
-                        def all_layers(q_all, k_, v_, x_all, fn=fn, per_layer_x=per_layer_x):
-                            # a rolled loop over the layers: each kernel compiles once (80 unrolled Pallas
-                            # calls would compile 80 times); its per-layer slices count as kernels too
-                            def layer(_, xs):
-                                q_l, x_l = xs if per_layer_x else (xs, x_all)
-                                return None, fn(q_l, k_, v_, x_l)
+                            def all_layers(q_all, k_, v_, x_all, fn=fn, per_layer_x=per_layer_x):
+                                # one call per layer, in order, as the model's forward makes them
+                                return [fn(q_l, k_, v_, x_all[i] if per_layer_x else x_all)
+                                        for i, q_l in enumerate(q_all)]
+                        else:
+                            def all_layers(q_all, k_, v_, x_all, fn=fn, per_layer_x=per_layer_x):
+                                # a rolled loop over the layers: each kernel compiles once (80 unrolled Pallas
+                                # calls compile 80 times); its per-layer slices count as kernels too
+                                def layer(_, xs):
+                                    q_l, x_l = xs if per_layer_x else (xs, x_all)
+                                    return None, fn(q_l, k_, v_, x_l)
 
-                            return jax.lax.scan(layer, None, (q_all, x_all) if per_layer_x else q_all)[1]
+                                return jax.lax.scan(layer, None, (q_all, x_all) if per_layer_x else q_all)[1]
 
                         program = jax.jit(all_layers)
                         try:
@@ -427,7 +443,8 @@ def cmd_attention_device_time(args) -> Dict[str, Any]:
                         error = None
                         if name != "cudnn_dense":  # its queries are its own (another layout)
                             ref = dense_ref if kind == "dense" else sparse_ref
-                            out = normalize(jax.tree.map(lambda leaf: leaf[0], outs))
+                            first = outs[0] if args.layer_loop == "unrolled" else jax.tree.map(lambda leaf: leaf[0], outs)
+                            out = normalize(first)
                             error = float(jnp.linalg.norm((out - ref).astype(jnp.float32))
                                           / jnp.linalg.norm(ref.astype(jnp.float32)))
                         del outs
@@ -464,7 +481,8 @@ def cmd_attention_device_time(args) -> Dict[str, Any]:
                     best_sparse = min(sparse, key=lambda r: r["device_us_per_layer"])
                     wall_dense = min(dense, key=lambda r: r["wall_us_per_layer"])
                     wall_sparse = min(sparse, key=lambda r: r["wall_us_per_layer"])
-                    summary = {"fastest_dense": best_dense["variant"], "fastest_sparse": best_sparse["variant"],
+                    summary = {"layer_loop": args.layer_loop,
+                               "fastest_dense": best_dense["variant"], "fastest_sparse": best_sparse["variant"],
                                "speedup_device": best_dense["device_us_per_layer"] / best_sparse["device_us_per_layer"],
                                "speedup_wall": wall_dense["wall_us_per_layer"] / wall_sparse["wall_us_per_layer"],
                                "byte_ratio": dense_bytes / sparse_bytes}
@@ -496,6 +514,9 @@ def register(subparsers) -> None:
     device.add_argument("--sparse-configs", default="32x4x4,64x2x4,64x1x4",
                         help="sparse kernel tilings, CHUNKxCHUNKS_PER_PROGRAMxWARPS; the fastest by device time counts")
     device.add_argument("--repeats", type=int, default=3, help="traced (and host-timed) runs per variant; median")
+    device.add_argument("--layer-loop", default="scan", choices=LAYER_LOOPS,
+                        help="scan: one rolled loop over the layers (its per-layer slices and stacked writes run as "
+                             "kernels too); unrolled: one call per layer on inputs of its own (each call compiles)")
     device.add_argument("--copy-gib", type=float, default=4.0)
     device.set_defaults(func=cmd_attention_device_time)
     bench = subparsers.add_parser("bench-attention", help="dense/sparse attention kernels and selection (H200)")

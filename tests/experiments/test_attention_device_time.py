@@ -116,3 +116,27 @@ def test_a_variant_that_fails_on_the_device_is_reported_not_fatal(tiny_shape, tm
     rows = {r["variant"]: r for r in case["rows"]}
     assert rows["cudnn_dense"]["kind"] == "error" and "cuDNN refuses" in rows["cudnn_dense"]["error"]
     assert case["fastest_dense"] in ("ours_dense", "xla_dense") and case["speedup_device"] > 0
+
+
+def test_unrolled_layers_run_one_call_per_layer_without_loop_work(tiny_shape, tmp_path):
+    """--layer-loop unrolled: the same variants and checks, each layer a call of its own on inputs of its own;
+    the scan's per-layer slices and stacked writes are gone, so fewer kernels run beside the attention."""
+    runs = {}
+    for loop in ("scan", "unrolled"):
+        out = tmp_path / f"{loop}.json"
+        assert main(["attention-device-time", "--shapes", "tiny", "--contexts", "256", "--batches", "2", "--budgets",
+                     "64", "--sparse-configs", "32x2x4", "--repeats", "1", "--copy-gib", "0.01", "--layer-loop", loop,
+                     "--out", str(out)]) == 0
+        runs[loop] = json.loads(out.read_text())["cases"]["tiny/ctx256/b2/k64"]
+    assert runs["unrolled"]["layer_loop"] == "unrolled" and runs["scan"]["layer_loop"] == "scan"
+    for loop, case in runs.items():
+        rows = {r["variant"]: r for r in case["rows"]}
+        assert set(rows) == {"ours_dense", "xla_dense", "ours_sparse_c32_p2_w4"}
+        for row in rows.values():
+            assert row["layers"] == 3 and row["rel_err"] < 2e-2, (loop, row)
+    # XLA's own attention shows the loop plainly (the Pallas variants run interpreted here, loops of their own):
+    # the scan runs as a while loop with its slices and stacked writes, the unrolled layers as plain calls
+    xla = {loop: next(r for r in case["rows"] if r["variant"] == "xla_dense") for loop, case in runs.items()}
+    assert any(k["name"].startswith("while") for k in xla["scan"]["kernels"])
+    assert not any(k["name"].startswith("while") for k in xla["unrolled"]["kernels"])
+    assert xla["unrolled"]["launches_per_layer"] < xla["scan"]["launches_per_layer"]
