@@ -18,13 +18,21 @@ resumed or skipped by the experiment itself. The whole file, and every step's co
 checked before the first step runs. At the end a summary table; the exit status is non-zero when
 a step failed, timed out or was left out for lack of time.
 
+On an accelerator (any ``device`` but ``"cpu"``) each step holds the machine's device lock while it
+runs, a file lock in ``$JAXSPEC_CACHE/locks/`` named by ``$CUDA_VISIBLE_DEVICES``: a second suite
+runner on the same devices waits for the step in flight to end, so two steps never share a GPU's
+memory and time (one would run out of memory, the other's timings would be the two's). The wait
+does not count against the step's timeout. ``--no-device-lock`` turns it off.
+
 ``--list`` lists the suites with their descriptions; ``--suites-dir DIR`` (or
 ``$JAXSPEC_SUITES_DIR``) reads suites from another folder.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import os
 import pathlib
 import shlex
@@ -234,6 +242,47 @@ def run_step(step: Step, timeout: Optional[float]) -> Dict[str, Any]:
             "timeout_s": timeout, "run": step.run}
 
 
+def device_lock_path() -> pathlib.Path:
+    """The lock file of the devices this process sees: one per ``$CUDA_VISIBLE_DEVICES`` value (all
+    devices when unset) under ``$JAXSPEC_CACHE/locks``."""
+    from jaxspec.assets import cache_dir
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    tag = "all" if not visible else "".join(c if c.isalnum() else "-" for c in visible)
+    return cache_dir() / "locks" / f"device-{tag}.lock"
+
+
+@contextlib.contextmanager
+def device_lock(device: str, enabled: bool = True):
+    """Hold the device lock (:func:`device_lock_path`) for a step of a suite measured on ``device``;
+    nothing for ``"cpu"`` suites or when ``enabled`` is false. Waits, saying so once, while another
+    process holds it; the lock file records the holder's pid and step."""
+    if device == "cpu" or not enabled:
+        yield None
+        return
+    path = device_lock_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            print(f"waiting for the device lock {path} (held by {holder}) ...", file=sys.stderr, flush=True)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()}")
+        handle.flush()
+        try:
+            yield path
+        finally:
+            handle.seek(0)
+            handle.truncate()
+            handle.flush()
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def cmd_suite(args) -> Dict[str, Any]:
     folder = suites_dir(args.suites_dir)
     if args.list:
@@ -263,19 +312,20 @@ def cmd_suite(args) -> Dict[str, Any]:
     started = time.perf_counter()
     rows = []
     for step in steps:
-        timeout = step.timeout_s
-        if args.time_budget is not None:
-            left = args.time_budget - (time.perf_counter() - started)
-            if left <= 0:
-                rows.append({"step": step.name, "status": "not run (time budget)", "rc": None, "seconds": 0.0,
-                             "timeout_s": None, "run": step.run})
-                writer.add(step.name, rows[-1])
-                continue
-            timeout = left if timeout is None else min(timeout, left)
-        print(f"== step {step.name}: python -m experiments.run {step.run}"
-              + (f" (timeout {timeout:.0f} s)" if timeout else ""), file=sys.stderr, flush=True)
-        rows.append(run_step(step, timeout))
-        writer.add(step.name, rows[-1])
+        with device_lock(suite.device, enabled=not args.no_device_lock):
+            timeout = step.timeout_s
+            if args.time_budget is not None:
+                left = args.time_budget - (time.perf_counter() - started)
+                if left <= 0:
+                    rows.append({"step": step.name, "status": "not run (time budget)", "rc": None, "seconds": 0.0,
+                                 "timeout_s": None, "run": step.run})
+                    writer.add(step.name, rows[-1])
+                    continue
+                timeout = left if timeout is None else min(timeout, left)
+            print(f"== step {step.name}: python -m experiments.run {step.run}"
+                  + (f" (timeout {timeout:.0f} s)" if timeout else ""), file=sys.stderr, flush=True)
+            rows.append(run_step(step, timeout))
+            writer.add(step.name, rows[-1])
     print_table([{k: r[k] for k in ("step", "status", "rc", "seconds", "timeout_s")} for r in rows],
                 title=f"suite {suite.name}: {sum(r['status'] == 'ok' for r in rows)}/{len(rows)} step(s) ok, "
                       f"{time.perf_counter() - started:.0f} s")
@@ -296,6 +346,9 @@ def register(subparsers) -> None:
     p.add_argument("--list", action="store_true", help="list the suites with their descriptions")
     p.add_argument("--steps", default=None, metavar="A,B", help="run only these steps (by name)")
     p.add_argument("--dry-run", action="store_true", help="check the suite and print its commands; run nothing")
+    p.add_argument("--no-device-lock", action="store_true",
+                   help="run each step without the device lock (by default a GPU suite's steps wait for any "
+                        "other suite runner's step on the same devices)")
     p.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
                    help="stop starting steps after this long; each step's timeout is cut to what is left")
     p.add_argument("--suites-dir", default=None, metavar="DIR",

@@ -628,3 +628,55 @@ def test_bench_selection_refuses_an_unknown_rule(capsys):
     assert "median" in capsys.readouterr().err
     assert main(["bench-selection", "--rules", "coverage-ladder", "--m-steps", "1"]) == 2
     assert "--m-steps=1: the coverage-ladder rule needs a ladder of at least 2 steps" in capsys.readouterr().err
+
+
+def test_gpu_suite_steps_wait_for_the_device_lock_and_cpu_suites_do_not(tmp_path, monkeypatch, capsys):
+    """Two suite runners on one GPU: a step starts only once the other runner's step has released the device
+    lock (the wait is announced with the holder); a CPU suite never takes the lock; --no-device-lock skips it."""
+    import fcntl
+    import threading
+    import time
+
+    from experiments import suite
+
+    monkeypatch.setenv("JAXSPEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    d = tmp_path / "suites"
+    _suite(d, "gpu", f'description = "d"\ndevice = "nvidia-h200"\n[[steps]]\nname = "a"\n{FAST_OK}\n')
+    _suite(d, "cpu", f'description = "d"\ndevice = "cpu"\n[[steps]]\nname = "a"\n{FAST_OK}\n')
+    started = []
+
+    def fake_step(step, timeout):  # the step's process starts here
+        started.append(time.perf_counter())
+        return {"step": step.name, "status": "ok", "rc": 0, "seconds": 0.0, "timeout_s": timeout, "run": step.run}
+
+    monkeypatch.setattr(suite, "run_step", fake_step)
+    path = suite.device_lock_path()
+    assert path == tmp_path / "cache" / "locks" / "device-0.lock"
+    path.parent.mkdir(parents=True)
+    held = open(path, "a+")
+    fcntl.flock(held, fcntl.LOCK_EX)
+    held.write("pid 4242")
+    held.flush()
+    released = []
+
+    def release():
+        time.sleep(1.0)
+        released.append(time.perf_counter())
+        fcntl.flock(held, fcntl.LOCK_UN)
+
+    assert main(["suite", "cpu", "--suites-dir", str(d)]) == 0  # no lock for a CPU suite
+    assert len(started) == 1
+    threading.Thread(target=release).start()
+    assert main(["suite", "gpu", "--suites-dir", str(d)]) == 0
+    assert len(started) == 2 and started[1] >= released[0]
+    err = capsys.readouterr().err
+    assert "waiting for the device lock" in err and "(held by pid 4242)" in err
+    assert path.read_text() == ""  # the holder's note is cleared when the step releases the lock
+    fcntl.flock(held, fcntl.LOCK_EX)  # held again: --no-device-lock runs at once
+    assert main(["suite", "gpu", "--suites-dir", str(d), "--no-device-lock"]) == 0
+    assert len(started) == 3
+    fcntl.flock(held, fcntl.LOCK_UN)
+    held.close()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,2")
+    assert suite.device_lock_path().name == "device-1-2.lock"
