@@ -645,13 +645,8 @@ def selection_share_note() -> str:
             "is timed as its own phase (`--profile`).")
     if not (RESULTS / DUSTIN_SPEED_RESELECT).exists():
         return text + " Selecting every second round (docs/methods.md §3.8, `--reselect-every 2`) is not measured yet."
-    data, shares = load(DUSTIN_SPEED_RESELECT), []
-    for method, label in (("dustin", "full-KV Dustin-H"), ("dustin-kv-streaming", "with the streaming draft KV")):
-        row = read_path(data, ("cases", "ctx32768/b16", "rows", {"method": method}))
-        share = _selection_share(data, method)
-        shares.append(f"{label} {100 * share:.1f} % (**{'met' if share <= 0.03 else 'missed'}**; "
-                      f"{row['selection_ms_per_round']:.2f} ms a round on average, {row['speedup']:.2f}x AR at "
-                      f"tau {row['tau']:.2f})")
+    data = load(DUSTIN_SPEED_RESELECT)
+    shares = _reselect_shares(data)
     text += (" Selecting every second round (docs/methods.md §3.8, `--reselect-every 2`, each method at the "
              f"tau the real pair measured with it, `{DUSTIN_SPEED_RESELECT}`): " + "; ".join(shares) + ". The "
              "speed-up barely moves: half a selection is a few per cent of a round, and a reused set lowers the "
@@ -659,18 +654,26 @@ def selection_share_note() -> str:
     return text + _reselect3_note()
 
 
-def _reselect3_note() -> str:
-    """Selection every third round: its share of a round on the 7B shape at the real pair's tau, and the real pair's
-    own speed-ups selecting every round, every second and every third round at 32k/b16."""
-    if not (RESULTS / DUSTIN_SPEED_RESELECT3).exists():
-        return " Selecting every third round (step `b16-reselect-3-pair-tau-32k`) is not measured yet."
-    data, shares = load(DUSTIN_SPEED_RESELECT3), []
+def _reselect_shares(data) -> List[str]:
+    """Per Dustin-H draft of a dustin-speed run selecting every R-th round: its selection share of a round
+    against the 3 % target, the mean selection per round, the speed-up and the tau it ran at."""
+    shares = []
     for method, label in (("dustin", "full-KV Dustin-H"), ("dustin-kv-streaming", "with the streaming draft KV")):
         row = read_path(data, ("cases", "ctx32768/b16", "rows", {"method": method}))
         share = _selection_share(data, method)
         shares.append(f"{label} {100 * share:.1f} % (**{'met' if share <= 0.03 else 'missed'}**; "
                       f"{row['selection_ms_per_round']:.2f} ms a round on average, {row['speedup']:.2f}x AR at "
                       f"tau {row['tau']:.2f})")
+    return shares
+
+
+def _reselect3_note() -> str:
+    """Selection every third round: its share of a round on the 7B shape at the real pair's tau, and the real pair's
+    own speed-ups selecting every round, every second and every third round at 32k/b16."""
+    if not (RESULTS / DUSTIN_SPEED_RESELECT3).exists():
+        return " Selecting every third round (step `b16-reselect-3-pair-tau-32k`) is not measured yet."
+    data = load(DUSTIN_SPEED_RESELECT3)
+    shares = _reselect_shares(data)
     text = (" Selecting every third round (`--reselect-every 3`, each method at the tau the real pair measured with "
             f"it, `{DUSTIN_SPEED_RESELECT3}`, commit {_code_commit(data)}): " + "; ".join(shares) + ".")
     runs = [(when, src) for when, src in (("every round", PAIR_SPEED_SPARSE_DRAFT),
