@@ -322,9 +322,9 @@ def cmd_attention_device_time(args) -> Dict[str, Any]:
     reads all of it, far beyond the L2). ``--layer-loop unrolled`` calls the layers one after another in
     the program instead (as the model's own forward does), each layer's queries and index set a buffer
     of its own and each output its own result, so no per-layer slice or stacked write runs beside the
-    attention; each call compiles separately, so give it few variants. Per variant: the device time of every kernel the program
-    launches (the profiler's device planes, merges and slices included; median of ``--repeats``
-    traced runs), the host time of the same program, kernel launches, and the layer-0 output's error
+    attention; each call compiles separately, so give it few variants. Per variant: the device time of
+    every kernel the program launches (the profiler's device planes, merges and slices included;
+    median of ``--repeats`` traced runs), the host time of the same program, kernel launches, and the layer-0 output's error
     against the jnp reference. ``speedup_device``: the fastest dense variant's device time over the
     fastest sparse tiling's."""
     import jax

@@ -253,10 +253,10 @@ def device_lock_path() -> pathlib.Path:
 
 
 @contextlib.contextmanager
-def device_lock(device: str, enabled: bool = True):
+def device_lock(device: str, enabled: bool = True, holder: str = ""):
     """Hold the device lock (:func:`device_lock_path`) for a step of a suite measured on ``device``;
     nothing for ``"cpu"`` suites or when ``enabled`` is false. Waits, saying so once, while another
-    process holds it; the lock file records the holder's pid and step."""
+    process holds it; the lock file records the holder's pid and ``holder`` (e.g. the suite and step)."""
     if device == "cpu" or not enabled:
         yield None
         return
@@ -267,12 +267,12 @@ def device_lock(device: str, enabled: bool = True):
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             handle.seek(0)
-            holder = handle.read().strip() or "another process"
-            print(f"waiting for the device lock {path} (held by {holder}) ...", file=sys.stderr, flush=True)
+            current = handle.read().strip() or "another process"
+            print(f"waiting for the device lock {path} (held by {current}) ...", file=sys.stderr, flush=True)
             fcntl.flock(handle, fcntl.LOCK_EX)
         handle.seek(0)
         handle.truncate()
-        handle.write(f"pid {os.getpid()}")
+        handle.write(f"pid {os.getpid()}" + (f", {holder}" if holder else ""))
         handle.flush()
         try:
             yield path
@@ -312,7 +312,7 @@ def cmd_suite(args) -> Dict[str, Any]:
     started = time.perf_counter()
     rows = []
     for step in steps:
-        with device_lock(suite.device, enabled=not args.no_device_lock):
+        with device_lock(suite.device, enabled=not args.no_device_lock, holder=f"suite {suite.name} step {step.name}"):
             timeout = step.timeout_s
             if args.time_budget is not None:
                 left = args.time_budget - (time.perf_counter() - started)

@@ -644,10 +644,11 @@ def test_gpu_suite_steps_wait_for_the_device_lock_and_cpu_suites_do_not(tmp_path
     d = tmp_path / "suites"
     _suite(d, "gpu", f'description = "d"\ndevice = "nvidia-h200"\n[[steps]]\nname = "a"\n{FAST_OK}\n')
     _suite(d, "cpu", f'description = "d"\ndevice = "cpu"\n[[steps]]\nname = "a"\n{FAST_OK}\n')
-    started = []
+    started, notes = [], []
 
     def fake_step(step, timeout):  # the step's process starts here
         started.append(time.perf_counter())
+        notes.append(suite.device_lock_path().read_text() if suite.device_lock_path().exists() else None)
         return {"step": step.name, "status": "ok", "rc": 0, "seconds": 0.0, "timeout_s": timeout, "run": step.run}
 
     monkeypatch.setattr(suite, "run_step", fake_step)
@@ -670,6 +671,7 @@ def test_gpu_suite_steps_wait_for_the_device_lock_and_cpu_suites_do_not(tmp_path
     threading.Thread(target=release).start()
     assert main(["suite", "gpu", "--suites-dir", str(d)]) == 0
     assert len(started) == 2 and started[1] >= released[0]
+    assert notes[1] == f"pid {__import__('os').getpid()}, suite gpu step a"  # who holds it, while the step runs
     err = capsys.readouterr().err
     assert "waiting for the device lock" in err and "(held by pid 4242)" in err
     assert path.read_text() == ""  # the holder's note is cleared when the step releases the lock
