@@ -680,28 +680,21 @@ def _reselect3_note() -> str:
                                           ("every round, finished rows reading their history", PAIR_SPEED_FINISHED_KEPT),
                                           ("every second round", PAIR_SPEED_RESELECT),
                                           ("every third round", PAIR_SPEED_RESELECT3)) if (RESULTS / src).exists()]
-    parts, taus, every_round = [], [], []
-    for method, label in (("dustin", "full-KV Dustin-H"), ("dustin-kv-streaming", "the streaming draft KV")):
-        cells = []
-        for when, src in runs:
-            case = load(src)["cases"].get("ctx32000/b16", {}).get(method)
-            if case and "speedup_vs_ar" in case:
-                cells.append(f"{when} {case['speedup_vs_ar']:.2f}x (tau {case['metrics']['tau']:.2f})")
-                taus.append(case["metrics"]["tau"])
-                if when.startswith("every round"):
-                    every_round.append((method, case["speedup_vs_ar"]))
-        if cells:
-            parts.append(f"{label}: " + ", ".join(cells))
+    labels = (("dustin", "full-KV Dustin-H"), ("dustin-kv-streaming", "the streaming draft KV"))
+    speeds = {method: [(when, load(src)["cases"]["ctx32000/b16"][method]) for when, src in runs
+                       if "speedup_vs_ar" in load(src)["cases"].get("ctx32000/b16", {}).get(method, {})]
+              for method, _ in labels}
+    parts = [f"{label}: " + ", ".join(f"{when} {c['speedup_vs_ar']:.2f}x (tau {c['metrics']['tau']:.2f})"
+                                      for when, c in speeds[method]) for method, label in labels if speeds[method]]
     if parts:
+        taus = [c["metrics"]["tau"] for method, _ in labels for _, c in speeds[method]]
         text += (" The real pair end to end at 32k/b16 against its paired AR, one run each (`"
                  + "`, `".join(src for _, src in runs) + "`): " + "; ".join(parts)
                  + f". Tau spans {min(taus):.2f}-{max(taus):.2f} across these runs")
         spreads = []
-        for method, label in (("dustin", "full-KV Dustin-H"), ("dustin-kv-streaming", "the streaming draft KV")):
-            values = [v for m, v in every_round if m == method]
-            fewer = [(when, load(src)["cases"]["ctx32000/b16"][method]["speedup_vs_ar"]) for when, src in runs
-                     if not when.startswith("every round") and "speedup_vs_ar"
-                     in load(src)["cases"].get("ctx32000/b16", {}).get(method, {})]
+        for method, label in labels:
+            values = [c["speedup_vs_ar"] for when, c in speeds[method] if when.startswith("every round")]
+            fewer = [(when, c["speedup_vs_ar"]) for when, c in speeds[method] if not when.startswith("every round")]
             if len(values) > 1 and fewer:
                 where = ["inside" if min(values) <= v <= max(values) else "above" if v > max(values) else "below"
                          for _, v in fewer]
@@ -783,7 +776,8 @@ def _draft_step_static_profile_gpu() -> str:
             f"forward-static`, `{KNAPSPEC_PALLAS_STATIC}`, batch 16, 8k-32k, skip plans and budgeted-attention "
             f"plans, timed {' / '.join(timed)}): {min(ratios):.2f}-{max(ratios):.2f}x, {inside} of {len(ratios)} "
             f"within 10 % (**{'met' if inside == len(ratios) else 'missed'}** for this profile on the GPU; the "
-            "cases above were priced by each run's `--latency-fit forward` profile, fitted on forwards with the dynamic mask).")
+            "cases above were priced by each run's `--latency-fit forward` profile, fitted on forwards with the "
+            "dynamic mask).")
 
 
 def demo_note() -> str:
