@@ -24,6 +24,10 @@ runner on the same devices waits for the step in flight to end, so two steps nev
 memory and time (one would run out of memory, the other's timings would be the two's). The wait
 does not count against the step's timeout. ``--no-device-lock`` turns it off.
 
+A suite's result files are named after its ``device``, so an NVIDIA suite refuses to start on a
+machine whose GPU is another model (``nvidia-h200`` on an H100, say): ``--any-device`` runs it
+anyway, and its files then name a device they were not measured on.
+
 ``--list`` lists the suites with their descriptions; ``--suites-dir DIR`` (or
 ``$JAXSPEC_SUITES_DIR``) reads suites from another folder.
 """
@@ -283,6 +287,36 @@ def device_lock(device: str, enabled: bool = True, holder: str = ""):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def gpu_names() -> Optional[List[str]]:
+    """The NVIDIA GPUs this process sees, by ``nvidia-smi`` (None when there is no ``nvidia-smi``)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=60)
+    except (FileNotFoundError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    return [line.strip() for line in out.stdout.splitlines() if line.strip()]
+
+
+def check_device(suite: "Suite", names: Optional[Sequence[str]]) -> None:
+    """Raise when an NVIDIA suite (``device = "nvidia-<model>[-xN]"``) would run on another GPU model:
+    its result files are named after ``suite.device``. ``names``: :func:`gpu_names`; None (no
+    ``nvidia-smi``) only warns."""
+    if not suite.device.startswith("nvidia-"):
+        return
+    model = suite.device.split("-")[1].lower()  # nvidia-h200 -> h200, nvidia-h100-x1 -> h100
+    if names is None:
+        print(f"warning: suite {suite.name} is measured on {suite.device}, and nvidia-smi cannot say which GPU "
+              f"this is", file=sys.stderr, flush=True)
+        return
+    if not names or not any(model in n.lower().replace(" ", "") for n in names):
+        seen = ", ".join(sorted(set(names))) or "no NVIDIA GPU"
+        raise ValueError(f"suite {suite.name} is measured on {suite.device} (its result files are named so), but "
+                         f"this machine has {seen}: run it on an {model.upper()}, or pass --any-device to measure "
+                         f"anyway")
+
+
 def cmd_suite(args) -> Dict[str, Any]:
     folder = suites_dir(args.suites_dir)
     if args.list:
@@ -307,6 +341,8 @@ def cmd_suite(args) -> Dict[str, Any]:
                  "command": "python -m experiments.run " + s.run} for s in steps]
         print_table(rows, title=f"{len(steps)} step(s) (dry run: nothing runs)")
         return {"suite": suite.name, "dry_run": True, "steps": rows}
+    if not args.any_device:
+        check_device(suite, gpu_names())
     writer = ResultWriter(args.out, "suite", {"suite": suite.name, "file": str(suite.path),
                                               "steps": [s.name for s in steps]})
     started = time.perf_counter()
@@ -349,6 +385,9 @@ def register(subparsers) -> None:
     p.add_argument("--no-device-lock", action="store_true",
                    help="run each step without the device lock (by default a GPU suite's steps wait for any "
                         "other suite runner's step on the same devices)")
+    p.add_argument("--any-device", action="store_true",
+                   help="run an NVIDIA suite on whatever GPU this is (by default it refuses a GPU model other than "
+                        "its device: its result files are named after that device)")
     p.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
                    help="stop starting steps after this long; each step's timeout is cut to what is left")
     p.add_argument("--suites-dir", default=None, metavar="DIR",

@@ -630,6 +630,37 @@ def test_bench_selection_refuses_an_unknown_rule(capsys):
     assert "--m-steps=1: the coverage-ladder rule needs a ladder of at least 2 steps" in capsys.readouterr().err
 
 
+def test_an_nvidia_suite_refuses_another_gpu_model_before_any_step(tmp_path, monkeypatch, capsys):
+    """A suite's result files are named after its device: on another GPU model it stops with one line naming both
+    before a step runs; --any-device runs it; no nvidia-smi only warns; a CPU suite is never checked."""
+    from experiments import suite
+
+    monkeypatch.setenv("JAXSPEC_CACHE", str(tmp_path / "cache"))
+    d = tmp_path / "suites"
+    _suite(d, "gpu", f'description = "d"\ndevice = "nvidia-h200"\n[[steps]]\nname = "a"\n{FAST_OK}\n')
+    _suite(d, "one", f'description = "d"\ndevice = "nvidia-h100-x1"\n[[steps]]\nname = "a"\n{FAST_OK}\n')
+    _suite(d, "cpu", f'description = "d"\ndevice = "cpu"\n[[steps]]\nname = "a"\n{FAST_OK}\n')
+    ran = []
+    monkeypatch.setattr(suite, "run_step", lambda step, timeout: ran.append(step.name) or {
+        "step": step.name, "status": "ok", "rc": 0, "seconds": 0.0, "timeout_s": timeout, "run": step.run})
+    monkeypatch.setattr(suite, "gpu_names", lambda: ["NVIDIA H100 80GB HBM3"])
+    assert main(["suite", "gpu", "--suites-dir", str(d)]) != 0
+    err = capsys.readouterr().err
+    assert "suite gpu is measured on nvidia-h200" in err and "this machine has NVIDIA H100 80GB HBM3" in err
+    assert "--any-device" in err and ran == []
+    assert main(["suite", "one", "--suites-dir", str(d)]) == 0 and ran == ["a"]  # the H100 suite runs on it
+    assert main(["suite", "gpu", "--suites-dir", str(d), "--any-device"]) == 0 and ran == ["a", "a"]
+    assert main(["suite", "cpu", "--suites-dir", str(d)]) == 0 and len(ran) == 3
+    monkeypatch.setattr(suite, "gpu_names", lambda: [])
+    assert main(["suite", "gpu", "--suites-dir", str(d)]) != 0
+    assert "this machine has no NVIDIA GPU" in capsys.readouterr().err and len(ran) == 3
+    monkeypatch.setattr(suite, "gpu_names", lambda: None)
+    assert main(["suite", "gpu", "--suites-dir", str(d)]) == 0 and len(ran) == 4
+    assert "nvidia-smi cannot say which GPU" in capsys.readouterr().err
+    monkeypatch.setattr(suite, "gpu_names", lambda: ["NVIDIA H200"])
+    assert main(["suite", "gpu", "--suites-dir", str(d)]) == 0 and len(ran) == 5
+
+
 def test_gpu_suite_steps_wait_for_the_device_lock_and_cpu_suites_do_not(tmp_path, monkeypatch, capsys):
     """Two suite runners on one GPU: a step starts only once the other runner's step has released the device
     lock (the wait is announced with the holder); a CPU suite never takes the lock; --no-device-lock skips it."""
@@ -652,6 +683,7 @@ def test_gpu_suite_steps_wait_for_the_device_lock_and_cpu_suites_do_not(tmp_path
         return {"step": step.name, "status": "ok", "rc": 0, "seconds": 0.0, "timeout_s": timeout, "run": step.run}
 
     monkeypatch.setattr(suite, "run_step", fake_step)
+    monkeypatch.setattr(suite, "gpu_names", lambda: ["NVIDIA H200"])
     path = suite.device_lock_path()
     assert path == tmp_path / "cache" / "locks" / "device-0.lock"
     path.parent.mkdir(parents=True)
