@@ -378,7 +378,7 @@ KNAPSPEC_PALLAS = f"{K}qwen2.5-coder-1.5b_32k-8k_b16_pallas_h200.json"
 #: the same with every plan compiled for itself and a latency profile of compiled masks (--latency-fit forward-static)
 KNAPSPEC_PALLAS_STATIC = f"{K}qwen2.5-coder-1.5b_32k-8k_b16_pallas_static_h200.json"
 #: the same two KnapSpec variants at batch 1 on the kernel (the dynamic-mask profile)
-KNAPSPEC_PALLAS_B1 = f"{K}qwen2.5-coder-1.5b_32k-8k_b1_pallas_h200.json"
+KNAPSPEC_PALLAS_B1 = f"{K}qwen2.5-coder-1.5b_32k-8k_b1_pallas_static_h200.json"
 #: (file, index-key suffix, what the run adds to "on the Pallas attention kernel")
 KNAPSPEC_PALLAS_RUNS = ((KNAPSPEC_PALLAS, "pallas", ""), (KNAPSPEC_PALLAS_B1, "pallas", ""),
                         (KNAPSPEC_PALLAS_STATIC, "pallas-static",
@@ -974,8 +974,9 @@ def _knapspec_pallas_more_note() -> str:
             (KNAPSPEC_PALLAS_STATIC, 16, "With every plan compiled for itself and a latency profile fitted on "
                                          "forwards with each mask compiled in (`--static-plans --latency-fit "
                                          "forward-static`)", "qwen2.5-coder-1.5b-b16-32k-8k-pallas-static"),
-            (KNAPSPEC_PALLAS_B1, 1, "At batch 1, the same two variants and AR on the kernel",
-             "qwen2.5-coder-1.5b-b1-32k-8k-pallas")):
+            (KNAPSPEC_PALLAS_B1, 1, "At batch 1, the same two variants and AR on the kernel, with static plans "
+                                    "and a batch-1 profile of compiled masks",
+             "qwen2.5-coder-1.5b-b1-32k-8k-pallas-static")):
         if (RESULTS / source).exists():
             out.append(f"{what} (`{source}`): " + _knapspec_pallas_note(source, batch))
         else:
