@@ -1025,7 +1025,17 @@ def _knapspec_plan_trace_note() -> str:
             f"{1e3 * extra_busy:.0f} ms of its {1e3 * plan['seconds']:.0f} ms, and for the rest the GPU waits on the "
             f"host (issuing the {extra_launches:,} extra kernels one by one, syncing between stages), so a cheaper "
             "plan needs fewer, larger programs (the DP, rescoring and the window's states in one compiled call) "
-            "more than fewer bytes.")
+            "more than fewer bytes." + _plan_windows_sentence(ks.get("windows") or {}))
+
+
+def _plan_windows_sentence(windows: Dict[str, Any]) -> str:
+    """The traced plan's profiler annotations (experiments/trace.py windows), where the trace has them."""
+    if not windows:
+        return ""
+    parts = [f"{name[len('jaxspec.knapspec.'):]} {1e3 * w['wall_s']:.1f} ms of wall time, the GPU busy "
+             f"{1e3 * w['busy_s']:.1f} ms of it, {w['launches']:,} kernels" for name, w in sorted(windows.items())
+             if name.startswith("jaxspec.knapspec.plan")]
+    return (" Inside the traced plan's profiler annotations: " + "; ".join(parts) + ".") if parts else ""
 
 
 def _knapspec_pallas_note(source: str = KNAPSPEC_PALLAS, batch: int = 16) -> str:
@@ -3658,6 +3668,90 @@ def knapspec_plot(fig_path) -> None:
     plt.close(fig)
 
 
+SELFSPEC_PLOT = "knapspec/knapspec_selfspec_real-qwen1.5b_8k-32k_b16_h200.png"
+
+
+def _selfspec_series() -> List[Tuple[str, List[Tuple[int, float]]]]:
+    """Speed-up vs paired AR of each self-speculative method on the real Qwen2.5-Coder-1.5B, batch 16, H200, by
+    context (files that exist only): (label, [(context, speed-up)])."""
+    series = []
+    for method, label in (("knapspec", "KnapSpec (static plans, Pallas)"),
+                          ("knapspec-budget", "KnapSpec + budgeted attention (Pallas)")):
+        if (RESULTS / KNAPSPEC_PALLAS_STATIC).exists():
+            cases = load(KNAPSPEC_PALLAS_STATIC)["cases"]
+            points = [(ctx, cases[key]["speedup_vs_ar"]) for ctx in (8192, 16384, 32000)
+                      if (key := f"h200/summarize/ctx{ctx}/b16/{method}") in cases]
+            series.append((label, points))
+    static = next(src for batch, src, methods, _ in KNAPSPEC_REAL_BASELINES if batch == 16 and "static-skip" in methods)
+    for source, method, label in ((KNAPSPEC_REAL[16], "clasp", "CLaSp (jnp attention)"),
+                                  (static, "static-skip", "static skip set (jnp attention)")):
+        if (RESULTS / source).exists():
+            cases = load(source)["cases"]
+            series.append((label, [(ctx, cases[key]["speedup_vs_ar"]) for ctx in (8192, 16384, 32000)
+                                   if (key := f"h200/summarize/ctx{ctx}/b16/{method}") in cases]))
+    if (RESULTS / PAIR_SPEED_SELF[0]).exists():
+        for method, label in (("dustin-self", "Dustin-H, sinks + window self-draft (Pallas)"),
+                              ("magicdec-self", "MagicDec self-draft (Pallas)")):
+            points = [(case["context"], row["speedup"]) for _, case in pair_cases(PAIR_SPEED_SELF[0])
+                      for row in case["rows"] if row["method"] == method]
+            series.append((label, sorted(points)))
+    return [(label, points) for label, points in series if points]
+
+
+def _knapspec_patterns() -> List[Tuple[str, List[int]]]:
+    """The plans of KnapSpec and KnapSpec with budgeted attention on the real 1.5B at batch 16 (static plans on the
+    Pallas kernel), per context: (row label, one code per layer: 0 executed, 1 over the budget, 2 skipped), an
+    Attention row and an MLP row per plan."""
+    if not (RESULTS / KNAPSPEC_PALLAS_STATIC).exists():
+        return []
+    cases, rows = load(KNAPSPEC_PALLAS_STATIC)["cases"], []
+    for ctx in (8192, 16384, 32000):
+        plain = cases.get(f"h200/summarize/ctx{ctx}/b16/knapspec")
+        if plain and plain.get("plans"):
+            plan = plain["plans"][0]
+            layers = len(cases.get(f"h200/summarize/ctx{ctx}/b16/knapspec-budget", {}).get("budget_plan", {}).get(
+                "codes", [])) or 1 + max(plan["skip_attn"] + plan["skip_mlp"] + [0])
+            gamma = f"g{plan['gamma_star']}"
+            rows.append((f"KnapSpec {ctx // 1000}k ({gamma}) Attn", [2 if i in plan["skip_attn"] else 0
+                                                                     for i in range(layers)]))
+            rows.append((f"KnapSpec {ctx // 1000}k MLP", [2 if i in plan["skip_mlp"] else 0 for i in range(layers)]))
+        budget = cases.get(f"h200/summarize/ctx{ctx}/b16/knapspec-budget", {}).get("budget_plan")
+        if budget:
+            codes = budget["codes"]
+            rows.append((f"budgeted {ctx // 1000}k (g{budget['gamma']}) Attn", [int(c[0]) for c in codes]))
+            rows.append((f"budgeted {ctx // 1000}k MLP", [int(c[1]) for c in codes]))
+    return rows
+
+
+@_plot(SELFSPEC_PLOT)
+def selfspec_plot(fig_path) -> None:
+    """Self-speculation on the real Qwen2.5-Coder-1.5B at batch 16 on the H200: speed-up vs context per method,
+    and KnapSpec's plans (skipped / budgeted / executed sub-layers) as the context grows."""
+    from matplotlib.colors import ListedColormap
+
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(13.5, 4.6), gridspec_kw={"width_ratios": [1, 1.35]})
+    for label, points in _selfspec_series():
+        axes[0].plot([p[0] / 1000 for p in points], [p[1] for p in points], marker="o", label=label)
+    axes[0].axhline(1.0, color="k", lw=0.8)
+    axes[0].axhline(1.1, color="red", ls="--", lw=0.8, label="KnapSpec target 1.1x (32k)")
+    axes[0].set(xlabel="context (k tokens)", ylabel="speed-up vs AR decoded just before (same cache)",
+                title="real Qwen2.5-Coder-1.5B, batch 16, H200", xticks=[8, 16, 32])
+    axes[0].legend(fontsize=7)
+    axes[0].grid(alpha=0.3)
+    rows = _knapspec_patterns()
+    if rows:
+        axes[1].imshow([r[1] for r in rows], aspect="auto", interpolation="nearest", vmin=0, vmax=2,
+                       cmap=ListedColormap(["#e8e8e8", "#f0a030", "#202020"]))
+        axes[1].set_yticks(range(len(rows)), [r[0] for r in rows], fontsize=7)
+        axes[1].set_xlabel("layer")
+        axes[1].set_title("plans before the first round (light: executed, orange: sinks + window, black: skipped;"
+                          " g = gamma)", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(fig_path, dpi=110, metadata={"Software": None})
+    plt.close(fig)
+
+
 def _backend(name: str) -> str:
     return {"pallas": "Pallas", "xla": "XLA"}.get(name, name)
 
@@ -4871,6 +4965,12 @@ def results_markdown() -> str:
                  "![KnapSpec speed-ups](../experiments/results/knapspec/"
                  "knapspec_speedup_qwen2.5-7b-shape_smollm2-135m_h200_cpu.png)",
                  "![KnapSpec on the CPU, 1k-4k](../experiments/results/knapspec/knapspec_smollm2-135m_1k-4k_b1_cpu.png)",
+                 *(["Self-speculation on the real Qwen2.5-Coder-1.5B at batch 16 on the H200 by context (each point "
+                    "against its own paired AR; CLaSp and the static skip set decoded with the jnp reference "
+                    "attention, the others with jaxspec's Pallas kernel), and the plans KnapSpec and KnapSpec with "
+                    "budgeted attention made before the first round as the context grows (static plans, "
+                    f"`{KNAPSPEC_PALLAS_STATIC}`):\n\n![self-speculation on the real 1.5B]"
+                    f"(../experiments/results/{SELFSPEC_PLOT})"] if _selfspec_series() else []),
                  *([f"Fixed candidate plans, predicted against measured speed-up, each priced as the planner prices "
                     f"it (`{KNAPSPEC_TPT_CORRELATION}`, middle panel):\n\n![KnapSpec TPT correlation on the CPU]"
                     f"(../experiments/results/{KNAPSPEC_TPT_CORRELATION[:-len('.json')]}.png)"]

@@ -11,6 +11,12 @@ plane (``/device:GPU:0``, or ``/host:CPU`` when asked for on a CPU):
 * ``modules``: the XLA modules (jitted functions) that ran, with their total time and count,
   when the plane has an ``XLA Modules`` line.
 
+* ``windows`` (when the traced code ran under ``jax.profiler.TraceAnnotation`` spans whose names
+  start with ``jaxspec.``, e.g. KnapSpec's plan and its stages): per annotation name, how many
+  spans, their host (wall) time, the plane's busy time inside them and the kernels that started
+  inside them. Host and device events share the profiler's clock, so this attributes device work
+  to a part of the program without a module line (JAX's GPU planes have none).
+
 Used by ``dustin-speed --trace`` and ``knapspec --trace`` (one traced run per method, after the
 timed runs; the trace is not part of any timing).
 """
@@ -79,12 +85,65 @@ def summarize_plane(plane, top: int = 25, kernel_lines: Optional[Callable[[str],
             "top_kernels": _top(kernels, top), "modules": _top(modules, top), "lines": line_names}
 
 
+#: profiler annotations (jax.profiler.TraceAnnotation names) that device_trace summarises as windows
+WINDOW_PREFIX = "jaxspec."
+
+
+def annotation_spans(planes, prefix: str = WINDOW_PREFIX) -> Dict[str, List[Tuple[int, int]]]:
+    """``{name: [(start_ns, end_ns), ...]}`` of the events on host planes (``/host:``) whose name starts with
+    ``prefix`` (the code's own ``jax.profiler.TraceAnnotation`` spans)."""
+    spans: Dict[str, List[Tuple[int, int]]] = {}
+    for plane in planes:
+        if not plane.name.startswith("/host:"):
+            continue
+        for line in plane.lines:
+            for event in line.events:
+                if event.name.startswith(prefix) and event.duration_ns > 0:
+                    spans.setdefault(event.name, []).append((int(event.start_ns),
+                                                             int(event.start_ns + event.duration_ns)))
+    return spans
+
+
+def _clipped(intervals: List[Tuple[int, int]], windows: List[Tuple[int, int]]) -> List[Tuple[int, int]]:
+    out = []
+    for start, end in intervals:
+        for w_start, w_end in windows:
+            lo, hi = max(start, w_start), min(end, w_end)
+            if hi > lo:
+                out.append((lo, hi))
+    return out
+
+
+def summarize_windows(plane, spans: Dict[str, List[Tuple[int, int]]],
+                      kernel_lines: Optional[Callable[[str], bool]] = None) -> Dict[str, Dict[str, Any]]:
+    """Per annotation name (:func:`annotation_spans`): ``count`` spans, ``wall_s`` (their total length),
+    ``busy_s`` (the union of the plane's kernel intervals inside them), ``launches`` (kernels that started
+    inside them) and ``idle_share`` (1 - busy / wall)."""
+    is_kernel_line = kernel_lines or (lambda name: name not in META_LINES)
+    kernels = [(int(e.start_ns), int(e.start_ns + e.duration_ns)) for line in plane.lines
+               if is_kernel_line(line.name) for e in line.events if e.duration_ns > 0]
+    out = {}
+    for name, windows in sorted(spans.items()):
+        wall = union_length(windows)
+        busy = union_length(_clipped(kernels, windows))
+        launches = sum(1 for start, _ in kernels if any(w0 <= start < w1 for w0, w1 in windows))
+        out[name] = {"count": len(windows), "wall_s": wall / 1e9, "busy_s": busy / 1e9, "launches": launches,
+                     "idle_share": 1 - busy / wall if wall else None}
+    return out
+
+
 def summarize_profile(data, prefixes: Iterable[str] = ("/device:",), top: int = 25,
                       kernel_lines: Optional[Callable[[str], bool]] = None) -> Dict[str, Any]:
     """:func:`summarize_plane` for every plane whose name starts with one of ``prefixes``."""
     prefixes = tuple(prefixes)
-    return {plane.name: summarize_plane(plane, top, kernel_lines) for plane in data.planes
-            if plane.name.startswith(prefixes)}
+    spans = annotation_spans(data.planes)
+    out = {}
+    for plane in data.planes:
+        if plane.name.startswith(prefixes):
+            out[plane.name] = summarize_plane(plane, top, kernel_lines)
+            if spans:
+                out[plane.name]["windows"] = summarize_windows(plane, spans, kernel_lines)
+    return out
 
 
 def device_trace(fn: Callable[[], Any], *, top: int = 25, prefixes: Iterable[str] = ("/device:",),
@@ -150,8 +209,11 @@ def format_summary(summary: Dict[str, Any], top: int = 8) -> str:
                      f"{plane['busy_s'] * 1e3:.2f} ms (idle {idle:.0%}), {plane['launches']} launches")
         for k in plane["top_kernels"][:top]:
             lines.append(f"    {k['total_s'] * 1e3:8.3f} ms  x{k['count']:<5d} {k['name'][:90]}")
+        for window, w in plane.get("windows", {}).items():
+            lines.append(f"    window {window}: {w['count']} span(s), wall {w['wall_s'] * 1e3:.2f} ms, busy "
+                         f"{w['busy_s'] * 1e3:.2f} ms, {w['launches']} launches")
     return "\n".join(lines)
 
 
-__all__ = ["device_trace", "format_summary", "summarize_plane", "summarize_profile", "trace_on_backend",
-           "trace_or_error"]
+__all__ = ["WINDOW_PREFIX", "annotation_spans", "device_trace", "format_summary", "summarize_plane",
+           "summarize_profile", "summarize_windows", "trace_on_backend", "trace_or_error"]

@@ -514,6 +514,12 @@ def exit_threshold(knapspec: KnapSpecConfig) -> Optional[float]:
     return None
 
 
+#: the profiler annotation around a whole plan; each named stage of plan_skip_set gets ``PLAN_ANNOTATION + "." + stage``
+#: (``jax.profiler.TraceAnnotation``: free without a profiler; under one, experiments/trace.py sums the device's
+#: work inside each annotated span)
+PLAN_ANNOTATION = "jaxspec.knapspec.plan"
+
+
 def plan_skip_set(target_params, config: ModelConfig, cache, tokens, token_mask, prefix_len, latency: LatencyModel,
                   n: float, knapspec: KnapSpecConfig = KnapSpecConfig()) -> Tuple[Plan, Candidates, Tuple[int, int]]:
     """Stage 1 (DP) and stage 2 (grid search) on one reference window."""
@@ -529,18 +535,20 @@ def plan_skip_set(target_params, config: ModelConfig, cache, tokens, token_mask,
         stages[name] = stages.get(name, 0.0) + now - clock[0]
         clock[0] = now
 
-    states = boundary_states(target_params, config, tokens, cache, prefix_len)
-    lap("boundary_states", states)
+    with jax.profiler.TraceAnnotation(f"{PLAN_ANNOTATION}.boundary_states"):
+        states = boundary_states(target_params, config, tokens, cache, prefix_len)
+        lap("boundary_states", states)
     threshold = exit_threshold(knapspec)
     search = knapspec.search_tokens
     two_stage = search is not None and int(search) < tokens.shape[1]
     s = int(search) if two_stage else tokens.shape[1]  # the window's first s tokens: same prefix, causal
     mask = None if token_mask is None else np.asarray(token_mask)[:, :s]
-    candidates = knapsack_dp(target_params, config, cache, prefix_len, states[:, :, :s], mask, w_attn=w_attn,
-                             w_mlp=w_mlp, tau=knapspec.tau, branch_chunk=knapspec.branch_chunk,
-                             exit_threshold=threshold, keep_attention=knapspec.keep_attention,
-                             reference_kv=knapspec.reference_kv, history_backend=dp_history_backend(knapspec))
-    lap("dp")
+    with jax.profiler.TraceAnnotation(f"{PLAN_ANNOTATION}.dp"):
+        candidates = knapsack_dp(target_params, config, cache, prefix_len, states[:, :, :s], mask, w_attn=w_attn,
+                                 w_mlp=w_mlp, tau=knapspec.tau, branch_chunk=knapspec.branch_chunk,
+                                 exit_threshold=threshold, keep_attention=knapspec.keep_attention,
+                                 reference_kv=knapspec.reference_kv, history_backend=dp_history_backend(knapspec))
+        lap("dp")
 
     def choose(c):
         return choose_plan(c.masks, c.alpha, latency, n, gammas=knapspec.plan_gammas, objective=knapspec.objective,
@@ -550,9 +558,10 @@ def plan_skip_set(target_params, config: ModelConfig, cache, tokens, token_mask,
     plan = choose(candidates)
     lap("grid_search")
     if two_stage:
-        candidates = rescore_finalists(candidates, plan.table, knapspec.finalists, target_params, config, cache,
-                                       prefix_len, states, token_mask, threshold, knapspec.reference_kv, s)
-        lap("rescore")
+        with jax.profiler.TraceAnnotation(f"{PLAN_ANNOTATION}.rescore"):
+            candidates = rescore_finalists(candidates, plan.table, knapspec.finalists, target_params, config, cache,
+                                           prefix_len, states, token_mask, threshold, knapspec.reference_kv, s)
+            lap("rescore")
         plan = choose(candidates)
         lap("grid_search")
     return plan, dataclasses.replace(candidates, stage_seconds=stages), (w_attn, w_mlp)
@@ -865,6 +874,8 @@ class KnapSpecController(ScriptedController):
                     self.timings["plans_over_run_budget"] = 1
                     next_plan = None
                     break
+            annotation = jax.profiler.TraceAnnotation(PLAN_ANNOTATION)  # the whole plan, for profiles
+            annotation.__enter__()
             plan_start = time.perf_counter()
             state = run.state
             cache_lengths = np.asarray(state.target_cache.lengths)  # waits for the device work in flight
@@ -908,6 +919,7 @@ class KnapSpecController(ScriptedController):
                     context_length=float(np.mean(cache_lengths + 1)), planner=planner.name,
                     predicted_seconds=cost, rows=int(ref_tokens.shape[0]), host_seconds=host))
             plan_end = time.perf_counter()
+            annotation.__exit__(None, None, None)
             self.timings["plan_s"] += plan_end - plan_start
             last = (plan_end, plan_end - plan_start, true_round)
             if window is not None and knapspec.probe and current["gamma"] > 0 and knapspec.honor_gamma:

@@ -5,7 +5,8 @@ from types import SimpleNamespace as NS
 
 import pytest
 
-from experiments.trace import union_length, device_trace, summarize_plane, trace_on_backend
+from experiments.trace import (annotation_spans, device_trace, summarize_plane, summarize_windows,
+                               trace_on_backend, union_length)
 
 
 def _event(name, start, duration):
@@ -38,6 +39,25 @@ def test_summarize_plane_counts_kernel_lines_only():
     assert out["lines"][0] == "XLA Modules"
 
 
+def test_windows_attribute_device_work_to_annotated_host_spans():
+    """A jaxspec.* annotation on a host plane is a window: its spans' wall time, the device plane's busy time
+    clipped to them, and the kernels that started inside them; other annotations and device planes' own
+    events are not windows."""
+    host = NS(name="/host:CPU", lines=[NS(name="python", events=[
+        _event("jaxspec.a", 0, 1000), _event("jaxspec.a", 3000, 500), _event("other.b", 0, 5000),
+        _event("jaxspec.empty", 4000, 0)])])
+    device = NS(name="/device:GPU:0", lines=[
+        NS(name="XLA Ops", events=[_event("jaxspec.not-a-window", 0, 4000)]),
+        NS(name="Stream #1(Compute)", events=[_event("k1", 100, 200), _event("k2", 900, 300), _event("k3", 2000, 500),
+                                              _event("k4", 3100, 100)])])
+    spans = annotation_spans([host, device])
+    assert spans == {"jaxspec.a": [(0, 1000), (3000, 3500)]}
+    out = summarize_windows(device, spans)["jaxspec.a"]
+    assert out["count"] == 2 and out["wall_s"] == pytest.approx(1500e-9)
+    assert out["busy_s"] == pytest.approx(400e-9)  # k1 200 + k2's first 100 + k4 100; k3 is outside
+    assert out["launches"] == 3 and out["idle_share"] == pytest.approx(1 - 400 / 1500)
+
+
 def test_device_trace_reads_a_real_cpu_trace():
     import jax
     import jax.numpy as jnp
@@ -50,8 +70,20 @@ def test_device_trace_reads_a_real_cpu_trace():
     (plane,) = summary["planes"].values()
     assert plane["launches"] > 0 and plane["busy_s"] > 0
     assert plane["busy_s"] <= plane["span_s"] + 1e-9
+    assert "windows" not in plane  # nothing annotated
     # a prefix that matches nothing gives no planes rather than a wrong one
     assert device_trace(lambda: f(x).block_until_ready(), prefixes=("/device:TPU",))["planes"] == {}
+
+    def annotated():
+        f(x).block_until_ready()
+        with jax.profiler.TraceAnnotation("jaxspec.test.window"):
+            for _ in range(3):
+                f(x).block_until_ready()
+
+    (plane,) = trace_on_backend(annotated)["planes"].values()
+    window = plane["windows"]["jaxspec.test.window"]
+    assert window["count"] == 1 and 0 < window["busy_s"] <= window["wall_s"]
+    assert 0 < window["launches"] < plane["launches"]  # the call before the span is outside it
 
 
 def test_dustin_speed_trace_flag(tmp_path):
@@ -74,12 +106,23 @@ def test_knapspec_trace_flag(tmp_path):
     argv = ["knapspec", "--model", "random:smollm2-135m-shape", "--layers", "3", "--contexts", "64",
             "--max-new-tokens", "16", "--gamma-max", "2", "--gamma-buckets", "1", "--batches", "1",
             "--methods", "knapspec", "--candidate-plans", "0", "--plan-cost-repeats", "0", "--device-tag", "test",
-            "--trace", "--out", str(out)]
+            "--plan-at-start", "--reference-floor", "16", "--search-tokens", "3", "--finalists", "2",
+            "--max-plan-fraction", "0", "--trace", "--out", str(out)]
     assert main(argv) == 0
     case = json.loads(out.read_text())["cases"]["test/summarize/ctx64/b1/knapspec"]
     assert set(case["trace"]) == {"ar", "knapspec"}
     for trace in case["trace"].values():
         assert trace["wall_s"] > 0 and all(p["launches"] > 0 for p in trace["planes"].values())
+    # the plan and its stages are annotated: the traced KnapSpec run shows each as a window, AR none
+    assert len(case["plans"]) == 1
+    (plane,) = case["trace"]["knapspec"]["planes"].values()
+    windows = plane["windows"]
+    assert set(windows) == {"jaxspec.knapspec.plan"} | {f"jaxspec.knapspec.plan.{stage}"
+                                                         for stage in ("boundary_states", "dp", "rescore")}
+    whole = windows["jaxspec.knapspec.plan"]
+    assert whole["count"] == 1 and whole["launches"] > 0
+    assert sum(w["launches"] for name, w in windows.items() if name != "jaxspec.knapspec.plan") <= whole["launches"]
+    assert "windows" not in next(iter(case["trace"]["ar"]["planes"].values()))
 
 
 def test_trace_or_error_keeps_going(capsys):
