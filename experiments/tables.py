@@ -383,15 +383,26 @@ KNAPSPEC_PALLAS_STATIC = f"{K}qwen2.5-coder-1.5b_32k-8k_b16_pallas_static_h200.j
 KNAPSPEC_PALLAS_B1 = f"{K}qwen2.5-coder-1.5b_32k-8k_b1_pallas_static_h200.json"
 #: KnapSpec alone at 32k/b16 as KNAPSPEC_PALLAS_STATIC, with one more run of AR and of KnapSpec traced, on an H100
 KNAPSPEC_PALLAS_STATIC_TRACE_H100 = f"{K}qwen2.5-coder-1.5b_32k_b16_pallas_static_trace_h100.json"
+#: the traced plan runs: (file, device tag, what it adds, suite and step)
+KNAPSPEC_PLAN_TRACES = (
+    (KNAPSPEC_PALLAS_STATIC_TRACE_H100, "h100", "on an H100",
+     "h100-long-context knapspec-qwen2.5-coder-1.5b-b16-32k-pallas-static-trace"),
+    (f"{K}qwen2.5-coder-1.5b_32k_b16_pallas_static_cmdbuf_trace_h100.json", "h100",
+     "on an H100 with XLA's command buffers on",
+     "h100-long-context knapspec-qwen2.5-coder-1.5b-b16-32k-pallas-static-trace-cmdbuf"),
+    (f"{K}qwen2.5-coder-1.5b_32k_b16_pallas_static_trace_h200.json", "h200", "on the H200",
+     "h200-knapspec qwen2.5-coder-1.5b-b16-32k-pallas-static-trace"),
+    (f"{K}qwen2.5-coder-1.5b_32k_b16_pallas_static_cmdbuf_trace_h200.json", "h200",
+     "on the H200 with XLA's command buffers on", "h200-knapspec qwen2.5-coder-1.5b-b16-32k-pallas-static-trace-cmdbuf"))
 #: (file, index-key suffix, what the run adds to "on the Pallas attention kernel")
 KNAPSPEC_PALLAS_RUNS = ((KNAPSPEC_PALLAS, "pallas", ""),
                         (KNAPSPEC_PALLAS_B1, "pallas-static",
                          " with static plans and a profile of compiled masks (--latency-fit forward-static)"),
                         (KNAPSPEC_PALLAS_STATIC, "pallas-static",
                          " with static plans and a profile of compiled masks (--latency-fit forward-static)"),
-                        (KNAPSPEC_PALLAS_STATIC_TRACE_H100, "pallas-static",
-                         " with static plans and a profile of compiled masks (--latency-fit forward-static), on an "
-                         "H100"))
+                        *((source, "pallas-static-" + ("cmdbuf-" if "cmdbuf" in source else "") + "trace",
+                           " with static plans and a profile of compiled masks (--latency-fit forward-static), "
+                           + what + ", one more run of each traced") for source, _, what, _ in KNAPSPEC_PLAN_TRACES))
 
 
 def _row(variant, k="-"):
@@ -994,13 +1005,21 @@ def _knapspec_pallas_more_note() -> str:
 
 
 def _knapspec_plan_trace_note() -> str:
-    """Where the plan's time goes on the GPU: the traced KnapSpec run at 32k/b16 against the traced AR run of the
-    same file (device-busy time and kernel launches from the profiler)."""
-    source = KNAPSPEC_PALLAS_STATIC_TRACE_H100
-    if not (RESULTS / source).exists():
-        return (" Where the plan's time goes on the GPU (h100-long-context step "
-                "knapspec-qwen2.5-coder-1.5b-b16-32k-pallas-static-trace): not measured yet.")
-    case = load(source)["cases"]["h100/summarize/ctx32000/b16/knapspec"]
+    """Where the plan's time goes on the GPU: each traced KnapSpec run at 32k/b16 against the traced AR run of the
+    same file (device-busy time and kernel launches from the profiler), and the runs not measured yet."""
+    out, missing = [], []
+    for source, tag, what, step in KNAPSPEC_PLAN_TRACES:
+        if (RESULTS / source).exists():
+            out.append(_plan_trace_sentence(source, tag, what))
+        else:
+            missing.append(f"{what} ({step})")
+    if missing:
+        out.append("Where the plan's time goes, not measured yet: " + "; ".join(missing) + ".")
+    return "".join(" " + part for part in out)
+
+
+def _plan_trace_sentence(source: str, tag: str, what: str) -> str:
+    case = load(source)["cases"][f"{tag}/summarize/ctx32000/b16/knapspec"]
     plan = case["plans"][0]
     stages = plan["stage_seconds"]
     ar, ks = (next(iter(case["trace"][m]["planes"].values())) for m in ("ar", "knapspec"))
@@ -1012,8 +1031,9 @@ def _knapspec_plan_trace_note() -> str:
     copy_text = (f", {1e3 * (copies['knapspec'] - copies['ar']):.0f} ms of it more device-to-device copies: "
                  f"{n_copies} MemcpyD2D in KnapSpec's run" + ("" if copies["ar"] else ", none among AR's top kernels")
                  if copies["knapspec"] else "")
-    return (f" Where the plan's time goes, on an H100 (`{source}`, 32k, batch 16, KnapSpec alone with static plans and "
-            f"an H100 profile of compiled masks): {case['speedup_vs_ar']:.2f}x AR, planning "
+    waiting = extra_busy < 0.5 * plan["seconds"]
+    return (f"Where the plan's time goes, {what} (`{source}`, 32k, batch 16, KnapSpec alone with static plans and "
+            f"a profile of compiled masks fitted on that GPU): {case['speedup_vs_ar']:.2f}x AR, planning "
             f"{100 * case['plan_fraction_of_decode']:.1f} % of decode; the plan before the first round took "
             f"{1e3 * plan['seconds']:.0f} ms against {1e3 * plan['predicted_seconds']:.0f} ms predicted (the target's "
             f"states of the window {1e3 * stages['boundary_states']:.0f} ms, the DP on the search tokens "
@@ -1022,10 +1042,12 @@ def _knapspec_plan_trace_note() -> str:
             f"{ar['busy_s']:.3f} s for AR on the same cache ({1e3 * extra_busy:.0f} ms more{copy_text}) and launched "
             f"{ks['launches']:,} kernels against {ar['launches']:,} ({extra_launches:,} more), its wall time "
             f"{1e3 * (ks['span_s'] - ar['span_s']):.0f} ms longer: the plan's device work is at most "
-            f"{1e3 * extra_busy:.0f} ms of its {1e3 * plan['seconds']:.0f} ms, and for the rest the GPU waits on the "
-            f"host (issuing the {extra_launches:,} extra kernels one by one, syncing between stages), so a cheaper "
-            "plan needs fewer, larger programs (the DP, rescoring and the window's states in one compiled call) "
-            "more than fewer bytes." + _plan_windows_sentence(ks.get("windows") or {}))
+            f"{1e3 * extra_busy:.0f} ms of its {1e3 * plan['seconds']:.0f} ms"
+            + (f", and for the rest the GPU waits on the host (issuing the {extra_launches:,} extra kernels one by "
+               "one, syncing between stages), so a cheaper plan needs fewer, larger programs (the DP, rescoring and "
+               "the window's states in one compiled call) more than fewer bytes." if waiting else
+               ", so most of the plan is device work.")
+            + _plan_windows_sentence(ks.get("windows") or {}))
 
 
 def _plan_windows_sentence(windows: Dict[str, Any]) -> str:
@@ -2805,6 +2827,20 @@ def _figures() -> List[Figure]:
                                f"{what}: one draft step of its plan ({mode} mask, {check['timed']}) / the latency "
                                "model's prediction", "x", source,
                                ("cases", key, "draft_step_check", f"{mode}_over_predicted"), target="target 0.9-1.1"))
+    for source, tag, what, _ in KNAPSPEC_PLAN_TRACES:  # the traced plan: its wall time and the GPU's work in it
+        if not (RESULTS / source).exists():
+            continue
+        key = f"{tag}/summarize/ctx32000/b16/knapspec"
+        base = f"selfspec/real-qwen1.5b/{tag}/ctx32000/b16/knapspec-pallas-static-" + (
+            "cmdbuf-" if "cmdbuf" in source else "") + "trace"
+        add(Figure(f"{base}/plan-ms", f"KnapSpec's plan before the first round, real Qwen2.5-Coder-1.5B bf16, 32k, "
+                                      f"batch 16, {what}", "ms", source, ("cases", key, "plans", 0, "seconds"),
+                   scale=1e3))
+        add(Figure(f"{base}/gpu-busy-beyond-ar-ms",
+                   f"the traced KnapSpec run's GPU-busy time beyond the traced AR run's on the same cache (at most the "
+                   f"plan's device work), 32k, batch 16, {what}", "ms", source,
+                   lambda d, key=key: 1e3 * (next(iter(d["cases"][key]["trace"]["knapspec"]["planes"].values()))[
+                       "busy_s"] - next(iter(d["cases"][key]["trace"]["ar"]["planes"].values()))["busy_s"])))
     for source, slug, variant in (
             (KNAPSPEC_PLAIN_PRICED_CPU, "two-stage-plain-priced", "two-stage plan, plain decoding priced at the "
                                                                   "decode loop's own step"),
