@@ -947,6 +947,22 @@ class Case:
     def ar_tokens(self) -> np.ndarray:
         return (self.last_ar if self.last_ar is not None else self.ar())["tokens"]
 
+    @staticmethod
+    def time_split_measured(metrics, decode_s: float, plan_s: float, ar_step_s: float) -> Optional[Dict[str, Any]]:
+        """The decode time as the engine's chunks measured it: plain-decoding stretches and speculative rounds
+        (each chunk's wall time up to its own host read), planning, and the controller's rest; the plain steps'
+        own step time against the paired AR run's."""
+        plain, rounds = metrics.get("plain_chunk_seconds"), metrics.get("round_chunk_seconds")
+        if plain is None or rounds is None:
+            return None
+        steps = metrics["ar_steps"]
+        return {"how": "wall seconds inside the engine's chunks (each ended by its own host read); controller = "
+                       "decode - plain stretches - rounds - planning",
+                "plain_stretches_s": plain, "rounds_s": rounds, "plan_s": plan_s,
+                "controller_s": decode_s - plain - rounds - plan_s, "plain_steps": steps,
+                "plain_step_s": plain / steps if steps else None,
+                "plain_step_over_ar_step": plain / steps / ar_step_s if steps and ar_step_s else None}
+
     def _generate(self, method: str, warmup: bool = True, **kwargs):
         from jaxspec.baselines.clasp import clasp_generate
         from jaxspec.baselines.static_skip import static_skip_generate
@@ -1044,6 +1060,7 @@ class Case:
                        "steps x AR step; other = the rest",
                 "plan_s": plan_s, "draft_s": draft_est, "verify_s": verify_est, "ar_interval_s": ar_est,
                 "other_s": decode_s - plan_s - draft_est - verify_est - ar_est, **fwd},
+            "time_split_measured": self.time_split_measured(metrics, decode_s, plan_s, ar["step_s"]),
             "predicted_ar_step_s": self.latency.t_plain(self.capacity, self.model.config.num_layers),
             "latency_prediction": self.latency_prediction(final_mask, bucket + 1, metrics, rounds, decode_s - plan_s,
                                                           budget=budget),

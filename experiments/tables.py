@@ -1037,7 +1037,8 @@ def _plan_trace_sentence(source: str, tag: str, what: str) -> str:
             f"{100 * case['plan_fraction_of_decode']:.1f} % of decode; the plan before the first round took "
             f"{1e3 * plan['seconds']:.0f} ms against {1e3 * plan['predicted_seconds']:.0f} ms predicted (the target's "
             f"states of the window {1e3 * stages['boundary_states']:.0f} ms, the DP on the search tokens "
-            f"{1e3 * stages['dp']:.0f} ms, rescoring the finalists {1e3 * stages['rescore']:.0f} ms). One more run of "
+            f"{1e3 * stages['dp']:.0f} ms, rescoring the finalists {1e3 * stages['rescore']:.0f} ms"
+            f"{_measured_split_text(case)}). One more run of "
             f"each under the profiler: KnapSpec kept the GPU busy {ks['busy_s']:.3f} s against "
             f"{ar['busy_s']:.3f} s for AR on the same cache ({1e3 * extra_busy:.0f} ms more{copy_text}) and launched "
             f"{ks['launches']:,} kernels against {ar['launches']:,} ({extra_launches:,} more), its wall time "
@@ -1048,6 +1049,18 @@ def _plan_trace_sentence(source: str, tag: str, what: str) -> str:
                "the window's states in one compiled call) more than fewer bytes." if waiting else
                ", so most of the plan is device work.")
             + _plan_windows_sentence(ks.get("windows") or {}))
+
+
+def _measured_split_text(case: Dict[str, Any]) -> str:
+    """Where a KnapSpec run's decode went by the engine's own chunk times (``time_split_measured``), if recorded."""
+    split = case.get("time_split_measured")
+    if not split:
+        return ""
+    text = (f"; by the engine's chunk times: plain stretches {1e3 * split['plain_stretches_s']:.0f} ms, rounds "
+            f"{1e3 * split['rounds_s']:.0f} ms, the controller's rest {1e3 * split['controller_s']:.0f} ms")
+    if split.get("plain_step_over_ar_step"):
+        text += f", a plain step {split['plain_step_over_ar_step']:.3f}x the paired AR run's"
+    return text
 
 
 def _plan_windows_sentence(windows: Dict[str, Any]) -> str:
@@ -1081,7 +1094,7 @@ def _knapspec_pallas_note(source: str = KNAPSPEC_PALLAS, batch: int = 16) -> str
                          f"MLP sub-layers at alpha {p['alpha']:.2f} on the window, gamma* = {p['gamma_star']}"
                          + (", so it decoded plainly" if p["gamma_star"] == 0 else "")
                          + f"; planning {100 * ks['plan_fraction_of_decode']:.1f} % of decode, "
-                           f"{1e3 * ks['timings']['plan_s']:.0f} ms)")
+                           f"{1e3 * ks['timings']['plan_s']:.0f} ms" + _measured_split_text(ks) + ")")
         if budget:
             bp, probe = budget.get("budget_plan") or {}, budget.get("fixed_plan_probe") or {}
             text += (f"; KnapSpec with budgeted attention {budget['speedup_vs_ar']:.2f}x (its plan: "

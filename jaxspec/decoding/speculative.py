@@ -552,6 +552,10 @@ class RunCounters:
     plain_tokens: int = 0
     plain_stretches: int = 0
     catch_ups: int = 0  # draft-cache catch-ups after plain decoding
+    # wall seconds inside the engine's chunks, each ended by its own host read (a plain stretch's token count,
+    # the rounds' counter): the rest of a run's decode time is the controller's (planning, probes, its logic)
+    plain_seconds: float = 0.0
+    round_seconds: float = 0.0
 
     def __post_init__(self):
         self.histogram = np.zeros(self.gamma + 1, np.int64)
@@ -703,6 +707,15 @@ def speculative_generate(target_params, target_config: ModelConfig, prompts: Seq
         return engines[g]
 
     def run_chunk(live: LiveRun, chunk: Chunk, profile_totals=None) -> None:
+        start = time.perf_counter()
+        run_chunk_body(live, chunk, profile_totals)
+        seconds = time.perf_counter() - start  # each chunk ends in a host read of its results: synced
+        if chunk.plain_steps is not None:
+            live.counters.plain_seconds += seconds
+        else:
+            live.counters.round_seconds += seconds
+
+    def run_chunk_body(live: LiveRun, chunk: Chunk, profile_totals=None) -> None:
         state = live.state
         if chunk.draft_state is not None:
             state = state._replace(draft_state=placed(chunk.draft_state))

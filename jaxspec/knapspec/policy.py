@@ -947,6 +947,7 @@ class KnapSpecController(ScriptedController):
         timings["plan_fraction"] = timings["plan_s"] / max(run.timings["decode_s"], 1e-9)
         metrics = dict(ar_steps=counters.plain_steps, ar_tokens=counters.plain_tokens,
                        ar_intervals=counters.plain_stretches, schedule_rounds=self.schedule_rounds,
+                       plain_chunk_seconds=counters.plain_seconds, round_chunk_seconds=counters.round_seconds,
                        gamma_buckets_used=sorted(self.buckets_used), honor_gamma=self.knapspec.honor_gamma,
                        knapspec_plans=[r.summary() for r in self.records], plan_allowance=self.allowance,
                        fixed_plan_probe=self.fixed_probe,

@@ -160,6 +160,16 @@ def test_experiment_end_to_end_on_a_tiny_random_model(tmp_path, monkeypatch, cap
         assert case["tokens_per_s"] > 0 and case["ar_tokens_per_s"] > 0
         split = case["time_split_estimate"]
         assert split["draft_forward_s"] > 0 and split["verify_forward_s"] > 0
+        # the engine's own chunk times: plain stretches + rounds + planning + the controller's rest = decode
+        measured = case["time_split_measured"]
+        assert measured["plain_steps"] == case["ar_steps"]
+        assert (measured["plain_stretches_s"] > 0) == (case["ar_steps"] > 0)
+        assert (measured["rounds_s"] > 0) == (case["rounds"] > 0)
+        assert measured["plain_stretches_s"] + measured["rounds_s"] + measured["plan_s"] + measured[
+            "controller_s"] == pytest.approx(case["timings"]["decode_s"])
+        assert measured["controller_s"] > -1e-3  # the chunks lie inside the decode's wall time
+        if case["ar_steps"]:
+            assert measured["plain_step_s"] == pytest.approx(measured["plain_stretches_s"] / case["ar_steps"])
     knapspec = cases["test/summarize/ctx64/b1/knapspec"]
     assert knapspec["plans"] and knapspec["plans"][0]["t_token"] > 0  # planned with the per-token constant
     assert knapspec["plan_allowance"] == {"tokens": None, "skip": False}  # no budget, no cap
