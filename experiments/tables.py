@@ -383,26 +383,24 @@ KNAPSPEC_PALLAS_STATIC = f"{K}qwen2.5-coder-1.5b_32k-8k_b16_pallas_static_h200.j
 KNAPSPEC_PALLAS_B1 = f"{K}qwen2.5-coder-1.5b_32k-8k_b1_pallas_static_h200.json"
 #: KnapSpec alone at 32k/b16 as KNAPSPEC_PALLAS_STATIC, with one more run of AR and of KnapSpec traced, on an H100
 KNAPSPEC_PALLAS_STATIC_TRACE_H100 = f"{K}qwen2.5-coder-1.5b_32k_b16_pallas_static_trace_h100.json"
-#: the traced plan runs: (file, device tag, what it adds, suite and step)
-KNAPSPEC_PLAN_TRACES = (
-    (KNAPSPEC_PALLAS_STATIC_TRACE_H100, "h100", "on an H100",
-     "h100-long-context knapspec-qwen2.5-coder-1.5b-b16-32k-pallas-static-trace"),
-    (f"{K}qwen2.5-coder-1.5b_32k_b16_pallas_static_cmdbuf_trace_h100.json", "h100",
-     "on an H100 with XLA's command buffers on",
-     "h100-long-context knapspec-qwen2.5-coder-1.5b-b16-32k-pallas-static-trace-cmdbuf"),
-    (f"{K}qwen2.5-coder-1.5b_32k_b16_pallas_static_trace_h200.json", "h200", "on the H200",
-     "h200-knapspec qwen2.5-coder-1.5b-b16-32k-pallas-static-trace"),
-    (f"{K}qwen2.5-coder-1.5b_32k_b16_pallas_static_cmdbuf_trace_h200.json", "h200",
-     "on the H200 with XLA's command buffers on", "h200-knapspec qwen2.5-coder-1.5b-b16-32k-pallas-static-trace-cmdbuf"))
+#: the traced plan runs: (file, device tag, what it adds, suite and step, index-key slug)
+KNAPSPEC_PLAN_TRACES = tuple(
+    (f"{K}qwen2.5-coder-1.5b_32k_b16_pallas_static{variant}_trace_{tag}.json", tag,
+     ("on an H100" if tag == "h100" else "on the H200") + what,
+     ("h100-long-context knapspec-" if tag == "h100" else "h200-knapspec ")
+     + "qwen2.5-coder-1.5b-b16-32k-pallas-static-trace" + step, "pallas-static" + variant.replace("_", "-") + "-trace")
+    for tag in ("h100", "h200")
+    for variant, what, step in (("", "", ""), ("_cmdbuf", " with XLA's command buffers on", "-cmdbuf"),
+                                ("_1row", " planning on one row's window (64 reference tokens)", "-1row")))
 #: (file, index-key suffix, what the run adds to "on the Pallas attention kernel")
 KNAPSPEC_PALLAS_RUNS = ((KNAPSPEC_PALLAS, "pallas", ""),
                         (KNAPSPEC_PALLAS_B1, "pallas-static",
                          " with static plans and a profile of compiled masks (--latency-fit forward-static)"),
                         (KNAPSPEC_PALLAS_STATIC, "pallas-static",
                          " with static plans and a profile of compiled masks (--latency-fit forward-static)"),
-                        *((source, "pallas-static-" + ("cmdbuf-" if "cmdbuf" in source else "") + "trace",
-                           " with static plans and a profile of compiled masks (--latency-fit forward-static), "
-                           + what + ", one more run of each traced") for source, _, what, _ in KNAPSPEC_PLAN_TRACES))
+                        *((source, slug, " with static plans and a profile of compiled masks (--latency-fit "
+                                         "forward-static), " + what + ", one more run of each traced")
+                          for source, _, what, _, slug in KNAPSPEC_PLAN_TRACES))
 
 
 def _row(variant, k="-"):
@@ -1008,7 +1006,7 @@ def _knapspec_plan_trace_note() -> str:
     """Where the plan's time goes on the GPU: each traced KnapSpec run at 32k/b16 against the traced AR run of the
     same file (device-busy time and kernel launches from the profiler), and the runs not measured yet."""
     out, missing = [], []
-    for source, tag, what, step in KNAPSPEC_PLAN_TRACES:
+    for source, tag, what, step, _ in KNAPSPEC_PLAN_TRACES:
         if (RESULTS / source).exists():
             out.append(_plan_trace_sentence(source, tag, what))
         else:
@@ -2840,12 +2838,11 @@ def _figures() -> List[Figure]:
                                f"{what}: one draft step of its plan ({mode} mask, {check['timed']}) / the latency "
                                "model's prediction", "x", source,
                                ("cases", key, "draft_step_check", f"{mode}_over_predicted"), target="target 0.9-1.1"))
-    for source, tag, what, _ in KNAPSPEC_PLAN_TRACES:  # the traced plan: its wall time and the GPU's work in it
+    for source, tag, what, _, slug in KNAPSPEC_PLAN_TRACES:  # the traced plan: its wall time and the GPU's work in it
         if not (RESULTS / source).exists():
             continue
         key = f"{tag}/summarize/ctx32000/b16/knapspec"
-        base = f"selfspec/real-qwen1.5b/{tag}/ctx32000/b16/knapspec-pallas-static-" + (
-            "cmdbuf-" if "cmdbuf" in source else "") + "trace"
+        base = f"selfspec/real-qwen1.5b/{tag}/ctx32000/b16/knapspec-{slug}"
         add(Figure(f"{base}/plan-ms", f"KnapSpec's plan before the first round, real Qwen2.5-Coder-1.5B bf16, 32k, "
                                       f"batch 16, {what}", "ms", source, ("cases", key, "plans", 0, "seconds"),
                    scale=1e3))
