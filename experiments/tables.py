@@ -379,10 +379,8 @@ KNAPSPEC_TRACE = f"{K}qwen2.5-7b-shape_8k_b1_trace_h200.json"
 KNAPSPEC_PALLAS = f"{K}qwen2.5-coder-1.5b_32k-8k_b16_pallas_h200.json"
 #: the same with every plan compiled for itself and a latency profile of compiled masks (--latency-fit forward-static)
 KNAPSPEC_PALLAS_STATIC = f"{K}qwen2.5-coder-1.5b_32k-8k_b16_pallas_static_h200.json"
-#: the same two KnapSpec variants at batch 1 on the kernel (the dynamic-mask profile)
+#: the same two KnapSpec variants at batch 1 on the kernel, static plans and a batch-1 profile of compiled masks
 KNAPSPEC_PALLAS_B1 = f"{K}qwen2.5-coder-1.5b_32k-8k_b1_pallas_static_h200.json"
-#: KnapSpec alone at 32k/b16 as KNAPSPEC_PALLAS_STATIC, with one more run of AR and of KnapSpec traced, on an H100
-KNAPSPEC_PALLAS_STATIC_TRACE_H100 = f"{K}qwen2.5-coder-1.5b_32k_b16_pallas_static_trace_h100.json"
 #: the traced plan runs: (file, device tag, what it adds, suite and step, index-key slug)
 KNAPSPEC_PLAN_TRACES = tuple(
     (f"{K}qwen2.5-coder-1.5b_32k_b16_pallas_static{variant}_trace_{tag}.json", tag,
