@@ -54,9 +54,17 @@ def _top(totals: Dict[str, List[float]], top: int) -> List[Dict[str, Any]]:
     return [{"name": name[:160], "total_s": ns / 1e9, "count": int(count)} for name, (ns, count) in rows]
 
 
+def _kernel_events(plane, kernel_lines: Optional[Callable[[str], bool]] = None):
+    """The plane's kernel events: non-empty events on its kernel lines (all but META_LINES by default; never
+    the XLA Modules line)."""
+    is_kernel_line = kernel_lines or (lambda name: name not in META_LINES)
+    for line in plane.lines:
+        if line.name != "XLA Modules" and is_kernel_line(line.name):
+            yield from (event for event in line.events if event.duration_ns > 0)
+
+
 def summarize_plane(plane, top: int = 25, kernel_lines: Optional[Callable[[str], bool]] = None) -> Dict[str, Any]:
     """Busy time, span, top kernels and modules of one XPlane (see the module doc)."""
-    is_kernel_line = kernel_lines or (lambda name: name not in META_LINES)
     intervals: List[Tuple[int, int]] = []
     kernels: Dict[str, List[float]] = {}
     modules: Dict[str, List[float]] = {}
@@ -68,16 +76,11 @@ def summarize_plane(plane, top: int = 25, kernel_lines: Optional[Callable[[str],
                 entry = modules.setdefault(event.name, [0.0, 0])
                 entry[0] += event.duration_ns
                 entry[1] += 1
-            continue
-        if not is_kernel_line(line.name):
-            continue
-        for event in line.events:
-            if event.duration_ns <= 0:
-                continue
-            intervals.append((int(event.start_ns), int(event.start_ns + event.duration_ns)))
-            entry = kernels.setdefault(event.name, [0.0, 0])
-            entry[0] += event.duration_ns
-            entry[1] += 1
+    for event in _kernel_events(plane, kernel_lines):
+        intervals.append((int(event.start_ns), int(event.start_ns + event.duration_ns)))
+        entry = kernels.setdefault(event.name, [0.0, 0])
+        entry[0] += event.duration_ns
+        entry[1] += 1
     span = (max(e for _, e in intervals) - min(s for s, _ in intervals)) if intervals else 0
     return {"busy_s": union_length(intervals) / 1e9, "span_s": span / 1e9,
             "kernel_time_s": sum(v[0] for v in kernels.values()) / 1e9,
@@ -119,9 +122,7 @@ def summarize_windows(plane, spans: Dict[str, List[Tuple[int, int]]],
     """Per annotation name (:func:`annotation_spans`): ``count`` spans, ``wall_s`` (their total length),
     ``busy_s`` (the union of the plane's kernel intervals inside them), ``launches`` (kernels that started
     inside them) and ``idle_share`` (1 - busy / wall)."""
-    is_kernel_line = kernel_lines or (lambda name: name not in META_LINES)
-    kernels = [(int(e.start_ns), int(e.start_ns + e.duration_ns)) for line in plane.lines
-               if is_kernel_line(line.name) for e in line.events if e.duration_ns > 0]
+    kernels = [(int(e.start_ns), int(e.start_ns + e.duration_ns)) for e in _kernel_events(plane, kernel_lines)]
     out = {}
     for name, windows in sorted(spans.items()):
         wall = union_length(windows)

@@ -874,52 +874,50 @@ class KnapSpecController(ScriptedController):
                     self.timings["plans_over_run_budget"] = 1
                     next_plan = None
                     break
-            annotation = jax.profiler.TraceAnnotation(PLAN_ANNOTATION)  # the whole plan, for profiles
-            annotation.__enter__()
-            plan_start = time.perf_counter()
-            state = run.state
-            cache_lengths = np.asarray(state.target_cache.lengths)  # waits for the device work in flight
-            host = {"device_in_flight": time.perf_counter() - plan_start}  # the controller's own parts of a plan
-            if current["gamma"] == 0 or mark is None:
-                mark = np.maximum(cache_lengths - knapspec.ar_reference_tokens, 0)
-            if knapspec.reference_floor is not None:  # at least this many tokens a row (earlier ones, the prompt's)
-                mark = np.minimum(mark, np.maximum(cache_lengths - int(knapspec.reference_floor), 0))
-            window = reference_window(tokens, lengths, np.asarray(state.out), np.asarray(state.num_out),
-                                      cache_lengths, mark, ref_cap, knapspec.token_bucket)
-            mark = None
-            if window is not None:
-                ref_tokens, token_mask, prefix = window
-                n = self.context_n if self.context_n is not None else effective_context(
-                    config, cache_lengths, state.target_cache.capacity)
-                plan_cache = state.target_cache
-                if knapspec.plan_rows is not None and int(knapspec.plan_rows) < batch:
-                    rows = planning_rows(token_mask, np.asarray(state.done), int(knapspec.plan_rows))
-                    ref_tokens, token_mask, prefix = ref_tokens[rows], token_mask[rows], prefix[rows]
-                    plan_cache = cache_rows(plan_cache, rows)
-                    jax.block_until_ready(plan_cache.keys)
-                host["window"] = time.perf_counter() - plan_start - host["device_in_flight"]
-                plan, candidates, weights = planner.plan(run.target_params, config, plan_cache,
-                                                         jnp.asarray(ref_tokens), jnp.asarray(token_mask),
-                                                         jnp.asarray(prefix), n)
-                del plan_cache
-                applying = time.perf_counter()
-                apply_plan(plan.mask, plan.gamma if knapspec.honor_gamma else gamma_max)
-                cost = planner.reference_cost(config, n)
-                if cost is not None:
-                    cost *= ref_tokens.shape[1] * row_share
-                    search = knapspec.search_tokens
-                    if search is not None and ref_tokens.shape[1] > search and hasattr(planner, "reference_costs"):
-                        fixed, per_token = planner.reference_costs(config, n)
-                        cost = (fixed + per_token * ref_tokens.shape[1]) * row_share
-                    cost *= float(knapspec.plan_cost_scale)  # the allowance's prediction, as it priced the plan
-                host["apply"] = time.perf_counter() - applying
-                self.records.append(PlanRecord(
-                    true_round, plan, candidates, int(token_mask.sum()), weights, time.perf_counter() - plan_start,
-                    gamma_used=current["gamma"], verify_rows=current["bucket"] + 1 if current["gamma"] else 1,
-                    context_length=float(np.mean(cache_lengths + 1)), planner=planner.name,
-                    predicted_seconds=cost, rows=int(ref_tokens.shape[0]), host_seconds=host))
-            plan_end = time.perf_counter()
-            annotation.__exit__(None, None, None)
+            with jax.profiler.TraceAnnotation(PLAN_ANNOTATION):  # the whole plan, for profiles
+                plan_start = time.perf_counter()
+                state = run.state
+                cache_lengths = np.asarray(state.target_cache.lengths)  # waits for the device work in flight
+                host = {"device_in_flight": time.perf_counter() - plan_start}  # the controller's own parts of a plan
+                if current["gamma"] == 0 or mark is None:
+                    mark = np.maximum(cache_lengths - knapspec.ar_reference_tokens, 0)
+                if knapspec.reference_floor is not None:  # at least this many tokens a row (earlier ones, the prompt's)
+                    mark = np.minimum(mark, np.maximum(cache_lengths - int(knapspec.reference_floor), 0))
+                window = reference_window(tokens, lengths, np.asarray(state.out), np.asarray(state.num_out),
+                                          cache_lengths, mark, ref_cap, knapspec.token_bucket)
+                mark = None
+                if window is not None:
+                    ref_tokens, token_mask, prefix = window
+                    n = self.context_n if self.context_n is not None else effective_context(
+                        config, cache_lengths, state.target_cache.capacity)
+                    plan_cache = state.target_cache
+                    if knapspec.plan_rows is not None and int(knapspec.plan_rows) < batch:
+                        rows = planning_rows(token_mask, np.asarray(state.done), int(knapspec.plan_rows))
+                        ref_tokens, token_mask, prefix = ref_tokens[rows], token_mask[rows], prefix[rows]
+                        plan_cache = cache_rows(plan_cache, rows)
+                        jax.block_until_ready(plan_cache.keys)
+                    host["window"] = time.perf_counter() - plan_start - host["device_in_flight"]
+                    plan, candidates, weights = planner.plan(run.target_params, config, plan_cache,
+                                                             jnp.asarray(ref_tokens), jnp.asarray(token_mask),
+                                                             jnp.asarray(prefix), n)
+                    del plan_cache
+                    applying = time.perf_counter()
+                    apply_plan(plan.mask, plan.gamma if knapspec.honor_gamma else gamma_max)
+                    cost = planner.reference_cost(config, n)
+                    if cost is not None:
+                        cost *= ref_tokens.shape[1] * row_share
+                        search = knapspec.search_tokens
+                        if search is not None and ref_tokens.shape[1] > search and hasattr(planner, "reference_costs"):
+                            fixed, per_token = planner.reference_costs(config, n)
+                            cost = (fixed + per_token * ref_tokens.shape[1]) * row_share
+                        cost *= float(knapspec.plan_cost_scale)  # the allowance's prediction, as it priced the plan
+                    host["apply"] = time.perf_counter() - applying
+                    self.records.append(PlanRecord(
+                        true_round, plan, candidates, int(token_mask.sum()), weights, time.perf_counter() - plan_start,
+                        gamma_used=current["gamma"], verify_rows=current["bucket"] + 1 if current["gamma"] else 1,
+                        context_length=float(np.mean(cache_lengths + 1)), planner=planner.name,
+                        predicted_seconds=cost, rows=int(ref_tokens.shape[0]), host_seconds=host))
+                plan_end = time.perf_counter()
             self.timings["plan_s"] += plan_end - plan_start
             last = (plan_end, plan_end - plan_start, true_round)
             if window is not None and knapspec.probe and current["gamma"] > 0 and knapspec.honor_gamma:
