@@ -163,7 +163,7 @@ def add_planning_arguments(add, prefix: str = "") -> None:
              "and its best candidates are scored again on the whole window (default: the DP on the whole window, "
              "the paper). KnapSpec's sub-layer DP")
     add(f"--{prefix}finalists", type=int, default=4, metavar="K",
-        help="with --{prefix}search-tokens: candidates scored again on the whole window")
+        help=f"with --{prefix}search-tokens: candidates scored again on the whole window")
     add(f"--{prefix}plan-rows", type=int, default=None, metavar="N",
         help="plan on the reference windows of N rows of the batch (the most reference tokens first): the DP's "
              "cost grows with its rows and one plan serves the whole batch (default: every row). "
@@ -176,8 +176,13 @@ def add_planning_arguments(add, prefix: str = "") -> None:
         help="the attention of the DP's branches (docs/methods.md §4.3): xla = the vmap-ed reference (default); "
              "pallas = every branch's rows folded into the query rows of the Pallas history kernel, no scores "
              "written (GPU; pallas-interpret anywhere, slow)")
+    add(f"--{prefix}rescore", choices=("auto", "executed", "select"), default="auto",
+        help=f"with --{prefix}search-tokens: how the finalists are scored on the whole window: executed = only the "
+             "sub-layers each runs after its first skip, behind conditionals (a GPU reads each predicate on the "
+             "host); select = every sub-layer of every finalist in one batched pass, no control flow; auto = "
+             "executed on the CPU, select on a GPU/TPU (default). docs/methods.md §5.6")
     add(f"--{prefix}plan-at-start", action="store_true",
-        help="with --{prefix}reference-floor R: the first plan runs before the first round, on the prompt's last R "
+        help=f"with --{prefix}reference-floor R: the first plan runs before the first round, on the prompt's last R "
              "tokens a row, so no round drafts with the full model (default: after round 6, the paper). "
              "docs/methods.md §5.6")
 
@@ -250,7 +255,8 @@ def knapspec_config_from_args(args):
                           reference_floor=getattr(args, "knapspec_reference_floor", None),
                           plan_rows=getattr(args, "knapspec_plan_rows", None),
                           plan_at_start=getattr(args, "knapspec_plan_at_start", False),
-                          dp_attention=getattr(args, "knapspec_dp_attention", "xla"))
+                          dp_attention=getattr(args, "knapspec_dp_attention", "xla"),
+                          rescore=getattr(args, "knapspec_rescore", "auto"))
 
 
 def validate_self_spec(args) -> None:
@@ -621,6 +627,8 @@ def _config_of(args) -> Dict[str, Any]:
         config["plan_at_start"] = True
     if args.dp_attention != "xla":
         config["dp_attention"] = args.dp_attention
+    if args.rescore != "auto":  # named only when set, like reference_kv
+        config["rescore"] = args.rescore
     if args.attention_backend != "auto":
         config["attention_backend"] = args.attention_backend
     if args.dp_attention_check:
@@ -1047,7 +1055,7 @@ class Case:
                                             "alpha", "p_c", "p_ac", "predicted_tpt", "t_attn", "t_mlp", "t_token",
                                             "verify_row_cost", "seconds", "predicted_seconds", "probe",
                                             "reference_tokens", "candidates", "w_attn", "w_mlp", "planner",
-                                            "stage_seconds", "dp_attention")}
+                                            "stage_seconds", "dp_attention", "rescore")}
                       for p in plans],
             "final_skip": {"n_skip_attn": int(final_mask[:, 0].sum()), "n_skip_mlp": int(final_mask[:, 1].sum())},
             "timings": timings, "ar_decode_s": ar["decode_s"], "ar_step_s": ar["step_s"],
@@ -1394,7 +1402,7 @@ def experiment_knapspec_config(args, branch_chunk=None):
                           static_plans=args.static_plans, search_tokens=args.search_tokens,
                           finalists=args.finalists, reference_floor=args.reference_floor, plan_rows=args.plan_rows,
                           plan_at_start=args.plan_at_start, plan_cost_scale=args.plan_cost_scale,
-                          dp_attention=args.dp_attention)
+                          dp_attention=args.dp_attention, rescore=args.rescore)
 
 
 def check_knapspec_args(args) -> None:

@@ -391,7 +391,9 @@ KNAPSPEC_PLAN_TRACES = tuple(
      + "qwen2.5-coder-1.5b-b16-32k-pallas-static-trace" + step, "pallas-static" + variant.replace("_", "-") + "-trace")
     for tag in ("h100", "h200")
     for variant, what, step in (("", "", ""), ("_cmdbuf", " with XLA's command buffers on", "-cmdbuf"),
-                                ("_1row", " planning on one row's window (64 reference tokens)", "-1row")))
+                                ("_1row", " planning on one row's window (64 reference tokens)", "-1row"),
+                                ("_1row_select", " planning on one row's window with the finalists rescored in one "
+                                 "pass without conditionals (--rescore select)", "-1row-select")))
 #: (file, index-key suffix, what the run adds to "on the Pallas attention kernel")
 KNAPSPEC_PALLAS_RUNS = ((KNAPSPEC_PALLAS, "pallas", ""),
                         (KNAPSPEC_PALLAS_B1, "pallas-static",
@@ -1035,8 +1037,10 @@ def _plan_trace_sentence(source: str, tag: str, what: str) -> str:
             f"{100 * case['plan_fraction_of_decode']:.1f} % of decode; the plan before the first round took "
             f"{1e3 * plan['seconds']:.0f} ms against {1e3 * plan['predicted_seconds']:.0f} ms predicted (the target's "
             f"states of the window {1e3 * stages['boundary_states']:.0f} ms, the DP on the search tokens "
-            f"{1e3 * stages['dp']:.0f} ms, rescoring the finalists {1e3 * stages['rescore']:.0f} ms"
-            f"{_measured_split_text(case)}). One more run of "
+            f"{1e3 * stages['dp']:.0f} ms, rescoring the finalists {1e3 * stages['rescore']:.0f} ms "
+            + ("in one batched pass without conditionals" if plan.get("rescore") == "select" else
+               "behind per-sub-layer conditionals")
+            + f"{_measured_split_text(case)}). One more run of "
             f"each under the profiler: KnapSpec kept the GPU busy {ks['busy_s']:.3f} s against "
             f"{ar['busy_s']:.3f} s for AR on the same cache ({1e3 * extra_busy:.0f} ms more{copy_text}) and launched "
             f"{ks['launches']:,} kernels against {ar['launches']:,} ({extra_launches:,} more), its wall time "
@@ -1046,7 +1050,7 @@ def _plan_trace_sentence(source: str, tag: str, what: str) -> str:
                "one, syncing between stages), so a cheaper plan needs fewer, larger programs (the DP, rescoring and "
                "the window's states in one compiled call) more than fewer bytes." if waiting else
                ", so most of the plan is device work.")
-            + _plan_windows_sentence(ks.get("windows") or {}))
+            + _plan_windows_sentence(ks.get("windows") or {}, plan.get("rescore")))
 
 
 def _measured_split_text(case: Dict[str, Any]) -> str:
@@ -1061,14 +1065,25 @@ def _measured_split_text(case: Dict[str, Any]) -> str:
     return text
 
 
-def _plan_windows_sentence(windows: Dict[str, Any]) -> str:
-    """The traced plan's profiler annotations (experiments/trace.py windows), where the trace has them."""
+def _plan_windows_sentence(windows: Dict[str, Any], rescore: Optional[str] = None) -> str:
+    """The traced plan's profiler annotations (experiments/trace.py windows), where the trace has them; with the
+    finalists rescored behind conditionals (``rescore`` "executed", or None: before the choice existed), how long
+    the GPU idled in the rescoring."""
     if not windows:
         return ""
     parts = [f"{name[len('jaxspec.knapspec.'):]} {1e3 * w['wall_s']:.1f} ms of wall time, the GPU busy "
              f"{1e3 * w['busy_s']:.1f} ms of it, {w['launches']:,} kernels" for name, w in sorted(windows.items())
              if name.startswith("jaxspec.knapspec.plan")]
-    return (" Inside the traced plan's profiler annotations: " + "; ".join(parts) + ".") if parts else ""
+    if not parts:
+        return ""
+    text = " Inside the traced plan's profiler annotations: " + "; ".join(parts) + "."
+    window = windows.get("jaxspec.knapspec.plan.rescore")
+    if window and rescore != "select" and window["wall_s"] > 0:
+        text += (f" The GPU idled {100 * (1 - window['busy_s'] / window['wall_s']):.0f} % of the rescoring: each "
+                 "finalist's sub-layers sit behind conditionals, and a GPU reads each predicate on the host before "
+                 "it launches the branch (rescoring without them, `--rescore select`, is the GPU's default now; "
+                 "docs/methods.md §5.6).")
+    return text
 
 
 def _knapspec_pallas_note(source: str = KNAPSPEC_PALLAS, batch: int = 16) -> str:

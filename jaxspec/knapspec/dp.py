@@ -615,6 +615,8 @@ class Candidates:
     # and their number per row; alpha / confident / agree_confident are then the whole window's
     search_alpha: Optional[np.ndarray] = None  # [C]
     search_tokens: Optional[int] = None
+    # how the finalists were scored on the window: "executed" (conditionals) or "select" (policy.KnapSpecConfig.rescore)
+    rescore: Optional[str] = None
     # the backend the DP's branch attention folded into (knapsack_dp's history_backend; None: the reference)
     history_backend: Optional[str] = None
     # wall seconds of each part of the plan that produced these candidates (policy.plan_skip_set:
@@ -695,8 +697,10 @@ def _plan_states_fn(params, cache: KVCache, prefix_len, states, masks, *, config
     the mask executes it after an earlier skip (``lax.cond``): a skipped one passes its input on, and
     one before the mask's first skip sees the target's own input, so its output is the target's
     boundary state, read from ``states``. The cost is the executed sub-layers after the first skip,
-    not the whole model. ``False``: every sub-layer of every mask runs and a select keeps or drops it
-    (the reference)."""
+    not the whole model, but a GPU reads each conditional's predicate on the host (2L round trips per
+    mask). ``False``: every sub-layer of every mask runs, all masks in one ``vmap``, and a select keeps
+    or drops it: more arithmetic, no control flow (the reference, and the GPU's choice,
+    :func:`~jaxspec.knapspec.policy.rescore_executed_only`)."""
     attn, mlp, _, _ = _model_sublayers(config, prefix_len, states.shape[2], None, reference_kv)
 
     def one(mask):
@@ -716,7 +720,9 @@ def _plan_states_fn(params, cache: KVCache, prefix_len, states, masks, *, config
                 diverged = jnp.logical_or(diverged, skip)
         return h
 
-    return jax.lax.map(one, masks)
+    # with executed_only the conditionals need one mask at a time; the select form has no control flow, so every
+    # mask runs in one batched pass (the weights read once for all of them)
+    return jax.lax.map(one, masks) if executed_only else jax.vmap(one)(masks)
 
 
 _plan_states = jax.jit(_plan_states_fn, static_argnames=("config", "reference_kv", "executed_only"))

@@ -225,12 +225,23 @@ class KnapSpecDraft(DraftPolicyBase):
 # ---------------------------------------------------------------------------- schedule
 #: values of :attr:`KnapSpecConfig.dp_attention`
 DP_ATTENTION = ("xla", "pallas", "pallas-interpret")
+#: how a two-stage plan scores its finalists on the whole window (KnapSpecConfig.rescore)
+RESCORE = ("auto", "executed", "select")
 
 
 def dp_history_backend(knapspec: "KnapSpecConfig") -> Optional[str]:
     """The ``history_backend`` the sub-layer DP runs with under ``knapspec`` (None: the reference
     attention), from :attr:`KnapSpecConfig.dp_attention`."""
     return check_history_backend(knapspec.dp_attention, knapspec.reference_kv, knapspec.branch_chunk)
+
+
+def rescore_executed_only(knapspec: "KnapSpecConfig", backend: Optional[str] = None) -> bool:
+    """Whether a two-stage plan rescores its finalists behind per-sub-layer conditionals
+    (:attr:`KnapSpecConfig.rescore`; ``"auto"``: on the CPU only, where a conditional costs no host round
+    trip and the skipped arithmetic is the price). ``backend``: the JAX backend (default: the default one)."""
+    if knapspec.rescore != "auto":
+        return knapspec.rescore == "executed"
+    return (backend or jax.default_backend()) == "cpu"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -317,6 +328,12 @@ class KnapSpecConfig:
     # the query rows of the Pallas history kernel, no scores written (GPU, opt-in like the model's Pallas
     # attention; "pallas-interpret" on any platform, for tests)
     dp_attention: str = "xla"
+    # how a two-stage plan scores its finalists on the whole window (jaxspec.knapspec.dp.plan_agreement):
+    # "executed" = each finalist's executed sub-layers after its first skip only, behind per-sub-layer conditionals
+    # (least arithmetic; a GPU reads every predicate on the host: 2L round trips per finalist); "select" = every
+    # sub-layer of every finalist in one batched pass, kept or dropped by a select (no control flow); "auto" =
+    # executed on the CPU, select on an accelerator (docs/methods.md §5.6). Same statistics either way
+    rescore: str = "auto"
 
     def __post_init__(self):
         object.__setattr__(self, "keep_attention", tuple(sorted({int(x) for x in self.keep_attention})))
@@ -325,6 +342,8 @@ class KnapSpecConfig:
             raise ValueError(f"dp_attention={self.dp_attention!r}; valid: {', '.join(DP_ATTENTION)}")
         if self.dp_attention != "xla":
             check_history_backend(self.dp_attention, self.reference_kv, self.branch_chunk)
+        if self.rescore not in RESCORE:
+            raise ValueError(f"rescore={self.rescore!r}; valid: {', '.join(RESCORE)}")
         if self.reference_kv != "branch" and self.coupled:
             raise ValueError(f"reference_kv={self.reference_kv!r} is for the sub-layer DP; coupled=True (whole "
                              f"layers, the CLaSp-style ablation) runs the paper's 'branch' reference")
@@ -475,7 +494,8 @@ class PlanRecord:
             out["stage_seconds"] = dict(stages, other=self.seconds - sum(stages.values()))
             out["dp_attention"] = c.history_backend or "xla"
         if c is not None and c.search_alpha is not None:  # a two-stage plan: the search's estimate beside the window's
-            out.update(search_tokens=c.search_tokens, search_alpha=float(c.search_alpha[self.plan.index]))
+            out.update(search_tokens=c.search_tokens, search_alpha=float(c.search_alpha[self.plan.index]),
+                       rescore=c.rescore)
         return out
 
 
@@ -560,7 +580,8 @@ def plan_skip_set(target_params, config: ModelConfig, cache, tokens, token_mask,
     if two_stage:
         with jax.profiler.TraceAnnotation(f"{PLAN_ANNOTATION}.rescore"):
             candidates = rescore_finalists(candidates, plan.table, knapspec.finalists, target_params, config, cache,
-                                           prefix_len, states, token_mask, threshold, knapspec.reference_kv, s)
+                                           prefix_len, states, token_mask, threshold, knapspec.reference_kv, s,
+                                           executed_only=rescore_executed_only(knapspec))
             lap("rescore")
         plan = choose(candidates)
         lap("grid_search")
@@ -568,22 +589,26 @@ def plan_skip_set(target_params, config: ModelConfig, cache, tokens, token_mask,
 
 
 def rescore_finalists(candidates: Candidates, table: np.ndarray, finalists: int, target_params, config, cache,
-                      prefix_len, states, token_mask, threshold, reference_kv: str, search_tokens: int) -> Candidates:
+                      prefix_len, states, token_mask, threshold, reference_kv: str, search_tokens: int,
+                      executed_only: bool = True) -> Candidates:
     """The second stage of a two-stage plan: the ``finalists`` candidates whose best grid score on the
     search tokens is highest (ties: lower index, i.e. less skipped) scored again on the whole window
-    (:func:`~jaxspec.knapspec.dp.plan_agreement`). Returns those candidates, their statistics replaced
-    by the whole window's; ``search_alpha`` keeps the search's estimate and ``search_tokens`` its width."""
+    (:func:`~jaxspec.knapspec.dp.plan_agreement`, with ``executed_only``: :func:`rescore_executed_only`).
+    Returns those candidates, their statistics replaced by the whole window's; ``search_alpha`` keeps the
+    search's estimate and ``search_tokens`` its width."""
     best = np.max(np.where(np.isfinite(table), table, -np.inf), axis=1)
     order = sorted(range(len(best)), key=lambda i: (-best[i], i))
     keep = sorted(i for i in order[:finalists] if np.isfinite(best[i])) or [order[0]]
     padded = keep + [keep[0]] * (finalists - len(keep))  # always `finalists` masks: one compiled shape
     stats = plan_agreement(target_params, config, cache, prefix_len, states, candidates.masks[padded], token_mask,
-                           reference_kv=reference_kv, exit_threshold=threshold)[: len(keep)]
+                           reference_kv=reference_kv, exit_threshold=threshold,
+                           executed_only=executed_only)[: len(keep)]
     exits = candidates.confident is not None
     return dataclasses.replace(
         candidates, masks=candidates.masks[keep], weights=candidates.weights[keep], cosine=candidates.cosine[keep],
         alpha=stats[:, 0], confident=stats[:, 1] if exits else None, agree_confident=stats[:, 2] if exits else None,
-        final_states=None, search_alpha=candidates.alpha[keep], search_tokens=int(search_tokens))
+        final_states=None, search_alpha=candidates.alpha[keep], search_tokens=int(search_tokens),
+        rescore="executed" if executed_only else "select")
 
 
 @dataclasses.dataclass(frozen=True)
