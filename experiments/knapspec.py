@@ -54,7 +54,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from experiments import registry
-from experiments.common import DEMO_PROMPT_FILE, REPO, ResultWriter, load_model_timed, print_table, release_memory
+from experiments.common import (DEMO_PROMPT_FILE, REPO, ResultWriter, config_of, load_model_timed, print_table,
+                                release_memory)
 
 METHODS = ("knapspec", "clasp", "static-skip", "knapspec-tpl", "knapspec-coupled", "knapspec-official",
            "knapspec-budget", "knapspec-target-ref")
@@ -609,6 +610,31 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--plot", default=None, metavar="PNG", help="draw the figure from the results at the end")
     p.set_defaults(func=cmd_knapspec)
+    b = subparsers.add_parser("bench-plan", help="a two-stage KnapSpec plan's stages timed alone on one cache, the "
+                                                 "finalists rescored both ways (docs/methods.md §5.6), any backend")
+    b.add_argument("--model", default="random:qwen2.5-1.5b-shape",
+                   help="random:PRESET (random weights: the stages' cost does not depend on their values) or real "
+                        "weights (registry name or path)")
+    b.add_argument("--layers", type=int, default=None, help="random presets only: override the number of layers")
+    b.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    b.add_argument("--contexts", default="32000", help="comma-separated cached tokens per row before the window")
+    b.add_argument("--rows", type=int, default=1, help="rows the plan runs on (knapspec --plan-rows)")
+    b.add_argument("--window", type=int, default=64, help="reference tokens a row (knapspec --reference-floor)")
+    b.add_argument("--search-tokens", type=int, default=3, help="the DP's tokens a row (knapspec --search-tokens)")
+    b.add_argument("--finalists", type=int, default=2, help="candidates rescored on the whole window")
+    b.add_argument("--weights", default="5,1", metavar="W_ATTN,W_MLP",
+                   help="the knapsack weights of an Attention and an MLP sub-layer (a plan derives them from the "
+                        "latency profile; 5,1 is the 1.5B's at 32k/b16 on an H100)")
+    b.add_argument("--exit-threshold", type=float, default=0.7, help="the early-exit statistics' threshold")
+    b.add_argument("--attention-backend", default="auto", choices=list(ATTENTION_BACKENDS),
+                   help="the model's attention (the window's states and the rescoring)")
+    b.add_argument("--dp-attention", choices=("xla", "pallas", "pallas-interpret"), default="xla",
+                   help="the DP branches' attention, as knapspec --dp-attention")
+    b.add_argument("--repeats", type=int, default=5, help="timed calls per stage (interleaved); min and median")
+    b.add_argument("--trace", action="store_true",
+                   help="also run each stage once under the profiler: the device's busy time and kernel launches")
+    b.add_argument("--seed", type=int, default=0)
+    b.set_defaults(func=cmd_bench_plan)
 
 
 def _config_of(args) -> Dict[str, Any]:
@@ -1745,3 +1771,139 @@ def plot(data: Dict[str, Any], path: str) -> None:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     print(f"figure: {path}", file=sys.stderr)
+
+
+# ---------------------------------------------------------------------------- one plan's stages, timed alone
+def check_bench_plan_args(args) -> Tuple[List[int], int, int]:
+    """``bench-plan``'s numbers before any model loads: ``(contexts, w_attn, w_mlp)``."""
+    try:
+        contexts = [int(c) for c in args.contexts.split(",") if c]
+        w_attn, w_mlp = (int(w) for w in args.weights.split(","))
+    except ValueError:
+        raise ValueError(f"--contexts {args.contexts!r} / --weights {args.weights!r}: expected comma-separated "
+                         f"integers (--weights: exactly two, W_ATTN,W_MLP)") from None
+    if not contexts or min(contexts) < 1:
+        raise ValueError(f"--contexts {args.contexts!r}: each must be >= 1")
+    if min(w_attn, w_mlp) < 1:
+        raise ValueError(f"--weights {args.weights!r}: both must be >= 1")
+    for name in ("rows", "window", "search_tokens", "finalists", "repeats"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')}={getattr(args, name)}: must be >= 1")
+    if args.search_tokens >= args.window:
+        raise ValueError(f"--search-tokens={args.search_tokens} must be below --window={args.window} (a two-stage "
+                         f"plan searches on a prefix of the window)")
+    if not 0 < args.exit_threshold < 1:
+        raise ValueError(f"--exit-threshold={args.exit_threshold}: must be in (0, 1)")
+    if args.layers is not None and not args.model.startswith("random:"):
+        raise ValueError(f"--layers is for random:PRESET models only; {args.model!r} has its own layer count")
+    check_dp_attention(args.dp_attention)
+    return contexts, w_attn, w_mlp
+
+
+def _finalist_masks(masks: np.ndarray, finalists: int) -> np.ndarray:
+    """``finalists`` of the DP's candidate masks spread over its skipped weights, leaving out the first (it
+    skips nothing, so its executed-only forward runs nothing) unless there is no other."""
+    pool = masks[1:] if len(masks) > 1 else masks
+    index = np.unique(np.linspace(0, len(pool) - 1, finalists).round().astype(int))
+    return pool[index]
+
+
+def cmd_bench_plan(args) -> Dict[str, Any]:
+    """The stages of one two-stage plan (docs/methods.md §5.6) on one cache: the target's states of the
+    window (``dp.boundary_states``), the DP on the first ``--search-tokens`` tokens (``dp.knapsack_dp``) and
+    the finalists rescored on the whole window both ways (``dp.plan_agreement``: ``executed_only`` behind
+    per-sub-layer conditionals, and the select form without them, ``KnapSpecConfig.rescore``), each compiled
+    first and then timed ``--repeats`` times, interleaved; the two rescorings' statistics are compared. The
+    cache holds seeded random K/V and the window random tokens: the stages' cost depends on the shapes, not on
+    the values (the finalists' executed-only cost depends on where they first skip: the masks are recorded)."""
+    import jax
+    import jax.numpy as jnp
+
+    from experiments.trace import trace_or_error
+    from jaxspec.knapspec import dp
+    from jaxspec.knapspec.dp import skip_budget
+    from jaxspec.models.cache import init_cache
+
+    contexts, w_attn, w_mlp = check_bench_plan_args(args)
+    writer = ResultWriter(args.out, "bench-plan", config_of(args))
+    model = load(args)
+    params, config = model.params, model.config
+    backend = None if args.dp_attention == "xla" else args.dp_attention
+    rows_out = []
+    for context in contexts:
+        key = f"ctx{context}/r{args.rows}/w{args.window}/s{args.search_tokens}/f{args.finalists}"
+        if writer.has(key):
+            rows_out.extend(writer.get(key)["rows"])
+            continue
+        rng = jax.random.PRNGKey(args.seed + context)
+        cache = init_cache(config, args.rows, context + args.window)
+        keys, values = [], []
+        for i, (k, v) in enumerate(zip(cache.keys, cache.values)):
+            rk, rv = jax.random.split(jax.random.fold_in(rng, i))
+            keys.append(jax.random.normal(rk, k.shape, k.dtype))
+            values.append(jax.random.normal(rv, v.shape, v.dtype))
+        prefix = jnp.full((args.rows,), context, jnp.int32)
+        cache = dataclasses.replace(cache, keys=tuple(keys), values=tuple(values), lengths=prefix)
+        tokens = jax.random.randint(jax.random.fold_in(rng, 10 ** 6), (args.rows, args.window), 0, config.vocab_size)
+        mask = np.ones((args.rows, args.window), np.float32)
+        s = args.search_tokens
+
+        def states_fn():
+            return dp.boundary_states(params, config, tokens, cache, prefix)
+
+        states = jax.block_until_ready(states_fn())
+
+        def dp_fn():
+            return dp.knapsack_dp(params, config, cache, prefix, states[:, :, :s], mask[:, :s], w_attn=w_attn,
+                                  w_mlp=w_mlp, exit_threshold=args.exit_threshold, history_backend=backend)
+
+        candidates = dp_fn()
+        finals = _finalist_masks(candidates.masks, args.finalists)
+
+        def rescore_fn(executed_only):
+            return lambda: dp.plan_agreement(params, config, cache, prefix, states, finals, mask,
+                                             exit_threshold=args.exit_threshold, executed_only=executed_only)
+
+        stages = {"boundary_states": states_fn, "dp": dp_fn, "rescore_executed": rescore_fn(True),
+                  "rescore_select": rescore_fn(False)}
+        stats = {name: np.asarray(stages[name]()) for name in ("rescore_executed", "rescore_select")}  # compiled
+        samples = {name: [] for name in stages}
+        for _ in range(args.repeats):  # interleaved: drift on the machine touches every stage alike
+            for name, fn in stages.items():
+                start = time.perf_counter()
+                jax.block_until_ready(fn())  # the DP and the rescoring return host arrays: they end synced
+                samples[name].append(time.perf_counter() - start)
+        result = {"context": context, "rows": args.rows, "window": args.window, "search_tokens": s,
+                  "budget": skip_budget(w_attn, w_mlp, config.num_layers), "candidates": len(candidates),
+                  "finalist_masks": {"skip_attn": [np.flatnonzero(m[:, 0]).tolist() for m in finals],
+                                     "skip_mlp": [np.flatnonzero(m[:, 1]).tolist() for m in finals]},
+                  "seconds_min": {n: min(v) for n, v in samples.items()},
+                  "seconds_median": {n: float(np.median(v)) for n, v in samples.items()}, "samples_s": samples,
+                  # (alpha, p_c, p_ac) per finalist: the same statistics either way, up to the dtype's rounding
+                  "rescore_stats": {n: v.tolist() for n, v in stats.items()},
+                  "rescore_max_abs_diff": float(np.max(np.abs(stats["rescore_executed"] - stats["rescore_select"])))}
+        result["select_over_executed"] = result["seconds_min"]["rescore_select"] / result["seconds_min"][
+            "rescore_executed"]
+        if args.trace:
+            traces = {}
+            for name, fn in stages.items():
+                summary = trace_or_error(fn, f"[bench-plan] {key} {name}")
+                planes = summary.get("planes") or {}
+                plane = next(iter(planes.values()), None)
+                traces[name] = ({"error": summary["error"]} if "error" in summary else
+                                {"wall_s": summary["wall_s"], "busy_s": plane["busy_s"] if plane else None,
+                                 "launches": plane["launches"] if plane else None, "plane": next(iter(planes), None)})
+            result["trace"] = traces
+        rows = [{"context": context, "stage": n, "min ms": 1e3 * result["seconds_min"][n],
+                 "median ms": 1e3 * result["seconds_median"][n],
+                 **({"busy ms": 1e3 * (result["trace"][n].get("busy_s") or float("nan")),
+                     "launches": result["trace"][n].get("launches")} if args.trace else {})} for n in stages]
+        result["rows"] = rows
+        rows_out.extend(rows)
+        writer.add(key, result)
+        print(f"[bench-plan] {key}: " + ", ".join(f"{r['stage']} {r['min ms']:.1f} ms" for r in rows)
+              + f"; select / executed {result['select_over_executed']:.2f}x, statistics differ by at most "
+                f"{result['rescore_max_abs_diff']:.3g}", flush=True)
+    print_table(rows_out, title=f"one two-stage plan's stages ({model.source}, {args.rows} row(s), {args.window}-token "
+                                f"window, DP on {args.search_tokens} tokens)")
+    return writer.data
