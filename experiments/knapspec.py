@@ -177,11 +177,11 @@ def add_planning_arguments(add, prefix: str = "") -> None:
         help="the attention of the DP's branches (docs/methods.md §4.3): xla = the vmap-ed reference (default); "
              "pallas = every branch's rows folded into the query rows of the Pallas history kernel, no scores "
              "written (GPU; pallas-interpret anywhere, slow)")
-    add(f"--{prefix}rescore", choices=("auto", "executed", "select"), default="auto",
+    add(f"--{prefix}rescore", choices=("executed", "select"), default="executed",
         help=f"with --{prefix}search-tokens: how the finalists are scored on the whole window: executed = only the "
              "sub-layers each runs after its first skip, behind conditionals (a GPU reads each predicate on the "
-             "host); select = every sub-layer of every finalist in one batched pass, no control flow; auto = "
-             "executed on the CPU, select on a GPU/TPU (default). docs/methods.md §5.6")
+             "host; default); select = every sub-layer of every finalist in one batched pass, no control flow. "
+             "docs/methods.md §5.6")
     add(f"--{prefix}plan-at-start", action="store_true",
         help=f"with --{prefix}reference-floor R: the first plan runs before the first round, on the prompt's last R "
              "tokens a row, so no round drafts with the full model (default: after round 6, the paper). "
@@ -257,7 +257,7 @@ def knapspec_config_from_args(args):
                           plan_rows=getattr(args, "knapspec_plan_rows", None),
                           plan_at_start=getattr(args, "knapspec_plan_at_start", False),
                           dp_attention=getattr(args, "knapspec_dp_attention", "xla"),
-                          rescore=getattr(args, "knapspec_rescore", "auto"))
+                          rescore=getattr(args, "knapspec_rescore", "executed"))
 
 
 def validate_self_spec(args) -> None:
@@ -653,7 +653,7 @@ def _config_of(args) -> Dict[str, Any]:
         config["plan_at_start"] = True
     if args.dp_attention != "xla":
         config["dp_attention"] = args.dp_attention
-    if args.rescore != "auto":  # named only when set, like reference_kv
+    if args.rescore != "executed":  # named only when set, like reference_kv
         config["rescore"] = args.rescore
     if args.attention_backend != "auto":
         config["attention_backend"] = args.attention_backend

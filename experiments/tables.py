@@ -394,6 +394,12 @@ KNAPSPEC_PLAN_TRACES = tuple(
                                 ("_1row", " planning on one row's window (64 reference tokens)", "-1row"),
                                 ("_1row_select", " planning on one row's window with the finalists rescored in one "
                                  "pass without conditionals (--rescore select)", "-1row-select")))
+#: one plan's stages timed alone (bench-plan, docs/methods.md §5.6): (file, model label, device label), those that exist
+PLAN_STAGES = tuple((f"{K}plan_stages_{run}.json", model, device) for run, model, device in (
+    ("smollm2-135m_2k_1row_cpu", "real SmolLM2-135M f32", "the CPU"),
+    ("qwen2.5-1.5b-shape_32k_1row_h100", "the Qwen2.5-1.5B shape with random weights, bf16", "an H100"),
+    ("qwen2.5-1.5b-shape_32k_1row_h200", "the Qwen2.5-1.5B shape with random weights, bf16", "the H200"))
+    if (RESULTS / f"{K}plan_stages_{run}.json").is_file())
 #: (file, index-key suffix, what the run adds to "on the Pallas attention kernel")
 KNAPSPEC_PALLAS_RUNS = ((KNAPSPEC_PALLAS, "pallas", ""),
                         (KNAPSPEC_PALLAS_B1, "pallas-static",
@@ -1015,7 +1021,41 @@ def _knapspec_plan_trace_note() -> str:
             missing.append(f"{what} ({step})")
     if missing:
         out.append("Where the plan's time goes, not measured yet: " + "; ".join(missing) + ".")
+    out.extend(_plan_stages_sentence(source, model, device) for source, model, device in PLAN_STAGES)
     return "".join(" " + part for part in out)
+
+
+PLAN_STAGE_NAMES = (("boundary_states", "the window's states"), ("dp", "the DP"),
+                    ("rescore_executed", "the finalists rescored behind conditionals"),
+                    ("rescore_select", "the same without them (--rescore select)"))
+
+
+def _first_skip(masks: Dict[str, List[List[int]]], i: int) -> str:
+    attn, mlp = masks["skip_attn"][i], masks["skip_mlp"][i]
+    first = min([2 * a for a in attn] + [2 * m + 1 for m in mlp], default=None)
+    return "none" if first is None else f"{'Attention' if first % 2 == 0 else 'MLP'} {first // 2}"
+
+
+def _plan_stages_sentence(source: str, model: str, device: str) -> str:
+    """One plan's stages timed alone on one cache (bench-plan): each stage's time, the two rescorings side by side,
+    the device's busy time where traced."""
+    data = load(source)
+    parts = []
+    for key, case in data["cases"].items():
+        best, trace = case["seconds_min"], case.get("trace") or {}
+        stages = "; ".join(
+            f"{what} {1e3 * best[name]:.1f} ms" + (f" (GPU busy {1e3 * trace[name]['busy_s']:.1f} ms, "
+                                                   f"{trace[name]['launches']:,} kernels)"
+                                                   if trace.get(name, {}).get("busy_s") else "")
+            for name, what in PLAN_STAGE_NAMES)
+        firsts = ", ".join(_first_skip(case["finalist_masks"], i) for i in range(len(case["finalist_masks"]["skip_attn"])))
+        parts.append(f"{case['context']} cached tokens, {case['rows']} row, {case['window']}-token window, DP on "
+                     f"{case['search_tokens']} tokens ({case['candidates']} candidates), {len(case['rescore_stats']['rescore_select'])} "
+                     f"finalists first skipping at {firsts}: {stages}; select / executed "
+                     f"{case['select_over_executed']:.2f}x, the statistics differing by at most "
+                     f"{case['rescore_max_abs_diff']:.2g}")
+    return (f"One plan's stages timed alone on {device} (`{source}`, bench-plan, {model}, best of "
+            f"{data['config']['repeats']}): " + "; ".join(parts) + ".")
 
 
 def _plan_trace_sentence(source: str, tag: str, what: str) -> str:
@@ -1081,8 +1121,8 @@ def _plan_windows_sentence(windows: Dict[str, Any], rescore: Optional[str] = Non
     if window and rescore != "select" and window["wall_s"] > 0:
         text += (f" The GPU idled {100 * (1 - window['busy_s'] / window['wall_s']):.0f} % of the rescoring: each "
                  "finalist's sub-layers sit behind conditionals, and a GPU reads each predicate on the host before "
-                 "it launches the branch (rescoring without them, `--rescore select`, is the GPU's default now; "
-                 "docs/methods.md §5.6).")
+                 "it launches the branch (rescoring without them, `--rescore select`, and one plan's stages timed "
+                 "alone: docs/methods.md §5.6).")
     return text
 
 
@@ -2853,6 +2893,18 @@ def _figures() -> List[Figure]:
                                f"{what}: one draft step of its plan ({mode} mask, {check['timed']}) / the latency "
                                "model's prediction", "x", source,
                                ("cases", key, "draft_step_check", f"{mode}_over_predicted"), target="target 0.9-1.1"))
+    for source, model, device in PLAN_STAGES:  # one plan's stages timed alone (bench-plan)
+        data = load(source)
+        tag = source.rsplit("_", 1)[1].split(".")[0]  # the file name ends in its device: cpu, h100, h200
+        for key, case in data["cases"].items():
+            base = f"knapspec/plan-stages/{data['config']['model'].replace('random:', '')}/{tag}/ctx{case['context']}/r{case['rows']}"
+            for name, what in PLAN_STAGE_NAMES:
+                add(Figure(f"{base}/{name.replace('_', '-')}-ms", f"one two-stage plan's stage timed alone, {what}, "
+                           f"{model}, {case['context']} cached tokens, {case['window']}-token window (best of "
+                           f"{data['config']['repeats']})", "ms", source, ("cases", key, "seconds_min", name), scale=1e3))
+            add(Figure(f"{base}/rescore-select-over-executed", f"the finalists rescored without conditionals / behind "
+                       f"them, {model}, {case['context']} cached tokens", "x", source,
+                       ("cases", key, "select_over_executed")))
     for source, tag, what, _, slug in KNAPSPEC_PLAN_TRACES:  # the traced plan: its wall time and the GPU's work in it
         if not (RESULTS / source).exists():
             continue

@@ -699,8 +699,8 @@ def _plan_states_fn(params, cache: KVCache, prefix_len, states, masks, *, config
     boundary state, read from ``states``. The cost is the executed sub-layers after the first skip,
     not the whole model, but a GPU reads each conditional's predicate on the host (2L round trips per
     mask). ``False``: every sub-layer of every mask runs, all masks in one ``vmap``, and a select keeps
-    or drops it: more arithmetic, no control flow (the reference, and the GPU's choice,
-    :func:`~jaxspec.knapspec.policy.rescore_executed_only`)."""
+    or drops it: more arithmetic, no control flow (the reference, and
+    :attr:`~jaxspec.knapspec.policy.KnapSpecConfig.rescore` ``"select"``)."""
     attn, mlp, _, _ = _model_sublayers(config, prefix_len, states.shape[2], None, reference_kv)
 
     def one(mask):

@@ -226,22 +226,13 @@ class KnapSpecDraft(DraftPolicyBase):
 #: values of :attr:`KnapSpecConfig.dp_attention`
 DP_ATTENTION = ("xla", "pallas", "pallas-interpret")
 #: how a two-stage plan scores its finalists on the whole window (KnapSpecConfig.rescore)
-RESCORE = ("auto", "executed", "select")
+RESCORE = ("executed", "select")
 
 
 def dp_history_backend(knapspec: "KnapSpecConfig") -> Optional[str]:
     """The ``history_backend`` the sub-layer DP runs with under ``knapspec`` (None: the reference
     attention), from :attr:`KnapSpecConfig.dp_attention`."""
     return check_history_backend(knapspec.dp_attention, knapspec.reference_kv, knapspec.branch_chunk)
-
-
-def rescore_executed_only(knapspec: "KnapSpecConfig", backend: Optional[str] = None) -> bool:
-    """Whether a two-stage plan rescores its finalists behind per-sub-layer conditionals
-    (:attr:`KnapSpecConfig.rescore`; ``"auto"``: on the CPU only, where a conditional costs no host round
-    trip and the skipped arithmetic is the price). ``backend``: the JAX backend (default: the default one)."""
-    if knapspec.rescore != "auto":
-        return knapspec.rescore == "executed"
-    return (backend or jax.default_backend()) == "cpu"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -330,10 +321,11 @@ class KnapSpecConfig:
     dp_attention: str = "xla"
     # how a two-stage plan scores its finalists on the whole window (jaxspec.knapspec.dp.plan_agreement):
     # "executed" = each finalist's executed sub-layers after its first skip only, behind per-sub-layer conditionals
-    # (least arithmetic; a GPU reads every predicate on the host: 2L round trips per finalist); "select" = every
-    # sub-layer of every finalist in one batched pass, kept or dropped by a select (no control flow); "auto" =
-    # executed on the CPU, select on an accelerator (docs/methods.md §5.6). Same statistics either way
-    rescore: str = "auto"
+    # (least arithmetic; a GPU reads every predicate on the host); "select" = every sub-layer of every finalist in
+    # one batched pass, kept or dropped by a select (no control flow, the whole model's arithmetic). Same
+    # statistics either way; on an H100 select cost 2.9x executed for finalists that skip late and about as much
+    # for a real plan that skips from layer 1 (docs/methods.md §5.6), so executed is the default everywhere
+    rescore: str = "executed"
 
     def __post_init__(self):
         object.__setattr__(self, "keep_attention", tuple(sorted({int(x) for x in self.keep_attention})))
@@ -581,7 +573,7 @@ def plan_skip_set(target_params, config: ModelConfig, cache, tokens, token_mask,
         with jax.profiler.TraceAnnotation(f"{PLAN_ANNOTATION}.rescore"):
             candidates = rescore_finalists(candidates, plan.table, knapspec.finalists, target_params, config, cache,
                                            prefix_len, states, token_mask, threshold, knapspec.reference_kv, s,
-                                           executed_only=rescore_executed_only(knapspec))
+                                           executed_only=knapspec.rescore == "executed")
             lap("rescore")
         plan = choose(candidates)
         lap("grid_search")
@@ -593,7 +585,7 @@ def rescore_finalists(candidates: Candidates, table: np.ndarray, finalists: int,
                       executed_only: bool = True) -> Candidates:
     """The second stage of a two-stage plan: the ``finalists`` candidates whose best grid score on the
     search tokens is highest (ties: lower index, i.e. less skipped) scored again on the whole window
-    (:func:`~jaxspec.knapspec.dp.plan_agreement`, with ``executed_only``: :func:`rescore_executed_only`).
+    (:func:`~jaxspec.knapspec.dp.plan_agreement`, with ``executed_only``: :attr:`KnapSpecConfig.rescore`).
     Returns those candidates, their statistics replaced by the whole window's; ``search_alpha`` keeps the
     search's estimate and ``search_tokens`` its width."""
     best = np.max(np.where(np.isfinite(table), table, -np.inf), axis=1)

@@ -362,3 +362,32 @@ def test_reprofile_measures_again_and_keeps_the_saved_profile(tmp_path, monkeypa
     static, static_path = knapspec_experiment._latency_profile(args, model, 1, 1024, tmp_path)
     assert static.method == "forward-static" and static_path.name.endswith("_b1_forward-static.json")
     assert static_path != path and len(calls) == 4 and static_path.exists()
+
+
+def test_bench_plan_times_each_stage_and_rescores_the_finalists_both_ways(tmp_path, capsys):
+    """bench-plan: one two-stage plan's stages on a seeded cache, each timed --repeats times, the finalists'
+    statistics the same behind conditionals and without them, the masks recorded; a rerun resumes; bad numbers
+    are refused in one line before any model loads."""
+    out = tmp_path / "knapspec_plan_stages_test_cpu.json"
+    argv = ["bench-plan", "--model", "random:smollm2-135m-shape", "--layers", "4", "--dtype", "float32",
+            "--contexts", "48,32", "--window", "8", "--search-tokens", "2", "--finalists", "2", "--repeats", "2",
+            "--out", str(out)]
+    assert main(argv) == 0
+    data = json.loads(out.read_text())
+    assert sorted(data["cases"]) == ["ctx32/r1/w8/s2/f2", "ctx48/r1/w8/s2/f2"]
+    for case in data["cases"].values():
+        stages = ("boundary_states", "dp", "rescore_executed", "rescore_select")
+        assert all(len(case["samples_s"][s]) == 2 and case["seconds_min"][s] > 0 for s in stages)
+        assert case["rescore_max_abs_diff"] < 1e-6 and len(case["rescore_stats"]["rescore_select"]) == 2
+        assert len(case["finalist_masks"]["skip_attn"]) == len(case["finalist_masks"]["skip_mlp"]) == 2
+        assert case["select_over_executed"] == pytest.approx(
+            case["seconds_min"]["rescore_select"] / case["seconds_min"]["rescore_executed"])
+    capsys.readouterr()
+    assert main(argv) == 0 and "[resume] 2 case(s)" in capsys.readouterr().err
+    assert json.loads(out.read_text())["cases"] == data["cases"]  # resumed: nothing measured again
+    for extra, message in ((["--search-tokens", "8"], "--search-tokens=8 must be below --window=8"),
+                           (["--weights", "5"], "--weights '5'"), (["--finalists", "0"], "--finalists=0"),
+                           (["--model", "smollm2-135m"], "--layers is for random:PRESET")):
+        assert main(argv[:-2] + extra + ["--out", str(tmp_path / "bad.json")]) != 0
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "bad.json").exists()

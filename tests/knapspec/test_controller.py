@@ -620,7 +620,7 @@ def test_two_stage_plans_decode_as_ar_and_report_both_estimates(params, ar_rows)
         assert min(v for k, v in stages.items() if k != "other") > 0 and stages["other"] >= 0
         assert sum(stages.values()) == pytest.approx(p["seconds"])
         assert p["dp_attention"] == "xla"  # the default
-        assert p["rescore"] == "executed"  # "auto" on the CPU
+        assert p["rescore"] == "executed"  # the default
 
 
 def test_plans_with_the_dp_attention_folded_into_the_history_kernel_decode_as_ar(params, ar_rows):

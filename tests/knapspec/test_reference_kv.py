@@ -233,26 +233,24 @@ def test_two_stage_plan_searches_on_a_prefix_of_the_window_and_scores_finalists_
 
 
 def test_two_stage_rescore_without_conditionals_chooses_the_same_plan(problem):
-    """rescore="select" (every sub-layer of every finalist in one batched pass, no conditional: what a GPU
-    runs) gives the finalists the statistics of rescore="executed" (the conditionals), so the same plan;
-    "auto" is executed on the CPU only; the mode is recorded; an unknown mode is refused."""
-    from jaxspec.knapspec.policy import plan_skip_set, rescore_executed_only
+    """rescore="select" (every sub-layer of every finalist in one batched pass, no conditional) gives the
+    finalists the statistics of rescore="executed" (the default: the conditionals), so the same plan; the mode
+    is recorded; an unknown mode is refused."""
+    from jaxspec.knapspec.policy import plan_skip_set
 
     params, cache, prefix, tokens, token_mask, _ = problem
     lat = latency.LatencyModel(c1=1.0, c2=0.0, c3=2.0, c0=0.5)
     runs = {}
-    for mode in ("executed", "select", "auto"):
-        knobs = KnapSpecConfig(probe_rounds=None, early_exit=0.3, search_tokens=3, finalists=3, rescore=mode)
+    for mode in ("executed", "select", None):
+        knobs = KnapSpecConfig(probe_rounds=None, early_exit=0.3, search_tokens=3, finalists=3,
+                               **({} if mode is None else {"rescore": mode}))
         runs[mode] = plan_skip_set(params, TINY, cache, tokens, token_mask, prefix, lat, 100.0, knobs)
     (p_exec, c_exec, _), (p_sel, c_sel, _) = runs["executed"], runs["select"]
-    assert (c_exec.rescore, c_sel.rescore) == ("executed", "select") and len(c_exec) == 3
-    assert runs["auto"][1].rescore == "executed"  # this suite runs on the CPU
+    assert (c_exec.rescore, c_sel.rescore, runs[None][1].rescore) == ("executed", "select", "executed")
+    assert len(c_exec) == 3
     np.testing.assert_array_equal(c_sel.masks, c_exec.masks)
     for name in ("alpha", "confident", "agree_confident"):
         np.testing.assert_allclose(getattr(c_sel, name), getattr(c_exec, name), atol=1e-6)
     assert np.array_equal(p_sel.mask, p_exec.mask) and p_sel.gamma == p_exec.gamma
-    assert rescore_executed_only(KnapSpecConfig(), "cpu") and not rescore_executed_only(KnapSpecConfig(), "gpu")
-    assert not rescore_executed_only(KnapSpecConfig(rescore="select"), "cpu")
-    assert rescore_executed_only(KnapSpecConfig(rescore="executed"), "gpu")
-    with pytest.raises(ValueError, match="rescore='cond'; valid: auto, executed, select"):
+    with pytest.raises(ValueError, match="rescore='cond'; valid: executed, select"):
         KnapSpecConfig(rescore="cond")
