@@ -1833,7 +1833,8 @@ def cmd_bench_plan(args) -> Dict[str, Any]:
     for context in contexts:
         key = f"ctx{context}/r{args.rows}/w{args.window}/s{args.search_tokens}/f{args.finalists}"
         if writer.has(key):
-            rows_out.extend(writer.get(key)["rows"])
+            done = writer.get(key)
+            rows_out.extend(done.get("table") or done["rows"])  # files written before "table" kept it in "rows"
             continue
         rng = jax.random.PRNGKey(args.seed + context)
         cache = init_cache(config, args.rows, context + args.window)
@@ -1898,7 +1899,7 @@ def cmd_bench_plan(args) -> Dict[str, Any]:
                  "median ms": 1e3 * result["seconds_median"][n],
                  **({"busy ms": 1e3 * (result["trace"][n].get("busy_s") or float("nan")),
                      "launches": result["trace"][n].get("launches")} if args.trace else {})} for n in stages]
-        result["rows"] = rows
+        result["table"] = rows
         rows_out.extend(rows)
         writer.add(key, result)
         print(f"[bench-plan] {key}: " + ", ".join(f"{r['stage']} {r['min ms']:.1f} ms" for r in rows)

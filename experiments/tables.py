@@ -1049,7 +1049,7 @@ def _plan_stages_sentence(source: str, model: str, device: str) -> str:
                                                    if trace.get(name, {}).get("busy_s") else "")
             for name, what in PLAN_STAGE_NAMES)
         firsts = ", ".join(_first_skip(case["finalist_masks"], i) for i in range(len(case["finalist_masks"]["skip_attn"])))
-        parts.append(f"{case['context']} cached tokens, {case['rows']} row, {case['window']}-token window, DP on "
+        parts.append(f"{case['context']} cached tokens, {data['config']['rows']} row(s), {case['window']}-token window, DP on "
                      f"{case['search_tokens']} tokens ({case['candidates']} candidates), {len(case['rescore_stats']['rescore_select'])} "
                      f"finalists first skipping at {firsts}: {stages}; select / executed "
                      f"{case['select_over_executed']:.2f}x, the statistics differing by at most "
@@ -2897,7 +2897,8 @@ def _figures() -> List[Figure]:
         data = load(source)
         tag = source.rsplit("_", 1)[1].split(".")[0]  # the file name ends in its device: cpu, h100, h200
         for key, case in data["cases"].items():
-            base = f"knapspec/plan-stages/{data['config']['model'].replace('random:', '')}/{tag}/ctx{case['context']}/r{case['rows']}"
+            base = (f"knapspec/plan-stages/{data['config']['model'].replace('random:', '')}/{tag}/ctx{case['context']}/"
+                    f"r{data['config']['rows']}")
             for name, what in PLAN_STAGE_NAMES:
                 add(Figure(f"{base}/{name.replace('_', '-')}-ms", f"one two-stage plan's stage timed alone, {what}, "
                            f"{model}, {case['context']} cached tokens, {case['window']}-token window (best of "
