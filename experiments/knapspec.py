@@ -177,6 +177,9 @@ def add_planning_arguments(add, prefix: str = "") -> None:
         help="the attention of the DP's branches (docs/methods.md §4.3): xla = the vmap-ed reference (default); "
              "pallas = every branch's rows folded into the query rows of the Pallas history kernel, no scores "
              "written (GPU; pallas-interpret anywhere, slow)")
+    add(f"--{prefix}dp-segments", type=int, default=4, metavar="K",
+        help="the DP's scan in at most K runs of layers, each over the skipped weights its layers can reach (the "
+             "same plan, fewer slot-layers, one compiled body a run; 1: one scan of every slot). docs/methods.md §4.3")
     add(f"--{prefix}rescore", choices=("executed", "select"), default="executed",
         help=f"with --{prefix}search-tokens: how the finalists are scored on the whole window: executed = only the "
              "sub-layers each runs after its first skip, behind conditionals (a GPU reads each predicate on the "
@@ -257,7 +260,8 @@ def knapspec_config_from_args(args):
                           plan_rows=getattr(args, "knapspec_plan_rows", None),
                           plan_at_start=getattr(args, "knapspec_plan_at_start", False),
                           dp_attention=getattr(args, "knapspec_dp_attention", "xla"),
-                          rescore=getattr(args, "knapspec_rescore", "executed"))
+                          rescore=getattr(args, "knapspec_rescore", "executed"),
+                          dp_segments=getattr(args, "knapspec_dp_segments", 4))
 
 
 def validate_self_spec(args) -> None:
@@ -266,6 +270,8 @@ def validate_self_spec(args) -> None:
         raise ValueError(f"--method {args.method} runs on one device; drop --mesh")
     if args.knapspec_interval < 6:
         raise ValueError(f"--knapspec-interval={args.knapspec_interval} must be >= 6 (the DP runs at round 6)")
+    if getattr(args, "knapspec_dp_segments", 4) < 1:
+        raise ValueError(f"--knapspec-dp-segments={args.knapspec_dp_segments}: must be >= 1 (1: one scan of every slot)")
     check_two_stage(getattr(args, "knapspec_search_tokens", None), getattr(args, "knapspec_finalists", 4), "knapspec-",
                     getattr(args, "knapspec_reference_floor", None), getattr(args, "knapspec_plan_rows", None),
                     getattr(args, "knapspec_plan_at_start", False))
@@ -630,6 +636,9 @@ def register(subparsers) -> None:
                    help="the model's attention (the window's states and the rescoring)")
     b.add_argument("--dp-attention", choices=("xla", "pallas", "pallas-interpret"), default="xla",
                    help="the DP branches' attention, as knapspec --dp-attention")
+    b.add_argument("--dp-segments", default="4,1", metavar="K,...",
+                   help="the DP timed with each of these segment counts (knapspec --dp-segments; the first is the "
+                        "plan's, the rescoring's finalists come from it)")
     b.add_argument("--repeats", type=int, default=5, help="timed calls per stage (interleaved); min and median")
     b.add_argument("--trace", action="store_true",
                    help="also run each stage once under the profiler: the device's busy time and kernel launches")
@@ -655,6 +664,8 @@ def _config_of(args) -> Dict[str, Any]:
         config["dp_attention"] = args.dp_attention
     if args.rescore != "executed":  # named only when set, like reference_kv
         config["rescore"] = args.rescore
+    if args.dp_segments != 4:
+        config["dp_segments"] = args.dp_segments
     if args.attention_backend != "auto":
         config["attention_backend"] = args.attention_backend
     if args.dp_attention_check:
@@ -1428,12 +1439,12 @@ def experiment_knapspec_config(args, branch_chunk=None):
                           static_plans=args.static_plans, search_tokens=args.search_tokens,
                           finalists=args.finalists, reference_floor=args.reference_floor, plan_rows=args.plan_rows,
                           plan_at_start=args.plan_at_start, plan_cost_scale=args.plan_cost_scale,
-                          dp_attention=args.dp_attention, rescore=args.rescore)
+                          dp_attention=args.dp_attention, rescore=args.rescore, dp_segments=args.dp_segments)
 
 
 def check_knapspec_args(args) -> None:
     """Every flag of the ``knapspec`` experiment, before the model loads or latency is profiled."""
-    for flag in ("max_new_tokens", "long_prompt", "long_new_tokens", "gamma_max"):
+    for flag in ("max_new_tokens", "long_prompt", "long_new_tokens", "gamma_max", "dp_segments"):
         if getattr(args, flag) < 1:
             raise ValueError(f"--{flag.replace('_', '-')}={getattr(args, flag)}: must be >= 1")
     for flag in ("layers", "max_reference_tokens", "branch_chunk", "clasp_skip_count"):
@@ -1775,7 +1786,7 @@ def plot(data: Dict[str, Any], path: str) -> None:
 
 # ---------------------------------------------------------------------------- one plan's stages, timed alone
 def check_bench_plan_args(args) -> Tuple[List[int], int, int]:
-    """``bench-plan``'s numbers before any model loads: ``(contexts, w_attn, w_mlp)``."""
+    """``bench-plan``'s numbers before any model loads: ``(contexts, w_attn, w_mlp, DP segment counts)``."""
     try:
         contexts = [int(c) for c in args.contexts.split(",") if c]
         w_attn, w_mlp = (int(w) for w in args.weights.split(","))
@@ -1797,7 +1808,18 @@ def check_bench_plan_args(args) -> Tuple[List[int], int, int]:
     if args.layers is not None and not args.model.startswith("random:"):
         raise ValueError(f"--layers is for random:PRESET models only; {args.model!r} has its own layer count")
     check_dp_attention(args.dp_attention)
-    return contexts, w_attn, w_mlp
+    try:
+        segment_counts = [int(k) for k in args.dp_segments.split(",") if k]
+    except ValueError:
+        raise ValueError(f"--dp-segments {args.dp_segments!r}: expected comma-separated integers >= 1") from None
+    if not segment_counts or min(segment_counts) < 1 or len(set(segment_counts)) != len(segment_counts):
+        raise ValueError(f"--dp-segments {args.dp_segments!r}: expected distinct integers >= 1")
+    return contexts, w_attn, w_mlp, segment_counts
+
+
+def dp_stage(segments: int) -> str:
+    """bench-plan's name of the DP stage timed with ``segments`` runs (``dp`` for one scan of every slot)."""
+    return "dp" if segments == 1 else f"dp_{segments}seg"
 
 
 def _finalist_masks(masks: np.ndarray, finalists: int) -> np.ndarray:
@@ -1824,7 +1846,7 @@ def cmd_bench_plan(args) -> Dict[str, Any]:
     from jaxspec.knapspec.dp import skip_budget
     from jaxspec.models.cache import init_cache
 
-    contexts, w_attn, w_mlp = check_bench_plan_args(args)
+    contexts, w_attn, w_mlp, segment_counts = check_bench_plan_args(args)
     writer = ResultWriter(args.out, "bench-plan", config_of(args))
     model = load(args)
     params, config = model.params, model.config
@@ -1854,19 +1876,22 @@ def cmd_bench_plan(args) -> Dict[str, Any]:
 
         states = jax.block_until_ready(states_fn())
 
-        def dp_fn():
-            return dp.knapsack_dp(params, config, cache, prefix, states[:, :, :s], mask[:, :s], w_attn=w_attn,
-                                  w_mlp=w_mlp, exit_threshold=args.exit_threshold, history_backend=backend)
+        def dp_fn(segments):
+            return lambda: dp.knapsack_dp(params, config, cache, prefix, states[:, :, :s], mask[:, :s], w_attn=w_attn,
+                                          w_mlp=w_mlp, exit_threshold=args.exit_threshold, history_backend=backend,
+                                          segments=segments)
 
-        candidates = dp_fn()
+        dps = {count: dp_fn(count) for count in segment_counts}
+        found = {count: fn() for count, fn in dps.items()}  # compiled; each segment count finds the same candidates
+        candidates = found[segment_counts[0]]
         finals = _finalist_masks(candidates.masks, args.finalists)
 
         def rescore_fn(executed_only):
             return lambda: dp.plan_agreement(params, config, cache, prefix, states, finals, mask,
                                              exit_threshold=args.exit_threshold, executed_only=executed_only)
 
-        stages = {"boundary_states": states_fn, "dp": dp_fn, "rescore_executed": rescore_fn(True),
-                  "rescore_select": rescore_fn(False)}
+        stages = {"boundary_states": states_fn, **{dp_stage(count): fn for count, fn in dps.items()},
+                  "rescore_executed": rescore_fn(True), "rescore_select": rescore_fn(False)}
         stats = {name: np.asarray(stages[name]()) for name in ("rescore_executed", "rescore_select")}  # compiled
         samples = {name: [] for name in stages}
         for _ in range(args.repeats):  # interleaved: drift on the machine touches every stage alike
@@ -1874,8 +1899,17 @@ def cmd_bench_plan(args) -> Dict[str, Any]:
                 start = time.perf_counter()
                 jax.block_until_ready(fn())  # the DP and the rescoring return host arrays: they end synced
                 samples[name].append(time.perf_counter() - start)
+        budget = skip_budget(w_attn, w_mlp, config.num_layers)
         result = {"context": context, "rows": args.rows, "window": args.window, "search_tokens": s,
-                  "budget": skip_budget(w_attn, w_mlp, config.num_layers), "candidates": len(candidates),
+                  "budget": budget, "candidates": len(candidates),
+                  "dp_segments": {str(count): [list(run) for run in dp.slot_segments(
+                      dp.scan_can_skip(config.num_layers), w_attn, w_mlp, budget, count)] for count in segment_counts},
+                  # the DP's candidates with each segment count against the first's: the same masks, values within
+                  # float rounding (a batch of fewer slots may round differently)
+                  "dp_same_masks": all(np.array_equal(c.masks, candidates.masks) for c in found.values()),
+                  "dp_max_cosine_diff": max(float(np.max(np.abs(c.cosine - candidates.cosine)))
+                                            if c.masks.shape == candidates.masks.shape else float("inf")
+                                            for c in found.values()),
                   "finalist_masks": {"skip_attn": [np.flatnonzero(m[:, 0]).tolist() for m in finals],
                                      "skip_mlp": [np.flatnonzero(m[:, 1]).tolist() for m in finals]},
                   "seconds_min": {n: min(v) for n, v in samples.items()},

@@ -1025,9 +1025,22 @@ def _knapspec_plan_trace_note() -> str:
     return "".join(" " + part for part in out)
 
 
-PLAN_STAGE_NAMES = (("boundary_states", "the window's states"), ("dp", "the DP"),
+PLAN_STAGE_NAMES = (("boundary_states", "the window's states"), ("dp", "the DP as one scan of every slot"),
                     ("rescore_executed", "the finalists rescored behind conditionals"),
                     ("rescore_select", "the same without them (--rescore select)"))
+
+
+def plan_stage_names(case: Dict[str, Any]) -> List[Tuple[str, str]]:
+    """A bench-plan case's stages in order with their labels: :data:`PLAN_STAGE_NAMES` and the DP split into runs
+    of reachable slots (``dp_<K>seg``) where timed."""
+    names = []
+    for name, what in PLAN_STAGE_NAMES:
+        if name == "rescore_executed":
+            names += [(seg, f"the DP in {seg[3:-3]} runs of reachable slots") for seg in case["seconds_min"]
+                      if seg.startswith("dp_") and seg.endswith("seg")]
+        if name in case["seconds_min"]:
+            names.append((name, what))
+    return names
 
 
 def _first_skip(masks: Dict[str, List[List[int]]], i: int) -> str:
@@ -1047,7 +1060,7 @@ def _plan_stages_sentence(source: str, model: str, device: str) -> str:
             f"{what} {1e3 * best[name]:.1f} ms" + (f" (GPU busy {1e3 * trace[name]['busy_s']:.1f} ms, "
                                                    f"{trace[name]['launches']:,} kernels)"
                                                    if trace.get(name, {}).get("busy_s") else "")
-            for name, what in PLAN_STAGE_NAMES)
+            for name, what in plan_stage_names(case))
         firsts = ", ".join(_first_skip(case["finalist_masks"], i) for i in range(len(case["finalist_masks"]["skip_attn"])))
         parts.append(f"{case['context']} cached tokens, {data['config']['rows']} row(s), {case['window']}-token window, DP on "
                      f"{case['search_tokens']} tokens ({case['candidates']} candidates), {len(case['rescore_stats']['rescore_select'])} "
@@ -2899,7 +2912,7 @@ def _figures() -> List[Figure]:
         for key, case in data["cases"].items():
             base = (f"knapspec/plan-stages/{data['config']['model'].replace('random:', '')}/{tag}/ctx{case['context']}/"
                     f"r{data['config']['rows']}")
-            for name, what in PLAN_STAGE_NAMES:
+            for name, what in plan_stage_names(case):
                 add(Figure(f"{base}/{name.replace('_', '-')}-ms", f"one two-stage plan's stage timed alone, {what}, "
                            f"{model}, {case['context']} cached tokens, {case['window']}-token window (best of "
                            f"{data['config']['repeats']})", "ms", source, ("cases", key, "seconds_min", name), scale=1e3))

@@ -73,6 +73,8 @@ from jaxspec.models.layers import (attention_sublayer, default_positions, embed,
 DEFAULT_TAU = 0.5
 #: Cap of the integer weight ratio (official code: 5).
 WEIGHT_CAP = 5
+#: Runs of layers the DP's scan is split into, each over the slots it can reach (:func:`slot_segments`).
+DEFAULT_SEGMENTS = 4
 _EPS = 1e-12  # torch.nn.functional.normalize's eps
 #: How the DP's reference tokens see one another (docs/methods.md §4.3): ``"branch"`` (the paper's and
 #: the authors' code: the r tokens go through each candidate as one causal sequence, so token i attends
@@ -192,8 +194,44 @@ def scan_can_skip(num_layers: int, keep_attention: Tuple[int, ...] = ()) -> np.n
     return can
 
 
+def slot_segments(can_skip, w_attn: int, w_mlp: int, budget: int, max_segments: int = 1) -> Tuple[Tuple[int, int], ...]:
+    """How :func:`dp_scan` splits the ``n`` scanned layers: ``((layers, slots), ...)``, at most ``max_segments``
+    runs of consecutive layers, each run carrying only the slots its last layer can reach. Before layer ``t`` at
+    most the skippable weight of the layers before it can have been skipped, so the slots above it are empty
+    (docs/methods.md §4.3): a run of layers ``a .. b-1`` needs ``min(budget, reach(b-1)) + 1`` slots. The split
+    minimises the slot-layers computed (exact, by a small DP over the ``n`` layers); one run of every slot when
+    ``max_segments`` is 1 or splitting saves nothing. ``can_skip`` as :func:`dp_scan` takes it, concrete."""
+    can = np.asarray(can_skip, bool)
+    can = np.stack([can, can], axis=1) if can.ndim == 1 else can
+    n = len(can)
+    need = np.minimum(np.cumsum(can[:, 0] * int(w_attn) + can[:, 1] * int(w_mlp)), int(budget)) + 1
+    full = ((n, int(budget) + 1),)
+    if max_segments <= 1 or n == 0:
+        return full
+    inf = float("inf")
+    # cost[k][b]: the fewest slot-layers for layers 0..b-1 in k runs; a run a..b-1 costs (b - a) * need[b - 1]
+    cost = [[inf] * (n + 1) for _ in range(max_segments + 1)]
+    cut = [[0] * (n + 1) for _ in range(max_segments + 1)]
+    cost[0][0] = 0.0
+    for k in range(1, max_segments + 1):
+        for b in range(1, n + 1):
+            for a in range(b):
+                c = cost[k - 1][a] + (b - a) * int(need[b - 1])
+                if c < cost[k][b]:
+                    cost[k][b], cut[k][b] = c, a
+    k = min(range(1, max_segments + 1), key=lambda i: (cost[i][n], i))
+    runs, b = [], n
+    while b > 0:
+        a = cut[k][b]
+        runs.append((b - a, int(need[b - 1])))
+        b, k = a, k - 1
+    runs = tuple(reversed(runs))
+    return runs if len(runs) > 1 or runs[0][1] < int(budget) + 1 else full
+
+
 def dp_scan(apply_attn: Callable, apply_mlp: Callable, layer_xs, g0, targets, can_skip, token_mask, *,
-            w_attn: int, w_mlp: int, budget: int, tau: float = DEFAULT_TAU):
+            w_attn: int, w_mlp: int, budget: int, tau: float = DEFAULT_TAU,
+            segments: Optional[Tuple[Tuple[int, int], ...]] = None):
     """The DP as a ``lax.scan`` over ``n`` layers, vectorised over the ``J = budget + 1`` slots.
 
     ``apply_attn(layer_x, g [J, *T, H]) -> [J, *T, H]`` (likewise ``apply_mlp``) apply one
@@ -201,26 +239,49 @@ def dp_scan(apply_attn: Callable, apply_mlp: Callable, layer_xs, g0, targets, ca
     entry per scanned layer); ``g0 [*T, H]`` the state before the first scanned layer (slot 0);
     ``targets [n, 2, *T, H]`` the reference states after each scanned sub-layer;
     ``can_skip [n]`` bool (per layer) or ``[n, 2]`` (per sub-layer: Attention, MLP); ``token_mask [*T]``.
+    ``segments``: :func:`slot_segments` (static): consecutive runs of layers, each scanned with only the
+    slots it can reach (the empty slots above are neither computed nor changed: the same result); None =
+    one scan of every slot.
 
-    Returns ``(values [n, 2, J], skipped [n, 2, J], valid [n, 2, J], final states [J, *T, H])``
+    Returns ``(values [n, 2, J], skipped [n, 2, J], valid [n, 2, J], final states [J, *T, H])``; a segmented
+    scan leaves the empty slots' final states at ``g0`` where one scan leaves whatever it computed there
     (traceable: call it inside ``jit``).
     """
     num_slots = budget + 1
-    g = jnp.broadcast_to(g0[None], (num_slots,) + g0.shape)  # empty slots hold finite copies
-    valid = jnp.arange(num_slots) == 0
+    n = targets.shape[0]
+    segments = tuple(segments) if segments is not None else ((n, num_slots),)
+    if sum(c for c, _ in segments) != n or any(s < 1 or s > num_slots for _, s in segments):
+        raise ValueError(f"segments {segments}: the runs must cover the {n} scanned layers, each with 1..{num_slots} "
+                         f"slots")
     denom = jnp.maximum(jnp.sum(jnp.asarray(token_mask, jnp.float32)), 1.0)
-    step = functools.partial(_transition, token_mask=token_mask, denom=denom, budget=budget, tau=tau)
     can_skip = per_sublayer_can_skip(can_skip)
 
-    def body(carry, xs):
-        g, valid = carry
-        layer_x, target, skip_ok = xs
-        g1, v1, val1, ch1 = step(g, valid, apply_attn(layer_x, g), target[0], w=w_attn, skip_allowed=skip_ok[0])
-        g2, v2, val2, ch2 = step(g1, v1, apply_mlp(layer_x, g1), target[1], w=w_mlp, skip_allowed=skip_ok[1])
-        return (g2, v2), (jnp.stack([val1, val2]), jnp.stack([ch1, ch2]), jnp.stack([v1, v2]))
+    def pad_slots(x, slots, fill):  # [J', ...] -> [slots, ...], the new slots holding `fill`
+        extra = slots - x.shape[0]
+        return x if extra <= 0 else jnp.concatenate([x, jnp.broadcast_to(fill, (extra,) + x.shape[1:])], axis=0)
 
-    (g, valid), (values, skipped, valids) = jax.lax.scan(body, (g, valid), (layer_xs, targets, can_skip))
-    return values, skipped, valids, g
+    g = jnp.broadcast_to(g0[None], (segments[0][1],) + g0.shape)  # empty slots hold finite copies
+    valid = jnp.arange(segments[0][1]) == 0
+    outs, start = [], 0
+    for count, slots in segments:
+        g, valid = pad_slots(g, slots, g0), pad_slots(valid, slots, False)
+        step = functools.partial(_transition, token_mask=token_mask, denom=denom, budget=slots - 1, tau=tau)
+
+        def body(carry, i, step=step):
+            g, valid = carry
+            layer_x = jax.tree.map(lambda x: jax.lax.dynamic_index_in_dim(x, i, keepdims=False), layer_xs)
+            target = jax.lax.dynamic_index_in_dim(targets, i, keepdims=False)
+            skip_ok = jax.lax.dynamic_index_in_dim(can_skip, i, keepdims=False)
+            g1, v1, val1, ch1 = step(g, valid, apply_attn(layer_x, g), target[0], w=w_attn, skip_allowed=skip_ok[0])
+            g2, v2, val2, ch2 = step(g1, v1, apply_mlp(layer_x, g1), target[1], w=w_mlp, skip_allowed=skip_ok[1])
+            return (g2, v2), (jnp.stack([val1, val2]), jnp.stack([ch1, ch2]), jnp.stack([v1, v2]))
+
+        (g, valid), (values, skipped, valids) = jax.lax.scan(body, (g, valid), jnp.arange(start, start + count))
+        pad = ((0, 0), (0, 0), (0, num_slots - slots))
+        outs.append((jnp.pad(values, pad, constant_values=-jnp.inf), jnp.pad(skipped, pad), jnp.pad(valids, pad)))
+        start += count
+    values, skipped, valids = (jnp.concatenate(parts, axis=0) for parts in zip(*outs))
+    return values, skipped, valids, pad_slots(g, num_slots, g0)  # slots no run reached: empty
 
 
 def dp_loop(apply_single: Callable, layers: Sequence[Any], g0, targets, can_skip, token_mask, *, w_attn: int,
@@ -569,7 +630,7 @@ def stacked_scan_layers(params, reuse: bool = True):
 
 def _knapsack_dp_fn(params, stacked, cache: KVCache, prefix_len, states, token_mask, *, config, w_attn, w_mlp,
                     budget, tau, branch_chunk, alpha_chunk, exit_threshold=None, keep_attention=(),
-                    reference_kv="branch", history_backend=None, history_rows=None):
+                    reference_kv="branch", history_backend=None, history_rows=None, segments=None):
     num_layers = config.num_layers
     _, _, attn_all, mlp_all = _model_sublayers(config, prefix_len, states.shape[2], branch_chunk, reference_kv,
                                                history_backend, history_rows)
@@ -583,7 +644,7 @@ def _knapsack_dp_fn(params, stacked, cache: KVCache, prefix_len, states, token_m
     targets = states[3:].reshape((num_layers - 1, 2) + states.shape[1:])
     can_skip = jnp.asarray(scan_can_skip(num_layers, keep_attention))
     values, skipped, valid, final = dp_scan(attn_all, mlp_all, layer_xs, states[2], targets, can_skip, token_mask,
-                                            w_attn=w_attn, w_mlp=w_mlp, budget=budget, tau=tau)
+                                            w_attn=w_attn, w_mlp=w_mlp, budget=budget, tau=tau, segments=segments)
     stats = _agreement(params, config, final, states[-1], token_mask, alpha_chunk, exit_threshold)
     return values, skipped, valid, stats, final
 
@@ -591,7 +652,7 @@ def _knapsack_dp_fn(params, stacked, cache: KVCache, prefix_len, states, token_m
 _knapsack_dp = jax.jit(_knapsack_dp_fn, static_argnames=("config", "w_attn", "w_mlp", "budget", "tau",
                                                           "branch_chunk", "alpha_chunk", "exit_threshold",
                                                           "keep_attention", "reference_kv", "history_backend",
-                                                          "history_rows"))
+                                                          "history_rows", "segments"))
 
 
 @dataclasses.dataclass
@@ -637,7 +698,7 @@ def knapsack_dp(params, config: ModelConfig, cache: KVCache, prefix_len, states,
                 alpha_chunk: int = 8, keep_states: bool = False, reuse_stacked: bool = True,
                 exit_threshold: Optional[float] = None, keep_attention: Sequence[int] = (),
                 reference_kv: str = "branch", history_backend: Optional[str] = None,
-                history_rows: Optional[int] = None) -> Candidates:
+                history_rows: Optional[int] = None, segments: int = DEFAULT_SEGMENTS) -> Candidates:
     """Run the jit-compiled, scan-vectorised DP on the model.
 
     ``reuse_stacked``: keep the stacked layer weights between calls (:func:`stacked_scan_layers`).
@@ -655,6 +716,9 @@ def knapsack_dp(params, config: ModelConfig, cache: KVCache, prefix_len, states,
     into (:func:`branch_folded_attention`); None or ``"xla"``: the ``vmap``-ed reference attention.
     ``history_rows``: with ``history_backend``, query rows per kernel call (a power of two >= 16; default
     the kernel's); each call reads the cache once.
+    ``segments``: the scan in at most this many runs of layers, each over the slots it can reach
+    (:func:`slot_segments`; the same result, fewer slot-layers computed, one compiled body per run); 1 = one
+    scan of every slot.
     """
     config = _dp_config(config)
     keep_attention = check_keep_attention(keep_attention, config.num_layers)
@@ -667,6 +731,8 @@ def knapsack_dp(params, config: ModelConfig, cache: KVCache, prefix_len, states,
         if isinstance(history_rows, bool) or int(history_rows) < 16 or int(history_rows) & (int(history_rows) - 1):
             raise ValueError(f"history_rows={history_rows} must be a power of two >= 16")
     budget = skip_budget(w_attn, w_mlp, config.num_layers) if budget is None else int(budget)
+    if isinstance(segments, bool) or int(segments) < 1:
+        raise ValueError(f"segments={segments!r} must be an integer >= 1 (1: one scan of every slot)")
     token_mask = jnp.ones(states.shape[1:3], jnp.float32) if token_mask is None else jnp.asarray(token_mask,
                                                                                                   jnp.float32)
     if config.num_layers < 2:
@@ -678,7 +744,9 @@ def knapsack_dp(params, config: ModelConfig, cache: KVCache, prefix_len, states,
         branch_chunk=branch_chunk, alpha_chunk=alpha_chunk,
         exit_threshold=None if exit_threshold is None else float(exit_threshold), keep_attention=keep_attention,
         reference_kv=reference_kv, history_backend=history_backend,
-        history_rows=None if history_rows is None else int(history_rows))
+        history_rows=None if history_rows is None else int(history_rows),
+        segments=slot_segments(scan_can_skip(config.num_layers, keep_attention), int(w_attn), int(w_mlp), budget,
+                               int(segments)))
     trace = DPTrace(np.asarray(values, np.float64), np.asarray(skipped), np.asarray(valid), first_layer=1)
     masks, slots = backtrack(trace, config.num_layers, w_attn, w_mlp)
     denom = max(float(np.asarray(token_mask).sum()), 1.0)

@@ -97,9 +97,9 @@ from jaxspec.decoding.speculative import EngineConfig, SpeculativeResult, specul
 from jaxspec.knapspec.budgeted import (BUDGET, DENSE, SKIP, BudgetDPCost, budgeted_forward, check_budget,
                                       plan_choices)
 from jaxspec.knapspec.coupled import plan_coupled_skip_set
-from jaxspec.knapspec.dp import (DEFAULT_TAU, WEIGHT_CAP, Candidates, boundary_states, check_history_backend,
-                                 check_keep_attention, check_reference_kv, knapsack_dp, knapsack_weights,
-                                 plan_agreement, skip_budget)
+from jaxspec.knapspec.dp import (DEFAULT_SEGMENTS, DEFAULT_TAU, WEIGHT_CAP, Candidates, boundary_states,
+                                 check_history_backend, check_keep_attention, check_reference_kv, knapsack_dp,
+                                 knapsack_weights, plan_agreement, skip_budget)
 from jaxspec.knapspec.latency import LatencyModel, effective_context
 from jaxspec.knapspec.planner import GAMMA_GRID, Plan, Planner, PlannerBase, choose_plan
 from jaxspec.models.llama import forward, freeze_skip_mask
@@ -326,6 +326,10 @@ class KnapSpecConfig:
     # statistics either way; on an H100 select cost 2.9x executed for finalists that skip late and about as much
     # for a real plan that skips from layer 1 (docs/methods.md §5.6), so executed is the default everywhere
     rescore: str = "executed"
+    # the DP's scan in at most this many runs of layers, each over the skipped weights its layers can reach
+    # (jaxspec.knapspec.dp.slot_segments: the same plan, ~20 % fewer slot-layers at 4 runs, one compiled body a run);
+    # 1 = one scan of every slot (docs/methods.md §4.3)
+    dp_segments: int = DEFAULT_SEGMENTS
 
     def __post_init__(self):
         object.__setattr__(self, "keep_attention", tuple(sorted({int(x) for x in self.keep_attention})))
@@ -334,6 +338,8 @@ class KnapSpecConfig:
             raise ValueError(f"dp_attention={self.dp_attention!r}; valid: {', '.join(DP_ATTENTION)}")
         if self.dp_attention != "xla":
             check_history_backend(self.dp_attention, self.reference_kv, self.branch_chunk)
+        if isinstance(self.dp_segments, bool) or int(self.dp_segments) < 1:
+            raise ValueError(f"dp_segments={self.dp_segments!r} must be an integer >= 1 (1: one scan of every slot)")
         if self.rescore not in RESCORE:
             raise ValueError(f"rescore={self.rescore!r}; valid: {', '.join(RESCORE)}")
         if self.reference_kv != "branch" and self.coupled:
@@ -559,7 +565,8 @@ def plan_skip_set(target_params, config: ModelConfig, cache, tokens, token_mask,
         candidates = knapsack_dp(target_params, config, cache, prefix_len, states[:, :, :s], mask, w_attn=w_attn,
                                  w_mlp=w_mlp, tau=knapspec.tau, branch_chunk=knapspec.branch_chunk,
                                  exit_threshold=threshold, keep_attention=knapspec.keep_attention,
-                                 reference_kv=knapspec.reference_kv, history_backend=dp_history_backend(knapspec))
+                                 reference_kv=knapspec.reference_kv, history_backend=dp_history_backend(knapspec),
+                                 segments=knapspec.dp_segments)
         lap("dp")
 
     def choose(c):

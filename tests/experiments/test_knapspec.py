@@ -376,8 +376,11 @@ def test_bench_plan_times_each_stage_and_rescores_the_finalists_both_ways(tmp_pa
     data = json.loads(out.read_text())
     assert sorted(data["cases"]) == ["ctx32/r1/w8/s2/f2", "ctx48/r1/w8/s2/f2"]
     for case in data["cases"].values():
-        stages = ("boundary_states", "dp", "rescore_executed", "rescore_select")
+        stages = ("boundary_states", "dp_4seg", "dp", "rescore_executed", "rescore_select")
+        assert list(case["seconds_min"]) == list(stages)
         assert all(len(case["samples_s"][s]) == 2 and case["seconds_min"][s] > 0 for s in stages)
+        assert case["dp_same_masks"] and case["dp_max_cosine_diff"] < 1e-5
+        assert case["dp_segments"]["1"] == [[3, case["budget"] + 1]] and len(case["dp_segments"]["4"]) > 1
         assert case["rescore_max_abs_diff"] < 1e-6 and len(case["rescore_stats"]["rescore_select"]) == 2
         assert len(case["finalist_masks"]["skip_attn"]) == len(case["finalist_masks"]["skip_mlp"]) == 2
         assert case["select_over_executed"] == pytest.approx(
@@ -387,6 +390,7 @@ def test_bench_plan_times_each_stage_and_rescores_the_finalists_both_ways(tmp_pa
     assert json.loads(out.read_text())["cases"] == data["cases"]  # resumed: nothing measured again
     for extra, message in ((["--search-tokens", "8"], "--search-tokens=8 must be below --window=8"),
                            (["--weights", "5"], "--weights '5'"), (["--finalists", "0"], "--finalists=0"),
+                           (["--dp-segments", "4,4"], "expected distinct integers >= 1"),
                            (["--model", "smollm2-135m"], "--layers is for random:PRESET")):
         assert main(argv[:-2] + extra + ["--out", str(tmp_path / "bad.json")]) != 0
         assert message in capsys.readouterr().err

@@ -147,8 +147,8 @@ def test_weights_and_budget():
 
 
 # ---------------------------------------------------------------------------- DP vs brute force
-@pytest.mark.parametrize("w_attn,w_mlp", [(1, 1), (2, 1), (1, 3)])
-def test_dp_equals_brute_force_on_decomposable_objective(w_attn, w_mlp):
+@pytest.mark.parametrize("w_attn,w_mlp,segments", [(1, 1, 1), (2, 1, 1), (1, 3, 1), (2, 1, 3)])
+def test_dp_equals_brute_force_on_decomposable_objective(w_attn, w_mlp, segments):
     """The oracle "the knapsack DP matches brute force on small instances", in the form that is true.
 
     The DP keeps ONE state per (depth i, skipped weight j) -- the one with the best cosine at
@@ -165,18 +165,50 @@ def test_dp_equals_brute_force_on_decomposable_objective(w_attn, w_mlp):
     On these, the DP's value AND mask for every skipped weight equal the brute-force optimum over
     all 4^(L-2) skip sets (same fixed edge layers, same tau-pruning at every depth, same budget),
     and the DP finds every weight class brute force finds. The sub-layer functions are plugged
-    into the very dp_scan the model DP uses.
+    into the very dp_scan the model DP uses, as one scan and split into runs of reachable slots.
     """
     num_layers = 6
     can_skip = np.arange(1, num_layers) < num_layers - 1
     run = check_scan_dp_against_brute_force(*decomposable_dp_instance(num_layers), can_skip, num_layers=num_layers,
-                                            w_attn=w_attn, w_mlp=w_mlp, tau=0.6)  # tau 0.6 prunes the heaviest sets
+                                            w_attn=w_attn, w_mlp=w_mlp, tau=0.6,  # tau 0.6 prunes the heaviest sets
+                                            segments=segments)
+    if segments > 1:
+        assert len(dp.slot_segments(can_skip, w_attn, w_mlp, run.budget, segments)) > 1  # the split is exercised
     best = run.best
     # the pruning bites on these instances: without it the optimum of some weight differs
     # ((1, 1): a better skip set for weight 6 dips below tau midway) or another weight is feasible
     unpruned = run.brute(can_skip, -2.0)
     if (w_attn, w_mlp) != (1, 3):
         assert unpruned != best
+
+
+def test_slot_segments_cover_the_layers_with_the_reachable_slots_at_least_cost():
+    """slot_segments: the runs cover the scanned layers in order, each with at least the slots its last layer can
+    reach (capped at the budget), at the least slot-layers over every split into at most K runs (all splits
+    enumerated); K = 1, or nothing to save, is one run of every slot; a kept Attention adds no weight."""
+    import itertools
+
+    for num_layers, w_attn, w_mlp, keep in ((6, 2, 1, ()), (8, 1, 1, ()), (9, 5, 1, (3,)), (28, 5, 1, ())):
+        can = dp.scan_can_skip(num_layers, keep)
+        budget = dp.skip_budget(w_attn, w_mlp, num_layers)
+        reach = np.minimum(np.cumsum(can[:, 0] * w_attn + can[:, 1] * w_mlp), budget)
+        n = len(can)
+        assert dp.slot_segments(can, w_attn, w_mlp, budget, 1) == ((n, budget + 1),)
+        for k in (2, 3, 4):
+            runs = dp.slot_segments(can, w_attn, w_mlp, budget, k)
+            assert sum(c for c, _ in runs) == n and 1 <= len(runs) <= k
+            end = np.cumsum([c for c, _ in runs]) - 1
+            assert all(slots >= reach[e] + 1 for (_, slots), e in zip(runs, end))
+            if n > 12:
+                continue
+            best = min(sum((b - a) * (reach[b - 1] + 1) for a, b in zip((0,) + cuts, cuts + (n,)))
+                       for m in range(k) for cuts in itertools.combinations(range(1, n), m))
+            assert sum(c * s for c, s in runs) == best
+    assert dp.slot_segments(dp.scan_can_skip(28), 5, 1, 84, 4) == ((3, 19), (3, 37), (4, 61), (17, 85))
+    with pytest.raises(ValueError, match="segments=0 must be an integer >= 1"):
+        dp.knapsack_dp(None, TINY, None, None, jnp.zeros((11, 1, 2, 8)), w_attn=1, w_mlp=1, segments=0)
+    with pytest.raises(ValueError, match="dp_segments=0"):
+        KnapSpecConfig(dp_segments=0)
 
 
 @pytest.fixture(scope="module")
@@ -203,6 +235,14 @@ def test_scan_dp_equals_python_loop_dp(tiny_problem, w_attn, w_mlp):
     ref = dp.knapsack_dp_reference(params, TINY, cache, prefix, states, token_mask, w_attn=w_attn, w_mlp=w_mlp)
     assert fast.budget == ref.budget == dp.skip_budget(w_attn, w_mlp, TINY.num_layers)
     check_same_candidates(fast, ref, weights=True)
+    one = dp.knapsack_dp(params, TINY, cache, prefix, states, token_mask, w_attn=w_attn, w_mlp=w_mlp, segments=1,
+                         keep_states=True)
+    assert len(dp.slot_segments(dp.scan_can_skip(TINY.num_layers), w_attn, w_mlp, fast.budget, 4)) > 1
+    check_same_candidates(fast, one, weights=True)  # the default split scan = one scan of every slot
+    valid = one.trace.valid
+    np.testing.assert_array_equal(fast.trace.valid, valid)
+    np.testing.assert_array_equal(fast.trace.skipped[valid], one.trace.skipped[valid])
+    np.testing.assert_allclose(fast.trace.values[valid], one.trace.values[valid], rtol=1e-5)
     if w_attn == 1:
         return
     chunked = dp.knapsack_dp(params, TINY, cache, prefix, states, token_mask, w_attn=w_attn, w_mlp=w_mlp,
