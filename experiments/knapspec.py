@@ -1785,7 +1785,7 @@ def plot(data: Dict[str, Any], path: str) -> None:
 
 
 # ---------------------------------------------------------------------------- one plan's stages, timed alone
-def check_bench_plan_args(args) -> Tuple[List[int], int, int]:
+def check_bench_plan_args(args) -> Tuple[List[int], int, int, List[int]]:
     """``bench-plan``'s numbers before any model loads: ``(contexts, w_attn, w_mlp, DP segment counts)``."""
     try:
         contexts = [int(c) for c in args.contexts.split(",") if c]

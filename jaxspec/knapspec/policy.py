@@ -323,8 +323,8 @@ class KnapSpecConfig:
     # "executed" = each finalist's executed sub-layers after its first skip only, behind per-sub-layer conditionals
     # (least arithmetic; a GPU reads every predicate on the host); "select" = every sub-layer of every finalist in
     # one batched pass, kept or dropped by a select (no control flow, the whole model's arithmetic). Same
-    # statistics either way; on an H100 select cost 2.9x executed for finalists that skip late and about as much
-    # for a real plan that skips from layer 1 (docs/methods.md §5.6), so executed is the default everywhere
+    # statistics either way; on an H100 select cost 2.9x executed for finalists that skip late, and about what executed
+    # cost for a real plan that skips from layer 1 (docs/methods.md §5.6), so executed is the default everywhere
     rescore: str = "executed"
     # the DP's scan in at most this many runs of layers, each over the skipped weights its layers can reach
     # (jaxspec.knapspec.dp.slot_segments: the same plan, ~20 % fewer slot-layers at 4 runs, one compiled body a run);
