@@ -3752,10 +3752,12 @@ def selection_cost_verdicts() -> List[str]:
 
 
 def input_aware_reach_note() -> str:
-    cpu, gpu = _input_aware_reach("cpu"), _input_aware_reach("h200")
-    return (f"Not measured: beyond {cpu // 1024}k on the CPU, and "
-            + (f"beyond {gpu // 1000}k on the H200 (32k items are a new step of h200-dustin-quality)." if gpu else
-               "the H200 at 16k-32k (suite step h200-dustin-quality/16k-input-aware-m)."))
+    cpu, gpu, h100 = _input_aware_reach("cpu"), _input_aware_reach("h200"), _input_aware_reach("h100")
+    h200 = (f"beyond {gpu // 1000}k on the H200 (step h200-dustin-quality/32k-input-aware-m)" if gpu else
+            "the H200 at 16k-32k (suite step h200-dustin-quality/16k-input-aware-m)")
+    return (f"Not measured: beyond {cpu // 1024}k on the CPU, and {h200}"
+            + (f"; on an H100 up to {h100 // 1000}k (its acceptance and agreement do not depend on the GPU, the "
+               "selection times do)." if h100 else "."))
 
 
 def _m_rules_plot(model, source):
