@@ -639,6 +639,10 @@ def register(subparsers) -> None:
     b.add_argument("--dp-segments", default="4,1", metavar="K,...",
                    help="the DP timed with each of these segment counts (knapspec --dp-segments; the first is the "
                         "plan's, the rescoring's finalists come from it)")
+    b.add_argument("--masks-from", default=None, metavar="FILE",
+                   help="rescore these finalists instead of the DP's: the skip sets of the plans in a knapspec results "
+                        "file (its own model's layers; the first --finalists distinct ones, repeated to fill). The "
+                        "executed-only rescoring's cost depends on where a mask first skips, not on the weights")
     b.add_argument("--repeats", type=int, default=5, help="timed calls per stage (interleaved); min and median")
     b.add_argument("--trace", action="store_true",
                    help="also run each stage once under the profiler: the device's busy time and kernel launches")
@@ -1807,6 +1811,10 @@ def check_bench_plan_args(args) -> Tuple[List[int], int, int, List[int]]:
         raise ValueError(f"--exit-threshold={args.exit_threshold}: must be in (0, 1)")
     if args.layers is not None and not args.model.startswith("random:"):
         raise ValueError(f"--layers is for random:PRESET models only; {args.model!r} has its own layer count")
+    if args.masks_from:
+        if not pathlib.Path(args.masks_from).is_file():
+            raise ValueError(f"--masks-from {args.masks_from}: no such file")
+        plan_masks_from(args.masks_from, 10 ** 6, 1)  # it holds plans (their layers are checked once the model is known)
     check_dp_attention(args.dp_attention)
     try:
         segment_counts = [int(k) for k in args.dp_segments.split(",") if k]
@@ -1815,6 +1823,36 @@ def check_bench_plan_args(args) -> Tuple[List[int], int, int, List[int]]:
     if not segment_counts or min(segment_counts) < 1 or len(set(segment_counts)) != len(segment_counts):
         raise ValueError(f"--dp-segments {args.dp_segments!r}: expected distinct integers >= 1")
     return contexts, w_attn, w_mlp, segment_counts
+
+
+def plan_masks_from(path: str, num_layers: int, count: int) -> np.ndarray:
+    """``[count, L, 2]`` skip masks from the plans of a ``knapspec`` results file (``skip_attn`` / ``skip_mlp`` of
+    every case's plans, in order, distinct ones only, the first repeated to fill ``count``); a ValueError names
+    the file when it holds no plan or a plan outside ``num_layers`` layers."""
+    try:
+        data = json.loads(pathlib.Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"--masks-from {path}: cannot read a results file ({err})") from None
+    masks, seen = [], set()
+    for case in (data.get("cases") or {}).values():
+        for plan in (case.get("plans") or []) if isinstance(case, dict) else []:
+            if plan.get("skip_attn") is None or plan.get("skip_mlp") is None:
+                continue
+            key = (tuple(plan["skip_attn"]), tuple(plan["skip_mlp"]))
+            if key in seen:
+                continue
+            if max(key[0] + key[1], default=0) >= num_layers:
+                raise ValueError(f"--masks-from {path}: a plan skips layer {max(key[0] + key[1])}, but the model has "
+                                 f"{num_layers} layers")
+            seen.add(key)
+            mask = np.zeros((num_layers, 2), bool)
+            mask[list(key[0]), 0] = True
+            mask[list(key[1]), 1] = True
+            masks.append(mask)
+    if not masks:
+        raise ValueError(f"--masks-from {path}: no plan with skip_attn / skip_mlp in its cases")
+    masks = masks[:count]
+    return np.stack(masks + [masks[0]] * (count - len(masks)))
 
 
 def dp_stage(segments: int) -> str:
@@ -1850,6 +1888,7 @@ def cmd_bench_plan(args) -> Dict[str, Any]:
     writer = ResultWriter(args.out, "bench-plan", config_of(args))
     model = load(args)
     params, config = model.params, model.config
+    fixed_finals = plan_masks_from(args.masks_from, config.num_layers, args.finalists) if args.masks_from else None
     backend = None if args.dp_attention == "xla" else args.dp_attention
     rows_out = []
     for context in contexts:
@@ -1884,7 +1923,7 @@ def cmd_bench_plan(args) -> Dict[str, Any]:
         dps = {count: dp_fn(count) for count in segment_counts}
         found = {count: fn() for count, fn in dps.items()}  # compiled; each segment count finds the same candidates
         candidates = found[segment_counts[0]]
-        finals = _finalist_masks(candidates.masks, args.finalists)
+        finals = fixed_finals if fixed_finals is not None else _finalist_masks(candidates.masks, args.finalists)
 
         def rescore_fn(executed_only):
             return lambda: dp.plan_agreement(params, config, cache, prefix, states, finals, mask,

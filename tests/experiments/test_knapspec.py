@@ -395,3 +395,29 @@ def test_bench_plan_times_each_stage_and_rescores_the_finalists_both_ways(tmp_pa
         assert main(argv[:-2] + extra + ["--out", str(tmp_path / "bad.json")]) != 0
         assert message in capsys.readouterr().err
     assert not (tmp_path / "bad.json").exists()
+
+
+def test_bench_plan_rescores_the_skip_sets_of_a_results_file(tmp_path, capsys):
+    """--masks-from: the finalists are the distinct plans' skip sets of a knapspec results file (the first one
+    repeated to fill), rescored both ways with the same statistics; a file whose plans skip a layer the model lacks,
+    or with no plan, is refused in one line."""
+    plans = tmp_path / "knapspec_plans_test_cpu.json"
+    plan = {"skip_attn": [1, 2], "skip_mlp": [1]}
+    plans.write_text(json.dumps({"cases": {"a": {"plans": [plan, plan]}, "b": {"tau": 1.0}}}))
+    out = tmp_path / "knapspec_plan_stages_masks_test_cpu.json"
+    argv = ["bench-plan", "--model", "random:smollm2-135m-shape", "--layers", "4", "--dtype", "float32",
+            "--contexts", "32", "--window", "8", "--search-tokens", "2", "--finalists", "2", "--repeats", "1",
+            "--dp-segments", "1", "--masks-from", str(plans), "--out", str(out)]
+    assert main(argv) == 0
+    case = json.loads(out.read_text())["cases"]["ctx32/r1/w8/s2/f2"]
+    assert case["finalist_masks"] == {"skip_attn": [[1, 2], [1, 2]], "skip_mlp": [[1], [1]]}
+    assert case["rescore_max_abs_diff"] < 1e-6
+    capsys.readouterr()
+    plans.write_text(json.dumps({"cases": {"a": {"plans": [{"skip_attn": [5], "skip_mlp": []}]}}}))
+    assert main(argv[:-2] + ["--out", str(tmp_path / "bad.json")]) != 0
+    assert "a plan skips layer 5, but the model has 4 layers" in capsys.readouterr().err
+    plans.write_text(json.dumps({"cases": {}}))
+    assert main(argv[:-2] + ["--out", str(tmp_path / "bad.json")]) != 0
+    assert "no plan with skip_attn / skip_mlp" in capsys.readouterr().err
+    missing = argv[:-4] + ["--masks-from", str(tmp_path / "none.json"), "--out", str(tmp_path / "bad.json")]
+    assert main(missing) != 0 and "no such file" in capsys.readouterr().err
