@@ -271,7 +271,8 @@ def validate_self_spec(args) -> None:
     if args.knapspec_interval < 6:
         raise ValueError(f"--knapspec-interval={args.knapspec_interval} must be >= 6 (the DP runs at round 6)")
     if getattr(args, "knapspec_dp_segments", 4) < 1:
-        raise ValueError(f"--knapspec-dp-segments={args.knapspec_dp_segments}: must be >= 1 (1: one scan of every slot)")
+        raise ValueError(f"--knapspec-dp-segments={args.knapspec_dp_segments}: must be >= 1 (1: one scan of every "
+                         f"slot)")
     check_two_stage(getattr(args, "knapspec_search_tokens", None), getattr(args, "knapspec_finalists", 4), "knapspec-",
                     getattr(args, "knapspec_reference_floor", None), getattr(args, "knapspec_plan_rows", None),
                     getattr(args, "knapspec_plan_at_start", False))
@@ -1814,7 +1815,7 @@ def check_bench_plan_args(args) -> Tuple[List[int], int, int, List[int]]:
     if args.masks_from:
         if not pathlib.Path(args.masks_from).is_file():
             raise ValueError(f"--masks-from {args.masks_from}: no such file")
-        plan_masks_from(args.masks_from, 10 ** 6, 1)  # it holds plans (their layers are checked once the model is known)
+        plan_masks_from(args.masks_from, 10 ** 6, 1)  # it holds plans (their layers: checked once the model loads)
     check_dp_attention(args.dp_attention)
     try:
         segment_counts = [int(k) for k in args.dp_segments.split(",") if k]

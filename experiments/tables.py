@@ -394,7 +394,8 @@ KNAPSPEC_PLAN_TRACES = tuple(
                                 ("_1row", " planning on one row's window (64 reference tokens)", "-1row"),
                                 ("_1row_select", " planning on one row's window with the finalists rescored in one "
                                  "pass without conditionals (--rescore select)", "-1row-select")))
-#: one plan's stages timed alone (bench-plan, docs/methods.md §5.6): (file, model label, device label), those that exist
+#: one plan's stages timed alone (bench-plan, docs/methods.md §5.6): (file, model label, device label), those that
+#: exist
 PLAN_STAGES = tuple((f"{K}plan_stages_{run}.json", model, device) for run, model, device in (
     ("smollm2-135m_2k_1row_cpu", "real SmolLM2-135M f32", "the CPU"),
     ("qwen2.5-1.5b-shape_32k_1row_h100", "the Qwen2.5-1.5B shape with random weights, bf16", "an H100"),
@@ -1065,9 +1066,10 @@ def _plan_stages_sentence(source: str, model: str, device: str) -> str:
                                                    f"{trace[name]['launches']:,} kernels)"
                                                    if trace.get(name, {}).get("busy_s") else "")
             for name, what in plan_stage_names(case))
-        firsts = ", ".join(_first_skip(case["finalist_masks"], i) for i in range(len(case["finalist_masks"]["skip_attn"])))
-        parts.append(f"{case['context']} cached tokens, {data['config']['rows']} row(s), {case['window']}-token window, DP on "
-                     f"{case['search_tokens']} tokens ({case['candidates']} candidates), {len(case['rescore_stats']['rescore_select'])} "
+        count = len(case["finalist_masks"]["skip_attn"])
+        firsts = ", ".join(_first_skip(case["finalist_masks"], i) for i in range(count))
+        parts.append(f"{case['context']} cached tokens, {data['config']['rows']} row(s), {case['window']}-token "
+                     f"window, DP on {case['search_tokens']} tokens ({case['candidates']} candidates), {count} "
                      f"finalists first skipping at {firsts}: {stages}; select / executed "
                      f"{case['select_over_executed']:.2f}x, the statistics differing by at most "
                      f"{case['rescore_max_abs_diff']:.2g}")
@@ -2920,7 +2922,8 @@ def _figures() -> List[Figure]:
             for name, what in plan_stage_names(case):
                 add(Figure(f"{base}/{name.replace('_', '-')}-ms", f"one two-stage plan's stage timed alone, {what}, "
                            f"{model}, {case['context']} cached tokens, {case['window']}-token window (best of "
-                           f"{data['config']['repeats']})", "ms", source, ("cases", key, "seconds_min", name), scale=1e3))
+                           f"{data['config']['repeats']})", "ms", source, ("cases", key, "seconds_min", name),
+                           scale=1e3))
             add(Figure(f"{base}/rescore-select-over-executed", f"the finalists rescored without conditionals / behind "
                        f"them, {model}, {case['context']} cached tokens", "x", source,
                        ("cases", key, "select_over_executed")))
