@@ -137,6 +137,11 @@ def add_self_spec_args(parser: argparse.ArgumentParser) -> None:
                        help="static-skip: the DP's reference = the last this many calibration tokens")
 
 
+#: --[knapspec-]dp-segments' default: jaxspec.knapspec.dp.DEFAULT_SEGMENTS (not imported here: the CLI loads no JAX to
+#: parse its flags; tests/experiments/test_knapspec.py holds the two equal)
+DP_SEGMENTS = 4
+
+
 def add_planning_arguments(add, prefix: str = "") -> None:
     """The planning-budget and arbitration flags (``generate --knapspec-*`` and the ``knapspec``
     experiment share them): ``--{prefix}max-plan-fraction``, ``--{prefix}probe-rounds``."""
@@ -177,7 +182,7 @@ def add_planning_arguments(add, prefix: str = "") -> None:
         help="the attention of the DP's branches (docs/methods.md §4.3): xla = the vmap-ed reference (default); "
              "pallas = every branch's rows folded into the query rows of the Pallas history kernel, no scores "
              "written (GPU; pallas-interpret anywhere, slow)")
-    add(f"--{prefix}dp-segments", type=int, default=4, metavar="K",
+    add(f"--{prefix}dp-segments", type=int, default=DP_SEGMENTS, metavar="K",
         help="the DP's scan in at most K runs of layers, each over the skipped weights its layers can reach (the "
              "same plan, fewer slot-layers, one compiled body a run; 1: one scan of every slot). docs/methods.md §4.3")
     add(f"--{prefix}rescore", choices=("executed", "select"), default="executed",
@@ -261,7 +266,7 @@ def knapspec_config_from_args(args):
                           plan_at_start=getattr(args, "knapspec_plan_at_start", False),
                           dp_attention=getattr(args, "knapspec_dp_attention", "xla"),
                           rescore=getattr(args, "knapspec_rescore", "executed"),
-                          dp_segments=getattr(args, "knapspec_dp_segments", 4))
+                          dp_segments=getattr(args, "knapspec_dp_segments", DP_SEGMENTS))
 
 
 def validate_self_spec(args) -> None:
@@ -270,7 +275,7 @@ def validate_self_spec(args) -> None:
         raise ValueError(f"--method {args.method} runs on one device; drop --mesh")
     if args.knapspec_interval < 6:
         raise ValueError(f"--knapspec-interval={args.knapspec_interval} must be >= 6 (the DP runs at round 6)")
-    if getattr(args, "knapspec_dp_segments", 4) < 1:
+    if getattr(args, "knapspec_dp_segments", DP_SEGMENTS) < 1:
         raise ValueError(f"--knapspec-dp-segments={args.knapspec_dp_segments}: must be >= 1 (1: one scan of every "
                          f"slot)")
     check_two_stage(getattr(args, "knapspec_search_tokens", None), getattr(args, "knapspec_finalists", 4), "knapspec-",
@@ -669,7 +674,7 @@ def _config_of(args) -> Dict[str, Any]:
         config["dp_attention"] = args.dp_attention
     if args.rescore != "executed":  # named only when set, like reference_kv
         config["rescore"] = args.rescore
-    if args.dp_segments != 4:
+    if args.dp_segments != DP_SEGMENTS:
         config["dp_segments"] = args.dp_segments
     if args.attention_backend != "auto":
         config["attention_backend"] = args.attention_backend

@@ -421,3 +421,8 @@ def test_bench_plan_rescores_the_skip_sets_of_a_results_file(tmp_path, capsys):
     assert "no plan with skip_attn / skip_mlp" in capsys.readouterr().err
     missing = argv[:-4] + ["--masks-from", str(tmp_path / "none.json"), "--out", str(tmp_path / "bad.json")]
     assert main(missing) != 0 and "no such file" in capsys.readouterr().err
+
+
+def test_the_cli_default_of_dp_segments_is_the_dps():
+    """--[knapspec-]dp-segments defaults to the DP's own default (the CLI module keeps its copy to load no JAX)."""
+    assert knapspec_experiment.DP_SEGMENTS == dp.DEFAULT_SEGMENTS == KnapSpecConfig().dp_segments
