@@ -194,6 +194,10 @@ def add_planning_arguments(add, prefix: str = "") -> None:
         help=f"with --{prefix}reference-floor R: the first plan runs before the first round, on the prompt's last R "
              "tokens a row, so no round drafts with the full model (default: after round 6, the paper). "
              "docs/methods.md §5.6")
+    add(f"--{prefix}start-states", choices=("prefill", "own"), default="prefill",
+        help=f"with --{prefix}plan-at-start: the target's states of that plan's window are kept by the prefill, "
+             "which runs those tokens as its last forward (prefill, default), or computed by the plan (own). "
+             "docs/methods.md §5.6")
 
 
 def check_two_stage(search_tokens, finalists, prefix: str = "", reference_floor=None, plan_rows=None,
@@ -264,6 +268,7 @@ def knapspec_config_from_args(args):
                           reference_floor=getattr(args, "knapspec_reference_floor", None),
                           plan_rows=getattr(args, "knapspec_plan_rows", None),
                           plan_at_start=getattr(args, "knapspec_plan_at_start", False),
+                          start_states=getattr(args, "knapspec_start_states", "prefill"),
                           dp_attention=getattr(args, "knapspec_dp_attention", "xla"),
                           rescore=getattr(args, "knapspec_rescore", "executed"),
                           dp_segments=getattr(args, "knapspec_dp_segments", DP_SEGMENTS))
@@ -972,6 +977,8 @@ class Case:
         self.knapspec = experiment_knapspec_config(args, branch_chunk=chunk)
         self.prompts = build_prompts(model, task, context, batch, args.seed)
         self.prefilled = None
+        self.window_states = None  # the prompt's last tokens' target states, kept by the prefill (plan_at_start)
+        self.prefill_s = None
         self.ar_compiled = False
         self.last_ar = None
 
@@ -985,10 +992,20 @@ class Case:
             start = time.perf_counter()
             tokens, lengths = pad_prompts(self.prompts)
             cache = init_cache(self.model.config, self.batch, self.capacity)
-            self.prefilled = prefill(self.model.params, self.model.config, tokens, lengths, cache)
+            ks = self.knapspec
+            if ks.plan_at_start and ks.start_states == "prefill":  # the plan at the start reads its window's states
+                from jaxspec.knapspec.policy import prefill_window
+
+                cache, logits, self.window_states = prefill_window(self.model.params, self.model.config, tokens,
+                                                                   lengths, cache, ks.reference_floor,
+                                                                   ks.token_bucket)
+                self.prefilled = (cache, logits)
+            else:
+                self.prefilled = prefill(self.model.params, self.model.config, tokens, lengths, cache)
             jax.block_until_ready(self.prefilled)
+            self.prefill_s = time.perf_counter() - start
             print(f"[{self.key}] prefilled {self.batch} x {self.context} tokens in "
-                  f"{time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
+                  f"{self.prefill_s:.1f} s", file=sys.stderr, flush=True)
         return self.prefilled
 
     def ar(self) -> Dict[str, Any]:
@@ -1029,21 +1046,22 @@ class Case:
         common = dict(engine=engine, seed=0, warmup=warmup, capacity=self.capacity, prefilled=self.prefill(),
                       allow_beyond_context=not self.model.real)
         ks = self.knapspec
+        kept = dict(window_states=self.window_states)  # the re-planning KnapSpec variants' plan at the start
         if method == "knapspec":
             return knapspec_generate(self.model.params, self.model.config, self.prompts, latency=self.latency,
-                                     knapspec=ks, **common)
+                                     knapspec=ks, **common, **kept)
         if method == "knapspec-official":
             return knapspec_generate(self.model.params, self.model.config, self.prompts, latency=self.latency,
-                                     knapspec=dataclasses.replace(ks, honor_gamma=False), **common)
+                                     knapspec=dataclasses.replace(ks, honor_gamma=False), **common, **kept)
         if method == "knapspec-tpl":
             return knapspec_generate(self.model.params, self.model.config, self.prompts, latency=self.latency,
-                                     knapspec=dataclasses.replace(ks, objective="tpl"), **common)
+                                     knapspec=dataclasses.replace(ks, objective="tpl"), **common, **kept)
         if method == "knapspec-coupled":
             return knapspec_generate(self.model.params, self.model.config, self.prompts, latency=self.latency,
-                                     knapspec=dataclasses.replace(ks, coupled=True), **common)
+                                     knapspec=dataclasses.replace(ks, coupled=True), **common, **kept)
         if method == "knapspec-target-ref":
             return knapspec_generate(self.model.params, self.model.config, self.prompts, latency=self.latency,
-                                     knapspec=dataclasses.replace(ks, reference_kv="target"), **common)
+                                     knapspec=dataclasses.replace(ks, reference_kv="target"), **common, **kept)
         if method == "clasp":
             return clasp_generate(self.model.params, self.model.config, self.prompts,
                                   skip_count=self.args.clasp_skip_count, knapspec=ks, latency=self.latency, **common)
@@ -1102,11 +1120,12 @@ class Case:
                                             "alpha", "p_c", "p_ac", "predicted_tpt", "t_attn", "t_mlp", "t_token",
                                             "verify_row_cost", "seconds", "predicted_seconds", "probe",
                                             "reference_tokens", "candidates", "w_attn", "w_mlp", "planner",
-                                            "stage_seconds", "dp_attention", "rescore")}
+                                            "stage_seconds", "dp_attention", "rescore", "states_from_prefill")}
                       for p in plans],
             "final_skip": {"n_skip_attn": int(final_mask[:, 0].sum()), "n_skip_mlp": int(final_mask[:, 1].sum())},
             "timings": timings, "ar_decode_s": ar["decode_s"], "ar_step_s": ar["step_s"],
             "plan_fraction_of_decode": plan_s / max(decode_s, 1e-9),
+            "prefill": {"s": self.prefill_s, "window_states": self.window_states is not None},
             "plan_allowance": metrics.get("plan_allowance"),
             "time_split_estimate": {
                 "how": "planning measured; draft = draft forwards x one draft forward with the final mask (a "
@@ -1449,7 +1468,8 @@ def experiment_knapspec_config(args, branch_chunk=None):
                           static_plans=args.static_plans, search_tokens=args.search_tokens,
                           finalists=args.finalists, reference_floor=args.reference_floor, plan_rows=args.plan_rows,
                           plan_at_start=args.plan_at_start, plan_cost_scale=args.plan_cost_scale,
-                          dp_attention=args.dp_attention, rescore=args.rescore, dp_segments=args.dp_segments)
+                          dp_attention=args.dp_attention, rescore=args.rescore, dp_segments=args.dp_segments,
+                          start_states=args.start_states)
 
 
 def check_knapspec_args(args) -> None:

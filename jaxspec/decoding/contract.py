@@ -200,7 +200,12 @@ class Controller(Protocol):
     chunks of rounds. ``run`` is the live :class:`~jaxspec.decoding.speculative.LiveRun` (loop state,
     committed tokens, counters, the prompt, the target params); a controller must not donate or
     keep its arrays across runs. The same controller object runs the warm-up run and the timed run
-    (``run.warmup`` tells which) and the ``profile=True`` pass: :meth:`start` resets it."""
+    (``run.warmup`` tells which) and the ``profile=True`` pass: :meth:`start` resets it.
+
+    Optional: a method ``prefill_target(target_params, target_config, tokens, lengths, cache) -> (cache,
+    first_logits)`` replaces the engine's prefill of the target
+    (:func:`~jaxspec.decoding.autoregressive.prefill`, same arguments and results) in every run the
+    engine prefills (not with ``prefilled``); KnapSpec's keeps the last prompt tokens' states there."""
 
     def start(self, run) -> None:
         """Before the first chunk of a run (after the prefill)."""

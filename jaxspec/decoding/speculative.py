@@ -370,18 +370,21 @@ def loop_state_from_caches(target_cache: KVCache, draft_state, pending, previous
 
 def prefill_loop_state(target_params, target_config: ModelConfig, tokens: np.ndarray, lengths: np.ndarray,
                        capacity: int, *, draft_policy, draft_params, draft_state, verify_policy, verify_state,
-                       engine: EngineConfig, seed: int = 0, mesh=None, rules=None, prefilled=None) -> LoopState:
+                       engine: EngineConfig, seed: int = 0, mesh=None, rules=None, prefilled=None,
+                       prefill_target=None) -> LoopState:
     """Prefill the target (and the draft policy) with right-padded prompts and sample the first
     token: the state every speculative run starts its rounds from. Given ``draft_state`` /
     ``verify_state`` are copied (the loop donates its state; a warm-up run must not consume them).
     ``prefilled=(target_cache, first_logits [B, V])``: the prompts already prefilled (copied, not
-    consumed)."""
+    consumed). ``prefill_target``: the target's prefill, called as
+    :func:`~jaxspec.decoding.autoregressive.prefill` (default; a controller's ``prefill_target``)."""
     batch = len(lengths)
     if prefilled is not None:
         target_cache, first_logits = jax.tree.map(jnp.copy, tuple(prefilled))
     else:
         target_cache = init_cache(target_config, batch, capacity, mesh=mesh, rules=rules)
-        target_cache, first_logits = prefill(target_params, target_config, tokens, lengths, target_cache)
+        target_cache, first_logits = (prefill if prefill_target is None else prefill_target)(
+            target_params, target_config, tokens, lengths, target_cache)
     state_d = jax.tree.map(jnp.copy, draft_state) if draft_state is not None else draft_policy.prefill(
         draft_params, tokens, lengths, capacity)
     key, sub = jax.random.split(jax.random.PRNGKey(seed))
@@ -696,7 +699,7 @@ def speculative_generate(target_params, target_config: ModelConfig, prompts: Seq
         return prefill_loop_state(target_params, target_config, tokens, lengths, capacity, draft_policy=draft_policy,
                                   draft_params=draft_params, draft_state=draft_state, verify_policy=verify_policy,
                                   verify_state=verify_state, engine=engine, seed=seed, mesh=mesh, rules=rules,
-                                  prefilled=prefilled)
+                                  prefilled=prefilled, prefill_target=getattr(controller, "prefill_target", None))
 
     static = dict(target_config=target_config, draft_policy=draft_policy, verify_policy=verify_policy, engine=engine)
     engines = {gamma: engine}

@@ -19,11 +19,12 @@ from jaxspec.knapspec.latency import (LatencyModel, LatencyProfile, effective_co
                                       load_or_profile, profile_latency, profile_latency_forward)
 from jaxspec.knapspec.planner import Plan, Planner, PlannerBase, choose_plan, expected_tokens, tpt
 from jaxspec.knapspec.policy import (KnapSpecConfig, KnapSpecController, KnapSpecDraft, KnapSpecPlanner,
-                                     KnapSpecSchedule, PlanRecord, knapspec_generate, plan_skip_set, reference_window)
+                                     KnapSpecSchedule, PlanRecord, WindowStates, knapspec_generate, plan_skip_set,
+                                     prefill_window, reference_window)
 
 __all__ = ["Candidates", "KnapSpecConfig", "KnapSpecController", "KnapSpecDraft", "KnapSpecPlanner",
            "KnapSpecSchedule", "LatencyModel", "LatencyProfile", "Plan", "PlanRecord", "Planner", "PlannerBase",
            "boundary_states", "choose_plan", "effective_context", "expected_tokens", "fit_forward", "fit_latency",
            "knapsack_brute_force", "knapsack_dp", "knapsack_dp_reference", "knapsack_weights", "knapspec_generate",
-           "load_or_profile", "plan_skip_set", "profile_latency", "profile_latency_forward", "reference_window",
-           "skip_budget", "tpt"]
+           "load_or_profile", "plan_skip_set", "prefill_window", "profile_latency", "profile_latency_forward", "reference_window",
+           "skip_budget", "tpt", "WindowStates"]

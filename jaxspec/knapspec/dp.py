@@ -64,7 +64,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.config import ModelConfig
-from jaxspec.models.cache import KVCache
+from jaxspec.models.cache import KVCache, scatter_rows, write_positions
 from jaxspec.models.attention import batchable_config, get_backend, grouped_key_scores
 from jaxspec.models.layers import (attention_sublayer, default_positions, embed, lm_head, mlp_sublayer, project_qkv,
                                    rope_tables)
@@ -451,6 +451,42 @@ def boundary_states(params, config: ModelConfig, tokens, cache: KVCache, prefix_
     plus themselves (causally). Nothing is written to the cache."""
     return _boundary_states(params, jnp.asarray(tokens, jnp.int32), cache, jnp.asarray(prefix_len, jnp.int32),
                             config=_dp_config(config))
+
+
+def _window_prefill_fn(params, tokens, cache: KVCache, prefix_len, counts, *, config: ModelConfig):
+    """:func:`_boundary_states_fn` that also writes the tokens' K/V into ``cache`` (the prefill of a
+    prompt's last tokens): the same sub-layer calls as a prefill chunk of the forward, so the cache
+    is the prefill's, and the residual stream between them is kept (docs/methods.md §5.6)."""
+    steps = tokens.shape[1]
+    cos, sin = _rope(config, prefix_len, steps)
+    h = embed(params, tokens, config)
+    valid = jnp.arange(steps, dtype=jnp.int32)[None, :] < counts[:, None]
+    slots = write_positions(prefix_len, steps, cache.capacity, valid)
+    states, keys, values = [h], list(cache.keys), list(cache.values)
+    for i, layer in enumerate(params.layers):
+        with jax.named_scope(f"layer{i}"):
+            out = attention_sublayer(layer, h, config, cos, sin, cache.keys[i], cache.values[i], prefix_len)
+            keys[i] = scatter_rows(keys[i], out.keys, slots)
+            values[i] = scatter_rows(values[i], out.values, slots)
+            h = out.hidden
+            states.append(h)
+            h = mlp_sublayer(layer, h, config)
+            states.append(h)
+    last = jnp.take_along_axis(h, jnp.maximum(counts - 1, 0)[:, None, None].astype(jnp.int32), axis=1)[:, 0]
+    new_cache = KVCache(keys=tuple(keys), values=tuple(values), lengths=prefix_len + counts, frozen=cache.frozen)
+    return jnp.stack(states), new_cache, lm_head(params, last, config)
+
+
+_window_prefill = jax.jit(_window_prefill_fn, static_argnames=("config",), donate_argnames=("cache",))
+
+
+def window_prefill(params, config: ModelConfig, tokens, cache: KVCache, prefix_len, counts):
+    """Prefill ``tokens [B, r]`` (row ``b``'s first ``counts[b]`` valid, right-padded) at slots
+    ``prefix_len[b] ..`` of ``cache`` (donated) and keep their residual stream. Returns
+    ``(states [2L + 1, B, r, H], cache with lengths prefix_len + counts, logits [B, V] at each row's
+    last valid token)``. ``states`` equal :func:`boundary_states` of the same tokens before the write."""
+    return _window_prefill(params, jnp.asarray(tokens, jnp.int32), cache, jnp.asarray(prefix_len, jnp.int32),
+                           jnp.asarray(counts, jnp.int32), config=config)
 
 
 def _dp_config(config: ModelConfig) -> ModelConfig:
@@ -912,7 +948,7 @@ model_problem = _model_problem
 
 
 __all__ = ["DEFAULT_TAU", "REFERENCE_KV", "WEIGHT_CAP", "Candidates", "check_reference_kv", "target_kv_attention",
-           "reference_attention_inputs", "plan_alpha", "plan_agreement", "DPTrace", "backtrack", "boundary_states", "brute_force",
+           "reference_attention_inputs", "plan_alpha", "plan_agreement", "DPTrace", "backtrack", "boundary_states", "window_prefill", "brute_force",
            "check_keep_attention", "scan_can_skip", "sublayer_can_skip",
            "cos_sum", "dp_loop", "dp_scan", "knapsack_brute_force", "knapsack_dp", "knapsack_dp_reference",
            "knapsack_weights", "skip_budget", "knapsack_exhaustive_count", "stacked_scan_layers", "agreement_alpha",

@@ -227,6 +227,8 @@ class KnapSpecDraft(DraftPolicyBase):
 DP_ATTENTION = ("xla", "pallas", "pallas-interpret")
 #: how a two-stage plan scores its finalists on the whole window (KnapSpecConfig.rescore)
 RESCORE = ("executed", "select")
+#: where the plan at the start gets its window's target states (KnapSpecConfig.start_states)
+START_STATES = ("prefill", "own")
 
 
 def dp_history_backend(knapspec: "KnapSpecConfig") -> Optional[str]:
@@ -330,6 +332,10 @@ class KnapSpecConfig:
     # (jaxspec.knapspec.dp.slot_segments: the same plan, ~20 % fewer slot-layers at 4 runs, one compiled body a run);
     # 1 = one scan of every slot (docs/methods.md §4.3)
     dp_segments: int = DEFAULT_SEGMENTS
+    # with plan_at_start: where that plan gets the target's residual stream of its window (docs/methods.md §5.6):
+    # "prefill" = kept by the prefill, which runs the window's tokens as its last forward (prefill_window), so the
+    # plan runs no forward of its own for them; "own" = the plan computes them (boundary_states), as later plans do
+    start_states: str = "prefill"
 
     def __post_init__(self):
         object.__setattr__(self, "keep_attention", tuple(sorted({int(x) for x in self.keep_attention})))
@@ -340,6 +346,8 @@ class KnapSpecConfig:
             check_history_backend(self.dp_attention, self.reference_kv, self.branch_chunk)
         if isinstance(self.dp_segments, bool) or int(self.dp_segments) < 1:
             raise ValueError(f"dp_segments={self.dp_segments!r} must be an integer >= 1 (1: one scan of every slot)")
+        if self.start_states not in START_STATES:
+            raise ValueError(f"start_states={self.start_states!r}; valid: {', '.join(START_STATES)}")
         if self.rescore not in RESCORE:
             raise ValueError(f"rescore={self.rescore!r}; valid: {', '.join(RESCORE)}")
         if self.reference_kv != "branch" and self.coupled:
@@ -475,6 +483,7 @@ class PlanRecord:
     # the controller's parts of the plan (seconds): waiting for the device work in flight when it began,
     # the reference window (and the planning rows' cache), applying the plan; None: not recorded
     host_seconds: Optional[Dict[str, float]] = None
+    states_from_prefill: bool = False  # the window's target states came from the prefill (prefill_window)
 
     def summary(self) -> dict:
         out = self.plan.summary()
@@ -485,7 +494,8 @@ class PlanRecord:
                    gamma_used=int(self.gamma_used), mode="ar" if self.gamma_used == 0 else "speculative",
                    verify_rows=int(self.verify_rows), context_length=float(self.context_length),
                    n_skip_attn=int(mask[:, 0].sum()), n_skip_mlp=int(mask[:, 1].sum()), probe=self.probe,
-                   predicted_seconds=self.predicted_seconds, rows=self.rows)
+                   predicted_seconds=self.predicted_seconds, rows=self.rows,
+                   states_from_prefill=self.states_from_prefill)
         c = self.candidates
         if c is not None and c.stage_seconds:  # with the controller's parts, and the rest of the planning time
             stages = dict(c.stage_seconds, **(self.host_seconds or {}))
@@ -524,6 +534,72 @@ def reference_window(prompt_tokens: np.ndarray, prompt_lengths: np.ndarray, out:
     return tokens, mask, prefix.astype(np.int32)
 
 
+@dataclasses.dataclass(frozen=True)
+class WindowStates:
+    """The target's residual stream of each row's last prompt tokens, kept by :func:`prefill_window` for a plan
+    at the start (``KnapSpecConfig.plan_at_start``, docs/methods.md §5.6): ``states [2L + 1, B, W, H]``, row
+    ``b``'s first ``counts[b]`` valid, covering its positions ``ends[b] - counts[b] .. ends[b] - 1``."""
+
+    states: jax.Array
+    counts: np.ndarray
+    ends: np.ndarray
+
+    def for_window(self, token_mask, prefix_len) -> Optional[jax.Array]:
+        """The states of a reference window (``token_mask [B, R]``, ``prefix_len [B]``: row ``b``'s
+        ``token_mask[b].sum()`` tokens from position ``prefix_len[b]``) taken from these, or None where the
+        window is not a suffix of each row's kept tokens (then the plan computes its own). A token's state
+        depends only on the tokens before it (causal), so a suffix's states are the same values."""
+        counts = np.asarray(token_mask).sum(axis=1).astype(np.int64)
+        prefix = np.asarray(prefix_len, np.int64)
+        start = self.ends - self.counts
+        if counts.shape != self.counts.shape or np.any(prefix + counts != self.ends) or np.any(prefix < start):
+            return None
+        width = np.asarray(token_mask).shape[1]
+        index = np.minimum((prefix - start)[:, None] + np.arange(width)[None, :], self.states.shape[2] - 1)
+        keep = np.arange(width)[None, :] < counts[:, None]
+        taken = jnp.take_along_axis(self.states, jnp.asarray(index)[None, :, :, None], axis=2)
+        return jnp.where(jnp.asarray(keep)[None, :, :, None], taken, jnp.zeros((), taken.dtype))
+
+    def rows(self, rows) -> "WindowStates":
+        """These states restricted to ``rows`` of the batch (:attr:`KnapSpecConfig.plan_rows`)."""
+        rows = np.asarray(rows)
+        return WindowStates(self.states[:, jnp.asarray(rows)], self.counts[rows], self.ends[rows])
+
+
+def prefill_window(target_params, config: ModelConfig, tokens: np.ndarray, lengths: np.ndarray, cache,
+                   window: int, bucket: int = 16):
+    """Prefill right-padded prompts ``tokens [B, T]`` into an empty ``cache`` (donated) and keep the residual
+    stream of each row's last ``min(window, length)`` tokens (docs/methods.md §5.6): all but those tokens go
+    through :func:`~jaxspec.decoding.autoregressive.prefill`, those tokens through one forward that writes
+    their K/V like a prefill chunk and keeps its sub-layer boundaries
+    (:func:`~jaxspec.knapspec.dp.window_prefill`). A plan on that window at the start then needs no
+    forward of its own for the target's states. Returns ``(cache, first_logits [B, V], WindowStates)``,
+    the first two as :func:`~jaxspec.decoding.autoregressive.prefill` returns them."""
+    from jaxspec.decoding.autoregressive import prefill
+    from jaxspec.knapspec.dp import window_prefill
+
+    lengths = np.asarray(lengths, np.int64)
+    window, bucket = int(window), max(int(bucket), 1)
+    if window < 1:
+        raise ValueError(f"prefill_window: window={window} must be >= 1 (the tokens whose states are kept)")
+    held = np.asarray(jax.device_get(cache.lengths))
+    if held.any():
+        raise ValueError(f"prefill_window needs an empty cache; its rows hold {held.tolist()} tokens")
+    if lengths.min(initial=1) < 1:
+        raise ValueError(f"prefill_window: every prompt needs a token; lengths {lengths.tolist()}")
+    counts = np.minimum(lengths, window)
+    head = lengths - counts
+    if head.max(initial=0) > 0:
+        cache, _ = prefill(target_params, config, np.asarray(tokens)[:, : int(head.max())], head, cache)
+    width = int(-(-int(counts.max()) // bucket) * bucket)
+    tail = np.zeros((len(lengths), width), np.int32)
+    for b in range(len(lengths)):
+        tail[b, : counts[b]] = np.asarray(tokens)[b, head[b]: lengths[b]]
+    states, cache, logits = window_prefill(target_params, config, tail, cache.with_lengths(jnp.asarray(head, jnp.int32)),
+                                           head, counts)
+    return cache, logits, WindowStates(states, counts, lengths)
+
+
 def exit_threshold(knapspec: KnapSpecConfig) -> Optional[float]:
     """The early-exit threshold the grid search models, or None (the TPT of docs/methods.md §4.2): the exit-aware
     TPT needs early exit on, plan gammas honoured (the official code ignores them) and TPT."""
@@ -539,8 +615,11 @@ PLAN_ANNOTATION = "jaxspec.knapspec.plan"
 
 
 def plan_skip_set(target_params, config: ModelConfig, cache, tokens, token_mask, prefix_len, latency: LatencyModel,
-                  n: float, knapspec: KnapSpecConfig = KnapSpecConfig()) -> Tuple[Plan, Candidates, Tuple[int, int]]:
-    """Stage 1 (DP) and stage 2 (grid search) on one reference window."""
+                  n: float, knapspec: KnapSpecConfig = KnapSpecConfig(),
+                  states: Optional[jax.Array] = None) -> Tuple[Plan, Candidates, Tuple[int, int]]:
+    """Stage 1 (DP) and stage 2 (grid search) on one reference window. ``states``: the target's residual
+    stream of the window (:func:`~jaxspec.knapspec.dp.boundary_states`) when already known (kept from the
+    prefill: :func:`prefill_window`); its stage then costs nothing and is recorded as 0."""
     t_attn, t_mlp = latency.t_attn(n), latency.t_mlp()
     w_attn, w_mlp = knapsack_weights(t_attn, t_mlp, knapspec.weight_cap)
     clock = [time.perf_counter()]
@@ -554,7 +633,8 @@ def plan_skip_set(target_params, config: ModelConfig, cache, tokens, token_mask,
         clock[0] = now
 
     with jax.profiler.TraceAnnotation(f"{PLAN_ANNOTATION}.boundary_states"):
-        states = boundary_states(target_params, config, tokens, cache, prefix_len)
+        if states is None:
+            states = boundary_states(target_params, config, tokens, cache, prefix_len)
         lap("boundary_states", states)
     threshold = exit_threshold(knapspec)
     search = knapspec.search_tokens
@@ -649,42 +729,51 @@ class KnapSpecPlanner(PlannerBase):
         return skip_budget(*knapsack_weights(lat.t_attn(n), lat.t_mlp(), self.knapspec.weight_cap),
                            config.num_layers) + 1
 
-    def reference_costs(self, config: ModelConfig, n: float) -> Tuple[float, float]:
+    def reference_costs(self, config: ModelConfig, n: float, states_known: bool = False) -> Tuple[float, float]:
         """``(fixed, per_token)`` predicted seconds of one plan: with ``search_tokens`` (two-stage plan) the
         DP's ``J`` rows per search token are a fixed cost and each window token adds the finalists' rows
-        plus one for the target's own states of the window (``boundary_states``; next to ``J`` rows it is
-        left out); without it every window token costs the DP's ``J`` rows (:meth:`reference_cost`). The
-        finalists' rows are an upper bound: they run only the sub-layers they execute after their
-        first skip (``dp.plan_agreement``)."""
+        plus one for the target's own states of the window (``boundary_states``; none with ``states_known``,
+        states kept from the prefill; next to ``J`` rows it is left out); without it every window token costs
+        the DP's ``J`` rows (:meth:`reference_cost`). The finalists' rows are an upper bound: they run only
+        the sub-layers they execute after their first skip (``dp.plan_agreement``)."""
         slots, row = self._slots(config, n), self.latency.t_extra_row(n, config.num_layers)
         if self.knapspec.search_tokens is None:
             return 0.0, float(slots) * row
-        return float(slots) * row * int(self.knapspec.search_tokens), float(self.knapspec.finalists + 1) * row
+        own_states = 0 if states_known else 1
+        return (float(slots) * row * int(self.knapspec.search_tokens),
+                float(self.knapspec.finalists + own_states) * row)
 
-    def plan(self, target_params, config, cache, tokens, token_mask, prefix_len, n):
+    #: :meth:`plan` takes ``states=`` (the window's target states kept from the prefill; the controller passes
+    #: them to a planner with this flag for a plan at the start)
+    accepts_window_states = True
+
+    def plan(self, target_params, config, cache, tokens, token_mask, prefix_len, n, states=None):
         if self.knapspec.coupled:
             return plan_coupled_skip_set(target_params, config, cache, tokens, token_mask, prefix_len, self.latency,
-                                         n, self.knapspec)
+                                         n, self.knapspec, states=states)
         return plan_skip_set(target_params, config, cache, tokens, token_mask, prefix_len, self.latency, n,
-                             self.knapspec)
+                             self.knapspec, states=states)
 
 
 def reference_allowance(planner, latency: Optional[LatencyModel], config: ModelConfig, n: float, new_tokens: int,
-                        knapspec: KnapSpecConfig, row_share: float = 1.0) -> dict:
+                        knapspec: KnapSpecConfig, row_share: float = 1.0, states_known: bool = False) -> dict:
     """How many reference tokens per row one plan may use so that its predicted cost stays within
     ``allowance_margin`` x ``max_plan_fraction`` of the predicted plain-decoding time of the run
     (``new_tokens`` steps of ``LatencyModel.t_plain(n)``). ``{"tokens": cap or None (no cap), "skip": True when even
     ``min_reference_tokens`` would not fit, ...}``; no cap without a budget, a latency model or a
     planner with ``reference_cost`` (CLaSp). Deterministic (no timing), so a warm-up run and the
     timed run make the same choice and compile the same DP shape. ``row_share``: the share of the
-    batch's rows the DP runs on (:attr:`KnapSpecConfig.plan_rows`), which scales its predicted cost."""
+    batch's rows the DP runs on (:attr:`KnapSpecConfig.plan_rows`), which scales its predicted cost.
+    ``states_known``: the first plan takes its window's target states from the prefill (:func:`prefill_window`),
+    so a window token costs one row less (``reference_costs``); the cap then prices that plan."""
     out = {"tokens": knapspec.max_reference_tokens, "skip": False}
     if knapspec.max_plan_fraction is None or latency is None:
         return out
     costs = getattr(planner, "reference_costs", None)
     scale = float(knapspec.plan_cost_scale)
     if costs is not None:
-        fixed, per_token = (float(x) * row_share * scale for x in costs(config, n))
+        priced = costs(config, n, states_known=True) if states_known else costs(config, n)
+        fixed, per_token = (float(x) * row_share * scale for x in priced)
     else:
         per_token = planner.reference_cost(config, n)
         if per_token is None:
@@ -743,7 +832,8 @@ class KnapSpecController(ScriptedController):
 
     def __init__(self, knapspec: KnapSpecConfig, planner=None, *, latency: Optional[LatencyModel] = None,
                  context_n: Optional[float] = None, initial_plan: Optional[Tuple[np.ndarray, int]] = None,
-                 replan: bool = True, draft_policy: Optional["KnapSpecDraft"] = None, probe_fixed: bool = False):
+                 replan: bool = True, draft_policy: Optional["KnapSpecDraft"] = None, probe_fixed: bool = False,
+                 window_states: Optional[WindowStates] = None):
         if replan and planner is None:
             raise ValueError("KnapSpecController needs a planner to re-plan (or replan=False)")
         if planner is not None and not isinstance(planner, Planner):
@@ -759,6 +849,29 @@ class KnapSpecController(ScriptedController):
             raise ValueError(f"KnapSpecConfig.static_plans compiles KnapSpecDraft for each plan: pass the run's "
                              f"KnapSpecDraft as draft_policy (got {type(draft_policy).__name__})")
         self.draft_policy = draft_policy if knapspec.static_plans else None
+        # the prompt's last tokens' target states kept from the prefill (prefill_window): the plan at the start
+        # takes its window's states from them when its planner accepts them
+        self.window_states = window_states
+
+    def keeps_window_states(self) -> bool:
+        """Whether the plan at the start takes its window's target states from the prefill: a plan at the start
+        (``plan_at_start``, re-planning, ``start_states="prefill"``) by a planner that accepts them
+        (``accepts_window_states``)."""
+        return bool(self.replan and self.knapspec.plan_at_start and self.knapspec.start_states == "prefill"
+                    and getattr(self.planner, "accepts_window_states", False))
+
+    def prefill_target(self, target_params, target_config, tokens, lengths, cache):
+        """The engine's prefill (:class:`~jaxspec.decoding.contract.Controller`): with
+        :meth:`keeps_window_states`, :func:`prefill_window` over the last ``reference_floor`` prompt tokens
+        (their states go to the plan at the start); otherwise the plain prefill."""
+        from jaxspec.decoding.autoregressive import prefill
+
+        if not self.keeps_window_states():
+            return prefill(target_params, target_config, tokens, lengths, cache)
+        cache, logits, self.window_states = prefill_window(target_params, target_config, tokens, lengths, cache,
+                                                           int(self.knapspec.reference_floor),
+                                                           self.knapspec.token_bucket)
+        return cache, logits
 
     def _policy_for(self, mask) -> Optional["KnapSpecDraft"]:
         """With ``static_plans``: the draft compiled for ``mask`` (equal plans give equal policies, so jit
@@ -855,8 +968,11 @@ class KnapSpecController(ScriptedController):
         row_share = 1.0 if knapspec.plan_rows is None else min(int(knapspec.plan_rows), batch) / batch
         if self.replan and knapspec.honor_gamma:  # the official code always plans and drafts
             n0 = self.context_n if self.context_n is not None else effective_context(config, lengths, run.capacity)
+            kept = self.window_states is not None and self.keeps_window_states()
             self.allowance = reference_allowance(planner, model, config, n0, engine.max_new_tokens, knapspec,
-                                                 row_share=row_share)
+                                                 row_share=row_share, states_known=kept)
+            if kept:
+                self.allowance["states_from_prefill"] = True
             if self.allowance["skip"]:  # no affordable plan: plain decoding from the start (gamma* = 0)
                 apply_plan(np.zeros((config.num_layers, 2), bool), 0)
                 next_plan = None
@@ -864,6 +980,7 @@ class KnapSpecController(ScriptedController):
                 ref_cap = int(self.allowance["tokens"])
         while next_plan is not None and not run.finished():
             mark_at = schedule.mark_round(next_plan)
+            at_start = next_plan == 0
             if next_plan == 0:  # plan_at_start: the prompt's last reference_floor tokens are the whole reference
                 mark = np.maximum(np.asarray(run.state.target_cache.lengths) - int(knapspec.reference_floor), 0)
             elif current["gamma"] != 0:  # plain decoding: the reference is taken when planning
@@ -915,15 +1032,20 @@ class KnapSpecController(ScriptedController):
                     n = self.context_n if self.context_n is not None else effective_context(
                         config, cache_lengths, state.target_cache.capacity)
                     plan_cache = state.target_cache
+                    kept = self.window_states if at_start and getattr(planner, "accepts_window_states",
+                                                                       False) else None
                     if knapspec.plan_rows is not None and int(knapspec.plan_rows) < batch:
                         rows = planning_rows(token_mask, np.asarray(state.done), int(knapspec.plan_rows))
                         ref_tokens, token_mask, prefix = ref_tokens[rows], token_mask[rows], prefix[rows]
                         plan_cache = cache_rows(plan_cache, rows)
+                        kept = None if kept is None else kept.rows(rows)
                         jax.block_until_ready(plan_cache.keys)
+                    window_states = None if kept is None else kept.for_window(token_mask, prefix)
                     host["window"] = time.perf_counter() - plan_start - host["device_in_flight"]
+                    extra = {} if window_states is None else {"states": window_states}
                     plan, candidates, weights = planner.plan(run.target_params, config, plan_cache,
                                                              jnp.asarray(ref_tokens), jnp.asarray(token_mask),
-                                                             jnp.asarray(prefix), n)
+                                                             jnp.asarray(prefix), n, **extra)
                     del plan_cache
                     applying = time.perf_counter()
                     apply_plan(plan.mask, plan.gamma if knapspec.honor_gamma else gamma_max)
@@ -932,7 +1054,8 @@ class KnapSpecController(ScriptedController):
                         cost *= ref_tokens.shape[1] * row_share
                         search = knapspec.search_tokens
                         if search is not None and ref_tokens.shape[1] > search and hasattr(planner, "reference_costs"):
-                            fixed, per_token = planner.reference_costs(config, n)
+                            fixed, per_token = (planner.reference_costs(config, n, states_known=True)
+                                                if window_states is not None else planner.reference_costs(config, n))
                             cost = (fixed + per_token * ref_tokens.shape[1]) * row_share
                         cost *= float(knapspec.plan_cost_scale)  # the allowance's prediction, as it priced the plan
                     host["apply"] = time.perf_counter() - applying
@@ -940,7 +1063,8 @@ class KnapSpecController(ScriptedController):
                         true_round, plan, candidates, int(token_mask.sum()), weights, time.perf_counter() - plan_start,
                         gamma_used=current["gamma"], verify_rows=current["bucket"] + 1 if current["gamma"] else 1,
                         context_length=float(np.mean(cache_lengths + 1)), planner=planner.name,
-                        predicted_seconds=cost, rows=int(ref_tokens.shape[0]), host_seconds=host))
+                        predicted_seconds=cost, rows=int(ref_tokens.shape[0]), host_seconds=host,
+                        states_from_prefill=window_states is not None))
                 plan_end = time.perf_counter()
             self.timings["plan_s"] += plan_end - plan_start
             last = (plan_end, plan_end - plan_start, true_round)
@@ -990,7 +1114,8 @@ def knapspec_generate(target_params, target_config: ModelConfig, prompts: Sequen
                       prefilled=None, profile: bool = False, mesh=None, rules=None,
                       allow_beyond_context: bool = False, static_plan: bool = True,
                       attention_plan: Optional[Tuple[np.ndarray, int, int]] = None,
-                      draft_policy=None, probe_fixed_plan: bool = False) -> SpeculativeResult:
+                      draft_policy=None, probe_fixed_plan: bool = False,
+                      window_states: Optional[WindowStates] = None) -> SpeculativeResult:
     """Greedy or sampled speculative generation with KnapSpec self-drafting: the engine's
     :func:`~jaxspec.decoding.speculative.speculative_generate` with :class:`KnapSpecDraft` and a
     :class:`KnapSpecController`.
@@ -1018,6 +1143,11 @@ def knapspec_generate(target_params, target_config: ModelConfig, prompts: Sequen
     ``capacity`` slots (e.g. one prefill shared by several methods in a benchmark); each run
     works on a copy, so the caller's cache stays valid (``timings["prefill_s"]`` is the copy).
     ``profile``, ``mesh``, ``rules``: as the engine's.
+
+    With ``knapspec.plan_at_start`` the plan at the start takes its window's target states from the prefill
+    (docs/methods.md §5.6): the engine's prefill keeps them (:meth:`KnapSpecController.prefill_target`), and
+    with ``prefilled`` they come as ``window_states`` (the third result of :func:`prefill_window`, which made
+    the cache); without them that plan computes its own.
 
     ``metrics["knapspec_plans"]`` lists every plan (skipped sub-layers, gamma* and the gamma
     used, context length, predicted TPT, seconds); ``metrics["draft_steps"]`` counts draft
@@ -1064,7 +1194,9 @@ def knapspec_generate(target_params, target_config: ModelConfig, prompts: Sequen
     controller = KnapSpecController(knapspec, planner, latency=latency, context_n=context_n,
                                     initial_plan=initial_plan, replan=replan,
                                     draft_policy=policy if knapspec.static_plans else None,
-                                    probe_fixed=probe_fixed_plan)
+                                    probe_fixed=probe_fixed_plan,
+                                    window_states=window_states if prefilled is not None and
+                                    knapspec.start_states == "prefill" else None)
     return speculative_generate(target_params, target_config, prompts, draft_policy=policy,
                                 draft_state=draft_state, verify_policy=verify_policy,
                                 verify_state=verify_state, engine=engine, seed=seed, capacity=capacity, warmup=warmup,
@@ -1162,5 +1294,6 @@ def knapspec_budget_generate(target_params, target_config: ModelConfig, prompts:
 
 
 __all__ = ["KnapSpecConfig", "KnapSpecController", "KnapSpecDraft", "KnapSpecPlanner", "KnapSpecSchedule", "NO_GAMMA_CAP",
-           "PlanRecord",
-           "knapspec_budget_generate", "knapspec_generate", "plan_skip_set", "reference_allowance", "reference_window"]
+           "PlanRecord", "WindowStates",
+           "knapspec_budget_generate", "knapspec_generate", "plan_skip_set", "prefill_window", "reference_allowance",
+           "reference_window"]

@@ -1,0 +1,164 @@
+"""The plan at the start taking its window's target states from the prefill (docs/methods.md §5.6):
+``prefill_window`` builds the prefill's cache and the boundary states of the last prompt tokens, a suffix
+window's states are read from them, and a plan made on them is the plan made on states of its own."""
+
+from dataclasses import replace as dataclasses_replace
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxspec.config import ModelConfig
+from jaxspec.decoding.autoregressive import generate, pad_prompts, prefill
+from jaxspec.knapspec import dp, latency
+from jaxspec.knapspec.policy import (KnapSpecConfig, KnapSpecPlanner, WindowStates, knapspec_generate,
+                                     prefill_window, reference_allowance)
+from jaxspec.models.cache import init_cache
+from jaxspec.models.llama import init_params
+
+TARGET = ModelConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=5, num_heads=4, num_kv_heads=2,
+                     head_dim=16, dtype="float32")
+PROMPTS = [np.random.RandomState(0).randint(0, 97, n).tolist() for n in (5, 17, 40)]
+NEW = 24
+CAPACITY = 128
+LATENCY = latency.LatencyModel(c1=1.0, c2=0.01, c3=0.5)
+# one plan at the start on the last 24 prompt tokens: 3 search tokens, 2 finalists rescored on the window
+KNAP = KnapSpecConfig(gamma_max=4, plan_interval=64, plan_round=2, reference_rounds=2, gamma_buckets=(1, 2, 3),
+                      max_plan_fraction=None, probe_rounds=None, reference_floor=24, plan_at_start=True,
+                      search_tokens=3, finalists=2)
+
+
+@pytest.fixture(scope="module")
+def params():
+    return init_params(TARGET, jax.random.PRNGKey(0), scale=0.2)
+
+
+@pytest.fixture(scope="module")
+def ar_rows(params):
+    return generate(params, TARGET, PROMPTS, NEW).rows()
+
+
+def plain_prefill(params):
+    tokens, lengths = pad_prompts(PROMPTS)
+    return prefill(params, TARGET, tokens, lengths, init_cache(TARGET, len(PROMPTS), CAPACITY))
+
+
+def windowed_prefill(params, window=24):
+    tokens, lengths = pad_prompts(PROMPTS)
+    return prefill_window(params, TARGET, tokens, lengths, init_cache(TARGET, len(PROMPTS), CAPACITY), window)
+
+
+def window_of(count_cap):
+    """Each row's last min(cap, length) prompt tokens: ``tokens, mask, prefix`` (right-padded to 16)."""
+    lengths = np.asarray([len(p) for p in PROMPTS])
+    counts = np.minimum(lengths, count_cap)
+    width = int(-(-counts.max() // 16) * 16)
+    tokens = np.zeros((len(PROMPTS), width), np.int32)
+    mask = np.zeros((len(PROMPTS), width), np.float32)
+    for b, prompt in enumerate(PROMPTS):
+        tokens[b, : counts[b]] = prompt[len(prompt) - counts[b]:]
+        mask[b, : counts[b]] = 1.0
+    return tokens, mask, (lengths - counts).astype(np.int32)
+
+
+def test_prefill_window_is_the_prefill_and_keeps_the_window_states(params):
+    """The cache and first logits equal the plain prefill's (every row's valid slots); the kept states equal
+    boundary_states of the same tokens on the plain prefill's cache (to float32 rounding: a different prefill chunking
+    and the DP's attention path, about 5e-5 at the last layers); rows shorter than the window keep all."""
+    cache, logits = plain_prefill(params)
+    kept_cache, kept_logits, kept = windowed_prefill(params)
+    lengths = [len(p) for p in PROMPTS]
+    np.testing.assert_array_equal(np.asarray(kept_cache.lengths), lengths)
+    np.testing.assert_allclose(np.asarray(kept_logits), np.asarray(logits), atol=2e-5, rtol=1e-5)
+    for layer in range(TARGET.num_layers):
+        for ours, theirs in ((kept_cache.keys[layer], cache.keys[layer]), (kept_cache.values[layer],
+                                                                            cache.values[layer])):
+            for b, n in enumerate(lengths):
+                np.testing.assert_allclose(np.asarray(ours[b, :, :n]), np.asarray(theirs[b, :, :n]), atol=2e-5,
+                                           rtol=1e-5)
+    np.testing.assert_array_equal(kept.counts, np.minimum(lengths, 24))
+    np.testing.assert_array_equal(kept.ends, lengths)
+    tokens, mask, prefix = window_of(24)
+    reference = dp.boundary_states(params, TARGET, tokens, cache, prefix)
+    assert kept.states.shape == reference.shape
+    for b, count in enumerate(kept.counts):
+        np.testing.assert_allclose(np.asarray(kept.states[:, b, :count]), np.asarray(reference[:, b, :count]),
+                                   atol=2e-4, rtol=1e-4)
+
+
+def test_a_suffix_window_reads_its_states_from_the_kept_ones(params):
+    """A window ending at the prompt's end and inside the kept tokens gets the states boundary_states computes
+    for it (zeros past each row's tokens); a window reaching before them, or not ending at the prompt's end,
+    gets None; ``rows`` keeps the chosen rows."""
+    cache, _ = plain_prefill(params)
+    _, _, kept = windowed_prefill(params)
+    tokens, mask, prefix = window_of(8)
+    taken = kept.for_window(mask, prefix)
+    reference = dp.boundary_states(params, TARGET, tokens, cache, prefix)
+    counts = mask.sum(axis=1).astype(int)
+    assert taken.shape == reference.shape
+    for b, count in enumerate(counts):
+        np.testing.assert_allclose(np.asarray(taken[:, b, :count]), np.asarray(reference[:, b, :count]),
+                                   atol=2e-4, rtol=1e-4)
+        assert not np.asarray(taken[:, b, count:]).any()
+    _, wide_mask, wide_prefix = window_of(32)  # row 2 (40 tokens) reaches 8 tokens before the kept 24
+    assert kept.for_window(wide_mask, wide_prefix) is None
+    assert kept.for_window(mask, prefix - 1) is None  # ends one token before the prompt's end
+    one = kept.rows([2])
+    np.testing.assert_array_equal(np.asarray(one.for_window(mask[2:], prefix[2:])), np.asarray(taken[:, 2:]))
+
+
+def test_plan_at_start_uses_the_prefill_states_and_plans_the_same(params, ar_rows):
+    """With plan_at_start the engine's prefill keeps the window's states (the controller's prefill_target) and the
+    plan uses them: its record says so, its states stage costs nothing measurable beside the DP, and the plan
+    (mask, gamma) and its window alpha equal a planner's that computes its own states; greedy output stays AR's.
+    The same holds with a shared prefilled cache handed over with its window_states."""
+
+    class OwnStates(KnapSpecPlanner):
+        accepts_window_states = False
+
+    runs = {}
+    for name, planner in (("kept", KnapSpecPlanner(LATENCY, KNAP)), ("own", OwnStates(LATENCY, KNAP))):
+        runs[name] = knapspec_generate(params, TARGET, PROMPTS, latency=LATENCY, knapspec=KNAP, max_new_tokens=NEW,
+                                       planner=planner, capacity=CAPACITY)
+    cache, logits, kept = windowed_prefill(params)
+    runs["prefilled"] = knapspec_generate(params, TARGET, PROMPTS, latency=LATENCY, knapspec=KNAP,
+                                          max_new_tokens=NEW, capacity=CAPACITY, prefilled=(cache, logits),
+                                          window_states=kept)
+    for name, result in runs.items():
+        assert result.rows() == ar_rows, name
+    first = {name: result.metrics["knapspec_plans"][0] for name, result in runs.items()}
+    assert first["kept"]["states_from_prefill"] and first["prefilled"]["states_from_prefill"]
+    assert not first["own"]["states_from_prefill"]
+    assert all(plan["round"] == 0 for plan in first.values())
+    for name in ("kept", "prefilled"):
+        assert first[name]["skip_attn"] == first["own"]["skip_attn"], name
+        assert first[name]["skip_mlp"] == first["own"]["skip_mlp"], name
+        assert first[name]["gamma_star"] == first["own"]["gamma_star"], name
+        assert first[name]["alpha"] == pytest.approx(first["own"]["alpha"], abs=1e-6)
+        assert first[name]["stage_seconds"]["boundary_states"] < first[name]["stage_seconds"]["dp"]
+
+
+def test_prefill_states_price_one_row_less_per_window_token():
+    """reference_costs with states_known: each window token costs the finalists' rows only (no row for the
+    target's own states); the allowance then fits more tokens in the same budget."""
+    lat = latency.LatencyModel(c1=1.0, c2=0.01, c3=0.5, c0=0.2, v=0.05, a=1.1, u=0.003)
+    knap = dataclasses_replace(KNAP, max_plan_fraction=0.05)
+    planner = KnapSpecPlanner(lat, knap)
+    fixed, per = planner.reference_costs(TARGET, 100.0)
+    fixed_known, per_known = planner.reference_costs(TARGET, 100.0, states_known=True)
+    assert fixed_known == fixed and per_known == pytest.approx(per * knap.finalists / (knap.finalists + 1))
+    own = reference_allowance(planner, lat, TARGET, 100.0, 1000, knap)
+    known = reference_allowance(planner, lat, TARGET, 100.0, 1000, knap, states_known=True)
+    assert known["allowed_tokens"] == int((known["plan_budget_s"] - fixed) // per_known) > own["allowed_tokens"]
+
+
+def test_prefill_window_rejects_bad_input(params):
+    tokens, lengths = pad_prompts(PROMPTS)
+    with pytest.raises(ValueError, match="window=0"):
+        prefill_window(params, TARGET, tokens, lengths, init_cache(TARGET, 3, CAPACITY), 0)
+    held, _ = plain_prefill(params)
+    with pytest.raises(ValueError, match="empty cache"):
+        prefill_window(params, TARGET, tokens, lengths, held, 24)
+    assert isinstance(windowed_prefill(params)[2], WindowStates)
