@@ -675,6 +675,8 @@ def _config_of(args) -> Dict[str, Any]:
             config[key] = getattr(args, key)
     if args.plan_at_start:
         config["plan_at_start"] = True
+        if args.start_states == "prefill":  # named only then: files written before the prefill kept the states
+            config["start_states"] = "prefill"  # computed their own, as "own" still does
     if args.dp_attention != "xla":
         config["dp_attention"] = args.dp_attention
     if args.rescore != "executed":  # named only when set, like reference_kv
