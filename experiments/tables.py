@@ -373,6 +373,10 @@ KNAPSPEC_DP_PALLAS = f"{K}qwen2.5-coder-1.5b_32k-8k_b16_plan-rows_at-start_dp-pa
 KNAPSPEC_CALIBRATED_CPU = f"{K}smollm2-135m_1k_b1_two-stage_calibrated_cpu.json"
 #: the two-stage step with plain decoding priced at the decode loop's own step (the profile's p)
 KNAPSPEC_PLAIN_PRICED_CPU = f"{K}smollm2-135m_1k_b1_two-stage_plain-priced_cpu.json"
+#: the at-start plan with its window's target states kept by the prefill, and the same plan computing them, one
+#: profile (docs/methods.md §5.6, --start-states prefill / own)
+KNAPSPEC_PREFILL_STATES_CPU = f"{K}smollm2-135m_1k_b1_two-stage_at-start_prefill-states_cpu.json"
+KNAPSPEC_OWN_STATES_CPU = f"{K}smollm2-135m_1k_b1_two-stage_at-start_own-states_cpu.json"
 KNAPSPEC_PLAN_ROWS_CALIBRATED = f"{K}qwen2.5-coder-1.5b_32k-8k_b16_plan-rows_calibrated_h200.json"
 #: the two-stage plan at batch 16 on 2 rows' windows (docs/methods.md §5.6, `--plan-rows 2`), real 1.5B, 32k-8k
 KNAPSPEC_PLAN_ROWS = f"{K}qwen2.5-coder-1.5b_32k-8k_b16_plan-rows_h200.json"
@@ -517,7 +521,65 @@ def knapspec_dp_cost_note() -> str:
             "so the DP as specified (every slot state through every sub-layer) cannot fit 64 reference tokens "
             "under 5 % here; on a GPU, where a decode "
             "step is bound by reading the weights and a few thousand rows cost little more, the same DP is not "
-            "measured at 64 reference tokens yet.")
+            "measured at 64 reference tokens yet." + knapspec_start_states_cpu_note())
+
+
+def knapspec_start_states_cpu_note() -> str:
+    """The two-stage plan before the first round with its window's states kept by the prefill, against the same plan
+    computing them (cpu-knapspec steps smollm2-135m-1k-two-stage-at-start-{prefill,own}-states, one profile)."""
+    if not (RESULTS / KNAPSPEC_PREFILL_STATES_CPU).exists():
+        return (" The two-stage plan with its window's states kept by the prefill: not measured yet (cpu-knapspec step "
+                "smollm2-135m-1k-two-stage-at-start-prefill-states).")
+
+    def case(source):
+        (_, c), = [(k, v) for k, v in load(source)["cases"].items() if "speedup_vs_ar" in v]
+        return c
+
+    def plan_text(c):
+        a, share = c.get("plan_allowance") or {}, c["plan_fraction_of_decode"]
+        if not c.get("plans"):
+            return (f"no plan ({a.get('allowed_tokens')} reference tokens fit the {1e3 * a.get('plan_budget_s', 0):.0f} "
+                    f"ms budget), planning {100 * share:.1f} % of decode, {c['speedup_vs_ar']:.2f}x AR")
+        p = c["plans"][0]
+        st = p.get("stage_seconds") or {}
+        return (f"planning {100 * share:.1f} % of decode on {p['reference_tokens']} reference tokens (the allowance "
+                f"let {a.get('allowed_tokens')} in at its {1e3 * a.get('plan_budget_s', 0):.0f} ms budget), the plan "
+                f"{1e3 * p['seconds']:.0f} ms (the window's states {1e3 * st.get('boundary_states', 0):.0f} ms, the DP "
+                f"{1e3 * st.get('dp', 0):.0f} ms, rescoring {1e3 * st.get('rescore', 0):.0f} ms; predicted "
+                f"{1e3 * p['predicted_seconds']:.0f} ms), {c['speedup_vs_ar']:.2f}x AR with the AR step "
+                f"{1e3 * c['ar_step_s']:.1f} ms (gamma* = {p['gamma_star']}, output identical to AR: "
+                f"{'yes' if c['identical_to_ar'] else 'no'})")
+
+    kept = case(KNAPSPEC_PREFILL_STATES_CPU)
+    share = kept["plan_fraction_of_decode"]
+    tokens = kept["plans"][0]["reference_tokens"] if kept.get("plans") else 0
+    text = (f" The two-stage plan made before the first round with its window's target states kept by the prefill "
+            f"(`--start-states prefill`, docs/methods.md §5.6; `{KNAPSPEC_PREFILL_STATES_CPU}`): "
+            + plan_text(kept) + f". At most 5 % with at least 64 reference tokens: "
+            f"**{'met' if share <= 0.05 and tokens >= 64 else 'missed'}**")
+    if (share > 0.05 or tokens < 64) and kept.get("plans"):
+        p, a = kept["plans"][0], kept["plan_allowance"]
+        st = p.get("stage_seconds") or {}
+        decode = kept["timings"]["decode_s"]
+        text += (f" (the DP on {load(KNAPSPEC_PREFILL_STATES_CPU)['config'].get('search_tokens')} search tokens alone "
+                 f"took {100 * st.get('dp', 0) / decode:.1f} % of this decode; the allowance, sized at "
+                 f"{100 * a['plan_budget_s'] / a['predicted_ar_decode_s']:.2f} % of the predicted decode, had "
+                 f"{1e3 * (a['plan_budget_s'] - a['predicted_dp_search_s']):.0f} ms left after the search's predicted "
+                 f"{1e3 * a['predicted_dp_search_s']:.0f} ms, at {1e3 * a['predicted_dp_s_per_token']:.1f} ms a window "
+                 f"token; a 64-token window priced so is "
+                 f"{100 * (a['predicted_dp_search_s'] + 64 * a['predicted_dp_s_per_token']) / a['predicted_ar_decode_s']:.1f}"
+                 " % of the predicted decode: on this compute-bound CPU the search's slot rows and the finalists' "
+                 "window rows cost too much against a decode step to fit 5 % of a 256-step decode at 64 tokens)")
+    if (RESULTS / KNAPSPEC_OWN_STATES_CPU).exists():
+        own = case(KNAPSPEC_OWN_STATES_CPU)
+        text += (f". The same plan computing the states itself (`--start-states own`, the same profile, "
+                 f"`{KNAPSPEC_OWN_STATES_CPU}`): " + plan_text(own))
+        text += (f". The prefill took {kept['prefill']['s']:.1f} s keeping the states and {own['prefill']['s']:.1f} s "
+                 "without (each its process's first prefill, compilation included)")
+        if kept.get("plans") and own.get("plans") and kept["plans"][0]["gamma_star"] == own["plans"][0]["gamma_star"] == 0:
+            text += (f". Both plans chose plain decoding, so the speed-ups differ by the paired AR runs' step "
+                     f"({1e3 * kept['ar_step_s']:.1f} against {1e3 * own['ar_step_s']:.1f} ms), not by the plans")
+    return text + " (one run each on a shared 2-core CPU)."
 
 
 def _fastest_rows(case) -> Tuple[Dict[str, Any], Dict[str, Any]]:
@@ -2946,6 +3008,11 @@ def _figures() -> List[Figure]:
             (KNAPSPEC_CALIBRATED_CPU, "two-stage-calibrated", "two-stage plan priced at its measured cost "
                                                               "(--plan-cost-scale-from)"),
             (KNAPSPEC_AT_START_CPU, "two-stage-at-start", "two-stage plan made before the first round (--plan-at-start)"),
+            (KNAPSPEC_PREFILL_STATES_CPU, "two-stage-at-start-prefill-states", "two-stage plan made before the first "
+                                                                              "round, its window's states kept by the "
+                                                                              "prefill"),
+            (KNAPSPEC_OWN_STATES_CPU, "two-stage-at-start-own-states", "two-stage plan made before the first round, "
+                                                                      "its window's states computed by the plan"),
             (KNAPSPEC_TWO_STAGE_CPU, "two-stage", "two-stage plan (3 search tokens, 2 finalists)"),
             (KNAPSPEC_AT_START_QWEN_CPU, "two-stage-at-start", "two-stage plan made before the first round "
                                                                "(--plan-at-start)")):
@@ -2959,6 +3026,11 @@ def _figures() -> List[Figure]:
         add(Figure(f"{base}/planning-share", f"{what}: planning / decode time", "%", source,
                    ("cases", key, "plan_fraction_of_decode"), scale=100, target="target <= 5 %"))
         add(Figure(f"{base}/speedup", f"{what}, vs paired AR", "x AR", source, ("cases", key, "speedup_vs_ar")))
+        if source in (KNAPSPEC_PREFILL_STATES_CPU, KNAPSPEC_OWN_STATES_CPU) and load(source)["cases"][key].get("plans"):
+            add(Figure(f"{base}/reference-tokens", f"{what}: the plan's reference tokens (target >= 64)", "tokens",
+                       source, ("cases", key, "plans", 0, "reference_tokens")))
+            add(Figure(f"{base}/plan-ms", f"{what}: the plan's wall time", "ms", source,
+                       ("cases", key, "plans", 0, "seconds"), scale=1e3))
     # KnapSpec: static plans, one DP on 64 reference tokens, the DP's acceptance estimate, budgeted attention
     base = "knapspec/plans/smollm2-135m/ctx1024/b1/cpu/64ref"
     add(Figure(f"{base}/static-draft-step-over-predicted", "one draft step with a static plan (executed sub-layers "
