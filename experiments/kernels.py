@@ -541,7 +541,9 @@ def register(subparsers) -> None:
     sel.add_argument("--batches", default="1,16")
     sel.add_argument("--budgets", default="128,256,512,1024")
     sel.add_argument("--rules", default=",".join(DEFAULT_SELECTION_RULES),
-                     help="coverage, entropy, max-mass, coverage-ladder (the coverage rule with --m-steps)")
+                     help="coverage, entropy, max-mass, coverage-ladder (the coverage rule with --m-steps), "
+                          "coverage-sort / coverage-radix (the coverage rule with its candidates scored that way; "
+                          "coverage is the platform's default, docs/methods.md §3.7)")
     sel.add_argument("--m-steps", type=int, default=4, metavar="N",
                      help="coverage-ladder: steps of its candidate ladder on each side of m (docs/methods.md §3.7)")
     sel.add_argument("--dustin-profile", default=None,
@@ -564,7 +566,10 @@ def register(subparsers) -> None:
 
 
 # ---------------------------------------------------------------------------- the input-aware m rules' cost
-SELECTION_RULES = ("coverage", "entropy", "max-mass", "coverage-ladder")
+SELECTION_RULES = ("coverage", "entropy", "max-mass", "coverage-ladder", "coverage-sort", "coverage-radix")
+#: the coverage rule with its candidates scored one way (jaxspec.dustin.selection.COVERAGE_SCORING); "coverage" is
+#: the platform's default
+COVERAGE_SCORED = {"coverage-sort": "sort", "coverage-radix": "radix"}
 #: what bench-selection times unless --rules says otherwise (the ladder is the coverage rule widened)
 DEFAULT_SELECTION_RULES = SELECTION_RULES[:3]
 
@@ -612,7 +617,7 @@ def cmd_bench_selection(args) -> Dict[str, Any]:
     import jax
     import jax.numpy as jnp
 
-    from jaxspec.dustin.selection import select_for_config, select_input_aware_reference
+    from jaxspec.dustin.selection import select_for_config, select_input_aware, select_input_aware_reference
 
     rules = [r for r in args.rules.split(",") if r]
     unknown = [r for r in rules if r not in SELECTION_RULES]
@@ -642,6 +647,13 @@ def cmd_bench_selection(args) -> Dict[str, Any]:
                 fixed_cfg = configs[k]
                 fns = {"fixed": jax.jit(lambda a, b, n, c=fixed_cfg: select_for_config(c, a, b, n))}
                 for rule in rules:
+                    if rule in COVERAGE_SCORED:  # the coverage rule, its scoring named
+                        cfg = fixed_cfg.replace(m_rule="coverage")
+                        if cfg.input_aware:
+                            fns[rule] = jax.jit(lambda a, b, n, c=cfg, how=COVERAGE_SCORED[rule]: select_input_aware(
+                                a, b, n, k=c.budget, sinks=c.sinks, window=c.window_size, candidates=c.m_candidates,
+                                scoring=how)[0])
+                        continue
                     cfg = (fixed_cfg.replace(m_rule="coverage", m_steps=args.m_steps) if rule == "coverage-ladder"
                            else fixed_cfg.replace(m_rule=rule))
                     if cfg.input_aware:
@@ -657,7 +669,8 @@ def cmd_bench_selection(args) -> Dict[str, Any]:
                           "sinks": fixed_cfg.sinks, "window": fixed_cfg.window_size,
                           "seconds": best, "samples_s": samples,
                           "ratio_to_fixed": {n: best[n] / best["fixed"] for n in best if n != "fixed"}}
-                for name, steps in (("coverage", 1), ("coverage-ladder", args.m_steps)):
+                for name, steps in (("coverage", 1), ("coverage-ladder", args.m_steps), ("coverage-sort", 1),
+                                    ("coverage-radix", 1)):
                     if name in fns:
                         cfg = fixed_cfg.replace(m_rule="coverage", m_steps=steps)
                         ref = select_input_aware_reference(s_d, s_t, lengths, k=k, sinks=cfg.sinks,

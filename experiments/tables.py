@@ -254,9 +254,13 @@ PAIR_SPEED_CHOICE_TABLE_OUTCOMES = f"{PS}32k_b8-16_choice-table-outcomes_h200.js
 SELECTION_COST = (("cpu", "selection/selection_rules_cost_qwen2.5-coder-1.5b-profile_16k-32k_cpu.json"),
                   ("h200", "selection/selection_rules_cost_qwen2.5-coder-1.5b-profile_16k-32k_h200.json"),
                   # the coverage rule's wider candidate ladder (bench-selection --rules coverage-ladder --m-steps 4)
-                  ("cpu", "selection/selection_rules_cost_ladder4_qwen2.5-coder-1.5b-profile_16k-32k_cpu.json"))
+                  ("cpu", "selection/selection_rules_cost_ladder4_qwen2.5-coder-1.5b-profile_16k-32k_cpu.json"),
+                  # the coverage rule's two scorings side by side (bench-selection --rules coverage-sort,coverage-radix)
+                  ("cpu", "selection/selection_rules_cost_coverage-scoring_qwen2.5-coder-1.5b-profile_16k-32k_cpu.json"),
+                  ("h200", "selection/selection_rules_cost_coverage-scoring_qwen2.5-coder-1.5b-profile_16k-32k_h200.json"))
 SELECTION_RULE_TAGS = {"coverage": "input-aware-coverage", "entropy": "input-aware-entropy",
-                       "max-mass": "input-aware", "coverage-ladder": "input-aware-coverage-ladder"}
+                       "max-mass": "input-aware", "coverage-ladder": "input-aware-coverage-ladder",
+                       "coverage-sort": "input-aware-coverage-sort", "coverage-radix": "input-aware-coverage-radix"}
 #: MeasuredChoiceController's default table_tail_margin (jaxspec.decoding.arbitration; tests check they agree)
 TABLE_TAIL_MARGIN = 0.1
 PAIR_SPEED_CHECK = f"{PS}8k_h200.json"                  # holds the Pallas-vs-XLA logits check
@@ -3800,13 +3804,14 @@ def selection_cost_tables() -> List[str]:
                          f"{1e3 * case['seconds']['fixed']:.3f} | "
                          + " | ".join(f"{case['ratio_to_fixed'][r]:.2f}x" if r in case["ratio_to_fixed"] else "-"
                                       for r in rules) + " |")
-        checked = [c[f] for c in data["cases"].values() for f in ("coverage_equals_reference",
-                                                                    "coverage_ladder_equals_reference") if f in c]
+        checked = [c[f] for c in data["cases"].values() for f in (
+            "coverage_equals_reference", "coverage_ladder_equals_reference", "coverage_sort_equals_reference",
+            "coverage_radix_equals_reference") if f in c]
         out.append(f"The selection alone, each rule against the fixed rule on the same seeded signals in one process "
                    f"(`{source}`, {data['environment'].get('devices', ['?'])[0] if device != 'cpu' else 'CPU'}, "
                    f"each budget's sinks, window and m from the Qwen2.5-Coder pair's profile; best of "
                    f"{data['config']['repeats']} interleaved timings of {data['config']['iters']} calls)"
-                   + (f"; the coverage rule's set equals its direct reference in {sum(checked)} of {len(checked)} "
+                   + (f"; the coverage rule's sets equal its direct reference in {sum(checked)} of {len(checked)} "
                       "cases" if checked else "") + ":\n\n" + "\n".join(lines))
     return out
 

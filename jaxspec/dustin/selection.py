@@ -288,32 +288,24 @@ def first_best(covered: jax.Array) -> jax.Array:
     return jnp.argmax(covered >= jnp.max(covered, axis=1, keepdims=True) - COVERAGE_TIE, axis=1)
 
 
-@functools.partial(jax.jit, static_argnames=("k", "sinks", "window", "candidates"))
-def select_input_aware(s_draft: jax.Array, s_target: jax.Array, lengths: jax.Array, *, k: int, sinks: int,
-                       window: int, candidates: tuple):
-    """Input-aware m (docs/methods.md §3.7): per row, the candidate m (static tuple, the profiled m
-    first) whose hybrid selection covers the most of both signals' mass,
-    ``sum_{i in I(m)} (s_D[i] / sum s_D + s_T[i] / sum s_T)`` over the non-protected positions; ties
-    (within :data:`COVERAGE_TIE`) keep the earlier candidate (the profiled m). Returns (``I_verify [B, k]``,
-    chosen m ``[B]`` int32).
+#: how :func:`select_input_aware` scores its candidates on the two selected lists: "sort" ranks each list with one
+#: sort; "radix" takes each candidate's part by a radix threshold on the position-ordered lists and merges them, no
+#: sort (on the 2-core CPU 1.2x the fixed rule against 1.8x, at 32k, B = 16, k = 1024). Default: radix on the
+#: CPU, sort elsewhere (docs/methods.md §3.7)
+COVERAGE_SCORING = ("radix", "sort")
 
-    Two radix selections, as the fixed rule: every candidate's ``I(m)`` is the first m of the draft
-    signal's top ``max(candidates)`` in rank order, then the target signal's ranking with those
-    skipped, and that ranking never reaches past its own top ``k - s - w`` (at most m of those are
-    skipped). So both ranked lists are selected once, and each candidate is scored on them alone
-    (``[B, k]``-sized work). Equals :func:`select_input_aware_reference`."""
-    if not candidates:
-        raise ValueError("candidates must name at least one m")
+
+def after(listed: jax.Array) -> jax.Array:
+    """``[B, 1]`` all True, computed from ``listed [B, n]`` (entries >= -1; n may be 0): a ``jnp.where`` on it makes
+    a later width-sized pass wait for ``listed``, so XLA does not run two selections at once."""
+    return jnp.min(listed, axis=1, initial=0, keepdims=True) >= -1
+
+
+def _scored_by_sort(s_draft, s_target, lengths, *, k: int, sinks: int, window: int, candidates: tuple):
+    """:func:`select_input_aware`'s candidates scored on both selected lists, each ranked by one sort (best
+    first); the set is sorted from its members."""
     free = k - sinks - window
-    if free < 0:
-        raise ValueError(f"sinks={sinks} + window={window} exceed the budget k={k}")
-    if any(not 0 <= int(c) <= free for c in candidates):
-        raise ValueError(f"candidates {candidates} must each lie in 0..k - s - w = {free}")
-    batch, seq = s_draft.shape
-    width = max(k, seq)
-    s_draft = _pad_width(s_draft.astype(jnp.float32), width)
-    s_target = _pad_width(s_target.astype(jnp.float32), width)
-    lengths = lengths.astype(jnp.int32)
+    batch, width = s_draft.shape
     rows = jnp.arange(batch)[:, None]
 
     def ranked(scores, count):  # the top `count` non-protected positions of each row, best first; -1 pads
@@ -327,6 +319,7 @@ def select_input_aware(s_draft: jax.Array, s_target: jax.Array, lengths: jax.Arr
 
     m_max = max(int(c) for c in candidates)
     top_d = ranked(s_draft, m_max)  # [B, m_max]
+    s_target = jnp.where(after(top_d), s_target, 0.0)  # after the draft's selection (see _scored_by_radix)
     top_t = ranked(s_target, free)  # [B, free]
     # each signal's mass at the ranked positions only: the row totals of signal_mass, and the scores
     # gathered at the [B, k] positions (no normalised copy of either signal over the width)
@@ -366,6 +359,121 @@ def select_input_aware(s_draft: jax.Array, s_target: jax.Array, lengths: jax.Arr
     none = jnp.iinfo(jnp.int32).max
     ordered = jax.lax.sort(jnp.where(members >= 0, members, none), dimension=1)[:, :k]
     return jnp.where(ordered == none, -1, ordered), m_best
+
+
+def _scored_by_radix(s_draft, s_target, lengths, *, k: int, sinks: int, window: int, candidates: tuple):
+    """:func:`select_input_aware`'s candidates scored without a sort: each candidate's draft part and its fill
+    are radix thresholds on the two position-ordered lists, and the set is their merge."""
+    free = k - sinks - window
+    batch = s_draft.shape[0]
+    rows = jnp.arange(batch)[:, None]
+    m_max = max(int(c) for c in candidates)
+    ms = jnp.asarray(candidates, jnp.int32)
+    n_c = len(candidates)
+    big = jnp.iinfo(jnp.int32).max
+    per_candidate = lambda x: jnp.repeat(x, n_c, axis=0)  # noqa: E731  row b -> rows b*C .. b*C + C - 1
+
+    def superset(scores, count):
+        """The fixed rule's selection of ``count`` free positions (sorted, -1 pads), which of its entries are free
+        (not a sink, not in the window), and their keys (position order is the list's order)."""
+        chosen = select_top_k(scores, lengths, k=sinks + window + count, sinks=sinks, window=window)
+        free_entry = (chosen >= sinks) & (chosen < (lengths - window)[:, None])
+        keys = order_preserving_keys(jnp.take_along_axis(scores, jnp.maximum(chosen, 0), 1))
+        return chosen, free_entry, keys
+
+    def top_of(keys, alive, count):
+        """``[B*C, n]``: the top ``count [B*C]`` of the ``alive`` entries by (key descending, list order), as
+        select_top_k takes them (exact, radix; ties to the earlier entry, i.e. the lower position)."""
+        available = jnp.sum(alive, axis=1)
+        want = jnp.minimum(count, available)
+        threshold, equal_needed = radix_threshold(keys, alive, jnp.clip(want, 1, None))
+        equal = alive & (keys == threshold[:, None])
+        rank = jnp.cumsum(equal.astype(jnp.int32), axis=1)
+        take = (alive & (keys > threshold[:, None])) | (equal & (rank <= equal_needed[:, None]))
+        return take & (want > 0)[:, None]
+
+    # the draft's top m_max free positions hold every candidate's draft part (its top m); then the target's top
+    # k - s - w hold every candidate's fill: its top k - s - w - m outside the draft's m reach at most m further
+    top_d, free_d, key_d = superset(s_draft, m_max)
+    # the target's selection made after the draft's, as in the fixed rule: left independent, XLA's CPU runtime
+    # runs the two width-sized selections at once, which on two cores cost 1.6x running them one after the other
+    # (bench-selection). A data dependency orders them (after: always true, computed from the draft's list)
+    s_target = jnp.where(after(top_d), s_target, 0.0)
+    top_t, free_t, key_t = superset(s_target, free)
+    # each signal's mass at the listed positions only: the row totals of signal_mass, the scores gathered there
+    total_d = signal_total(s_draft, lengths, sinks=sinks, window=window)
+    total_t = signal_total(s_target, lengths, sinks=sinks, window=window)
+
+    def mass_at(pos, alive):
+        safe = jnp.maximum(pos, 0)
+        got = (jnp.maximum(jnp.take_along_axis(s_draft, safe, 1), 0.0) / total_d
+               + jnp.maximum(jnp.take_along_axis(s_target, safe, 1), 0.0) / total_t)
+        return jnp.where(alive, got, 0.0)
+
+    # every candidate at once, rows [B*C]: its draft part, then its fill among the target's entries not in it
+    in_d = top_of(per_candidate(key_d), per_candidate(free_d), jnp.tile(ms, batch))  # [B*C, s + w + m_max]
+    # where each target entry sits in the draft's list (both sorted by position): one search, no width-sized map
+    sorted_d, sorted_t = jnp.where(top_d >= 0, top_d, big), jnp.where(top_t >= 0, top_t, big)
+    t_in_d = jax.vmap(jnp.searchsorted)(sorted_d, sorted_t)  # draft entries before each target entry
+    at = jnp.minimum(t_in_d, top_d.shape[1] - 1)
+    listed = (jnp.take_along_axis(sorted_d, at, 1) == top_t) & (top_t >= 0)  # [B, k]
+    taken_t = per_candidate(listed) & jnp.take_along_axis(in_d, per_candidate(at), 1)
+    fill = top_of(per_candidate(key_t), per_candidate(free_t) & ~taken_t, jnp.tile(free - ms, batch))  # [B*C, k]
+    covered = (jnp.sum(jnp.where(in_d, per_candidate(mass_at(top_d, free_d)), 0.0), axis=1)
+               + jnp.sum(jnp.where(fill, per_candidate(mass_at(top_t, free_t)), 0.0), axis=1)).reshape(batch, n_c)
+    best = first_best(covered)
+    pick = jnp.arange(batch) * n_c + best
+    # the set in increasing order: the draft list's sinks, window and chosen entries merged with the target list's
+    # fill (disjoint, each in position order), each entry's slot its rank in its own list plus the other list's
+    # entries before it (no sort, no mask over the width)
+    keep_d = ((top_d >= 0) & ~free_d) | in_d[pick]
+    keep_t = fill[pick]
+    count_d, count_t = jnp.cumsum(keep_d.astype(jnp.int32), axis=1), jnp.cumsum(keep_t.astype(jnp.int32), axis=1)
+
+    def kept_before(counts, entries):  # kept entries among the first `entries` of a list
+        return jnp.where(entries > 0, jnp.take_along_axis(counts, jnp.maximum(entries - 1, 0), 1), 0)
+
+    d_in_t = jax.vmap(jnp.searchsorted)(sorted_t, sorted_d)  # target entries before each draft entry
+    slot_d = jnp.where(keep_d, count_d - 1 + kept_before(count_t, d_in_t), k)
+    slot_t = jnp.where(keep_t, count_t - 1 + kept_before(count_d, t_in_d), k)
+    out = jnp.full((batch, k), -1, jnp.int32)
+    out = out.at[rows, slot_d].set(top_d, mode="drop").at[rows, slot_t].set(top_t, mode="drop")
+    return out, ms[best]
+
+
+@functools.partial(jax.jit, static_argnames=("k", "sinks", "window", "candidates", "scoring"))
+def select_input_aware(s_draft: jax.Array, s_target: jax.Array, lengths: jax.Array, *, k: int, sinks: int,
+                       window: int, candidates: tuple, scoring: Optional[str] = None):
+    """Input-aware m (docs/methods.md §3.7): per row, the candidate m (static tuple, the profiled m
+    first) whose hybrid selection covers the most of both signals' mass,
+    ``sum_{i in I(m)} (s_D[i] / sum s_D + s_T[i] / sum s_T)`` over the non-protected positions; ties
+    (within :data:`COVERAGE_TIE`) keep the earlier candidate (the profiled m). Returns (``I_verify [B, k]``,
+    chosen m ``[B]`` int32).
+
+    Two radix selections, as the fixed rule: every candidate's ``I(m)`` is the first m of the draft
+    signal's top ``max(candidates)`` in rank order, then the target signal's ranking with those
+    skipped, and that ranking never reaches past its own top ``k - s - w`` (at most m of those are
+    skipped). So both lists are selected once, and each candidate is scored on them alone (``[B, k]``-sized
+    work). ``scoring`` (:data:`COVERAGE_SCORING`; None: radix on the CPU, sort elsewhere) is how: both give the
+    same set. Equals :func:`select_input_aware_reference`."""
+    if not candidates:
+        raise ValueError("candidates must name at least one m")
+    free = k - sinks - window
+    if free < 0:
+        raise ValueError(f"sinks={sinks} + window={window} exceed the budget k={k}")
+    if any(not 0 <= int(c) <= free for c in candidates):
+        raise ValueError(f"candidates {candidates} must each lie in 0..k - s - w = {free}")
+    batch, seq = s_draft.shape
+    width = max(k, seq)
+    s_draft = _pad_width(s_draft.astype(jnp.float32), width)
+    s_target = _pad_width(s_target.astype(jnp.float32), width)
+    lengths = lengths.astype(jnp.int32)
+    if scoring is None:
+        scoring = "radix" if jax.default_backend() == "cpu" else "sort"
+    if scoring not in COVERAGE_SCORING:
+        raise ValueError(f"scoring={scoring!r}; valid: {', '.join(COVERAGE_SCORING)}")
+    score = _scored_by_radix if scoring == "radix" else _scored_by_sort
+    return score(s_draft, s_target, lengths, k=k, sinks=sinks, window=window, candidates=tuple(candidates))
 
 
 @functools.partial(jax.jit, static_argnames=("k", "sinks", "window", "candidates"))

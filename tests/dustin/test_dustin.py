@@ -615,11 +615,12 @@ def test_per_row_m_and_input_aware_selection():
     assert m[0] != 50 or m[1] != 50  # random signals: the rule does move m somewhere
 
 
+@pytest.mark.parametrize("scoring", ["radix", "sort"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_input_aware_selection_equals_its_direct_reference(seed):
-    """The two-selection coverage rule picks the same m and the same I_verify as selecting every
-    candidate in full, on rows with ties, short rows (history inside sinks + window, or below k),
-    and candidates at 0 and at k - s - w."""
+def test_input_aware_selection_equals_its_direct_reference(seed, scoring):
+    """The two-selection coverage rule, its candidates scored either way (radix thresholds and a merge, or one
+    sort per list), picks the same m and the same I_verify as selecting every candidate in full, on rows with
+    ties, short rows (history inside sinks + window, or below k), and candidates at 0 and at k - s - w."""
     from jaxspec.dustin.selection import select_input_aware, select_input_aware_reference
 
     rng = np.random.RandomState(seed)
@@ -631,7 +632,7 @@ def test_input_aware_selection_equals_its_direct_reference(seed):
     lengths = jnp.asarray([700, 30, 90, 150, 36, 513])
     for candidates in ((50, 27, 73), (0, free, 40), (free,), (0,), (50, 41, 59, 32, 68, 23, 77)):
         fast, m_fast = select_input_aware(jnp.asarray(s_d), jnp.asarray(s_t), lengths, k=k, sinks=sinks,
-                                          window=window, candidates=candidates)
+                                          window=window, candidates=candidates, scoring=scoring)
         ref, m_ref = select_input_aware_reference(jnp.asarray(s_d), jnp.asarray(s_t), lengths, k=k, sinks=sinks,
                                                   window=window, candidates=candidates)
         np.testing.assert_array_equal(np.asarray(m_fast), np.asarray(m_ref))
@@ -639,14 +640,17 @@ def test_input_aware_selection_equals_its_direct_reference(seed):
     # a budget wider than the cache (the signals are padded to k)
     short_d, short_t, short_len = jnp.asarray(s_d[:, :100]), jnp.asarray(s_t[:, :100]), jnp.minimum(lengths, 100)
     fast, m_fast = select_input_aware(short_d, short_t, short_len, k=k, sinks=sinks, window=window,
-                                      candidates=(50, 27, 73))
+                                      candidates=(50, 27, 73), scoring=scoring)
     ref, m_ref = select_input_aware_reference(short_d, short_t, short_len, k=k, sinks=sinks, window=window,
                                               candidates=(50, 27, 73))
     np.testing.assert_array_equal(np.asarray(m_fast), np.asarray(m_ref))
     np.testing.assert_array_equal(np.asarray(fast), np.asarray(ref))
     with pytest.raises(ValueError, match="candidates"):
         select_input_aware(jnp.asarray(s_d), jnp.asarray(s_t), lengths, k=k, sinks=sinks, window=window,
-                           candidates=(free + 1,))
+                           candidates=(free + 1,), scoring=scoring)
+    with pytest.raises(ValueError, match="scoring='bogus'"):
+        select_input_aware(jnp.asarray(s_d), jnp.asarray(s_t), lengths, k=k, sinks=sinks, window=window,
+                           candidates=(50,), scoring="bogus")
 
 
 def test_input_aware_m_through_the_engine(models, dense_run):
