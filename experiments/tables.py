@@ -258,6 +258,18 @@ SELECTION_COST = (("cpu", "selection/selection_rules_cost_qwen2.5-coder-1.5b-pro
                   # the coverage rule's two scorings side by side (bench-selection --rules coverage-sort,coverage-radix)
                   ("cpu", "selection/selection_rules_cost_coverage-scoring_qwen2.5-coder-1.5b-profile_16k-32k_cpu.json"),
                   ("h200", "selection/selection_rules_cost_coverage-scoring_qwen2.5-coder-1.5b-profile_16k-32k_h200.json"))
+#: the coverage-scoring files time the default coverage rule beside its two scorings only for the comparison: their
+#: "coverage" column is not indexed or judged again (the selection-rules-cost files carry it)
+SELECTION_SCORING_ONLY = ("coverage-scoring",)
+
+
+def selection_rules_of(source: str, rules) -> List[str]:
+    """The rules of a bench-selection file that the index and the verdicts report."""
+    if any(tag in source for tag in SELECTION_SCORING_ONLY):
+        return [r for r in rules if r != "coverage"]
+    return list(rules)
+
+
 SELECTION_RULE_TAGS = {"coverage": "input-aware-coverage", "entropy": "input-aware-entropy",
                        "max-mass": "input-aware", "coverage-ladder": "input-aware-coverage-ladder",
                        "coverage-sort": "input-aware-coverage-sort", "coverage-radix": "input-aware-coverage-radix"}
@@ -2838,7 +2850,7 @@ def _figures() -> List[Figure]:
         if not (RESULTS / source).exists():
             continue
         for key, case in load(source)["cases"].items():
-            for rule, ratio in case["ratio_to_fixed"].items():
+            for rule in selection_rules_of(source, case["ratio_to_fixed"]):
                 add(Figure(f"dustin/input-aware-m/selection-cost/{device}/{key}/{SELECTION_RULE_TAGS[rule]}/vs-fixed",
                            f"selection per round, the {rule} rule / the fixed rule, same signals, {case['context']} "
                            f"positions, batch {case['batch']}, k = {case['k']} (bench-selection)", "x", source,
@@ -3822,7 +3834,7 @@ def selection_cost_verdicts() -> List[str]:
         if not (RESULTS / source).exists():
             continue
         cases = list(load(source)["cases"].values())
-        for rule in SELECTION_RULE_TAGS:
+        for rule in selection_rules_of(source, SELECTION_RULE_TAGS):
             ratios = [c["ratio_to_fixed"][rule] for c in cases if rule in c["ratio_to_fixed"]]
             if not ratios:
                 continue
