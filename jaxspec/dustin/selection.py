@@ -225,14 +225,19 @@ def top_rows_mask(scores: jax.Array, lengths: jax.Array, counts: jax.Array, *, s
     valid = positions < lengths
     protected = valid & ((positions < sinks) | (positions >= lengths - window))
     candidate = valid & ~protected
-    remaining = counts.astype(jnp.int32) - jnp.sum(protected, axis=1)
-    wanted = jnp.minimum(remaining, jnp.sum(candidate, axis=1))
-    keys = order_preserving_keys(scores)
-    threshold, equal_needed = radix_threshold(keys, candidate, jnp.clip(wanted, 1, None))
-    greater = candidate & (keys > threshold[:, None])
-    equal = candidate & (keys == threshold[:, None])
+    wanted = counts.astype(jnp.int32) - jnp.sum(protected, axis=1)
+    return protected | top_keys_mask(order_preserving_keys(scores), candidate, wanted)
+
+
+def top_keys_mask(keys: jax.Array, alive: jax.Array, count: jax.Array) -> jax.Array:
+    """``[R, n]`` bool: the top ``count [R]`` (at most the alive ones; 0: none) of the ``alive`` entries of each
+    row by (``keys`` descending, then the earlier entry), by the exact radix threshold of :func:`select_top_k`."""
+    want = jnp.minimum(count.astype(jnp.int32), jnp.sum(alive, axis=1))
+    threshold, equal_needed = radix_threshold(keys, alive, jnp.clip(want, 1, None))
+    greater = alive & (keys > threshold[:, None])
+    equal = alive & (keys == threshold[:, None])
     take = greater | (equal & (jnp.cumsum(equal.astype(jnp.int32), axis=1) <= equal_needed[:, None]))
-    return protected | (take & (wanted > 0)[:, None])
+    return take & (want > 0)[:, None]
 
 
 @functools.partial(jax.jit, static_argnames=("k", "sinks", "window"))
@@ -290,8 +295,8 @@ def first_best(covered: jax.Array) -> jax.Array:
 
 #: how :func:`select_input_aware` scores its candidates on the two selected lists: "sort" ranks each list with one
 #: sort; "radix" takes each candidate's part by a radix threshold on the position-ordered lists and merges them, no
-#: sort (on the 2-core CPU 1.2x the fixed rule against 1.8x, at 32k, B = 16, k = 1024). Default: radix on the
-#: CPU, sort elsewhere (docs/methods.md §3.7)
+#: sort (on the 2-core CPU at k = 1024 1.22-1.49x the fixed rule against sort's 1.39-1.76x, bench-selection).
+#: Default: radix on the CPU, sort elsewhere (docs/methods.md §3.7)
 COVERAGE_SCORING = ("radix", "sort")
 
 
@@ -381,17 +386,6 @@ def _scored_by_radix(s_draft, s_target, lengths, *, k: int, sinks: int, window: 
         keys = order_preserving_keys(jnp.take_along_axis(scores, jnp.maximum(chosen, 0), 1))
         return chosen, free_entry, keys
 
-    def top_of(keys, alive, count):
-        """``[B*C, n]``: the top ``count [B*C]`` of the ``alive`` entries by (key descending, list order), as
-        select_top_k takes them (exact, radix; ties to the earlier entry, i.e. the lower position)."""
-        available = jnp.sum(alive, axis=1)
-        want = jnp.minimum(count, available)
-        threshold, equal_needed = radix_threshold(keys, alive, jnp.clip(want, 1, None))
-        equal = alive & (keys == threshold[:, None])
-        rank = jnp.cumsum(equal.astype(jnp.int32), axis=1)
-        take = (alive & (keys > threshold[:, None])) | (equal & (rank <= equal_needed[:, None]))
-        return take & (want > 0)[:, None]
-
     # the draft's top m_max free positions hold every candidate's draft part (its top m); then the target's top
     # k - s - w hold every candidate's fill: its top k - s - w - m outside the draft's m reach at most m further
     top_d, free_d, key_d = superset(s_draft, m_max)
@@ -410,15 +404,16 @@ def _scored_by_radix(s_draft, s_target, lengths, *, k: int, sinks: int, window: 
                + jnp.maximum(jnp.take_along_axis(s_target, safe, 1), 0.0) / total_t)
         return jnp.where(alive, got, 0.0)
 
-    # every candidate at once, rows [B*C]: its draft part, then its fill among the target's entries not in it
-    in_d = top_of(per_candidate(key_d), per_candidate(free_d), jnp.tile(ms, batch))  # [B*C, s + w + m_max]
+    # every candidate at once, rows [B*C]: its draft part, then its fill among the target's entries not in it (the
+    # lists are in position order, so top_keys_mask's ties to the earlier entry are select_top_k's to the lower position)
+    in_d = top_keys_mask(per_candidate(key_d), per_candidate(free_d), jnp.tile(ms, batch))  # [B*C, s + w + m_max]
     # where each target entry sits in the draft's list (both sorted by position): one search, no width-sized map
     sorted_d, sorted_t = jnp.where(top_d >= 0, top_d, big), jnp.where(top_t >= 0, top_t, big)
     t_in_d = jax.vmap(jnp.searchsorted)(sorted_d, sorted_t)  # draft entries before each target entry
     at = jnp.minimum(t_in_d, top_d.shape[1] - 1)
     listed = (jnp.take_along_axis(sorted_d, at, 1) == top_t) & (top_t >= 0)  # [B, k]
     taken_t = per_candidate(listed) & jnp.take_along_axis(in_d, per_candidate(at), 1)
-    fill = top_of(per_candidate(key_t), per_candidate(free_t) & ~taken_t, jnp.tile(free - ms, batch))  # [B*C, k]
+    fill = top_keys_mask(per_candidate(key_t), per_candidate(free_t) & ~taken_t, jnp.tile(free - ms, batch))  # [B*C, k]
     covered = (jnp.sum(jnp.where(in_d, per_candidate(mass_at(top_d, free_d)), 0.0), axis=1)
                + jnp.sum(jnp.where(fill, per_candidate(mass_at(top_t, free_t)), 0.0), axis=1)).reshape(batch, n_c)
     best = first_best(covered)

@@ -5,24 +5,19 @@ window's states are read from them, and a plan made on them is the plan made on 
 from dataclasses import replace as dataclasses_replace
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxspec.config import ModelConfig
 from jaxspec.decoding.autoregressive import generate, pad_prompts, prefill
 from jaxspec.knapspec import dp, latency
 from jaxspec.knapspec.policy import (KnapSpecConfig, KnapSpecPlanner, WindowStates, knapspec_generate,
                                      prefill_window, reference_allowance)
 from jaxspec.models.cache import init_cache
 from jaxspec.models.llama import init_params
+from tests.knapspec.test_controller import LATENCY, PROMPTS, TARGET  # the controller tests' model and prompts
 
-TARGET = ModelConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=5, num_heads=4, num_kv_heads=2,
-                     head_dim=16, dtype="float32")
-PROMPTS = [np.random.RandomState(0).randint(0, 97, n).tolist() for n in (5, 17, 40)]
 NEW = 24
 CAPACITY = 128
-LATENCY = latency.LatencyModel(c1=1.0, c2=0.01, c3=0.5)
 # one plan at the start on the last 24 prompt tokens: 3 search tokens, 2 finalists rescored on the window
 KNAP = KnapSpecConfig(gamma_max=4, plan_interval=64, plan_round=2, reference_rounds=2, gamma_buckets=(1, 2, 3),
                       max_plan_fraction=None, probe_rounds=None, reference_floor=24, plan_at_start=True,
@@ -35,7 +30,7 @@ def params():
 
 
 @pytest.fixture(scope="module")
-def ar_rows(params):
+def ar_rows(params):  # NEW tokens (the controller tests decode more)
     return generate(params, TARGET, PROMPTS, NEW).rows()
 
 
