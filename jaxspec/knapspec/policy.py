@@ -90,6 +90,7 @@ import numpy as np
 
 from jaxspec.config import ModelConfig
 from jaxspec.decoding.arbitration import measured_arbitration, remaining_steps
+from jaxspec.decoding.autoregressive import prefill
 from jaxspec.decoding.contract import Chunk, DraftPolicyBase, ScriptedController
 from jaxspec.decoding.policies import DenseVerify, Proposal
 from jaxspec.decoding.sampling import SamplingConfig, sample_token, sampling_probs
@@ -99,7 +100,7 @@ from jaxspec.knapspec.budgeted import (BUDGET, DENSE, SKIP, BudgetDPCost, budget
 from jaxspec.knapspec.coupled import plan_coupled_skip_set
 from jaxspec.knapspec.dp import (DEFAULT_SEGMENTS, DEFAULT_TAU, WEIGHT_CAP, Candidates, boundary_states,
                                  check_history_backend, check_keep_attention, check_reference_kv, knapsack_dp,
-                                 knapsack_weights, plan_agreement, skip_budget)
+                                 knapsack_weights, plan_agreement, skip_budget, window_prefill)
 from jaxspec.knapspec.latency import LatencyModel, effective_context
 from jaxspec.knapspec.planner import GAMMA_GRID, Plan, Planner, PlannerBase, choose_plan
 from jaxspec.models.llama import forward, freeze_skip_mask
@@ -575,9 +576,6 @@ def prefill_window(target_params, config: ModelConfig, tokens: np.ndarray, lengt
     (:func:`~jaxspec.knapspec.dp.window_prefill`). A plan on that window at the start then needs no
     forward of its own for the target's states. Returns ``(cache, first_logits [B, V], WindowStates)``,
     the first two as :func:`~jaxspec.decoding.autoregressive.prefill` returns them."""
-    from jaxspec.decoding.autoregressive import prefill
-    from jaxspec.knapspec.dp import window_prefill
-
     lengths = np.asarray(lengths, np.int64)
     window, bucket = int(window), max(int(bucket), 1)
     if window < 1:
@@ -864,8 +862,6 @@ class KnapSpecController(ScriptedController):
         """The engine's prefill (:class:`~jaxspec.decoding.contract.Controller`): with
         :meth:`keeps_window_states`, :func:`prefill_window` over the last ``reference_floor`` prompt tokens
         (their states go to the plan at the start); otherwise the plain prefill."""
-        from jaxspec.decoding.autoregressive import prefill
-
         if not self.keeps_window_states():
             return prefill(target_params, target_config, tokens, lengths, cache)
         cache, logits, self.window_states = prefill_window(target_params, target_config, tokens, lengths, cache,

@@ -8,14 +8,18 @@ import jax
 import numpy as np
 import pytest
 
+from jaxspec.config import ModelConfig
 from jaxspec.decoding.autoregressive import generate, pad_prompts, prefill
 from jaxspec.knapspec import dp, latency
 from jaxspec.knapspec.policy import (KnapSpecConfig, KnapSpecPlanner, WindowStates, knapspec_generate,
                                      prefill_window, reference_allowance)
 from jaxspec.models.cache import init_cache
 from jaxspec.models.llama import init_params
-from tests.knapspec.test_controller import LATENCY, PROMPTS, TARGET  # the controller tests' model and prompts
 
+TARGET = ModelConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=5, num_heads=4, num_kv_heads=2,
+                     head_dim=16, dtype="float32")
+PROMPTS = [np.random.RandomState(0).randint(0, 97, n).tolist() for n in (5, 17, 40)]  # rows shorter than the window
+LATENCY = latency.LatencyModel(c1=1.0, c2=0.01, c3=0.5)
 NEW = 24
 CAPACITY = 128
 # one plan at the start on the last 24 prompt tokens: 3 search tokens, 2 finalists rescored on the window
