@@ -64,10 +64,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.config import ModelConfig
-from jaxspec.models.cache import KVCache, scatter_rows, write_positions
+from jaxspec.models.cache import KVCache
 from jaxspec.models.attention import batchable_config, get_backend, grouped_key_scores
-from jaxspec.models.layers import (attention_sublayer, default_positions, embed, lm_head, mlp_sublayer, project_qkv,
-                                   rope_tables)
+from jaxspec.models.layers import (attention_sublayer, decoder_layer, default_positions, embed, lm_head, mlp_sublayer,
+                                   project_qkv, rope_tables)
 
 #: Default pruning threshold on the mean cosine (official code: sim_threshold = 0.5).
 DEFAULT_TAU = 0.5
@@ -429,17 +429,25 @@ def _rope(config: ModelConfig, prefix_len, steps: int):
     return rope_tables(config, default_positions(prefix_len.astype(jnp.int32), steps))
 
 
-def _boundary_states_fn(params, tokens, cache: KVCache, prefix_len, *, config: ModelConfig):
+def _residual_stream(params, tokens, cache: KVCache, prefix_len, *, config: ModelConfig, write: bool):
+    """The target's residual stream ``[2L + 1, B, r, H]`` of ``tokens`` at positions ``prefix_len ..``, each layer
+    the model's own :func:`~jaxspec.models.layers.decoder_layer` (attending to the first ``prefix_len[b]`` slots
+    and the tokens themselves, causally); with ``write`` their K/V are written at those slots as a prefill chunk
+    writes them. Returns ``(states, keys, values)``: the cache's buffers (unchanged without ``write``)."""
     cos, sin = _rope(config, prefix_len, tokens.shape[1])
     h = embed(params, tokens, config)
-    states = [h]
+    states, keys, values = [h], list(cache.keys), list(cache.values)
     for i, layer in enumerate(params.layers):
         with jax.named_scope(f"layer{i}"):
-            h = attention_sublayer(layer, h, config, cos, sin, cache.keys[i], cache.values[i], prefix_len).hidden
-            states.append(h)
-            h = mlp_sublayer(layer, h, config)
-            states.append(h)
-    return jnp.stack(states)
+            out = decoder_layer(layer, h, config, cos, sin, cache.keys[i], cache.values[i], prefix_len,
+                                write_cache=write)
+        states += [out.attention_hidden, out.hidden]
+        h, keys[i], values[i] = out.hidden, out.cache_k, out.cache_v
+    return jnp.stack(states), keys, values
+
+
+def _boundary_states_fn(params, tokens, cache: KVCache, prefix_len, *, config: ModelConfig):
+    return _residual_stream(params, tokens, cache, prefix_len, config=config, write=False)[0]
 
 
 _boundary_states = jax.jit(_boundary_states_fn, static_argnames=("config",))
@@ -454,27 +462,13 @@ def boundary_states(params, config: ModelConfig, tokens, cache: KVCache, prefix_
 
 
 def _window_prefill_fn(params, tokens, cache: KVCache, prefix_len, counts, *, config: ModelConfig):
-    """:func:`_boundary_states_fn` that also writes the tokens' K/V into ``cache`` (the prefill of a
-    prompt's last tokens): the same sub-layer calls as a prefill chunk of the forward, so the cache
-    is the prefill's, and the residual stream between them is kept (docs/methods.md §5.6)."""
-    steps = tokens.shape[1]
-    cos, sin = _rope(config, prefix_len, steps)
-    h = embed(params, tokens, config)
-    valid = jnp.arange(steps, dtype=jnp.int32)[None, :] < counts[:, None]
-    slots = write_positions(prefix_len, steps, cache.capacity, valid)
-    states, keys, values = [h], list(cache.keys), list(cache.values)
-    for i, layer in enumerate(params.layers):
-        with jax.named_scope(f"layer{i}"):
-            out = attention_sublayer(layer, h, config, cos, sin, cache.keys[i], cache.values[i], prefix_len)
-            keys[i] = scatter_rows(keys[i], out.keys, slots)
-            values[i] = scatter_rows(values[i], out.values, slots)
-            h = out.hidden
-            states.append(h)
-            h = mlp_sublayer(layer, h, config)
-            states.append(h)
-    last = jnp.take_along_axis(h, jnp.maximum(counts - 1, 0)[:, None, None].astype(jnp.int32), axis=1)[:, 0]
+    """:func:`_boundary_states_fn` that also writes the tokens' K/V into ``cache`` (the prefill of a prompt's last
+    tokens, docs/methods.md §5.6): the cache is the prefill's, and the residual stream between the sub-layers is
+    kept. Padding tokens past a row's ``counts`` write beyond its new length, as a prefill's padding does."""
+    states, keys, values = _residual_stream(params, tokens, cache, prefix_len, config=config, write=True)
+    last = jnp.take_along_axis(states[-1], jnp.maximum(counts - 1, 0)[:, None, None].astype(jnp.int32), axis=1)[:, 0]
     new_cache = KVCache(keys=tuple(keys), values=tuple(values), lengths=prefix_len + counts, frozen=cache.frozen)
-    return jnp.stack(states), new_cache, lm_head(params, last, config)
+    return states, new_cache, lm_head(params, last, config)
 
 
 _window_prefill = jax.jit(_window_prefill_fn, static_argnames=("config",), donate_argnames=("cache",))

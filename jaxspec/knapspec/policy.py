@@ -1028,8 +1028,7 @@ class KnapSpecController(ScriptedController):
                     n = self.context_n if self.context_n is not None else effective_context(
                         config, cache_lengths, state.target_cache.capacity)
                     plan_cache = state.target_cache
-                    kept = self.window_states if at_start and getattr(planner, "accepts_window_states",
-                                                                       False) else None
+                    kept = self.window_states if at_start and self.keeps_window_states() else None
                     if knapspec.plan_rows is not None and int(knapspec.plan_rows) < batch:
                         rows = planning_rows(token_mask, np.asarray(state.done), int(knapspec.plan_rows))
                         ref_tokens, token_mask, prefix = ref_tokens[rows], token_mask[rows], prefix[rows]
@@ -1191,8 +1190,7 @@ def knapspec_generate(target_params, target_config: ModelConfig, prompts: Sequen
                                     initial_plan=initial_plan, replan=replan,
                                     draft_policy=policy if knapspec.static_plans else None,
                                     probe_fixed=probe_fixed_plan,
-                                    window_states=window_states if prefilled is not None and
-                                    knapspec.start_states == "prefill" else None)
+                                    window_states=window_states if prefilled is not None else None)
     return speculative_generate(target_params, target_config, prompts, draft_policy=policy,
                                 draft_state=draft_state, verify_policy=verify_policy,
                                 verify_state=verify_state, engine=engine, seed=seed, capacity=capacity, warmup=warmup,

@@ -122,6 +122,8 @@ class LayerOutput(NamedTuple):
     # write_cache=False: the new tokens' K/V [B, Hkv, T, D] (zeros where attention was skipped), written nowhere
     new_keys: Optional[jax.Array] = None
     new_values: Optional[jax.Array] = None
+    # the residual stream between the two sub-layers [B, T, d] (the input where attention was skipped)
+    attention_hidden: Optional[jax.Array] = None
 
 
 def _after_read(slots: jax.Array, hidden: jax.Array, capacity: int) -> jax.Array:
@@ -184,6 +186,7 @@ def decoder_layer(layer: LayerParams, h, config: ModelConfig, cos, sin, cache_k,
                 cache_v = scatter_rows(cache_v, out.values, slots)
             else:
                 new_k, new_v = out.keys, out.values
+    between = h
     if not (isinstance(skip_mlp, bool) and skip_mlp):
         with jax.named_scope("mlp"):
             if isinstance(skip_mlp, bool):
@@ -193,7 +196,7 @@ def decoder_layer(layer: LayerParams, h, config: ModelConfig, cos, sin, cache_k,
     if not write_cache and new_k is None:  # attention removed at trace time: no new K/V
         zeros = jnp.zeros((h.shape[0], config.num_kv_heads, steps, config.head_dim), cache_k.dtype)
         new_k, new_v = zeros, zeros
-    return LayerOutput(h, cache_k, cache_v, probe_q, probe_p, new_k, new_v)
+    return LayerOutput(h, cache_k, cache_v, probe_q, probe_p, new_k, new_v, between)
 
 
 def lm_head(params: ModelParams, h, config: ModelConfig) -> jax.Array:
