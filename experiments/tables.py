@@ -257,7 +257,8 @@ SELECTION_COST = (("cpu", "selection/selection_rules_cost_qwen2.5-coder-1.5b-pro
                   ("cpu", "selection/selection_rules_cost_ladder4_qwen2.5-coder-1.5b-profile_16k-32k_cpu.json"),
                   # the coverage rule's two scorings side by side (bench-selection --rules coverage-sort,coverage-radix)
                   ("cpu", "selection/selection_rules_cost_coverage-scoring_qwen2.5-coder-1.5b-profile_16k-32k_cpu.json"),
-                  ("h200", "selection/selection_rules_cost_coverage-scoring_qwen2.5-coder-1.5b-profile_16k-32k_h200.json"))
+                  ("h200", "selection/selection_rules_cost_coverage-scoring_qwen2.5-coder-1.5b-profile_16k-32k_h200.json"),
+                  ("h100", "selection/selection_rules_cost_coverage-scoring_qwen2.5-coder-1.5b-profile_16k-32k_h100.json"))
 #: the coverage-scoring files time the default coverage rule beside its two scorings only for the comparison: their
 #: "coverage" column is not indexed or judged again (the selection-rules-cost files carry it)
 SELECTION_SCORING_ONLY = ("coverage-scoring",)
@@ -415,7 +416,9 @@ KNAPSPEC_PLAN_TRACES = tuple(
     for variant, what, step in (("", "", ""), ("_cmdbuf", " with XLA's command buffers on", "-cmdbuf"),
                                 ("_1row", " planning on one row's window (64 reference tokens)", "-1row"),
                                 ("_1row_select", " planning on one row's window with the finalists rescored in one "
-                                 "pass without conditionals (--rescore select)", "-1row-select")))
+                                 "pass without conditionals (--rescore select)", "-1row-select"),
+                                ("_1row_prefill-states", " planning on one row's window, its states kept by the "
+                                 "prefill (--start-states prefill)", "-1row-prefill-states")))
 #: one plan's stages timed alone (bench-plan, docs/methods.md §5.6): (file, model label, device label), those that
 #: exist
 PLAN_STAGES = tuple((f"{K}plan_stages_{run}.json", model, device) for run, model, device in (
