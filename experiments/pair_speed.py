@@ -26,6 +26,11 @@ timed loop per method (kernel launches and device-busy share per round).
 row 0 with the chosen attention backend against the XLA reference (max abs difference, argmax
 agreement), recorded once.
 
+``--repeats N``: each method is timed in N (AR, method) pairs, each AR run decoded just before its
+method's run; the record's speed-up is the median pair's ratio (adjacent runs share the machine's
+drift), its tokens/s the medians of each side, and ``pairs`` keeps every pair (and the measured
+choice's decision in each, which depends on timings). Every pair must decode the same tokens.
+
 Each method's record is written as soon as it is measured: a rerun with the same ``--out`` skips
 finished cases and, in an interrupted case (``"complete": false``), the finished methods (the
 case is prefilled again for the rest).
@@ -61,7 +66,7 @@ SPARSE_BUDGET_METHODS = ("magicdec", "dustin", "streaming", "quest") + tuple(SPA
 #: options recorded in a results file's config only when set
 OPTIONAL_CONFIG = (
     "arbitrate", "arbitrate_tail", "arbitrate_tail_prior", "arbitrate_table", "arbitrate_table_tail_after",
-    "arbitrate_table_tail_margin")
+    "arbitrate_table_tail_margin", "repeats")
 #: ``--backend-check`` fails when the last-position logits differ by more than this share of their scale
 BACKEND_CHECK_RTOL = 0.05
 
@@ -125,6 +130,8 @@ def check_args(args) -> Tuple[List[int], List[int], List[str]]:
                          f"plain decoding finishes at least that much sooner), with --arbitrate-table-tail-after")
     if args.arbitrate and "quest" in methods:
         raise ValueError("--arbitrate: quest is not run under the measured choice; drop it from --methods")
+    if getattr(args, "repeats", None) is not None and args.repeats < 1:
+        raise ValueError(f"--repeats={args.repeats}: timed (AR, method) pairs per method, >= 1")
     if args.backend_check < 0:
         raise ValueError(f"--backend-check={args.backend_check}: a token count >= 0 (0 = off)")
     if getattr(args, "compile_threads", 0) < 0:
@@ -354,25 +361,37 @@ def cmd_pair_speed(args) -> Dict[str, Any]:
                 ar_tokens, ar_s = ar_run()
                 ar_tps = ar_tokens.size / ar_s
                 ar_runs.append({"before": method, "decode_s": ar_s, "tok_s": ar_tps})
-                controller = None
-                if args.arbitrate:  # the measured choice (docs/methods.md §5.2), probed afresh in the timed run
-                    table = (load_choice_table(args.arbitrate_table, args.model, args.draft)
-                             if args.arbitrate_table else None)
-                    controller = MeasuredChoiceController(probe_rounds=args.arbitrate, remember=False,
-                                                          tail_check=args.arbitrate_tail or None,
-                                                          tail_prior_rounds=args.arbitrate_tail_prior,
-                                                          table=table, table_method=method,
-                                                          table_tail_after=args.arbitrate_table_tail_after or None,
-                                                          **({} if args.arbitrate_table_tail_margin is None else
-                                                             {"table_tail_margin": args.arbitrate_table_tail_margin}))
                 dp, ds = _draft_inputs(method, model, draft, draft_cache)
-                result = speculative_generate(model.params, config, [], prompt_tokens=(tokens, lengths),
-                                              draft_policy=draft_policy, draft_params=dp,
-                                              draft_state=ds, verify_policy=verify_policy, engine=engine,
-                                              capacity=capacity, warmup=True, profile=batch in profile_batches,
-                                              prefilled=prefilled, controller=controller)
+
+                def spec_run(profile=False, method=method, draft_policy=draft_policy, verify_policy=verify_policy,
+                             dp=dp, ds=ds):
+                    # the measured choice (docs/methods.md §5.2) is probed afresh in every timed run
+                    controller = measured_choice(args, method) if args.arbitrate else None
+                    return speculative_generate(model.params, config, [], prompt_tokens=(tokens, lengths),
+                                                draft_policy=draft_policy, draft_params=dp,
+                                                draft_state=ds, verify_policy=verify_policy, engine=engine,
+                                                capacity=capacity, warmup=True, profile=profile,
+                                                prefilled=prefilled, controller=controller)
+
+                result = spec_run(profile=batch in profile_batches)
                 spec_tokens = np.asarray(result.tokens)
                 tok_s = float(result.num_generated.sum()) / result.timings["decode_s"]
+                pairs = [_pair(tok_s, ar_tps, result.metrics)]
+                for repeat in range(1, args.repeats or 1):  # more (AR, method) pairs, adjacent in time
+                    progress_line(f"{key}: {method}, timed pair {repeat + 1} of {args.repeats}")
+                    again_tokens, again_s = ar_run()
+                    ar_runs.append({"before": method, "repeat": repeat, "decode_s": again_s,
+                                    "tok_s": again_tokens.size / again_s})
+                    again = spec_run()
+                    if not np.array_equal(np.asarray(again.tokens), spec_tokens):
+                        raise RuntimeError(f"{key} {method}: timed pair {repeat + 1} decoded other tokens than the "
+                                           f"first (greedy decoding from the same cache must repeat)")
+                    pairs.append(_pair(float(again.num_generated.sum()) / again.timings["decode_s"],
+                                       ar_runs[-1]["tok_s"], again.metrics))
+                    del again
+                if len(pairs) > 1:  # the median pair's ratio: adjacent runs share the machine's drift
+                    tok_s = float(np.median([p["tok_s"] for p in pairs]))
+                    ar_tps = float(np.median([p["paired_ar_tok_s"] for p in pairs]))
                 dustin = getattr(verify_policy, "dustin", None)  # the Dustin methods' DustinConfig
                 self_draft = method in SELF_METHODS
                 bytes_round = method_round_bytes(SELF_BYTES_METHOD.get(method, method), target_config=config,
@@ -384,12 +403,15 @@ def cmd_pair_speed(args) -> Dict[str, Any]:
                 metrics = result.metrics
                 roof = batch * metrics["tau_untruncated"] / (bytes_round / bandwidth)
                 record = {"description": description, "metrics": metrics, "timings": result.timings,
-                          "tok_s": tok_s, "paired_ar_tok_s": ar_tps, "speedup_vs_ar": tok_s / ar_tps,
+                          "tok_s": tok_s, "paired_ar_tok_s": ar_tps,
+                          "speedup_vs_ar": float(np.median([p["speedup_vs_ar"] for p in pairs])),
                           "agreement_with_ar": agreement(spec_tokens, ar_tokens), "round_bytes": bytes_round,
                           "roofline_tok_s": roof, "roofline_speedup": roof / roof_ar,
                           "tokens_row0": spec_tokens[0].tolist()}
+                if len(pairs) > 1:
+                    record["pairs"] = pairs
                 row = {"context": context, "batch": batch, "method": method, "tok_s": tok_s,
-                       "speedup": tok_s / ar_tps, "tau": metrics["tau"], "match_ar": record["agreement_with_ar"][
+                       "speedup": record["speedup_vs_ar"], "tau": metrics["tau"], "match_ar": record["agreement_with_ar"][
                            "match_rate"], "roofline_speedup": roof / roof_ar,
                        "compile_s": result.timings.get("compile_s")}
                 if "profile_draft_s" in result.timings:
@@ -454,6 +476,25 @@ def cmd_pair_speed(args) -> Dict[str, Any]:
                       f"gamma {args.gamma}, {args.max_new_tokens} new tokens, greedy, real acceptance; copy "
                       f"bandwidth {bandwidth / 1e12:.2f} TB/s")
     return writer.data
+
+
+def measured_choice(args, method: str):
+    """A fresh measured-choice controller for one timed run of ``method`` (docs/methods.md §5.2)."""
+    table = load_choice_table(args.arbitrate_table, args.model, args.draft) if args.arbitrate_table else None
+    return MeasuredChoiceController(probe_rounds=args.arbitrate, remember=False,
+                                    tail_check=args.arbitrate_tail or None,
+                                    tail_prior_rounds=args.arbitrate_tail_prior, table=table, table_method=method,
+                                    table_tail_after=args.arbitrate_table_tail_after or None,
+                                    **({} if args.arbitrate_table_tail_margin is None else
+                                       {"table_tail_margin": args.arbitrate_table_tail_margin}))
+
+
+def _pair(tok_s: float, ar_tok_s: float, metrics: Dict[str, Any]) -> Dict[str, Any]:
+    """One timed (AR, method) pair of ``--repeats``; the measured choice's decision where it ran."""
+    pair = {"tok_s": tok_s, "paired_ar_tok_s": ar_tok_s, "speedup_vs_ar": tok_s / ar_tok_s}
+    if "arbitration" in metrics:
+        pair["choice"] = metrics["arbitration"]["choice"]
+    return pair
 
 
 def _draft_inputs(method: str, model, draft, draft_cache):
@@ -548,6 +589,9 @@ def register(subparsers) -> None:
     p.add_argument("--arbitrate-table-tail-margin", type=float, default=None, metavar="M",
                    help="with --arbitrate-table-tail-after: switch a table's decision only where plain decoding "
                         "finishes at least this share sooner (default: the controller's, 0.1; 0 = at any gain)")
+    p.add_argument("--repeats", type=int, default=None, metavar="N",
+                   help="time each method in N (AR, method) pairs, adjacent in time, and report the median pair's "
+                        "speed-up (and the median tokens/s of each side); every pair is recorded (default: one pair)")
     p.add_argument("--copy-gib", type=float, default=4.0, help="size of the copy-bandwidth measurement")
     p.add_argument("--compile-threads", type=int, default=0, metavar="N",
                    help="per case, build every method's round loop in N threads at once before the first one runs "

@@ -250,6 +250,8 @@ PAIR_SPEED_CHOICE_TABLE = f"{PS}32k_b8-16_choice-table_h200.json"
 PAIR_SPEED_CHOICE_TABLE_GUARDED = f"{PS}32k_b8-16_choice-table-guarded_h200.json"
 PAIR_SPEED_CHOICE_TABLE_GUARDED_NO_MARGIN = f"{PS}32k_b8-16_choice-table-guarded-no-margin_h200.json"
 PAIR_SPEED_CHOICE_TABLE_OUTCOMES = f"{PS}32k_b8-16_choice-table-outcomes_h200.json"
+#: the same, each method timed in 3 (AR, method) pairs (pair-speed --repeats 3; the median pair's speed-up)
+PAIR_SPEED_CHOICE_TABLE_REPEATS = f"{PS}32k_b8-16_choice-table-outcomes_repeats_h200.json"
 #: the input-aware m rules' selection cost against the fixed rule (bench-selection), per device
 SELECTION_COST = (("cpu", "selection/selection_rules_cost_qwen2.5-coder-1.5b-profile_16k-32k_cpu.json"),
                   ("h200", "selection/selection_rules_cost_qwen2.5-coder-1.5b-profile_16k-32k_h200.json"),
@@ -2716,15 +2718,18 @@ def _figures() -> List[Figure]:
                                f"{case['batch']}, gamma {gamma} (pair-speed)", "x AR", source, ("cases", key, method, "speedup_vs_ar"),
                                target="target >= 2.0x (best self-speculative) at 32k/b16"
                                if key == "ctx32000/b16" else ""))
-    if (RESULTS / PAIR_SPEED_CHOICE_TABLE_OUTCOMES).exists():
-        for key, case in pair_cases(PAIR_SPEED_CHOICE_TABLE_OUTCOMES):
+    for source, slug, how in ((PAIR_SPEED_CHOICE_TABLE_OUTCOMES, "choice-table", "whole run vs its paired AR"),
+                              (PAIR_SPEED_CHOICE_TABLE_REPEATS, "choice-table-repeats",
+                               "the median of 3 (AR, method) pairs")):
+        if not (RESULTS / source).exists():
+            continue
+        for key, case in pair_cases(source):
             for method, label in PAIR_METHODS:
                 if isinstance(case.get(method), dict) and "speedup_vs_ar" in case[method]:
-                    add(Figure(f"real-pair/h200/{key}/{method}/choice-table/speedup",
+                    add(Figure(f"real-pair/h200/{key}/{method}/{slug}/speedup",
                                f"real Qwen2.5-Coder pair, {case['context'] // 1000}k, batch {case['batch']}, bf16: "
-                               f"{label.strip('*')} deciding from the choice table (tail-checked), whole run vs its "
-                               "paired AR", "x AR", PAIR_SPEED_CHOICE_TABLE_OUTCOMES,
-                               ("cases", key, method, "speedup_vs_ar"),
+                               f"{label.strip('*')} deciding from the choice table (tail-checked), {how}", "x AR",
+                               source, ("cases", key, method, "speedup_vs_ar"),
                                target="never slower than AR with the choice on"))
     for key, case in pair_cases(PAIR_SPEED_F32):
         for method, label in PAIR_METHODS:
@@ -4826,6 +4831,13 @@ def choice_table_block() -> str:
     else:
         text += (" Every method deciding from the table with those outcomes, guarded as above (step "
                  "`ctx32k-b8-b16-choice-table-outcomes`): not measured yet.")
+    if (RESULTS / PAIR_SPEED_CHOICE_TABLE_REPEATS).exists():
+        text += _choice_runs_text(PAIR_SPEED_CHOICE_TABLE_REPEATS, guarded=True,
+                                  title="The same, each method timed in 3 (AR, method) pairs adjacent in time, the "
+                                        "median pair's speed-up")
+    else:
+        text += (" The same with each method timed in 3 (AR, method) pairs adjacent in time, the median pair's "
+                 "speed-up (`--repeats 3`, step `ctx32k-b8-b16-choice-table-outcomes-repeats`): not measured yet.")
     return text + "\n\n" + "\n".join(lines)
 
 
@@ -4866,6 +4878,13 @@ def _choice_runs_text(path: str, guarded: bool, title: str = "") -> str:
                 overruled.append((tail[0]["speculative_finish_s"] / tail[0]["plain_finish_s"],
                                   first.get("table_speedup"), case[m]["speedup_vs_ar"], label.strip("*"), where))
                 how += f"; the tail check switched to AR after {tail[0]['after_rounds']} rounds"
+            pairs = case[m].get("pairs") or []
+            if pairs:  # --repeats: the median pair, the pairs' range and the decisions they took
+                ratios = [p["speedup_vs_ar"] for p in pairs]
+                choices = sorted({p.get("choice") for p in pairs if p.get("choice")})
+                how += (f"; median of {len(pairs)} pairs, {min(ratios):.2f}-{max(ratios):.2f}x"
+                        + (", the pairs deciding " + " and ".join({"ar": "AR"}.get(c, c) for c in choices)
+                           if len(choices) > 1 else ""))
             runs.append((case[m]["speedup_vs_ar"], f"{label.strip('*')} at {where} "
                          f"{case[m]['speedup_vs_ar']:.2f}x ({how})"))
             run_plain.append(plain)
@@ -4905,7 +4924,10 @@ def _choice_runs_text(path: str, guarded: bool, title: str = "") -> str:
                    for key, case in data["cases"].items()
                    if key.startswith("ctx") and len((case.get("ar") or {}).get("runs") or []) >= 2]
         if spreads:
-            text += (" The paired AR runs themselves (one before each method, the same plain decoding) spread "
+            text += (" The paired AR runs themselves (one before each "
+                     + ("timed run" if any(r.get("repeat") for case in data["cases"].values() if isinstance(case, dict)
+                                           for r in (case.get("ar") or {}).get("runs") or []) else "method")
+                     + ", the same plain decoding) spread "
                      + ", ".join(f"{100 * (max(r) / min(r) - 1):.1f} % at {where} ({len(r)} runs, "
                                  f"{min(r):.0f}-{max(r):.0f} tokens/s)" for where, r in spreads) + ".")
             # the same target read against that spread: a run counts as slower than AR only where it is below

@@ -79,6 +79,7 @@ def test_check_args_accepts_good_input():
      "--arbitrate-table-tail-after=32: rounds >= 1 (0 = off), and it needs --arbitrate-table"),
     (["--arbitrate-table-tail-after=-2"], "--arbitrate-table-tail-after=-2: rounds >= 1"),
     (["--arbitrate-table-tail-margin", "0.1"], "--arbitrate-table-tail-margin=0.1: a share in [0, 1)"),
+    (["--repeats", "0"], "--repeats=0: timed (AR, method) pairs per method, >= 1"),
 ])
 def test_check_args_refuses_bad_input(extra, message):
     with pytest.raises(ValueError) as err:
@@ -411,6 +412,37 @@ def test_pair_speed_sparse_draft_variants_end_to_end(tmp_path, one_load_per_mode
     assert [r["method"] for r in case["rows"]] == ["ar", "dustin", "dustin-kv-streaming", "dustin-kv-verify-set",
                                                    "magicdec-self", "dustin-self"]
 
+
+
+@pytest.mark.slow
+def test_pair_speed_repeats_time_pairs_and_report_the_median(tmp_path, one_load_per_model):
+    """--repeats 3: each method is timed in 3 (AR, method) pairs, every pair recorded with the measured choice's
+    decision, the speed-up the median pair's ratio, the tokens/s each side's median; the AR runs say which pair
+    they belong to; the tokens are the single run's (greedy decoding repeats)."""
+    out = tmp_path / "pair.json"
+    argv = [a for a in E2E]
+    argv[argv.index("--methods") + 1] = "sd,magicdec"
+    assert main(argv + ["--repeats", "3", "--arbitrate", "2", "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["config"]["repeats"] == 3
+    case = data["cases"]["ctx160/b2"]
+    for method in ("sd", "magicdec"):
+        record = case[method]
+        pairs = record["pairs"]
+        assert len(pairs) == 3
+        for p in pairs:
+            assert p["speedup_vs_ar"] == pytest.approx(p["tok_s"] / p["paired_ar_tok_s"])
+            assert p["choice"] in ("speculative", "ar")
+        assert record["speedup_vs_ar"] == pytest.approx(float(np.median([p["speedup_vs_ar"] for p in pairs])))
+        assert record["tok_s"] == pytest.approx(float(np.median([p["tok_s"] for p in pairs])))
+        assert record["paired_ar_tok_s"] == pytest.approx(float(np.median([p["paired_ar_tok_s"] for p in pairs])))
+        assert record["row"]["speedup"] == record["speedup_vs_ar"]
+        assert record["agreement_with_ar"]["identical"] is True  # dense verification, float32
+    assert [(r["before"], r.get("repeat", 0)) for r in case["ar"]["runs"]] == [
+        ("sd", 0), ("sd", 1), ("sd", 2), ("magicdec", 0), ("magicdec", 1), ("magicdec", 2)]
+    # without --repeats the config does not name it (files measured before it existed still resume)
+    assert "repeats" not in pair_speed.config_of(_args(), exclude=[k for k in pair_speed.OPTIONAL_CONFIG
+                                                                   if not getattr(_args(), k)])
 
 
 # ---------------------------------------------------------------------------- choice-table
