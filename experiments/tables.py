@@ -325,11 +325,14 @@ INPUT_AWARE_M = tuple((model, f"dustin_quality/dustin_quality_input_aware_m_{run
     if (RESULTS / f"dustin_quality/dustin_quality_input_aware_m_{run}.json").is_file())
 #: how predictable the per-round best m is (dustin-m-bounds; docs/methods.md §3.7): (model, file) that exist
 M_BOUNDS = tuple((model, f"dustin_quality/dustin_quality_m_bounds_{run}.json") for model, run in (
-    ("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b_2k_cpu"),)
+    ("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b_2k_cpu"), ("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b_4k_cpu"))
     if (RESULTS / f"dustin_quality/dustin_quality_m_bounds_{run}.json").is_file())
 M_BOUND_TAGS = (("persistence", "persistence-bound", "the previous round's best m"),
                 ("signal_proxy", "signal-proxy", "the next round's target signal as the recall weights (not causal)"),
-                ("hindsight", "hindsight", "the hindsight rule (causal)"))
+                ("hindsight", "hindsight", "the hindsight rule (causal)"),
+                ("best_fixed", "best-fixed-m", "the best single m for these rounds (hindsight)"),
+                ("best_fixed_crossval", "best-fixed-m-crossval", "the best single m of the other half of the "
+                                                                 "sequences (held out)"))
 #: the input-aware rules (docs/methods.md §3.7): quality method and the tag of its table columns
 M_RULES = (("dustin-h-ia", "max_mass", "max-mass"), ("dustin-h-cov", "coverage", "coverage"),
            ("dustin-h-ent", "entropy", "entropy"))
@@ -2868,7 +2871,7 @@ def _figures() -> List[Figure]:
             if not (key.startswith("k") and isinstance(study, dict) and "gap_closed" in study):
                 continue
             for field, tag, label in M_BOUND_TAGS:
-                if study["gap_closed"][field] is not None:
+                if study["gap_closed"].get(field) is not None:
                     add(Figure(f"dustin/input-aware-m/{model}/ctx{ctx}/{key}/{tag}/gap-closed",
                                f"share of the fixed-to-oracle ARR gap closed by {label}, full-KV decoding of "
                                f"{len(data['tasks'])} tasks, k = {study['k']} (dustin-m-bounds)", "%", source,
@@ -3782,7 +3785,12 @@ def m_bounds_blocks() -> List[str]:
             om = study["oracle_m"]
             lines.append(f"| {study['k']} | {study['m']} | {study['rounds']} | {study['arr']['fixed']:.4f} | "
                          f"{study['arr']['oracle']:.4f} | {om['mean']:.0f} ± {om['std']:.0f} ({om['min']}-{om['max']}) | "
-                         + " | ".join("-" if study["gap_closed"][f] is None else f"{100 * study['gap_closed'][f]:+.0f} %"
+                         + " | ".join("-" if study["gap_closed"].get(f) is None else
+                                      f"{100 * study['gap_closed'][f]:+.0f} %"
+                                      + (f" (m {study['best_fixed_m']['all']})" if f == "best_fixed" else "")
+                                      + (" (m " + ", ".join(map(str, study["best_fixed_m"]["folds"])) + ")"
+                                         if f == "best_fixed_crossval" and study.get("best_fixed_m", {}).get("folds")
+                                         else "")
                                       for f, _, _ in M_BOUND_TAGS) + " |")
         cfg = data["config"]
         out.append(f"How predictable the best m is ({model}, `{source}`, `dustin-m-bounds`: {len(data['tasks'])} "
@@ -3794,7 +3802,10 @@ def m_bounds_blocks() -> List[str]:
                    "recall weights is an optimistic stand-in for rules that score m against that signal; the "
                    "hindsight rule applies it causally (the candidate among m and m ∓ one "
                    "step that would have covered the most of this round's target signal with the previous "
-                   "round's signals).\n\n" + "\n".join(lines))
+                   "round's signals). One m for every round, the one with the highest mean ARR over these rounds, "
+                   "bounds what recalibrating the fixed m for these tasks and this length gets; the same m chosen "
+                   "on the other half of the sequences and scored on this half (two folds) is that recalibration "
+                   "on held-out tasks.\n\n" + "\n".join(lines))
     return out
 
 
@@ -3808,20 +3819,23 @@ def m_bounds_verdict() -> List[str]:
             continue
 
         def mean(field):
-            vals = [s["gap_closed"][field] for s in studies if s["gap_closed"][field] is not None]
+            vals = [s["gap_closed"][field] for s in studies if s["gap_closed"].get(field) is not None]
             return 100 * sum(vals) / len(vals) if vals else float("nan")
 
         gap = [s["arr"]["oracle"] - s["arr"]["fixed"] for s in studies]
         out.append(f"{model}, {data['config']['lengths']} tokens (`dustin-m-bounds`): the per-round oracle is "
                    f"{min(gap):.4f}-{max(gap):.4f} ARR above fixed m; carrying the previous round's best m closes "
                    f"{mean('persistence'):+.0f} % of that gap on average over k, the next round's target signal as "
-                   f"the weights {mean('signal_proxy'):+.0f} %, and the hindsight rule {mean('hindsight'):+.0f} %. "
+                   f"the weights {mean('signal_proxy'):+.0f} %, and the hindsight rule {mean('hindsight'):+.0f} %"
+                   + (f"; one m for every round, the best for these rounds, {mean('best_fixed'):+.0f} %, and the "
+                      f"best of the other half of the sequences {mean('best_fixed_crossval'):+.0f} %"
+                      if any(s["gap_closed"].get("best_fixed") is not None for s in studies) else "") + ". "
                    + ("The best m does not persist from round to round" if mean("persistence") < 33 else
                       "The best m persists from round to round")
                    + (", and the target's own signal, scored as if it were the verification's attention, favours "
                       "the sets built from it (below fixed m)" if mean("signal_proxy") < 0 else "")
                    + (": none of the three reaches a third of the gap here, so these signals do not predict the "
-                      "oracle's m well enough for the 33 % target." if max(mean(f) for f, _, _ in M_BOUND_TAGS) < 33
+                      "oracle's m well enough for the 33 % target." if max(mean(f) for f, _, _ in M_BOUND_TAGS[:3]) < 33
                       else "."))
     return out
 

@@ -271,7 +271,12 @@ def m_choice_study(records: CalibrationRecords, config: DustinConfig, *, target_
       causal for this round, so an optimistic bound for rules scoring m against ``s_T``;
     * ``hindsight``: a causal rule built on that proxy: the candidate among m and m -/+ one coverage
       step (:attr:`DustinConfig.m_candidates`) that would have covered the most of this round's ``s_T``
-      with the previous round's signals (ties keep m).
+      with the previous round's signals (ties keep m);
+    * ``best_fixed``: one m for every round, the one with the highest mean ARR over these rounds (an
+      upper bound on recalibrating the fixed m for this data); ``best_fixed_crossval``: the same m chosen
+      on the other half of the sequences (even / odd sequence ids, two folds) and scored on this half --
+      what recalibrating the fixed m on held-out sequences of this kind and length gets
+      (``best_fixed_m``: the m of each).
 
     ``records.target_scores[target_layer]`` is ``s_T`` (recorded with ``config.target_heads``);
     ``s_D`` sums ``records.draft_scores`` over ``draft_layers`` (their indices among the recorded draft
@@ -292,7 +297,7 @@ def m_choice_study(records: CalibrationRecords, config: DustinConfig, *, target_
         return sweep_m(w[None], s_d[None], s_t[None], np.array([length]), k=k, sinks=sinks, window=window)
 
     values = {name: [] for name in ("fixed", "oracle", "persistence", "signal_proxy", "hindsight")}
-    best_ms = []
+    best_ms, curves, seq_of = [], [], []
     for seq in np.unique(records.sequence):
         rows = np.nonzero(records.sequence == seq)[0]
         previous = None  # (s_D, s_T, length, best m) of the sequence's previous round
@@ -300,6 +305,8 @@ def m_choice_study(records: CalibrationRecords, config: DustinConfig, *, target_
             length = int(records.lengths[row])
             s_d, s_t = s_d_all[row], s_t_all[row]
             arr = curve(records.weights[row], s_d, s_t, length)
+            curves.append(arr)
+            seq_of.append(seq)
             best = int(np.argmax(arr))
             best_ms.append(best)
             values["fixed"].append(arr[m0])
@@ -323,11 +330,25 @@ def m_choice_study(records: CalibrationRecords, config: DustinConfig, *, target_
             values["hindsight"].append(arr[m_hind])
             previous = (s_d, s_t, length, best)
     means = {name: float(np.mean(v)) for name, v in values.items()}
+    curves, seq_of = np.stack(curves), np.asarray(seq_of)
+    m_best = int(np.argmax(curves.mean(axis=0)))  # ties: the smallest m
+    means["best_fixed"] = float(curves[:, m_best].mean())
+    fold = np.isin(seq_of, np.unique(seq_of)[1::2])  # sequences alternate between the two folds
+    fold_ms = []
+    if fold.any() and (~fold).any():
+        scored = np.empty(len(curves))
+        for held in (fold, ~fold):
+            m_fold = int(np.argmax(curves[~held].mean(axis=0)))
+            fold_ms.append(m_fold)
+            scored[held] = curves[held, m_fold]
+        means["best_fixed_crossval"] = float(scored.mean())
     gap = means["oracle"] - means["fixed"]
     return {"k": k, "m": m0, "m_candidates": list(cands), "rounds": len(best_ms),
             "sequences": int(len(np.unique(records.sequence))), "arr": means,
-            "gap_closed": {name: (means[name] - means["fixed"]) / gap if gap > 0 else None
-                           for name in ("persistence", "signal_proxy", "hindsight")},
+            "gap_closed": {name: (means[name] - means["fixed"]) / gap if gap > 0 and name in means else None
+                           for name in ("persistence", "signal_proxy", "hindsight", "best_fixed",
+                                        "best_fixed_crossval")},
+            "best_fixed_m": {"all": m_best, "folds": fold_ms},
             "oracle_m": {"mean": float(np.mean(best_ms)), "std": float(np.std(best_ms)),
                          "min": int(np.min(best_ms)), "max": int(np.max(best_ms))}}
 

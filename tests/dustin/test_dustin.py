@@ -851,7 +851,7 @@ def test_m_choice_study_bounds_on_repeated_rounds():
     cfg = DustinConfig(budget=k, sinks=sinks, window=window, m=m0, target_layer=0, target_heads=(0,),
                        draft_layers=(0,), draft_heads=((0,),))
     expected = {name: [] for name in ("fixed", "oracle", "persistence", "signal_proxy", "hindsight")}
-    w_all, t_all, d_all, ids = [], [], [], []
+    w_all, t_all, d_all, ids, seq_curves = [], [], [], [], []
     for sequence in range(2):
         w = rng.gamma(0.3, size=seq).astype(np.float32)
         w /= w.sum()
@@ -859,6 +859,7 @@ def test_m_choice_study_bounds_on_repeated_rounds():
         t = (w * 5 + rng.rand(seq) * 0.01).astype(np.float32)
         true = t / t.sum()  # the recall weights: the target signal stands for them exactly
         curve = sweep_m(true[None], d[None], t[None], np.array([seq]), k=k, sinks=sinks, window=window)
+        seq_curves.append(np.asarray(curve))
         best = int(np.argmax(curve))
         cands = cfg.m_candidates
         hind = m0 if max(curve[m] for m in cands) - curve[m0] <= 1e-6 else cands[int(np.argmax([curve[m] for m in cands]))]
@@ -879,5 +880,12 @@ def test_m_choice_study_bounds_on_repeated_rounds():
     assert study["arr"]["oracle"] > study["arr"]["fixed"]  # the instance has a gap to close
     assert study["gap_closed"]["persistence"] == pytest.approx(2 / 3, abs=1e-4)
     assert study["gap_closed"]["signal_proxy"] == pytest.approx(2 / 3, abs=1e-4)
+    # one m for all rounds: the best of the mean curve; cross-validated: each sequence scored at the other's best m
+    c0, c1 = seq_curves
+    m_all = int(np.argmax((c0 + c1) / 2))
+    assert study["best_fixed_m"] == {"all": m_all, "folds": [int(np.argmax(c0)), int(np.argmax(c1))]}
+    assert study["arr"]["best_fixed"] == pytest.approx((c0[m_all] + c1[m_all]) / 2, abs=1e-6)
+    assert study["arr"]["best_fixed_crossval"] == pytest.approx((c1[np.argmax(c0)] + c0[np.argmax(c1)]) / 2, abs=1e-6)
+    assert study["arr"]["fixed"] <= study["arr"]["best_fixed"] <= study["arr"]["oracle"]
     with pytest.raises(ValueError, match="sequence ids"):
         m_choice_study(dataclasses.replace(records, sequence=None), cfg)
