@@ -3828,15 +3828,21 @@ def m_bounds_verdict() -> List[str]:
                    f"{mean('persistence'):+.0f} % of that gap on average over k, the next round's target signal as "
                    f"the weights {mean('signal_proxy'):+.0f} %, and the hindsight rule {mean('hindsight'):+.0f} %"
                    + (f"; one m for every round, the best for these rounds, {mean('best_fixed'):+.0f} %, and the "
-                      f"best of the other half of the sequences {mean('best_fixed_crossval'):+.0f} %"
+                      f"best of the other half of the sequences {mean('best_fixed_crossval'):+.0f} % (the best single "
+                      f"m is " + ", ".join(f"{s['best_fixed_m']['all'] / s['m']:.2f}x" for s in studies
+                                           if s.get("best_fixed_m") and s["m"])
+                      + " the profile's m over k; the oracle's mean m " + ", ".join(
+                          f"{s['oracle_m']['mean'] / s['m']:.2f}x" for s in studies if s["m"]) + ")"
                       if any(s["gap_closed"].get("best_fixed") is not None for s in studies) else "") + ". "
                    + ("The best m does not persist from round to round" if mean("persistence") < 33 else
                       "The best m persists from round to round")
                    + (", and the target's own signal, scored as if it were the verification's attention, favours "
                       "the sets built from it (below fixed m)" if mean("signal_proxy") < 0 else "")
-                   + (": none of the three reaches a third of the gap here, so these signals do not predict the "
-                      "oracle's m well enough for the 33 % target." if max(mean(f) for f, _, _ in M_BOUND_TAGS[:3]) < 33
-                      else "."))
+                   + (": none of the three per-round choices reaches a third of the gap here, so these signals do "
+                      "not predict the oracle's m well enough for the 33 % target"
+                      + ("; nor does one m recalibrated on held-out tasks of this length"
+                         if mean("best_fixed_crossval") < 33 else "") + "."
+                      if max(mean(f) for f, _, _ in M_BOUND_TAGS[:3]) < 33 else "."))
     return out
 
 
