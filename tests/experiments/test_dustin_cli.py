@@ -441,8 +441,8 @@ def test_quality_warm_workers_leave_the_run_nothing_to_compile(folders, tmp_path
 
 def test_m_bounds_command(folders, tmp_path, capsys):
     """`dustin-m-bounds` decodes evaluation tasks with full-KV verification, recording every round, and
-    reports per k the mean ARR of fixed m, the per-round oracle and the three per-round choices (none
-    above the oracle) with the share of the gap each closes; without a profile it stops before loading."""
+    reports per k the mean ARR of fixed m, the per-round oracle, the three per-round choices and the best
+    single m (none above the oracle) with the share of the gap each closes; without a profile it stops before loading."""
     target, draft = folders
     haystack = _haystack(tmp_path)
     common = ["--model", str(target), "--draft", str(draft), "--source", str(haystack), "--gamma", "3"]
@@ -458,7 +458,10 @@ def test_m_bounds_command(folders, tmp_path, capsys):
     assert study["sequences"] == 2 and study["rounds"] >= 2
     arr = study["arr"]
     assert all(arr["oracle"] >= arr[name] - 1e-6 for name in arr)
-    assert set(study["gap_closed"]) == {"persistence", "signal_proxy", "hindsight"}
+    assert set(study["gap_closed"]) == {"persistence", "signal_proxy", "hindsight", "best_fixed",
+                                        "best_fixed_crossval"}
+    assert arr["fixed"] <= arr["best_fixed"] + 1e-6  # the profile's m is one of the single m's searched
+    assert arr["best_fixed_crossval"] <= arr["best_fixed"] + 1e-6 and len(study["best_fixed_m"]["folds"]) == 2
     assert study["oracle_m"]["min"] <= study["oracle_m"]["mean"] <= study["oracle_m"]["max"]
     capsys.readouterr()
     assert main(argv[:argv.index("--dustin-profile")] + ["--out", str(tmp_path / "none.json")]) == 2
