@@ -29,7 +29,7 @@ agreement), recorded once.
 ``--repeats N``: each method is timed in N (AR, method) pairs, each AR run decoded just before its
 method's run; the record's speed-up is the median pair's ratio (adjacent runs share the machine's
 drift), its tokens/s the medians of each side, and ``pairs`` keeps every pair (and the measured
-choice's decision in each, which depends on timings). Every pair must decode the same tokens.
+choice's decision in each, which depends on timings, and whether it decoded the first pair's tokens).
 
 Each method's record is written as soon as it is measured: a rerun with the same ``--out`` skips
 finished cases and, in an interrupted case (``"complete": false``), the finished methods (the
@@ -383,11 +383,11 @@ def cmd_pair_speed(args) -> Dict[str, Any]:
                     ar_runs.append({"before": method, "repeat": repeat, "decode_s": again_s,
                                     "tok_s": again_tokens.size / again_s})
                     again = spec_run()
-                    if not np.array_equal(np.asarray(again.tokens), spec_tokens):
-                        raise RuntimeError(f"{key} {method}: timed pair {repeat + 1} decoded other tokens than the "
-                                           f"first (greedy decoding from the same cache must repeat)")
                     pairs.append(_pair(float(again.num_generated.sum()) / again.timings["decode_s"],
                                        ar_runs[-1]["tok_s"], again.metrics))
+                    # greedy decoding from the same cache repeats its tokens, unless the measured choice took
+                    # another path (plain decoding from another round) under sparse or low-precision verification
+                    pairs[-1]["same_tokens"] = bool(np.array_equal(np.asarray(again.tokens), spec_tokens))
                     del again
                 if len(pairs) > 1:  # the median pair's ratio: adjacent runs share the machine's drift
                     tok_s = float(np.median([p["tok_s"] for p in pairs]))

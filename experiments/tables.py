@@ -4904,7 +4904,9 @@ def _choice_runs_text(path: str, guarded: bool, title: str = "") -> str:
                 choices = sorted({p.get("choice") for p in pairs if p.get("choice")})
                 how += (f"; median of {len(pairs)} pairs, {min(ratios):.2f}-{max(ratios):.2f}x"
                         + (", the pairs deciding " + " and ".join({"ar": "AR"}.get(c, c) for c in choices)
-                           if len(choices) > 1 else ""))
+                           if len(choices) > 1 else "")
+                        + (f", {sum(p.get('same_tokens') is False for p in pairs)} of them decoding other tokens "
+                           "than the first" if any(p.get("same_tokens") is False for p in pairs) else ""))
             runs.append((case[m]["speedup_vs_ar"], f"{label.strip('*')} at {where} "
                          f"{case[m]['speedup_vs_ar']:.2f}x ({how})"))
             run_plain.append(plain)

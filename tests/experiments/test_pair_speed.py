@@ -417,8 +417,8 @@ def test_pair_speed_sparse_draft_variants_end_to_end(tmp_path, one_load_per_mode
 @pytest.mark.slow
 def test_pair_speed_repeats_time_pairs_and_report_the_median(tmp_path, one_load_per_model):
     """--repeats 3: each method is timed in 3 (AR, method) pairs, every pair recorded with the measured choice's
-    decision, the speed-up the median pair's ratio, the tokens/s each side's median; the AR runs say which pair
-    they belong to; the tokens are the single run's (greedy decoding repeats)."""
+    decision and whether it repeated the first pair's tokens, the speed-up the median pair's ratio, the tokens/s
+    each side's median; the AR runs say which pair they belong to."""
     out = tmp_path / "pair.json"
     argv = [a for a in E2E]
     argv[argv.index("--methods") + 1] = "sd,magicdec"
@@ -433,6 +433,7 @@ def test_pair_speed_repeats_time_pairs_and_report_the_median(tmp_path, one_load_
         for p in pairs:
             assert p["speedup_vs_ar"] == pytest.approx(p["tok_s"] / p["paired_ar_tok_s"])
             assert p["choice"] in ("speculative", "ar")
+        assert [p.get("same_tokens") for p in pairs] == [None, True, True]  # dense verification, float32
         assert record["speedup_vs_ar"] == pytest.approx(float(np.median([p["speedup_vs_ar"] for p in pairs])))
         assert record["tok_s"] == pytest.approx(float(np.median([p["tok_s"] for p in pairs])))
         assert record["paired_ar_tok_s"] == pytest.approx(float(np.median([p["paired_ar_tok_s"] for p in pairs])))
