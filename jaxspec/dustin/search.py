@@ -331,14 +331,13 @@ def m_choice_study(records: CalibrationRecords, config: DustinConfig, *, target_
             previous = (s_d, s_t, length, best)
     means = {name: float(np.mean(v)) for name, v in values.items()}
     curves, seq_of = np.stack(curves), np.asarray(seq_of)
-    m_best = int(np.argmax(curves.mean(axis=0)))  # ties: the smallest m
-    means["best_fixed"] = float(curves[:, m_best].mean())
+    m_best, means["best_fixed"] = best_m(curves.mean(axis=0))
     fold = np.isin(seq_of, np.unique(seq_of)[1::2])  # sequences alternate between the two folds
     fold_ms = []
     if fold.any() and (~fold).any():
         scored = np.empty(len(curves))
         for held in (fold, ~fold):
-            m_fold = int(np.argmax(curves[~held].mean(axis=0)))
+            m_fold = best_m(curves[~held].mean(axis=0))[0]
             fold_ms.append(m_fold)
             scored[held] = curves[held, m_fold]
         means["best_fixed_crossval"] = float(scored.mean())
