@@ -332,7 +332,9 @@ M_BOUND_TAGS = (("persistence", "persistence-bound", "the previous round's best 
                 ("hindsight", "hindsight", "the hindsight rule (causal)"),
                 ("best_fixed", "best-fixed-m", "the best single m for these rounds (hindsight)"),
                 ("best_fixed_crossval", "best-fixed-m-crossval", "the best single m of the other half of the "
-                                                                 "sequences (held out)"))
+                                                                 "sequences (held out)"),
+                ("coverage", "coverage-offline", "the coverage rule on the recorded signals"),
+                ("coverage_crossval", "coverage-offline-crossval", "the coverage rule around the held-out single m"))
 #: the input-aware rules (docs/methods.md §3.7): quality method and the tag of its table columns
 M_RULES = (("dustin-h-ia", "max_mass", "max-mass"), ("dustin-h-cov", "coverage", "coverage"),
            ("dustin-h-ent", "entropy", "entropy"))
@@ -3833,7 +3835,10 @@ def m_bounds_verdict() -> List[str]:
                                            if s.get("best_fixed_m") and s["m"])
                       + " the profile's m over k; the oracle's mean m " + ", ".join(
                           f"{s['oracle_m']['mean'] / s['m']:.2f}x" for s in studies if s["m"]) + ")"
-                      if any(s["gap_closed"].get("best_fixed") is not None for s in studies) else "") + ". "
+                      if any(s["gap_closed"].get("best_fixed") is not None for s in studies) else "")
+                   + (f"; the coverage rule on the recorded signals {mean('coverage'):+.0f} %, and with its "
+                      f"candidates around the held-out single m {mean('coverage_crossval'):+.0f} %"
+                      if any(s["gap_closed"].get("coverage") is not None for s in studies) else "") + ". "
                    + ("The best m does not persist from round to round" if mean("persistence") < 33 else
                       "The best m persists from round to round")
                    + (", and the target's own signal, scored as if it were the verification's attention, favours "

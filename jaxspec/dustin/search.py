@@ -44,7 +44,7 @@ from jaxspec.decoding.speculative import EngineConfig, commit_phase, draft_phase
 from jaxspec.dustin.arr import all_heads, recall_of_indices, recall_weights
 from jaxspec.dustin.config import SUPPORTED_BUDGETS, DustinConfig, check_budget, default_window
 from jaxspec.dustin.policy import DustinDraft, DustinSelfDraft, last_prompt_query
-from jaxspec.dustin.selection import select_verify_indices
+from jaxspec.dustin.selection import select_input_aware, select_verify_indices
 from jaxspec.dustin.signals import fit_width, head_scores, target_signal
 from jaxspec.models.cache import init_cache
 from jaxspec.models.llama import forward
@@ -276,7 +276,10 @@ def m_choice_study(records: CalibrationRecords, config: DustinConfig, *, target_
       upper bound on recalibrating the fixed m for this data); ``best_fixed_crossval``: the same m chosen
       on the other half of the sequences (even / odd sequence ids, two folds) and scored on this half --
       what recalibrating the fixed m on held-out sequences of this kind and length gets
-      (``best_fixed_m``: the m of each).
+      (``best_fixed_m``: the m of each);
+    * ``coverage``: the coverage rule (``DustinConfig.m_rule = "coverage"``, its candidates around the
+      profile's m) applied to each round's own signals, as it decides online; ``coverage_crossval``: the
+      same rule with its candidates around the held-out best single m (``best_fixed_m["folds"]``).
 
     ``records.target_scores[target_layer]`` is ``s_T`` (recorded with ``config.target_heads``);
     ``s_D`` sums ``records.draft_scores`` over ``draft_layers`` (their indices among the recorded draft
@@ -297,7 +300,7 @@ def m_choice_study(records: CalibrationRecords, config: DustinConfig, *, target_
         return sweep_m(w[None], s_d[None], s_t[None], np.array([length]), k=k, sinks=sinks, window=window)
 
     values = {name: [] for name in ("fixed", "oracle", "persistence", "signal_proxy", "hindsight")}
-    best_ms, curves, seq_of = [], [], []
+    best_ms, curves, seq_of, row_of = [], [], [], []
     for seq in np.unique(records.sequence):
         rows = np.nonzero(records.sequence == seq)[0]
         previous = None  # (s_D, s_T, length, best m) of the sequence's previous round
@@ -307,6 +310,7 @@ def m_choice_study(records: CalibrationRecords, config: DustinConfig, *, target_
             arr = curve(records.weights[row], s_d, s_t, length)
             curves.append(arr)
             seq_of.append(seq)
+            row_of.append(row)
             best = int(np.argmax(arr))
             best_ms.append(best)
             values["fixed"].append(arr[m0])
@@ -330,23 +334,38 @@ def m_choice_study(records: CalibrationRecords, config: DustinConfig, *, target_
             values["hindsight"].append(arr[m_hind])
             previous = (s_d, s_t, length, best)
     means = {name: float(np.mean(v)) for name, v in values.items()}
-    curves, seq_of = np.stack(curves), np.asarray(seq_of)
+    curves, seq_of, row_of = np.stack(curves), np.asarray(seq_of), np.asarray(row_of)
     m_best, means["best_fixed"] = best_m(curves.mean(axis=0))
+
+    def coverage_arr(center: int, held) -> np.ndarray:  # each held round's ARR at the coverage rule's m
+        cands = dataclasses.replace(config, m=int(center)).m_candidates
+        rows_ = row_of[held]
+        _, chosen = select_input_aware(jnp.asarray(s_d_all[rows_]), jnp.asarray(s_t_all[rows_]),
+                                       jnp.asarray(records.lengths[rows_], jnp.int32), k=k, sinks=sinks,
+                                       window=window, candidates=tuple(cands))
+        return curves[held, np.asarray(chosen)]
+
+    if 0 < m0 < free:  # the rule chooses a split only where both signals have a share
+        means["coverage"] = float(coverage_arr(m0, np.ones(len(curves), bool)).mean())
     fold = np.isin(seq_of, np.unique(seq_of)[1::2])  # sequences alternate between the two folds
     fold_ms = []
     if fold.any() and (~fold).any():
-        scored = np.empty(len(curves))
+        scored, covered = np.empty(len(curves)), np.empty(len(curves))
         for held in (fold, ~fold):
             m_fold = best_m(curves[~held].mean(axis=0))[0]
             fold_ms.append(m_fold)
             scored[held] = curves[held, m_fold]
+            if "coverage" in means:
+                covered[held] = coverage_arr(m_fold, held)
         means["best_fixed_crossval"] = float(scored.mean())
+        if "coverage" in means:
+            means["coverage_crossval"] = float(covered.mean())
     gap = means["oracle"] - means["fixed"]
     return {"k": k, "m": m0, "m_candidates": list(cands), "rounds": len(best_ms),
             "sequences": int(len(np.unique(records.sequence))), "arr": means,
             "gap_closed": {name: (means[name] - means["fixed"]) / gap if gap > 0 and name in means else None
                            for name in ("persistence", "signal_proxy", "hindsight", "best_fixed",
-                                        "best_fixed_crossval")},
+                                        "best_fixed_crossval", "coverage", "coverage_crossval")},
             "best_fixed_m": {"all": m_best, "folds": fold_ms},
             "oracle_m": {"mean": float(np.mean(best_ms)), "std": float(np.std(best_ms)),
                          "min": int(np.min(best_ms)), "max": int(np.max(best_ms))}}

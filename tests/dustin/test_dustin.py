@@ -887,5 +887,19 @@ def test_m_choice_study_bounds_on_repeated_rounds():
     assert study["arr"]["best_fixed"] == pytest.approx((c0[m_all] + c1[m_all]) / 2, abs=1e-6)
     assert study["arr"]["best_fixed_crossval"] == pytest.approx((c1[np.argmax(c0)] + c0[np.argmax(c1)]) / 2, abs=1e-6)
     assert study["arr"]["fixed"] <= study["arr"]["best_fixed"] <= study["arr"]["oracle"]
+    # the coverage rule on each round's signals, as it decides online: against its direct reference, each round's
+    # ARR at the m it picks among m and m -/+ one step (the profile's m; the other sequence's best single m)
+    from jaxspec.dustin.selection import select_input_aware_reference
+
+    def rule_arr(center, rows):
+        cands = dataclasses.replace(cfg, m=int(center)).m_candidates
+        _, chosen = select_input_aware_reference(np.stack(d_all)[rows], np.stack(t_all)[rows], np.full(len(rows), seq),
+                                                 k=k, sinks=sinks, window=window, candidates=tuple(cands))
+        return [seq_curves[ids[r]][int(m)] for r, m in zip(rows, np.asarray(chosen))]
+
+    rows = np.arange(len(ids))
+    assert study["arr"]["coverage"] == pytest.approx(np.mean(rule_arr(m0, rows)), abs=1e-6)
+    crossval = rule_arr(np.argmax(c1), rows[:3]) + rule_arr(np.argmax(c0), rows[3:])
+    assert study["arr"]["coverage_crossval"] == pytest.approx(np.mean(crossval), abs=1e-6)
     with pytest.raises(ValueError, match="sequence ids"):
         m_choice_study(dataclasses.replace(records, sequence=None), cfg)
