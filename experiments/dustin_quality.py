@@ -459,9 +459,13 @@ def cmd_dustin_profile(args) -> Dict[str, Any]:
         raise ValueError("give --profile-file FILE: where to save the profile (e.g. experiments/profiles/NAME.json)")
     if args.srh_kv_groups is not None and args.srh_kv_groups < 1:
         raise ValueError(f"--srh-kv-groups {args.srh_kv_groups}: give a number of KV groups >= 1")
+    if getattr(args, "recalibrate_m", False) and not args.extend:
+        raise ValueError("--recalibrate-m recalibrates an existing profile's m: give it with --extend FILE")
     if args.extend:
         if args.srh_kv_groups is not None:
             raise ValueError("--srh-kv-groups chooses SRHs; --extend keeps the profile's own SRHs (profile anew)")
+        if getattr(args, "recalibrate_m", False):
+            return _recalibrate_m(args, budgets, kinds, lengths, depths)
         return _extend_profile(args, budgets, kinds, lengths, depths)
     writer = ResultWriter(args.out, "dustin-profile", config_of(args))
     target, draft, mask = _load_pair(args)
@@ -506,7 +510,7 @@ def cmd_dustin_m_bounds(args) -> Dict[str, Any]:
     evaluation-split needle tasks recording every round (``collect_calibration``), then per budget
     ``m_choice_study``: fixed m, the per-round oracle, the previous round's best m, the next round's
     target signal as the recall weights, and the causal hindsight rule."""
-    from jaxspec.dustin.search import DustinProfile, collect_calibration, m_choice_study
+    from jaxspec.dustin.search import DustinProfile, collect_calibration, m_choice_study, profile_signal_layers
 
     budgets, kinds, lengths, depths = _task_args(args)
     if not args.dustin_profile:
@@ -519,27 +523,25 @@ def cmd_dustin_m_bounds(args) -> Dict[str, Any]:
     if missing:
         raise ValueError(f"--budgets {missing}: the profile's config has no draft layer there, so there is no split "
                          f"to choose")
-    heads: Dict[int, Tuple[int, ...]] = {}  # every draft layer any budget reads, with its heads
-    t_heads: Dict[int, Tuple[int, ...]] = {}  # the same for the target
-    for b, c in configs.items():
-        for table, layer, hs in ([(heads, layer, hs) for layer, hs in zip(c.draft_layers, c.draft_heads)]
-                                 + [(t_heads, c.target_layer, c.target_heads)]):
-            if table.setdefault(layer, tuple(hs)) != tuple(hs):
-                raise ValueError(f"the profile's budgets read layer {layer} with different heads; give --budgets "
-                                 f"that agree")
+    # every draft layer any budget reads, with its heads, and the target's heads per layer
+    layers, layer_heads, target_heads = profile_signal_layers(profile, budgets)
+    # the profile's m for this length (dustin-profile --recalibrate-m), where it has a per-length table
+    length_m = {b: profile.m_at(b, lengths[0]) for b in budgets
+                if profile.m_by_length.get(b) and len(lengths) == 1}
     writer = ResultWriter(args.out, "dustin-m-bounds", config_of(args))
     target, draft, mask = _load_pair(args)
+    if len(target_heads) != target.config.num_layers:
+        raise ValueError(f"{args.dustin_profile} is for a target of {len(target_heads)} layers; --model has "
+                         f"{target.config.num_layers}")
     _, evaluation = build_task_splits(target.tokenizer, args, kinds, lengths, depths)
     tasks = list(evaluation)[:args.items]
-    layers = sorted(heads)
-    target_heads = [t_heads.get(layer, (0,)) for layer in range(target.config.num_layers)]
     started = time.perf_counter()
     prompts = [target.tokenizer.encode(task.prompt) for task in tasks]
     print(f"[dustin-m-bounds] {len(prompts)} evaluation tasks ({', '.join(kinds)}; {lengths} tokens, task seed "
           f"{args.task_seed}): full-KV greedy decoding, every round recorded ...", file=sys.stderr, flush=True)
     records = collect_calibration(target.params, target.config, draft.params if draft else None,
                                   draft.config if draft else None, prompts, target_heads=target_heads,
-                                  draft_heads=[heads[layer] for layer in layers], draft_layers=layers,
+                                  draft_heads=layer_heads, draft_layers=layers,
                                   gamma=args.gamma, max_new_tokens=args.max_new_tokens, batch_size=1,
                                   self_draft_mask=mask)
     print(f"[dustin-m-bounds] {records.num_items} rounds in {time.perf_counter() - started:.0f} s", file=sys.stderr,
@@ -547,17 +549,65 @@ def cmd_dustin_m_bounds(args) -> Dict[str, Any]:
     rows = []
     for b, c in sorted(configs.items()):
         study = m_choice_study(records, c, target_layer=c.target_layer,
-                               draft_layers=[layers.index(x) for x in c.draft_layers])
+                               draft_layers=[layers.index(x) for x in c.draft_layers], length_m=length_m.get(b))
         writer.set(f"k{b}", study)
         gap = study["gap_closed"]
         rows.append({"k": b, "m": study["m"], "rounds": study["rounds"], "fixed": study["arr"]["fixed"],
                      "oracle": study["arr"]["oracle"], "oracle_m": f"{study['oracle_m']['mean']:.0f} ± "
                                                                  f"{study['oracle_m']['std']:.0f}",
                      **{f"{name} closes": "-" if gap[name] is None else f"{100 * gap[name]:+.0f} %"
-                        for name in ("persistence", "signal_proxy", "hindsight")}})
+                        for name in ("persistence", "signal_proxy", "hindsight")},
+                     **({"m at this length": study["length_m"],
+                         "coverage around it closes": "-" if gap.get("coverage_length_m") is None else
+                         f"{100 * gap['coverage_length_m']:+.0f} %"} if "length_m" in study else {})})
     writer.set("tasks", [task.task_id for task in tasks])
     writer.set("seconds", time.perf_counter() - started)
     print_table(rows, title="dustin-m-bounds: share of the fixed-to-oracle ARR gap each per-round choice closes")
+    return writer.data
+
+
+def _recalibrate_m(args, budgets, kinds, lengths, depths) -> Dict[str, Any]:
+    """``dustin-profile --extend FILE --recalibrate-m``: the split m of --budgets recalibrated at each of --lengths on
+    calibration tasks, the profile's layers kept (jaxspec.dustin.search.recalibrate_m, docs/methods.md §3.7)."""
+    from jaxspec.dustin.search import DustinProfile, ProfileError, recalibrate_m
+
+    profile = DustinProfile.load(args.extend)
+    missing = [b for b in budgets if b not in profile.configs]
+    if missing:
+        raise ProfileError(f"--budgets {missing}: {args.extend} has no config there (profiled: "
+                           f"{sorted(profile.configs)})")
+    if args.gamma != profile.gamma:
+        raise ValueError(f"--gamma={args.gamma}: {args.extend} was profiled with gamma {profile.gamma}")
+    writer = ResultWriter(args.out, "dustin-profile", config_of(args))
+    target, draft, mask = _load_pair(args)
+    if mask is not None and not np.array_equal(np.asarray(profile.draft.get("self_draft_mask"), bool), mask):
+        raise ValueError(f"{args.extend} was profiled for another self-draft skip set than {args.draft_skip!r}")
+    started = time.perf_counter()
+    calibration, evaluation = build_task_splits(target.tokenizer, args, kinds, lengths, depths)
+    print(f"[dustin-profile] recalibrating m of {args.extend} at k={budgets}: {len(calibration)} calibration tasks "
+          f"({', '.join(kinds)}; {lengths} tokens) on its SRH layers", file=sys.stderr, flush=True)
+    updated, records = recalibrate_m(
+        profile, target.params, target.config, draft.params if draft else None, draft.config if draft else None,
+        list(calibration), target.tokenizer, budgets=budgets, evaluation=list(evaluation),
+        max_new_tokens=args.max_new_tokens, batch_size=1, self_draft_mask=mask)
+    updated.data["m_recalibrations"][-1].update(
+        source=args.source, task_seed=args.task_seed, kinds=kinds, depths=depths,
+        command="python -m experiments.run dustin-profile " + " ".join(sys.argv[2:]),
+        seconds=time.perf_counter() - started)
+    updated.save(args.profile_file)
+    rows = []
+    for b in budgets:
+        found = updated.search[str(b)]["m_by_length"]
+        for length in lengths:
+            entry = found[str(length)]
+            rows.append({"k": b, "context": length, "rounds": entry["rounds"], "profile_m": entry["profile_m"],
+                         "m": entry["m"], "arr_at_profile_m": entry["arr_at_profile_m"], "arr": entry["arr"]})
+    print_table(rows, title=f"Dustin profile {args.extend}: m per context length -> {args.profile_file} "
+                            f"({time.perf_counter() - started:.0f} s)")
+    writer.set("results", {"profile_file": str(args.profile_file), "recalibrated": str(args.extend), "rows": rows,
+                           "m_by_length": {str(b): {str(n): m for n, m in sorted(t.items())}
+                                           for b, t in sorted(updated.m_by_length.items())},
+                           "rounds": {str(n): r.num_items for n, r in records.items()}})
     return writer.data
 
 
@@ -809,7 +859,9 @@ class QualityRunner:
             self.draft_policy = DustinSelfDraft(config=self.tcfg, layers=tuple(d_layers), heads=heads)
 
     # -- methods
-    def methods(self, budgets, names, m_steps: int = 1) -> List[Method]:
+    def methods(self, budgets, names, m_steps: int = 1, context: Optional[int] = None) -> List[Method]:
+        """The methods per budget; ``context``: Dustin-H's m (and the input-aware rules' centre) from the
+        profile's per-length table at that many tokens (:meth:`DustinProfile.m_at`)."""
         out = []
         for budget in budgets:
             for name in names:
@@ -820,6 +872,8 @@ class QualityRunner:
                         dustin = dustin.replace(m_rule=M_RULE_METHODS[name])
                     if name == "dustin-h-cov" and m_steps != 1:
                         dustin = dustin.replace(m_steps=m_steps)
+                if context is not None and dustin is not None and dustin.mode == "hybrid":
+                    dustin = dustin.replace(m=self.profile.m_at(budget, context))
                 out.append(Method(name, budget, dustin))
         return out
 
@@ -1290,6 +1344,7 @@ def cmd_dustin_quality(args) -> Dict[str, Any]:
     if bad:
         raise ValueError(f"unknown --methods {bad}; valid: {', '.join(QUALITY_METHODS)}")
     m_steps = getattr(args, "m_steps", 1)
+    per_length_m = getattr(args, "dustin_m_per_length", False)
     if m_steps < 1:
         raise ValueError(f"--m-steps={m_steps}: must be >= 1 (steps of the coverage rule's candidate ladder)")
     if m_steps != 1 and "dustin-h-cov" not in names:
@@ -1307,6 +1362,10 @@ def cmd_dustin_quality(args) -> Dict[str, Any]:
     missing = [b for b in budgets if b not in profile.configs]
     if missing:
         raise ValueError(f"{args.dustin_profile} has no config for k={missing}; profiled: {sorted(profile.configs)}")
+    untabled = [b for b in budgets if not profile.m_by_length.get(b)]
+    if per_length_m and untabled:
+        raise ValueError(f"--dustin-m-per-length: {args.dustin_profile} has no m per context length for k={untabled} "
+                         f"(add one with dustin-profile --extend FILE --recalibrate-m)")
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
     depths = _parse_floats(args.depths, "--depths")
     per_split = len(kinds) * len(depths) * args.samples
@@ -1353,6 +1412,8 @@ def cmd_dustin_quality(args) -> Dict[str, Any]:
         if compiled_for is not None and compiled_for != task.context_tokens:
             release_memory(clear_compiled=True)  # other shapes from here on: free the old executables
         compiled_for = task.context_tokens
+        item_methods = (runner.methods(budgets, names, m_steps=m_steps, context=task.context_tokens)
+                        if per_length_m else methods)
         t0 = time.perf_counter()
         PHASES.clear()
         compiled0 = count_compiles()
@@ -1374,7 +1435,7 @@ def cmd_dustin_quality(args) -> Dict[str, Any]:
         t_phase = time.perf_counter()
         draft_scores = runner.draft_chunk_scores(base0, text)
         ppl = {"dense": runner.perplexity(base0, text, Method("dense"), draft_scores)}
-        for m in methods:
+        for m in item_methods:
             if m.name not in ("magicdec", "dustin-h-oracle") and not writer.has(f"{item}/{m.key}"):
                 ppl[m.key] = runner.perplexity(base0, text, m, draft_scores)
                 release_memory()
@@ -1393,7 +1454,7 @@ def cmd_dustin_quality(args) -> Dict[str, Any]:
         else:
             runner.m_rule_stats = {}
             t_phase = time.perf_counter()
-            generated, metrics, arr = runner.decode(base, Method("dense"), reference=True, arr_methods=methods)
+            generated, metrics, arr = runner.decode(base, Method("dense"), reference=True, arr_methods=item_methods)
             PHASES["dense_decode_with_arr"] = time.perf_counter() - t_phase
             release_memory()
             text_out = target.tokenizer.decode(generated, skip_special_tokens=True)
@@ -1409,7 +1470,7 @@ def cmd_dustin_quality(args) -> Dict[str, Any]:
             writer.add(f"{item}/dense", dense)
         print(f"[dustin-quality]   dense: tau {_fmt(dense['tau'])}, accuracy {dense['accuracy']:.0f}, "
               f"{dense['text'][:60]!r} ({time.perf_counter() - t0:.0f} s); {memory_summary()}", file=sys.stderr, flush=True)
-        for m in methods:
+        for m in item_methods:
             key = f"{item}/{m.key}"
             if writer.has(key):
                 continue
@@ -1591,6 +1652,11 @@ def register(subparsers) -> None:
     prof.add_argument("--extend", default=None, metavar="FILE",
                       help="add --budgets to this existing profile: its SRHs, calibration rounds on --lengths "
                            "(e.g. longer prompts for a larger k), Algorithm 1 per new budget; its configs are kept")
+    prof.add_argument("--recalibrate-m", action="store_true",
+                      help="with --extend FILE: keep its SRH layers and recalibrate the split m of --budgets at each "
+                           "of --lengths (step (c) of Algorithm 1 on calibration tasks of that length); the profile "
+                           "then gives each run the m for its context length where asked (--dustin-m-per-length; "
+                           "docs/methods.md §3.7)")
     prof.set_defaults(func=cmd_dustin_profile)
 
     bounds = subparsers.add_parser("dustin-m-bounds", help="how predictable the per-round best split m is: fixed m, "
@@ -1618,6 +1684,10 @@ def register(subparsers) -> None:
     qual.add_argument("--m-steps", type=int, default=1, metavar="N",
                       help="dustin-h-cov: steps of the coverage rule's candidate ladder on each side of the profiled m "
                            "(m -/+ i x 10 %% of k - s - w, i = 1..N; docs/methods.md §3.7)")
+    qual.add_argument("--dustin-m-per-length", action="store_true",
+                      help="Dustin-H's m (and the input-aware rules' centre) from the profile's m per context length "
+                           "at each item's length (dustin-profile --recalibrate-m; docs/methods.md §3.7) instead of "
+                           "its one profiled m")
     qual.add_argument("--plot", default=None, metavar="PNG", help="ARR vs k per method")
     qual.add_argument("--warm-workers", type=int, default=1, metavar="N",
                       help="before the first item, N processes (each a share of --methods, one item of that length) "

@@ -257,7 +257,7 @@ def sweep_m(weights, s_draft, s_target, lengths, *, k: int, sinks: int, window: 
 
 
 def m_choice_study(records: CalibrationRecords, config: DustinConfig, *, target_layer: int = 0,
-                   draft_layers: Optional[Sequence[int]] = None) -> Dict[str, Any]:
+                   draft_layers: Optional[Sequence[int]] = None, length_m: Optional[int] = None) -> Dict[str, Any]:
     """How predictable the ARR-maximising m of a round is (docs/methods.md §3.7), per round of each
     recorded sequence, from its ARR curve (:func:`sweep_m`):
 
@@ -279,7 +279,10 @@ def m_choice_study(records: CalibrationRecords, config: DustinConfig, *, target_
       (``best_fixed_m``: the m of each);
     * ``coverage``: the coverage rule (``DustinConfig.m_rule = "coverage"``, its candidates around the
       profile's m) applied to each round's own signals, as it decides online; ``coverage_crossval``: the
-      same rule with its candidates around the held-out best single m (``best_fixed_m["folds"]``).
+      same rule with its candidates around the held-out best single m (``best_fixed_m["folds"]``);
+    * with ``length_m`` (the profile's m for this context length, :meth:`DustinProfile.m_at`, recalibrated on
+      calibration tasks of that length): ``length_m``, that m every round, and ``coverage_length_m``, the
+      coverage rule with its candidates around it.
 
     ``records.target_scores[target_layer]`` is ``s_T`` (recorded with ``config.target_heads``);
     ``s_D`` sums ``records.draft_scores`` over ``draft_layers`` (their indices among the recorded draft
@@ -360,15 +363,29 @@ def m_choice_study(records: CalibrationRecords, config: DustinConfig, *, target_
         means["best_fixed_crossval"] = float(scored.mean())
         if "coverage" in means:
             means["coverage_crossval"] = float(covered.mean())
+    if length_m is not None:
+        if not 0 <= int(length_m) <= free:
+            raise ValueError(f"length_m={length_m} must lie in 0..k - s - w = {free}")
+        means["length_m"] = float(curves[:, int(length_m)].mean())
+        if 0 < m0 < free:
+            means["coverage_length_m"] = float(coverage_arr(int(length_m), np.ones(len(curves), bool)).mean())
     gap = means["oracle"] - means["fixed"]
     return {"k": k, "m": m0, "m_candidates": list(cands), "rounds": len(best_ms),
             "sequences": int(len(np.unique(records.sequence))), "arr": means,
             "gap_closed": {name: (means[name] - means["fixed"]) / gap if gap > 0 and name in means else None
                            for name in ("persistence", "signal_proxy", "hindsight", "best_fixed",
-                                        "best_fixed_crossval", "coverage", "coverage_crossval")},
+                                        "best_fixed_crossval", "coverage", "coverage_crossval", "length_m",
+                                        "coverage_length_m") if name in means or name in STUDY_ALWAYS},
             "best_fixed_m": {"all": m_best, "folds": fold_ms},
+            **({"length_m": int(length_m)} if length_m is not None else {}),
             "oracle_m": {"mean": float(np.mean(best_ms)), "std": float(np.std(best_ms)),
                          "min": int(np.min(best_ms)), "max": int(np.max(best_ms))}}
+
+
+#: the gap-closed entries :func:`m_choice_study` always reports (None where not defined); the per-length ones
+#: only when given ``length_m``
+STUDY_ALWAYS = ("persistence", "signal_proxy", "hindsight", "best_fixed", "best_fixed_crossval", "coverage",
+                "coverage_crossval")
 
 
 def best_m(arr_by_m: Sequence[float]) -> Tuple[int, float]:
@@ -461,19 +478,50 @@ class DustinProfile:
     gamma: int = 4
     srh: Dict[str, Any] = dataclasses.field(default_factory=dict)
     search: Dict[str, Any] = dataclasses.field(default_factory=dict)  # per budget: SearchResult.to_dict()
+    #: per budget, the split m recalibrated at further context lengths with the budget's layers kept
+    #: (:func:`recalibrate_m`, docs/methods.md §3.7): ``{budget: {context tokens: m}}``; empty: one m per budget
+    m_by_length: Dict[int, Dict[int, int]] = dataclasses.field(default_factory=dict)
 
-    def config(self, budget: int, mode: str = "hybrid") -> DustinConfig:
-        """The profiled config for ``budget`` (``mode``: hybrid / target / draft ablation)."""
+    def config(self, budget: int, mode: str = "hybrid", context: Optional[int] = None) -> DustinConfig:
+        """The profiled config for ``budget`` (``mode``: hybrid / target / draft ablation). ``context``
+        (tokens of history): Dustin-H's m from the per-length table at that length (:meth:`m_at`), where
+        the profile has one for ``budget``; the profiled m otherwise."""
         check_budget(budget)
         if budget not in self.configs:
             raise ProfileError(f"this profile has no config for k={budget}; profiled budgets: {sorted(self.configs)}")
-        return self.configs[budget].replace(mode=mode) if mode != "hybrid" else self.configs[budget]
+        config = self.configs[budget].replace(mode=mode) if mode != "hybrid" else self.configs[budget]
+        if context is not None and mode == "hybrid" and self.m_by_length.get(budget):
+            config = config.replace(m=self.m_at(budget, context))
+        return config
+
+    def m_at(self, budget: int, context: int) -> int:
+        """The split m for ``budget`` at ``context`` tokens: the per-length table (:attr:`m_by_length`)
+        interpolated linearly in log length between the two calibrated lengths around ``context``, and
+        held at the nearest end outside them; the profiled m where the table has no entry for ``budget``."""
+        if isinstance(context, bool) or not isinstance(context, (int, np.integer)) or context < 1:
+            raise ProfileError(f"context={context!r}: give the history length in tokens (an integer >= 1)")
+        if budget not in self.configs:
+            raise ProfileError(f"this profile has no config for k={budget}; profiled budgets: {sorted(self.configs)}")
+        table = self.m_by_length.get(budget)
+        if not table:
+            return self.configs[budget].effective_m
+        lengths = sorted(table)
+        if context <= lengths[0]:
+            return int(table[lengths[0]])
+        if context >= lengths[-1]:
+            return int(table[lengths[-1]])
+        upper = next(i for i, n in enumerate(lengths) if n >= context)
+        lo, hi = lengths[upper - 1], lengths[upper]
+        t = (math.log(context) - math.log(lo)) / (math.log(hi) - math.log(lo))
+        return int(round(table[lo] + t * (table[hi] - table[lo])))
 
     def to_dict(self) -> dict:
         return {"format": PROFILE_FORMAT, "kind": "jaxspec.dustin.profile", "created": self.created,
                 "target": self.target, "draft": self.draft, "data": self.data, "gamma": self.gamma,
                 "configs": {str(k): c.to_dict() for k, c in sorted(self.configs.items())},
-                "srh": self.srh, "search": self.search}
+                "srh": self.srh, "search": self.search,
+                **({"m_by_length": {str(b): {str(n): int(m) for n, m in sorted(t.items())}
+                                    for b, t in sorted(self.m_by_length.items())}} if self.m_by_length else {})}
 
     def save(self, path) -> None:
         path = pathlib.Path(path)
@@ -517,7 +565,8 @@ class DustinProfile:
                 raise ProfileError(f"{where}: {key!r} must be an object")
         return cls(configs=configs, target=data["target"], draft=data["draft"], data=data["data"],
                    created=str(data["created"]), gamma=int(data.get("gamma", 4)), srh=data.get("srh", {}),
-                   search=data.get("search", {}))
+                   search=data.get("search", {}), m_by_length=_m_by_length_from(data.get("m_by_length", {}),
+                                                                                configs, where))
 
     @classmethod
     def load(cls, path) -> "DustinProfile":
@@ -541,6 +590,36 @@ class DustinProfile:
                 if field in info and info[field] != value:
                     raise ProfileError(f"the profile's {what} has {field}={info[field]}, the given model "
                                        f"{value}: profile {info.get('name')!r} is for another model")
+
+
+def _m_by_length_from(data, configs: Dict[int, DustinConfig], where: str) -> Dict[int, Dict[int, int]]:
+    """A profile's ``m_by_length`` object, checked: budgets it has configs for, lengths >= 1, each m within
+    that budget's ``0 .. k - s - w``."""
+    if not isinstance(data, dict):
+        raise ProfileError(f"{where}: 'm_by_length' must map budgets to {{context tokens: m}}")
+    out: Dict[int, Dict[int, int]] = {}
+    for budget_key, table in data.items():
+        try:
+            budget = int(budget_key)
+        except ValueError:
+            raise ProfileError(f"{where}: m_by_length budget key {budget_key!r} is not an integer") from None
+        if budget not in configs:
+            raise ProfileError(f"{where}: m_by_length has k={budget}, which has no config (profiled: {sorted(configs)})")
+        if not isinstance(table, dict) or not table:
+            raise ProfileError(f"{where}: m_by_length[{budget_key!r}] must map context lengths to m")
+        free = configs[budget].free_budget
+        out[budget] = {}
+        for length_key, m in table.items():
+            try:
+                length = int(length_key)
+            except ValueError:
+                raise ProfileError(f"{where}: m_by_length[{budget_key!r}] length key {length_key!r} is not an "
+                                   f"integer") from None
+            if length < 1 or isinstance(m, bool) or not isinstance(m, int) or not 0 <= m <= free:
+                raise ProfileError(f"{where}: m_by_length[{budget_key!r}][{length_key!r}] = {m!r}: lengths must be "
+                                   f">= 1 and m in 0..k - s - w = {free}")
+            out[budget][length] = m
+    return out
 
 
 def model_info(config: ModelConfig, name: str = "", source: str = "") -> dict:
@@ -671,3 +750,119 @@ def extend_profile(profile: DustinProfile, target_params, target_config: ModelCo
         profile, configs={**profile.configs, **{b: r.config for b, r in results.items()}},
         search={**profile.search, **{str(b): r.to_dict() for b, r in results.items()}}, data=data)
     return extended, records
+
+
+# ---------------------------------------------------------------------------- m per context length
+def profile_signal_layers(profile: DustinProfile, budgets: Sequence[int]
+                          ) -> Tuple[List[int], List[Tuple[int, ...]], List[Tuple[int, ...]]]:
+    """``(draft layers, their heads, target heads per target layer)`` that the Dustin-H configs of ``budgets``
+    read: the union of their draft SRH layers (sorted) with each one's heads and, per target layer, the heads
+    any of them probes there (``(0,)`` where none does). Raises :class:`ProfileError` where two budgets read a layer with other heads."""
+    draft: Dict[int, Tuple[int, ...]] = {}
+    target: Dict[int, Tuple[int, ...]] = {}
+    for budget in budgets:
+        config = profile.config(budget)
+        pairs = [(draft, layer, tuple(hs)) for layer, hs in zip(config.draft_layers, config.draft_heads)]
+        for table, layer, heads in pairs + [(target, config.target_layer, tuple(config.target_heads))]:
+            if table.setdefault(layer, heads) != heads:
+                raise ProfileError(f"the profile's budgets {list(budgets)} read layer {layer} with different SRH "
+                                   f"heads; recalibrate them separately")
+    layers = sorted(draft)
+    num_layers = int(profile.target.get("num_layers", max(target) + 1))
+    return layers, [draft[layer] for layer in layers], [target.get(layer, (0,)) for layer in range(num_layers)]
+
+
+def profiled_length(profile: DustinProfile, budget: int) -> Optional[int]:
+    """The context length of the calibration tasks Algorithm 1 chose ``budget``'s config on (the profile's own, or
+    the extension that added the budget); None where those tasks had several lengths or none is recorded."""
+    lengths = profile.data.get("context_tokens")
+    for extension in profile.data.get("extensions", []):
+        if budget in extension.get("budgets", []):
+            lengths = extension.get("context_tokens")
+    return int(lengths[0]) if isinstance(lengths, list) and len(lengths) == 1 else None
+
+
+def m_at_length(records: CalibrationRecords, config: DustinConfig, *, draft_rows: Sequence[int],
+                target_layer: Optional[int] = None) -> Dict[str, Any]:
+    """Step (c) of Algorithm 1 alone (docs/methods.md §3.7): with ``config``'s SRH layers kept, the m whose
+    hybrid selection has the best mean ARR on ``records`` (:func:`sweep_m`, ties: the smallest m), its ARR,
+    the ARR at ``config``'s own m, and the whole curve. ``draft_rows``: the rows of ``records.draft_scores``
+    holding ``config.draft_layers``; ``target_layer``: the row of ``records.target_scores`` (default the
+    config's target layer)."""
+    if not config.draft_layers or not config.target_heads:
+        raise ValueError(f"k={config.budget}: the config has no draft layer (or no target head), so there is no "
+                         f"split m to calibrate")
+    layer = config.target_layer if target_layer is None else target_layer
+    curve = sweep_m(records.weights, records.draft_scores[list(draft_rows)].sum(axis=0),
+                    records.target_scores[layer], records.lengths, k=config.budget, sinks=config.sinks,
+                    window=config.window_size)
+    m, arr = best_m(curve)
+    return {"m": m, "arr": arr, "profile_m": config.effective_m, "arr_at_profile_m": float(curve[config.effective_m]),
+            "rounds": records.num_items, "m_curve": [round(float(x), 6) for x in curve]}
+
+
+def recalibrate_m(profile: DustinProfile, target_params, target_config: ModelConfig, draft_params,
+                  draft_config: Optional[ModelConfig], calibration, tokenizer, *, budgets: Optional[Sequence[int]] = None,
+                  evaluation=None, prefix_ids: Sequence[int] = (), max_new_tokens: int = 32, batch_size: int = 4,
+                  self_draft_mask=None) -> Tuple[DustinProfile, Dict[int, CalibrationRecords]]:
+    """``profile`` with its split m recalibrated at each context length of ``calibration`` (docs/methods.md §3.7):
+    per length, calibration rounds (full-KV greedy SD, as :func:`collect_calibration`) on that length's tasks with
+    the profile's own SRH layers and heads, then step (c) of Algorithm 1 per budget (:func:`m_at_length`); the
+    layers stay as profiled. The result's :attr:`DustinProfile.m_by_length` holds each (budget, length)'s m
+    (merged over earlier recalibrations; a length calibrated again is replaced), ``search[k]["m_by_length"]``
+    each one's ARR curve, and ``data["m_recalibrations"]`` the calibration data used."""
+    budgets = sorted(profile.configs) if budgets is None else sorted({check_budget(b) for b in budgets})
+    missing = [b for b in budgets if b not in profile.configs]
+    if missing:
+        raise ProfileError(f"the profile has no config for k={missing}; profiled: {sorted(profile.configs)}")
+    no_split = [b for b in budgets if not (profile.configs[b].draft_layers and profile.configs[b].target_heads)]
+    if no_split:
+        raise ProfileError(f"k={no_split}: the profile's config has no draft layer, so there is no split m to "
+                           f"recalibrate; leave these budgets out")
+    from jaxspec.dustin.srh import cases_from_tasks
+
+    profile.check_models(target_config, draft_config)
+    tasks = list(calibration)
+    if not tasks:
+        raise ValueError("recalibrate_m needs calibration tasks (one or more context lengths)")
+    check_calibration_data(tasks, evaluation)
+    draft_layers, draft_heads, target_heads = profile_signal_layers(profile, budgets)
+    if len(target_heads) != target_config.num_layers:
+        raise ProfileError(f"the profile's target has {len(target_heads)} layers; the given one "
+                           f"{target_config.num_layers}")
+    table = {b: dict(profile.m_by_length.get(b, {})) for b in profile.m_by_length}
+    profiled_at = {}  # a budget's first table also holds its profiled m at the length Algorithm 1 calibrated it
+    for budget in budgets:
+        length = profiled_length(profile, budget)
+        if not table.get(budget) and length is not None:
+            table[budget] = {length: profile.configs[budget].effective_m}
+            profiled_at[str(budget)] = length
+    search = {key: dict(value) for key, value in profile.search.items()}
+    records_by_length: Dict[int, CalibrationRecords] = {}
+    extensions = []
+    for length in sorted({t.context_tokens for t in tasks}):
+        part = [t for t in tasks if t.context_tokens == length]
+        cases = cases_from_tasks(part, tokenizer, prefix_ids=prefix_ids)
+        records = collect_calibration(target_params, target_config, draft_params, draft_config,
+                                      [c.tokens for c in cases], target_heads=target_heads,
+                                      draft_heads=draft_heads, draft_layers=draft_layers, gamma=profile.gamma,
+                                      max_new_tokens=max_new_tokens, batch_size=batch_size,
+                                      self_draft_mask=self_draft_mask)
+        records_by_length[length] = records
+        for budget in budgets:
+            config = profile.configs[budget]
+            found = m_at_length(records, config, draft_rows=[draft_layers.index(x) for x in config.draft_layers])
+            table.setdefault(budget, {})[length] = found["m"]
+            entry = dict(search.get(str(budget), {}))
+            entry["m_by_length"] = {**entry.get("m_by_length", {}), str(length): found}
+            search[str(budget)] = entry
+        extensions.append(_calibration_data(part, records, max_new_tokens, evaluation))
+    data = dict(profile.data)
+    data["haystack_sha256"] = sorted(set(data.get("haystack_sha256", []))
+                                     | {h for e in extensions for h in e["haystack_sha256"]})
+    data["m_recalibrations"] = list(data.get("m_recalibrations", [])) + [
+        {"budgets": budgets, "lengths": sorted(records_by_length), "parts": extensions,
+         **({"profiled_m_at": profiled_at} if profiled_at else {}),
+         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}]
+    return dataclasses.replace(profile, m_by_length=table, search=search, data=data), records_by_length
+

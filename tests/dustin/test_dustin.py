@@ -316,6 +316,55 @@ def test_profile_errors(tmp_path):
         DustinProfile.load(tmp_path / "binary.json")
 
 
+def test_profile_m_per_length(tmp_path):
+    """The per-length m table (docs/methods.md §3.7): held at its ends, linear in log length between calibrated
+    lengths, used by ``config(context=...)`` for Dustin-H only, saved and loaded; bad tables and contexts refused."""
+    profile = dataclasses.replace(_profile(), m_by_length={256: {2048: 40, 8192: 20}})
+    assert [profile.m_at(256, n) for n in (100, 2048, 4096, 8192, 32768)] == [40, 40, 30, 20, 20]
+    assert profile.m_at(256, 3000) == round(40 - 20 * np.log(3000 / 2048) / np.log(4))
+    assert profile.m_at(128, 4096) == 10  # no table for k=128: the profiled m
+    assert profile.config(256, context=4096).m == 30 and profile.config(256).m == 30  # the profiled m is 30 too
+    assert profile.config(256, context=8192).m == 20 and profile.config(128, context=8192).m == 10
+    assert profile.config(256, mode="target", context=8192).effective_m == 0
+    path = tmp_path / "profile.json"
+    profile.save(path)
+    assert DustinProfile.load(path).m_by_length == {256: {2048: 40, 8192: 20}}
+    assert "m_by_length" not in _profile().to_dict()  # absent unless recalibrated: older profiles load unchanged
+    for bad in (0, -5, 2.5, True):
+        with pytest.raises(ProfileError, match="context="):
+            profile.m_at(256, bad)
+    good = profile.to_dict()
+    free = profile.configs[256].free_budget
+    cases = {"not an integer": {"big": {"2048": 3}}, "no config": {"512": {"2048": 3}},
+             "must map context": {"256": {}}, "0..k - s - w": {"256": {"2048": free + 1}},
+             "lengths must": {"256": {"0": 3}}}
+    for message, table in cases.items():
+        with pytest.raises(ProfileError, match=message):
+            DustinProfile.from_dict({**good, "m_by_length": table})
+
+
+def test_m_at_length_is_step_c_of_algorithm1():
+    """m_at_length with a config's layers kept equals the best m of an exhaustive search with the jitted
+    selection, and reports the ARR at the config's own m; a config without draft layers is refused."""
+    from jaxspec.dustin.search import m_at_length
+
+    weights, good_d, good_t, lengths = _synthetic_records()
+    rng = np.random.RandomState(9)
+    records = CalibrationRecords(weights=weights, target_scores=np.stack([rng.rand(*weights.shape), good_t]),
+                                 draft_scores=np.stack([good_d * 0.5, rng.rand(*weights.shape), good_d * 0.5]),
+                                 lengths=lengths, target_heads=((0,), (1,)), draft_heads=((0,), (1,), (2,)), gamma=4)
+    cfg = DustinConfig(budget=128, sinks=4, window=32, m=60, target_layer=1, target_heads=(1,), draft_layers=(3, 7),
+                       draft_heads=((0,), (2,)))
+    found = m_at_length(records, cfg, draft_rows=[0, 2])
+    s_d = records.draft_scores[[0, 2]].sum(axis=0)
+    brute = [selection_arr(weights, s_d, good_t, lengths, k=128, sinks=4, window=32, m=m) for m in range(93)]
+    assert found["m"] == int(np.argmax(np.round(brute, 5))) == 20 and found["arr"] == pytest.approx(max(brute), abs=1e-5)
+    assert found["arr_at_profile_m"] == pytest.approx(brute[60], abs=1e-5) and found["profile_m"] == 60
+    assert found["rounds"] == 4 and len(found["m_curve"]) == 93
+    with pytest.raises(ValueError, match="no draft layer"):
+        m_at_length(records, cfg.replace(draft_layers=(), draft_heads=(), m=None), draft_rows=[])
+
+
 # ---------------------------------------------------------------------------- SRH identification
 def test_srh_identification(models):
     params, _ = models
@@ -901,5 +950,16 @@ def test_m_choice_study_bounds_on_repeated_rounds():
     assert study["arr"]["coverage"] == pytest.approx(np.mean(rule_arr(m0, rows)), abs=1e-6)
     crossval = rule_arr(np.argmax(c1), rows[:3]) + rule_arr(np.argmax(c0), rows[3:])
     assert study["arr"]["coverage_crossval"] == pytest.approx(np.mean(crossval), abs=1e-6)
+    # a per-length m (the profile's m at this length): that m every round, and the coverage rule around it
+    m_len = m0 + 20
+    study = m_choice_study(records, cfg, length_m=m_len)
+    assert study["length_m"] == m_len
+    assert study["arr"]["length_m"] == pytest.approx((c0[m_len] + c1[m_len]) / 2, abs=1e-6)
+    assert study["arr"]["coverage_length_m"] == pytest.approx(np.mean(rule_arr(m_len, rows)), abs=1e-6)
+    assert study["gap_closed"]["length_m"] == pytest.approx(
+        (study["arr"]["length_m"] - study["arr"]["fixed"]) / (study["arr"]["oracle"] - study["arr"]["fixed"]))
+    assert "length_m" not in m_choice_study(records, cfg)["gap_closed"]
+    with pytest.raises(ValueError, match="length_m=999"):
+        m_choice_study(records, cfg, length_m=999)
     with pytest.raises(ValueError, match="sequence ids"):
         m_choice_study(dataclasses.replace(records, sequence=None), cfg)

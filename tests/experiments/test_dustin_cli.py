@@ -4,6 +4,7 @@
 import json
 import pathlib
 
+import numpy as np
 import pytest
 
 from tests.conftest import tiny_llama_folder
@@ -466,3 +467,55 @@ def test_m_bounds_command(folders, tmp_path, capsys):
     capsys.readouterr()
     assert main(argv[:argv.index("--dustin-profile")] + ["--out", str(tmp_path / "none.json")]) == 2
     assert "--dustin-profile" in capsys.readouterr().err and not (tmp_path / "none.json").exists()
+
+
+@pytest.mark.slow
+def test_m_recalibrated_per_context_length(folders, tmp_path, capsys):
+    """`dustin-profile --extend FILE --recalibrate-m --lengths ...` (docs/methods.md §3.7): the layers stay, each
+    budget gets an m per calibrated length (its profiled m at the length it was profiled on) with the ARR curve
+    it maximises; `dustin-m-bounds` then scores that m and the coverage rule around it, and `dustin-quality
+    --dustin-m-per-length` decodes with it. Without --extend, or with a profile that has no table, a one-line error
+    before any model loads."""
+    from jaxspec.dustin.search import DustinProfile
+
+    target, draft = folders
+    haystack = _haystack(tmp_path)
+    common = ["--model", str(target), "--draft", str(draft), "--source", str(haystack), "--gamma", "3"]
+    profile = _profile(tmp_path, common, "128", "0.3,0.6", 4, 3, draft_layers=True)
+    recal = tmp_path / "per-length.json"
+    argv = ["dustin-profile", *common, "--budgets", "128", "--lengths", "600,800", "--kinds", "passkey",
+            "--depths", "0.5", "--max-new-tokens", "6", "--profile-file", str(recal), "--out", str(tmp_path / "r.json")]
+    capsys.readouterr()
+    assert main(argv + ["--recalibrate-m"]) == 2
+    assert "--extend" in capsys.readouterr().err and not recal.exists()
+    assert main(argv + ["--extend", str(profile), "--recalibrate-m"]) == 0
+    before, after = json.loads(profile.read_text()), json.loads(recal.read_text())
+    assert after["configs"] == before["configs"] and after["srh"] == before["srh"]
+    table = after["m_by_length"]["128"]
+    assert sorted(table, key=int) == ["400", "600", "800"] and table["400"] == 40  # the profiled m where profiled
+    for length in ("600", "800"):
+        found = after["search"]["128"]["m_by_length"][length]
+        assert table[length] == found["m"] == int(np.argmax(found["m_curve"])) and found["rounds"] >= 1
+        assert found["arr"] == pytest.approx(max(found["m_curve"]), abs=1e-6) and found["profile_m"] == 40
+    (part,) = after["data"]["m_recalibrations"]
+    assert part["lengths"] == [600, 800] and part["profiled_m_at"] == {"128": 400}
+    loaded = DustinProfile.load(recal)
+    out = tmp_path / "bounds.json"
+    assert main(["dustin-m-bounds", *common, "--dustin-profile", str(recal), "--budgets", "128", "--lengths", "700",
+                 "--kinds", "passkey", "--depths", "0.5", "--samples", "2", "--items", "2", "--max-new-tokens", "6",
+                 "--out", str(out)]) == 0
+    study = json.loads(out.read_text())["k128"]
+    assert study["length_m"] == loaded.m_at(128, 700)
+    assert study["arr"]["length_m"] <= study["arr"]["best_fixed"] + 1e-6 and "coverage_length_m" in study["gap_closed"]
+    quality = tmp_path / "quality.json"
+    q_argv = ["dustin-quality", *common, "--budgets", "128", "--items", "800:1", "--kinds", "passkey", "--depths",
+              "0.5", "--methods", "dustin-h,dustin-h-cov", "--max-new-tokens", "4", "--ppl-tokens", "8",
+              "--dustin-m-per-length", "--out", str(quality)]
+    capsys.readouterr()
+    assert main(q_argv[:1] + ["--dustin-profile", str(profile)] + q_argv[1:]) == 2
+    assert "no m per context length" in capsys.readouterr().err and not quality.exists()
+    assert main(q_argv[:1] + ["--dustin-profile", str(recal)] + q_argv[1:]) == 0
+    cases = json.loads(quality.read_text())["cases"]
+    (fixed,) = [c for k, c in cases.items() if k.endswith("/dustin-h/k128")]
+    (cov,) = [c for k, c in cases.items() if k.endswith("/dustin-h-cov/k128")]
+    assert fixed["m"] == table["800"] and cov["m_candidates"][0] == table["800"]
