@@ -26,6 +26,7 @@ import json
 import pathlib
 import re
 import shlex
+import statistics
 import sys
 import tomllib
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
@@ -252,6 +253,8 @@ PAIR_SPEED_CHOICE_TABLE_GUARDED_NO_MARGIN = f"{PS}32k_b8-16_choice-table-guarded
 PAIR_SPEED_CHOICE_TABLE_OUTCOMES = f"{PS}32k_b8-16_choice-table-outcomes_h200.json"
 #: the same, each method timed in 3 (AR, method) pairs (pair-speed --repeats 3; the median pair's speed-up)
 PAIR_SPEED_CHOICE_TABLE_REPEATS = f"{PS}32k_b8-16_choice-table-outcomes_repeats_h200.json"
+#: every method under the measured choice (probed, no choice table) on an H100, timed in 3 (AR, method) pairs
+PAIR_SPEED_ARBITRATE_REPEATS_H100 = f"{PS}32k_b8_arbitrate_repeats_h100.json"
 #: the input-aware m rules' selection cost against the fixed rule (bench-selection), per device
 SELECTION_COST = (("cpu", "selection/selection_rules_cost_qwen2.5-coder-1.5b-profile_16k-32k_cpu.json"),
                   ("h200", "selection/selection_rules_cost_qwen2.5-coder-1.5b-profile_16k-32k_h200.json"),
@@ -2736,6 +2739,15 @@ def _figures() -> List[Figure]:
                                f"{label.strip('*')} deciding from the choice table (tail-checked), {how}", "x AR",
                                source, ("cases", key, method, "speedup_vs_ar"),
                                target="never slower than AR with the choice on"))
+    if (RESULTS / PAIR_SPEED_ARBITRATE_REPEATS_H100).exists():
+        for key, case in pair_cases(PAIR_SPEED_ARBITRATE_REPEATS_H100):
+            for method, label in PAIR_METHODS:
+                if isinstance(case.get(method), dict) and "speedup_vs_ar" in case[method]:
+                    add(Figure(f"real-pair/h100/{key}/{method}/arbitrate-repeats/speedup",
+                               f"real Qwen2.5-Coder pair on an H100, {case['context'] // 1000}k, batch {case['batch']}, "
+                               f"bf16: {label.strip('*')} under the measured choice (probed, tail-checked), the median "
+                               f"of 3 (AR, method) pairs", "x AR", PAIR_SPEED_ARBITRATE_REPEATS_H100,
+                               ("cases", key, method, "speedup_vs_ar"), target="never slower than AR with the choice on"))
     for key, case in pair_cases(PAIR_SPEED_F32):
         for method, label in PAIR_METHODS:
             if method in case:
@@ -4863,7 +4875,61 @@ def choice_table_block() -> str:
     else:
         text += (" The same with each method timed in 3 (AR, method) pairs adjacent in time, the median pair's "
                  "speed-up (`--repeats 3`, step `ctx32k-b8-b16-choice-table-outcomes-repeats`): not measured yet.")
+    if (RESULTS / PAIR_SPEED_ARBITRATE_REPEATS_H100).exists():
+        text += _probed_repeats_text(PAIR_SPEED_ARBITRATE_REPEATS_H100)
     return text + "\n\n" + "\n".join(lines)
+
+
+def _probed_repeats_text(path: str) -> str:
+    """The runs of one pair-speed file under the measured choice without a table (each decision from its own probe),
+    timed in (AR, method) pairs: each method's median pair, the decision, and, where it chose plain decoding, what
+    each part of the run cost against the paired AR run's pace."""
+    data = load(path)
+    cfg, parts, worst, lost = data["config"], [], None, []
+    new_tokens = int(cfg.get("max_new_tokens") or 256)
+    for key, case in pair_cases(path):
+        where = key[3:].replace("000/", "k/")
+        step_s = statistics.median(r["decode_s"] for r in case["ar"]["runs"]) / new_tokens  # one plain step
+        for m, label in PAIR_METHODS:
+            run = case.get(m)
+            if not (isinstance(run, dict) and "speedup_vs_ar" in run):
+                continue
+            ratios = [p["speedup_vs_ar"] for p in run.get("pairs") or []] or [run["speedup_vs_ar"]]
+            metrics = run["metrics"]
+            events = metrics["arbitration"]["events"]
+            probe = (events[0].get("probe") or {}) if events else {}
+            choice = events[0]["choice"] if events else None
+            text = (f"{label.strip('*')} at {where} {run['speedup_vs_ar']:.2f}x (probed: "
+                    f"{'AR' if choice == 'ar' else 'speculate'}; {len(ratios)} pairs {min(ratios):.2f}-{max(ratios):.2f}x")
+            if probe and choice == "ar" and metrics.get("ar_steps"):
+                # the batch finishes with its slowest row: the probe's rounds saved new_tokens - ar_steps plain steps
+                saved = new_tokens - metrics["ar_steps"]
+                spec = probe["speculative_s"] - saved * step_s
+                timed = probe["ar_s"] - probe["ar_steps"] * step_s
+                rest = (run["timings"]["decode_s"] - probe["speculative_s"] - probe["ar_s"]
+                        - (metrics["ar_steps"] - probe["ar_steps"]) * step_s)
+                lost.append((spec, timed, rest, run["timings"]["decode_s"]))
+                text += (f"; its {probe['rounds']} probe rounds took {1000 * probe['speculative_s']:.0f} ms and moved "
+                         f"the slowest row {saved} tokens on, {1000 * spec:+.0f} ms against {saved} plain steps; its "
+                         f"{probe['ar_steps']} AR steps timed one by one {1000 * timed:+.0f} ms; the other "
+                         f"{metrics['ar_steps'] - probe['ar_steps']} plain steps {1000 * rest:+.0f} ms")
+            parts.append(text + ")")
+            worst = run["speedup_vs_ar"] if worst is None else min(worst, run["speedup_vs_ar"])
+    if not parts:
+        return ""
+    text = (f" On an H100 without a choice table (`{path}`, `--arbitrate {cfg.get('arbitrate')} --arbitrate-tail "
+            f"{cfg.get('arbitrate_tail')} --repeats {cfg.get('repeats')}`, suite h100-long-context step "
+            f"`pair-ctx32k-b8-arbitrate-repeats`; each method decides from its own probe; against the paired AR "
+            f"runs' median pace): " + "; ".join(parts)
+            + f". Never slower than AR: **{'met' if worst >= 1 else 'missed'}**"
+            + (f" (lowest {worst:.2f}x)." if worst >= 1 else f", by up to {100 * (1 - worst):.0f} %."))
+    if lost:
+        spec_share = [x[0] / sum(x[:3]) for x in lost]
+        text += (" Where the probe picks plain decoding the run pays for the probe, mostly its speculative rounds "
+                 f"({100 * min(spec_share):.0f}-{100 * max(spec_share):.0f} % of the loss): the batch finishes with its "
+                 "slowest row, and the rounds moved that row little further than as many plain steps would. A choice "
+                 "table measured on this GPU would decide without a probe, as on the H200.")
+    return text
 
 
 def _choice_runs_text(path: str, guarded: bool, title: str = "") -> str:
