@@ -603,9 +603,13 @@ def register(subparsers) -> None:
     c = subparsers.add_parser("choice-table", help="a choice table for the measured choice (--arbitrate-table) from "
                                                    "pair-speed results: whole-run speed-ups per method, context and "
                                                    "batch")
-    c.add_argument("--from", dest="sources", required=True, metavar="FILES",
+    c.add_argument("--from", dest="sources", default="", metavar="FILES",
                    help="comma-separated pair-speed results files (runs without --arbitrate, one target/draft pair "
                         "and device); where several measure one key the lowest speed-up is kept")
+    c.add_argument("--probed", default="", metavar="FILES",
+                   help="comma-separated pair-speed results files measured under the measured choice without a "
+                        "table (--arbitrate): each method's whole-run speed-up, its probe included, joins its key, "
+                        "so a probe that chose plain decoding is not paid again (docs/methods.md §5.2)")
     c.add_argument("--outcomes", default="", metavar="FILES",
                    help="comma-separated pair-speed results files measured deciding from a choice table "
                         "(--arbitrate-table): each speculative decision the table took there adds that run's "
@@ -621,7 +625,7 @@ CHANGED_METHOD_OPTIONS = ("arbitrate", "reselect_every")
 
 
 def choice_table_from(paths: Sequence[str], margin: float = CHOICE_MARGIN,
-                      outcomes: Sequence[str] = ()) -> ChoiceTable:
+                      outcomes: Sequence[str] = (), probed: Sequence[str] = ()) -> ChoiceTable:
     """A :class:`~jaxspec.decoding.arbitration.ChoiceTable` from pair-speed results files: one entry per
     (method, context bucket, batch) with a measured speed-up against the paired AR run; where several files
     (or runs) measure the same key, the lowest speed-up is kept (the table should never promise a gain that
@@ -632,16 +636,24 @@ def choice_table_from(paths: Sequence[str], margin: float = CHOICE_MARGIN,
     included: they are part of what the decision delivered) joins its key's runs, marked ``"outcome":
     True``; decisions for plain decoding and probed ones add nothing (they measured no speculative run the
     table chose). So a speculative decision that once ended below ``1 + margin`` is not taken again
-    (docs/methods.md §5.2)."""
+    (docs/methods.md §5.2).
+
+    ``probed``: pair-speed files measured under the measured choice without a table (``--arbitrate``, each
+    method deciding from its own probe). Each method's whole-run speed-up there, its probe included, joins
+    its key's runs, marked ``"probed": True`` with the probe's choice: where the probe chose plain decoding it
+    is below 1 (the probe's cost), so the table decides plain decoding with no probe next time; where it chose
+    to speculate it is the method's whole run less its probe's cost. So one probed run per key on a device
+    without plain runs gives that device a table (docs/methods.md §5.2)."""
     import json
     import math
 
-    if not paths:
-        raise ValueError("choice-table: give at least one pair-speed results file (--from)")
+    if not paths and not probed:
+        raise ValueError("choice-table: give at least one pair-speed results file (--from, or --probed)")
     found: Dict[Tuple[str, int, int], List[Dict[str, Any]]] = {}
     meta: Dict[str, Any] = {}
-    sources = [(p, False) for p in paths] + [(p, True) for p in outcomes]
-    for path, outcome in sources:
+    sources = ([(p, False, False) for p in paths] + [(p, True, False) for p in outcomes]
+               + [(p, False, True) for p in probed])
+    for path, outcome, by_probe in sources:
         path = pathlib.Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"choice-table: {path}: no such file")
@@ -657,7 +669,15 @@ def choice_table_from(paths: Sequence[str], margin: float = CHOICE_MARGIN,
         if outcome and cfg.get("reselect_every") not in (None, 0, 1):
             raise ValueError(f"choice-table: --outcomes {path} was measured with --reselect-every; outcomes "
                              f"count only for the methods as the table holds them")
-        if not outcome and changed:
+        if by_probe and not (cfg.get("arbitrate") and not cfg.get("arbitrate_table")):
+            raise ValueError(f"choice-table: --probed {path} was not measured under the measured choice without a "
+                             f"table (--arbitrate, no --arbitrate-table); "
+                             + ("runs deciding from a table go in --outcomes" if cfg.get("arbitrate_table")
+                                else "give plain runs with --from"))
+        if by_probe and cfg.get("reselect_every") not in (None, 0, 1):
+            raise ValueError(f"choice-table: --probed {path} was measured with --reselect-every; a choice table "
+                             f"holds the methods as they are")
+        if not outcome and not by_probe and changed:
             flags = ", ".join("--" + k.replace("_", "-") for k in changed)
             raise ValueError(f"choice-table: {path} was measured with {flags}; a choice table is built from plain "
                              f"runs of each method (runs deciding from a table go in --outcomes)")
@@ -687,9 +707,13 @@ def choice_table_from(paths: Sequence[str], margin: float = CHOICE_MARGIN,
                     run["outcome"] = True
                     run["switched_to_ar"] = any(e.get("reason") == "tail" and e.get("choice") == "ar"
                                                 for e in events[1:])
+                if by_probe:
+                    events = ((r.get("metrics") or {}).get("arbitration") or {}).get("events") or []
+                    run["probed"] = True
+                    run["probe_choice"] = events[0].get("choice") if events else None
                 found.setdefault((method, bucket, batch), []).append(run)
     if not found:
-        raise ValueError(f"choice-table: no measured method in {', '.join(map(str, paths))}")
+        raise ValueError(f"choice-table: no measured method in {', '.join(map(str, [*paths, *probed]))}")
     entries = []
     for (method, bucket, batch), runs in sorted(found.items()):
         low = min(runs, key=lambda r: r["speedup"])
@@ -706,13 +730,15 @@ def cmd_choice_table(args) -> Dict[str, Any]:
         raise ValueError("choice-table: give --out FILE, the table to write")
     sources = [s.strip() for s in args.sources.split(",") if s.strip()]
     outcomes = [s.strip() for s in (args.outcomes or "").split(",") if s.strip()]
-    table = choice_table_from(sources, margin=args.margin, outcomes=outcomes)
+    probed = [s.strip() for s in (getattr(args, "probed", "") or "").split(",") if s.strip()]
+    table = choice_table_from(sources, margin=args.margin, outcomes=outcomes, probed=probed)
     path = table.save(args.out)
     rows = [{"method": r["method"], "context_bucket": r["context_bucket"], "batch": r["batch"],
              "speedup": round(r["speedup"], 3), "runs": len(r["measured"]),
-             "outcomes": sum(bool(m.get("outcome")) for m in r["measured"]), "choice": r["choice"]}
+             "outcomes": sum(bool(m.get("outcome")) for m in r["measured"]),
+             "probed": sum(bool(m.get("probed")) for m in r["measured"]), "choice": r["choice"]}
             for r in table.rows()]
-    print_table(rows, ["method", "context_bucket", "batch", "speedup", "runs", "outcomes", "choice"])
+    print_table(rows, ["method", "context_bucket", "batch", "speedup", "runs", "outcomes", "probed", "choice"])
     print(f"wrote {path} ({len(rows)} entries, margin {table.margin:g}; "
           f"{sum(r['choice'] == 'ar' for r in rows)} choose plain decoding)")
     return table.to_json()

@@ -255,6 +255,9 @@ PAIR_SPEED_CHOICE_TABLE_OUTCOMES = f"{PS}32k_b8-16_choice-table-outcomes_h200.js
 PAIR_SPEED_CHOICE_TABLE_REPEATS = f"{PS}32k_b8-16_choice-table-outcomes_repeats_h200.json"
 #: every method under the measured choice (probed, no choice table) on an H100, timed in 3 (AR, method) pairs
 PAIR_SPEED_ARBITRATE_REPEATS_H100 = f"{PS}32k_b8_arbitrate_repeats_h100.json"
+#: the H100's choice table, built from that probed run (choice-table --probed), and the same run deciding from it
+CHOICE_TABLE_H100 = "choice_table/choice_table_qwen2.5-coder-1.5b_0.5b_h100.json"
+PAIR_SPEED_CHOICE_TABLE_REPEATS_H100 = f"{PS}32k_b8_choice-table_repeats_h100.json"
 #: the input-aware m rules' selection cost against the fixed rule (bench-selection), per device
 SELECTION_COST = (("cpu", "selection/selection_rules_cost_qwen2.5-coder-1.5b-profile_16k-32k_cpu.json"),
                   ("h200", "selection/selection_rules_cost_qwen2.5-coder-1.5b-profile_16k-32k_h200.json"),
@@ -4927,8 +4930,23 @@ def _probed_repeats_text(path: str) -> str:
         spec_share = [x[0] / sum(x[:3]) for x in lost]
         text += (" Where the probe picks plain decoding the run pays for the probe, mostly its speculative rounds "
                  f"({100 * min(spec_share):.0f}-{100 * max(spec_share):.0f} % of the loss): the batch finishes with its "
-                 "slowest row, and the rounds moved that row little further than as many plain steps would. A choice "
-                 "table measured on this GPU would decide without a probe, as on the H200.")
+                 "slowest row, and the rounds moved that row little further than as many plain steps would.")
+    if (RESULTS / CHOICE_TABLE_H100).exists():
+        rows = load(CHOICE_TABLE_H100)["entries"]
+        labels = dict(PAIR_METHODS)
+        text += (f" This GPU's choice table, built from that run (`{CHOICE_TABLE_H100}`, `choice-table --probed`, step "
+                 "`choice-table`, no GPU needed: each method's whole-run speed-up with its probe), decides "
+                 + "; ".join(f"{labels.get(r['method'], r['method']).strip('*')} at "
+                             f"{round(r['context_bucket'] / 1024)}k-bucket/b{r['batch']}: "
+                             f"{'speculate' if r['speedup'] >= 1 + load(CHOICE_TABLE_H100)['margin'] else 'AR'} "
+                             f"({r['speedup']:.2f}x)" for r in rows)
+                 + ", with no probe.")
+        if (RESULTS / PAIR_SPEED_CHOICE_TABLE_REPEATS_H100).exists():
+            text += _choice_runs_text(PAIR_SPEED_CHOICE_TABLE_REPEATS_H100, guarded=True,
+                                      title="On the H100 deciding from it, 3 (AR, method) pairs each")
+        else:
+            text += (" The same run deciding from it (step `pair-ctx32k-b8-choice-table-repeats`): not measured "
+                     "yet.")
     return text
 
 

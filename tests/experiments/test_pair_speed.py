@@ -537,6 +537,39 @@ def test_choice_table_outcomes_take_back_a_decision_that_lost(tmp_path, capsys):
         pair_speed.choice_table_from([chosen])
 
 
+def test_choice_table_from_probed_runs(tmp_path, capsys):
+    """Runs under the measured choice without a table (--probed): each method's whole-run speed-up, its probe
+    included, becomes its key's entry (a probe that chose AR lands below 1: the table then decides AR with no
+    probe); it joins plain runs of the same key (the lowest wins); a table-deciding or plain file is refused there."""
+    probe_ar = [{"choice": "ar", "probe": {"rounds": 8}}]
+    probed = _pair_file(tmp_path / "probed.json",
+                        {(32000, 8): {"magicdec": (0.95, 1790.0), "dustin": (0.94, 1790.0),
+                                      "dustin-kv-streaming": (1.69, 1790.0)}}, arbitrate=8, arbitrate_tail=8)
+    _with_events(probed, {"magicdec": probe_ar, "dustin": probe_ar,
+                          "dustin-kv-streaming": [{"choice": "speculative", "probe": {"rounds": 8}}]})
+    table = pair_speed.choice_table_from([], probed=[probed])
+    rows = {r["method"]: r for r in table.rows()}
+    assert {m: r["choice"] for m, r in rows.items()} == {"magicdec": "ar", "dustin": "ar",
+                                                         "dustin-kv-streaming": "speculative"}
+    assert rows["magicdec"]["measured"][0]["probed"] is True and rows["magicdec"]["measured"][0]["probe_choice"] == "ar"
+    assert rows["dustin"]["ar_step_s"] == pytest.approx(8 / 1790.0) and rows["dustin"]["context_bucket"] == 32768
+    plain = _pair_file(tmp_path / "plain.json", {(32000, 8): {"dustin-kv-streaming": (1.5, 1800.0)}})
+    both = {r["method"]: r for r in pair_speed.choice_table_from([plain], probed=[probed]).rows()}
+    assert both["dustin-kv-streaming"]["speedup"] == 1.5 and len(both["dustin-kv-streaming"]["measured"]) == 2
+    out = tmp_path / "t.json"
+    assert main(["choice-table", "--probed", probed, "--out", str(out)]) == 0
+    assert "2 choose plain decoding" in capsys.readouterr().out
+    assert pair_speed.check_args(_args("--arbitrate", "8", "--arbitrate-table", str(out)))[2] == ["sd", "magicdec"]
+    chosen = _pair_file(tmp_path / "chosen.json", {(32000, 8): {"dustin": (1.1, 1790.0)}}, arbitrate=8,
+                        arbitrate_table="t.json")
+    for bad, message in ((plain, "give plain runs with --from"), (chosen, "runs deciding from a table go in "
+                                                                           "--outcomes")):
+        with pytest.raises(ValueError, match=message):
+            pair_speed.choice_table_from([], probed=[bad])
+    with pytest.raises(ValueError, match="--from, or --probed"):
+        pair_speed.choice_table_from([])
+
+
 def test_choice_table_refuses_mixed_or_unsuitable_files(tmp_path):
     good = _pair_file(tmp_path / "good.json", {(16000, 8): {"sd": (0.9, 3000.0)}})
     for name, kwargs, message in [("chosen", dict(arbitrate=8), "measured with --arbitrate"),
