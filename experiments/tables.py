@@ -329,20 +329,19 @@ INPUT_AWARE_M = tuple((model, f"dustin_quality/dustin_quality_input_aware_m_{run
     # the entropy rule's runs, files of their own (fixed m and the oracle repeat the 2k files' numbers)
     ("smollm2-135m", "entropy_smollm2-135m_2k_cpu"), ("qwen2.5-coder-1.5b", "entropy_qwen2.5-coder-1.5b_2k_cpu"))
     if (RESULTS / f"dustin_quality/dustin_quality_input_aware_m_{run}.json").is_file())
-#: the input-aware-m items decoded with the profile's m per context length (--dustin-m-per-length): (model, that
-#: file, the input-aware-m file on the same items whose profiled m and oracle it is compared with), those that exist
-INPUT_AWARE_M_PER_LENGTH = tuple(
-    (model, f"dustin_quality/dustin_quality_input_aware_m_per-length_{run}.json",
-     f"dustin_quality/dustin_quality_input_aware_m_{run}.json")
-    for model, run in (("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b_4k_cpu"),
-                       ("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b_8k_cpu"))
-    if (RESULTS / f"dustin_quality/dustin_quality_input_aware_m_per-length_{run}.json").is_file())
 #: how predictable the per-round best m is (dustin-m-bounds; docs/methods.md §3.7): (model, file) that exist
 M_BOUNDS = tuple((model, f"dustin_quality/dustin_quality_m_bounds_{run}.json") for model, run in (
     ("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b_2k_cpu"),
     # the 4k study with the profile's m per context length (it repeats the same rounds and adds that m)
     ("qwen2.5-coder-1.5b", "per-length_qwen2.5-coder-1.5b_4k_cpu"))
     if (RESULTS / f"dustin_quality/dustin_quality_m_bounds_{run}.json").is_file())
+#: the 4k study again with the m recalibrated on calibration tasks of the evaluation's kinds: its per-length columns
+#: join the per-length file's table (every other number repeats it: the same rounds)
+M_BOUNDS_3KINDS = ("dustin_quality/dustin_quality_m_bounds_per-length_qwen2.5-coder-1.5b_4k_cpu.json",
+                   "dustin_quality/dustin_quality_m_bounds_per-length-3kinds_qwen2.5-coder-1.5b_4k_cpu.json")
+M_BOUND_TAGS_3KINDS = (("length_m", "per-length-m-3kinds", "the m for this length recalibrated on tasks of the "
+                                                            "evaluation's kinds"),
+                       ("coverage_length_m", "coverage-offline-per-length-m-3kinds", "the coverage rule around it"))
 M_BOUND_TAGS = (("persistence", "persistence-bound", "the previous round's best m"),
                 ("signal_proxy", "signal-proxy", "the next round's target signal as the recall weights (not causal)"),
                 ("hindsight", "hindsight", "the hindsight rule (causal)"),
@@ -2086,32 +2085,6 @@ def m_rule_rows(cases: Dict[str, Any]) -> List[Dict[str, Any]]:
     return rows
 
 
-def per_length_rows(source: str, base: str) -> List[Dict[str, Any]]:
-    """Per k: the items of ``source`` (decoded with the profile's m for their length) beside the same items of
-    ``base`` (the profiled m and the oracle): each one's ARR, the share of the profiled-m-to-oracle gap that fixed
-    m and the coverage rule around the per-length m close, and their agreement with dense. Raises ValueError when
-    the two files decoded other items."""
-    items = {name: sorted(c["task"] for k, c in load(path)["cases"].items() if k.endswith("/dense"))
-             for name, path in (("source", source), ("base", base))}
-    if items["source"] != items["base"]:
-        raise ValueError(f"{source} and {base} decoded other items ({items['source']} against {items['base']})")
-    mine, theirs = ({r["k"]: r for r in m_rule_rows(load(path)["cases"])} for path in (source, base))
-    rows = []
-    for k in sorted(mine):
-        here, there = mine[k], theirs.get(k, {})
-        fixed, oracle = there.get("arr_fixed"), there.get("arr_oracle")
-        gap = None if fixed is None or oracle is None else oracle - fixed
-        row = {"k": k, "items": here["items"], "m_profiled": there.get("m_fixed"), "m_length": here.get("m_fixed"),
-               "arr_fixed": fixed, "arr_oracle": oracle, "arr_length": here.get("arr_fixed"),
-               "arr_coverage_length": here.get("arr_coverage"), "match_fixed": there.get("match_fixed"),
-               "match_length": here.get("match_fixed"), "match_coverage_length": here.get("match_coverage")}
-        for tag in ("length", "coverage_length"):
-            value = row[f"arr_{tag}"]
-            row[f"gap_closed_{tag}"] = (value - fixed) / gap if value is not None and gap and gap > 0 else None
-        rows.append(row)
-    return rows
-
-
 def plot_m_rules(cases: Dict[str, Any], path: str, title: str = "") -> None:
     """Left: ARR gap to dense (1 - ARR) per k for fixed m, max-mass, coverage and the oracle; right:
     selection time per round (fixed vs each rule, same signals)."""
@@ -2155,18 +2128,6 @@ def _m_rule(budget, field):
     def get(data):
         return read_path(m_rule_rows(data["cases"]), ({"k": budget}, field))
     return get
-
-
-def _per_length(source, base, budget, field):
-    def get(_data):  # the row compares two files: read both (the figure's source is the per-length one)
-        return read_path(per_length_rows(source, base), ({"k": budget}, field))
-    return get
-
-
-def _items_context_tokens(source: str) -> int:
-    """The one context length of a dustin-quality file's items."""
-    (context,) = {c["context"] for c in load(source)["cases"].values() if "context" in c}
-    return int(context)
 
 
 def quality_contexts(source: str) -> List[int]:
@@ -2931,20 +2892,6 @@ def _figures() -> List[Figure]:
                 add(Figure(f"{base}/{tag}/selection-cost-vs-fixed", f"selection time per round / fixed m's, {tag}, "
                            f"k = {row['k']}", "x", source, _m_rule(row["k"], f"selection_ratio_{field}"),
                            target="target <= 1.1"))
-    for model, source, base in INPUT_AWARE_M_PER_LENGTH:
-        ctx = _items_context_tokens(source)
-        for row in per_length_rows(source, base):
-            key = f"dustin/input-aware-m/{model}/ctx{ctx}/k{row['k']}"
-            for tag, field in (("per-length-m", "length"), ("coverage-per-length-m", "coverage_length")):
-                add(Figure(f"{key}/{tag}/arr", f"ARR, Dustin-H {tag} (the profile's m for {ctx} tokens), {model}, "
-                           f"k = {row['k']}", "fraction", source, _per_length(source, base, row["k"], f"arr_{field}")))
-                add(Figure(f"{key}/{tag}/agreement", f"token match with dense, Dustin-H {tag}, k = {row['k']}",
-                           "fraction", source, _per_length(source, base, row["k"], f"match_{field}")))
-                if row[f"gap_closed_{field}"] is not None:
-                    add(Figure(f"{key}/{tag}/gap-closed", f"share of the profiled-m-to-oracle ARR gap closed, {tag}, "
-                               f"k = {row['k']} (the oracle and the profiled m: {base})", "%", source,
-                               _per_length(source, base, row["k"], f"gap_closed_{field}"), scale=100,
-                               target="target >= 33 % (mean over k)"))
     for model, source in M_BOUNDS:
         data = load(source)
         ctx = int(str(data["config"]["lengths"]).split(",")[0])
@@ -2957,6 +2904,11 @@ def _figures() -> List[Figure]:
                                f"share of the fixed-to-oracle ARR gap closed by {label}, full-KV decoding of "
                                f"{len(data['tasks'])} tasks, k = {study['k']} (dustin-m-bounds)", "%", source,
                                (key, "gap_closed", field), scale=100))
+            for field, tag, label in (M_BOUND_TAGS_3KINDS if key in m_bounds_3kinds(source) else ()):
+                add(Figure(f"dustin/input-aware-m/{model}/ctx{ctx}/{key}/{tag}/gap-closed",
+                           f"share of the fixed-to-oracle ARR gap closed by {label}, the same rounds, k = "
+                           f"{study['k']} (dustin-m-bounds)", "%", M_BOUNDS_3KINDS[1], (key, "gap_closed", field),
+                           scale=100))
     for device, source in SELECTION_COST:
         if not (RESULTS / source).exists():
             continue
@@ -3852,18 +3804,38 @@ def oracle_persistence_note() -> str:
             "fixed m comes from round-by-round choices that do not persist.")
 
 
+def m_bounds_3kinds(source: str) -> Dict[str, Dict[str, Any]]:
+    """The 3-kinds recalibration's studies per k where ``source`` is the study it repeats (empty otherwise); raises
+    ValueError if the two files did not record the same rounds."""
+    if source != M_BOUNDS_3KINDS[0] or not (RESULTS / M_BOUNDS_3KINDS[1]).is_file():
+        return {}
+    mine, theirs = load(source), load(M_BOUNDS_3KINDS[1])
+    out = {}
+    for key, study in theirs.items():
+        if not (key.startswith("k") and isinstance(study, dict) and "gap_closed" in study):
+            continue
+        same = {f: v for f, v in study["arr"].items() if f not in ("length_m", "coverage_length_m")}
+        if same != {f: v for f, v in mine[key]["arr"].items() if f not in ("length_m", "coverage_length_m")}:
+            raise ValueError(f"{M_BOUNDS_3KINDS[1]} {key}: not the rounds of {source} (their other ARRs differ)")
+        out[key] = study
+    return out
+
+
 def m_bounds_blocks() -> List[str]:
     """dustin-m-bounds: per k, fixed m, the oracle and the three per-round choices, with the gap each closes."""
     out = []
     for model, source in M_BOUNDS:
         data = load(source)
+        extra = m_bounds_3kinds(source)
+        tags = M_BOUND_TAGS + (M_BOUND_TAGS_3KINDS if extra else ())
         lines = ["| k | fixed m | rounds | ARR fixed | ARR oracle | oracle's m (mean ± sd, range) | "
-                 + " | ".join(f"{label}: gap closed" for _, _, label in M_BOUND_TAGS) + " |",
-                 "|---|---|---|---|---|---|" + "---|" * len(M_BOUND_TAGS)]
+                 + " | ".join(f"{label}: gap closed" for _, _, label in tags) + " |",
+                 "|---|---|---|---|---|---|" + "---|" * len(tags)]
         for key, study in data.items():
             if not (key.startswith("k") and isinstance(study, dict) and "gap_closed" in study):
                 continue
             om = study["oracle_m"]
+            other = extra.get(key)
             lines.append(f"| {study['k']} | {study['m']} | {study['rounds']} | {study['arr']['fixed']:.4f} | "
                          f"{study['arr']['oracle']:.4f} | {om['mean']:.0f} ± {om['std']:.0f} ({om['min']}-{om['max']}) | "
                          + " | ".join("-" if study["gap_closed"].get(f) is None else
@@ -3873,7 +3845,11 @@ def m_bounds_blocks() -> List[str]:
                                          if f == "best_fixed_crossval" and study.get("best_fixed_m", {}).get("folds")
                                          else "")
                                       + (f" (m {study['length_m']})" if f == "length_m" else "")
-                                      for f, _, _ in M_BOUND_TAGS) + " |")
+                                      for f, _, _ in M_BOUND_TAGS)
+                         + "".join(" | " + ("-" if other is None or other["gap_closed"].get(f) is None else
+                                            f"{100 * other['gap_closed'][f]:+.0f} %"
+                                            + (f" (m {other['length_m']})" if f == "length_m" else ""))
+                                   for f, _, _ in (M_BOUND_TAGS_3KINDS if extra else ())) + " |")
         cfg = data["config"]
         out.append(f"How predictable the best m is ({model}, `{source}`, `dustin-m-bounds`: {len(data['tasks'])} "
                    f"evaluation tasks at {cfg['lengths']} tokens decoded greedily with full-KV verification, "
@@ -3891,37 +3867,19 @@ def m_bounds_blocks() -> List[str]:
     return out
 
 
-def per_length_blocks() -> List[str]:
-    """The input-aware-m items decoded with the profile's m per context length, beside the profiled m and the
-    oracle on the same items."""
-    out = []
-    for model, source, base in INPUT_AWARE_M_PER_LENGTH:
-        rows = per_length_rows(source, base)
-        ctx = _items_context_tokens(source)
-        fmt = lambda x, spec=".4f": "-" if x is None else format(x, spec)  # noqa: E731
-        pct = lambda x: "-" if x is None else f"{100 * x:+.0f} %"  # noqa: E731
-        lines = ["| k | items | profiled m | m for this length | ARR profiled m | ARR m for this length | ARR coverage "
-                 "around it | ARR oracle | gap closed: m for this length | gap closed: coverage around it | match "
-                 "with dense: profiled m / m for this length / coverage around it |",
-                 "|---|---|---|---|---|---|---|---|---|---|---|"]
-        for r in rows:
-            lines.append(f"| {r['k']} | {r['items']} | {fmt(r['m_profiled'], '.0f')} | {fmt(r['m_length'], '.0f')} | "
-                         f"{fmt(r['arr_fixed'])} | {fmt(r['arr_length'])} | {fmt(r['arr_coverage_length'])} | "
-                         f"{fmt(r['arr_oracle'])} | {pct(r['gap_closed_length'])} | "
-                         f"{pct(r['gap_closed_coverage_length'])} | {fmt(r['match_fixed'], '.2f')} / "
-                         f"{fmt(r['match_length'], '.2f')} / {fmt(r['match_coverage_length'], '.2f')} |")
-        means = {t: [r[f"gap_closed_{t}"] for r in rows if r[f"gap_closed_{t}"] is not None]
-                 for t in ("length", "coverage_length")}
-        verdict = (f" On average over k the m for this length closes {100 * sum(means['length']) / len(means['length']):+.0f} % "
-                   f"of the gap and the coverage rule around it "
-                   f"{100 * sum(means['coverage_length']) / len(means['coverage_length']):+.0f} % (target: a third)."
-                   if all(means.values()) else "")
-        out.append(f"The m per context length online ({model}, {ctx} tokens, `{source}`, `dustin-quality "
-                   f"--dustin-m-per-length` with the profile recalibrated at 4k and 8k, methods §3.4): fixed m and the "
-                   f"coverage rule at the profile's m for the items' length, on the items of `{base}`, whose "
-                   f"profiled m and per-round oracle they are compared with (ARR from each item's full-KV "
-                   f"reference rounds; float32, greedy)." + verdict + "\n\n" + "\n".join(lines))
-    return out
+def _three_kinds_clause(source: str) -> str:
+    """The m recalibrated on tasks of the evaluation's kinds, in the verdict's words ("" without that run)."""
+    extra = list(m_bounds_3kinds(source).values())
+    if not extra:
+        return ""
+
+    def mean(field):
+        vals = [s["gap_closed"][field] for s in extra if s["gap_closed"].get(field) is not None]
+        return 100 * sum(vals) / len(vals) if vals else float("nan")
+
+    return (f"; recalibrated instead on calibration tasks of the evaluation's three kinds ("
+            + ", ".join(f"{s['length_m'] / s['m']:.2f}x" for s in extra if s["m"]) + f" the profiled m) "
+            f"{mean('length_m'):+.0f} %, and the coverage rule around it {mean('coverage_length_m'):+.0f} %")
 
 
 def m_bounds_verdict() -> List[str]:
@@ -3956,7 +3914,8 @@ def m_bounds_verdict() -> List[str]:
                       + ", ".join(f"{s['length_m'] / s['m']:.2f}x" for s in studies if s.get("length_m") is not None
                                   and s["m"]) + f" the profiled m over k) {mean('length_m'):+.0f} %, and the coverage "
                       f"rule around it {mean('coverage_length_m'):+.0f} %"
-                      if any(s["gap_closed"].get("length_m") is not None for s in studies) else "") + ". "
+                      if any(s["gap_closed"].get("length_m") is not None for s in studies) else "")
+                   + _three_kinds_clause(source) + ". "
                    + ("The best m does not persist from round to round" if mean("persistence") < 33 else
                       "The best m persists from round to round")
                    + (", and the target's own signal, scored as if it were the verification's attention, favours "
@@ -5320,7 +5279,7 @@ def results_markdown() -> str:
                  for block in (f"{m} + {INPUT_AWARE_M_DRAFT[m]}, {_m_run_label(src)} (`{src}`):\n\n"
                                + m_rule_table(src),
                                f"![input-aware m, {m}](../experiments/results/{src.replace('.json', '.png')})")]
-                + selection_cost_tables() + m_bounds_blocks() + per_length_blocks(),
+                + selection_cost_tables() + m_bounds_blocks(),
                 [f"{m}, {_m_run_label(src)}: {line}" for m, src in INPUT_AWARE_M for line in m_rule_verdicts(src)]
                 + selection_cost_verdicts()
                 + [oracle_persistence_note()] + m_bounds_verdict()
