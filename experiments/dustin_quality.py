@@ -566,6 +566,19 @@ def cmd_dustin_m_bounds(args) -> Dict[str, Any]:
     return writer.data
 
 
+def _open_extension(args, profile, kinds, lengths, depths):
+    """What ``dustin-profile --extend FILE`` works on, after the checks that need no model: ``(writer, target, draft,
+    self-draft mask, calibration tasks, evaluation tasks)``."""
+    if args.gamma != profile.gamma:
+        raise ValueError(f"--gamma={args.gamma}: {args.extend} was profiled with gamma {profile.gamma}")
+    writer = ResultWriter(args.out, "dustin-profile", config_of(args))
+    target, draft, mask = _load_pair(args)
+    if mask is not None and not np.array_equal(np.asarray(profile.draft.get("self_draft_mask"), bool), mask):
+        raise ValueError(f"{args.extend} was profiled for another self-draft skip set than {args.draft_skip!r}")
+    calibration, evaluation = build_task_splits(target.tokenizer, args, kinds, lengths, depths)
+    return writer, target, draft, mask, calibration, evaluation
+
+
 def _recalibrate_m(args, budgets, kinds, lengths, depths) -> Dict[str, Any]:
     """``dustin-profile --extend FILE --recalibrate-m``: the split m of --budgets recalibrated at each of --lengths on
     calibration tasks, the profile's layers kept (jaxspec.dustin.search.recalibrate_m, docs/methods.md §3.7)."""
@@ -576,14 +589,8 @@ def _recalibrate_m(args, budgets, kinds, lengths, depths) -> Dict[str, Any]:
     if missing:
         raise ProfileError(f"--budgets {missing}: {args.extend} has no config there (profiled: "
                            f"{sorted(profile.configs)})")
-    if args.gamma != profile.gamma:
-        raise ValueError(f"--gamma={args.gamma}: {args.extend} was profiled with gamma {profile.gamma}")
-    writer = ResultWriter(args.out, "dustin-profile", config_of(args))
-    target, draft, mask = _load_pair(args)
-    if mask is not None and not np.array_equal(np.asarray(profile.draft.get("self_draft_mask"), bool), mask):
-        raise ValueError(f"{args.extend} was profiled for another self-draft skip set than {args.draft_skip!r}")
+    writer, target, draft, mask, calibration, evaluation = _open_extension(args, profile, kinds, lengths, depths)
     started = time.perf_counter()
-    calibration, evaluation = build_task_splits(target.tokenizer, args, kinds, lengths, depths)
     print(f"[dustin-profile] recalibrating m of {args.extend} at k={budgets}: {len(calibration)} calibration tasks "
           f"({', '.join(kinds)}; {lengths} tokens) on its SRH layers", file=sys.stderr, flush=True)
     updated, records = recalibrate_m(
@@ -620,14 +627,8 @@ def _extend_profile(args, budgets, kinds, lengths, depths) -> Dict[str, Any]:
     if present:
         raise ValueError(f"--extend {args.extend} already has k={present} (profiled: {sorted(profile.configs)}); "
                          f"give --budgets it lacks")
-    if args.gamma != profile.gamma:
-        raise ValueError(f"--gamma={args.gamma}: {args.extend} was profiled with gamma {profile.gamma}")
-    writer = ResultWriter(args.out, "dustin-profile", config_of(args))
-    target, draft, mask = _load_pair(args)
-    if mask is not None and not np.array_equal(np.asarray(profile.draft.get("self_draft_mask"), bool), mask):
-        raise ValueError(f"{args.extend} was profiled for another self-draft skip set than {args.draft_skip!r}")
+    writer, target, draft, mask, calibration, evaluation = _open_extension(args, profile, kinds, lengths, depths)
     started = time.perf_counter()
-    calibration, evaluation = build_task_splits(target.tokenizer, args, kinds, lengths, depths)
     print(f"[dustin-profile] extending {args.extend} with k={budgets}: {len(calibration)} calibration tasks "
           f"({', '.join(kinds)}; {lengths} tokens) on its SRHs", file=sys.stderr, flush=True)
     extended, records = extend_profile(

@@ -352,6 +352,23 @@ M_BOUND_TAGS = (("persistence", "persistence-bound", "the previous round's best 
                 ("coverage_crossval", "coverage-offline-crossval", "the coverage rule around the held-out single m"),
                 ("length_m", "per-length-m", "the profile's m for this length (recalibrated on calibration tasks)"),
                 ("coverage_length_m", "coverage-offline-per-length-m", "the coverage rule around that m"))
+def m_bounds_3kinds(source: str) -> Dict[str, Dict[str, Any]]:
+    """The 3-kinds recalibration's studies per k where ``source`` is the study it repeats (empty otherwise); raises
+    ValueError if the two files did not record the same rounds."""
+    if source != M_BOUNDS_3KINDS[0] or not (RESULTS / M_BOUNDS_3KINDS[1]).is_file():
+        return {}
+    mine, theirs = load(source), load(M_BOUNDS_3KINDS[1])
+    out = {}
+    for key, study in theirs.items():
+        if not (key.startswith("k") and isinstance(study, dict) and "gap_closed" in study):
+            continue
+        same = {f: v for f, v in study["arr"].items() if f not in ("length_m", "coverage_length_m")}
+        if same != {f: v for f, v in mine[key]["arr"].items() if f not in ("length_m", "coverage_length_m")}:
+            raise ValueError(f"{M_BOUNDS_3KINDS[1]} {key}: not the rounds of {source} (their other ARRs differ)")
+        out[key] = study
+    return out
+
+
 #: the input-aware rules (docs/methods.md §3.7): quality method and the tag of its table columns
 M_RULES = (("dustin-h-ia", "max_mass", "max-mass"), ("dustin-h-cov", "coverage", "coverage"),
            ("dustin-h-ent", "entropy", "entropy"))
@@ -3802,23 +3819,6 @@ def oracle_persistence_note() -> str:
             "often by one that wants fewer, so a feedback rule that carries the previous round's best m forward "
             "has little to carry on these items (16 new tokens, 3-6 rounds an item), and the oracle's gain over "
             "fixed m comes from round-by-round choices that do not persist.")
-
-
-def m_bounds_3kinds(source: str) -> Dict[str, Dict[str, Any]]:
-    """The 3-kinds recalibration's studies per k where ``source`` is the study it repeats (empty otherwise); raises
-    ValueError if the two files did not record the same rounds."""
-    if source != M_BOUNDS_3KINDS[0] or not (RESULTS / M_BOUNDS_3KINDS[1]).is_file():
-        return {}
-    mine, theirs = load(source), load(M_BOUNDS_3KINDS[1])
-    out = {}
-    for key, study in theirs.items():
-        if not (key.startswith("k") and isinstance(study, dict) and "gap_closed" in study):
-            continue
-        same = {f: v for f, v in study["arr"].items() if f not in ("length_m", "coverage_length_m")}
-        if same != {f: v for f, v in mine[key]["arr"].items() if f not in ("length_m", "coverage_length_m")}:
-            raise ValueError(f"{M_BOUNDS_3KINDS[1]} {key}: not the rounds of {source} (their other ARRs differ)")
-        out[key] = study
-    return out
 
 
 def m_bounds_blocks() -> List[str]:
