@@ -582,6 +582,9 @@ def register(subparsers) -> None:
     p.add_argument("--candidate-plans", type=int, default=6,
                    help="DP candidates run as fixed plans for the TPT / alpha vs throughput correlation, spread over the "
                         "skipped weights, plus the planner's choice (0: none)")
+    p.add_argument("--candidate-repeats", type=int, default=1, metavar="N",
+                   help="each candidate plan timed in N (AR, plan) pairs, adjacent in time; its speed-up and tokens/s "
+                        "are the median pair's (every pair is kept), so the correlation is not read off one timing")
     p.add_argument("--candidate-reference-tokens", type=int, default=16,
                    help="reference tokens per row of the candidates' DP and of the plan-cost timing (the first AR "
                         "tokens after the prompt)")
@@ -669,6 +672,8 @@ def _config_of(args) -> Dict[str, Any]:
     config = {k: getattr(args, k) for k in keys}
     if args.reference_kv != "branch":  # named only when set: files written before the flag still resume
         config["reference_kv"] = args.reference_kv
+    if args.candidate_repeats != 1:  # likewise
+        config["candidate_repeats"] = args.candidate_repeats
     # the two-stage search (docs/methods.md §5.6), named only when set, like reference_kv
     for key, default in (("search_tokens", None), ("finalists", 4), ("reference_floor", None), ("plan_rows", None)):
         if getattr(args, key) != default:
@@ -1508,6 +1513,8 @@ def check_knapspec_args(args) -> None:
         raise ValueError(f"--candidate-reference-tokens={args.candidate_reference_tokens}: must be >= 1")
     if args.candidate_plans < 0 or args.plan_cost_repeats < 0 or args.probe_rounds < 0:
         raise ValueError("--candidate-plans, --plan-cost-repeats and --probe-rounds must be >= 0")
+    if args.candidate_repeats < 1:
+        raise ValueError(f"--candidate-repeats {args.candidate_repeats}: give a number of (AR, plan) pairs >= 1")
     if args.plan_cost_scale_from:
         if args.plan_cost_scale != 1.0:
             raise ValueError(f"--plan-cost-scale {args.plan_cost_scale:g} and --plan-cost-scale-from: give one "
@@ -1657,7 +1664,13 @@ def run_case(case: Case, methods: Sequence[str]) -> None:
             k = f"{key}/fixed/w{c['weight']}"
             if writer.has(k):
                 continue
-            out = case.run_method("fixed", initial_plan=(np.asarray(c["mask"], bool), c["gamma"]))
+            runs = [case.run_method("fixed", initial_plan=(np.asarray(c["mask"], bool), c["gamma"]))
+                    for _ in range(args.candidate_repeats)]
+            # the median pair (the lower middle one for an even count) stands for the plan; every pair is kept
+            out = dict(sorted(runs, key=lambda r: r["speedup_vs_ar"])[(len(runs) - 1) // 2])
+            if len(runs) > 1:
+                out["pairs"] = [{k: r[k] for k in ("speedup_vs_ar", "tokens_per_s", "ar_tokens_per_s",
+                                                   "acceptance_rate")} for r in runs]
             out.update(candidate=c["index"], weight=c["weight"], predicted_tpt=c["predicted_tpt"],
                        dp_alpha=c["alpha"], gamma=c["gamma"],
                        **{k: c[k] for k in ("alpha_branch", "alpha_target", "exit_aware_tpt", "p_c", "p_ac",

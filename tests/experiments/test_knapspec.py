@@ -426,3 +426,31 @@ def test_bench_plan_rescores_the_skip_sets_of_a_results_file(tmp_path, capsys):
 def test_the_cli_default_of_dp_segments_is_the_dps():
     """--[knapspec-]dp-segments defaults to the DP's own default (the CLI module keeps its copy to load no JAX)."""
     assert knapspec_experiment.DP_SEGMENTS == dp.DEFAULT_SEGMENTS == KnapSpecConfig().dp_segments
+
+
+def test_candidate_plans_timed_in_pairs(tmp_path, capsys):
+    """--candidate-repeats N: each candidate plan is timed in N (AR, plan) pairs; the plan's speed-up and tokens/s are
+    the median pair's, every pair is kept, the correlation reads the medians, and the config names the option only
+    when set. N < 1 is refused before any work."""
+    out = tmp_path / "ks.json"
+    argv = ["knapspec", "--model", "random:smollm2-135m-shape", "--layers", "4", "--contexts", "64",
+            "--max-new-tokens", "16", "--gamma-max", "2", "--gamma-buckets", "1", "--batches", "1",
+            "--methods", "knapspec", "--candidate-plans", "2", "--candidate-repeats", "3",
+            "--candidate-reference-tokens", "8", "--plan-cost-repeats", "0", "--device-tag", "test",
+            "--latency-fit", "isolated", "--max-plan-fraction", "0", "--out", str(out)]
+    assert main(argv) == 0
+    data = json.loads(out.read_text())
+    assert data["config"]["candidate_repeats"] == 3
+    fixed = {k: v for k, v in data["cases"].items() if "/fixed/" in k}
+    assert fixed
+    for record in fixed.values():
+        ratios = sorted(p["speedup_vs_ar"] for p in record["pairs"])
+        assert len(ratios) == 3 and record["speedup_vs_ar"] == ratios[1]
+        median = next(p for p in record["pairs"] if p["speedup_vs_ar"] == ratios[1])
+        assert record["tokens_per_s"] == median["tokens_per_s"]
+    (corr,) = [v for k, v in data["cases"].items() if k.endswith("/correlation")]
+    assert sorted(corr["measured_speedup"]) == sorted(r["speedup_vs_ar"] for r in fixed.values())
+    capsys.readouterr()
+    assert main(argv[:argv.index("--candidate-repeats") + 1] + ["0"] + argv[argv.index("--candidate-repeats") + 2:]
+                + ["--out", str(tmp_path / "bad.json")]) == 2
+    assert "--candidate-repeats 0" in capsys.readouterr().err and not (tmp_path / "bad.json").exists()
