@@ -589,6 +589,10 @@ def _recalibrate_m(args, budgets, kinds, lengths, depths) -> Dict[str, Any]:
     if missing:
         raise ProfileError(f"--budgets {missing}: {args.extend} has no config there (profiled: "
                            f"{sorted(profile.configs)})")
+    no_split = [b for b in budgets if not (profile.configs[b].draft_layers and profile.configs[b].target_heads)]
+    if no_split:
+        raise ProfileError(f"--budgets {no_split}: {args.extend}'s config has no draft layer there, so there is no "
+                           f"split m to recalibrate; leave them out")
     writer, target, draft, mask, calibration, evaluation = _open_extension(args, profile, kinds, lengths, depths)
     started = time.perf_counter()
     print(f"[dustin-profile] recalibrating m of {args.extend} at k={budgets}: {len(calibration)} calibration tasks "

@@ -488,6 +488,12 @@ def test_m_recalibrated_per_context_length(folders, tmp_path, capsys):
     capsys.readouterr()
     assert main(argv + ["--recalibrate-m"]) == 2
     assert "--extend" in capsys.readouterr().err and not recal.exists()
+    bare = tmp_path / "bare.json"  # a profile whose k=128 config kept no draft layer: no split to recalibrate
+    saved = json.loads(profile.read_text())
+    saved["configs"]["128"].update(draft_layers=[], draft_heads=[], m=None)
+    bare.write_text(json.dumps(saved))
+    assert main(argv + ["--extend", str(bare), "--recalibrate-m"]) == 2
+    assert "no split m to recalibrate" in capsys.readouterr().err and not recal.exists()
     assert main(argv + ["--extend", str(profile), "--recalibrate-m"]) == 0
     before, after = json.loads(profile.read_text()), json.loads(recal.read_text())
     assert after["configs"] == before["configs"] and after["srh"] == before["srh"]
