@@ -582,17 +582,13 @@ def _open_extension(args, profile, kinds, lengths, depths):
 def _recalibrate_m(args, budgets, kinds, lengths, depths) -> Dict[str, Any]:
     """``dustin-profile --extend FILE --recalibrate-m``: the split m of --budgets recalibrated at each of --lengths on
     calibration tasks, the profile's layers kept (jaxspec.dustin.search.recalibrate_m, docs/methods.md §3.7)."""
-    from jaxspec.dustin.search import DustinProfile, ProfileError, recalibrate_m
+    from jaxspec.dustin.search import DustinProfile, ProfileError, check_recalibration, recalibrate_m
 
     profile = DustinProfile.load(args.extend)
-    missing = [b for b in budgets if b not in profile.configs]
-    if missing:
-        raise ProfileError(f"--budgets {missing}: {args.extend} has no config there (profiled: "
-                           f"{sorted(profile.configs)})")
-    no_split = [b for b in budgets if not (profile.configs[b].draft_layers and profile.configs[b].target_heads)]
-    if no_split:
-        raise ProfileError(f"--budgets {no_split}: {args.extend}'s config has no draft layer there, so there is no "
-                           f"split m to recalibrate; leave them out")
+    try:  # before any model loads
+        check_recalibration(profile, budgets)
+    except ProfileError as error:
+        raise ProfileError(f"--extend {args.extend} --budgets: {error}") from None
     writer, target, draft, mask, calibration, evaluation = _open_extension(args, profile, kinds, lengths, depths)
     started = time.perf_counter()
     print(f"[dustin-profile] recalibrating m of {args.extend} at k={budgets}: {len(calibration)} calibration tasks "

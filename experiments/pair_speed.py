@@ -699,18 +699,17 @@ def choice_table_from(paths: Sequence[str], margin: float = CHOICE_MARGIN,
                     continue
                 run = {"speedup": float(r["speedup_vs_ar"]), "tok_s": r.get("tok_s"),
                        "paired_ar_tok_s": r.get("paired_ar_tok_s"), "context": context, "source": str(path)}
+                events = ((r.get("metrics") or {}).get("arbitration") or {}).get("events") or []
+                first = events[0] if events else {}
                 if outcome:
-                    events = ((r.get("metrics") or {}).get("arbitration") or {}).get("events") or []
-                    first = events[0] if events else {}
                     if first.get("reason") != "table" or first.get("choice") != "speculative":
                         continue
                     run["outcome"] = True
                     run["switched_to_ar"] = any(e.get("reason") == "tail" and e.get("choice") == "ar"
                                                 for e in events[1:])
                 if by_probe:
-                    events = ((r.get("metrics") or {}).get("arbitration") or {}).get("events") or []
                     run["probed"] = True
-                    run["probe_choice"] = events[0].get("choice") if events else None
+                    run["probe_choice"] = first.get("choice")
                 found.setdefault((method, bucket, batch), []).append(run)
     if not found:
         raise ValueError(f"choice-table: no measured method in {', '.join(map(str, [*paths, *probed]))}")

@@ -801,6 +801,21 @@ def m_at_length(records: CalibrationRecords, config: DustinConfig, *, draft_rows
             "rounds": records.num_items, "m_curve": [round(float(x), 6) for x in curve]}
 
 
+def check_recalibration(profile: DustinProfile, budgets: Optional[Sequence[int]] = None) -> List[int]:
+    """The sorted budgets :func:`recalibrate_m` would recalibrate (default: every profiled one); raises
+    :class:`ProfileError` for a budget the profile lacks or whose config has no split (no draft layer), before any
+    model work."""
+    budgets = sorted(profile.configs) if budgets is None else sorted({check_budget(b) for b in budgets})
+    missing = [b for b in budgets if b not in profile.configs]
+    if missing:
+        raise ProfileError(f"the profile has no config for k={missing}; profiled: {sorted(profile.configs)}")
+    no_split = [b for b in budgets if not (profile.configs[b].draft_layers and profile.configs[b].target_heads)]
+    if no_split:
+        raise ProfileError(f"k={no_split}: the profile's config has no draft layer, so there is no split m to "
+                           f"recalibrate; leave these budgets out")
+    return budgets
+
+
 def recalibrate_m(profile: DustinProfile, target_params, target_config: ModelConfig, draft_params,
                   draft_config: Optional[ModelConfig], calibration, tokenizer, *, budgets: Optional[Sequence[int]] = None,
                   evaluation=None, prefix_ids: Sequence[int] = (), max_new_tokens: int = 32, batch_size: int = 4,
@@ -811,14 +826,7 @@ def recalibrate_m(profile: DustinProfile, target_params, target_config: ModelCon
     layers stay as profiled. The result's :attr:`DustinProfile.m_by_length` holds each (budget, length)'s m
     (merged over earlier recalibrations; a length calibrated again is replaced), ``search[k]["m_by_length"]``
     each one's ARR curve, and ``data["m_recalibrations"]`` the calibration data used."""
-    budgets = sorted(profile.configs) if budgets is None else sorted({check_budget(b) for b in budgets})
-    missing = [b for b in budgets if b not in profile.configs]
-    if missing:
-        raise ProfileError(f"the profile has no config for k={missing}; profiled: {sorted(profile.configs)}")
-    no_split = [b for b in budgets if not (profile.configs[b].draft_layers and profile.configs[b].target_heads)]
-    if no_split:
-        raise ProfileError(f"k={no_split}: the profile's config has no draft layer, so there is no split m to "
-                           f"recalibrate; leave these budgets out")
+    budgets = check_recalibration(profile, budgets)
     from jaxspec.dustin.srh import cases_from_tasks
 
     profile.check_models(target_config, draft_config)
