@@ -2783,14 +2783,18 @@ def _figures() -> List[Figure]:
                                f"{label.strip('*')} deciding from the choice table (tail-checked), {how}", "x AR",
                                source, ("cases", key, method, "speedup_vs_ar"),
                                target="never slower than AR with the choice on"))
-    if (RESULTS / PAIR_SPEED_ARBITRATE_REPEATS_H100).exists():
-        for key, case in pair_cases(PAIR_SPEED_ARBITRATE_REPEATS_H100):
+    for source, slug, how in ((PAIR_SPEED_ARBITRATE_REPEATS_H100, "arbitrate-repeats",
+                               "under the measured choice (probed, tail-checked)"),
+                              (PAIR_SPEED_CHOICE_TABLE_REPEATS_H100, "choice-table-repeats",
+                               "deciding from this GPU's choice table (tail-checked)")):
+        if not (RESULTS / source).exists():
+            continue
+        for key, case in pair_cases(source):
             for method, label in PAIR_METHODS:
                 if isinstance(case.get(method), dict) and "speedup_vs_ar" in case[method]:
-                    add(Figure(f"real-pair/h100/{key}/{method}/arbitrate-repeats/speedup",
+                    add(Figure(f"real-pair/h100/{key}/{method}/{slug}/speedup",
                                f"real Qwen2.5-Coder pair on an H100, {case['context'] // 1000}k, batch {case['batch']}, "
-                               f"bf16: {label.strip('*')} under the measured choice (probed, tail-checked), the median "
-                               f"of 3 (AR, method) pairs", "x AR", PAIR_SPEED_ARBITRATE_REPEATS_H100,
+                               f"bf16: {label.strip('*')} {how}, the median of 3 (AR, method) pairs", "x AR", source,
                                ("cases", key, method, "speedup_vs_ar"), target="never slower than AR with the choice on"))
     for key, case in pair_cases(PAIR_SPEED_F32):
         for method, label in PAIR_METHODS:
