@@ -329,6 +329,16 @@ INPUT_AWARE_M = tuple((model, f"dustin_quality/dustin_quality_input_aware_m_{run
     # the entropy rule's runs, files of their own (fixed m and the oracle repeat the 2k files' numbers)
     ("smollm2-135m", "entropy_smollm2-135m_2k_cpu"), ("qwen2.5-coder-1.5b", "entropy_qwen2.5-coder-1.5b_2k_cpu"))
     if (RESULTS / f"dustin_quality/dustin_quality_input_aware_m_{run}.json").is_file())
+#: online runs with the profile's m per context length (``--dustin-m-per-length``; docs/methods.md §3.7), each on the
+#: same items as an input-aware-m run with the profile's single m, whose fixed m and oracle they are scored against:
+#: (model, file, that run's file, the recalibration run's file), the files that exist
+INPUT_AWARE_M_PER_LENGTH = tuple(
+    (model, f"dustin_quality/dustin_quality_input_aware_m_{run}.json",
+     f"dustin_quality/dustin_quality_input_aware_m_{base}.json", f"dustin_quality/dustin_quality_profile_{recal}.json")
+    for model, run, base, recal in (
+        ("qwen2.5-coder-1.5b", "per-length_qwen2.5-coder-1.5b_32k_h100", "qwen2.5-coder-1.5b_32k_h100",
+         "m-per-length-3kinds_qwen2.5-coder-1.5b_16k-32k_h100"),)
+    if (RESULTS / f"dustin_quality/dustin_quality_input_aware_m_{run}.json").is_file())
 #: how predictable the per-round best m is (dustin-m-bounds; docs/methods.md §3.7): (model, file) that exist
 M_BOUNDS = tuple((model, f"dustin_quality/dustin_quality_m_bounds_{run}.json") for model, run in (
     ("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b_2k_cpu"),
@@ -2160,6 +2170,48 @@ def _m_rule(budget, field):
     return get
 
 
+def m_per_length_rows(source: str, base: str) -> List[Dict[str, Any]]:
+    """Per k: the run with the profile's m per context length (``source``) against the run with its single m on the
+    same items (``base``): m, ARR, the share of the single m's gap to the oracle closed, token match with dense and
+    accuracy of the single m, the coverage rule around it, the length's m, the coverage rule around that, and the
+    oracle; raises ValueError if the two runs did not decode the same items to the same dense tokens."""
+    mine, theirs = load(source)["cases"], load(base)["cases"]
+    dense = {k for k in mine if k.endswith("/dense")}
+    if dense != {k for k in theirs if k.endswith("/dense")}:
+        raise ValueError(f"{source}: not the items of {base}")
+    for key in dense:
+        if mine[key]["tokens"] != theirs[key]["tokens"]:
+            raise ValueError(f"{source} {key}: dense tokens differ from {base}'s")
+    single = {r["k"]: r for r in m_rule_rows(theirs)}
+    rows = []
+    for r in m_rule_rows(mine):
+        b = single.get(r["k"])
+        if b is None:
+            continue
+        fixed, oracle = b["arr_fixed"], b["arr_oracle"]
+        gap = None if fixed is None or oracle is None else oracle - fixed
+        row = {"k": r["k"], "items": r["items"], "m_fixed": b["m_fixed"], "m_length": r["m_fixed"],
+               "mean_m_coverage": b.get("mean_m_coverage"), "mean_m_length_coverage": r.get("mean_m_coverage"),
+               "selection_ratio_length_coverage": r.get("selection_ratio_coverage"),
+               "selection_ratio_coverage": b.get("selection_ratio_coverage")}
+        for tag, src, field in (("fixed", b, "fixed"), ("coverage", b, "coverage"), ("length", r, "fixed"),
+                                ("length_coverage", r, "coverage"), ("oracle", b, "oracle")):
+            row[f"arr_{tag}"] = src.get(f"arr_{field}")
+            row[f"match_{tag}"] = src.get(f"match_{field}")
+            row[f"accuracy_{tag}"] = src.get(f"accuracy_{field}")
+            if tag not in ("fixed", "oracle"):
+                arr = row[f"arr_{tag}"]
+                row[f"gap_closed_{tag}"] = (arr - fixed) / gap if arr is not None and gap and gap > 0 else None
+        rows.append(row)
+    return rows
+
+
+def _m_per_length(source: str, base: str, budget: int, field: str):
+    def get(_):
+        return read_path(m_per_length_rows(source, base), ({"k": budget}, field))
+    return get
+
+
 def quality_contexts(source: str) -> List[int]:
     return sorted({int(k.split("/")[2]) for k in load(source)["cases"]})
 
@@ -2925,6 +2977,30 @@ def _figures() -> List[Figure]:
                            target="target >= 33 % (mean over k)"))
                 add(Figure(f"{base}/{tag}/selection-cost-vs-fixed", f"selection time per round / fixed m's, {tag}, "
                            f"k = {row['k']}", "x", source, _m_rule(row["k"], f"selection_ratio_{field}"),
+                           target="target <= 1.1"))
+    for model, source, base, _ in INPUT_AWARE_M_PER_LENGTH:
+        ctx = {c["context"] for c in load(source)["cases"].values() if "context" in c}.pop()
+        for row in m_per_length_rows(source, base):
+            where = f"dustin/input-aware-m/{model}/ctx{ctx}/k{row['k']}"
+            for field, tag, label in (("length", "per-length-m", "the profile's m for this length"),
+                                      ("length_coverage", "input-aware-coverage-per-length-m",
+                                       "the coverage rule around the profile's m for this length")):
+                if row[f"arr_{field}"] is None:
+                    continue
+                add(Figure(f"{where}/{tag}/arr", f"ARR, Dustin-H with {label}, {model}, {ctx // 1000}k, k = "
+                           f"{row['k']}", "fraction", source, _m_per_length(source, base, row["k"], f"arr_{field}")))
+                add(Figure(f"{where}/{tag}/agreement", f"token match with dense, Dustin-H with {label}, k = "
+                           f"{row['k']}", "fraction", source, _m_per_length(source, base, row["k"], f"match_{field}")))
+                if row[f"gap_closed_{field}"] is not None:
+                    add(Figure(f"{where}/{tag}/gap-closed", f"share of the single m's ARR gap to the oracle (same "
+                               f"items) closed by {label}, k = {row['k']}", "%", source,
+                               _m_per_length(source, base, row["k"], f"gap_closed_{field}"), scale=100,
+                               target="target >= 33 % (mean over k)"))
+            if row["selection_ratio_length_coverage"] is not None:
+                add(Figure(f"{where}/input-aware-coverage-per-length-m/selection-cost-vs-fixed",
+                           f"selection time per round / fixed m's, the coverage rule around the length's m, k = "
+                           f"{row['k']}", "x", source,
+                           _m_per_length(source, base, row["k"], "selection_ratio_length_coverage"),
                            target="target <= 1.1"))
     for model, source in M_BOUNDS:
         data = load(source)
@@ -3801,11 +3877,17 @@ def _m_run_label(source: str) -> str:
     coverage rule's candidate ladder where it is wider than one step (``--m-steps``)."""
     steps = load(source).get("config", {}).get("m_steps", 1)
     return (_items_context(source) + (", H200" if source.endswith("_h200.json") else "")
+            + (", H100" if source.endswith("_h100.json") else "")
             + (f", coverage ladder of {steps} steps" if steps and steps != 1 else ""))
 
 
+def _tokens_k(tokens: int) -> str:
+    """A context length in words: 32000 -> 32k, 16384 -> 16k."""
+    return f"{tokens // 1000}k" if tokens % 1000 == 0 else f"{tokens // 1024}k"
+
+
 def _items_context(source: str) -> str:
-    return "/".join(sorted({f"{c['context'] // 1024}k" for c in load(source)["cases"].values() if "context" in c}))
+    return "/".join(sorted({_tokens_k(c["context"]) for c in load(source)["cases"].values() if "context" in c}))
 
 
 def oracle_m_persistence(source: str) -> Tuple[float, int]:
@@ -5307,9 +5389,9 @@ def results_markdown() -> str:
                  for block in (f"{m} + {INPUT_AWARE_M_DRAFT[m]}, {_m_run_label(src)} (`{src}`):\n\n"
                                + m_rule_table(src),
                                f"![input-aware m, {m}](../experiments/results/{src.replace('.json', '.png')})")]
-                + selection_cost_tables() + m_bounds_blocks(),
+                + m_per_length_blocks() + selection_cost_tables() + m_bounds_blocks(),
                 [f"{m}, {_m_run_label(src)}: {line}" for m, src in INPUT_AWARE_M for line in m_rule_verdicts(src)]
-                + selection_cost_verdicts()
+                + m_per_length_verdicts() + selection_cost_verdicts()
                 + [oracle_persistence_note()] + m_bounds_verdict()
                 + [input_aware_reach_note()]),
         section("Dustin: GQA-aware SRHs",
@@ -5567,6 +5649,90 @@ def m_rule_verdicts(source: str) -> List[str]:
             + "; selection time per round / fixed m's there: "
             + (", ".join(f"{x:.2f}x" for x in ratios) or "-")
             + f" (target <= 1.1x: **{'met' if ratios and max(ratios) <= 1.1 else 'missed'}**).")
+    return out
+
+
+M_PER_LENGTH_TAGS = (("coverage", "the coverage rule around the single m"),
+                     ("length", "the length's m"), ("length_coverage", "the coverage rule around the length's m"))
+
+
+def m_per_length_blocks() -> List[str]:
+    """The recalibrated m per context length and the online run deciding with it, beside the single m's run."""
+    out = []
+    for model, source, base, recal in INPUT_AWARE_M_PER_LENGTH:
+        rows = m_per_length_rows(source, base)
+
+        def f4(x):
+            return "-" if x is None else f"{x:.4f}"
+
+        def f2(x):
+            return "-" if x is None else f"{x:.2f}"
+
+        def pct(x):
+            return "-" if x is None else f"{100 * x:+.0f} %"
+
+        tags = ("fixed", "coverage", "length", "length_coverage", "oracle")
+        lines = ["| k | m: single / length's / coverage around it (mean) | ARR single m / coverage / length's m / "
+                 "coverage around it / oracle | gap closed: coverage / length's m / coverage around it | token match "
+                 "vs dense (same order) | accuracy (same order) | selection time / fixed's: coverage around the "
+                 "single m / around the length's m |", "|---|---|---|---|---|---|---|"]
+        for r in rows:
+            lines.append(
+                f"| {r['k']} | {r['m_fixed']:.0f} / {r['m_length']:.0f} / "
+                f"{'-' if r['mean_m_length_coverage'] is None else format(r['mean_m_length_coverage'], '.0f')} "
+                f"| {' / '.join(f4(r[f'arr_{t}']) for t in tags)} "
+                f"| {' / '.join(pct(r[f'gap_closed_{t}']) for t, _ in M_PER_LENGTH_TAGS)} "
+                f"| {' / '.join(f2(r[f'match_{t}']) for t in tags)} "
+                f"| {' / '.join(f2(r[f'accuracy_{t}']) for t in tags)} "
+                f"| {f2(r['selection_ratio_coverage'])}x / {f2(r['selection_ratio_length_coverage'])}x |")
+        text = (f"{model}, the profile's m per context length online ({_m_run_label(source)}, `{source}`, "
+                f"`--dustin-m-per-length`), scored against the single-m run on the same items (`{base}`: its fixed m, "
+                f"the coverage rule around it and the per-round oracle; the dense tokens of every item are checked "
+                f"equal). ")
+        if (RESULTS / recal).is_file():
+            res = load(recal)["results"]
+            by_k: Dict[int, List[dict]] = {}
+            for x in res["rows"]:
+                by_k.setdefault(x["k"], []).append(x)
+            table = res["m_by_length"]
+            text += (f"The lengths' m were recalibrated on calibration tasks of the evaluation's three kinds "
+                     f"(`{recal}`, `dustin-profile --extend --recalibrate-m` at "
+                     f"{', '.join(_tokens_k(int(n)) for n in str(load(recal)['config']['lengths']).split(','))}; docs/methods.md §3.7): m per length, k: " + "; ".join(
+                         f"{k}: " + ", ".join(f"{_tokens_k(int(n))} {m}"
+                                              for n, m in sorted(table[str(k)].items(), key=lambda x: int(x[0])))
+                         for k in sorted(by_k)) + " (2k: the profile's own m); on the calibration rounds the "
+                     "length's m gains over the profile's m, ARR: " + "; ".join(
+                         f"k = {k}: " + ", ".join(f"{_tokens_k(x['context'])} {x['arr'] - x['arr_at_profile_m']:+.4f}"
+                                                  for x in by_k[k]) for k in sorted(by_k)) + ". ")
+        out.append(text + "\n\n" + "\n".join(lines))
+    return out
+
+
+def m_per_length_verdicts() -> List[str]:
+    out = []
+    for model, source, base, _ in INPUT_AWARE_M_PER_LENGTH:
+        rows = m_per_length_rows(source, base)
+
+        def mean(field):
+            vals = [r[field] for r in rows if r[field] is not None]
+            return sum(vals) / len(vals) if vals else None
+
+        parts = []
+        for tag, label in M_PER_LENGTH_TAGS:
+            worse = [r["k"] for r in rows if r[f"arr_{tag}"] is not None and r[f"arr_{tag}"] < r["arr_fixed"] - 1e-9]
+            closed = mean(f"gap_closed_{tag}")
+            parts.append(f"{label}: at least the single m's ARR at every k **{'met' if not worse else 'missed'}**"
+                         + (f" (below at k = {', '.join(map(str, worse))})" if worse else "")
+                         + ", gap closed " + ("-" if closed is None else f"{100 * closed:.0f} %") + " on average "
+                         + f"(target >= 33 %: **{'met' if closed is not None and closed >= 1 / 3 else 'missed'}**)")
+        ratios = [r["selection_ratio_length_coverage"] for r in rows if r["selection_ratio_length_coverage"]]
+        out.append(f"{model}, {_m_run_label(source)}, the profile's m per context length online: " + "; ".join(parts)
+                   + "; selection time of the coverage rule around the length's m / fixed m's: "
+                   + (", ".join(f"{x:.2f}x" for x in ratios) or "-")
+                   + f" (target <= 1.1x: **{'met' if ratios and max(ratios) <= 1.1 else 'missed'}**). "
+                   + f"{rows[0]['items'] if rows else 0} items: the gap to the oracle is "
+                   + ", ".join(f"{r['arr_oracle'] - r['arr_fixed']:.4f}" for r in rows) + " ARR (k = "
+                   + ", ".join(str(r["k"]) for r in rows) + "), so one item moves these shares by tens of points.")
     return out
 
 

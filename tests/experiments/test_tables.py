@@ -151,3 +151,33 @@ def test_the_tables_tail_margin_is_the_controllers_default():
 
     default = inspect.signature(MeasuredChoiceController).parameters["table_tail_margin"].default
     assert tables.TABLE_TAIL_MARGIN == default
+
+
+def test_m_per_length_rows_score_a_run_against_the_single_m_run_on_the_same_items(monkeypatch):
+    """The length's m and the coverage rule around it are scored against the single-m run's fixed m and oracle;
+    runs that did not decode the same items to the same dense tokens are refused."""
+    def dense(arr, tokens=(1, 2, 3)):
+        return {"task": "t0", "context": 32000, "tokens": list(tokens), "arr": arr,
+                "m_rule": {"dustin-h-cov/k128": {"m_per_round": [60, 70], "selection_cost_ratio": 1.2}}}
+
+    def decode(method, m):
+        return {"method": method, "budget": 128, "m": m, "match_rate": 0.5, "accuracy": 1.0}
+
+    single = {"t0/dense": dense({"dustin-h/k128": 0.60, "dustin-h-cov/k128": 0.61, "dustin-h-oracle/k128": 0.64}),
+              "t0/dustin-h/k128": decode("dustin-h", 73)}
+    per_length = {"t0/dense": dense({"dustin-h/k128": 0.62, "dustin-h-cov/k128": 0.63}),
+                  "t0/dustin-h/k128": decode("dustin-h", 63)}
+    files = {"single.json": {"cases": single}, "length.json": {"cases": per_length}}
+    monkeypatch.setattr(tables, "load", lambda name: files[name])
+    (row,) = tables.m_per_length_rows("length.json", "single.json")
+    assert (row["m_fixed"], row["m_length"]) == (73, 63)
+    assert row["gap_closed_coverage"] == pytest.approx(0.25)
+    assert row["gap_closed_length"] == pytest.approx(0.5)
+    assert row["gap_closed_length_coverage"] == pytest.approx(0.75)
+    assert row["selection_ratio_length_coverage"] == pytest.approx(1.2)
+    per_length["t0/dense"] = dense({"dustin-h/k128": 0.62}, tokens=(1, 2, 4))
+    with pytest.raises(ValueError, match="dense tokens differ"):
+        tables.m_per_length_rows("length.json", "single.json")
+    files["length.json"] = {"cases": {"t1/dense": dense({})}}
+    with pytest.raises(ValueError, match="not the items"):
+        tables.m_per_length_rows("length.json", "single.json")
