@@ -211,6 +211,27 @@ def build_policies(args, method: str, target_config, draft_config):
     return draft_policy, verify_policy or DenseVerify(), {**sparse, "method": method}
 
 
+def check_pair_memory(config, draft_config, cases: Sequence[Tuple[int, int, int]], separate: bool,
+                      device_bytes) -> List[Any]:
+    """The memory plan of each ``(context, batch, capacity)`` case: weights, the prefilled caches every method
+    starts from, and one run's own copy of them (a timed run works on a copy; the warm-up's and the finished
+    runs' states are released first). Raises :class:`~jaxspec.models.memory.MemoryPlanError` before any cache
+    is allocated where one does not fit ``device_bytes`` (``None``: not reported, e.g. the CPU)."""
+    from jaxspec.models.memory import plan_memory
+
+    plans = []
+    for context, batch, capacity in cases:
+        plan = plan_memory(config, context=capacity, batch=batch, draft_config=draft_config if separate else None)
+        if device_bytes:
+            try:
+                plan.check(device_bytes, reserve_bytes=plan.target_cache + plan.draft_cache)
+            except ValueError as err:
+                raise type(err)(f"pair-speed at context {context}, batch {batch} (the prefilled caches plus one "
+                                f"run's copy of them) {err}; run a smaller --batches or --contexts") from None
+        plans.append(plan)
+    return plans
+
+
 def backend_check(model, ids: Sequence[int], tokens: int) -> Dict[str, Any]:
     """The target's logits over the first ``tokens`` ids with its attention backend vs XLA's."""
     import jax
@@ -259,6 +280,7 @@ def cmd_pair_speed(args) -> Dict[str, Any]:
     from jaxspec.models.attention import backend_of, get_backend
     from jaxspec.models.cache import init_cache
     from jaxspec.models.llama import param_bytes
+    from jaxspec.models.memory import device_memory_bytes
 
     contexts, batches, methods = check_args(args)
     profile_batches = set(_ints(args.profile_batches, "--profile-batches", allow_empty=True))
@@ -285,6 +307,10 @@ def cmd_pair_speed(args) -> Dict[str, Any]:
     engine = EngineConfig(gamma=args.gamma, sampling=SamplingConfig(), max_new_tokens=args.max_new_tokens,
                           stop_tokens=(), skip_finished_rows=not args.keep_finished_rows)
     policies = {m: build_policies(args, m, config, draft_config) for m in methods}
+    cases = [(c, b, backend_of(config).round_capacity(c + args.max_new_tokens + args.gamma + 2))
+             for c in contexts for b in batches]
+    check_pair_memory(config, draft_config, cases, any(m not in SELF_METHODS for m in methods),
+                      device_memory_bytes())
     rows: List[Dict[str, Any]] = []
     for context in contexts:
         for batch in batches:
@@ -373,7 +399,9 @@ def cmd_pair_speed(args) -> Dict[str, Any]:
                                                 capacity=capacity, warmup=True, profile=profile,
                                                 prefilled=prefilled, controller=controller)
 
-                result = spec_run(profile=batch in profile_batches)
+                # the final loop state (both caches) is not read here: dropped, so that the repeats below and the
+                # next method's runs do not hold it beside their own
+                result = dataclasses.replace(spec_run(profile=batch in profile_batches), final_state=None)
                 spec_tokens = np.asarray(result.tokens)
                 tok_s = float(result.num_generated.sum()) / result.timings["decode_s"]
                 pairs = [_pair(tok_s, ar_tps, result.metrics)]
@@ -382,7 +410,7 @@ def cmd_pair_speed(args) -> Dict[str, Any]:
                     again_tokens, again_s = ar_run()
                     ar_runs.append({"before": method, "repeat": repeat, "decode_s": again_s,
                                     "tok_s": again_tokens.size / again_s})
-                    again = spec_run()
+                    again = dataclasses.replace(spec_run(), final_state=None)
                     pairs.append(_pair(float(again.num_generated.sum()) / again.timings["decode_s"],
                                        ar_runs[-1]["tok_s"], again.metrics))
                     # greedy decoding from the same cache repeats its tokens, unless the measured choice took

@@ -244,3 +244,25 @@ def test_continued_prefill_compiles_once_whatever_the_cache_lengths_came_from(mo
     assert autoregressive._prefill_chunk._cache_size() == size
     np.testing.assert_array_equal(outs[0], outs[1])
     np.testing.assert_array_equal(outs[0], outs[2])
+
+
+def test_run_with_warmup_releases_the_warm_up_result_before_the_timed_run():
+    """The warm-up run's result (a run's caches) must not stay alive beside the timed run's own: at long context and
+    large batch the two would not fit one GPU together."""
+    import weakref
+
+    from jaxspec.decoding.autoregressive import run_with_warmup
+
+    class Result:  # stands in for a run's state
+        pass
+
+    made = []
+
+    def run():
+        assert all(ref() is None for ref in made), "an earlier run's result is still alive"
+        result = Result()
+        made.append(weakref.ref(result))
+        return result, {"prefill_s": 0.0, "decode_s": 0.0}
+
+    result, timings = run_with_warmup(run, warmup=True)
+    assert len(made) == 2 and made[1]() is result and "compile_s" in timings

@@ -584,3 +584,20 @@ def test_choice_table_refuses_mixed_or_unsuitable_files(tmp_path):
         pair_speed.choice_table_from([empty])
     with pytest.raises(FileNotFoundError, match="no such file"):
         pair_speed.choice_table_from([str(tmp_path / "none.json")])
+
+
+def test_pair_memory_plan_counts_the_shared_prefill_and_one_runs_copy():
+    """32k, batch 16 of the 1.5B / 0.5B shapes fits an 80 GB card (the prefilled caches plus one run's copy); batch
+    32 is refused before any cache is allocated, naming the case; without a reported limit nothing is refused."""
+    from jaxspec.config import preset
+
+    from experiments.pair_speed import check_pair_memory
+
+    target, draft = preset("qwen2.5-1.5b-shape"), preset("qwen2.5-0.5b-shape")
+    (plan,) = check_pair_memory(target, draft, [(32000, 16, 32320)], True, 80 * 10**9)
+    assert plan.total + plan.target_cache + plan.draft_cache < 80 * 10**9
+    with pytest.raises(ValueError, match="context 32000, batch 32 .*does not fit"):
+        check_pair_memory(target, draft, [(32000, 16, 32320), (32000, 32, 32320)], True, 80 * 10**9)
+    assert len(check_pair_memory(target, draft, [(32000, 32, 32320)], True, None)) == 1
+    (self_only,) = check_pair_memory(target, draft, [(32000, 16, 32320)], False, 80 * 10**9)
+    assert self_only.draft_cache == 0
