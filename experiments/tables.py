@@ -258,6 +258,11 @@ PAIR_SPEED_ARBITRATE_REPEATS_H100 = f"{PS}32k_b8_arbitrate_repeats_h100.json"
 #: the H100's choice table, built from that probed run (choice-table --probed), and the same run deciding from it
 CHOICE_TABLE_H100 = "choice_table/choice_table_qwen2.5-coder-1.5b_0.5b_h100.json"
 PAIR_SPEED_CHOICE_TABLE_REPEATS_H100 = f"{PS}32k_b8_choice-table_repeats_h100.json"
+#: plain runs of the real pair on an H100 (pair-speed --repeats 3; suite h100-long-context), the files that exist
+PAIR_SPEED_H100 = tuple(p for p in (f"{PS}32k_b16_repeats_h100.json",) if (RESULTS / p).exists())
+#: the H100's table with its batch-16 plain run in it (step choice-table-b8-16) and the 32k/b16 run deciding from it
+CHOICE_TABLE_H100_B16 = "choice_table/choice_table_qwen2.5-coder-1.5b_0.5b_b8-16_h100.json"
+PAIR_SPEED_CHOICE_TABLE_B16_REPEATS_H100 = f"{PS}32k_b16_choice-table_repeats_h100.json"
 #: the input-aware m rules' selection cost against the fixed rule (bench-selection), per device
 SELECTION_COST = (("cpu", "selection/selection_rules_cost_qwen2.5-coder-1.5b-profile_16k-32k_cpu.json"),
                   ("h200", "selection/selection_rules_cost_qwen2.5-coder-1.5b-profile_16k-32k_h200.json"),
@@ -2783,25 +2788,26 @@ def _figures() -> List[Figure]:
                    ("results", "speedup_vs_ar")))
     measured = set()  # (key, method) already in the index: a second run's repeats go under its own name
     selfspec_seen = set()
-    for source in PAIR_SPEED:
+    for source in PAIR_SPEED + PAIR_SPEED_H100:
         dtype, gamma = load(source)["config"]["dtype"], int(load(source)["config"].get("gamma", 4))
+        dev = "h100" if source.endswith("_h100.json") else "h200"
         for key, case in pair_cases(source):
-            what = (f"real Qwen2.5-Coder pair (pair-speed), {case['context'] // 1000}k, batch {case['batch']}, "
-                    f"{dtype}, Pallas" + (", shared GPU (provisional)" if pathlib.Path(source).name
-                                          in PAIR_SPEED_SHARED_GPU else ""))
+            what = (f"real Qwen2.5-Coder pair (pair-speed){' on an H100' if dev == 'h100' else ''}, "
+                    f"{case['context'] // 1000}k, batch {case['batch']}, {dtype}, Pallas"
+                    + (", shared GPU (provisional)" if pathlib.Path(source).name in PAIR_SPEED_SHARED_GPU else ""))
 
             def base_of(method):
-                base = f"real-pair/h200/{key}"
-                return f"{base}/{pair_run_tag(source)}-run" if (key, method) in measured else base
+                base = f"real-pair/{dev}/{key}"
+                return f"{base}/{pair_run_tag(source)}-run" if (dev, key, method) in measured else base
 
             add(Figure(f"{base_of('ar')}/ar/tok_s", f"{what}: AR, mean of its paired runs", "tokens/s", source,
                        _pair_ar_tok_s(key)))
-            measured.add((key, "ar"))
+            measured.add((dev, key, "ar"))
             for method, label in PAIR_METHODS:
                 if method not in case:
                     continue
                 name, base = label.strip("*"), base_of(method)
-                measured.add((key, method))
+                measured.add((dev, key, method))
                 target = ""
                 if key == "ctx32000/b16" and base.endswith(key):
                     target = ("target > ClassicSD and MagicDec" if method == "dustin" else "target >= 2.0x"
@@ -2817,7 +2823,7 @@ def _figures() -> List[Figure]:
                 if (method in ("magicdec-self", "dustin-self") and "cmdbuf" not in pair_run_tag(source)
                         and (key, slug) not in selfspec_seen):
                     selfspec_seen.add((key, slug))
-                    add(Figure(f"selfspec/real-qwen1.5b/h200/{key}/{slug}/speedup",
+                    add(Figure(f"selfspec/real-qwen1.5b/{dev}/{key}/{slug}/speedup",
                                f"{name} vs paired AR, real Qwen2.5-Coder-1.5B bf16, {case['context']} tokens, batch "
                                f"{case['batch']}, gamma {gamma} (pair-speed)", "x AR", source, ("cases", key, method, "speedup_vs_ar"),
                                target="target >= 2.0x (best self-speculative) at 32k/b16"
@@ -2838,7 +2844,9 @@ def _figures() -> List[Figure]:
     for source, slug, how in ((PAIR_SPEED_ARBITRATE_REPEATS_H100, "arbitrate-repeats",
                                "under the measured choice (probed, tail-checked)"),
                               (PAIR_SPEED_CHOICE_TABLE_REPEATS_H100, "choice-table-repeats",
-                               "deciding from this GPU's choice table (tail-checked)")):
+                               "deciding from this GPU's choice table (tail-checked)"),
+                              (PAIR_SPEED_CHOICE_TABLE_B16_REPEATS_H100, "choice-table-repeats",
+                               "deciding from this GPU's choice table with its batch-16 runs (tail-checked)")):
         if not (RESULTS / source).exists():
             continue
         for key, case in pair_cases(source):
@@ -4276,29 +4284,34 @@ def pair_case_table(source: str, key: str, case: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _pair_suite_steps() -> List[Tuple[str, str]]:
-    """``(step name, source)`` of every step of the pair's suite that writes under experiments/results/."""
-    suite = tomllib.loads((SUITES / f"{PAIR_SPEED_SUITE}.toml").read_text())
+def _pair_suite_steps(name: str = PAIR_SPEED_SUITE) -> List[Tuple[str, str]]:
+    """``(step name, source)`` of every step of a suite (default: the pair's) that writes under
+    experiments/results/."""
+    suite = tomllib.loads((SUITES / f"{name}.toml").read_text())
     out = []
     for step in suite["steps"]:
         argv = shlex.split(step["run"])
-        target = argv[argv.index("--out") + 1]
-        out.append((step["name"], target[len("experiments/results/"):]))
+        if "--out" in argv:
+            target = argv[argv.index("--out") + 1]
+            out.append((step["name"], target[len("experiments/results/"):]))
     return out
 
 
 def _step_of(source: str) -> str:
-    return next(name for name, out in _pair_suite_steps() if out == source)
+    """The step writing ``source``: in the pair's suite, or (an ``_h100`` file) in h100-long-context."""
+    suite = "h100-long-context" if source.endswith("_h100.json") else PAIR_SPEED_SUITE
+    return next(name for name, out in _pair_suite_steps(suite) if out == source)
 
 
 def pair_speed_blocks() -> List[str]:
     blocks = []
-    for source in PAIR_SPEED:
+    for source in PAIR_SPEED + PAIR_SPEED_H100:
         data = load(source)
         missing, partial = pair_missing(source)
         bandwidth = data["cases"]["copy_bandwidth"]["bandwidth_Bps"]
         for key, case in pair_cases(source):
-            head = (f"{case['context'] // 1000}k context, batch {case['batch']}, {data['config']['dtype']} "
+            head = (f"{'On an H100 (suite h100-long-context), ' if source.endswith('_h100.json') else ''}"
+                    f"{case['context'] // 1000}k context, batch {case['batch']}, {data['config']['dtype']} "
                     f"(`{source}`, step `{_step_of(source)}`; copy bandwidth {bandwidth / 1e12:.2f} TB/s)")
             if partial.get(key):
                 done = [m for m, _ in PAIR_METHODS if m in case]
@@ -4324,7 +4337,7 @@ def pair_speed_blocks() -> List[str]:
             blocks.append(f"`{source}` (step `{_step_of(source)}`): not measured yet: {', '.join(missing)}"
                           + (" — only its Pallas-vs-XLA logits check ran (below)." if not pair_cases(source)
                              and "backend_check" in data["cases"] else "."))
-    shown = set(PAIR_SPEED) | {PAIR_SPEED_F32, PAIR_SPEED_SRH_1GROUP[0]} | {source for _, _, source in REAL_PAIR}
+    shown = set(PAIR_SPEED + PAIR_SPEED_H100) | {PAIR_SPEED_F32, PAIR_SPEED_SRH_1GROUP[0]} | {source for _, _, source in REAL_PAIR}
     not_run = [name for name, out in _pair_suite_steps() if not (RESULTS / out).exists()]
     unshown = [name for name, out in _pair_suite_steps() if (RESULTS / out).exists() and out not in shown]
     if not_run or unshown:
@@ -5119,6 +5132,20 @@ def _probed_repeats_text(path: str) -> str:
         else:
             text += (" The same run deciding from it (step `pair-ctx32k-b8-choice-table-repeats`): not measured "
                      "yet.")
+    if (RESULTS / CHOICE_TABLE_H100_B16).exists():
+        table = load(CHOICE_TABLE_H100_B16)
+        labels = dict(PAIR_METHODS)
+        text += (f" With the H100's batch-16 plain run and that run's outcomes in it (`{CHOICE_TABLE_H100_B16}`, step "
+                 "`choice-table-b8-16`) the table decides " + "; ".join(
+                     f"{labels.get(r['method'], r['method']).strip('*')} at {round(r['context_bucket'] / 1024)}k-"
+                     f"bucket/b{r['batch']}: {'speculate' if r['speedup'] >= 1 + table['margin'] else 'AR'} "
+                     f"({r['speedup']:.2f}x)" for r in table["entries"]) + ".")
+        if (RESULTS / PAIR_SPEED_CHOICE_TABLE_B16_REPEATS_H100).exists():
+            text += _choice_runs_text(PAIR_SPEED_CHOICE_TABLE_B16_REPEATS_H100, guarded=True,
+                                      title="On the H100 at batch 16 deciding from it, 3 (AR, method) pairs each")
+        else:
+            text += (" The 32k/b16 run deciding from it (step `pair-ctx32k-b16-choice-table-repeats`): not "
+                     "measured yet.")
     return text
 
 
