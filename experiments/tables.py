@@ -462,6 +462,8 @@ KNAPSPEC_PALLAS = f"{K}qwen2.5-coder-1.5b_32k-8k_b16_pallas_h200.json"
 KNAPSPEC_PALLAS_STATIC = f"{K}qwen2.5-coder-1.5b_32k-8k_b16_pallas_static_h200.json"
 #: the same two KnapSpec variants at batch 1 on the kernel, static plans and a batch-1 profile of compiled masks
 KNAPSPEC_PALLAS_B1 = f"{K}qwen2.5-coder-1.5b_32k-8k_b1_pallas_static_h200.json"
+#: the same at 32k on an H100 (suite h100-long-context)
+KNAPSPEC_PALLAS_B1_H100 = f"{K}qwen2.5-coder-1.5b_32k_b1_pallas_static_h100.json"
 #: the traced plan runs: (file, device tag, what it adds, suite and step, index-key slug)
 KNAPSPEC_PLAN_TRACES = tuple(
     (f"{K}qwen2.5-coder-1.5b_32k_b16_pallas_static{variant}_trace_{tag}.json", tag,
@@ -490,6 +492,9 @@ PLAN_STAGES = tuple((f"{K}plan_stages_{run}.json", model, device) for run, model
 KNAPSPEC_PALLAS_RUNS = ((KNAPSPEC_PALLAS, "pallas", ""),
                         (KNAPSPEC_PALLAS_B1, "pallas-static",
                          " with static plans and a profile of compiled masks (--latency-fit forward-static)"),
+                        (KNAPSPEC_PALLAS_B1_H100, "pallas-static",
+                         " on an H100 with static plans and a profile of compiled masks (--latency-fit "
+                         "forward-static)"),
                         (KNAPSPEC_PALLAS_STATIC, "pallas-static",
                          " with static plans and a profile of compiled masks (--latency-fit forward-static)"),
                         *((source, slug, " with static plans and a profile of compiled masks (--latency-fit "
@@ -1162,14 +1167,16 @@ def _knapspec_pallas_more_note() -> str:
     for source, batch, what, step in (
             (KNAPSPEC_PALLAS_STATIC, 16, "With every plan compiled for itself and a latency profile fitted on "
                                          "forwards with each mask compiled in (`--static-plans --latency-fit "
-                                         "forward-static`)", "qwen2.5-coder-1.5b-b16-32k-8k-pallas-static"),
+                                         "forward-static`)", "h200-knapspec qwen2.5-coder-1.5b-b16-32k-8k-pallas-static"),
             (KNAPSPEC_PALLAS_B1, 1, "At batch 1, the same two variants and AR on the kernel, with static plans "
                                     "and a batch-1 profile of compiled masks",
-             "qwen2.5-coder-1.5b-b1-32k-8k-pallas-static")):
+             "h200-knapspec qwen2.5-coder-1.5b-b1-32k-8k-pallas-static"),
+            (KNAPSPEC_PALLAS_B1_H100, 1, "The same at 32k on an H100",
+             "h100-long-context knapspec-qwen2.5-coder-1.5b-b1-32k-pallas-static")):
         if (RESULTS / source).exists():
             out.append(f"{what} (`{source}`): " + _knapspec_pallas_note(source, batch))
         else:
-            out.append(f"{what} (h200-knapspec step {step}): not measured yet.")
+            out.append(f"{what} (suite and step {step}): not measured yet.")
     return " " + " ".join(out) + _knapspec_plan_trace_note()
 
 
@@ -1308,9 +1315,11 @@ def _knapspec_pallas_note(source: str = KNAPSPEC_PALLAS, batch: int = 16) -> str
     (step qwen2.5-coder-1.5b-b16-32k-8k-pallas and its variants), and the 1.1x target of the paper's KnapSpec at
     32k/b16."""
     cases = load(source)["cases"]
+    tag = "h100" if source.endswith("_h100.json") else "h200"  # the runs' --device-tag, in their case keys
+    asked = [int(c) for c in _csv(load(source)["config"].get("contexts", "32000,16384,8192"))]
     parts, measured = [], set()
-    for ctx in (32000, 16384, 8192):
-        ks, budget = (cases.get(f"h200/summarize/ctx{ctx}/b{batch}/{m}") for m in ("knapspec", "knapspec-budget"))
+    for ctx in asked:
+        ks, budget = (cases.get(f"{tag}/summarize/ctx{ctx}/b{batch}/{m}") for m in ("knapspec", "knapspec-budget"))
         if ks is None and budget is None:
             continue
         measured.add(ctx)
@@ -1336,12 +1345,12 @@ def _knapspec_pallas_note(source: str = KNAPSPEC_PALLAS, batch: int = 16) -> str
                          f"against {probe['ar_tokens_per_s']:.0f} for plain steps, so it kept plain decoding")
             text += ")"
         parts.append(text)
-    top = cases.get("h200/summarize/ctx32000/b16/knapspec")  # the target's point (batch 16 only)
+    top = cases.get(f"{tag}/summarize/ctx32000/b16/knapspec")  # the target's point (batch 16 only)
     fit = load(source)["config"].get("latency_fit", "forward")
     checks = [(k, c["draft_step_check"]) for k, c in cases.items()
               if c.get("draft_step_check", {}).get("dynamic_s" if fit == "forward" else "static_s")]
     out = "; ".join(parts) + "."
-    missing = [f"{round(c / 1000)}k" for c in (32000, 16384, 8192) if c not in measured]
+    missing = [f"{round(c / 1000)}k" for c in asked if c not in measured]
     if missing:
         out += f" Not measured: {', '.join(missing)} (the device time ran out)."
     if top:
