@@ -540,6 +540,8 @@ KNAPSPEC_TPT_CORRELATION_TARGET = f"{K}smollm2-135m_1k-2k_b1_tpt-correlation_tar
 #: the same correlation with each candidate plan timed in 3 (AR, plan) pairs, the median pair's speed-up
 KNAPSPEC_TPT_CORRELATION_REPEATS = f"{K}smollm2-135m_1k-2k_b1_tpt-correlation_repeats_cpu.json"
 TPT_CORRELATION_CONTEXTS = (1024, 2048)
+#: the same measure on an H100 with the real Qwen2.5-Coder-1.5B at 32k, batch 1, each plan timed in 3 (AR, plan) pairs
+KNAPSPEC_TPT_CORRELATION_H100 = f"{K}qwen2.5-coder-1.5b_32k_b1_tpt-correlation_h100.json"
 DP_REFERENCES = (("branch", "the window through the candidate (the paper)"),
                  ("target", "the target's K/V of earlier tokens"))
 
@@ -1952,28 +1954,30 @@ def knapspec_at_start_cpu_note(base: dict) -> str:
                "±5 %)." if abs(c["speedup_vs_ar"] - base["speedup_vs_ar"]) < 0.05 else "."))
 
 
-def _tpt_correlation_parts(source: str) -> Tuple[List[str], List[bool]]:
-    """Per context of one TPT-correlation run: a sentence and whether the target was met there."""
+def _tpt_correlation_parts(source: str, tag: str = "cpu",
+                           contexts: Sequence[int] = TPT_CORRELATION_CONTEXTS) -> Tuple[List[str], List[bool]]:
+    """Per context of one TPT-correlation run (case keys under its device ``tag``): a sentence and whether the
+    target was met there."""
     d = load(source)
     parts, verdicts = [], []
-    for ctx in TPT_CORRELATION_CONTEXTS:
-        c = d["cases"].get(f"cpu/summarize/ctx{ctx}/b1/correlation")
+    for ctx in contexts:
+        c = d["cases"].get(f"{tag}/summarize/ctx{ctx}/b1/correlation")
         if c is None:
-            parts.append(f"At {ctx // 1024}k: not measured.")
+            parts.append(f"At {_tokens_k(ctx)}: not measured.")
             continue
         r_tpt, r_tput = c["pearson_predicted_tpt_vs_speedup"], c["pearson_predicted_tpt_vs_throughput"]
         r_plain, r_acc = c.get("pearson_predicted_tpt_no_exit_vs_speedup"), c["pearson_measured_acceptance_vs_speedup"]
         ok = [r is not None and r >= 0.84 and (r_acc is None or r > r_acc) for r in (r_tpt, r_tput)]
         verdicts.append(all(ok))
         fmt = lambda r: "n/a" if r is None else f"{r:.2f}"  # noqa: E731
-        fixed = _fixed_cases(d, f"cpu/summarize/ctx{ctx}/b1/fixed/")
+        fixed = _fixed_cases(d, f"{tag}/summarize/ctx{ctx}/b1/fixed/")
         # the latency model fed each run's own rounds and draft steps: its time part alone
         timed = _pearson([f["ar_decode_s"] / f["latency_prediction"]["decode_s"] for f in fixed],
                          [f["speedup_vs_ar"] for f in fixed])
         errors = {mode: sum(f[f"alpha_{mode}"] - f["acceptance_rate"] for f in fixed) / len(fixed)
                   for mode, _ in DP_REFERENCES}
         ar_rates = [f["ar_tokens_per_s"] for f in fixed]
-        parts.append(f"At {ctx // 1024}k ({c['plans']} plans): r = {fmt(r_tpt)} with speed-up, {fmt(r_tput)} with "
+        parts.append(f"At {_tokens_k(ctx)} ({c['plans']} plans): r = {fmt(r_tpt)} with speed-up, {fmt(r_tput)} with "
                      f"tokens/s (the exit-free TPT {fmt(r_plain)}; the DP's alpha "
                      f"{fmt(c.get('pearson_dp_alpha_vs_speedup'))}, the measured acceptance {fmt(r_acc)}; measured speed-ups "
                      f"{min(c['measured_speedup']):.2f}-{max(c['measured_speedup']):.2f}x, predicted "
@@ -2012,6 +2016,16 @@ def knapspec_tpt_correlation_note() -> str:
                         f"`smollm2-135m-1k-2k-tpt-correlation-repeats`; its own DP candidates and the same latency "
                         f"profile; a plan's pairs spread {100 * min(spreads):.1f}-{100 * max(spreads):.1f} %): "
                         + " ".join(repeat_parts))
+    if (RESULTS / KNAPSPEC_TPT_CORRELATION_H100).exists():
+        gpu_parts, gpu_verdicts = _tpt_correlation_parts(KNAPSPEC_TPT_CORRELATION_H100, "h100", (32000,))
+        verdicts += gpu_verdicts
+        target_text += (f" On an H100 with the real Qwen2.5-Coder-1.5B, batch 1, on the Pallas kernel, each plan "
+                        f"compiled for itself and timed in 3 (AR, plan) pairs (`{KNAPSPEC_TPT_CORRELATION_H100}`, suite "
+                        f"h100-long-context step `knapspec-qwen2.5-coder-1.5b-b1-32k-tpt-correlation`): "
+                        + " ".join(gpu_parts))
+    else:
+        target_text += (" On an H100 with the real Qwen2.5-Coder-1.5B at 32k, batch 1 (suite h100-long-context step "
+                        "`knapspec-qwen2.5-coder-1.5b-b1-32k-tpt-correlation`): not measured yet.")
     verdict = "met" if verdicts and all(verdicts) else ("missed" if not any(verdicts) else "met in some runs")
     why = (" The DP's alpha comes from the first 64 generated tokens; the fixed plans are measured over 256, "
            "and the skip plans' speed-ups differ by little more than the estimate's error and the paired AR's "
@@ -3320,6 +3334,18 @@ def _figures() -> List[Figure]:
                 add(Figure(f"{loop}/dynamic-draft-step-over-predicted", "the same plans with the dynamic mask "
                            "(lax.cond per sub-layer) / the latency model", "x", KNAPSPEC_TPT_CORRELATION,
                            _fixed_median("draft_step_check", "dynamic_over_predicted", prefix=fixed)))
+    if (RESULTS / KNAPSPEC_TPT_CORRELATION_H100).exists():
+        key = "h100/summarize/ctx32000/b1/correlation"
+        for field, slug, label, target in (
+                ("pearson_predicted_tpt_vs_speedup", "predicted-tpt-vs-speedup",
+                 "predicted TPT vs the median of 3 paired speed-ups", "target >= 0.84 (paper 0.837)"),
+                ("pearson_predicted_tpt_vs_throughput", "predicted-tpt-vs-throughput",
+                 "the same TPT vs the median pair's tokens/s", "target >= 0.84 (paper 0.837)"),
+                ("pearson_measured_acceptance_vs_speedup", "measured-acceptance-vs-speedup",
+                 "measured acceptance vs the median paired speed-up", "paper 0.538 for acceptance")):
+            add(Figure(f"knapspec/correlation/qwen2.5-coder-1.5b/ctx32000/b1/h100/{slug}",
+                       f"Pearson r, {label}, over the fixed candidate plans, real Qwen2.5-Coder-1.5B on an H100, 32k",
+                       "r", KNAPSPEC_TPT_CORRELATION_H100, ("cases", key, field), target=target))
     for ctx in (1024, 2048, 4096):
         add(Figure(f"knapspec/correlation/smollm2-135m/ctx{ctx}/b1/cpu/predicted-tpt-vs-speedup",
                    f"Pearson r, predicted TPT vs measured speed-up over 5 fixed plans, SmolLM2 CPU, {ctx // 1024}k",
