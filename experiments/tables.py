@@ -2194,6 +2194,49 @@ def plot_m_rules(cases: Dict[str, Any], path: str, title: str = "") -> None:
 
 
 
+def plot_m_per_length(source: str, base: str, path: str, title: str = "") -> None:
+    """Left: the share of the single m's ARR gap to the per-round oracle closed per k by the coverage rule around
+    the single m, the length's m and the coverage rule around it; right: selection time per round over the fixed
+    rule's for the two coverage rules (the length's m alone selects as the fixed rule)."""
+    plt = _pyplot()
+    rows = m_per_length_rows(source, base)
+    ks = [r["k"] for r in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    width = 0.25
+    for i, (tag, label) in enumerate(M_PER_LENGTH_TAGS):
+        values = [(j, 100 * r[f"gap_closed_{tag}"]) for j, r in enumerate(rows) if r[f"gap_closed_{tag}"] is not None]
+        left.bar([j + (i - 1) * width for j, _ in values], [v for _, v in values], width, label=label)
+    left.axhline(100 / 3, color="k", linestyle="--", linewidth=1, label="target: a third (mean over k)")
+    left.axhline(0, color="k", linewidth=0.5)
+    top = max([100 * r[f"gap_closed_{t}"] for r in rows for t, _ in M_PER_LENGTH_TAGS
+               if r[f"gap_closed_{t}"] is not None] + [100 / 3])
+    left.set_ylim(top=1.6 * top)  # room for the legend above the bars
+    left.set_xticks(range(len(ks)))
+    left.set_xticklabels([str(k) for k in ks])
+    left.set_xlabel("KV budget k")
+    left.set_ylabel("gap to the per-round oracle closed (%)")
+    left.grid(alpha=0.3, axis="y")
+    left.legend(fontsize=8, loc="upper left")
+    for i, (field, label) in enumerate((("selection_ratio_coverage", "coverage rule around the single m"),
+                                        ("selection_ratio_length_coverage", "coverage rule around the length's m"))):
+        values = [(j, r[field]) for j, r in enumerate(rows) if r[field] is not None]
+        right.bar([j + (i - 0.5) * width for j, _ in values], [v for _, v in values], width, label=label)
+    right.axhline(1.1, color="k", linestyle="--", linewidth=1, label="target <= 1.1x")
+    right.axhline(1.0, color="k", linewidth=0.5)
+    right.set_xticks(range(len(ks)))
+    right.set_xticklabels([str(k) for k in ks])
+    right.set_xlabel("KV budget k")
+    right.set_ylabel("selection time / fixed rule's (same signals)")
+    right.set_ylim(0, 1.45 * max([r[f] for r in rows for f in ("selection_ratio_coverage",
+                                                                 "selection_ratio_length_coverage")
+                                  if r[f] is not None] + [1.1]))
+    right.grid(alpha=0.3, axis="y")
+    right.legend(fontsize=8, loc="upper left")
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120, format="png", metadata={"Software": None})
+    plt.close(fig)
+
 def _m_rule(budget, field):
     def get(data):
         return read_path(m_rule_rows(data["cases"]), ({"k": budget}, field))
@@ -4160,6 +4203,17 @@ for _model, _source in INPUT_AWARE_M:
     PLOTS[_source.replace(".json", ".png")] = _m_rules_plot(_model, _source)
 
 
+def _m_per_length_plot(model, source, base):
+    def draw(fig_path) -> None:
+        plot_m_per_length(source, base, fig_path, title=f"{model} + {INPUT_AWARE_M_DRAFT[model]}, "
+                          f"{_m_run_label(source)}: the profile's m per context length")
+    return draw
+
+
+for _model, _source, _base, _ in INPUT_AWARE_M_PER_LENGTH:
+    PLOTS[_source.replace(".json", ".png")] = _m_per_length_plot(_model, _source, _base)
+
+
 @_plot("knapspec/knapspec_speedup_qwen2.5-7b-shape_smollm2-135m_h200_cpu.png")
 def knapspec_plot(fig_path) -> None:
     """KnapSpec, CLaSp and the always-draft emulation against paired AR, one bar group per run."""
@@ -5775,7 +5829,8 @@ def m_per_length_blocks() -> List[str]:
                      "length's m gains over the profile's m, ARR: " + "; ".join(
                          f"k = {k}: " + ", ".join(f"{_tokens_k(x['context'])} {x['arr'] - x['arr_at_profile_m']:+.4f}"
                                                   for x in by_k[k]) for k in sorted(by_k)) + ". ")
-        out.append(text + "\n\n" + "\n".join(lines))
+        out.append(text + "\n\n" + "\n".join(lines)
+                   + f"\n\n![the m per context length](../experiments/results/{source.replace('.json', '.png')})")
     return out
 
 
