@@ -5778,21 +5778,18 @@ M_PER_LENGTH_TAGS = (("coverage", "the coverage rule around the single m"),
                      ("length", "the length's m"), ("length_coverage", "the coverage rule around the length's m"))
 
 
+def _or_dash(x: Optional[float], spec: str, scale: float = 1.0, suffix: str = "") -> str:
+    """``x`` (times ``scale``) formatted by ``spec`` with ``suffix``; "-" for a value not measured."""
+    return "-" if x is None else f"{scale * x:{spec}}{suffix}"
+
+
 def m_per_length_blocks() -> List[str]:
     """The recalibrated m per context length and the online run deciding with it, beside the single m's run."""
     out, told = [], set()
+    f4, f2, pct = (functools.partial(_or_dash, spec=spec, scale=scale, suffix=suffix)
+                   for spec, scale, suffix in ((".4f", 1, ""), (".2f", 1, ""), ("+.0f", 100, " %")))
     for model, source, base, recal in INPUT_AWARE_M_PER_LENGTH:
         rows = m_per_length_rows(source, base)
-
-        def f4(x):
-            return "-" if x is None else f"{x:.4f}"
-
-        def f2(x):
-            return "-" if x is None else f"{x:.2f}"
-
-        def pct(x):
-            return "-" if x is None else f"{100 * x:+.0f} %"
-
         tags = ("fixed", "coverage", "length", "length_coverage", "oracle")
         lines = ["| k | m: single / length's / coverage around it (mean) | ARR single m / coverage / length's m / "
                  "coverage around it / oracle | gap closed: coverage / length's m / coverage around it | token match "
