@@ -544,6 +544,15 @@ KNAPSPEC_TPT_CORRELATION_REPEATS = f"{K}smollm2-135m_1k-2k_b1_tpt-correlation_re
 TPT_CORRELATION_CONTEXTS = (1024, 2048)
 #: the same measure on an H100 with the real Qwen2.5-Coder-1.5B at 32k, batch 1, each plan timed in 3 (AR, plan) pairs
 KNAPSPEC_TPT_CORRELATION_H100 = f"{K}qwen2.5-coder-1.5b_32k_b1_tpt-correlation_h100.json"
+#: the index figures of a TPT-correlation run whose plans were each timed in 3 (AR, plan) pairs:
+#: (correlation field, key slug, what, target)
+PAIRED_CORRELATION_FIELDS = (
+    ("pearson_predicted_tpt_vs_speedup", "predicted-tpt-vs-speedup",
+     "predicted TPT vs the median of 3 paired speed-ups", "target >= 0.84 (paper 0.837)"),
+    ("pearson_predicted_tpt_vs_throughput", "predicted-tpt-vs-throughput",
+     "the same TPT vs the median pair's tokens/s", "target >= 0.84 (paper 0.837)"),
+    ("pearson_measured_acceptance_vs_speedup", "measured-acceptance-vs-speedup",
+     "measured acceptance vs the median paired speed-up", "paper 0.538 for acceptance"))
 DP_REFERENCES = (("branch", "the window through the candidate (the paper)"),
                  ("target", "the target's K/V of earlier tokens"))
 
@@ -3347,13 +3356,7 @@ def _figures() -> List[Figure]:
                 add(Figure(f"{base}/{slug}", f"Pearson r, {label}, {what}", "r", KNAPSPEC_TPT_CORRELATION,
                            ("cases", key, field), target=target))
             if (RESULTS / KNAPSPEC_TPT_CORRELATION_REPEATS).exists():
-                for field, slug, label, target in (
-                        ("pearson_predicted_tpt_vs_speedup", "predicted-tpt-vs-speedup",
-                         "predicted TPT vs the median of 3 paired speed-ups", "target >= 0.84 (paper 0.837)"),
-                        ("pearson_predicted_tpt_vs_throughput", "predicted-tpt-vs-throughput",
-                         "the same TPT vs the median pair's tokens/s", "target >= 0.84 (paper 0.837)"),
-                        ("pearson_measured_acceptance_vs_speedup", "measured-acceptance-vs-speedup",
-                         "measured acceptance vs the median paired speed-up", "paper 0.538 for acceptance")):
+                for field, slug, label, target in PAIRED_CORRELATION_FIELDS:
                     add(Figure(f"{base.replace('/exit-aware', '/exit-aware-repeats')}/{slug}",
                                f"Pearson r, {label}, {what}", "r", KNAPSPEC_TPT_CORRELATION_REPEATS,
                                ("cases", key, field), target=target))
@@ -3385,13 +3388,7 @@ def _figures() -> List[Figure]:
                            _fixed_median("draft_step_check", "dynamic_over_predicted", prefix=fixed)))
     if (RESULTS / KNAPSPEC_TPT_CORRELATION_H100).exists():
         key = "h100/summarize/ctx32000/b1/correlation"
-        for field, slug, label, target in (
-                ("pearson_predicted_tpt_vs_speedup", "predicted-tpt-vs-speedup",
-                 "predicted TPT vs the median of 3 paired speed-ups", "target >= 0.84 (paper 0.837)"),
-                ("pearson_predicted_tpt_vs_throughput", "predicted-tpt-vs-throughput",
-                 "the same TPT vs the median pair's tokens/s", "target >= 0.84 (paper 0.837)"),
-                ("pearson_measured_acceptance_vs_speedup", "measured-acceptance-vs-speedup",
-                 "measured acceptance vs the median paired speed-up", "paper 0.538 for acceptance")):
+        for field, slug, label, target in PAIRED_CORRELATION_FIELDS:
             add(Figure(f"knapspec/correlation/qwen2.5-coder-1.5b/ctx32000/b1/h100/{slug}",
                        f"Pearson r, {label}, over the fixed candidate plans, real Qwen2.5-Coder-1.5B on an H100, 32k",
                        "r", KNAPSPEC_TPT_CORRELATION_H100, ("cases", key, field), target=target))
@@ -5163,6 +5160,14 @@ def choice_table_block() -> str:
     return text + "\n\n" + "\n".join(lines)
 
 
+def _table_decisions(path: str) -> str:
+    """A choice table's entries in words: each method, key, decision and the speed-up it rests on."""
+    table, labels = load(path), dict(PAIR_METHODS)
+    return "; ".join(f"{labels.get(r['method'], r['method']).strip('*')} at {round(r['context_bucket'] / 1024)}k-"
+                     f"bucket/b{r['batch']}: {'speculate' if r['speedup'] >= 1 + table['margin'] else 'AR'} "
+                     f"({r['speedup']:.2f}x)" for r in table["entries"])
+
+
 def _probed_repeats_text(path: str) -> str:
     """The runs of one pair-speed file under the measured choice without a table (each decision from its own probe),
     timed in (AR, method) pairs: each method's median pair, the decision, and, where it chose plain decoding, what
@@ -5212,15 +5217,9 @@ def _probed_repeats_text(path: str) -> str:
                  f"({100 * min(spec_share):.0f}-{100 * max(spec_share):.0f} % of the loss): the batch finishes with its "
                  "slowest row, and the rounds moved that row little further than as many plain steps would.")
     if (RESULTS / CHOICE_TABLE_H100).exists():
-        rows = load(CHOICE_TABLE_H100)["entries"]
-        labels = dict(PAIR_METHODS)
         text += (f" This GPU's choice table, built from that run (`{CHOICE_TABLE_H100}`, `choice-table --probed`, step "
                  "`choice-table`, no GPU needed: each method's whole-run speed-up with its probe), decides "
-                 + "; ".join(f"{labels.get(r['method'], r['method']).strip('*')} at "
-                             f"{round(r['context_bucket'] / 1024)}k-bucket/b{r['batch']}: "
-                             f"{'speculate' if r['speedup'] >= 1 + load(CHOICE_TABLE_H100)['margin'] else 'AR'} "
-                             f"({r['speedup']:.2f}x)" for r in rows)
-                 + ", with no probe.")
+                 + _table_decisions(CHOICE_TABLE_H100) + ", with no probe.")
         if (RESULTS / PAIR_SPEED_CHOICE_TABLE_REPEATS_H100).exists():
             text += _choice_runs_text(PAIR_SPEED_CHOICE_TABLE_REPEATS_H100, guarded=True,
                                       title="On the H100 deciding from it, 3 (AR, method) pairs each")
@@ -5228,13 +5227,8 @@ def _probed_repeats_text(path: str) -> str:
             text += (" The same run deciding from it (step `pair-ctx32k-b8-choice-table-repeats`): not measured "
                      "yet.")
     if (RESULTS / CHOICE_TABLE_H100_B16).exists():
-        table = load(CHOICE_TABLE_H100_B16)
-        labels = dict(PAIR_METHODS)
         text += (f" With the H100's batch-16 plain run and that run's outcomes in it (`{CHOICE_TABLE_H100_B16}`, step "
-                 "`choice-table-b8-16`) the table decides " + "; ".join(
-                     f"{labels.get(r['method'], r['method']).strip('*')} at {round(r['context_bucket'] / 1024)}k-"
-                     f"bucket/b{r['batch']}: {'speculate' if r['speedup'] >= 1 + table['margin'] else 'AR'} "
-                     f"({r['speedup']:.2f}x)" for r in table["entries"]) + ".")
+                 "`choice-table-b8-16`) the table decides " + _table_decisions(CHOICE_TABLE_H100_B16) + ".")
         if (RESULTS / PAIR_SPEED_CHOICE_TABLE_B16_REPEATS_H100).exists():
             text += _choice_runs_text(PAIR_SPEED_CHOICE_TABLE_B16_REPEATS_H100, guarded=True,
                                       title="On the H100 at batch 16 deciding from it, 3 (AR, method) pairs each")
