@@ -256,8 +256,13 @@ def sweep_m(weights, s_draft, s_target, lengths, *, k: int, sinks: int, window: 
     return total / len(lengths)
 
 
+#: the rounds :func:`m_choice_study` holds the coverage rule's decision for (``coverage_held{r}``)
+HOLD_ROUNDS = (3,)
+
+
 def m_choice_study(records: CalibrationRecords, config: DustinConfig, *, target_layer: int = 0,
-                   draft_layers: Optional[Sequence[int]] = None, length_m: Optional[int] = None) -> Dict[str, Any]:
+                   draft_layers: Optional[Sequence[int]] = None, length_m: Optional[int] = None,
+                   hold: Sequence[int] = HOLD_ROUNDS) -> Dict[str, Any]:
     """How predictable the ARR-maximising m of a round is (docs/methods.md §3.7), per round of each
     recorded sequence, from its ARR curve (:func:`sweep_m`):
 
@@ -282,7 +287,11 @@ def m_choice_study(records: CalibrationRecords, config: DustinConfig, *, target_
       same rule with its candidates around the held-out best single m (``best_fixed_m["folds"]``);
     * with ``length_m`` (the profile's m for this context length, :meth:`DustinProfile.m_at`, recalibrated on
       calibration tasks of that length): ``length_m``, that m every round, and ``coverage_length_m``, the
-      coverage rule with its candidates around it.
+      coverage rule with its candidates around it;
+    * ``coverage_held{r}`` (and ``coverage_length_m_held{r}``) for each r of ``hold``: the coverage rule deciding
+      only in every r-th round of a sequence (its first, then every r-th), each row's m held in the rounds
+      between, where the fixed rule selects with it -- a selection costs the rule's extra work once in r
+      rounds.
 
     ``records.target_scores[target_layer]`` is ``s_T`` (recorded with ``config.target_heads``);
     ``s_D`` sums ``records.draft_scores`` over ``draft_layers`` (their indices among the recorded draft
@@ -303,7 +312,7 @@ def m_choice_study(records: CalibrationRecords, config: DustinConfig, *, target_
         return sweep_m(w[None], s_d[None], s_t[None], np.array([length]), k=k, sinks=sinks, window=window)
 
     values = {name: [] for name in ("fixed", "oracle", "persistence", "signal_proxy", "hindsight")}
-    best_ms, curves, seq_of, row_of = [], [], [], []
+    best_ms, curves, seq_of, row_of, round_of = [], [], [], [], []
     for seq in np.unique(records.sequence):
         rows = np.nonzero(records.sequence == seq)[0]
         previous = None  # (s_D, s_T, length, best m) of the sequence's previous round
@@ -314,6 +323,7 @@ def m_choice_study(records: CalibrationRecords, config: DustinConfig, *, target_
             curves.append(arr)
             seq_of.append(seq)
             row_of.append(row)
+            round_of.append(i)
             best = int(np.argmax(arr))
             best_ms.append(best)
             values["fixed"].append(arr[m0])
@@ -340,16 +350,26 @@ def m_choice_study(records: CalibrationRecords, config: DustinConfig, *, target_
     curves, seq_of, row_of = np.stack(curves), np.asarray(seq_of), np.asarray(row_of)
     m_best, means["best_fixed"] = best_m(curves.mean(axis=0))
 
-    def coverage_arr(center: int, held) -> np.ndarray:  # each held round's ARR at the coverage rule's m
+    def coverage_arr(center: int, held, every: int = 1) -> np.ndarray:  # each held round's ARR at the rule's m
         cands = dataclasses.replace(config, m=int(center)).m_candidates
         rows_ = row_of[held]
         _, chosen = select_input_aware(jnp.asarray(s_d_all[rows_]), jnp.asarray(s_t_all[rows_]),
                                        jnp.asarray(records.lengths[rows_], jnp.int32), k=k, sinks=sinks,
                                        window=window, candidates=tuple(cands))
-        return curves[held, np.asarray(chosen)]
+        chosen = np.asarray(chosen)
+        if every > 1:  # a sequence's rounds are consecutive: each takes the m of its last deciding round
+            chosen = chosen[np.arange(len(chosen)) - round_of[held] % every]
+        return curves[held, chosen]
 
+    round_of = np.asarray(round_of)
+    everything = np.ones(len(curves), bool)
+    hold = [int(r) for r in hold]
+    if any(r < 2 for r in hold):
+        raise ValueError(f"hold={hold}: each must be >= 2 rounds (1 is the rule deciding every round, 'coverage')")
     if 0 < m0 < free:  # the rule chooses a split only where both signals have a share
-        means["coverage"] = float(coverage_arr(m0, np.ones(len(curves), bool)).mean())
+        means["coverage"] = float(coverage_arr(m0, everything).mean())
+        for r in hold:
+            means[f"coverage_held{r}"] = float(coverage_arr(m0, everything, r).mean())
     fold = np.isin(seq_of, np.unique(seq_of)[1::2])  # sequences alternate between the two folds
     fold_ms = []
     if fold.any() and (~fold).any():
@@ -368,14 +388,18 @@ def m_choice_study(records: CalibrationRecords, config: DustinConfig, *, target_
             raise ValueError(f"length_m={length_m} must lie in 0..k - s - w = {free}")
         means["length_m"] = float(curves[:, int(length_m)].mean())
         if 0 < m0 < free:
-            means["coverage_length_m"] = float(coverage_arr(int(length_m), np.ones(len(curves), bool)).mean())
+            means["coverage_length_m"] = float(coverage_arr(int(length_m), everything).mean())
+            for r in hold:
+                means[f"coverage_length_m_held{r}"] = float(coverage_arr(int(length_m), everything, r).mean())
     gap = means["oracle"] - means["fixed"]
     return {"k": k, "m": m0, "m_candidates": list(cands), "rounds": len(best_ms),
             "sequences": int(len(np.unique(records.sequence))), "arr": means,
             "gap_closed": {name: (means[name] - means["fixed"]) / gap if gap > 0 and name in means else None
                            for name in ("persistence", "signal_proxy", "hindsight", "best_fixed",
                                         "best_fixed_crossval", "coverage", "coverage_crossval", "length_m",
-                                        "coverage_length_m") if name in means or name in STUDY_ALWAYS},
+                                        "coverage_length_m")
+                           + tuple(f"{base}_held{r}" for base in ("coverage", "coverage_length_m") for r in hold)
+                           if name in means or name in STUDY_ALWAYS},
             "best_fixed_m": {"all": m_best, "folds": fold_ms},
             **({"length_m": int(length_m)} if length_m is not None else {}),
             "oracle_m": {"mean": float(np.mean(best_ms)), "std": float(np.std(best_ms)),

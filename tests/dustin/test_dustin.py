@@ -963,3 +963,42 @@ def test_m_choice_study_bounds_on_repeated_rounds():
         m_choice_study(records, cfg, length_m=999)
     with pytest.raises(ValueError, match="sequence ids"):
         m_choice_study(dataclasses.replace(records, sequence=None), cfg)
+
+
+def test_m_choice_study_holds_the_coverage_rules_m_between_its_decisions():
+    """coverage_held3 (docs/methods.md §3.7): the coverage rule decides in rounds 0 and 3 of each sequence and each
+    round between is scored at the m of the last deciding round, on rounds whose signals all differ."""
+    from jaxspec.dustin.search import m_choice_study
+    from jaxspec.dustin.selection import select_input_aware_reference
+
+    rng = np.random.RandomState(11)
+    seq, rounds, k, sinks, window, m0 = 300, 5, 128, 4, 32, 46
+    cfg = DustinConfig(budget=k, sinks=sinks, window=window, m=m0, target_layer=0, target_heads=(0,),
+                       draft_layers=(0,), draft_heads=((0,),))
+    w_all, t_all, d_all, ids, curves = [], [], [], [], []
+    for sequence in range(2):
+        for _ in range(rounds):
+            w = rng.gamma(0.3, size=seq).astype(np.float32)
+            w /= w.sum()
+            d = (w + rng.rand(seq) * 0.05).astype(np.float32)
+            t = (w * 5 + rng.rand(seq) * 0.2).astype(np.float32)
+            w_all.append(w), t_all.append(t), d_all.append(d), ids.append(sequence)
+            curves.append(np.asarray(sweep_m(w[None], d[None], t[None], np.array([seq]), k=k, sinks=sinks,
+                                             window=window)))
+    records = CalibrationRecords(weights=np.stack(w_all), target_scores=np.stack(t_all)[None],
+                                 draft_scores=np.stack(d_all)[None], lengths=np.full(len(ids), seq),
+                                 target_heads=((0,),), draft_heads=((0,),), gamma=4, sequence=np.array(ids))
+    _, chosen = select_input_aware_reference(np.stack(d_all), np.stack(t_all), np.full(len(ids), seq), k=k,
+                                             sinks=sinks, window=window, candidates=tuple(cfg.m_candidates))
+    chosen = np.asarray(chosen)
+    deciding = [0, 0, 0, 3, 3, 5, 5, 5, 8, 8]  # rounds 0 and 3 of each 5-round sequence decide
+    assert len(set(chosen.tolist())) > 1  # the rule moves m between rounds here, so holding it matters
+    study = m_choice_study(records, cfg)
+    assert study["arr"]["coverage"] == pytest.approx(np.mean([c[m] for c, m in zip(curves, chosen)]), abs=1e-6)
+    held = np.mean([curves[j][chosen[deciding[j]]] for j in range(len(ids))])
+    assert study["arr"]["coverage_held3"] == pytest.approx(held, abs=1e-6)
+    assert "coverage_held3" in study["gap_closed"] and "coverage_length_m_held3" not in study["gap_closed"]
+    with_length = m_choice_study(records, cfg, length_m=m0 + 10, hold=(2,))
+    assert "coverage_length_m_held2" in with_length["arr"] and "coverage_held3" not in with_length["arr"]
+    with pytest.raises(ValueError, match="hold=\\[1\\]"):
+        m_choice_study(records, cfg, hold=(1,))
