@@ -543,7 +543,9 @@ def register(subparsers) -> None:
     sel.add_argument("--rules", default=",".join(DEFAULT_SELECTION_RULES),
                      help="coverage, entropy, max-mass, coverage-ladder (the coverage rule with --m-steps), "
                           "coverage-sort / coverage-radix (the coverage rule with its candidates scored that way; "
-                          "coverage is the platform's default, docs/methods.md §3.7)")
+                          "coverage is the platform's default, docs/methods.md §3.7), fixed-rows (the fixed rule "
+                          "with a per-row m), coverage-held3 (the coverage rule deciding every third round: its "
+                          "selection and two per-row fixed selections with the m it chose, per round)")
     sel.add_argument("--m-steps", type=int, default=4, metavar="N",
                      help="coverage-ladder: steps of its candidate ladder on each side of m (docs/methods.md §3.7)")
     sel.add_argument("--dustin-profile", default=None,
@@ -566,7 +568,11 @@ def register(subparsers) -> None:
 
 
 # ---------------------------------------------------------------------------- the input-aware m rules' cost
-SELECTION_RULES = ("coverage", "entropy", "max-mass", "coverage-ladder", "coverage-sort", "coverage-radix")
+SELECTION_RULES = ("coverage", "entropy", "max-mass", "coverage-ladder", "coverage-sort", "coverage-radix",
+                   "fixed-rows", "coverage-held3")
+#: rules timed as several calls per round: the coverage rule deciding every third round (one coverage selection and
+#: two fixed selections with the per-row m it chose, docs/methods.md §3.7), its time per round the three calls' / 3
+HELD_RULES = {"coverage-held3": 3}
 #: the coverage rule with its candidates scored one way (jaxspec.dustin.selection.COVERAGE_SCORING); "coverage" is
 #: the platform's default
 COVERAGE_SCORED = {"coverage-sort": "sort", "coverage-radix": "radix"}
@@ -617,7 +623,8 @@ def cmd_bench_selection(args) -> Dict[str, Any]:
     import jax
     import jax.numpy as jnp
 
-    from jaxspec.dustin.selection import select_for_config, select_input_aware, select_input_aware_reference
+    from jaxspec.dustin.selection import (select_for_config, select_input_aware, select_input_aware_reference,
+                                          select_verify_indices_rows)
 
     rules = [r for r in args.rules.split(",") if r]
     unknown = [r for r in rules if r not in SELECTION_RULES]
@@ -646,7 +653,26 @@ def cmd_bench_selection(args) -> Dict[str, Any]:
                     continue
                 fixed_cfg = configs[k]
                 fns = {"fixed": jax.jit(lambda a, b, n, c=fixed_cfg: select_for_config(c, a, b, n))}
+                rows_fn = jax.jit(lambda a, b, n, m, c=fixed_cfg: select_verify_indices_rows(
+                    a, b, n, m, k=c.budget, sinks=c.sinks, window=c.window_size))
+                per_row_m = jnp.full((batch,), fixed_cfg.effective_m, jnp.int32)
                 for rule in rules:
+                    if rule == "fixed-rows":  # the fixed rule with a per-row m (traced), as a held m selects
+                        fns[rule] = lambda a, b, n, f=rows_fn: f(a, b, n, per_row_m)
+                        continue
+                    if rule in HELD_RULES:  # one deciding round, then rounds selecting with the m it chose
+                        cfg = fixed_cfg.replace(m_rule="coverage")
+                        if cfg.input_aware:
+                            decide = jax.jit(lambda a, b, n, c=cfg: select_input_aware(
+                                a, b, n, k=c.budget, sinks=c.sinks, window=c.window_size, candidates=c.m_candidates))
+
+                            def held(a, b, n, decide=decide, every=HELD_RULES[rule]):
+                                out, m_rows = decide(a, b, n)
+                                for _ in range(every - 1):
+                                    out = rows_fn(a, b, n, m_rows)
+                                return out
+                            fns[rule] = held
+                        continue
                     if rule in COVERAGE_SCORED:  # the coverage rule, its scoring named
                         cfg = fixed_cfg.replace(m_rule="coverage")
                         if cfg.input_aware:
@@ -664,7 +690,7 @@ def cmd_bench_selection(args) -> Dict[str, Any]:
                 for _ in range(args.repeats):  # interleaved, so drift on the machine touches every rule alike
                     for name, fn in fns.items():
                         samples[name].append(_best_of_groups(fn, (s_d, s_t, lengths), args.iters))
-                best = {name: min(v) for name, v in samples.items()}
+                best = {name: min(v) / HELD_RULES.get(name, 1) for name, v in samples.items()}  # per round
                 result = {"context": context, "batch": batch, "k": k, "m": fixed_cfg.effective_m,
                           "sinks": fixed_cfg.sinks, "window": fixed_cfg.window_size,
                           "seconds": best, "samples_s": samples,
@@ -673,6 +699,13 @@ def cmd_bench_selection(args) -> Dict[str, Any]:
                                     ("coverage-radix", 1)):
                     if name in fns:
                         cfg = fixed_cfg.replace(m_rule="coverage", m_steps=steps)
+                        ref = select_input_aware_reference(s_d, s_t, lengths, k=k, sinks=cfg.sinks,
+                                                           window=cfg.window_size, candidates=cfg.m_candidates)[0]
+                        result[f"{name.replace('-', '_')}_equals_reference"] = bool(
+                            jnp.all(ref == fns[name](s_d, s_t, lengths)))
+                for name in HELD_RULES:  # on the deciding round's own signals the held m selects the rule's set
+                    if name in fns:
+                        cfg = fixed_cfg.replace(m_rule="coverage")
                         ref = select_input_aware_reference(s_d, s_t, lengths, k=k, sinks=cfg.sinks,
                                                            window=cfg.window_size, candidates=cfg.m_candidates)[0]
                         result[f"{name.replace('-', '_')}_equals_reference"] = bool(

@@ -358,7 +358,11 @@ M_BOUNDS_3KINDS = ("dustin_quality/dustin_quality_m_bounds_per-length_qwen2.5-co
                    "dustin_quality/dustin_quality_m_bounds_per-length-3kinds_qwen2.5-coder-1.5b_4k_cpu.json")
 M_BOUND_TAGS_3KINDS = (("length_m", "per-length-m-3kinds", "the m for this length recalibrated on tasks of the "
                                                             "evaluation's kinds"),
-                       ("coverage_length_m", "coverage-offline-per-length-m-3kinds", "the coverage rule around it"))
+                       ("coverage_length_m", "coverage-offline-per-length-m-3kinds", "the coverage rule around it"),
+                       ("coverage_length_m_held3", "coverage-offline-per-length-m-3kinds-held3",
+                        "the coverage rule around it deciding every third round"))
+#: the study's entries that depend on the per-length m (the rest repeat between two recalibrations of one study)
+LENGTH_M_FIELDS = ("length_m", "coverage_length_m", "coverage_length_m_held3")
 M_BOUND_TAGS = (("persistence", "persistence-bound", "the previous round's best m"),
                 ("signal_proxy", "signal-proxy", "the next round's target signal as the recall weights (not causal)"),
                 ("hindsight", "hindsight", "the hindsight rule (causal)"),
@@ -368,7 +372,12 @@ M_BOUND_TAGS = (("persistence", "persistence-bound", "the previous round's best 
                 ("coverage", "coverage-offline", "the coverage rule on the recorded signals"),
                 ("coverage_crossval", "coverage-offline-crossval", "the coverage rule around the held-out single m"),
                 ("length_m", "per-length-m", "the profile's m for this length (recalibrated on calibration tasks)"),
-                ("coverage_length_m", "coverage-offline-per-length-m", "the coverage rule around that m"))
+                ("coverage_length_m", "coverage-offline-per-length-m", "the coverage rule around that m"),
+                ("coverage_held3", "coverage-offline-held3", "the coverage rule deciding every third round (its m "
+                                                             "held between)"),
+                ("coverage_length_m_held3", "coverage-offline-per-length-m-held3", "the coverage rule around the "
+                                                                                   "length's m, deciding every third "
+                                                                                   "round"))
 def m_bounds_3kinds(source: str) -> Dict[str, Dict[str, Any]]:
     """The 3-kinds recalibration's studies per k where ``source`` is the study it repeats (empty otherwise); raises
     ValueError if the two files did not record the same rounds."""
@@ -379,8 +388,8 @@ def m_bounds_3kinds(source: str) -> Dict[str, Dict[str, Any]]:
     for key, study in theirs.items():
         if not (key.startswith("k") and isinstance(study, dict) and "gap_closed" in study):
             continue
-        same = {f: v for f, v in study["arr"].items() if f not in ("length_m", "coverage_length_m")}
-        if same != {f: v for f, v in mine[key]["arr"].items() if f not in ("length_m", "coverage_length_m")}:
+        same = {f: v for f, v in study["arr"].items() if f not in LENGTH_M_FIELDS}
+        if same != {f: v for f, v in mine[key]["arr"].items() if f not in LENGTH_M_FIELDS}:
             raise ValueError(f"{M_BOUNDS_3KINDS[1]} {key}: not the rounds of {source} (their other ARRs differ)")
         out[key] = study
     return out
@@ -4066,6 +4075,29 @@ def m_bounds_blocks() -> List[str]:
     return out
 
 
+def _held_cost_clause() -> str:
+    """What deciding every third round would make the coverage rule's selection cost, projected from the measured
+    per-call ratios (bench-selection): (ratio + 2) / 3, the rounds between selecting as the fixed rule does."""
+    by_device: Dict[str, List[float]] = {}
+    for device, source in SELECTION_COST:  # the default candidate ladder only
+        if "ladder" in source or not (RESULTS / source).exists():
+            continue
+        by_device.setdefault(device, []).extend(
+            c["ratio_to_fixed"]["coverage"] for c in load(source)["cases"].values()
+            if isinstance(c.get("ratio_to_fixed"), dict) and c["ratio_to_fixed"].get("coverage"))
+    parts = []
+    for device, ratios in by_device.items():
+        if ratios:
+            held = [(r + 2) / 3 for r in ratios]
+            parts.append(f"{min(held):.2f}-{max(held):.2f}x on the {device.upper() if device != 'cpu' else 'CPU'} "
+                         f"(from {min(ratios):.2f}-{max(ratios):.2f}x)")
+    if not parts:
+        return ""
+    return ("; its selection would then cost " + ", ".join(parts) + " the fixed rule's per round: a projection from "
+            "the per-call ratios, the rounds between selecting with a per-row m as the fixed rule does (the same two "
+            "radix selections); no online run decides this way yet")
+
+
 def _three_kinds_clause(source: str) -> str:
     """The m recalibrated on tasks of the evaluation's kinds, in the verdict's words ("" without that run)."""
     extra = list(m_bounds_3kinds(source).values())
@@ -4078,7 +4110,9 @@ def _three_kinds_clause(source: str) -> str:
 
     return (f"; recalibrated instead on calibration tasks of the evaluation's three kinds ("
             + ", ".join(f"{s['length_m'] / s['m']:.2f}x" for s in extra if s["m"]) + f" the profiled m) "
-            f"{mean('length_m'):+.0f} %, and the coverage rule around it {mean('coverage_length_m'):+.0f} %")
+            f"{mean('length_m'):+.0f} %, and the coverage rule around it {mean('coverage_length_m'):+.0f} %"
+            + (f" ({mean('coverage_length_m_held3'):+.0f} % deciding every third round)"
+               if any(s["gap_closed"].get("coverage_length_m_held3") is not None for s in extra) else ""))
 
 
 def m_bounds_verdict() -> List[str]:
@@ -4114,6 +4148,12 @@ def m_bounds_verdict() -> List[str]:
                                   and s["m"]) + f" the profiled m over k) {mean('length_m'):+.0f} %, and the coverage "
                       f"rule around it {mean('coverage_length_m'):+.0f} %"
                       if any(s["gap_closed"].get("length_m") is not None for s in studies) else "")
+                   + (f"; deciding only every third round (each row's m held in the two rounds between, where "
+                      f"the fixed rule selects with it), the coverage rule closes {mean('coverage_held3'):+.0f} %"
+                      + (f" around the profile's m and {mean('coverage_length_m_held3'):+.0f} % around the length's"
+                         if any(s["gap_closed"].get("coverage_length_m_held3") is not None for s in studies) else "")
+                      + _held_cost_clause()
+                      if any(s["gap_closed"].get("coverage_held3") is not None for s in studies) else "")
                    + _three_kinds_clause(source) + ". "
                    + ("The best m does not persist from round to round" if mean("persistence") < 33 else
                       "The best m persists from round to round")
