@@ -3112,7 +3112,10 @@ def _figures() -> List[Figure]:
                                f"share of the fixed-to-oracle ARR gap closed by {label}, full-KV decoding of "
                                f"{len(data['tasks'])} tasks, k = {study['k']} (dustin-m-bounds)", "%", source,
                                (key, "gap_closed", field), scale=100))
-            for field, tag, label in (M_BOUND_TAGS_3KINDS if key in m_bounds_3kinds(source) else ()):
+            other = m_bounds_3kinds(source).get(key)
+            for field, tag, label in (M_BOUND_TAGS_3KINDS if other else ()):
+                if other["gap_closed"].get(field) is None:
+                    continue
                 add(Figure(f"dustin/input-aware-m/{model}/ctx{ctx}/{key}/{tag}/gap-closed",
                            f"share of the fixed-to-oracle ARR gap closed by {label}, the same rounds, k = "
                            f"{study['k']} (dustin-m-bounds)", "%", M_BOUNDS_3KINDS[1], (key, "gap_closed", field),
