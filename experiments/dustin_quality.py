@@ -89,6 +89,10 @@ def add_dustin_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--dustin-m-steps", type=int, default=1, metavar="N",
                        help="with --dustin-m-rule coverage: its candidates are the profiled m and m -/+ i x 10 %% of "
                             "k - s - w for i = 1..N (default 1)")
+    group.add_argument("--dustin-m-every", type=int, default=1, metavar="N",
+                       help="with --dustin-m-rule coverage: the rule decides each row's m every N-th round only; the "
+                            "rounds between select with the m it chose, as the fixed rule (docs/methods.md §3.7; "
+                            "default 1: every round)")
     group.add_argument("--dustin-reselect-every", type=int, default=None, metavar="R",
                        help="dustin: select I_verify from the signals every R-th round only; the rounds between "
                             "reuse that selection with their own sinks and window (docs/methods.md §3.8; 1: every "
@@ -163,6 +167,10 @@ def validate(args) -> None:
     if m_steps != 1 and (m_steps < 1 or m_rule != "coverage"):
         raise ValueError(f"--dustin-m-steps={m_steps}: an integer >= 1 that widens --dustin-m-rule coverage's "
                          f"candidates (got --dustin-m-rule {m_rule})")
+    m_every = getattr(args, "dustin_m_every", 1)
+    if m_every != 1 and (m_every < 1 or m_rule != "coverage"):
+        raise ValueError(f"--dustin-m-every={m_every}: an integer >= 1 that holds --dustin-m-rule coverage's m "
+                         f"between its decisions (got --dustin-m-rule {m_rule})")
     if method == "quest" and (args.profile or args.fixed_tau is not None):
         raise ValueError("--method quest runs its own verification loop: --profile and --fixed-tau are not supported")
     if args.dustin_profile:
@@ -259,6 +267,9 @@ def dustin_config_for(args, target_config, draft_config, skip_mask) -> Tuple[Any
         if getattr(args, "dustin_m_steps", 1) != 1:
             config = config.replace(m_steps=args.dustin_m_steps)
             info["m_steps"] = args.dustin_m_steps
+        if getattr(args, "dustin_m_every", 1) != 1:
+            config = config.replace(m_every=args.dustin_m_every)
+            info["m_every"] = args.dustin_m_every
         if args.dustin_m_rule == "max-mass":
             info["m_balance"] = config.m_balance
         else:

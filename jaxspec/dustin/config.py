@@ -79,6 +79,10 @@ class DustinConfig:
         between a round reuses the last selection's signal-chosen positions with its own sinks and window, and
         computes no signal and no top-k. 1 = every round (the paper). Rows whose history fits in k always
         select (dense).
+      m_every: N, the coverage rule decides each row's m every N-th round only (docs/methods.md §3.7); in the
+        rounds between, the fixed rule selects with the per-row m it chose last (the same two radix selections
+        as the fixed rule, none of the rule's candidate scoring). 1 = every round. A round that reuses its
+        selection (``reselect_every``) decides nothing.
     """
 
     budget: int = 512
@@ -98,6 +102,7 @@ class DustinConfig:
     m_entropy_centre: float = -0.2
     m_entropy_band: float = 0.05
     reselect_every: int = 1
+    m_every: int = 1
 
     def __post_init__(self):
         check_budget(self.budget)
@@ -115,6 +120,11 @@ class DustinConfig:
             raise ValueError(f"reselect_every={self.reselect_every!r} must be an integer >= 1 (1: select every round)")
         if self.m_rule not in M_RULES:
             raise ValueError(f"m_rule={self.m_rule!r}; valid: {M_RULES}")
+        if isinstance(self.m_every, bool) or not isinstance(self.m_every, int) or self.m_every < 1:
+            raise ValueError(f"m_every={self.m_every!r} must be an integer >= 1 (1: the rule decides every round)")
+        if self.m_every != 1 and self.m_rule != "coverage":
+            raise ValueError(f"m_every={self.m_every} holds the coverage rule's m between its decisions; "
+                             f"m_rule={self.m_rule!r} does not use it")
         if isinstance(self.m_spread, bool) or not isinstance(self.m_spread, (int, float)) or not 0 < self.m_spread <= 1:
             raise ValueError(f"m_spread={self.m_spread!r} must be a number in (0, 1]")
         if isinstance(self.m_steps, bool) or not isinstance(self.m_steps, int) or self.m_steps < 1:
@@ -240,7 +250,8 @@ class DustinConfig:
                 **({"m_steps": self.m_steps} if self.m_steps != 1 else {}),
                 **({"m_entropy_centre": self.m_entropy_centre, "m_entropy_band": self.m_entropy_band}
                    if self.m_rule == "entropy" else {}),
-                **({"reselect_every": self.reselect_every} if self.reselect_every != 1 else {})}
+                **({"reselect_every": self.reselect_every} if self.reselect_every != 1 else {}),
+                **({"m_every": self.m_every} if self.m_every != 1 else {})}
 
     @classmethod
     def from_dict(cls, data) -> "DustinConfig":

@@ -36,7 +36,7 @@ from jaxspec.config import ModelConfig
 from jaxspec.decoding.contract import VerifyPolicyBase
 from jaxspec.decoding.policies import Proposal, SelfDraft, SeparateDraft, draft_loop
 from jaxspec.dustin.config import DustinConfig
-from jaxspec.dustin.selection import reuse_verify_indices, select_for_config
+from jaxspec.dustin.selection import reuse_verify_indices, select_for_config, select_held
 from jaxspec.dustin.signals import DraftSignals, draft_signal, target_signal
 from jaxspec.models.llama import forward
 
@@ -210,7 +210,8 @@ class DustinSelfDraft(_SparseDraftKV, SelfDraft):
 
 
 class VerifiedProbes(NamedTuple):
-    """:meth:`DustinVerify.verify_forward`'s probes with ``draft_kv="verify-set"`` or ``reselect_every > 1``:
+    """:meth:`DustinVerify.verify_forward`'s probes with ``draft_kv="verify-set"``, ``reselect_every > 1`` or
+    ``m_every > 1``:
     the forward's probes, this round's ``I_verify [B, k]`` and whether it was selected afresh this round
     (``fresh``, a bool scalar) at history lengths ``selected [B]``."""
 
@@ -218,6 +219,7 @@ class VerifiedProbes(NamedTuple):
     indices: jax.Array
     fresh: Any = None
     selected: Any = None
+    m_rows: Any = None  # ``m_every > 1``: each row's m this round (decided or held)
 
 
 def last_prompt_query_fn(params, tokens, cache, *, config, probe_heads):
@@ -258,6 +260,17 @@ class DustinVerify(VerifyPolicyBase):
         """``reselect_every > 1``: the state keeps the last fresh selection (docs/methods.md §3.8)."""
         return self.dustin.reselect_every > 1
 
+    @property
+    def holds_m(self) -> bool:
+        """``m_every > 1``: the state keeps each row's m between the coverage rule's decisions (docs/methods.md
+        §3.7)."""
+        return self.dustin.m_every > 1 and self.dustin.input_aware
+
+    def initial_hold_state(self, batch: int) -> dict:
+        """``m_every > 1``: the state's ``"m_hold"`` before the first round (which decides): each row's m (the
+        profile's to start) and the rounds so far."""
+        return {"m": jnp.full((batch,), self.dustin.effective_m, jnp.int32), "since": jnp.zeros((), jnp.int32)}
+
     def initial_reuse_state(self, batch: int) -> dict:
         """``reselect_every > 1``: the state's ``"reuse"`` before the first round (nothing selected yet, so the
         first round selects)."""
@@ -275,6 +288,8 @@ class DustinVerify(VerifyPolicyBase):
         state = {}
         if self.reuses_selection:
             state["reuse"] = self.initial_reuse_state(batch)
+        if self.holds_m:
+            state["m_hold"] = self.initial_hold_state(batch)
         if self.shares_verify_set:
             cfg = self.dustin
             state["indices"] = draft_history_indices("streaming", jnp.asarray(lengths - 1), sinks=cfg.sinks,
@@ -304,35 +319,59 @@ class DustinVerify(VerifyPolicyBase):
         return s_draft, s_target
 
     def verify_indices(self, state, target_cache, committed, signals):
+        return self._selection(state, target_cache, committed, signals)[0]
+
+    def _selection(self, state, target_cache, committed, signals):
+        """``(I_verify, m [B] or None)`` selected from this round's signals; with ``m_every > 1`` the coverage
+        rule decides in every ``m_every``-th round and the held m selects in the others."""
         s_draft, s_target = self.scores(state, target_cache, committed, signals)
-        return select_for_config(self.dustin, s_draft, s_target, committed - 1)
+        if self.holds_m:
+            hold = state["m_hold"]
+            return select_held(self.dustin, s_draft, s_target, committed - 1, hold["m"],
+                               hold["since"] % self.dustin.m_every == 0)
+        return select_for_config(self.dustin, s_draft, s_target, committed - 1), None
 
     def verify_forward(self, target_params, rows, target_cache, committed, signals, *, config, state):
         """The base class's forward; with ``draft_kv="verify-set"`` its probes also carry this round's
         ``I_verify`` (:class:`VerifiedProbes`), which :meth:`update` keeps for the next draft."""
-        fresh = selected = None
+        fresh = selected = m_rows = None
         if self.reuses_selection:
             cfg, reuse, lengths = self.dustin, state["reuse"], (committed - 1).astype(jnp.int32)
             # select every R-th round, and whenever a row's last selection was dense (history <= k): reusing
             # it would drop the positions its window has since left
             fresh = (reuse["since"] % cfg.reselect_every == 0) | jnp.any(reuse["selected"] <= cfg.budget)
-            indices = jax.lax.cond(
-                fresh, lambda: self.verify_indices(state, target_cache, committed, signals),
-                lambda: reuse_verify_indices(reuse["indices"], reuse["selected"], lengths, sinks=cfg.sinks,
-                                             window=cfg.window_size))
+            held = state["m_hold"]["m"] if self.holds_m else jnp.zeros(lengths.shape, jnp.int32)
+            indices, m_rows = jax.lax.cond(
+                fresh, lambda: self._with_m(self._selection(state, target_cache, committed, signals), held),
+                lambda: (reuse_verify_indices(reuse["indices"], reuse["selected"], lengths, sinks=cfg.sinks,
+                                              window=cfg.window_size), held))
             selected = jnp.where(fresh, lengths, reuse["selected"])
         else:
-            indices = self.verify_indices(state, target_cache, committed, signals)
+            indices, m_rows = self._selection(state, target_cache, committed, signals)
         result = forward(target_params, rows, target_cache.with_lengths(committed - 1), config=config,
                          verify_indices=indices, probe_heads=tuple(self.probe_heads))
-        if not (self.shares_verify_set or self.reuses_selection):
+        if not (self.shares_verify_set or self.reuses_selection or self.holds_m):
             return result
-        return result._replace(probes=VerifiedProbes(result.probes, indices, fresh, selected))
+        return result._replace(probes=VerifiedProbes(result.probes, indices, fresh, selected,
+                                                     m_rows if self.holds_m else None))
+
+    @staticmethod
+    def _with_m(selection, held):
+        """``(indices, m)`` of a selection, the held m where the rule chose none (both branches of a cond)."""
+        indices, m = selection
+        return indices, (held if m is None else m)
 
     def update(self, state, probes, num_committed, committed):
         extra = {}
-        if self.shares_verify_set or self.reuses_selection:
-            probes, indices, fresh, selected = probes.probes, probes.indices, probes.fresh, probes.selected
+        if self.shares_verify_set or self.reuses_selection or self.holds_m:
+            probes, indices, fresh, selected, m_rows = (probes.probes, probes.indices, probes.fresh, probes.selected,
+                                                        probes.m_rows)
+        if self.holds_m:
+            hold = state["m_hold"]
+            # a row that committed nothing this round (finished) keeps its m; a round reusing its selection
+            # (reselect_every) counts as a round but decides nothing
+            extra["m_hold"] = {"m": jnp.where(num_committed > 0, m_rows, hold["m"]).astype(jnp.int32),
+                               "since": (hold["since"] + 1).astype(jnp.int32)}
         if self.shares_verify_set:
             extra["indices"] = jnp.where((num_committed > 0)[:, None], indices, state["indices"])
         if self.reuses_selection:

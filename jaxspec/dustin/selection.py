@@ -31,7 +31,7 @@ the budget.
 from __future__ import annotations
 
 import functools
-from typing import Optional
+from typing import Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -469,6 +469,22 @@ def select_input_aware(s_draft: jax.Array, s_target: jax.Array, lengths: jax.Arr
         raise ValueError(f"scoring={scoring!r}; valid: {', '.join(COVERAGE_SCORING)}")
     score = _scored_by_radix if scoring == "radix" else _scored_by_sort
     return score(s_draft, s_target, lengths, k=k, sinks=sinks, window=window, candidates=tuple(candidates))
+
+
+def select_held(config: DustinConfig, s_draft: jax.Array, s_target: jax.Array, lengths: jax.Array, m_rows: jax.Array,
+                decide) -> Tuple[jax.Array, jax.Array]:
+    """The coverage rule deciding only in some rounds (``DustinConfig.m_every``, docs/methods.md §3.7):
+    where ``decide`` (a traced bool scalar) holds, :func:`select_input_aware` (the rule's set and its m per row);
+    otherwise the fixed rule with each row's held ``m_rows [B]`` (:func:`select_verify_indices_rows`, the fixed
+    rule's two radix selections, no candidate scoring). Returns ``(I_verify [B, k], m [B] int32)``."""
+    k, sinks, window = config.budget, config.sinks, config.window_size
+    m_rows = m_rows.astype(jnp.int32)
+    return jax.lax.cond(
+        decide,
+        lambda: select_input_aware(s_draft, s_target, lengths, k=k, sinks=sinks, window=window,
+                                   candidates=config.m_candidates),
+        lambda: (select_verify_indices_rows(s_draft, s_target, lengths, m_rows, k=k, sinks=sinks, window=window),
+                 m_rows))
 
 
 @functools.partial(jax.jit, static_argnames=("k", "sinks", "window", "candidates"))

@@ -1002,3 +1002,62 @@ def test_m_choice_study_holds_the_coverage_rules_m_between_its_decisions():
     assert "coverage_length_m_held2" in with_length["arr"] and "coverage_held3" not in with_length["arr"]
     with pytest.raises(ValueError, match="hold=\\[1\\]"):
         m_choice_study(records, cfg, hold=(1,))
+
+
+# ---------------------------------------------------------------------------- the coverage rule's m held (§3.7)
+def test_m_every_config():
+    cfg = _dustin_config(128, m=30).replace(m_rule="coverage", m_every=3)
+    assert cfg.to_dict()["m_every"] == 3 and DustinConfig.from_dict(cfg.to_dict()) == cfg
+    assert "m_every" not in cfg.replace(m_every=1).to_dict()
+    for bad, message in ((dict(m_every=0), "m_every=0"), (dict(m_every=True), "m_every=True"),
+                         (dict(m_every=2, m_rule="max-mass"), "m_every=2 holds the coverage rule's m")):
+        with pytest.raises(ValueError, match=message):
+            cfg.replace(**bad)
+
+
+def test_held_m_selects_as_the_fixed_rule_with_the_rules_last_m():
+    """A deciding round is the coverage rule's own selection; a round between selects with the m it chose (the
+    fixed rule per row) on that round's own signals, short rows dense."""
+    from jaxspec.dustin.selection import select_held, select_input_aware, select_verify_indices_rows
+
+    rng = np.random.RandomState(5)
+    cfg = _dustin_config(128, m=46).replace(m_rule="coverage", m_every=3)
+    lengths = jnp.asarray([600, 550, 100], jnp.int32)
+    s_d, s_t = (jnp.asarray(rng.rand(3, 600).astype(np.float32) ** p) for p in (8, 3))
+    start = jnp.full((3,), cfg.effective_m, jnp.int32)
+    indices, m = select_held(cfg, s_d, s_t, lengths, start, jnp.bool_(True))
+    want, want_m = select_input_aware(s_d, s_t, lengths, k=128, sinks=cfg.sinks, window=cfg.window_size,
+                                      candidates=cfg.m_candidates)
+    np.testing.assert_array_equal(np.asarray(indices), np.asarray(want))
+    np.testing.assert_array_equal(np.asarray(m), np.asarray(want_m))
+    s_d2, s_t2 = (jnp.asarray(rng.rand(3, 600).astype(np.float32) ** p) for p in (8, 3))  # the next round
+    held, m2 = select_held(cfg, s_d2, s_t2, lengths, m, jnp.bool_(False))
+    np.testing.assert_array_equal(np.asarray(m2), np.asarray(m))
+    rows = select_verify_indices_rows(s_d2, s_t2, lengths, m, k=128, sinks=cfg.sinks, window=cfg.window_size)
+    np.testing.assert_array_equal(np.asarray(held), np.asarray(rows))
+
+
+def test_m_every_through_the_engine(models, dense_run):
+    """k >= context: dense whatever m (greedy == AR); k = 128: the rule decides in every third round, the state
+    holds each row's m in between and counts the rounds."""
+    target_params, draft_params = models
+    engine, dense_rows = dense_run
+    for budget, m in ((512, 100), (128, 30)):
+        cfg = _dustin_config(budget, m=m).replace(m_rule="coverage", m_every=3)
+        draft, verify = dustin_policies(cfg, TARGET, DRAFT)
+        result = speculative_generate(target_params, TARGET, PROMPTS, draft_policy=draft, draft_params=draft_params,
+                                      verify_policy=verify, engine=engine)
+        rows = result.rows()
+        hold = result.final_state.verify_state["m_hold"]
+        assert int(hold["since"]) >= 1 and set(np.asarray(hold["m"]).tolist()) <= set(cfg.m_candidates)
+        if budget == 512:
+            assert rows == dense_rows
+        else:
+            assert [len(r) for r in rows] == [16, 16, 16] and rows[2] == dense_rows[2]  # 40-token prompt: dense
+    # with reused selections too (reselect_every): a reusing round decides nothing and keeps each row's m
+    cfg = _dustin_config(128, m=30).replace(m_rule="coverage", m_every=3, reselect_every=2)
+    draft, verify = dustin_policies(cfg, TARGET, DRAFT)
+    result = speculative_generate(target_params, TARGET, PROMPTS, draft_policy=draft, draft_params=draft_params,
+                                  verify_policy=verify, engine=engine)
+    assert [len(r) for r in result.rows()] == [16, 16, 16]
+    assert set(np.asarray(result.final_state.verify_state["m_hold"]["m"]).tolist()) <= set(cfg.m_candidates)

@@ -104,6 +104,11 @@ def test_generate_sparse_methods(folders, tmp_path):
      "--dustin-m-steps=3: an integer >= 1 that widens --dustin-m-rule coverage's candidates (got --dustin-m-rule fixed)"),
     (["--method", "dustin", "--budget", "128", "--draft", "x", "--dustin-m-rule", "coverage", "--dustin-m-steps", "0"],
      "--dustin-m-steps=0"),
+    (["--method", "dustin", "--budget", "128", "--draft", "x", "--dustin-m-every", "3"],
+     "--dustin-m-every=3: an integer >= 1 that holds --dustin-m-rule coverage's m between its decisions (got "
+     "--dustin-m-rule fixed)"),
+    (["--method", "dustin", "--budget", "128", "--draft", "x", "--dustin-m-rule", "coverage", "--dustin-m-every", "0"],
+     "--dustin-m-every=0"),
 ])
 def test_generate_bad_input(folders, capsys, extra, message):
     target, _ = folders
