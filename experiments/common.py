@@ -24,13 +24,17 @@ NO_COMPILATION_CACHE_ENV = "JAXSPEC_NO_COMPILATION_CACHE"
 
 
 def git_commit() -> Dict[str, Any]:
+    """The commit the code runs at and whether tracked files other than results differ from it (``dirty``;
+    results under experiments/results/ do not count: a suite's earlier steps rewrite them before its later steps
+    start). ``None`` where the tree carries no usable git metadata."""
     try:
         result = subprocess.run(["git", "rev-parse", "--verify", "HEAD"], cwd=REPO, capture_output=True, text=True,
                                 timeout=10)
         commit = result.stdout.strip() if result.returncode == 0 else ""
         if not commit:  # a copied tree without usable git metadata (e.g. the GPU machine)
             return {"commit": os.environ.get("JAXSPEC_COMMIT", "unknown"), "dirty": None}
-        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                     ":(exclude)experiments/results"], cwd=REPO,
                                     capture_output=True, text=True, timeout=10).stdout.strip())
         out = {"commit": commit or os.environ.get("JAXSPEC_COMMIT", "unknown"), "dirty": dirty}
         if os.environ.get("JAXSPEC_COMMIT") and os.environ["JAXSPEC_COMMIT"] != commit:

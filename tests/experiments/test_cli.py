@@ -722,3 +722,25 @@ def test_gpu_suite_steps_wait_for_the_device_lock_and_cpu_suites_do_not(tmp_path
     held.close()
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,2")
     assert suite.device_lock_path().name == "device-1-2.lock"
+
+
+def test_git_commit_counts_source_changes_not_results(tmp_path, monkeypatch):
+    """A result file rewritten by an earlier suite step leaves the tree clean; a changed source file does not."""
+    import subprocess
+
+    from experiments import common
+
+    repo = tmp_path / "repo"
+    (repo / "experiments" / "results").mkdir(parents=True)
+    run = lambda *a: subprocess.run(["git", *a], cwd=repo, check=True, capture_output=True)  # noqa: E731
+    run("init", "-q")
+    (repo / "code.py").write_text("x = 1\n")
+    (repo / "experiments" / "results" / "r.json").write_text("{}\n")
+    run("add", ".")
+    run("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c")
+    monkeypatch.setattr(common, "REPO", repo)
+    assert common.git_commit()["dirty"] is False
+    (repo / "experiments" / "results" / "r.json").write_text('{"a": 1}\n')
+    assert common.git_commit()["dirty"] is False
+    (repo / "code.py").write_text("x = 2\n")
+    assert common.git_commit()["dirty"] is True
