@@ -271,10 +271,14 @@ SELECTION_COST = (("cpu", "selection/selection_rules_cost_qwen2.5-coder-1.5b-pro
                   # the coverage rule's two scorings side by side (bench-selection --rules coverage-sort,coverage-radix)
                   ("cpu", "selection/selection_rules_cost_coverage-scoring_qwen2.5-coder-1.5b-profile_16k-32k_cpu.json"),
                   ("h200", "selection/selection_rules_cost_coverage-scoring_qwen2.5-coder-1.5b-profile_16k-32k_h200.json"),
-                  ("h100", "selection/selection_rules_cost_coverage-scoring_qwen2.5-coder-1.5b-profile_16k-32k_h100.json"))
+                  ("h100", "selection/selection_rules_cost_coverage-scoring_qwen2.5-coder-1.5b-profile_16k-32k_h100.json"),
+                  # the coverage rule deciding every third round, and the fixed rule with a per-row m
+                  # (bench-selection --rules coverage,fixed-rows,coverage-held3)
+                  *((device, f"selection/selection_rules_cost_held_qwen2.5-coder-1.5b-profile_16k-32k_{device}.json")
+                    for device in ("cpu", "h100", "h200")))
 #: the coverage-scoring files time the default coverage rule beside its two scorings only for the comparison: their
 #: "coverage" column is not indexed or judged again (the selection-rules-cost files carry it)
-SELECTION_SCORING_ONLY = ("coverage-scoring",)
+SELECTION_SCORING_ONLY = ("coverage-scoring", "cost_held")
 
 
 def selection_rules_of(source: str, rules) -> List[str]:
@@ -286,7 +290,8 @@ def selection_rules_of(source: str, rules) -> List[str]:
 
 SELECTION_RULE_TAGS = {"coverage": "input-aware-coverage", "entropy": "input-aware-entropy",
                        "max-mass": "input-aware", "coverage-ladder": "input-aware-coverage-ladder",
-                       "coverage-sort": "input-aware-coverage-sort", "coverage-radix": "input-aware-coverage-radix"}
+                       "coverage-sort": "input-aware-coverage-sort", "coverage-radix": "input-aware-coverage-radix",
+                       "fixed-rows": "fixed-per-row-m", "coverage-held3": "input-aware-coverage-held3"}
 #: MeasuredChoiceController's default table_tail_margin (jaxspec.decoding.arbitration; tests check they agree)
 TABLE_TAIL_MARGIN = 0.1
 PAIR_SPEED_CHECK = f"{PS}8k_h200.json"                  # holds the Pallas-vs-XLA logits check
@@ -4081,9 +4086,13 @@ def m_bounds_blocks() -> List[str]:
 def _held_cost_clause() -> str:
     """What deciding every third round would make the coverage rule's selection cost, projected from the measured
     per-call ratios (bench-selection): (ratio + 2) / 3, the rounds between selecting as the fixed rule does."""
+    measured = {device: [c["ratio_to_fixed"]["coverage-held3"] for c in load(source)["cases"].values()
+                         if "coverage-held3" in c.get("ratio_to_fixed", {})]
+                for device, source in SELECTION_COST if "cost_held" in source and (RESULTS / source).exists()}
+    measured = {d: r for d, r in measured.items() if r}
     by_device: Dict[str, List[float]] = {}
     for device, source in SELECTION_COST:  # the default candidate ladder only
-        if "ladder" in source or not (RESULTS / source).exists():
+        if "ladder" in source or "cost_held" in source or device in measured or not (RESULTS / source).exists():
             continue
         by_device.setdefault(device, []).extend(
             c["ratio_to_fixed"]["coverage"] for c in load(source)["cases"].values()
@@ -4094,11 +4103,17 @@ def _held_cost_clause() -> str:
             held = [(r + 2) / 3 for r in ratios]
             parts.append(f"{min(held):.2f}-{max(held):.2f}x on the {device.upper() if device != 'cpu' else 'CPU'} "
                          f"(from {min(ratios):.2f}-{max(ratios):.2f}x)")
-    if not parts:
-        return ""
-    return ("; its selection would then cost " + ", ".join(parts) + " the fixed rule's per round: a projection from "
-            "the per-call ratios, the rounds between selecting with a per-row m as the fixed rule does (the same two "
-            "radix selections); no online run decides this way yet")
+    out = ""
+    if measured:
+        out += ("; measured per round (bench-selection coverage-held3: one decision and two selections with the held "
+                "m), its selection costs " + ", ".join(
+                    f"{min(r):.2f}-{max(r):.2f}x on the {d.upper() if d != 'cpu' else 'CPU'} (within 1.1x at "
+                    f"{sum(x <= 1.1 for x in r)} of {len(r)} points)" for d, r in measured.items())
+                + " the fixed rule's")
+    if parts:
+        out += ("; projected from the per-call ratios where not measured (the rounds between selecting with a per-row "
+                "m, the fixed rule's two radix selections): " + ", ".join(parts))
+    return out
 
 
 def _three_kinds_clause(source: str) -> str:
