@@ -465,7 +465,8 @@ def test_m_bounds_command(folders, tmp_path, capsys):
     arr = study["arr"]
     assert all(arr["oracle"] >= arr[name] - 1e-6 for name in arr)
     assert set(study["gap_closed"]) == {"persistence", "signal_proxy", "hindsight", "best_fixed",
-                                        "best_fixed_crossval", "coverage", "coverage_crossval"}
+                                        "best_fixed_crossval", "coverage", "coverage_crossval",
+                                        "coverage_held3"}  # the rule deciding every third round
     assert arr["fixed"] <= arr["best_fixed"] + 1e-6  # the profile's m is one of the single m's searched
     assert arr["best_fixed_crossval"] <= arr["best_fixed"] + 1e-6 and len(study["best_fixed_m"]["folds"]) == 2
     assert study["oracle_m"]["min"] <= study["oracle_m"]["mean"] <= study["oracle_m"]["max"]
