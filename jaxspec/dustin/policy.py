@@ -340,11 +340,18 @@ class DustinVerify(VerifyPolicyBase):
             # select every R-th round, and whenever a row's last selection was dense (history <= k): reusing
             # it would drop the positions its window has since left
             fresh = (reuse["since"] % cfg.reselect_every == 0) | jnp.any(reuse["selected"] <= cfg.budget)
-            held = state["m_hold"]["m"] if self.holds_m else jnp.zeros(lengths.shape, jnp.int32)
-            indices, m_rows = jax.lax.cond(
-                fresh, lambda: self._with_m(self._selection(state, target_cache, committed, signals), held),
-                lambda: (reuse_verify_indices(reuse["indices"], reuse["selected"], lengths, sinks=cfg.sinks,
-                                              window=cfg.window_size), held))
+
+            def select():  # with m_every > 1 also each row's m (a reusing round keeps the held one)
+                indices, m = self._selection(state, target_cache, committed, signals)
+                return (indices, m) if self.holds_m else indices
+
+            def reuse_last():
+                indices = reuse_verify_indices(reuse["indices"], reuse["selected"], lengths, sinks=cfg.sinks,
+                                               window=cfg.window_size)
+                return (indices, state["m_hold"]["m"]) if self.holds_m else indices
+
+            chosen = jax.lax.cond(fresh, select, reuse_last)
+            indices, m_rows = chosen if self.holds_m else (chosen, None)
             selected = jnp.where(fresh, lengths, reuse["selected"])
         else:
             indices, m_rows = self._selection(state, target_cache, committed, signals)
@@ -352,14 +359,7 @@ class DustinVerify(VerifyPolicyBase):
                          verify_indices=indices, probe_heads=tuple(self.probe_heads))
         if not (self.shares_verify_set or self.reuses_selection or self.holds_m):
             return result
-        return result._replace(probes=VerifiedProbes(result.probes, indices, fresh, selected,
-                                                     m_rows if self.holds_m else None))
-
-    @staticmethod
-    def _with_m(selection, held):
-        """``(indices, m)`` of a selection, the held m where the rule chose none (both branches of a cond)."""
-        indices, m = selection
-        return indices, (held if m is None else m)
+        return result._replace(probes=VerifiedProbes(result.probes, indices, fresh, selected, m_rows))
 
     def update(self, state, probes, num_committed, committed):
         extra = {}
