@@ -695,17 +695,11 @@ def cmd_bench_selection(args) -> Dict[str, Any]:
                           "sinks": fixed_cfg.sinks, "window": fixed_cfg.window_size,
                           "seconds": best, "samples_s": samples,
                           "ratio_to_fixed": {n: best[n] / best["fixed"] for n in best if n != "fixed"}}
+                # the held rule too: on the deciding round's own signals the held m selects the rule's own set
                 for name, steps in (("coverage", 1), ("coverage-ladder", args.m_steps), ("coverage-sort", 1),
-                                    ("coverage-radix", 1)):
+                                    ("coverage-radix", 1), *((held, 1) for held in HELD_RULES)):
                     if name in fns:
                         cfg = fixed_cfg.replace(m_rule="coverage", m_steps=steps)
-                        ref = select_input_aware_reference(s_d, s_t, lengths, k=k, sinks=cfg.sinks,
-                                                           window=cfg.window_size, candidates=cfg.m_candidates)[0]
-                        result[f"{name.replace('-', '_')}_equals_reference"] = bool(
-                            jnp.all(ref == fns[name](s_d, s_t, lengths)))
-                for name in HELD_RULES:  # on the deciding round's own signals the held m selects the rule's set
-                    if name in fns:
-                        cfg = fixed_cfg.replace(m_rule="coverage")
                         ref = select_input_aware_reference(s_d, s_t, lengths, k=k, sinks=cfg.sinks,
                                                            window=cfg.window_size, candidates=cfg.m_candidates)[0]
                         result[f"{name.replace('-', '_')}_equals_reference"] = bool(

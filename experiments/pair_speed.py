@@ -307,10 +307,9 @@ def cmd_pair_speed(args) -> Dict[str, Any]:
     engine = EngineConfig(gamma=args.gamma, sampling=SamplingConfig(), max_new_tokens=args.max_new_tokens,
                           stop_tokens=(), skip_finished_rows=not args.keep_finished_rows)
     policies = {m: build_policies(args, m, config, draft_config) for m in methods}
-    cases = [(c, b, backend_of(config).round_capacity(c + args.max_new_tokens + args.gamma + 2))
-             for c in contexts for b in batches]
-    check_pair_memory(config, draft_config, cases, any(m not in SELF_METHODS for m in methods),
-                      device_memory_bytes())
+    capacity_of = {c: backend_of(config).round_capacity(c + args.max_new_tokens + args.gamma + 2) for c in contexts}
+    check_pair_memory(config, draft_config, [(c, b, capacity_of[c]) for c in contexts for b in batches],
+                      any(m not in SELF_METHODS for m in methods), device_memory_bytes())
     rows: List[Dict[str, Any]] = []
     for context in contexts:
         for batch in batches:
@@ -321,7 +320,7 @@ def cmd_pair_speed(args) -> Dict[str, Any]:
                 continue
             tokens = row_windows(ids, context, batch, args.row_stride)
             lengths = np.full((batch,), context, np.int32)
-            capacity = backend_of(config).round_capacity(context + args.max_new_tokens + args.gamma + 2)
+            capacity = capacity_of[context]
             entry: Dict[str, Any] = {"context": context, "batch": batch, "capacity": capacity,
                                      "row_starts": [b * args.row_stride for b in range(batch)], "complete": False}
             if previous is not None:  # an interrupted case: keep the methods it finished

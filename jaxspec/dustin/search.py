@@ -350,26 +350,33 @@ def m_choice_study(records: CalibrationRecords, config: DustinConfig, *, target_
     curves, seq_of, row_of = np.stack(curves), np.asarray(seq_of), np.asarray(row_of)
     m_best, means["best_fixed"] = best_m(curves.mean(axis=0))
 
-    def coverage_arr(center: int, held, every: int = 1) -> np.ndarray:  # each held round's ARR at the rule's m
+    def coverage_m(center: int, held) -> np.ndarray:  # the coverage rule's m in each held round
         cands = dataclasses.replace(config, m=int(center)).m_candidates
         rows_ = row_of[held]
         _, chosen = select_input_aware(jnp.asarray(s_d_all[rows_]), jnp.asarray(s_t_all[rows_]),
                                        jnp.asarray(records.lengths[rows_], jnp.int32), k=k, sinks=sinks,
                                        window=window, candidates=tuple(cands))
-        chosen = np.asarray(chosen)
-        if every > 1:  # a sequence's rounds are consecutive: each takes the m of its last deciding round
-            chosen = chosen[np.arange(len(chosen)) - round_of[held] % every]
-        return curves[held, chosen]
+        return np.asarray(chosen)
+
+    def coverage_arr(center: int, held) -> np.ndarray:  # each held round's ARR at the coverage rule's m
+        return curves[held, coverage_m(center, held)]
 
     round_of = np.asarray(round_of)
-    everything = np.ones(len(curves), bool)
+    everything = np.arange(len(curves))
     hold = [int(r) for r in hold]
     if any(r < 2 for r in hold):
         raise ValueError(f"hold={hold}: each must be >= 2 rounds (1 is the rule deciding every round, 'coverage')")
-    if 0 < m0 < free:  # the rule chooses a split only where both signals have a share
-        means["coverage"] = float(coverage_arr(m0, everything).mean())
+
+    def with_held(name: str, center: int) -> None:
+        """``means[name]`` (the rule every round) and ``means[name_held{r}]`` from one pass of the rule: a
+        sequence's rounds are consecutive, so each takes the m of its last deciding round."""
+        chosen = coverage_m(center, everything)
+        means[name] = float(curves[everything, chosen].mean())
         for r in hold:
-            means[f"coverage_held{r}"] = float(coverage_arr(m0, everything, r).mean())
+            means[f"{name}_held{r}"] = float(curves[everything, chosen[everything - round_of % r]].mean())
+
+    if 0 < m0 < free:  # the rule chooses a split only where both signals have a share
+        with_held("coverage", m0)
     fold = np.isin(seq_of, np.unique(seq_of)[1::2])  # sequences alternate between the two folds
     fold_ms = []
     if fold.any() and (~fold).any():
@@ -388,9 +395,7 @@ def m_choice_study(records: CalibrationRecords, config: DustinConfig, *, target_
             raise ValueError(f"length_m={length_m} must lie in 0..k - s - w = {free}")
         means["length_m"] = float(curves[:, int(length_m)].mean())
         if 0 < m0 < free:
-            means["coverage_length_m"] = float(coverage_arr(int(length_m), everything).mean())
-            for r in hold:
-                means[f"coverage_length_m_held{r}"] = float(coverage_arr(int(length_m), everything, r).mean())
+            with_held("coverage_length_m", int(length_m))
     gap = means["oracle"] - means["fixed"]
     return {"k": k, "m": m0, "m_candidates": list(cands), "rounds": len(best_ms),
             "sequences": int(len(np.unique(records.sequence))), "arr": means,
