@@ -1515,6 +1515,11 @@ def check_knapspec_args(args) -> None:
         raise ValueError("--candidate-plans, --plan-cost-repeats and --probe-rounds must be >= 0")
     if args.candidate_repeats < 1:
         raise ValueError(f"--candidate-repeats {args.candidate_repeats}: give a number of (AR, plan) pairs >= 1")
+    if args.candidate_plans > 2 and args.search_tokens is not None and args.finalists < args.candidate_plans:
+        # a two-stage plan hands back only its finalists as candidates (and Pearson needs three plans)
+        print(f"warning: --candidate-plans={args.candidate_plans} with --search-tokens: the two-stage planner hands "
+              f"back only its --finalists={args.finalists} plans, so at most {args.finalists} are timed; give "
+              f"--finalists >= {args.candidate_plans} for that many", file=sys.stderr, flush=True)
     if args.plan_cost_scale_from:
         if args.plan_cost_scale != 1.0:
             raise ValueError(f"--plan-cost-scale {args.plan_cost_scale:g} and --plan-cost-scale-from: give one "

@@ -259,7 +259,8 @@ PAIR_SPEED_ARBITRATE_REPEATS_H100 = f"{PS}32k_b8_arbitrate_repeats_h100.json"
 CHOICE_TABLE_H100 = "choice_table/choice_table_qwen2.5-coder-1.5b_0.5b_h100.json"
 PAIR_SPEED_CHOICE_TABLE_REPEATS_H100 = f"{PS}32k_b8_choice-table_repeats_h100.json"
 #: plain runs of the real pair on an H100 (pair-speed --repeats 3; suite h100-long-context), the files that exist
-PAIR_SPEED_H100 = tuple(p for p in (f"{PS}32k_b16_repeats_h100.json",) if (RESULTS / p).exists())
+PAIR_SPEED_H100 = tuple(p for p in (f"{PS}16k_b16_repeats_h100.json", f"{PS}32k_b16_repeats_h100.json")
+                        if (RESULTS / p).exists())
 #: the H100's table with its batch-16 plain run in it (step choice-table-b8-16) and the 32k/b16 run deciding from it
 CHOICE_TABLE_H100_B16 = "choice_table/choice_table_qwen2.5-coder-1.5b_0.5b_b8-16_h100.json"
 PAIR_SPEED_CHOICE_TABLE_B16_REPEATS_H100 = f"{PS}32k_b16_choice-table_repeats_h100.json"
@@ -560,6 +561,7 @@ KNAPSPEC_TPT_CORRELATION_REPEATS = f"{K}smollm2-135m_1k-2k_b1_tpt-correlation_re
 TPT_CORRELATION_CONTEXTS = (1024, 2048)
 #: the same measure on an H100 with the real Qwen2.5-Coder-1.5B at 32k, batch 1, each plan timed in 3 (AR, plan) pairs
 KNAPSPEC_TPT_CORRELATION_H100 = f"{K}qwen2.5-coder-1.5b_32k_b1_tpt-correlation_h100.json"
+KNAPSPEC_TPT_CORRELATION_H100_8 = f"{K}qwen2.5-coder-1.5b_32k_b1_tpt-correlation_8-finalists_h100.json"
 #: the index figures of a TPT-correlation run whose plans were each timed in 3 (AR, plan) pairs:
 #: (correlation field, key slug, what, target)
 PAIRED_CORRELATION_FIELDS = (
@@ -1992,6 +1994,14 @@ def _tpt_correlation_parts(source: str, tag: str = "cpu",
         if c is None:
             parts.append(f"At {_tokens_k(ctx)}: not measured.")
             continue
+        if c["plans"] < 3:
+            # Pearson needs three plans; a two-stage planner hands back only its finalists (--finalists)
+            fixed = _fixed_cases(d, f"{tag}/summarize/ctx{ctx}/b1/fixed/")
+            parts.append(f"At {_tokens_k(ctx)}: only {c['plans']} plans (the two-stage planner handed back only its "
+                         f"{c['plans']} finalists), so no correlation; their median paired speed-ups "
+                         + ", ".join(f"{f['speedup_vs_ar']:.2f}x (predicted TPT {f['predicted_tpt']:.0f})"
+                                     for f in fixed) + ".")
+            continue
         r_tpt, r_tput = c["pearson_predicted_tpt_vs_speedup"], c["pearson_predicted_tpt_vs_throughput"]
         r_plain, r_acc = c.get("pearson_predicted_tpt_no_exit_vs_speedup"), c["pearson_measured_acceptance_vs_speedup"]
         ok = [r is not None and r >= 0.84 and (r_acc is None or r > r_acc) for r in (r_tpt, r_tput)]
@@ -2053,6 +2063,13 @@ def knapspec_tpt_correlation_note() -> str:
     else:
         target_text += (" On an H100 with the real Qwen2.5-Coder-1.5B at 32k, batch 1 (suite h100-long-context step "
                         "`knapspec-qwen2.5-coder-1.5b-b1-32k-tpt-correlation`): not measured yet.")
+    if (RESULTS / KNAPSPEC_TPT_CORRELATION_H100_8).exists():
+        gpu_parts, gpu_verdicts = _tpt_correlation_parts(KNAPSPEC_TPT_CORRELATION_H100_8, "h100", (32000,))
+        verdicts += gpu_verdicts
+        target_text += (f" The same with 8 finalists (`{KNAPSPEC_TPT_CORRELATION_H100_8}`): " + " ".join(gpu_parts))
+    else:
+        target_text += (" The same with 8 finalists, so that 8 plans are timed (step "
+                        "`knapspec-qwen2.5-coder-1.5b-b1-32k-tpt-correlation-8-finalists`): not measured yet.")
     verdict = "met" if verdicts and all(verdicts) else ("missed" if not any(verdicts) else "met in some runs")
     why = (" The DP's alpha comes from the first 64 generated tokens; the fixed plans are measured over 256, "
            "and the skip plans' speed-ups differ by little more than the estimate's error and the paired AR's "
@@ -3405,12 +3422,17 @@ def _figures() -> List[Figure]:
                 add(Figure(f"{loop}/dynamic-draft-step-over-predicted", "the same plans with the dynamic mask "
                            "(lax.cond per sub-layer) / the latency model", "x", KNAPSPEC_TPT_CORRELATION,
                            _fixed_median("draft_step_check", "dynamic_over_predicted", prefix=fixed)))
-    if (RESULTS / KNAPSPEC_TPT_CORRELATION_H100).exists():
+    for source in (KNAPSPEC_TPT_CORRELATION_H100_8, KNAPSPEC_TPT_CORRELATION_H100):
+        if not (RESULTS / source).exists():
+            continue
         key = "h100/summarize/ctx32000/b1/correlation"
-        for field, slug, label, target in PAIRED_CORRELATION_FIELDS:
+        fields = [f for f in PAIRED_CORRELATION_FIELDS if load(source)["cases"][key].get(f[0]) is not None]
+        for field, slug, label, target in fields:  # fewer than three plans: no Pearson to index
             add(Figure(f"knapspec/correlation/qwen2.5-coder-1.5b/ctx32000/b1/h100/{slug}",
                        f"Pearson r, {label}, over the fixed candidate plans, real Qwen2.5-Coder-1.5B on an H100, 32k",
-                       "r", KNAPSPEC_TPT_CORRELATION_H100, ("cases", key, field), target=target))
+                       "r", source, ("cases", key, field), target=target))
+        if fields:
+            break  # the 8-finalist run where it has a Pearson
     for ctx in (1024, 2048, 4096):
         add(Figure(f"knapspec/correlation/smollm2-135m/ctx{ctx}/b1/cpu/predicted-tpt-vs-speedup",
                    f"Pearson r, predicted TPT vs measured speed-up over 5 fixed plans, SmolLM2 CPU, {ctx // 1024}k",
@@ -3426,6 +3448,7 @@ README_KEYS = (  # the README's short table
     "dustin-speed/7b-shape/ctx32768/b16/dustin-kv-streaming/speedup",
     "real-pair/h200/ctx32000/b16/dustin/speedup",
     "real-pair/h200/ctx32000/b16/dustin-kv-streaming/speedup",
+    "real-pair/h100/ctx32000/b16/dustin-kv-verify-set/speedup",
     "selfspec/real-qwen1.5b/h200/ctx32000/b16/dustin-self-gamma6/speedup",
     "real-pair/h200/ctx32000/dustin-h/k512/agreement",
     "kernels/dense-attention/qwen2.5-7b/ctx32768/b16/bandwidth",

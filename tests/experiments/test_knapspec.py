@@ -454,3 +454,17 @@ def test_candidate_plans_timed_in_pairs(tmp_path, capsys):
     assert main(argv[:argv.index("--candidate-repeats") + 1] + ["0"] + argv[argv.index("--candidate-repeats") + 2:]
                 + ["--out", str(tmp_path / "bad.json")]) == 2
     assert "--candidate-repeats 0" in capsys.readouterr().err and not (tmp_path / "bad.json").exists()
+
+
+def test_candidate_plans_beyond_the_finalists_are_warned_before_any_work(capsys):
+    """A two-stage plan (--search-tokens) hands back only its --finalists plans as candidates: asking for more
+    candidate plans than finalists prints a one-line warning naming both before anything runs."""
+    argv = ["knapspec", "--model", "random:smollm2-135m-shape", "--layers", "4", "--contexts", "64",
+            "--candidate-plans", "8", "--search-tokens", "3", "--finalists", "2",
+            # a conflict checked after the warning, so that the run stops there
+            "--plan-cost-scale", "2", "--plan-cost-scale-from", "x.json"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--candidate-plans=8" in err and "--finalists=2" in err and "give --finalists >= 8" in err
+    assert main(argv[:argv.index("--finalists") + 1] + ["8"] + argv[argv.index("--finalists") + 2:]) == 2
+    assert "--finalists=" not in capsys.readouterr().err
