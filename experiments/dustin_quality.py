@@ -689,7 +689,10 @@ ALL_METHODS = ("dustin-h", "dustin-t", "dustin-d", "streaming", "quest", "snapkv
 #: Dustin-H with an input-aware m (docs/methods.md §3.7: max-mass, coverage, entropy) and with the per-round
 #: ARR-maximising m (an oracle: it reads the full-KV verification's attention); not in the default --methods.
 M_RULE_METHODS = {"dustin-h-ia": "max-mass", "dustin-h-cov": "coverage", "dustin-h-ent": "entropy",
-                  "dustin-h-oracle": "oracle"}
+                  "dustin-h-oracle": "oracle", "dustin-h-cov-held": "coverage"}
+#: the coverage rule deciding every --m-every-th round only (DustinConfig.m_every; the rounds between select with
+#: each row's held m by the fixed rule's per-row path)
+HELD_METHOD, HELD_EVERY = "dustin-h-cov-held", 3
 QUALITY_METHODS = ALL_METHODS[:1] + tuple(M_RULE_METHODS) + ALL_METHODS[1:]
 
 
@@ -853,6 +856,7 @@ class QualityRunner:
 
         self.target, self.draft, self.mask, self.profile = target, draft, mask, profile
         self.m_rule_stats: Dict[str, Dict[str, list]] = {}  # per method key, per round (docs/methods.md §3.7)
+        self.m_held: Dict[str, Any] = {}  # dustin-h-cov-held: each method key's m per row since its last decision
         self.tcfg = target.config
         self.dcfg = draft.config if draft is not None else target.config
         self.engine = EngineConfig(gamma=gamma, sampling=SamplingConfig(), max_new_tokens=max_new_tokens,
@@ -871,7 +875,8 @@ class QualityRunner:
             self.draft_policy = DustinSelfDraft(config=self.tcfg, layers=tuple(d_layers), heads=heads)
 
     # -- methods
-    def methods(self, budgets, names, m_steps: int = 1, context: Optional[int] = None) -> List[Method]:
+    def methods(self, budgets, names, m_steps: int = 1, context: Optional[int] = None,
+                m_every: int = HELD_EVERY) -> List[Method]:
         """The methods per budget; ``context``: Dustin-H's m (and the input-aware rules' centre) from the
         profile's per-length table at that many tokens (:meth:`DustinProfile.m_at`)."""
         out = []
@@ -884,6 +889,8 @@ class QualityRunner:
                         dustin = dustin.replace(m_rule=M_RULE_METHODS[name])
                     if name == "dustin-h-cov" and m_steps != 1:
                         dustin = dustin.replace(m_steps=m_steps)
+                    if name == HELD_METHOD:
+                        dustin = dustin.replace(m_every=m_every)
                 if context is not None and dustin is not None and dustin.mode == "hybrid":
                     dustin = dustin.replace(m=self.profile.m_at(budget, context))
                 out.append(Method(name, budget, dustin))
@@ -1016,7 +1023,8 @@ class QualityRunner:
                         continue
                     if m.name in M_RULE_METHODS:
                         arr_sums[m.key] += self.m_rule_round(m, weights, state.verify_state, cache.keys,
-                                                             state.committed, draft_q, draft_keys, select_static)
+                                                             state.committed, draft_q, draft_keys, select_static,
+                                                             round_index=arr_rounds)
                         continue
                     t_select = time.perf_counter()
                     indices = cached_jit(f"select/{m.key}", _select, static_argnames=(
@@ -1082,12 +1090,16 @@ class QualityRunner:
         return sweep_m(np.asarray(weights), np.asarray(s_draft), np.asarray(s_target), np.asarray(committed - 1),
                        k=cfg.budget, sinks=cfg.sinks, window=cfg.window_size)
 
-    def m_rule_round(self, method, weights, query, target_keys, committed, draft_q, draft_keys, select_static) -> float:
+    def m_rule_round(self, method, weights, query, target_keys, committed, draft_q, draft_keys, select_static,
+                     round_index: int = 0) -> float:
         """One reference round of ``dustin-h-ia`` / ``dustin-h-oracle``: its ARR; records the chosen m
-        (and, for the input-aware rule, the selection time beside the fixed rule's on the same signals)."""
+        (and, for the input-aware rule, the selection time beside the fixed rule's on the same signals).
+        ``round_index``: the round within the item; ``dustin-h-cov-held`` decides at multiples of its
+        ``m_every`` and selects with the m it chose in the rounds between."""
         from jaxspec.dustin.arr import recall_of_indices
         from jaxspec.dustin.selection import (entropy_rule_args, max_mass_split, select_entropy_gated,
-                                              select_input_aware, select_max_mass, select_verify_indices)
+                                              select_input_aware, select_max_mass, select_verify_indices,
+                                              select_verify_indices_rows)
 
         cfg = method.dustin
         stats = self.m_rule_stats.setdefault(method.key, {})
@@ -1115,6 +1127,12 @@ class QualityRunner:
             rule = lambda: select_entropy_gated(s_draft, s_target, history, **entropy_rule_args(cfg))  # noqa: E731
         else:
             rule = lambda: select_input_aware(s_draft, s_target, history, candidates=cfg.m_candidates, **shape)  # noqa: E731
+        if cfg.m_every > 1:  # the held rule: decide at multiples of m_every, else the per-row fixed path
+            import jax.numpy as jnp
+
+            held = self.m_held.get(method.key) if round_index % cfg.m_every else None
+            if held is not None:
+                rule = lambda: (select_verify_indices_rows(s_draft, s_target, history, held, **shape), held)  # noqa: E731
         timings = {}
         for name, call in (("fixed", lambda: select_verify_indices(s_draft, s_target, history, m=cfg.effective_m,
                                                                    **shape)),
@@ -1137,6 +1155,8 @@ class QualityRunner:
                                     balance=cfg.m_balance)
         else:
             indices, chosen = rule()
+            if cfg.m_every > 1:
+                self.m_held[method.key] = jnp.asarray(chosen, jnp.int32)
         stats.setdefault("m", []).append(int(chosen[0]))
         return float(recall_of_indices(weights, indices)[0])
 
@@ -1361,6 +1381,13 @@ def cmd_dustin_quality(args) -> Dict[str, Any]:
         raise ValueError(f"--m-steps={m_steps}: must be >= 1 (steps of the coverage rule's candidate ladder)")
     if m_steps != 1 and "dustin-h-cov" not in names:
         raise ValueError(f"--m-steps={m_steps} widens the coverage rule's candidates: add dustin-h-cov to --methods")
+    m_every = getattr(args, "m_every", None)
+    if m_every is not None and m_every < 2:
+        raise ValueError(f"--m-every={m_every}: must be >= 2 (dustin-h-cov-held decides every N-th round; "
+                         f"dustin-h-cov is the rule deciding every round)")
+    if m_every is not None and HELD_METHOD not in names:
+        raise ValueError(f"--m-every={m_every} sets how often {HELD_METHOD} decides: add it to --methods")
+    m_every = HELD_EVERY if m_every is None else m_every
     per_length = {}
     for part in args.items.split(","):
         try:
@@ -1400,7 +1427,7 @@ def cmd_dustin_quality(args) -> Dict[str, Any]:
         raise ValueError(f"the evaluation tasks share haystack text with the profile's calibration data: {overlap}")
     items = _select_items(evaluation, per_length, args.task_seed)
     runner = QualityRunner(target, draft, mask, profile, args.gamma, args.max_new_tokens, stop_tokens(target.tokenizer))
-    methods = runner.methods(budgets, names, m_steps=m_steps)
+    methods = runner.methods(budgets, names, m_steps=m_steps, m_every=m_every)
     writer.set("profile", {"file": args.dustin_profile, "created": profile.created, "target": profile.target.get("name"),
                            "draft": profile.draft.get("name"),
                            "configs": {str(b): c.to_dict() for b, c in sorted(profile.configs.items())},
@@ -1424,7 +1451,8 @@ def cmd_dustin_quality(args) -> Dict[str, Any]:
         if compiled_for is not None and compiled_for != task.context_tokens:
             release_memory(clear_compiled=True)  # other shapes from here on: free the old executables
         compiled_for = task.context_tokens
-        item_methods = (runner.methods(budgets, names, m_steps=m_steps, context=task.context_tokens)
+        item_methods = (runner.methods(budgets, names, m_steps=m_steps, context=task.context_tokens,
+                                       m_every=m_every)
                         if per_length_m else methods)
         t0 = time.perf_counter()
         PHASES.clear()
@@ -1696,6 +1724,9 @@ def register(subparsers) -> None:
     qual.add_argument("--m-steps", type=int, default=1, metavar="N",
                       help="dustin-h-cov: steps of the coverage rule's candidate ladder on each side of the profiled m "
                            "(m -/+ i x 10 %% of k - s - w, i = 1..N; docs/methods.md §3.7)")
+    qual.add_argument("--m-every", type=int, default=None, metavar="N",
+                      help="dustin-h-cov-held: the coverage rule decides each row's m every N-th round only, the "
+                           "rounds between select with that m by the fixed rule (docs/methods.md §3.7; default 3)")
     qual.add_argument("--dustin-m-per-length", action="store_true",
                       help="Dustin-H's m (and the input-aware rules' centre) from the profile's m per context length "
                            "at each item's length (dustin-profile --recalibrate-m; docs/methods.md §3.7) instead of "

@@ -337,6 +337,8 @@ INPUT_AWARE_M = tuple((model, f"dustin_quality/dustin_quality_input_aware_m_{run
     ("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b_16k_h200"), ("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b_32k_h200"),
     # the 32k run on an H100 (the same step in h100-long-context)
     ("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b_32k_h100"),
+    # the coverage rule deciding every third round, beside fixed m and the oracle on the same items
+    ("qwen2.5-coder-1.5b", "held_qwen2.5-coder-1.5b_2k_cpu"), ("qwen2.5-coder-1.5b", "held_qwen2.5-coder-1.5b_32k_h100"),
     # the coverage rule with a wider candidate ladder (--m-steps), beside fixed m and the oracle on the same items
     ("qwen2.5-coder-1.5b", "ladder_qwen2.5-coder-1.5b_4k_cpu"),
     # the entropy rule's runs, files of their own (fixed m and the oracle repeat the 2k files' numbers)
@@ -405,7 +407,7 @@ def m_bounds_3kinds(source: str) -> Dict[str, Dict[str, Any]]:
 
 #: the input-aware rules (docs/methods.md §3.7): quality method and the tag of its table columns
 M_RULES = (("dustin-h-ia", "max_mass", "max-mass"), ("dustin-h-cov", "coverage", "coverage"),
-           ("dustin-h-ent", "entropy", "entropy"))
+           ("dustin-h-ent", "entropy", "entropy"), ("dustin-h-cov-held", "coverage_held", "coverage held"))
 #: how each input-aware-m run drafts
 INPUT_AWARE_M_DRAFT = {"smollm2-135m": "mlp:10-12 self-draft", "qwen2.5-coder-1.5b": "qwen2.5-coder-0.5b draft"}
 #: GQA-aware SRHs (docs/methods.md §3.4): the Qwen pair's profile with the best heads anywhere against the one whose
@@ -2217,12 +2219,12 @@ def plot_m_rules(cases: Dict[str, Any], path: str, title: str = "") -> None:
     left.set_ylabel("1 - ARR (gap to dense verification)")
     left.grid(alpha=0.3)
     left.legend(fontsize=8)
-    width = 0.2
+    width = 0.16
     for i, (field, label) in enumerate((("selection_s_fixed", "fixed m"),) + tuple(
             (f"selection_s_{t}", name) for _, t, name in M_RULES)):
         values = [(j, r[field] * 1e3) for j, r in enumerate(rows) if r.get(field) is not None]
         if values:
-            right.bar([j + (i - 1.5) * width for j, _ in values], [v for _, v in values], width, label=label)
+            right.bar([j + (i - 2) * width for j, _ in values], [v for _, v in values], width, label=label)
     right.set_xticks(range(len(ks)))
     right.set_xticklabels([str(k) for k in ks])
     right.set_xlabel("KV budget k")
@@ -3084,14 +3086,16 @@ def _figures() -> List[Figure]:
             steps = load(source).get("config", {}).get("m_steps", 1) or 1
             cov = "input-aware-coverage" + (f"-ladder{steps}" if steps != 1 else "")  # --m-steps: its own keys
             for tag, field in (("fixed", "fixed"), ("input-aware", "max_mass"), (cov, "coverage"),
-                               ("input-aware-entropy", "entropy"), ("oracle", "oracle")):
+                               ("input-aware-entropy", "entropy"), ("input-aware-coverage-held", "coverage_held"),
+                               ("oracle", "oracle")):
                 if row.get(f"arr_{field}") is None or any(x.key == f"{base}/{tag}/arr" for x in f):  # fixed, oracle: once
                     continue
                 add(Figure(f"{base}/{tag}/arr", f"ARR, Dustin-H {tag} m, {model}, {ctx // 1024}k, k = {row['k']}",
                            "fraction", source, _m_rule(row["k"], f"arr_{field}")))
                 add(Figure(f"{base}/{tag}/agreement", f"token match with dense, Dustin-H {tag} m, k = {row['k']}",
                            "fraction", source, _m_rule(row["k"], f"match_{field}")))
-            for tag, field in (("input-aware", "max_mass"), (cov, "coverage"), ("input-aware-entropy", "entropy")):
+            for tag, field in (("input-aware", "max_mass"), (cov, "coverage"), ("input-aware-entropy", "entropy"),
+                               ("input-aware-coverage-held", "coverage_held")):
                 if row.get(f"gap_closed_{field}") is None or row.get(f"selection_ratio_{field}") is None:
                     continue
                 add(Figure(f"{base}/{tag}/gap-closed", f"share of the fixed-to-oracle ARR gap closed, {tag}, "

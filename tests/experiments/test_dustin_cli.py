@@ -305,6 +305,35 @@ def test_quality_input_aware_and_oracle_m(folders, tmp_path):
 
 
 @pytest.mark.slow
+def test_quality_held_coverage_rule(folders, tmp_path, capsys):
+    """`dustin-quality --methods dustin-h-cov,dustin-h-cov-held --m-every 2`: on the same dense trajectory the held
+    rule decides as the coverage rule in rounds 0, 2, 4, ... and keeps that m in the round after; with k = 512
+    above the ~400-token context its output is dense. --m-every without the held method, or below 2, is refused."""
+    target, draft = folders
+    haystack = _haystack(tmp_path)
+    common = ["--model", str(target), "--draft", str(draft), "--source", str(haystack), "--gamma", "3"]
+    profile = _profile(tmp_path, common, "128,512", "0.3", 3, 2, draft_layers=True)
+    out = tmp_path / "quality.json"
+    argv = ["dustin-quality", *common, "--dustin-profile", str(profile), "--budgets", "128,512", "--items", "400:1",
+            "--kinds", "passkey", "--depths", "0.5", "--max-new-tokens", "16", "--ppl-tokens", "8"]
+    assert main(argv + ["--methods", "dustin-h-cov,dustin-h-cov-held", "--m-every", "2", "--out", str(out)]) == 0
+    cases = json.loads(out.read_text())["cases"]
+    item = next(k[:-len("/dense")] for k in cases if k.endswith("/dense"))
+    cover, held = cases[f"{item}/dustin-h-cov/k128"], cases[f"{item}/dustin-h-cov-held/k128"]
+    rounds = cases[f"{item}/dense"]["rounds"]
+    assert rounds >= 3 and len(held["m_per_round"]) == len(cover["m_per_round"]) == rounds
+    for r, m in enumerate(held["m_per_round"]):
+        assert m == (cover["m_per_round"][r] if r % 2 == 0 else held["m_per_round"][r - 1]), r
+    assert held["m_rule"] == "coverage" and held["selection_s_input_aware"] > 0
+    assert cases[f"{item}/dustin-h-cov-held/k512"]["tokens"] == cases[f"{item}/dense"]["tokens"]
+    for extra, message in ((["--methods", "dustin-h-cov", "--m-every", "2"],
+                            "--m-every=2 sets how often dustin-h-cov-held decides: add it to --methods"),
+                           (["--methods", "dustin-h-cov-held", "--m-every", "1"], "--m-every=1: must be >= 2")):
+        assert main(argv + extra + ["--out", str(tmp_path / "bad.json")]) == 2
+        assert message in capsys.readouterr().err and not (tmp_path / "bad.json").exists()
+
+
+@pytest.mark.slow
 def test_generate_input_aware_m(folders, tmp_path):
     """`generate --method dustin --dustin-m-rule max-mass|coverage|entropy`: with k >= the context exactly
     dense ClassicSD (greedy == AR); labelled in the JSON."""
