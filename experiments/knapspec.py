@@ -194,6 +194,10 @@ def add_planning_arguments(add, prefix: str = "") -> None:
         help=f"with --{prefix}reference-floor R: the first plan runs before the first round, on the prompt's last R "
              "tokens a row, so no round drafts with the full model (default: after round 6, the paper). "
              "docs/methods.md §5.6")
+    add(f"--{prefix}plan-after-plain", type=int, default=None, metavar="N",
+        help="the first plan runs after N plainly decoded tokens a row, on those tokens alone (the model's own "
+             "continuation; no full-model rounds, no prompt tokens in its window unless the reference floor asks "
+             "for more). docs/methods.md §5.6")
     add(f"--{prefix}start-states", choices=("prefill", "own"), default="prefill",
         help=f"with --{prefix}plan-at-start: the target's states of that plan's window are kept by the prefill, "
              "which runs those tokens as its last forward (prefill, default), or computed by the plan (own). "
@@ -201,7 +205,7 @@ def add_planning_arguments(add, prefix: str = "") -> None:
 
 
 def check_two_stage(search_tokens, finalists, prefix: str = "", reference_floor=None, plan_rows=None,
-                    plan_at_start=False) -> None:
+                    plan_at_start=False, plan_after_plain=None) -> None:
     """``--[knapspec-]search-tokens`` / ``--[knapspec-]finalists`` / ``--[knapspec-]reference-floor`` /
     ``--[knapspec-]plan-rows`` / ``--[knapspec-]plan-at-start`` before any model loads."""
     if plan_at_start and reference_floor is None:
@@ -209,6 +213,12 @@ def check_two_stage(search_tokens, finalists, prefix: str = "", reference_floor=
                          f"--{prefix}reference-floor R (how many a row's window holds)")
     if plan_rows is not None and plan_rows < 1:
         raise ValueError(f"--{prefix}plan-rows={plan_rows}: must be >= 1 (or left out: every row of the batch)")
+    if plan_after_plain is not None and plan_after_plain < 1:
+        raise ValueError(f"--{prefix}plan-after-plain={plan_after_plain}: must be >= 1 (plain tokens a row before the "
+                         f"first plan)")
+    if plan_after_plain is not None and plan_at_start:
+        raise ValueError(f"--{prefix}plan-after-plain {plan_after_plain} and --{prefix}plan-at-start both place the "
+                         f"first plan: give one")
     if reference_floor is not None and reference_floor < 1:
         raise ValueError(f"--{prefix}reference-floor={reference_floor}: must be >= 1 (or left out: the tokens of the "
                          f"last 5 rounds)")
@@ -268,6 +278,7 @@ def knapspec_config_from_args(args):
                           reference_floor=getattr(args, "knapspec_reference_floor", None),
                           plan_rows=getattr(args, "knapspec_plan_rows", None),
                           plan_at_start=getattr(args, "knapspec_plan_at_start", False),
+                          plan_after_plain=getattr(args, "knapspec_plan_after_plain", None),
                           start_states=getattr(args, "knapspec_start_states", "prefill"),
                           dp_attention=getattr(args, "knapspec_dp_attention", "xla"),
                           rescore=getattr(args, "knapspec_rescore", "executed"),
@@ -285,7 +296,7 @@ def validate_self_spec(args) -> None:
                          f"slot)")
     check_two_stage(getattr(args, "knapspec_search_tokens", None), getattr(args, "knapspec_finalists", 4), "knapspec-",
                     getattr(args, "knapspec_reference_floor", None), getattr(args, "knapspec_plan_rows", None),
-                    getattr(args, "knapspec_plan_at_start", False))
+                    getattr(args, "knapspec_plan_at_start", False), getattr(args, "knapspec_plan_after_plain", None))
     check_dp_attention(getattr(args, "knapspec_dp_attention", "xla"), getattr(args, "knapspec_reference_kv", "branch"),
                        prefix="knapspec-")
     if args.knapspec_gamma_max < 1:
@@ -678,6 +689,8 @@ def _config_of(args) -> Dict[str, Any]:
     for key, default in (("search_tokens", None), ("finalists", 4), ("reference_floor", None), ("plan_rows", None)):
         if getattr(args, key) != default:
             config[key] = getattr(args, key)
+    if args.plan_after_plain is not None:  # named only when set, like reference_kv
+        config["plan_after_plain"] = args.plan_after_plain
     if args.plan_at_start:
         config["plan_at_start"] = True
         if args.start_states == "prefill":  # named only then: files written before the prefill kept the states
@@ -1474,7 +1487,8 @@ def experiment_knapspec_config(args, branch_chunk=None):
                           probe_rounds=args.probe_rounds or None, reference_kv=args.reference_kv,
                           static_plans=args.static_plans, search_tokens=args.search_tokens,
                           finalists=args.finalists, reference_floor=args.reference_floor, plan_rows=args.plan_rows,
-                          plan_at_start=args.plan_at_start, plan_cost_scale=args.plan_cost_scale,
+                          plan_at_start=args.plan_at_start, plan_after_plain=args.plan_after_plain,
+                          plan_cost_scale=args.plan_cost_scale,
                           dp_attention=args.dp_attention, rescore=args.rescore, dp_segments=args.dp_segments,
                           start_states=args.start_states)
 
@@ -1488,7 +1502,7 @@ def check_knapspec_args(args) -> None:
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             raise ValueError(f"--{flag.replace('_', '-')}={getattr(args, flag)}: must be >= 1 (or left out)")
     check_two_stage(args.search_tokens, args.finalists, reference_floor=args.reference_floor, plan_rows=args.plan_rows,
-                    plan_at_start=args.plan_at_start)
+                    plan_at_start=args.plan_at_start, plan_after_plain=args.plan_after_plain)
     check_dp_attention(args.dp_attention, args.reference_kv, args.branch_chunk)
     if args.dp_attention_check < 0:
         raise ValueError(f"--dp-attention-check={args.dp_attention_check}: must be >= 0 (repeats; 0 = skip)")

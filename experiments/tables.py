@@ -459,6 +459,8 @@ KNAPSPEC_TWO_STAGE = f"{K}qwen2.5-coder-1.5b_8k-32k_b1_two-stage_h200.json"
 KNAPSPEC_TWO_STAGE_CPU = f"{K}smollm2-135m_1k_b1_two-stage_cpu.json"  # the same plan on the CPU (cpu-knapspec)
 #: the same plan made before the first round on the prompt's last tokens (docs/methods.md §5.6, --plan-at-start)
 KNAPSPEC_AT_START_CPU = f"{K}smollm2-135m_1k_b1_two-stage_at-start_cpu.json"
+#: the same plan made after 64 plainly decoded tokens, on those alone (docs/methods.md §5.6, --plan-after-plain)
+KNAPSPEC_AFTER_PLAIN_CPU = f"{K}smollm2-135m_1k_b1_two-stage_after-plain_cpu.json"
 #: the at-start two-stage planner on the real Qwen2.5-Coder-1.5B on the CPU (1k, batch 1, 256 new tokens)
 KNAPSPEC_AT_START_QWEN_CPU = f"{K}qwen2.5-coder-1.5b_1k_b1_two-stage_at-start_cpu.json"
 KNAPSPEC_PLAN_ROWS_AT_START = f"{K}qwen2.5-coder-1.5b_32k-8k_b16_plan-rows_at-start_h200.json"
@@ -485,6 +487,7 @@ KNAPSPEC_PALLAS_STATIC = f"{K}qwen2.5-coder-1.5b_32k-8k_b16_pallas_static_h200.j
 KNAPSPEC_PALLAS_B1 = f"{K}qwen2.5-coder-1.5b_32k-8k_b1_pallas_static_h200.json"
 #: the same at 32k on an H100 (suite h100-long-context)
 KNAPSPEC_PALLAS_B1_H100 = f"{K}qwen2.5-coder-1.5b_32k_b1_pallas_static_h100.json"
+KNAPSPEC_PALLAS_B1_H100_AFTER_PLAIN = f"{K}qwen2.5-coder-1.5b_32k_b1_pallas_static_after-plain_h100.json"
 #: the traced plan runs: (file, device tag, what it adds, suite and step, index-key slug)
 KNAPSPEC_PLAN_TRACES = tuple(
     (f"{K}qwen2.5-coder-1.5b_32k_b16_pallas_static{variant}_trace_{tag}.json", tag,
@@ -516,6 +519,9 @@ KNAPSPEC_PALLAS_RUNS = ((KNAPSPEC_PALLAS, "pallas", ""),
                         (KNAPSPEC_PALLAS_B1_H100, "pallas-static",
                          " on an H100 with static plans and a profile of compiled masks (--latency-fit "
                          "forward-static)"),
+                        (KNAPSPEC_PALLAS_B1_H100_AFTER_PLAIN, "pallas-static-after-plain",
+                         " on an H100 with static plans, a profile of compiled masks and the first plan after 64 "
+                         "plain tokens on those alone (--plan-after-plain 64)"),
                         (KNAPSPEC_PALLAS_STATIC, "pallas-static",
                          " with static plans and a profile of compiled masks (--latency-fit forward-static)"),
                         *((source, slug, " with static plans and a profile of compiled masks (--latency-fit "
@@ -1205,7 +1211,10 @@ def _knapspec_pallas_more_note() -> str:
                                     "and a batch-1 profile of compiled masks",
              "h200-knapspec qwen2.5-coder-1.5b-b1-32k-8k-pallas-static"),
             (KNAPSPEC_PALLAS_B1_H100, 1, "The same at 32k on an H100",
-             "h100-long-context knapspec-qwen2.5-coder-1.5b-b1-32k-pallas-static")):
+             "h100-long-context knapspec-qwen2.5-coder-1.5b-b1-32k-pallas-static"),
+            (KNAPSPEC_PALLAS_B1_H100_AFTER_PLAIN, 1, "The same with the first plan made after 64 plainly decoded "
+                                                      "tokens on those alone (`--plan-after-plain 64`)",
+             "h100-long-context knapspec-qwen2.5-coder-1.5b-b1-32k-pallas-static-after-plain")):
         if (RESULTS / source).exists():
             out.append(f"{what} (`{source}`): " + _knapspec_pallas_note(source, batch))
         else:
@@ -1861,7 +1870,9 @@ def knapspec_two_stage_cpu_note() -> str:
                   f"{100 * (a['predicted_dp_search_s'] + 64 * a['predicted_dp_s_per_token']) / (256 * c['ar_step_s']):.1f}"
                   " % of a 256-step decode at the measured step." if "predicted_dp_search_s" in a else ".")
                if c["predicted_ar_step_s"] > 1.1 * c["ar_step_s"] else "")
-            + knapspec_at_start_cpu_note(c) + knapspec_plain_priced_cpu_note(c) + knapspec_qwen_at_start_cpu_note())
+            + knapspec_at_start_cpu_note(c) + knapspec_after_plain_note(KNAPSPEC_AFTER_PLAIN_CPU, "cpu-knapspec step "
+                                                                          "smollm2-135m-1k-two-stage-after-plain")
+            + knapspec_plain_priced_cpu_note(c) + knapspec_qwen_at_start_cpu_note())
 
 
 def knapspec_qwen_at_start_cpu_note() -> str:
@@ -1961,6 +1972,27 @@ def knapspec_calibrated_note() -> str:
         parts.append(f"{where}, price x {scale:.2f} (`{source}`): " + "; ".join(runs))
     return ("The allowance pricing a plan at what earlier plans of the model measured against their prediction "
             "(docs/methods.md §5.6, `--plan-cost-scale-from`): " + ". ".join(parts) + ".")
+
+
+def knapspec_after_plain_note(source: str, step: str) -> str:
+    """A KnapSpec run whose first plan came after plain tokens, on those alone (``--plan-after-plain``): its speed-up,
+    the plan, and the plan's acceptance estimate against the acceptance its rounds measured."""
+    if not (RESULTS / source).exists():
+        return f" The first plan made after 64 plain tokens on those alone (`--plan-after-plain 64`): not measured yet ({step})."
+    (key, c), = [(k, v) for k, v in load(source)["cases"].items() if "speedup_vs_ar" in v]
+    plans = c.get("plans") or []
+    text = (f" The first plan made after {load(source)['config'].get('plan_after_plain')} plain tokens on those alone "
+            f"(`--plan-after-plain`, `{source}`): {c['speedup_vs_ar']:.2f}x AR, planning "
+            f"{100 * c['plan_fraction_of_decode']:.1f} % of decode")
+    if not plans:
+        return text + ", no plan made (the planning allowance skipped it)."
+    p = plans[0]
+    text += (f"; its plan at step {p['round']} on {p['reference_tokens']} reference tokens skipped {p['n_skip_attn']} "
+             f"Attention / {p['n_skip_mlp']} MLP sub-layers at an estimated acceptance of {p['alpha']:.2f} and chose "
+             f"gamma* = {p['gamma_star']}")
+    if c.get("rounds"):
+        text += f"; the run's rounds measured an acceptance of {c['acceptance_rate']:.2f} (tau {c['tau']:.2f})"
+    return text + "."
 
 
 def knapspec_at_start_cpu_note(base: dict) -> str:
@@ -3326,6 +3358,8 @@ def _figures() -> List[Figure]:
             (KNAPSPEC_CALIBRATED_CPU, "two-stage-calibrated", "two-stage plan priced at its measured cost "
                                                               "(--plan-cost-scale-from)"),
             (KNAPSPEC_AT_START_CPU, "two-stage-at-start", "two-stage plan made before the first round (--plan-at-start)"),
+            (KNAPSPEC_AFTER_PLAIN_CPU, "two-stage-after-plain", "two-stage plan made after 64 plain tokens on those "
+                                                                "alone (--plan-after-plain 64)"),
             (KNAPSPEC_PREFILL_STATES_CPU, "two-stage-at-start-prefill-states", "two-stage plan made before the first "
                                                                               "round, its window's states kept by the "
                                                                               "prefill"),

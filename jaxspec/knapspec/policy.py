@@ -313,6 +313,12 @@ class KnapSpecConfig:
     # tokens a row, so no round drafts with the full model (docs/methods.md §5.6); the next plan is the schedule's
     # second (plan_round + plan_interval). False: the first plan after round plan_round (the paper)
     plan_at_start: bool = False
+    # the first plan runs after this many plainly decoded tokens a row, on those tokens alone: the model's own
+    # continuation, the text the draft will face, where the prompt's last tokens (plan_at_start) or a few early
+    # rounds' tokens are another text (docs/methods.md §5.6). The plain steps cost what AR's do, and no round
+    # drafts with the full model before the plan. The next plan is plan_interval rounds later on the schedule's
+    # grid. None = the paper's first plan after round plan_round
+    plan_after_plain: Optional[int] = None
     # the planning allowance multiplies the planner's modelled cost by this: the measured / predicted time of
     # earlier plans of this model on this device (docs/methods.md §5.6; on the H200 the two-stage plan ran 3-11x
     # the model, which prices the DP's rows by plain many-row forwards). 1 = the model alone
@@ -388,6 +394,13 @@ class KnapSpecConfig:
         if self.plan_at_start and self.reference_floor is None:
             raise ValueError("plan_at_start=True plans on the prompt's last tokens before any round: it needs "
                              "reference_floor (how many of them a row's window holds)")
+        if self.plan_after_plain is not None and (isinstance(self.plan_after_plain, bool)
+                                                  or int(self.plan_after_plain) < 1):
+            raise ValueError(f"plan_after_plain={self.plan_after_plain!r} must be >= 1 (plain tokens a row before the "
+                             f"first plan), or None (the first plan after round plan_round)")
+        if self.plan_after_plain is not None and self.plan_at_start:
+            raise ValueError(f"plan_after_plain={self.plan_after_plain} and plan_at_start=True both place the first "
+                             f"plan: give one")
         if self.reference_floor is not None and int(self.reference_floor) < 1:
             raise ValueError(f"reference_floor={self.reference_floor} must be >= 1, or None (the tokens committed "
                              f"since the window's mark)")
@@ -974,6 +987,11 @@ class KnapSpecController(ScriptedController):
                 next_plan = None
             elif self.allowance["tokens"] is not None:
                 ref_cap = int(self.allowance["tokens"])
+        plain_start = None  # plan_after_plain: the plain steps before the first plan (a plain step is a round here)
+        if next_plan is not None and knapspec.plan_after_plain is not None and knapspec.honor_gamma:
+            plain_start = int(knapspec.plan_after_plain)
+            apply_plan(np.zeros((config.num_layers, 2), bool), 0)
+            next_plan = plain_start
         while next_plan is not None and not run.finished():
             mark_at = schedule.mark_round(next_plan)
             at_start = next_plan == 0
@@ -1017,7 +1035,8 @@ class KnapSpecController(ScriptedController):
                 cache_lengths = np.asarray(state.target_cache.lengths)  # waits for the device work in flight
                 host = {"device_in_flight": time.perf_counter() - plan_start}  # the controller's own parts of a plan
                 if current["gamma"] == 0 or mark is None:
-                    mark = np.maximum(cache_lengths - knapspec.ar_reference_tokens, 0)
+                    after_plain = plain_start is not None and true_round == plain_start
+                    mark = np.maximum(cache_lengths - (plain_start if after_plain else knapspec.ar_reference_tokens), 0)
                 if knapspec.reference_floor is not None:  # at least this many tokens a row (earlier ones, the prompt's)
                     mark = np.minimum(mark, np.maximum(cache_lengths - int(knapspec.reference_floor), 0))
                 window = reference_window(tokens, lengths, np.asarray(state.out), np.asarray(state.num_out),
@@ -1071,6 +1090,9 @@ class KnapSpecController(ScriptedController):
                     self.records[-1].gamma_used, self.records[-1].verify_rows = 0, 1
             # after a plan at the start the schedule's own first grid point is skipped (its window would be
             # the few rounds since)
+            if plain_start is not None and next_plan == plain_start:  # a plan_interval of rounds after it
+                next_plan = schedule.next_plan_round(true_round + knapspec.plan_interval)
+                continue
             next_plan = schedule.next_plan_round(max(true_round, schedule.plan_round if next_plan == 0 else 0) + 1)
         if not run.finished():
             true_round += yield from advance(None)

@@ -721,6 +721,30 @@ def test_plan_at_start_plans_on_the_prompt_before_any_round(params, ar_rows):
         KnapSpecConfig(plan_at_start=True)
 
 
+def test_plan_after_plain_plans_on_the_plain_tokens_alone(params, ar_rows):
+    """plan_after_plain = N: the run decodes N tokens a row plainly (no round drafts), then the first plan's window
+    is exactly each row's N generated tokens (AR's own continuation, no prompt token); the next plan is a
+    plan_interval of rounds later on the schedule's grid; greedy output is AR's. It and plan_at_start exclude
+    each other, and N < 1 is refused."""
+    planner = WindowPlanner([2, 0, 3])
+    knap = dataclasses_replace(KNAP, plan_after_plain=8, plan_interval=8)
+    result = knapspec_generate(params, TARGET, PROMPTS, latency=LATENCY, knapspec=knap, max_new_tokens=NEW,
+                               planner=planner)
+    assert result.rows() == ar_rows
+    rounds = [p["round"] for p in result.metrics["knapspec_plans"]]
+    assert rounds[0] == 8 and rounds[1] == knap.schedule.next_plan_round(8 + knap.plan_interval)
+    assert result.metrics["ar_steps"] >= 8  # the plain start, and gamma 0 (the scripted second plan) after it
+    tokens, mask, prefix, lengths = planner.windows[0]
+    np.testing.assert_array_equal(lengths, [len(p) + 8 for p in PROMPTS])
+    np.testing.assert_array_equal(mask.sum(axis=1).astype(int), [8, 8, 8])
+    for b, row in enumerate(ar_rows):
+        assert tokens[b, :8].tolist() == list(row[:8])
+    for bad, match in ((dict(plan_after_plain=0), "plan_after_plain=0 must be >= 1"),
+                       (dict(plan_after_plain=4, plan_at_start=True, reference_floor=8), "give one")):
+        with pytest.raises(ValueError, match=match):
+            KnapSpecConfig(**bad)
+
+
 class PricedWindowPlanner(WindowPlanner):
     """A window-keeping planner with a price per reference token (so the allowance and the records price plans)."""
 
