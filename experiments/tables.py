@@ -338,7 +338,8 @@ INPUT_AWARE_M = tuple((model, f"dustin_quality/dustin_quality_input_aware_m_{run
     # the 32k run on an H100 (the same step in h100-long-context)
     ("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b_32k_h100"),
     # the coverage rule deciding every third round, beside fixed m and the oracle on the same items
-    ("qwen2.5-coder-1.5b", "held_qwen2.5-coder-1.5b_2k_cpu"), ("qwen2.5-coder-1.5b", "held_qwen2.5-coder-1.5b_32k_h100"),
+    ("qwen2.5-coder-1.5b", "held_qwen2.5-coder-1.5b_2k_cpu"), ("qwen2.5-coder-1.5b", "held_qwen2.5-coder-1.5b_4k_cpu"),
+    ("qwen2.5-coder-1.5b", "held_qwen2.5-coder-1.5b_32k_h100"),
     # the coverage rule with a wider candidate ladder (--m-steps), beside fixed m and the oracle on the same items
     ("qwen2.5-coder-1.5b", "ladder_qwen2.5-coder-1.5b_4k_cpu"),
     # the entropy rule's runs, files of their own (fixed m and the oracle repeat the 2k files' numbers)
