@@ -161,6 +161,13 @@ def _profile(tmp_path, common, budgets, depths, max_new_tokens, srh_max_new_toke
     return profile
 
 
+def _pair_profile(folders, tmp_path, budgets, depths, max_new_tokens, srh_max_new_tokens):
+    """The tiny pair's common arguments over a fresh haystack and a profile with draft layers (:func:`_profile`)."""
+    target, draft = folders
+    common = ["--model", str(target), "--draft", str(draft), "--source", str(_haystack(tmp_path)), "--gamma", "3"]
+    return common, _profile(tmp_path, common, budgets, depths, max_new_tokens, srh_max_new_tokens, draft_layers=True)
+
+
 def _haystack(tmp_path):
     import random
 
@@ -270,9 +277,7 @@ def test_quality_input_aware_and_oracle_m(folders, tmp_path):
     from experiments import dustin_quality
 
     target, draft = folders
-    haystack = _haystack(tmp_path)
-    common = ["--model", str(target), "--draft", str(draft), "--source", str(haystack), "--gamma", "3"]
-    profile = _profile(tmp_path, common, "128,512", "0.3", 3, 2, draft_layers=True)
+    common, profile = _pair_profile(folders, tmp_path, "128,512", "0.3", 3, 2)
     out = tmp_path / "quality.json"
     assert main(["dustin-quality", *common, "--dustin-profile", str(profile), "--budgets", "128,512", "--methods",
                  "dustin-h,dustin-h-ia,dustin-h-cov,dustin-h-ent,dustin-h-oracle", "--items", "400:1", "--kinds", "passkey",
@@ -309,10 +314,7 @@ def test_quality_held_coverage_rule(folders, tmp_path, capsys):
     """`dustin-quality --methods dustin-h-cov,dustin-h-cov-held --m-every 2`: on the same dense trajectory the held
     rule decides as the coverage rule in rounds 0, 2, 4, ... and keeps that m in the round after; with k = 512
     above the ~400-token context its output is dense. --m-every without the held method, or below 2, is refused."""
-    target, draft = folders
-    haystack = _haystack(tmp_path)
-    common = ["--model", str(target), "--draft", str(draft), "--source", str(haystack), "--gamma", "3"]
-    profile = _profile(tmp_path, common, "128,512", "0.3", 3, 2, draft_layers=True)
+    common, profile = _pair_profile(folders, tmp_path, "128,512", "0.3", 3, 2)
     out = tmp_path / "quality.json"
     argv = ["dustin-quality", *common, "--dustin-profile", str(profile), "--budgets", "128,512", "--items", "400:1",
             "--kinds", "passkey", "--depths", "0.5", "--max-new-tokens", "16", "--ppl-tokens", "8"]
@@ -478,10 +480,7 @@ def test_m_bounds_command(folders, tmp_path, capsys):
     """`dustin-m-bounds` decodes evaluation tasks with full-KV verification, recording every round, and
     reports per k the mean ARR of fixed m, the per-round oracle, the three per-round choices and the best
     single m (none above the oracle) with the share of the gap each closes; without a profile it stops before loading."""
-    target, draft = folders
-    haystack = _haystack(tmp_path)
-    common = ["--model", str(target), "--draft", str(draft), "--source", str(haystack), "--gamma", "3"]
-    profile = _profile(tmp_path, common, "128", "0.3,0.6", 4, 3, draft_layers=True)
+    common, profile = _pair_profile(folders, tmp_path, "128", "0.3,0.6", 4, 3)
     out = tmp_path / "bounds.json"
     argv = ["dustin-m-bounds", *common, "--dustin-profile", str(profile), "--budgets", "128", "--lengths", "400",
             "--kinds", "passkey", "--depths", "0.5", "--samples", "2", "--items", "2", "--max-new-tokens", "8",
@@ -513,10 +512,7 @@ def test_m_recalibrated_per_context_length(folders, tmp_path, capsys):
     before any model loads."""
     from jaxspec.dustin.search import DustinProfile
 
-    target, draft = folders
-    haystack = _haystack(tmp_path)
-    common = ["--model", str(target), "--draft", str(draft), "--source", str(haystack), "--gamma", "3"]
-    profile = _profile(tmp_path, common, "128", "0.3,0.6", 4, 3, draft_layers=True)
+    common, profile = _pair_profile(folders, tmp_path, "128", "0.3,0.6", 4, 3)
     recal = tmp_path / "per-length.json"
     argv = ["dustin-profile", *common, "--budgets", "128", "--lengths", "600,800", "--kinds", "passkey",
             "--depths", "0.5", "--max-new-tokens", "6", "--profile-file", str(recal), "--out", str(tmp_path / "r.json")]
