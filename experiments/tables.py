@@ -501,7 +501,10 @@ KNAPSPEC_PLAN_TRACES = tuple(
                                 ("_1row_select", " planning on one row's window with the finalists rescored in one "
                                  "pass without conditionals (--rescore select)", "-1row-select"),
                                 ("_1row_prefill-states", " planning on one row's window, its states kept by the "
-                                 "prefill (--start-states prefill)", "-1row-prefill-states")))
+                                 "prefill (--start-states prefill)", "-1row-prefill-states"))) + (
+    # batch 1, where KnapSpec's plain steps ran 1.10x AR's: where a plainly decoding KnapSpec run's time goes
+    (f"{K}qwen2.5-coder-1.5b_32k_b1_pallas_static_trace_h100.json", "h100", "on an H100 at batch 1",
+     "h100-long-context knapspec-qwen2.5-coder-1.5b-b1-32k-pallas-static-trace", "pallas-static-trace"),)
 #: one plan's stages timed alone (bench-plan, docs/methods.md §5.6): (file, model label, device label), those that
 #: exist
 PLAN_STAGES = tuple((f"{K}plan_stages_{run}.json", model, device) for run, model, device in (
@@ -1286,7 +1289,9 @@ def _plan_stages_sentence(source: str, model: str, device: str) -> str:
 
 
 def _plan_trace_sentence(source: str, tag: str, what: str) -> str:
-    case = load(source)["cases"][f"{tag}/summarize/ctx32000/b16/knapspec"]
+    (key, case), = [(k, v) for k, v in load(source)["cases"].items()
+                    if k.startswith(f"{tag}/summarize/ctx32000/") and k.endswith("/knapspec")]
+    batch = key.split("/")[3][1:]
     plan = case["plans"][0]
     stages = plan["stage_seconds"]
     ar, ks = (next(iter(case["trace"][m]["planes"].values())) for m in ("ar", "knapspec"))
@@ -1299,7 +1304,7 @@ def _plan_trace_sentence(source: str, tag: str, what: str) -> str:
                  f"{n_copies} MemcpyD2D in KnapSpec's run" + ("" if copies["ar"] else ", none among AR's top kernels")
                  if copies["knapspec"] else "")
     waiting = extra_busy < 0.5 * plan["seconds"]
-    return (f"Where the plan's time goes, {what} (`{source}`, 32k, batch 16, KnapSpec alone with static plans and "
+    return (f"Where the plan's time goes, {what} (`{source}`, 32k, batch {batch}, KnapSpec alone with static plans and "
             f"a profile of compiled masks fitted on that GPU): {case['speedup_vs_ar']:.2f}x AR, planning "
             f"{100 * case['plan_fraction_of_decode']:.1f} % of decode; the plan before the first round took "
             f"{1e3 * plan['seconds']:.0f} ms against {1e3 * plan['predicted_seconds']:.0f} ms predicted (the target's "
