@@ -1128,8 +1128,6 @@ class QualityRunner:
         else:
             rule = lambda: select_input_aware(s_draft, s_target, history, candidates=cfg.m_candidates, **shape)  # noqa: E731
         if cfg.m_every > 1:  # the held rule: decide at multiples of m_every, else the per-row fixed path
-            import jax.numpy as jnp
-
             held = self.m_held.get(method.key) if round_index % cfg.m_every else None
             if held is not None:
                 rule = lambda: (select_verify_indices_rows(s_draft, s_target, history, held, **shape), held)  # noqa: E731
@@ -1156,6 +1154,7 @@ class QualityRunner:
         else:
             indices, chosen = rule()
             if cfg.m_every > 1:
+                _, jnp = _jax()
                 self.m_held[method.key] = jnp.asarray(chosen, jnp.int32)
         stats.setdefault("m", []).append(int(chosen[0]))
         return float(recall_of_indices(weights, indices)[0])
