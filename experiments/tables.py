@@ -263,6 +263,7 @@ PAIR_SPEED_H100 = tuple(p for p in (f"{PS}16k_b16_repeats_h100.json", f"{PS}32k_
                         if (RESULTS / p).exists())
 #: the H100's table with its batch-16 plain run in it (step choice-table-b8-16) and the 32k/b16 run deciding from it
 CHOICE_TABLE_H100_B16 = "choice_table/choice_table_qwen2.5-coder-1.5b_0.5b_b8-16_h100.json"
+CHOICE_TABLE_H100_16K = "choice_table/choice_table_qwen2.5-coder-1.5b_0.5b_16k-32k_b8-16_h100.json"
 PAIR_SPEED_CHOICE_TABLE_B16_REPEATS_H100 = f"{PS}32k_b16_choice-table_repeats_h100.json"
 #: the input-aware m rules' selection cost against the fixed rule (bench-selection), per device
 SELECTION_COST = (("cpu", "selection/selection_rules_cost_qwen2.5-coder-1.5b-profile_16k-32k_cpu.json"),
@@ -5353,6 +5354,10 @@ def _probed_repeats_text(path: str) -> str:
         else:
             text += (" The 32k/b16 run deciding from it (step `pair-ctx32k-b16-choice-table-repeats`): not "
                      "measured yet.")
+    if (RESULTS / CHOICE_TABLE_H100_16K).exists():
+        text += (f" With the H100's 16k/b16 plain run and the 32k/b16 outcomes added (`{CHOICE_TABLE_H100_16K}`, step "
+                 "`choice-table-16k-32k`) it decides " + _table_decisions(CHOICE_TABLE_H100_16K)
+                 + "; no run has decided from it yet.")
     return text
 
 
