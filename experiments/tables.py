@@ -4291,11 +4291,15 @@ def selection_cost_verdicts() -> List[str]:
                        f"(bench-selection): {min(ratios):.2f}-{max(ratios):.2f}x the fixed rule, within 1.1x at "
                        f"{inside} of {len(ratios)} points (target <= 1.1x: **{'met' if inside == len(ratios) else 'missed'}**"
                        + (f"; over at {', '.join(worst)}" if worst else "") + ")"
-                       + (f". Its rounds between decisions select with the fixed rule's per-row path, which itself runs "
-                          f"{min(fixed_rows):.2f}-{max(fixed_rows):.2f}x the fixed rule's own path here (a mask where "
-                          f"the fixed rule extracts and scatters indices): against that path the held rule costs "
-                          f"{min(rows):.2f}-{max(rows):.2f}x, so part of its margin is a cheaper fixed selection the "
-                          f"fixed rule could use too" if rows else "") + ".")
+                       + ((f". Its rounds between decisions select with the fixed rule's per-row path, which itself runs "
+                           f"{min(fixed_rows):.2f}-{max(fixed_rows):.2f}x the fixed rule's own path here (a mask where "
+                           f"the fixed rule then extracted and scattered indices): against that path the held rule costs "
+                           f"{min(rows):.2f}-{max(rows):.2f}x, so part of its margin was a cheaper fixed selection, which "
+                           f"the fixed rule has used since"
+                           if max(fixed_rows) < 0.95 or min(fixed_rows) < 0.9 else
+                           f". Its rounds between decisions select with the per-row path, the fixed rule's own since "
+                           f"it selects the draft's part as a mask too ({min(fixed_rows):.2f}-{max(fixed_rows):.2f}x "
+                           f"the fixed rule here, the same work)") if rows else "") + ".")
     return out
 
 
