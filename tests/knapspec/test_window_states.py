@@ -108,23 +108,37 @@ def test_a_suffix_window_reads_its_states_from_the_kept_ones(params):
     np.testing.assert_array_equal(np.asarray(one.for_window(mask[2:], prefix[2:])), np.asarray(taken[:, 2:]))
 
 
-def test_plan_at_start_uses_the_prefill_states_and_plans_the_same(params, ar_rows):
+def test_plan_at_start_uses_the_prefill_states_and_plans_the_same(params, ar_rows, monkeypatch):
     """With plan_at_start the engine's prefill keeps the window's states (the controller's prefill_target) and the
-    plan uses them: its record says so, its states stage costs nothing measurable beside the DP, and the plan
-    (mask, gamma) and its window alpha equal a planner's that computes its own states; greedy output stays AR's.
-    The same holds with a shared prefilled cache handed over with its window_states."""
+    plan uses them: its record says so, it runs no states forward of its own (one boundary_states call fewer than
+    a planner's that computes its own states, over the same plans), and the plan (mask, gamma) and its window alpha
+    equal that planner's; greedy output stays AR's. The same holds with a shared prefilled cache handed over with
+    its window_states."""
+    from jaxspec.knapspec import policy
 
     class OwnStates(KnapSpecPlanner):
         accepts_window_states = False
 
-    runs = {}
+    calls = {"n": 0}
+    computed = policy.boundary_states
+
+    def counted(*args, **kwargs):
+        calls["n"] += 1
+        return computed(*args, **kwargs)
+
+    monkeypatch.setattr(policy, "boundary_states", counted)
+    runs, states_calls = {}, {}
     for name, planner in (("kept", KnapSpecPlanner(LATENCY, KNAP)), ("own", OwnStates(LATENCY, KNAP))):
+        calls["n"] = 0
         runs[name] = knapspec_generate(params, TARGET, PROMPTS, latency=LATENCY, knapspec=KNAP, max_new_tokens=NEW,
                                        planner=planner, capacity=CAPACITY)
+        states_calls[name] = calls["n"]
     cache, logits, kept = windowed_prefill(params)
+    calls["n"] = 0
     runs["prefilled"] = knapspec_generate(params, TARGET, PROMPTS, latency=LATENCY, knapspec=KNAP,
                                           max_new_tokens=NEW, capacity=CAPACITY, prefilled=(cache, logits),
                                           window_states=kept)
+    states_calls["prefilled"] = calls["n"]
     for name, result in runs.items():
         assert result.rows() == ar_rows, name
     first = {name: result.metrics["knapspec_plans"][0] for name, result in runs.items()}
@@ -136,7 +150,8 @@ def test_plan_at_start_uses_the_prefill_states_and_plans_the_same(params, ar_row
         assert first[name]["skip_mlp"] == first["own"]["skip_mlp"], name
         assert first[name]["gamma_star"] == first["own"]["gamma_star"], name
         assert first[name]["alpha"] == pytest.approx(first["own"]["alpha"], abs=1e-6)
-        assert first[name]["stage_seconds"]["boundary_states"] < first[name]["stage_seconds"]["dp"]
+        plans = [len(runs[n].metrics["knapspec_plans"]) for n in (name, "own")]
+        assert plans[0] == plans[1] and states_calls[name] == states_calls["own"] - 1 >= 0, (name, states_calls)
 
 
 def test_prefill_states_price_one_row_less_per_window_token():
