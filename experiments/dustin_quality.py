@@ -1098,8 +1098,8 @@ class QualityRunner:
         ``m_every`` and selects with the m it chose in the rounds between."""
         from jaxspec.dustin.arr import recall_of_indices
         from jaxspec.dustin.selection import (entropy_rule_args, max_mass_split, select_entropy_gated,
-                                              select_input_aware, select_max_mass, select_verify_indices,
-                                              select_verify_indices_rows)
+                                              select_held, select_input_aware, select_max_mass,
+                                              select_verify_indices)
 
         cfg = method.dustin
         stats = self.m_rule_stats.setdefault(method.key, {})
@@ -1127,10 +1127,11 @@ class QualityRunner:
             rule = lambda: select_entropy_gated(s_draft, s_target, history, **entropy_rule_args(cfg))  # noqa: E731
         else:
             rule = lambda: select_input_aware(s_draft, s_target, history, candidates=cfg.m_candidates, **shape)  # noqa: E731
-        if cfg.m_every > 1:  # the held rule: decide at multiples of m_every, else the per-row fixed path
-            held = self.m_held.get(method.key) if round_index % cfg.m_every else None
-            if held is not None:
-                rule = lambda: (select_verify_indices_rows(s_draft, s_target, history, held, **shape), held)  # noqa: E731
+        if cfg.m_every > 1:  # the held rule as the verifier runs it: decides at multiples of m_every, else holds
+            _, jnp = _jax()
+            held = self.m_held.get(method.key, jnp.full(history.shape, cfg.effective_m, jnp.int32))
+            decide = jnp.asarray(round_index % cfg.m_every == 0)
+            rule = lambda: select_held(cfg, s_draft, s_target, history, held, decide)  # noqa: E731
         timings = {}
         for name, call in (("fixed", lambda: select_verify_indices(s_draft, s_target, history, m=cfg.effective_m,
                                                                    **shape)),
@@ -1154,8 +1155,7 @@ class QualityRunner:
         else:
             indices, chosen = rule()
             if cfg.m_every > 1:
-                _, jnp = _jax()
-                self.m_held[method.key] = jnp.asarray(chosen, jnp.int32)
+                self.m_held[method.key] = chosen
         stats.setdefault("m", []).append(int(chosen[0]))
         return float(recall_of_indices(weights, indices)[0])
 

@@ -615,6 +615,10 @@ def _rule_configs(profile_path, budgets):
     return out
 
 
+#: the fixed rule's draft part in jaxspec.dustin.selection.select_verify_indices (the per-row mask path)
+FIXED_RULE_DRAFT_PART = "mask"
+
+
 def cmd_bench_selection(args) -> Dict[str, Any]:
     """The input-aware m rules (docs/methods.md §3.7) against the fixed rule, each timed on the same signals in
     the same process, interleaved: ``select_for_config`` with ``m_rule`` fixed and each rule. Signals are
@@ -638,6 +642,8 @@ def cmd_bench_selection(args) -> Dict[str, Any]:
     if args.repeats < 1 or args.iters < 1:
         raise ValueError(f"--repeats {args.repeats} / --iters {args.iters}: each must be >= 1")
     writer = ResultWriter(args.out, "bench-selection", config_of(args))
+    # how the fixed rule, every ratio's baseline, selects the draft's part (earlier files: indices + scatter)
+    writer.set("fixed_rule_draft_part", FIXED_RULE_DRAFT_PART)
 
     rows_out = []
     for context in [int(c) for c in args.contexts.split(",")]:

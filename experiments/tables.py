@@ -4296,7 +4296,7 @@ def selection_cost_verdicts() -> List[str]:
                            f"the fixed rule then extracted and scattered indices): against that path the held rule costs "
                            f"{min(rows):.2f}-{max(rows):.2f}x, so part of its margin was a cheaper fixed selection, which "
                            f"the fixed rule has used since"
-                           if max(fixed_rows) < 0.95 or min(fixed_rows) < 0.9 else
+                           if load(source).get("fixed_rule_draft_part") != "mask" else
                            f". Its rounds between decisions select with the per-row path, the fixed rule's own since "
                            f"it selects the draft's part as a mask too ({min(fixed_rows):.2f}-{max(fixed_rows):.2f}x "
                            f"the fixed rule here, the same work)") if rows else "") + ".")

@@ -170,15 +170,14 @@ def select_verify_indices(s_draft: Optional[jax.Array], s_target: Optional[jax.A
     width = max(k, some.shape[1])  # a budget larger than the cache: pad (padding is never chosen)
     if m == 0:
         return select_top_k(_pad_width(s_target.astype(jnp.float32), width), lengths, k=k, sinks=sinks, window=window)
-    s_draft = _pad_width(s_draft.astype(jnp.float32), width)
     if m == free:
-        return select_top_k(s_draft, lengths, k=k, sinks=sinks, window=window)
-    # the draft's part straight as a mask (the same exact radix select, ties to the lower position): extracting
-    # its indices and scattering them back into a mask cost 1.0-1.16x as much on an H100 (docs/methods.md §3.7)
-    chosen = top_rows_mask(s_draft, lengths, jnp.full(lengths.shape, sinks + window + m, jnp.int32), sinks=sinks,
-                           window=window)
-    lifted = jnp.where(chosen, jnp.inf, _pad_width(s_target.astype(jnp.float32), width))
-    return select_top_k(lifted, lengths, k=k, sinks=sinks, window=window)
+        return select_top_k(_pad_width(s_draft.astype(jnp.float32), width), lengths, k=k, sinks=sinks,
+                            window=window)
+    # the per-row path with every row's m: the draft's part straight as a mask (the same exact radix select, ties
+    # to the lower position); extracting its indices and scattering them back into a mask cost 1.0-1.16x as much
+    # on an H100 (docs/methods.md §3.7)
+    return select_verify_indices_rows(s_draft, s_target, lengths, jnp.full(lengths.shape, m, jnp.int32), k=k,
+                                      sinks=sinks, window=window)
 
 
 def select_for_config(config: DustinConfig, s_draft, s_target, lengths) -> jax.Array:
@@ -473,12 +472,14 @@ def select_input_aware(s_draft: jax.Array, s_target: jax.Array, lengths: jax.Arr
     return score(s_draft, s_target, lengths, k=k, sinks=sinks, window=window, candidates=tuple(candidates))
 
 
+@functools.partial(jax.jit, static_argnames=("config",))
 def select_held(config: DustinConfig, s_draft: jax.Array, s_target: jax.Array, lengths: jax.Array, m_rows: jax.Array,
                 decide) -> Tuple[jax.Array, jax.Array]:
     """The coverage rule deciding only in some rounds (``DustinConfig.m_every``, docs/methods.md §3.7):
     where ``decide`` (a traced bool scalar) holds, :func:`select_input_aware` (the rule's set and its m per row);
     otherwise the fixed rule with each row's held ``m_rows [B]`` (:func:`select_verify_indices_rows`, the fixed
-    rule's two radix selections, no candidate scoring). Returns ``(I_verify [B, k], m [B] int32)``."""
+    rule's two radix selections, no candidate scoring). Returns ``(I_verify [B, k], m [B] int32)``. Jitted:
+    ``config`` is static."""
     k, sinks, window = config.budget, config.sinks, config.window_size
     m_rows = m_rows.astype(jnp.int32)
     return jax.lax.cond(

@@ -1035,7 +1035,7 @@ class KnapSpecController(ScriptedController):
                 cache_lengths = np.asarray(state.target_cache.lengths)  # waits for the device work in flight
                 host = {"device_in_flight": time.perf_counter() - plan_start}  # the controller's own parts of a plan
                 if current["gamma"] == 0 or mark is None:
-                    after_plain = plain_start is not None and true_round == plain_start
+                    after_plain = plain_start is not None and next_plan == plain_start
                     mark = np.maximum(cache_lengths - (plain_start if after_plain else knapspec.ar_reference_tokens), 0)
                 if knapspec.reference_floor is not None:  # at least this many tokens a row (earlier ones, the prompt's)
                     mark = np.minimum(mark, np.maximum(cache_lengths - int(knapspec.reference_floor), 0))
