@@ -155,6 +155,10 @@ def add_planning_arguments(add, prefix: str = "") -> None:
     add(f"--{prefix}probe-rounds", type=int, default=8,
         help="measured arbitration: after a plan that drafts, time this many speculative rounds and as many "
              "plain-decoding steps, keep the faster until the next plan (0: off, as in the paper)")
+    add(f"--{prefix}probe-warmup", type=int, default=0, metavar="N",
+        help="before each side of that probe, run N rounds (plain steps) untimed, their tokens kept, so the first "
+             "call after a switch of plan or mode does not weigh on the few timed ones (docs/methods.md §5.2; "
+             "default 0)")
     add(f"--{prefix}static-plans", action="store_true",
         help="re-planning runs draft each plan with a forward compiled for it (skipped sub-layers removed, no "
              "per-sub-layer conditional; one compile per distinct plan, docs/methods.md §5.3) instead of the "
@@ -271,6 +275,7 @@ def knapspec_config_from_args(args):
                           plan_cost_scale=getattr(args, "knapspec_plan_cost_scale", 1.0),
                           exit_aware_tpt=not getattr(args, "knapspec_spec_tpt", False),
                           probe_rounds=getattr(args, "knapspec_probe_rounds", 8) or None,
+                          probe_warmup=getattr(args, "knapspec_probe_warmup", 0),
                           reference_kv=getattr(args, "knapspec_reference_kv", "branch"),
                           static_plans=getattr(args, "knapspec_static_plans", False),
                           search_tokens=getattr(args, "knapspec_search_tokens", None),
@@ -689,6 +694,8 @@ def _config_of(args) -> Dict[str, Any]:
     for key, default in (("search_tokens", None), ("finalists", 4), ("reference_floor", None), ("plan_rows", None)):
         if getattr(args, key) != default:
             config[key] = getattr(args, key)
+    if args.probe_warmup:  # named only when set, like reference_kv
+        config["probe_warmup"] = args.probe_warmup
     if args.plan_after_plain is not None:  # named only when set, like reference_kv
         config["plan_after_plain"] = args.plan_after_plain
     if args.plan_at_start:
@@ -791,6 +798,19 @@ def pearson(x: Sequence[float], y: Sequence[float]) -> Optional[float]:
     if x.size < 3 or np.std(x) == 0 or np.std(y) == 0:
         return None
     return float(np.corrcoef(x, y)[0, 1])
+
+
+def stretch_fit(stretches, ar_step_s: Optional[float] = None) -> Optional[Dict[str, float]]:
+    """Least squares of each plain stretch's wall seconds over its steps, ``seconds = fixed + steps x step``: the
+    per-stretch fixed cost (dispatch, the stretch's host read) apart from the per-step cost, which is what the
+    paired AR run's step compares with. None with fewer than two distinct stretch lengths."""
+    if len({steps for steps, _ in stretches}) < 2:
+        return None
+    x = np.array([steps for steps, _ in stretches], np.float64)
+    y = np.array([seconds for _, seconds in stretches], np.float64)
+    step, fixed = np.polyfit(x, y, 1)
+    return {"fixed_s": float(fixed), "step_s": float(step),
+            "step_over_ar_step": float(step / ar_step_s) if ar_step_s else None}
 
 
 def _copy(tree):
@@ -1048,12 +1068,17 @@ class Case:
         if plain is None or rounds is None:
             return None
         steps = metrics["ar_steps"]
+        log = metrics.get("chunk_log") or []
+        stretches = [(units, seconds) for kind, units, seconds in log if kind == "plain"]
         return {"how": "wall seconds inside the engine's chunks (each ended by its own host read); controller = "
                        "decode - plain stretches - rounds - planning",
                 "plain_stretches_s": plain, "rounds_s": rounds, "plan_s": plan_s,
                 "controller_s": decode_s - plain - rounds - plan_s, "plain_steps": steps,
                 "plain_step_s": plain / steps if steps else None,
-                "plain_step_over_ar_step": plain / steps / ar_step_s if steps and ar_step_s else None}
+                "plain_step_over_ar_step": plain / steps / ar_step_s if steps and ar_step_s else None,
+                "chunks": [{"kind": kind, "units": units, "seconds": seconds} for kind, units, seconds in log],
+                "plain_stretches": len(stretches),
+                "plain_stretch_fit": stretch_fit(stretches, ar_step_s)}
 
     def _generate(self, method: str, warmup: bool = True, **kwargs):
         from jaxspec.baselines.clasp import clasp_generate
@@ -1484,7 +1509,8 @@ def experiment_knapspec_config(args, branch_chunk=None):
                                                                                       "--gamma-buckets"),
                           branch_chunk=branch_chunk, max_reference_tokens=args.max_reference_tokens,
                           max_plan_fraction=plan_fraction(args.max_plan_fraction, "--max-plan-fraction"),
-                          probe_rounds=args.probe_rounds or None, reference_kv=args.reference_kv,
+                          probe_rounds=args.probe_rounds or None, probe_warmup=args.probe_warmup,
+                          reference_kv=args.reference_kv,
                           static_plans=args.static_plans, search_tokens=args.search_tokens,
                           finalists=args.finalists, reference_floor=args.reference_floor, plan_rows=args.plan_rows,
                           plan_at_start=args.plan_at_start, plan_after_plain=args.plan_after_plain,
@@ -1525,8 +1551,9 @@ def check_knapspec_args(args) -> None:
                          f"need 0 <= sinks < budget")
     if args.candidate_reference_tokens < 1:
         raise ValueError(f"--candidate-reference-tokens={args.candidate_reference_tokens}: must be >= 1")
-    if args.candidate_plans < 0 or args.plan_cost_repeats < 0 or args.probe_rounds < 0:
-        raise ValueError("--candidate-plans, --plan-cost-repeats and --probe-rounds must be >= 0")
+    if args.candidate_plans < 0 or args.plan_cost_repeats < 0 or args.probe_rounds < 0 or args.probe_warmup < 0:
+        raise ValueError(f"--candidate-plans={args.candidate_plans}, --plan-cost-repeats={args.plan_cost_repeats}, "
+                         f"--probe-rounds={args.probe_rounds} and --probe-warmup={args.probe_warmup} must be >= 0")
     if args.candidate_repeats < 1:
         raise ValueError(f"--candidate-repeats {args.candidate_repeats}: give a number of (AR, plan) pairs >= 1")
     if args.candidate_plans > 2 and args.search_tokens is not None and args.finalists < args.candidate_plans:

@@ -8,7 +8,7 @@ bounded size. ``stage`` moves a registry model's GGUF there in chunks:
        python -m experiments.stage split qwen2.5-coder-1.5b qwen2.5-coder-0.5b --dir ~/jaxspec-transfer
 
    fetches each model (``jaxspec.models.registry``), cuts its file into chunks of at most
-   ``--chunk-mib`` MiB (default 52: one chunk plus a source tree of up to ~12 MiB fits a 64 MiB
+   ``--chunk-mib`` MiB (default 46: one chunk plus a source tree of up to ~18 MiB fits a 64 MiB
    transfer; size it as the transfer limit minus what else each transfer carries) and writes
    ``manifest.json`` (file name, size, sha256 of the file and of every chunk);
 2. on the target machine, once per transfer, with whatever chunks this transfer carried::
@@ -26,7 +26,7 @@ bounded size. ``stage`` moves a registry model's GGUF there in chunks:
 and ``receive --dir`` takes it as it is: the short last chunks share the first transfers, the rest
 follow in the order given (send the model that converts longest first)::
 
-       python -m experiments.stage pack ~/xfer/1.5b ~/xfer/0.5b --out ~/xfer/transfers --transfer-mib 52
+       python -m experiments.stage pack ~/xfer/1.5b ~/xfer/0.5b --out ~/xfer/transfers --transfer-mib 46
 
 ``--convert DTYPE --background`` converts in a process of its own (it outlives the call that
 started it), so one model can convert while the next one's chunks arrive; ``stage wait`` blocks
@@ -324,14 +324,14 @@ def main(argv=None) -> int:
     sp = sub.add_parser("split", help="fetch registry models and cut them into chunks + manifest")
     sp.add_argument("names", nargs="+")
     sp.add_argument("--dir", required=True, type=pathlib.Path)
-    sp.add_argument("--chunk-mib", type=float, default=52.0,
+    sp.add_argument("--chunk-mib", type=float, default=46.0,
                     help="largest chunk in MiB: the transfer limit minus everything else a transfer carries "
-                         "(default 52: a 64 MiB transfer with a source tree of up to ~12 MiB)")
+                         "(default 46: a 64 MiB transfer with a source tree of up to ~18 MiB)")
     pk = sub.add_parser("pack", help="group split folders' chunks into one folder per transfer, each with a manifest")
     pk.add_argument("dirs", nargs="+", type=pathlib.Path, help="folders written by `stage split`, in sending order")
     pk.add_argument("--out", required=True, type=pathlib.Path, help="a new folder for the tNN transfer folders")
-    pk.add_argument("--transfer-mib", type=float, default=52.0,
-                    help="most MiB of chunks a transfer carries (default 52, the default chunk size)")
+    pk.add_argument("--transfer-mib", type=float, default=46.0,
+                    help="most MiB of chunks a transfer carries (default 46, the default chunk size)")
     rc = sub.add_parser("receive", help="take the carried chunks; reassemble and verify complete models")
     rc.add_argument("--dir", required=True, type=pathlib.Path, help="where this transfer's chunks and manifest are")
     rc.add_argument("--stage-dir", type=pathlib.Path, default=pathlib.Path("/tmp/jaxspec_stage"))

@@ -490,6 +490,8 @@ KNAPSPEC_PALLAS_B1 = f"{K}qwen2.5-coder-1.5b_32k-8k_b1_pallas_static_h200.json"
 #: the same at 32k on an H100 (suite h100-long-context)
 KNAPSPEC_PALLAS_B1_H100 = f"{K}qwen2.5-coder-1.5b_32k_b1_pallas_static_h100.json"
 KNAPSPEC_PALLAS_B1_H100_AFTER_PLAIN = f"{K}qwen2.5-coder-1.5b_32k_b1_pallas_static_after-plain_h100.json"
+#: the same with one untimed round (plain step) before each side of the probe (--probe-warmup 1)
+KNAPSPEC_PALLAS_B1_H100_PROBE_WARMUP = f"{K}qwen2.5-coder-1.5b_32k_b1_pallas_static_after-plain_probe-warmup_h100.json"
 #: the traced plan runs: (file, device tag, what it adds, suite and step, index-key slug)
 KNAPSPEC_PLAN_TRACES = tuple(
     (f"{K}qwen2.5-coder-1.5b_32k_b16_pallas_static{variant}_trace_{tag}.json", tag,
@@ -527,6 +529,10 @@ KNAPSPEC_PALLAS_RUNS = ((KNAPSPEC_PALLAS, "pallas", ""),
                         (KNAPSPEC_PALLAS_B1_H100_AFTER_PLAIN, "pallas-static-after-plain",
                          " on an H100 with static plans, a profile of compiled masks and the first plan after 64 "
                          "plain tokens on those alone (--plan-after-plain 64)"),
+                        (KNAPSPEC_PALLAS_B1_H100_PROBE_WARMUP, "pallas-static-after-plain-probe-warmup",
+                         " on an H100 with static plans, a profile of compiled masks, the first plan after 64 plain "
+                         "tokens on those alone and one untimed round before each side of the probe (--probe-warmup "
+                         "1)"),
                         (KNAPSPEC_PALLAS_STATIC, "pallas-static",
                          " with static plans and a profile of compiled masks (--latency-fit forward-static)"),
                         *((source, slug, " with static plans and a profile of compiled masks (--latency-fit "
@@ -1219,7 +1225,11 @@ def _knapspec_pallas_more_note() -> str:
              "h100-long-context knapspec-qwen2.5-coder-1.5b-b1-32k-pallas-static"),
             (KNAPSPEC_PALLAS_B1_H100_AFTER_PLAIN, 1, "The same with the first plan made after 64 plainly decoded "
                                                       "tokens on those alone (`--plan-after-plain 64`)",
-             "h100-long-context knapspec-qwen2.5-coder-1.5b-b1-32k-pallas-static-after-plain")):
+             "h100-long-context knapspec-qwen2.5-coder-1.5b-b1-32k-pallas-static-after-plain"),
+            (KNAPSPEC_PALLAS_B1_H100_PROBE_WARMUP, 1, "The same with one untimed round, and one plain step, before "
+                                                       "each side of the probe (`--probe-warmup 1`, docs/methods.md "
+                                                       "§5.2)",
+             "h100-long-context knapspec-qwen2.5-coder-1.5b-b1-32k-pallas-static-after-plain-probe-warmup")):
         if (RESULTS / source).exists():
             out.append(f"{what} (`{source}`): " + _knapspec_pallas_note(source, batch))
         else:
@@ -1323,7 +1333,27 @@ def _plan_trace_sentence(source: str, tag: str, what: str) -> str:
                "one, syncing between stages), so a cheaper plan needs fewer, larger programs (the DP, rescoring and "
                "the window's states in one compiled call) more than fewer bytes." if waiting else
                ", so most of the plan is device work.")
-            + _plan_windows_sentence(ks.get("windows") or {}, plan.get("rescore")))
+            + _plan_windows_sentence(ks.get("windows") or {}, plan.get("rescore"))
+            + _plain_idle_sentence(case, ar, ks))
+
+
+def _plain_idle_sentence(case: Dict[str, Any], ar: Dict[str, Any], ks: Dict[str, Any]) -> str:
+    """For a traced run whose plain steps ran slower than the paired AR run's: the GPU-busy and wall time beyond AR's
+    outside the plan's profiler window, which tells device work from the GPU waiting on the host."""
+    split = case.get("time_split_measured") or {}
+    window = (ks.get("windows") or {}).get("jaxspec.knapspec.plan")
+    ratio = split.get("plain_step_over_ar_step")
+    if not window or not ratio or ratio < 1.05:
+        return ""
+    busy = ks["busy_s"] - ar["busy_s"] - window["busy_s"]
+    wall = ks["span_s"] - ar["span_s"] - window["wall_s"]
+    return (f" Its plain steps ran {ratio:.2f}x the paired AR run's step; outside the plan's window the traced "
+            f"KnapSpec run kept the GPU busy {1e3 * busy:.0f} ms more than AR over {split['plain_steps']} plain steps "
+            f"while its wall time was {1e3 * wall:.0f} ms longer: the device did AR's work, and the rest is the GPU "
+            "waiting on the host, inside the plain stretches or between them"
+            + (f" (their fit over {split['plain_stretches']} stretches: {1e3 * fit['fixed_s']:.1f} ms fixed a "
+               f"stretch, a step {fit['step_over_ar_step']:.3f}x AR's)." if (fit := split.get("plain_stretch_fit"))
+               else "; this run predates the engine's per-chunk log, which tells the two apart."))
 
 
 def _measured_split_text(case: Dict[str, Any]) -> str:
@@ -1359,6 +1389,22 @@ def _plan_windows_sentence(windows: Dict[str, Any], rescore: Optional[str] = Non
     return text
 
 
+def _probe_text(probe: Optional[Dict[str, Any]]) -> str:
+    """A KnapSpec plan's measured arbitration (docs/methods.md §5.2): both sides' rates and the choice."""
+    if not probe:
+        return ""
+    own = probe.get("ar_tokens_per_s_measured")
+    model = probe.get("ar_tokens_per_s_model")
+    ar = (f"{probe['ar_tokens_per_s']:.0f} for plain steps"
+          + (f" (the better of {own:.0f} measured over {probe['ar_steps']} steps and the latency model's {model:.0f})"
+             if own is not None and model else ""))
+    warm = (f", after {probe['speculative_warmup_units']} untimed round(s) of {1e3 * probe['speculative_warmup_s']:.1f} ms"
+            if probe.get("speculative_warmup_s") is not None else "")
+    return (f"; its {probe['rounds']} probe rounds ran {probe['speculative_tokens_per_s']:.0f} tokens/s "
+            f"({1e3 * probe['speculative_s'] / probe['rounds']:.1f} ms a round{warm}) against {ar}, so it "
+            + ("kept the plan" if probe["choice"] == "speculative" else "decoded plainly"))
+
+
 def _knapspec_pallas_note(source: str = KNAPSPEC_PALLAS, batch: int = 16) -> str:
     """KnapSpec's two-stage plan and KnapSpec with budgeted attention against AR, all on the Pallas kernel
     (step qwen2.5-coder-1.5b-b16-32k-8k-pallas and its variants), and the 1.1x target of the paper's KnapSpec at
@@ -1378,9 +1424,13 @@ def _knapspec_pallas_note(source: str = KNAPSPEC_PALLAS, batch: int = 16) -> str
             text += f" (AR step {1e3 * step:.2f} ms): KnapSpec {ks['speedup_vs_ar']:.2f}x AR"
             if ks.get("plans"):
                 p = ks["plans"][0]
-                text += (f" (its plan before the first round skipped {p['n_skip_attn']} Attention / {p['n_skip_mlp']} "
+                after_plain = load(source)["config"].get("plan_after_plain")
+                when = ("before the first round" if not p["round"] else
+                        f"after {p['round']} plainly decoded tokens" if after_plain else f"at round {p['round']}")
+                text += (f" (its plan {when} skipped {p['n_skip_attn']} Attention / {p['n_skip_mlp']} "
                          f"MLP sub-layers at alpha {p['alpha']:.2f} on the window, gamma* = {p['gamma_star']}"
                          + (", so it decoded plainly" if p["gamma_star"] == 0 else "")
+                         + _probe_text(p.get("probe"))
                          + f"; planning {100 * ks['plan_fraction_of_decode']:.1f} % of decode, "
                            f"{1e3 * ks['timings']['plan_s']:.0f} ms" + _measured_split_text(ks) + ")")
         if budget:
@@ -1389,10 +1439,7 @@ def _knapspec_pallas_note(source: str = KNAPSPEC_PALLAS, batch: int = 16) -> str
                      f"{budget['draft_step_check']['n_dense_attn']} dense / {budget['draft_step_check']['n_budget_attn']} "
                      f"budgeted Attention sub-layers, gamma {bp.get('gamma')}, alpha {bp.get('alpha', 0):.2f}; planning "
                      f"{100 * budget['plan_fraction_of_decode']:.1f} % of decode")
-            if probe:
-                text += (f"; its {probe['rounds']} probe rounds ran {probe['speculative_tokens_per_s']:.0f} tokens/s "
-                         f"against {probe['ar_tokens_per_s']:.0f} for plain steps, so it kept plain decoding")
-            text += ")"
+            text += _probe_text(probe) + ")"
         parts.append(text)
     top = cases.get(f"{tag}/summarize/ctx32000/b16/knapspec")  # the target's point (batch 16 only)
     fit = load(source)["config"].get("latency_fit", "forward")
@@ -3349,14 +3396,15 @@ def _figures() -> List[Figure]:
     for source, tag, what, _, slug in KNAPSPEC_PLAN_TRACES:  # the traced plan: its wall time and the GPU's work in it
         if not (RESULTS / source).exists():
             continue
-        key = f"{tag}/summarize/ctx32000/b16/knapspec"
-        base = f"selfspec/real-qwen1.5b/{tag}/ctx32000/b16/knapspec-{slug}"
-        add(Figure(f"{base}/plan-ms", f"KnapSpec's plan before the first round, real Qwen2.5-Coder-1.5B bf16, 32k, "
-                                      f"batch 16, {what}", "ms", source, ("cases", key, "plans", 0, "seconds"),
+        key = next(k for k in load(source)["cases"] if k.endswith("/knapspec"))  # the one traced KnapSpec case
+        batch = int(key.split("/b")[-1].split("/")[0])
+        base = f"selfspec/real-qwen1.5b/{tag}/ctx32000/b{batch}/knapspec-{slug}"
+        add(Figure(f"{base}/plan-ms", f"KnapSpec's first plan, real Qwen2.5-Coder-1.5B bf16, 32k, "
+                                      f"batch {batch}, {what}", "ms", source, ("cases", key, "plans", 0, "seconds"),
                    scale=1e3))
         add(Figure(f"{base}/gpu-busy-beyond-ar-ms",
                    f"the traced KnapSpec run's GPU-busy time beyond the traced AR run's on the same cache (at most the "
-                   f"plan's device work), 32k, batch 16, {what}", "ms", source,
+                   f"plan's device work), 32k, batch {batch}, {what}", "ms", source,
                    lambda d, key=key: 1e3 * (next(iter(d["cases"][key]["trace"]["knapspec"]["planes"].values()))[
                        "busy_s"] - next(iter(d["cases"][key]["trace"]["ar"]["planes"].values()))["busy_s"])))
     for source, slug, variant in (

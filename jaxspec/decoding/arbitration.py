@@ -126,7 +126,8 @@ class ChoiceTable:
 
 
 def measured_arbitration(run, speculative: Callable, plain: Callable, *, rounds: int,
-                         ar_model_rate: Optional[Callable[[int], float]] = None):
+                         ar_model_rate: Optional[Callable[[int], float]] = None,
+                         warmup_speculative: Optional[Callable] = None, warmup_plain: Optional[Callable] = None):
     """Generator (``yield from`` it inside a :class:`~jaxspec.decoding.contract.ScriptedController`):
     ``speculative()`` / ``plain()`` are generators that run the two probes (yielding chunks) and return
     the rounds / steps they ran. Returns ``(probe, units)``: ``probe`` is ``None`` when every row finished
@@ -135,28 +136,50 @@ def measured_arbitration(run, speculative: Callable, plain: Callable, *, rounds:
     plain-decoding rate; the better of it and the measured one is used (a short probe's fixed per-call
     cost weighs more on a few cheap AR steps than on the longer speculative rounds). ``plain()`` may
     return ``(steps, step_s)``: a plain step's time measured without the per-call cost (see
-    :func:`two_stretch_step`), which then prices the plain rate; the mean over the probe is kept too."""
+    :func:`two_stretch_step`), which then prices the plain rate; the mean over the probe is kept too.
+    ``warmup_speculative`` / ``warmup_plain``: generators like those two, run untimed just before each side's
+    timed part (their tokens are committed like any other): the first call after a switch of plan or mode
+    pays one-time costs (a program's first run, host-side state changes) that would otherwise be charged to
+    that side's few timed rounds (docs/methods.md §5.2). Their times are kept in the probe record."""
+    warm = {}
+
+    def untimed(side, generator):
+        if generator is None:
+            return 0
+        start, committed = time.perf_counter(), run.committed_total()
+        units = yield from generator()
+        warm[f"{side}_warmup_units"], warm[f"{side}_warmup_tokens"] = int(units), run.committed_total() - committed
+        warm[f"{side}_warmup_s"] = time.perf_counter() - start
+        return int(units)
+
     active = int(np.sum(~np.asarray(run.state.done)))
+    spec_warm = yield from untimed("speculative", warmup_speculative)
+    if run.finished():
+        return None, spec_warm
     n0, t0 = run.committed_total(), time.perf_counter()
-    spec_units = yield from speculative()
+    spec_units = (yield from speculative()) + spec_warm
     n1, t1 = run.committed_total(), time.perf_counter()
     if run.finished():
         return None, spec_units
-    plain_units = yield from plain()
+    plain_warm = yield from untimed("ar", warmup_plain)
+    if run.finished():
+        return None, spec_units + plain_warm
     n2, t2 = run.committed_total(), time.perf_counter()
+    plain_units = yield from plain()
+    n3, t3 = run.committed_total(), time.perf_counter()
     plain_units, marginal_s = plain_units if isinstance(plain_units, tuple) else (plain_units, None)
-    spec_rate, ar_mean = (n1 - n0) / max(t1 - t0, 1e-9), (n2 - n1) / max(t2 - t1, 1e-9)
-    ar_measured = ar_mean if not marginal_s else (n2 - n1) / plain_units / marginal_s
+    spec_rate, ar_mean = (n1 - n0) / max(t1 - t0, 1e-9), (n3 - n2) / max(t3 - t2, 1e-9)
+    ar_measured = ar_mean if not marginal_s else (n3 - n2) / plain_units / marginal_s
     ar_model = None if ar_model_rate is None else float(ar_model_rate(active))
     ar_rate = max(ar_measured, ar_model or 0.0)
-    mean_step = (t2 - t1) / plain_units if plain_units else None
+    mean_step = (t3 - t2) / plain_units if plain_units else None
     probe = {"rounds": int(rounds), "speculative_tokens": n1 - n0, "speculative_s": t1 - t0,
-             "ar_tokens": n2 - n1, "ar_s": t2 - t1, "ar_steps": int(plain_units),
+             "ar_tokens": n3 - n2, "ar_s": t3 - t2, "ar_steps": int(plain_units),
              "ar_step_s": marginal_s or mean_step, "ar_step_s_mean": mean_step,
              "speculative_tokens_per_s": spec_rate,
              "ar_tokens_per_s": ar_rate, "ar_tokens_per_s_measured": ar_measured, "ar_tokens_per_s_mean": ar_mean,
-             "ar_tokens_per_s_model": ar_model, "choice": "speculative" if spec_rate >= ar_rate else "ar"}
-    return probe, spec_units + plain_units
+             "ar_tokens_per_s_model": ar_model, "choice": "speculative" if spec_rate >= ar_rate else "ar", **warm}
+    return probe, spec_units + plain_warm + plain_units
 
 
 def two_stretch_step(first_s: float, first_steps: int, second_s: float, second_steps: int) -> Optional[float]:

@@ -559,6 +559,9 @@ class RunCounters:
     # the rounds' counter): the rest of a run's decode time is the controller's (planning, probes, its logic)
     plain_seconds: float = 0.0
     round_seconds: float = 0.0
+    # every chunk in order: ("plain", steps, seconds) or ("rounds", rounds, seconds); a stretch's fixed cost
+    # (dispatch, its host read) shows as the intercept of seconds over steps (docs/methods.md §5.2)
+    chunk_log: list = dataclasses.field(default_factory=list)
 
     def __post_init__(self):
         self.histogram = np.zeros(self.gamma + 1, np.int64)
@@ -715,8 +718,10 @@ def speculative_generate(target_params, target_config: ModelConfig, prompts: Seq
         seconds = time.perf_counter() - start  # each chunk ends in a host read of its results: synced
         if chunk.plain_steps is not None:
             live.counters.plain_seconds += seconds
+            live.counters.chunk_log.append(("plain", int(chunk.plain_steps), seconds))
         else:
             live.counters.round_seconds += seconds
+            live.counters.chunk_log.append(("rounds", int(live.last_chunk), seconds))
 
     def run_chunk_body(live: LiveRun, chunk: Chunk, profile_totals=None) -> None:
         state = live.state

@@ -271,6 +271,10 @@ class KnapSpecConfig:
     # runs until the next plan. Bounds the loss of a plan whose predicted TPT was too optimistic
     # (acceptance statistics from a few reference tokens) to the probe. None = off (docs/methods.md §4).
     probe_rounds: Optional[int] = 8
+    # before each side of a probe, this many rounds (plain steps) run untimed, their tokens committed: the first
+    # call after a switch of plan or mode pays one-time costs that would weigh on the few timed rounds of that
+    # side alone (docs/methods.md §5.2). 0 = time each side from its first call
+    probe_warmup: int = 0
     # with max_plan_fraction: the DP's reference is capped so that one plan's predicted cost fits the
     # planning budget of the run (KnapSpecPlanner.reference_cost); below this many tokens a row no plan
     # is made and the run decodes plainly (the budget cannot pay for a DP)
@@ -383,6 +387,10 @@ class KnapSpecConfig:
             raise ValueError(f"min_reference_tokens={self.min_reference_tokens} must be >= 1")
         if self.probe_rounds is not None and int(self.probe_rounds) < 1:
             raise ValueError(f"probe_rounds={self.probe_rounds} must be >= 1, or None (no arbitration)")
+        if isinstance(self.probe_warmup, bool) or not isinstance(self.probe_warmup, (int, np.integer)) or \
+                self.probe_warmup < 0:
+            raise ValueError(f"probe_warmup={self.probe_warmup!r} must be an int >= 0 (untimed rounds before each "
+                             f"side of a probe)")
         if self.search_tokens is not None and int(self.search_tokens) < 1:
             raise ValueError(f"search_tokens={self.search_tokens} must be >= 1, or None (the DP on the whole window)")
         if self.finalists < 1:
@@ -416,7 +424,8 @@ class KnapSpecConfig:
         the next reference window (both probes must fit there); 0 = no arbitration."""
         if self.probe_rounds is None:
             return 0
-        return min(int(self.probe_rounds), (self.plan_interval - self.reference_rounds) // 2)
+        return max(min(int(self.probe_rounds),
+                       (self.plan_interval - self.reference_rounds) // 2 - int(self.probe_warmup)), 0)
 
     @property
     def buckets(self) -> Tuple[int, ...]:
@@ -949,12 +958,19 @@ class KnapSpecController(ScriptedController):
                 current["gamma"] = 0
                 return (yield from advance(rounds))
 
+            def plain_warmup():
+                current["gamma"] = 0
+                return (yield from advance(knapspec.probe_warmup))
+
             ar_model = None
             if model is not None:
                 def ar_model(active):
                     return active / max(model.t_plain(n, config.num_layers), 1e-12)
-            probe, units = yield from measured_arbitration(run, lambda: advance(rounds), plain, rounds=rounds,
-                                                           ar_model_rate=ar_model)
+            warm = knapspec.probe_warmup > 0
+            probe, units = yield from measured_arbitration(
+                run, lambda: advance(rounds), plain, rounds=rounds, ar_model_rate=ar_model,
+                warmup_speculative=(lambda: advance(knapspec.probe_warmup)) if warm else None,
+                warmup_plain=plain_warmup if warm else None)
             if probe is not None and probe["choice"] == "speculative":
                 current["gamma"] = speculative_gamma
             return probe, units
@@ -1111,6 +1127,7 @@ class KnapSpecController(ScriptedController):
         metrics = dict(ar_steps=counters.plain_steps, ar_tokens=counters.plain_tokens,
                        ar_intervals=counters.plain_stretches, schedule_rounds=self.schedule_rounds,
                        plain_chunk_seconds=counters.plain_seconds, round_chunk_seconds=counters.round_seconds,
+                       chunk_log=[list(entry) for entry in counters.chunk_log],
                        gamma_buckets_used=sorted(self.buckets_used), honor_gamma=self.knapspec.honor_gamma,
                        knapspec_plans=[r.summary() for r in self.records], plan_allowance=self.allowance,
                        fixed_plan_probe=self.fixed_probe,

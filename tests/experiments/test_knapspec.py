@@ -27,6 +27,14 @@ def test_pearson():
     assert knapspec_experiment.pearson([1, 2], [1, 2]) is None  # two points always correlate perfectly
 
 
+def test_stretch_fit_separates_a_stretch_fixed_cost_from_its_steps():
+    fit = knapspec_experiment.stretch_fit([(steps, 0.010 + 0.003 * steps) for steps in (8, 64, 183)], 0.0025)
+    assert fit["fixed_s"] == pytest.approx(0.010) and fit["step_s"] == pytest.approx(0.003)
+    assert fit["step_over_ar_step"] == pytest.approx(1.2)
+    assert knapspec_experiment.stretch_fit([(64, 0.2), (64, 0.21)]) is None  # one length: no intercept
+    assert knapspec_experiment.stretch_fit([]) is None
+
+
 def test_auto_branch_chunk_bounds_the_dp_scores():
     config = preset("qwen2.5-7b-shape")
     assert knapspec_experiment.auto_branch_chunk(config, 1, 2048, 16, 43) is None

@@ -271,6 +271,71 @@ def test_budget_generate_probes_its_plan_against_plain_decoding(monkeypatch, slo
     assert unprobed.metrics["fixed_plan_probe"] is None and unprobed.metrics["ar_steps"] == 0
 
 
+def test_probe_warmup_keeps_a_first_call_cost_off_the_timed_rounds(monkeypatch):
+    """The first speculative call after a switch of plan can pay one-time costs (a program's first run on a GPU).
+    Charged to the probe's few timed rounds, such a cost makes plain decoding win; with ``probe_warmup`` an untimed
+    round takes it (its tokens kept) and the timed rounds show the plan's own rate. Made certain with host sleeps:
+    the run's first speculative call sleeps 2 s, every plain stretch 0.2 s. Greedy output is AR's either way."""
+    import time
+
+    from jaxspec.decoding import speculative as engine_module
+    from jaxspec.decoding.autoregressive import generate
+    from jaxspec.knapspec.policy import KnapSpecConfig, knapspec_budget_generate
+
+    params = init_params(TINY, jax.random.PRNGKey(1), scale=0.2)
+    prompts = [np.random.RandomState(1).randint(0, 97, n).tolist() for n in (30, 24)]
+    lat = latency.LatencyModel(c1=1.0, c2=1.0, c3=0.1)
+    knap = KnapSpecConfig(gamma_max=4, gamma_buckets=(), max_plan_fraction=None, probe_rounds=2, tau=0.3,
+                          gammas=(1, 2, 3, 4))
+
+    def run(warmup_rounds):
+        return knapspec_budget_generate(params, TINY, prompts, latency=lat, sinks=1, window=4, reference_tokens=8,
+                                        knapspec=dataclasses.replace(knap, probe_warmup=warmup_rounds),
+                                        max_new_tokens=12)
+
+    run(1)  # compiles everything, unslowed
+    calls = {"loop": 0}
+    real_loop, real_plain = engine_module.run_loop, engine_module.plain_decode
+
+    def first_loop_slow(*args, **kwargs):
+        out = jax.block_until_ready(real_loop(*args, **kwargs))
+        calls["loop"] += 1
+        if calls["loop"] == 1:
+            time.sleep(2.0)
+        return out
+
+    def plain_slow(*args, **kwargs):
+        out = jax.block_until_ready(real_plain(*args, **kwargs))
+        time.sleep(0.2)
+        return out
+
+    monkeypatch.setattr(engine_module, "run_loop", first_loop_slow)
+    monkeypatch.setattr(engine_module, "plain_decode", plain_slow)
+    ar = generate(params, TINY, prompts, 12).rows()
+    cold = run(0)
+    probe = cold.metrics["fixed_plan_probe"]
+    assert probe["choice"] == "ar" and probe["speculative_s"] > 2.0 and "speculative_warmup_s" not in probe
+    assert cold.rows() == ar
+    calls["loop"] = 0
+    warm = run(1)
+    probe = warm.metrics["fixed_plan_probe"]
+    assert probe["choice"] == "speculative" and probe["speculative_s"] < 2.0 <= probe["speculative_warmup_s"]
+    assert probe["speculative_warmup_units"] == 1 and probe["ar_warmup_units"] == 1 and probe["ar_steps"] == 2
+    assert probe["speculative_warmup_tokens"] >= 2 and probe["rounds"] == 2
+    assert warm.rows() == ar
+    # every chunk is logged in order: the plain ones add up to the run's plain steps and plain-stretch seconds
+    log = warm.metrics["chunk_log"]
+    plain = [(units, seconds) for kind, units, seconds in log if kind == "plain"]
+    assert [kind for kind, _, _ in log[:4]] == ["rounds", "rounds", "plain", "plain"]  # warm-up, timed, warm-up, timed
+    assert sum(u for u, _ in plain) == warm.metrics["ar_steps"]
+    assert sum(s for _, s in plain) == pytest.approx(warm.metrics["plain_chunk_seconds"])
+    assert log[0][2] >= 2.0  # the slowed first call is the warm-up round
+    with pytest.raises(ValueError, match="probe_warmup=-1"):
+        KnapSpecConfig(probe_warmup=-1)
+    # both probes and their warm-ups fit between a plan and the next reference window
+    assert KnapSpecConfig(plan_interval=16).probe == 5 and KnapSpecConfig(plan_interval=16, probe_warmup=2).probe == 3
+
+
 def test_budget_generate_on_the_attention_kernels():
     """On a kernel backend (the Pallas kernels, interpreted) the cache the plan prefills is rounded to the
     kernels' blocks, and the speculative run takes it as is: greedy output still equals AR's."""
