@@ -66,6 +66,10 @@ def add_dustin_args(parser: argparse.ArgumentParser) -> None:
                        help="dustin / streaming / snapkv / magicdec: measured choice between the method and plain "
                             "decoding (docs/methods.md §5.2): time ROUNDS speculative rounds against as many AR "
                             "steps on the live sequence, keep the faster for the rest of the run")
+    group.add_argument("--arbitrate-warmup", type=int, default=0, metavar="N",
+                       help="with --arbitrate: before each side of the probe run N rounds (plain steps) untimed, "
+                            "their tokens kept, so a first call's one-time costs do not decide (docs/methods.md §5.2; "
+                            "default 0)")
     group.add_argument("--arbitrate-tail", type=int, default=None, metavar="ROUNDS",
                        help="with --arbitrate: while speculating, every ROUNDS rounds compare the time to finish the "
                             "whole batch (it waits for its slowest row) with plain decoding's, and switch to plain "
@@ -135,6 +139,9 @@ def validate(args) -> None:
             raise ValueError("--arbitrate: --method quest runs its own verification loop; use another method")
         if args.arbitrate < 1:
             raise ValueError(f"--arbitrate={args.arbitrate} must be >= 1 (speculative rounds per probe)")
+    if getattr(args, "arbitrate_warmup", 0):
+        if args.arbitrate is None or args.arbitrate_warmup < 0:
+            raise ValueError(f"--arbitrate-warmup={args.arbitrate_warmup}: needs --arbitrate ROUNDS and a value >= 0")
     if getattr(args, "arbitrate_tail", None) is not None:
         if args.arbitrate is None:
             raise ValueError("--arbitrate-tail refines --arbitrate ROUNDS (the measured choice); give --arbitrate too")
@@ -370,11 +377,13 @@ def run_sparse(args, model, prompts, sampling, stops, out):
             if getattr(args, "arbitrate_table", None):
                 table = load_choice_table(args.arbitrate_table, args.model, args.draft)
                 table_method = choice_table_method(args)
+            warm = getattr(args, "arbitrate_warmup", 0) or 0
             kwargs["controller"] = MeasuredChoiceController(probe_rounds=args.arbitrate, tail_check=tail,
                                                             tail_prior_rounds=prior, table=table,
-                                                            table_method=table_method)
+                                                            table_method=table_method, probe_warmup=warm)
             sparse["arbitrate"] = {"probe_rounds": args.arbitrate, "tail_check": tail, "tail_prior_rounds": prior,
-                                   "table": getattr(args, "arbitrate_table", None), "table_method": table_method}
+                                   "table": getattr(args, "arbitrate_table", None), "table_method": table_method,
+                                   **({"probe_warmup": warm} if warm else {})}
         result = speculative_generate(model.params, config, prompts, profile=args.profile, **common, **kwargs)
     out["sparse"] = sparse
     return result

@@ -1551,9 +1551,10 @@ def check_knapspec_args(args) -> None:
                          f"need 0 <= sinks < budget")
     if args.candidate_reference_tokens < 1:
         raise ValueError(f"--candidate-reference-tokens={args.candidate_reference_tokens}: must be >= 1")
-    if args.candidate_plans < 0 or args.plan_cost_repeats < 0 or args.probe_rounds < 0 or args.probe_warmup < 0:
-        raise ValueError(f"--candidate-plans={args.candidate_plans}, --plan-cost-repeats={args.plan_cost_repeats}, "
-                         f"--probe-rounds={args.probe_rounds} and --probe-warmup={args.probe_warmup} must be >= 0")
+    negative = [f"--{k.replace('_', '-')}={getattr(args, k)}"
+                for k in ("candidate_plans", "plan_cost_repeats", "probe_rounds", "probe_warmup") if getattr(args, k) < 0]
+    if negative:
+        raise ValueError(f"{', '.join(negative)}: must be >= 0")
     if args.candidate_repeats < 1:
         raise ValueError(f"--candidate-repeats {args.candidate_repeats}: give a number of (AR, plan) pairs >= 1")
     if args.candidate_plans > 2 and args.search_tokens is not None and args.finalists < args.candidate_plans:

@@ -66,7 +66,7 @@ SPARSE_BUDGET_METHODS = ("magicdec", "dustin", "streaming", "quest") + tuple(SPA
 #: options recorded in a results file's config only when set
 OPTIONAL_CONFIG = (
     "arbitrate", "arbitrate_tail", "arbitrate_tail_prior", "arbitrate_table", "arbitrate_table_tail_after",
-    "arbitrate_table_tail_margin", "repeats")
+    "arbitrate_table_tail_margin", "arbitrate_warmup", "repeats")
 #: ``--backend-check`` fails when the last-position logits differ by more than this share of their scale
 BACKEND_CHECK_RTOL = 0.05
 
@@ -112,6 +112,10 @@ def check_args(args) -> Tuple[List[int], List[int], List[str]]:
                          f"(0 = off)")
     if args.arbitrate_tail and not args.arbitrate:
         raise ValueError("--arbitrate-tail refines --arbitrate ROUNDS (the measured choice); give --arbitrate too")
+    warmup = getattr(args, "arbitrate_warmup", 0)
+    if warmup < 0 or (warmup and not args.arbitrate):
+        raise ValueError(f"--arbitrate-warmup={warmup}: untimed rounds >= 0 before each side of the probe, with "
+                         f"--arbitrate ROUNDS")
     if args.arbitrate_tail_prior is not None and (args.arbitrate_tail_prior < 0 or not args.arbitrate_tail):
         raise ValueError(f"--arbitrate-tail-prior={args.arbitrate_tail_prior}: needs --arbitrate-tail and a value >= 0 "
                          f"(rounds of weight on the batch mean; 0 = each row's own rate)")
@@ -512,6 +516,7 @@ def measured_choice(args, method: str):
                                     tail_check=args.arbitrate_tail or None,
                                     tail_prior_rounds=args.arbitrate_tail_prior, table=table, table_method=method,
                                     table_tail_after=args.arbitrate_table_tail_after or None,
+                                    probe_warmup=getattr(args, "arbitrate_warmup", 0),
                                     **({} if args.arbitrate_table_tail_margin is None else
                                        {"table_tail_margin": args.arbitrate_table_tail_margin}))
 
@@ -596,6 +601,9 @@ def register(subparsers) -> None:
     p.add_argument("--arbitrate", type=int, default=0, metavar="ROUNDS",
                    help="run every method under the measured choice between speculation and plain decoding "
                         "(probe ROUNDS rounds against as many AR steps; docs/methods.md §5.2); 0 = off")
+    p.add_argument("--arbitrate-warmup", type=int, default=0, metavar="N",
+                   help="with --arbitrate: before each side of the probe run N rounds (plain steps) untimed, their "
+                        "tokens kept, so a first call's one-time costs do not decide (docs/methods.md §5.2; default 0)")
     p.add_argument("--arbitrate-tail", type=int, default=0, metavar="ROUNDS",
                    help="with --arbitrate: the tail check every ROUNDS speculative rounds (0 = off); it guards probed "
                         "decisions, and those taken from --arbitrate-table only with --arbitrate-table-tail-after "

@@ -283,14 +283,21 @@ class MeasuredChoiceController(ScriptedController):
     straggler) is then caught once the opening rounds weigh little in its rate. Such a switch needs plain
     decoding to finish at least ``table_tail_margin`` (10 %) sooner: at round 32 a row's rate still carries
     the slow opening rounds (8 of 32 at about 0.6x pace: ~10 % low), and a near-tie is no evidence against
-    a whole-run measurement (docs/methods.md §5.2)."""
+    a whole-run measurement (docs/methods.md §5.2).
+
+    ``probe_warmup=N``: before each side of a probe, N rounds (plain steps) run untimed, their tokens kept, so a
+    first call's one-time costs do not decide (:func:`measured_arbitration`)."""
 
     def __init__(self, probe_rounds: int = 8, reprobe_rounds: Optional[int] = None, remember: bool = True,
                  tail_check: Optional[int] = None, tail_prior_rounds: Optional[float] = None,
                  table: Optional[ChoiceTable] = None, table_method: Optional[str] = None,
-                 table_tail_after: Optional[int] = None, table_tail_margin: float = 0.1):
+                 table_tail_after: Optional[int] = None, table_tail_margin: float = 0.1, probe_warmup: int = 0):
         if isinstance(probe_rounds, bool) or not isinstance(probe_rounds, int) or probe_rounds < 1:
             raise ValueError(f"probe_rounds={probe_rounds!r} must be an integer >= 1")
+        if isinstance(probe_warmup, bool) or not isinstance(probe_warmup, int) or probe_warmup < 0:
+            raise ValueError(f"probe_warmup={probe_warmup!r} must be an integer >= 0 (untimed rounds before each "
+                             f"side of a probe)")
+        self.probe_warmup = probe_warmup
         if reprobe_rounds is not None and (isinstance(reprobe_rounds, bool) or not isinstance(reprobe_rounds, int)
                                            or reprobe_rounds < 1):
             raise ValueError(f"reprobe_rounds={reprobe_rounds!r} must be None (probe once) or an integer >= 1")
@@ -359,9 +366,12 @@ class MeasuredChoiceController(ScriptedController):
             if entry is not None:  # measured whole runs decide; no probe (docs/methods.md §5.2)
                 choice = self.table.decide(entry)
             elif choice is None:
+                warm = self.probe_warmup
                 probe, _ = yield from measured_arbitration(
                     run, lambda: self._speculative(run, self.probe_rounds),
-                    lambda: self._plain_probe(run, self.probe_rounds), rounds=self.probe_rounds)
+                    lambda: self._plain_probe(run, self.probe_rounds), rounds=self.probe_rounds,
+                    warmup_speculative=(lambda: self._speculative(run, warm)) if warm else None,
+                    warmup_plain=(lambda: self._plain(run, warm)) if warm else None)
                 if probe is None:  # every row finished in the speculative probe
                     break
                 choice = probe["choice"]

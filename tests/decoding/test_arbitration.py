@@ -116,6 +116,41 @@ def test_warmup_decisions_not_remembered_and_errors(params):
             MeasuredChoiceController(**bad)
 
 
+def test_probe_warmup_takes_a_first_call_cost_off_the_probe(params, monkeypatch):
+    """A one-time cost of the first speculative call (slept on the host here: 2 s) makes the probe pick plain
+    decoding; with ``probe_warmup=1`` one untimed round takes it and the probe picks speculation. Plain stretches
+    sleep 0.1 s a step so that speculation is certainly faster once warm. Output is AR's either way."""
+    _run(params, MeasuredChoiceController(probe_rounds=2, remember=False))  # compiles, unslowed
+    real_loop, real_plain = engine_module.run_loop, engine_module.plain_decode
+    calls = {"loop": 0}
+
+    def first_slow(*args, **kwargs):
+        out = jax.block_until_ready(real_loop(*args, **kwargs))
+        calls["loop"] += 1
+        time.sleep(2.0 if calls["loop"] == 1 else 0.0)
+        return out
+
+    def plain_slow(*args, **kwargs):
+        out = jax.block_until_ready(real_plain(*args, **kwargs))
+        time.sleep(0.1 * int(args[2]))
+        return out
+
+    monkeypatch.setattr(engine_module, "run_loop", first_slow)
+    monkeypatch.setattr(engine_module, "plain_decode", plain_slow)
+    ar_rows = generate(params, TARGET, PROMPTS, NEW).rows()
+    cold = _run(params, MeasuredChoiceController(probe_rounds=2, remember=False))
+    probe = cold.metrics["arbitration"]["events"][0]["probe"]
+    assert probe["choice"] == "ar" and "speculative_warmup_s" not in probe and cold.rows() == ar_rows
+    calls["loop"] = 0
+    warm = _run(params, MeasuredChoiceController(probe_rounds=2, remember=False, probe_warmup=1))
+    probe = warm.metrics["arbitration"]["events"][0]["probe"]
+    assert probe["choice"] == "speculative" and probe["speculative_warmup_s"] >= 2.0 > probe["speculative_s"]
+    assert probe["speculative_warmup_units"] == 1 and probe["ar_warmup_units"] == 1
+    assert warm.rows() == ar_rows
+    with pytest.raises(ValueError, match="probe_warmup=-1"):
+        MeasuredChoiceController(probe_warmup=-1)
+
+
 def test_finish_times_wait_for_the_slowest_row():
     from jaxspec.decoding.arbitration import finish_times
 
