@@ -492,6 +492,9 @@ KNAPSPEC_PALLAS_B1_H100 = f"{K}qwen2.5-coder-1.5b_32k_b1_pallas_static_h100.json
 KNAPSPEC_PALLAS_B1_H100_AFTER_PLAIN = f"{K}qwen2.5-coder-1.5b_32k_b1_pallas_static_after-plain_h100.json"
 #: the same with one untimed round (plain step) before each side of the probe (--probe-warmup 1)
 KNAPSPEC_PALLAS_B1_H100_PROBE_WARMUP = f"{K}qwen2.5-coder-1.5b_32k_b1_pallas_static_after-plain_probe-warmup_h100.json"
+#: and with the finalists rescored in one pass without conditionals (--rescore select)
+KNAPSPEC_PALLAS_B1_H100_PROBE_WARMUP_SELECT = (f"{K}qwen2.5-coder-1.5b_32k_b1_pallas_static_after-plain_probe-warmup_"
+                                               f"select_h100.json")
 #: the traced plan runs: (file, device tag, what it adds, suite and step, index-key slug)
 KNAPSPEC_PLAN_TRACES = tuple(
     (f"{K}qwen2.5-coder-1.5b_32k_b16_pallas_static{variant}_trace_{tag}.json", tag,
@@ -533,6 +536,10 @@ KNAPSPEC_PALLAS_RUNS = ((KNAPSPEC_PALLAS, "pallas", ""),
                          " on an H100 with static plans, a profile of compiled masks, the first plan after 64 plain "
                          "tokens on those alone and one untimed round before each side of the probe (--probe-warmup "
                          "1)"),
+                        (KNAPSPEC_PALLAS_B1_H100_PROBE_WARMUP_SELECT, "pallas-static-after-plain-probe-warmup-select",
+                         " on an H100 with static plans, a profile of compiled masks, the first plan after 64 plain "
+                         "tokens, one untimed round before each side of the probe and the finalists rescored without "
+                         "conditionals (--rescore select)"),
                         (KNAPSPEC_PALLAS_STATIC, "pallas-static",
                          " with static plans and a profile of compiled masks (--latency-fit forward-static)"),
                         *((source, slug, " with static plans and a profile of compiled masks (--latency-fit "
@@ -1229,7 +1236,10 @@ def _knapspec_pallas_more_note() -> str:
             (KNAPSPEC_PALLAS_B1_H100_PROBE_WARMUP, 1, "The same with one untimed round, and one plain step, before "
                                                        "each side of the probe (`--probe-warmup 1`, docs/methods.md "
                                                        "§5.2)",
-             "h100-long-context knapspec-qwen2.5-coder-1.5b-b1-32k-pallas-static-after-plain-probe-warmup")):
+             "h100-long-context knapspec-qwen2.5-coder-1.5b-b1-32k-pallas-static-after-plain-probe-warmup"),
+            (KNAPSPEC_PALLAS_B1_H100_PROBE_WARMUP_SELECT, 1, "The same with the finalists rescored in one pass "
+                                                              "without conditionals (`--rescore select`)",
+             "h100-long-context knapspec-qwen2.5-coder-1.5b-b1-32k-pallas-static-after-plain-probe-warmup-select")):
         if (RESULTS / source).exists():
             out.append(f"{what} (`{source}`): " + _knapspec_pallas_note(source, batch))
         else:
