@@ -1361,8 +1361,11 @@ def _plain_idle_sentence(case: Dict[str, Any], ar: Dict[str, Any], ks: Dict[str,
             f"KnapSpec run kept the GPU busy {1e3 * busy:.0f} ms more than AR over {split['plain_steps']} plain steps "
             f"while its wall time was {1e3 * wall:.0f} ms longer: the device did AR's work, and the rest is the GPU "
             "waiting on the host, inside the plain stretches or between them"
-            + (f" (their fit over {split['plain_stretches']} stretches: {1e3 * fit['fixed_s']:.1f} ms fixed a "
-               f"stretch, a step {fit['step_over_ar_step']:.3f}x AR's)." if (fit := split.get("plain_stretch_fit"))
+            + (f" (their fit over {split['plain_stretches']} stretches: "
+               + (f"{1e3 * fit['fixed_s']:.1f} ms fixed a stretch" if fit["fixed_s"] > 0 else
+                  "no fixed cost a stretch beyond the timing noise")
+               + f", a step {fit['step_over_ar_step']:.3f}x AR's)." if (fit := split.get("plain_stretch_fit"))
+               else f" (its {split['plain_stretches']} plain stretch(es) have one length: no fit)." if "chunks" in split
                else "; this run predates the engine's per-chunk log, which tells the two apart."))
 
 

@@ -188,3 +188,22 @@ def test_m_per_length_rows_score_a_run_against_the_single_m_run_on_the_same_item
     files["length.json"] = {"cases": {"t1/dense": dense({})}}
     with pytest.raises(ValueError, match="not the items"):
         tables.m_per_length_rows("length.json", "single.json")
+
+
+def test_plain_idle_sentence_tells_device_work_from_waiting():
+    """A traced KnapSpec run whose plain steps ran slower than AR's: the busy and wall time beyond AR's outside the
+    plan's window, and the per-chunk fit where the run has it (a negative intercept is noise, not a cost)."""
+    case = {"time_split_measured": {"plain_step_over_ar_step": 1.11, "plain_steps": 255, "plain_stretches": 3,
+                                    "plain_stretch_fit": {"fixed_s": 0.012, "step_s": 0.003, "step_over_ar_step": 1.02}}}
+    ar = {"busy_s": 0.778, "span_s": 1.090}
+    ks = {"busy_s": 0.813, "span_s": 1.243, "windows": {"jaxspec.knapspec.plan": {"busy_s": 0.025, "wall_s": 0.070}}}
+    text = tables._plain_idle_sentence(case, ar, ks)
+    assert "busy 10 ms more" in text and "83 ms longer" in text and "12.0 ms fixed a stretch" in text
+    case["time_split_measured"]["plain_stretch_fit"]["fixed_s"] = -0.004
+    assert "no fixed cost a stretch" in tables._plain_idle_sentence(case, ar, ks)
+    case["time_split_measured"].update(plain_stretch_fit=None, chunks=[], plain_stretches=1)
+    assert "have one length: no fit" in tables._plain_idle_sentence(case, ar, ks)
+    del case["time_split_measured"]["plain_stretch_fit"], case["time_split_measured"]["chunks"]
+    assert "predates the engine's per-chunk log" in tables._plain_idle_sentence(case, ar, ks)
+    case["time_split_measured"]["plain_step_over_ar_step"] = 1.02  # as fast as AR: nothing to explain
+    assert tables._plain_idle_sentence(case, ar, ks) == ""
