@@ -954,13 +954,9 @@ class KnapSpecController(ScriptedController):
             rounds = knapspec.probe if rounds is None else int(rounds)
             speculative_gamma = current["gamma"]
 
-            def plain():
+            def plain(steps=rounds):
                 current["gamma"] = 0
-                return (yield from advance(rounds))
-
-            def plain_warmup():
-                current["gamma"] = 0
-                return (yield from advance(knapspec.probe_warmup))
+                return (yield from advance(steps))
 
             ar_model = None
             if model is not None:
@@ -970,7 +966,7 @@ class KnapSpecController(ScriptedController):
             probe, units = yield from measured_arbitration(
                 run, lambda: advance(rounds), plain, rounds=rounds, ar_model_rate=ar_model,
                 warmup_speculative=(lambda: advance(knapspec.probe_warmup)) if warm else None,
-                warmup_plain=plain_warmup if warm else None)
+                warmup_plain=(lambda: plain(knapspec.probe_warmup)) if warm else None)
             if probe is not None and probe["choice"] == "speculative":
                 current["gamma"] = speculative_gamma
             return probe, units
