@@ -553,15 +553,24 @@ class RunCounters:
     draft_policies: set = dataclasses.field(default_factory=set)  # chunks' own draft policies (Chunk.draft_policy)
     plain_steps: int = 0
     plain_tokens: int = 0
-    plain_stretches: int = 0
     catch_ups: int = 0  # draft-cache catch-ups after plain decoding
-    # wall seconds inside the engine's chunks, each ended by its own host read (a plain stretch's token count,
-    # the rounds' counter): the rest of a run's decode time is the controller's (planning, probes, its logic)
-    plain_seconds: float = 0.0
-    round_seconds: float = 0.0
-    # every chunk in order: ("plain", steps, seconds) or ("rounds", rounds, seconds); a stretch's fixed cost
-    # (dispatch, its host read) shows as the intercept of seconds over steps (docs/methods.md §5.2)
+    # every chunk in order: ("plain", steps, seconds) or ("rounds", rounds, seconds), the seconds the wall time
+    # inside the chunk, ended by its own host read (a plain stretch's token count, the rounds' counter); the rest
+    # of a run's decode time is the controller's (planning, probes, its logic). A stretch's fixed cost (dispatch,
+    # its host read) shows as the intercept of seconds over steps (docs/methods.md §5.2)
     chunk_log: list = dataclasses.field(default_factory=list)
+
+    @property
+    def plain_stretches(self) -> int:
+        return sum(kind == "plain" for kind, _, _ in self.chunk_log)
+
+    @property
+    def plain_seconds(self) -> float:
+        return sum(seconds for kind, _, seconds in self.chunk_log if kind == "plain")
+
+    @property
+    def round_seconds(self) -> float:
+        return sum(seconds for kind, _, seconds in self.chunk_log if kind == "rounds")
 
     def __post_init__(self):
         self.histogram = np.zeros(self.gamma + 1, np.int64)
@@ -716,12 +725,8 @@ def speculative_generate(target_params, target_config: ModelConfig, prompts: Seq
         start = time.perf_counter()
         run_chunk_body(live, chunk, profile_totals)
         seconds = time.perf_counter() - start  # each chunk ends in a host read of its results: synced
-        if chunk.plain_steps is not None:
-            live.counters.plain_seconds += seconds
-            live.counters.chunk_log.append(("plain", int(chunk.plain_steps), seconds))
-        else:
-            live.counters.round_seconds += seconds
-            live.counters.chunk_log.append(("rounds", int(live.last_chunk), seconds))
+        live.counters.chunk_log.append(("plain", int(chunk.plain_steps), seconds) if chunk.plain_steps is not None
+                                       else ("rounds", int(live.last_chunk), seconds))
 
     def run_chunk_body(live: LiveRun, chunk: Chunk, profile_totals=None) -> None:
         state = live.state
@@ -737,7 +742,6 @@ def speculative_generate(target_params, target_config: ModelConfig, prompts: Seq
                                         steps=engine.max_new_tokens)
             live.counters.plain_steps += steps
             live.counters.plain_tokens += int(jnp.sum(count))
-            live.counters.plain_stretches += 1
             live.state, live.last_chunk = state, steps
             return
         g = gamma if chunk.gamma is None else int(chunk.gamma)

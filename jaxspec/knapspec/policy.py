@@ -1100,11 +1100,11 @@ class KnapSpecController(ScriptedController):
                 self.records[-1].probe = probe
                 if probe is not None and probe["choice"] == "ar":
                     self.records[-1].gamma_used, self.records[-1].verify_rows = 0, 1
-            # after a plan at the start the schedule's own first grid point is skipped (its window would be
-            # the few rounds since)
             if plain_start is not None and next_plan == plain_start:  # a plan_interval of rounds after it
                 next_plan = schedule.next_plan_round(true_round + knapspec.plan_interval)
                 continue
+            # after a plan at the start the schedule's own first grid point is skipped (its window would be
+            # the few rounds since)
             next_plan = schedule.next_plan_round(max(true_round, schedule.plan_round if next_plan == 0 else 0) + 1)
         if not run.finished():
             true_round += yield from advance(None)
