@@ -159,6 +159,10 @@ def add_planning_arguments(add, prefix: str = "") -> None:
         help="before each side of that probe, run N rounds (plain steps) untimed, their tokens kept, so the first "
              "call after a switch of plan or mode does not weigh on the few timed ones (docs/methods.md §5.2; "
              "default 0)")
+    add(f"--{prefix}probe-pricing", choices=("mean", "two-stretch"), default="mean",
+        help="how that probe prices its sides: mean (the speculative call's mean rate against the better of the "
+             "measured and modelled plain rates) or two-stretch (each side as two calls, priced by their "
+             "difference, no per-call cost on either; docs/methods.md §5.2)")
     add(f"--{prefix}static-plans", action="store_true",
         help="re-planning runs draft each plan with a forward compiled for it (skipped sub-layers removed, no "
              "per-sub-layer conditional; one compile per distinct plan, docs/methods.md §5.3) instead of the "
@@ -276,6 +280,7 @@ def knapspec_config_from_args(args):
                           exit_aware_tpt=not getattr(args, "knapspec_spec_tpt", False),
                           probe_rounds=getattr(args, "knapspec_probe_rounds", 8) or None,
                           probe_warmup=getattr(args, "knapspec_probe_warmup", 0),
+                          probe_pricing=getattr(args, "knapspec_probe_pricing", "mean"),
                           reference_kv=getattr(args, "knapspec_reference_kv", "branch"),
                           static_plans=getattr(args, "knapspec_static_plans", False),
                           search_tokens=getattr(args, "knapspec_search_tokens", None),
@@ -696,6 +701,8 @@ def _config_of(args) -> Dict[str, Any]:
             config[key] = getattr(args, key)
     if args.probe_warmup:  # named only when set, like reference_kv
         config["probe_warmup"] = args.probe_warmup
+    if args.probe_pricing != "mean":  # likewise
+        config["probe_pricing"] = args.probe_pricing
     if args.plan_after_plain is not None:  # named only when set, like reference_kv
         config["plan_after_plain"] = args.plan_after_plain
     if args.plan_at_start:
@@ -1510,6 +1517,7 @@ def experiment_knapspec_config(args, branch_chunk=None):
                           branch_chunk=branch_chunk, max_reference_tokens=args.max_reference_tokens,
                           max_plan_fraction=plan_fraction(args.max_plan_fraction, "--max-plan-fraction"),
                           probe_rounds=args.probe_rounds or None, probe_warmup=args.probe_warmup,
+                          probe_pricing=args.probe_pricing,
                           reference_kv=args.reference_kv,
                           static_plans=args.static_plans, search_tokens=args.search_tokens,
                           finalists=args.finalists, reference_floor=args.reference_floor, plan_rows=args.plan_rows,

@@ -223,6 +223,13 @@ def receive(transfer_dir: pathlib.Path, stage_dir: pathlib.Path, convert: str = 
             (stage_dir / chunk["name"]).unlink(missing_ok=True)
         state[name] = "assembled, sha256 verified"
     ready = [name for name, status in state.items() if status in ("in cache", "assembled, sha256 verified")]
+    if convert:  # a model another process is converting now is left to it (no second conversion)
+        for name in list(ready):
+            lock = _lock(name)
+            pid = lock.read_text().strip() if lock.is_file() else ""
+            if pid.isdigit() and _alive(int(pid)):
+                ready.remove(name)
+                state[name] += f"; already converting (pid {pid})"
     if convert and ready and background:
         pid = convert_in_background(ready, convert)
         for name in ready:

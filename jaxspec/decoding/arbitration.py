@@ -126,7 +126,7 @@ class ChoiceTable:
 
 
 def measured_arbitration(run, speculative: Callable, plain: Callable, *, rounds: int,
-                         ar_model_rate: Optional[Callable[[int], float]] = None,
+                         ar_model_rate: Optional[Callable[[int], float]] = None, ar_model_floor: bool = True,
                          warmup_speculative: Optional[Callable] = None, warmup_plain: Optional[Callable] = None):
     """Generator (``yield from`` it inside a :class:`~jaxspec.decoding.contract.ScriptedController`):
     ``speculative()`` / ``plain()`` are generators that run the two probes (yielding chunks) and return
@@ -137,6 +137,9 @@ def measured_arbitration(run, speculative: Callable, plain: Callable, *, rounds:
     cost weighs more on a few cheap AR steps than on the longer speculative rounds). ``plain()`` may
     return ``(steps, step_s)``: a plain step's time measured without the per-call cost (see
     :func:`two_stretch_step`), which then prices the plain rate; the mean over the probe is kept too.
+    ``speculative()`` may likewise return ``(rounds, round_s)``: the speculative rate is then the probe's
+    tokens per round over that round time. ``ar_model_floor=False`` records the model's rate without
+    letting it decide (for probes whose two sides are both priced without per-call costs).
     ``warmup_speculative`` / ``warmup_plain``: generators like those two, run untimed just before each side's
     timed part (their tokens are committed like any other): the first call after a switch of plan or mode
     pays one-time costs (a program's first run, host-side state changes) that would otherwise be charged to
@@ -157,8 +160,10 @@ def measured_arbitration(run, speculative: Callable, plain: Callable, *, rounds:
     if run.finished():
         return None, spec_warm
     n0, t0 = run.committed_total(), time.perf_counter()
-    spec_units = (yield from speculative()) + spec_warm
+    spec_units = yield from speculative()
     n1, t1 = run.committed_total(), time.perf_counter()
+    spec_units, round_s = spec_units if isinstance(spec_units, tuple) else (spec_units, None)
+    spec_timed, spec_units = int(spec_units), int(spec_units) + spec_warm
     if run.finished():
         return None, spec_units
     plain_warm = yield from untimed("ar", warmup_plain)
@@ -168,15 +173,18 @@ def measured_arbitration(run, speculative: Callable, plain: Callable, *, rounds:
     plain_units = yield from plain()
     n3, t3 = run.committed_total(), time.perf_counter()
     plain_units, marginal_s = plain_units if isinstance(plain_units, tuple) else (plain_units, None)
-    spec_rate, ar_mean = (n1 - n0) / max(t1 - t0, 1e-9), (n3 - n2) / max(t3 - t2, 1e-9)
+    spec_mean, ar_mean = (n1 - n0) / max(t1 - t0, 1e-9), (n3 - n2) / max(t3 - t2, 1e-9)
+    spec_rate = spec_mean if not (round_s and spec_timed) else (n1 - n0) / spec_timed / round_s
     ar_measured = ar_mean if not marginal_s else (n3 - n2) / plain_units / marginal_s
     ar_model = None if ar_model_rate is None else float(ar_model_rate(active))
-    ar_rate = max(ar_measured, ar_model or 0.0)
+    ar_rate = max(ar_measured, ar_model or 0.0) if ar_model_floor else ar_measured
     mean_step = (t3 - t2) / plain_units if plain_units else None
+    mean_round = (t1 - t0) / spec_timed if spec_timed else None
     probe = {"rounds": int(rounds), "speculative_tokens": n1 - n0, "speculative_s": t1 - t0,
              "ar_tokens": n3 - n2, "ar_s": t3 - t2, "ar_steps": int(plain_units),
              "ar_step_s": marginal_s or mean_step, "ar_step_s_mean": mean_step,
-             "speculative_tokens_per_s": spec_rate,
+             "speculative_round_s": round_s or mean_round, "speculative_round_s_mean": mean_round,
+             "speculative_tokens_per_s": spec_rate, "speculative_tokens_per_s_mean": spec_mean,
              "ar_tokens_per_s": ar_rate, "ar_tokens_per_s_measured": ar_measured, "ar_tokens_per_s_mean": ar_mean,
              "ar_tokens_per_s_model": ar_model, "choice": "speculative" if spec_rate >= ar_rate else "ar", **warm}
     return probe, spec_units + plain_warm + plain_units
@@ -192,6 +200,26 @@ def two_stretch_step(first_s: float, first_steps: int, second_s: float, second_s
         return None
     step = (second_s - first_s) / (second_steps - first_steps)
     return step if step > 0 else None
+
+
+def two_stretches(stretch: Callable, units: int):
+    """Generator: run ``units`` rounds or plain steps as two calls, a quarter (at least 1) and then the rest,
+    timed apart. ``stretch(n)`` is a generator that runs ``n`` and returns how many ran. Returns ``(units
+    run, seconds per unit)``, the latter from :func:`two_stretch_step` or None: None when ``units`` is too short for
+    two different lengths, when rows finished inside a stretch (the lengths that ran are not the ones
+    asked) or when the difference is not positive (timing noise)."""
+    units = int(units)
+    first = max(1, units // 4)
+    if units - first <= first:  # too short to tell two lengths apart
+        return (yield from stretch(units)), None
+    t0 = time.perf_counter()
+    done = yield from stretch(first)
+    t1 = time.perf_counter()
+    rest = yield from stretch(units - first)
+    t2 = time.perf_counter()
+    if done < first or rest < units - first:
+        return done + rest, None
+    return done + rest, two_stretch_step(t1 - t0, first, t2 - t1, rest)
 
 
 def remaining_steps(run) -> int:
@@ -344,17 +372,7 @@ class MeasuredChoiceController(ScriptedController):
         step's price comes without the per-call cost (:func:`two_stretch_step`). Returns ``(steps run,
         step seconds or None)``."""
         steps = min(int(steps), remaining_steps(run))
-        first = max(1, steps // 4)
-        if steps - first <= first:  # too short to tell two lengths apart
-            return (yield from self._plain(run, steps)), None
-        t0 = time.perf_counter()
-        done = yield from self._plain(run, first)
-        t1 = time.perf_counter()
-        rest = yield from self._plain(run, steps - first)
-        t2 = time.perf_counter()
-        if done < first or rest < steps - first:  # rows finished: the lengths ran are not the ones asked
-            return done + rest, None
-        return done + rest, two_stretch_step(t1 - t0, first, t2 - t1, rest)
+        return (yield from two_stretches(lambda n: self._plain(run, n), steps))
 
     def chunks(self, run):
         self.events = []
@@ -457,4 +475,4 @@ class MeasuredChoiceController(ScriptedController):
 
 
 __all__ = ["CHOICE_MARGIN", "ChoiceTable", "MeasuredChoiceController", "context_bucket", "finish_times",
-           "measured_arbitration", "pooled_rates", "remaining_steps", "two_stretch_step"]
+           "measured_arbitration", "pooled_rates", "remaining_steps", "two_stretch_step", "two_stretches"]

@@ -89,7 +89,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.config import ModelConfig
-from jaxspec.decoding.arbitration import measured_arbitration, remaining_steps
+from jaxspec.decoding.arbitration import measured_arbitration, remaining_steps, two_stretches
 from jaxspec.decoding.autoregressive import prefill
 from jaxspec.decoding.contract import Chunk, DraftPolicyBase, ScriptedController
 from jaxspec.decoding.policies import DenseVerify, Proposal
@@ -230,6 +230,8 @@ DP_ATTENTION = ("xla", "pallas", "pallas-interpret")
 RESCORE = ("executed", "select")
 #: where the plan at the start gets its window's target states (KnapSpecConfig.start_states)
 START_STATES = ("prefill", "own")
+#: KnapSpecConfig.probe_pricing: how the measured arbitration prices its two sides (docs/methods.md §5.2)
+PROBE_PRICINGS = ("mean", "two-stretch")
 
 
 def dp_history_backend(knapspec: "KnapSpecConfig") -> Optional[str]:
@@ -275,6 +277,11 @@ class KnapSpecConfig:
     # call after a switch of plan or mode pays one-time costs that would weigh on the few timed rounds of that
     # side alone (docs/methods.md §5.2). 0 = time each side from its first call
     probe_warmup: int = 0
+    # how a probe prices its two sides (docs/methods.md §5.2): "mean", the speculative side's mean rate over its
+    # one call against the better of the plain side's measured and modelled rates; "two-stretch", each side
+    # as two calls (a quarter, then the rest) priced by their difference, so neither carries a per-call cost
+    # (after the probe the chosen mode runs in one long call); the model's plain rate is then recorded only
+    probe_pricing: str = "mean"
     # with max_plan_fraction: the DP's reference is capped so that one plan's predicted cost fits the
     # planning budget of the run (KnapSpecPlanner.reference_cost); below this many tokens a row no plan
     # is made and the run decodes plainly (the budget cannot pay for a DP)
@@ -385,6 +392,8 @@ class KnapSpecConfig:
             raise ValueError(f"allowance_margin={self.allowance_margin} must be in (0, 1]")
         if self.min_reference_tokens < 1:
             raise ValueError(f"min_reference_tokens={self.min_reference_tokens} must be >= 1")
+        if self.probe_pricing not in PROBE_PRICINGS:
+            raise ValueError(f"probe_pricing={self.probe_pricing!r} is not one of {', '.join(PROBE_PRICINGS)}")
         if self.probe_rounds is not None and int(self.probe_rounds) < 1:
             raise ValueError(f"probe_rounds={self.probe_rounds} must be >= 1, or None (no arbitration)")
         if isinstance(self.probe_warmup, bool) or not isinstance(self.probe_warmup, (int, np.integer)) or \
@@ -963,8 +972,11 @@ class KnapSpecController(ScriptedController):
                 def ar_model(active):
                     return active / max(model.t_plain(n, config.num_layers), 1e-12)
             warm = knapspec.probe_warmup > 0
+            two = knapspec.probe_pricing == "two-stretch"
             probe, units = yield from measured_arbitration(
-                run, lambda: advance(rounds), plain, rounds=rounds, ar_model_rate=ar_model,
+                run, (lambda: two_stretches(advance, rounds)) if two else (lambda: advance(rounds)),
+                (lambda: two_stretches(plain, rounds)) if two else plain, rounds=rounds,
+                ar_model_rate=ar_model, ar_model_floor=not two,
                 warmup_speculative=(lambda: advance(knapspec.probe_warmup)) if warm else None,
                 warmup_plain=(lambda: plain(knapspec.probe_warmup)) if warm else None)
             if probe is not None and probe["choice"] == "speculative":

@@ -152,6 +152,30 @@ def test_background_conversion_starts_under_its_lock_and_wait_returns(tiny_asset
     assert (registry.cache_dir() / "stage-convert.log").is_file()
 
 
+def test_receive_leaves_a_model_to_the_process_already_converting_it(tiny_asset, tmp_path, monkeypatch):
+    """With several models in every transfer's manifest, a later `receive --convert` finds the first model
+    in the cache while its conversion still runs: it starts no second one, and says so."""
+    import subprocess
+    import sys
+
+    split_dir, carry, staged = tmp_path / "split", tmp_path / "carry", tmp_path / "stage"
+    stage.split(["tiny"], split_dir, chunk_mib=1.0)
+    shutil.copytree(split_dir, carry)
+    assert stage.receive(carry, staged) == {"tiny": "assembled, sha256 verified"}
+    started = []
+    monkeypatch.setattr(stage, "convert_in_background", lambda names, dtype: started.append(names) or 1)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        stage._lock("tiny").write_text(str(sleeper.pid))
+        state = stage.receive(carry, staged, convert="bfloat16", background=True)
+        assert state == {"tiny": f"in cache; already converting (pid {sleeper.pid})"} and started == []
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    state = stage.receive(carry, staged, convert="bfloat16", background=True)  # the lock is stale now
+    assert started == [["tiny"]] and "converting to bfloat16 in the background (pid 1" in state["tiny"]
+
+
 def test_pack_groups_chunks_into_transfers_each_receivable_alone(tiny_asset, tmp_path, monkeypatch):
     """Two models split apart, packed into transfers: the short last chunks share the first transfer, every
     transfer folder is received on its own, and both files reassemble."""

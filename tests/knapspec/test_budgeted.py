@@ -336,6 +336,62 @@ def test_probe_warmup_keeps_a_first_call_cost_off_the_timed_rounds(monkeypatch):
     assert KnapSpecConfig(plan_interval=16).probe == 5 and KnapSpecConfig(plan_interval=16, probe_warmup=2).probe == 3
 
 
+def test_two_stretch_pricing_takes_the_per_call_cost_off_both_sides(monkeypatch):
+    """After a probe the chosen mode runs in one long call, so a per-call cost (dispatch, host reads) should
+    price neither side. Made certain with host sleeps: every speculative call sleeps 1.5 s plus 0.01 s a round,
+    every plain step 0.05 s (no per-call cost). The mean price charges the 1.5 s to the probe's 8 rounds and picks
+    plain decoding; the two-stretch price times each side as 2 + 6 units and takes the difference, which
+    cancels the per-call sleep, and picks speculation. Greedy output is AR's both ways."""
+    import time
+
+    from jaxspec.decoding import speculative as engine_module
+    from jaxspec.decoding.autoregressive import generate
+    from jaxspec.knapspec.policy import KnapSpecConfig, knapspec_budget_generate
+
+    params = init_params(TINY, jax.random.PRNGKey(1), scale=0.2)
+    prompts = [np.random.RandomState(1).randint(0, 97, n).tolist() for n in (30, 24)]
+    lat = latency.LatencyModel(c1=1.0, c2=1.0, c3=0.1)
+    knap = KnapSpecConfig(gamma_max=4, gamma_buckets=(), max_plan_fraction=None, probe_rounds=8, tau=0.3,
+                          gammas=(1, 2, 3, 4))
+
+    def run(pricing):
+        return knapspec_budget_generate(params, TINY, prompts, latency=lat, sinks=1, window=4, reference_tokens=8,
+                                        knapspec=dataclasses.replace(knap, probe_pricing=pricing),
+                                        max_new_tokens=48)
+
+    run("two-stretch")  # compiles everything, unslowed
+    real_loop, real_plain = engine_module.run_loop, engine_module.plain_decode
+
+    def loop_slow(*args, max_rounds=None, **kwargs):
+        out = jax.block_until_ready(real_loop(*args, max_rounds=max_rounds, **kwargs))
+        time.sleep(1.5 + 0.01 * (max_rounds or 0))
+        return out
+
+    def plain_slow(params, state, num_steps, **kwargs):
+        out = jax.block_until_ready(real_plain(params, state, num_steps, **kwargs))
+        time.sleep(0.05 * int(num_steps))
+        return out
+
+    monkeypatch.setattr(engine_module, "run_loop", loop_slow)
+    monkeypatch.setattr(engine_module, "plain_decode", plain_slow)
+    ar = generate(params, TINY, prompts, 48).rows()
+    mean = run("mean")
+    probe = mean.metrics["fixed_plan_probe"]
+    assert probe["choice"] == "ar" and probe["speculative_round_s"] == probe["speculative_round_s_mean"] > 0.15
+    assert mean.rows() == ar
+    two = run("two-stretch")
+    probe = two.metrics["fixed_plan_probe"]
+    assert probe["choice"] == "speculative" and probe["rounds"] == 8 and probe["ar_steps"] == 8
+    assert probe["speculative_round_s"] == pytest.approx(0.01, rel=0.5) and probe["speculative_round_s_mean"] > 0.15
+    assert probe["ar_step_s"] == pytest.approx(0.05, rel=0.5)
+    assert probe["speculative_tokens_per_s"] > probe["ar_tokens_per_s"] == probe["ar_tokens_per_s_measured"]
+    assert [(kind, units) for kind, units, _ in two.metrics["chunk_log"][:4]] == [
+        ("rounds", 2), ("rounds", 6), ("plain", 2), ("plain", 6)]
+    assert two.rows() == ar
+    with pytest.raises(ValueError, match="probe_pricing='median' is not one of mean, two-stretch"):
+        KnapSpecConfig(probe_pricing="median")
+
+
 def test_budget_generate_on_the_attention_kernels():
     """On a kernel backend (the Pallas kernels, interpreted) the cache the plan prefills is rounded to the
     kernels' blocks, and the speculative run takes it as is: greedy output still equals AR's."""
