@@ -495,6 +495,11 @@ KNAPSPEC_PALLAS_B1_H100_PROBE_WARMUP = f"{K}qwen2.5-coder-1.5b_32k_b1_pallas_sta
 #: and with the finalists rescored in one pass without conditionals (--rescore select)
 KNAPSPEC_PALLAS_B1_H100_PROBE_WARMUP_SELECT = (f"{K}qwen2.5-coder-1.5b_32k_b1_pallas_static_after-plain_probe-warmup_"
                                                f"select_h100.json")
+#: the probe-warmup run with both sides of the probe priced as two stretches (--probe-pricing two-stretch), per GPU
+KNAPSPEC_PALLAS_B1_H100_TWO_STRETCH = (f"{K}qwen2.5-coder-1.5b_32k_b1_pallas_static_after-plain_probe-warmup_"
+                                       f"two-stretch_h100.json")
+KNAPSPEC_PALLAS_B1_H200_TWO_STRETCH = (f"{K}qwen2.5-coder-1.5b_32k_b1_pallas_static_after-plain_probe-warmup_"
+                                       f"two-stretch_h200.json")
 #: the traced plan runs: (file, device tag, what it adds, suite and step, index-key slug)
 KNAPSPEC_PLAN_TRACES = tuple(
     (f"{K}qwen2.5-coder-1.5b_32k_b16_pallas_static{variant}_trace_{tag}.json", tag,
@@ -540,6 +545,12 @@ KNAPSPEC_PALLAS_RUNS = ((KNAPSPEC_PALLAS, "pallas", ""),
                          " on an H100 with static plans, a profile of compiled masks, the first plan after 64 plain "
                          "tokens, one untimed round before each side of the probe and the finalists rescored without "
                          "conditionals (--rescore select)"),
+                        *((source, "pallas-static-after-plain-two-stretch",
+                           f" on {gpu} with static plans, a profile of compiled masks, the first plan after 64 plain "
+                           "tokens, one untimed round before each side of the probe and both sides priced as two "
+                           "stretches (--probe-pricing two-stretch)")
+                          for source, gpu in ((KNAPSPEC_PALLAS_B1_H100_TWO_STRETCH, "an H100"),
+                                              (KNAPSPEC_PALLAS_B1_H200_TWO_STRETCH, "the H200"))),
                         (KNAPSPEC_PALLAS_STATIC, "pallas-static",
                          " with static plans and a profile of compiled masks (--latency-fit forward-static)"),
                         *((source, slug, " with static plans and a profile of compiled masks (--latency-fit "
@@ -1239,7 +1250,13 @@ def _knapspec_pallas_more_note() -> str:
              "h100-long-context knapspec-qwen2.5-coder-1.5b-b1-32k-pallas-static-after-plain-probe-warmup"),
             (KNAPSPEC_PALLAS_B1_H100_PROBE_WARMUP_SELECT, 1, "The same with the finalists rescored in one pass "
                                                               "without conditionals (`--rescore select`)",
-             "h100-long-context knapspec-qwen2.5-coder-1.5b-b1-32k-pallas-static-after-plain-probe-warmup-select")):
+             "h100-long-context knapspec-qwen2.5-coder-1.5b-b1-32k-pallas-static-after-plain-probe-warmup-select"),
+            (KNAPSPEC_PALLAS_B1_H100_TWO_STRETCH, 1, "The probe-warmup run with both sides of the probe priced as two "
+                                                      "stretches, without the per-call cost (`--probe-pricing "
+                                                      "two-stretch`, docs/methods.md §5.2)",
+             "h100-long-context knapspec-qwen2.5-coder-1.5b-b1-32k-pallas-static-after-plain-two-stretch"),
+            (KNAPSPEC_PALLAS_B1_H200_TWO_STRETCH, 1, "The same on the H200",
+             "h200-knapspec qwen2.5-coder-1.5b-b1-32k-pallas-static-after-plain-two-stretch")):
         if (RESULTS / source).exists():
             out.append(f"{what} (`{source}`): " + _knapspec_pallas_note(source, batch))
         else:
@@ -1408,11 +1425,22 @@ def _probe_text(probe: Optional[Dict[str, Any]]) -> str:
         return ""
     own = probe.get("ar_tokens_per_s_measured")
     model = probe.get("ar_tokens_per_s_model")
+    mean_round = probe.get("speculative_round_s_mean")
+    two = (mean_round is not None and probe.get("speculative_round_s") is not None
+           and probe["speculative_round_s"] != mean_round)  # priced as two stretches (--probe-pricing two-stretch)
+    warm = (f", after {probe['speculative_warmup_units']} untimed round(s) of {1e3 * probe['speculative_warmup_s']:.1f} ms"
+            if probe.get("speculative_warmup_s") is not None else "")
+    if two:
+        ar = (f"{probe['ar_tokens_per_s']:.0f} for plain steps ({1e3 * probe['ar_step_s']:.2f} ms a step by the two "
+              f"stretches, {1e3 * probe['ar_step_s_mean']:.2f} ms on average over the {probe['ar_steps']} steps"
+              + (f"; the latency model's rate {model:.0f}, not used" if model else "") + ")")
+        return (f"; its {probe['rounds']} probe rounds, priced as two stretches, ran "
+                f"{probe['speculative_tokens_per_s']:.0f} tokens/s ({1e3 * probe['speculative_round_s']:.2f} ms a "
+                f"round by the stretches' difference, {1e3 * mean_round:.2f} ms on average{warm}) against {ar}, so it "
+                + ("kept the plan" if probe["choice"] == "speculative" else "decoded plainly"))
     ar = (f"{probe['ar_tokens_per_s']:.0f} for plain steps"
           + (f" (the better of {own:.0f} measured over {probe['ar_steps']} steps and the latency model's {model:.0f})"
              if own is not None and model else ""))
-    warm = (f", after {probe['speculative_warmup_units']} untimed round(s) of {1e3 * probe['speculative_warmup_s']:.1f} ms"
-            if probe.get("speculative_warmup_s") is not None else "")
     return (f"; its {probe['rounds']} probe rounds ran {probe['speculative_tokens_per_s']:.0f} tokens/s "
             f"({1e3 * probe['speculative_s'] / probe['rounds']:.1f} ms a round{warm}) against {ar}, so it "
             + ("kept the plan" if probe["choice"] == "speculative" else "decoded plainly"))

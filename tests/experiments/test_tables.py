@@ -207,3 +207,21 @@ def test_plain_idle_sentence_tells_device_work_from_waiting():
     assert "predates the engine's per-chunk log" in tables._plain_idle_sentence(case, ar, ks)
     case["time_split_measured"]["plain_step_over_ar_step"] = 1.02  # as fast as AR: nothing to explain
     assert tables._plain_idle_sentence(case, ar, ks) == ""
+
+
+def test_probe_text_names_the_price_each_probe_used():
+    """A mean-priced probe names the better of the measured and modelled plain rates; a two-stretch probe names
+    both sides' per-unit times by the stretches' difference beside their means, and that the model did not decide."""
+    mean = {"rounds": 8, "speculative_tokens": 16, "speculative_s": 0.0576, "speculative_tokens_per_s": 278.0,
+            "ar_tokens_per_s": 293.0, "ar_tokens_per_s_measured": 259.0, "ar_tokens_per_s_model": 293.0,
+            "ar_steps": 8, "choice": "ar"}
+    text = tables._probe_text(mean)
+    assert "7.2 ms a round" in text and "the better of 259 measured over 8 steps and the latency model's 293" in text
+    assert text.endswith("so it decoded plainly")
+    two = dict(mean, speculative_round_s=0.0049, speculative_round_s_mean=0.0072, speculative_tokens_per_s=408.0,
+               ar_tokens_per_s=346.0, ar_tokens_per_s_measured=346.0, ar_step_s=0.00289, ar_step_s_mean=0.0041,
+               choice="speculative")
+    text = tables._probe_text(two)
+    assert "priced as two stretches, ran 408 tokens/s (4.90 ms a round by the stretches' difference, 7.20 ms" in text
+    assert "2.89 ms a step by the two stretches, 4.10 ms on average over the 8 steps" in text
+    assert "the latency model's rate 293, not used" in text and text.endswith("so it kept the plan")
