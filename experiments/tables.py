@@ -1515,7 +1515,45 @@ def _knapspec_pallas_note(source: str = KNAPSPEC_PALLAS, batch: int = 16) -> str
                 f"{within} of {len(sta)} plans (target 0.9-1.1)"
                 + (f", and whole decodes less planning {min(pred):.2f}-{max(pred):.2f}x the model's" if pred else "")
                 + ".")
+    for key in sorted(cases):
+        out += _knapspec_loss_sentence(cases[key], key)
     return out
+
+
+def _beyond(seconds: float) -> str:
+    """'N ms beyond' or 'N ms ahead of' (a pace to finish with)."""
+    return f"{1e3 * seconds:.0f} ms beyond" if seconds >= 0 else f"{-1e3 * seconds:.0f} ms ahead of"
+
+
+def _knapspec_loss_sentence(case: Dict[str, Any], key: str) -> str:
+    """Where a KnapSpec run whose plan drafted lost its time against the paired AR run (batch 1): planning, the plain
+    stretches and the rounds each beyond AR's pace for the tokens they committed (from the engine's chunk times),
+    the controller's rest; and the latency model's AR step and draft step against the measured ones, which is what
+    made the DP expect the plan to pay. Empty for runs that decoded plainly, batch > 1, or runs without the log."""
+    split, check, pred = (case.get(k) or {} for k in ("time_split_measured", "draft_step_check", "latency_prediction"))
+    plans = case.get("plans") or []
+    if (not key.endswith("/b1/knapspec") or not split.get("chunks") or not plans or not plans[0]["gamma_star"]
+            or "rounds_s" not in split or not check.get("static_s") or not pred.get("step_s")):
+        return ""
+    step, total = case["ar_step_s"], case["ar_steps"] + round(case["tau"] * case["rounds"])
+    plain_excess = split["plain_stretches_s"] - case["ar_steps"] * step
+    round_tokens = total - case["ar_steps"]
+    rounds_excess = split["rounds_s"] - round_tokens * step
+    loss = case["timings"]["decode_s"] - case["ar_decode_s"]
+    last = [c for c in split["chunks"] if c["kind"] == "rounds"][-1]
+    rate = case["tau"] * last["units"] / last["seconds"]
+    return (f" Where the {key.split('/')[2][3:]}-token run lost {1e3 * loss:.0f} ms against AR's "
+            f"{1e3 * case['ar_decode_s']:.0f} ms: planning {1e3 * split['plan_s']:.0f} ms; the plain stretches "
+            f"{_beyond(plain_excess)} AR's pace for their {case['ar_steps']} tokens; the rounds "
+            f"{_beyond(rounds_excess)} it for their {round_tokens} tokens (tau {case['tau']:.2f}, the last "
+            f"call {1e3 * last['seconds'] / last['units']:.2f} ms a round over {last['units']} rounds); the "
+            f"controller {1e3 * split['controller_s']:.0f} ms. The latency model priced a plain step at "
+            f"{1e3 * case['predicted_ar_step_s']:.2f} ms (measured {1e3 * step:.2f}), the full forward at "
+            f"{1e3 * pred['step_s']:.2f} ms and the plan's draft step at {1e3 * check['predicted_s']:.2f} ms "
+            f"(measured {1e3 * check['static_s']:.2f}): skipping its {check['n_skip_attn']} Attention / "
+            f"{check['n_skip_mlp']} MLP sub-layers saved {1e3 * (step - check['static_s']):.2f} ms of AR's measured "
+            f"step against {1e3 * (pred['step_s'] - check['predicted_s']):.2f} ms predicted, and the plan's last call "
+            f"committed {rate:.0f} tokens/s at the run's tau against AR's {1 / step:.0f} ({rate * step:.2f}x).")
 
 
 def _knapspec_real_baselines() -> str:

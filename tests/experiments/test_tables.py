@@ -225,3 +225,26 @@ def test_probe_text_names_the_price_each_probe_used():
     assert "priced as two stretches, ran 408 tokens/s (4.90 ms a round by the stretches' difference, 7.20 ms" in text
     assert "2.89 ms a step by the two stretches, 4.10 ms on average over the 8 steps" in text
     assert "the latency model's rate 293, not used" in text and text.endswith("so it kept the plan")
+
+
+def test_knapspec_loss_sentence_splits_a_drafting_runs_loss_against_ar():
+    """A batch-1 KnapSpec run whose plan drafted: its loss against AR split into planning, the plain stretches and
+    the rounds beyond AR's pace (ahead of it when negative), the controller; and the model's step prices against the
+    measured ones. Runs that decoded plainly or lack the chunk log get nothing."""
+    case = {"ar_step_s": 0.003, "ar_steps": 64, "tau": 1.5, "rounds": 128, "ar_decode_s": 0.768,
+            "timings": {"decode_s": 0.9}, "predicted_ar_step_s": 0.0034,
+            "plans": [{"gamma_star": 1}],
+            "time_split_measured": {"plain_stretches_s": 0.2, "rounds_s": 0.57, "plan_s": 0.1, "controller_s": 0.03,
+                                    "chunks": [{"kind": "plain", "units": 64, "seconds": 0.2},
+                                               {"kind": "rounds", "units": 128, "seconds": 0.57}]},
+            "draft_step_check": {"static_s": 0.0025, "predicted_s": 0.002, "n_skip_attn": 14, "n_skip_mlp": 6},
+            "latency_prediction": {"step_s": 0.0032}}
+    text = tables._knapspec_loss_sentence(case, "h100/summarize/ctx32000/b1/knapspec")
+    assert "32000-token run lost 132 ms against AR's 768 ms: planning 100 ms" in text
+    assert "the plain stretches 8 ms beyond AR's pace for their 64 tokens" in text
+    assert "the rounds 6 ms ahead of it for their 192 tokens (tau 1.50, the last call 4.45 ms a round" in text
+    assert "saved 0.50 ms of AR's measured step against 1.20 ms predicted" in text
+    assert "committed 337 tokens/s at the run's tau against AR's 333 (1.01x)" in text
+    assert tables._knapspec_loss_sentence(case, "h100/summarize/ctx32000/b16/knapspec") == ""
+    case["plans"] = [{"gamma_star": 0}]
+    assert tables._knapspec_loss_sentence(case, "h100/summarize/ctx32000/b1/knapspec") == ""
