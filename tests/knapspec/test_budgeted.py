@@ -271,6 +271,23 @@ def test_budget_generate_probes_its_plan_against_plain_decoding(monkeypatch, slo
     assert unprobed.metrics["fixed_plan_probe"] is None and unprobed.metrics["ar_steps"] == 0
 
 
+def _probed_budget_run(probe_rounds: int, max_new_tokens: int):
+    """The tiny model, two prompts and ``run(**config_changes)``: one budgeted KnapSpec plan probed against plain
+    decoding (``probe_rounds`` rounds) under a KnapSpecConfig with those changes."""
+    from jaxspec.knapspec.policy import KnapSpecConfig, knapspec_budget_generate
+
+    params = init_params(TINY, jax.random.PRNGKey(1), scale=0.2)
+    prompts = [np.random.RandomState(1).randint(0, 97, n).tolist() for n in (30, 24)]
+    lat = latency.LatencyModel(c1=1.0, c2=1.0, c3=0.1)
+    knap = KnapSpecConfig(gamma_max=4, gamma_buckets=(), max_plan_fraction=None, probe_rounds=probe_rounds, tau=0.3,
+                          gammas=(1, 2, 3, 4))
+
+    def run(**changes):
+        return knapspec_budget_generate(params, TINY, prompts, latency=lat, sinks=1, window=4, reference_tokens=8,
+                                        knapspec=dataclasses.replace(knap, **changes), max_new_tokens=max_new_tokens)
+    return params, prompts, run
+
+
 def test_probe_warmup_keeps_a_first_call_cost_off_the_timed_rounds(monkeypatch):
     """The first speculative call after a switch of plan can pay one-time costs (a program's first run on a GPU).
     Charged to the probe's few timed rounds, such a cost makes plain decoding win; with ``probe_warmup`` an untimed
@@ -280,18 +297,12 @@ def test_probe_warmup_keeps_a_first_call_cost_off_the_timed_rounds(monkeypatch):
 
     from jaxspec.decoding import speculative as engine_module
     from jaxspec.decoding.autoregressive import generate
-    from jaxspec.knapspec.policy import KnapSpecConfig, knapspec_budget_generate
+    from jaxspec.knapspec.policy import KnapSpecConfig
 
-    params = init_params(TINY, jax.random.PRNGKey(1), scale=0.2)
-    prompts = [np.random.RandomState(1).randint(0, 97, n).tolist() for n in (30, 24)]
-    lat = latency.LatencyModel(c1=1.0, c2=1.0, c3=0.1)
-    knap = KnapSpecConfig(gamma_max=4, gamma_buckets=(), max_plan_fraction=None, probe_rounds=2, tau=0.3,
-                          gammas=(1, 2, 3, 4))
+    params, prompts, probed = _probed_budget_run(probe_rounds=2, max_new_tokens=12)
 
     def run(warmup_rounds):
-        return knapspec_budget_generate(params, TINY, prompts, latency=lat, sinks=1, window=4, reference_tokens=8,
-                                        knapspec=dataclasses.replace(knap, probe_warmup=warmup_rounds),
-                                        max_new_tokens=12)
+        return probed(probe_warmup=warmup_rounds)
 
     run(1)  # compiles everything, unslowed
     calls = {"loop": 0}
@@ -346,18 +357,12 @@ def test_two_stretch_pricing_takes_the_per_call_cost_off_both_sides(monkeypatch)
 
     from jaxspec.decoding import speculative as engine_module
     from jaxspec.decoding.autoregressive import generate
-    from jaxspec.knapspec.policy import KnapSpecConfig, knapspec_budget_generate
+    from jaxspec.knapspec.policy import KnapSpecConfig
 
-    params = init_params(TINY, jax.random.PRNGKey(1), scale=0.2)
-    prompts = [np.random.RandomState(1).randint(0, 97, n).tolist() for n in (30, 24)]
-    lat = latency.LatencyModel(c1=1.0, c2=1.0, c3=0.1)
-    knap = KnapSpecConfig(gamma_max=4, gamma_buckets=(), max_plan_fraction=None, probe_rounds=8, tau=0.3,
-                          gammas=(1, 2, 3, 4))
+    params, prompts, probed = _probed_budget_run(probe_rounds=8, max_new_tokens=48)
 
     def run(pricing):
-        return knapspec_budget_generate(params, TINY, prompts, latency=lat, sinks=1, window=4, reference_tokens=8,
-                                        knapspec=dataclasses.replace(knap, probe_pricing=pricing),
-                                        max_new_tokens=48)
+        return probed(probe_pricing=pricing)
 
     run("two-stretch")  # compiles everything, unslowed
     real_loop, real_plain = engine_module.run_loop, engine_module.plain_decode
