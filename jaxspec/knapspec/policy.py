@@ -959,7 +959,9 @@ class KnapSpecController(ScriptedController):
             (:func:`~jaxspec.decoding.arbitration.measured_arbitration`). The plain-decoding rate is the
             better of the probe's and the latency model's (active rows per ``LatencyModel.t_plain(n)``): a short
             probe's fixed per-call cost (dispatch, host syncs) weighs more on a few cheap AR steps than
-            on the longer speculative rounds, which would favour drafting."""
+            on the longer speculative rounds, which would favour drafting. With ``probe_pricing="two-stretch"``
+            each side runs as two calls priced by their difference instead (no per-call cost on either side;
+            the model's rate is recorded only)."""
             rounds = knapspec.probe if rounds is None else int(rounds)
             speculative_gamma = current["gamma"]
 
