@@ -45,7 +45,7 @@ import pathlib
 import shutil
 import sys
 import time
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 MANIFEST = "manifest.json"
 MIB = 1 << 20
@@ -225,9 +225,8 @@ def receive(transfer_dir: pathlib.Path, stage_dir: pathlib.Path, convert: str = 
     ready = [name for name, status in state.items() if status in ("in cache", "assembled, sha256 verified")]
     if convert:  # a model another process is converting now is left to it (no second conversion)
         for name in list(ready):
-            lock = _lock(name)
-            pid = lock.read_text().strip() if lock.is_file() else ""
-            if pid.isdigit() and _alive(int(pid)):
+            pid = _lock_pid(_lock(name))
+            if pid is not None and _alive(pid):
                 ready.remove(name)
                 state[name] += f"; already converting (pid {pid})"
     if convert and ready and background:
@@ -248,6 +247,14 @@ def _lock(name: str) -> pathlib.Path:
     from jaxspec.models.registry import cache_dir
 
     return cache_dir() / f".{name}.converting"
+
+
+def _lock_pid(lock: pathlib.Path) -> Optional[int]:
+    """The pid a lock file holds; None when it is gone or being written just now."""
+    try:
+        return int(lock.read_text().strip())
+    except (OSError, ValueError):
+        return None
 
 
 def _alive(pid: int) -> bool:
@@ -308,9 +315,8 @@ def wait_for_conversions(timeout: float, poll: float = 1.0) -> List[str]:
         running = []
         for lock in sorted(cache_dir().glob(".*.converting")):
             name = lock.name[1:-len(".converting")]
-            try:
-                pid = int(lock.read_text().strip())
-            except (OSError, ValueError):
+            pid = _lock_pid(lock)
+            if pid is None:
                 continue  # removed or being written just now: look again next time
             if _alive(pid):
                 running.append(name)
