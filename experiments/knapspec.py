@@ -83,10 +83,20 @@ SELF_SPEC_METHODS = ("knapspec", "clasp", "static-skip", "knapspec-budget")
 #: reads the self-speculative options and the sparse ones (--budget, --dustin-profile, --dustin-mode, --draft-kv, ...)
 KNAPSPEC_DUSTIN = "knapspec-dustin"
 DEFAULT_CALIBRATION_FILE = DEMO_PROMPT_FILE
-LATENCY_FITS = ("isolated", "forward", "forward-static")
+LATENCY_FITS = ("isolated", "forward", "forward-static", "forward-half", "forward-static-half")
 REPROFILE_HELP = ("measure the latency profile again even if a matching one is saved (a saved profile does not "
                   "record which code it timed); the old file is kept, renamed *.replaced-<time>.json. A resumed --out "
                   "still plans its remaining cases with the latency model it saved")
+
+
+def _token_slope(m) -> str:
+    """`` + c0_n * n`` of a half-mask fit's per-token remainder, for the profile's one-line summary."""
+    return f" + {m.c0_n * 1e9:.3f} ns * n" if m.c0_n else ""
+
+
+def _forward_fit_kwargs(fit: str) -> dict:
+    """``profile_latency_forward`` options of a ``forward[-static][-half]`` latency fit."""
+    return {"static_masks": fit.startswith("forward-static"), "half_masks": fit.endswith("-half")}
 
 
 def add_self_spec_args(parser: argparse.ArgumentParser) -> None:
@@ -98,8 +108,9 @@ def add_self_spec_args(parser: argparse.ArgumentParser) -> None:
                        help="latency model: 'forward' = fitted on whole forwards of the model as the engine runs "
                             "them with the dynamic skip mask; 'forward-static' = the same with each mask compiled "
                             "in (for plans compiled for themselves: --knapspec-static-plans, budget plans, the "
-                            "static skip set); 'isolated' = each sub-layer timed alone (the profile file name holds "
-                            "the method)")
+                            "static skip set); '-half' = the skip masks skip every second sub-layer of a kind, not "
+                            "all (savings are not additive on a launch-bound GPU; a plan skips about half); "
+                            "'isolated' = each sub-layer timed alone (the profile file name holds the method)")
     group.add_argument("--reprofile", action="store_true", help=REPROFILE_HELP)
     group.add_argument("--knapspec-objective", default="tpt", choices=["tpt", "tpl"],
                        help="grid-search objective: tokens per time (KnapSpec) or tokens per layer (ablation)")
@@ -417,7 +428,7 @@ def load_latency(args, config, batch: int, n_max: int, params=None):
             contexts = forward_contexts(n_max)
             print(f"profiling whole-forward latency ({fit}) of {cfg.name} on {device_name()} (batch {b}, contexts "
                   f"{contexts}); saving to {path} ...", file=sys.stderr, flush=True)
-            profile = profile_latency_forward(cfg, b, contexts, params=params, static_masks=fit == "forward-static",
+            profile = profile_latency_forward(cfg, b, contexts, params=params, **_forward_fit_kwargs(fit),
                                               **kwargs)
         else:
             contexts = profile_contexts(n_max)
@@ -427,7 +438,7 @@ def load_latency(args, config, batch: int, n_max: int, params=None):
         measured.append(True)
         m = profile.model
         print(f"latency profile ({fit}): t_mlp = {m.c1 * 1e6:.1f} us, t_attn(n) = {m.c2 * 1e9:.3f} ns * n + "
-              f"{m.c3 * 1e6:.1f} us, t_token = {m.c0 * 1e6:.1f} us, v = {m.v:.3f}", file=sys.stderr, flush=True)
+              f"{m.c3 * 1e6:.1f} us, t_token = {m.c0 * 1e6:.1f} us{_token_slope(m)}, v = {m.v:.3f}", file=sys.stderr, flush=True)
         return profile
 
     profile: LatencyProfile = load_or_profile(path, config, batch, profile_fn=profile_fn, method=fit,
@@ -643,7 +654,9 @@ def register(subparsers) -> None:
                    help="latency model: 'forward' = fitted on whole forwards of the model as the engine runs them "
                         "(full / no-Attention / no-MLP steps with the dynamic skip mask, verification of 1..11 rows); "
                         "'forward-static' = the same with each mask compiled in (plans compiled for themselves: "
-                        "--static-plans, budget plans, the static skip set); 'isolated' = each "
+                        "--static-plans, budget plans, the static skip set); '-half' = the no-Attention / no-MLP "
+                        "masks skip every second sub-layer of a kind instead of all (a plan skips about half; "
+                        "savings are not additive on a launch-bound GPU); 'isolated' = each "
                         "sub-layer timed alone (launch-bound on a GPU)")
     p.add_argument("--trace", action="store_true",
                    help="trace one more run of AR and of each method with jax.profiler: device busy time, idle "
@@ -1223,7 +1236,7 @@ class Case:
 
             draft = float(plan_draft_time(budget["codes"], m, n, budget["sinks"] + budget["window"]))
         else:
-            draft = float(draft_time(np.asarray(mask, bool), m.t_attn(n), m.t_mlp(), m.t_token()))
+            draft = float(draft_time(np.asarray(mask, bool), m.t_attn(n), m.t_mlp(), m.t_token(n)))
         verify = step * (m.a + m.v * (verify_rows - 1))
         total = metrics["draft_steps"] * draft + rounds * verify + metrics["ar_steps"] * m.t_plain(n, L)
         return {"method": self.latency_method, "n": n, "step_s": step, "draft_step_s": draft,
@@ -1240,7 +1253,7 @@ class Case:
 
         m, n = self.latency, float(self.capacity)
         mask = np.asarray(mask, bool)
-        predicted = float(draft_time(mask, m.t_attn(n), m.t_mlp(), m.t_token()))
+        predicted = float(draft_time(mask, m.t_attn(n), m.t_mlp(), m.t_token(n)))
         # timed as the profile was measured and as the draft loop runs: several forwards per jitted call
         dynamic, static = fwd["draft_step_in_loop_s"], fwd["draft_step_static_in_loop_s"]
         single_dynamic, single_static = fwd["draft_forward_s"], fwd["draft_forward_static_s"]
@@ -1303,7 +1316,7 @@ class Case:
         exits = (cands.confident, cands.agree_confident) if exit_threshold(self.knapspec) is not None \
             and cands.confident is not None else None
         table_args = (cands.masks, cands.alpha, self.latency.t_attn(n), self.latency.t_mlp(), gammas, "tpt",
-                      self.latency.t_token(), self.latency.v, self.latency.a)
+                      self.latency.t_token(n), self.latency.v, self.latency.a)
         table = objective_table(*table_args, exit_stats=exits)
         plain_table = objective_table(*table_args)
         # every candidate's acceptance estimate under both references of the DP (docs/methods.md §4.3)
@@ -1455,7 +1468,7 @@ def _latency_profile(args, model: Model, batch: int, max_capacity: int, profile_
             print(f"profiling whole-forward latency ({fit}) on {device_name()} (batch {b}, contexts {contexts}) -> "
                   f"{path}", file=sys.stderr, flush=True)
             return profile_latency_forward(cfg, b, contexts, params=model.params,
-                                           static_masks=fit == "forward-static", **kwargs)
+                                           **_forward_fit_kwargs(fit), **kwargs)
         contexts = profile_contexts(max_capacity)
         print(f"profiling sub-layer latency on {device_name()} (batch {b}, contexts {contexts}) -> {path}",
               file=sys.stderr, flush=True)
@@ -1646,7 +1659,7 @@ def cmd_knapspec(args) -> Dict[str, Any]:
         profile = resumed_latency_profile(writer, batch, profile, path)
         m = profile.model
         print(f"latency (batch {batch}, {profile.method} fit): t_mlp = {m.c1 * 1e6:.1f} us, "
-              f"t_attn(n) = {m.c2 * 1e9:.3f} ns * n + {m.c3 * 1e6:.1f} us, t_token = {m.c0 * 1e6:.1f} us, "
+              f"t_attn(n) = {m.c2 * 1e9:.3f} ns * n + {m.c3 * 1e6:.1f} us, t_token = {m.c0 * 1e6:.1f} us{_token_slope(m)}, "
               f"verify row cost v = {m.v:.3f}",
               file=sys.stderr, flush=True)
         writer.set(f"latency_b{batch}", {"path": str(path), "device": profile.device, "fit": m.as_dict(),

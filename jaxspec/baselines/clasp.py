@@ -65,7 +65,7 @@ class ClaspPlanner(PlannerBase):
             int(np.argmax(candidates.weights))
         mask = candidates.masks[index]
         if self.latency is not None:
-            t_attn, t_mlp, t_token = self.latency.t_attn(n), self.latency.t_mlp(), self.latency.t_token()
+            t_attn, t_mlp, t_token = self.latency.t_attn(n), self.latency.t_mlp(), self.latency.t_token(n)
             table = objective_table(mask[None], [candidates.alpha[index]], t_attn, t_mlp, (self.gamma,),
                                     t_token=t_token, verify_row_cost=self.latency.v, target_ratio=self.latency.a)
         else:

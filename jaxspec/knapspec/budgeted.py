@@ -361,13 +361,13 @@ budgeted_forward_jit = jax.jit(budgeted_forward, static_argnames=("config", "pla
 
 def plan_draft_time(plan, latency: LatencyModel, n: float, budget_tokens: int) -> float:
     """Latency model of one draft forward under ``plan``: dense Attention ``t_attn(n)``, budgeted
-    ``t_attn(min(K, n))``, executed MLP ``t_mlp``, plus ``t_token``."""
+    ``t_attn(min(K, n))``, executed MLP ``t_mlp``, plus ``t_token(n)``."""
     plan = np.asarray(plan)
     dense = int(np.sum(plan[:, 0] == DENSE))
     budgeted = int(np.sum(plan[:, 0] == BUDGET))
     mlps = int(np.sum(plan[:, 1] != SKIP))
     return (dense * latency.t_attn(n) + budgeted * latency.t_attn(min(float(budget_tokens), float(n)))
-            + mlps * latency.t_mlp() + latency.t_token())
+            + mlps * latency.t_mlp() + latency.t_token(n))
 
 
 class BudgetDPCost:

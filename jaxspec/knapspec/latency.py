@@ -49,6 +49,7 @@ Three ways to measure (``method``, the profile's ``method`` field):
       c1 = mean_n (T_full(n) - T_nomlp(n)) / S                  (clamped at 0)
       t_attn(n) = (T_full(n) - T_noattn(n)) / S  ->  c2 n + c3  (least squares)
       c0 = mean_n [T_full(n) - L (c1 + c2 n + c3)]             (clamped at 0)
+      (half masks: S = ceil((L - 2) / 2) skipped, and that remainder fitted as c0 + c0_n n)
       T_verify(r) = t_step(n_verify) (a + v (r - 1))  (least squares in a, v)  (clamped)
 
   so the modelled step reproduces ``T_full(n)`` (least squares over ``n``), a draft skipping
@@ -66,6 +67,11 @@ Three ways to measure (``method``, the profile's ``method`` field):
   conditional), the form of a plan compiled for itself (``--knapspec-static-plans``, budget plans,
   the static skip set). On a GPU each conditional costs a host round trip, so the two fits differ
   there; on the CPU they agree.
+* ``"forward-half"`` / ``"forward-static-half"`` (``half_masks=True``): the same, with ``noattn`` /
+  ``nomlp`` skipping every second skippable sub-layer of their kind (``ceil(S / 2)`` of them) and
+  each sub-layer priced at that mask's saving over the number it skips. On a launch-bound GPU the
+  saving of skipping a sub-layer depends on how many others are skipped (docs/methods.md §4.1); the
+  DP's plans skip about half of a kind, so their prices come from masks of that size.
 
 Profile files: format 4 adds ``method`` and ``forward``; format-3 files still load (as
 ``method="isolated"``).
@@ -96,7 +102,7 @@ DEFAULT_CONTEXTS = tuple(range(1024, 25 * 1024 + 1, 2048))
 FORMAT_VERSION = 6
 READABLE_FORMATS = (3, 4, 5, 6)
 #: how the coefficients were measured: one sub-layer per call, or whole forwards of the model
-FIT_METHODS = ("isolated", "forward", "forward-static")
+FIT_METHODS = ("isolated", "forward", "forward-static", "forward-half", "forward-static-half")
 #: verification rows (gamma + 1) timed by the forward profiler
 DEFAULT_VERIFY_ROWS = (1, 2, 4, 8, 11)
 #: row counts of the many-row forwards timed for ``u``, the cost of one more row at scale (the DP's slot states)
@@ -111,7 +117,9 @@ class ProfileFormatError(ValueError):
 @dataclasses.dataclass(frozen=True)
 class LatencyModel:
     """``t_mlp = c1``; ``t_attn(n) = c2 * n + c3`` (seconds per sub-layer, one decode step);
-    ``t_token = c0`` (seconds per forward for embeddings + final norm + LM head + argmax);
+    ``t_token(n) = c0 + c0_n n`` (seconds per forward for embeddings + final norm + LM head + argmax,
+    and, for a half-mask fit, the part of the step that the sub-layers' prices leave: ``c0_n`` is 0
+    for every other fit);
     ``v``: verifying ``g + 1`` rows costs ``(a + v g)`` decode steps; ``a`` (default 1): the
     target's own forwards -- verification and plain decoding, which run without the draft's
     skip mask -- cost ``a`` draft-form steps per row-1 call (a whole-forward fit measures it; on
@@ -135,6 +143,7 @@ class LatencyModel:
     u: float = 0.0
     u_n: float = 0.0
     p: float = 0.0
+    c0_n: float = 0.0
 
     def t_mlp(self) -> float:
         return float(self.c1)
@@ -142,8 +151,9 @@ class LatencyModel:
     def t_attn(self, n) -> float:
         return float(self.c2 * float(n) + self.c3)
 
-    def t_token(self) -> float:
-        return float(self.c0)
+    def t_token(self, n) -> float:
+        """Seconds a forward at context ``n`` pays whatever it skips: ``c0 + c0_n n``."""
+        return float(self.c0 + self.c0_n * float(n))
 
     def t_row(self, n) -> float:
         """Predicted seconds of one more row in a many-row forward at context ``n``: ``u + u_n n``,
@@ -159,7 +169,7 @@ class LatencyModel:
 
     def t_step(self, n, num_layers: int) -> float:
         """Predicted full-model decode step at context ``n``: ``L (t_attn(n) + t_mlp) + t_token``."""
-        return float(num_layers) * (self.t_attn(n) + self.t_mlp()) + self.t_token()
+        return float(num_layers) * (self.t_attn(n) + self.t_mlp()) + self.t_token(n)
 
     @property
     def plain_ratio(self) -> float:
@@ -176,7 +186,7 @@ class LatencyModel:
     def as_dict(self) -> Dict[str, float]:
         return {"c1": float(self.c1), "c2": float(self.c2), "c3": float(self.c3), "c0": float(self.c0),
                 "v": float(self.v), "a": float(self.a), "u": float(self.u), "u_n": float(self.u_n),
-                "p": float(self.p)}
+                "p": float(self.p), "c0_n": float(self.c0_n)}
 
 
 def verify_row_cost(step_one_row: float, step_rows: float, rows: int) -> float:
@@ -269,7 +279,7 @@ class LatencyProfile:
         model = data["model"]
         names = {f.name for f in dataclasses.fields(LatencyModel)}
         if not isinstance(model, dict) or not {"c1", "c2", "c3"} <= set(model) or set(model) - names:
-            raise ValueError(f"{source}: model {model!r} must hold c1, c2, c3 (and optionally c0, v, a, u, u_n)")
+            raise ValueError(f"{source}: model {model!r} must hold c1, c2, c3 (and optionally c0, v, a, u, u_n, p, c0_n)")
         for key, value in model.items():
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise ValueError(f"{source}: model coefficient {key} = {value!r} is not a finite number")
@@ -415,32 +425,45 @@ def skippable_sublayers(num_layers: int) -> int:
     return max(0, int(num_layers) - 2)
 
 
-def forward_skip_masks(num_layers: int) -> Dict[str, np.ndarray]:
+def forward_skip_masks(num_layers: int, half: bool = False) -> Dict[str, np.ndarray]:
     """The ``[L, 2]`` skip masks of the forward profile: ``full`` (nothing skipped), ``noattn``
-    (every skippable Attention), ``nomlp`` (every skippable MLP)."""
+    (every skippable Attention), ``nomlp`` (every skippable MLP). ``half``: ``noattn`` / ``nomlp``
+    skip every second skippable sub-layer of their kind instead (layers 1, 3, 5, ...; ceil(S / 2) of
+    them), the size of the plans the DP makes (docs/methods.md §4.1)."""
     L = int(num_layers)
     full = np.zeros((L, 2), bool)
     noattn, nomlp = full.copy(), full.copy()
-    noattn[1: L - 1, 0] = True
-    nomlp[1: L - 1, 1] = True
+    layers = slice(1, L - 1, 2 if half else 1)
+    noattn[layers, 0] = True
+    nomlp[layers, 1] = True
     return {"full": full, "noattn": noattn, "nomlp": nomlp}
+
+
+def fit_method(static_masks: bool = False, half_masks: bool = False) -> str:
+    """The profile ``method`` of a forward fit: ``forward[-static][-half]``."""
+    return "forward" + ("-static" if static_masks else "") + ("-half" if half_masks else "")
 
 
 def fit_forward(contexts: Sequence[float], full: Sequence[float], noattn: Sequence[float],
                 nomlp: Sequence[float], num_layers: int, *, verify_rows: Sequence[int] = (),
-                verify_times: Sequence[float] = (), verify_context: Optional[float] = None
-                ) -> Tuple[LatencyModel, Dict[str, Any]]:
+                verify_times: Sequence[float] = (), verify_context: Optional[float] = None,
+                skipped: Optional[int] = None) -> Tuple[LatencyModel, Dict[str, Any]]:
     """:class:`LatencyModel` from whole-forward times (see the module docstring for the formulas).
 
     ``full`` / ``noattn`` / ``nomlp``: seconds per decode step at each of ``contexts``;
     ``verify_times[i]``: seconds of the full model on ``verify_rows[i]`` rows at
     ``verify_context`` (default: the largest context). Returns ``(model, fit)`` where ``fit``
     holds the per-context derived sub-layer times, the unclamped ``c1 / c0 / v`` and which were
-    clamped at 0 (noise can make a difference of two measured steps negative)."""
+    clamped at 0 (noise can make a difference of two measured steps negative). ``skipped``: how many
+    sub-layers ``noattn`` / ``nomlp`` each skip (default all ``S = L - 2``; the half masks skip
+    ``ceil(S / 2)``): a sub-layer is priced at the saving of those masks divided by it."""
     L = int(num_layers)
-    S = skippable_sublayers(L)
-    if S < 1:
+    S_all = skippable_sublayers(L)
+    if S_all < 1:
         raise ValueError(f"num_layers={L}: a forward fit needs >= 3 layers (layers 0 and L-1 are never skipped)")
+    S = S_all if skipped is None else int(skipped)
+    if not 1 <= S <= S_all:
+        raise ValueError(f"skipped={skipped}: the profiled masks skip 1..{S_all} sub-layers of each kind")
     n = np.asarray(contexts, np.float64).reshape(-1)
     arrays = {name: np.asarray(x, np.float64).reshape(-1) for name, x in
               (("full", full), ("noattn", noattn), ("nomlp", nomlp))}
@@ -458,11 +481,18 @@ def fit_forward(contexts: Sequence[float], full: Sequence[float], noattn: Sequen
     (c2, c3), *_ = np.linalg.lstsq(np.stack([n, np.ones_like(n)], axis=1), attn_per_n, rcond=None)
     c2, c3 = float(c2), float(c3)
     residual = arrays["full"] - L * (c1 + c2 * n + c3)
-    c0_raw = float(residual.mean())
+    c0_n = 0.0
+    if S < S_all:
+        # prices from masks that skip part of a kind leave part of each sub-layer's cost unpriced, and
+        # that part grows with the context like attention does: the remainder is a line in n
+        (c0_raw, c0_n), *_ = np.linalg.lstsq(np.stack([np.ones_like(n), n], axis=1), residual, rcond=None)
+        c0_raw, c0_n = float(c0_raw), float(c0_n)
+    else:
+        c0_raw = float(residual.mean())
     c0 = max(0.0, c0_raw)
-    fit: Dict[str, Any] = {"skippable": S, "t_mlp_per_context": mlp_per_n.tolist(),
+    fit: Dict[str, Any] = {"skippable": S_all, "skipped": S, "t_mlp_per_context": mlp_per_n.tolist(),
                            "t_attn_per_context": attn_per_n.tolist(), "c0_per_context": residual.tolist(),
-                           "c1_raw": c1_raw, "c0_raw": c0_raw, "v_raw": 0.0, "clamped": []}
+                           "c1_raw": c1_raw, "c0_raw": c0_raw, "c0_n": c0_n, "v_raw": 0.0, "clamped": []}
     v, a = 0.0, 1.0
     rows = np.asarray(verify_rows, np.float64).reshape(-1)
     times = np.asarray(verify_times, np.float64).reshape(-1)
@@ -474,7 +504,7 @@ def fit_forward(contexts: Sequence[float], full: Sequence[float], noattn: Sequen
         if not np.all(np.isfinite(times)) or np.any(times <= 0):
             raise ValueError(f"verify times must be positive and finite; got {times.tolist()}")
         n_verify = float(n.max() if verify_context is None else verify_context)
-        step = float(L * (c1 + c2 * n_verify + c3) + c0)
+        step = float(L * (c1 + c2 * n_verify + c3) + c0 + c0_n * n_verify)
         extra = rows - 1.0
         if not np.any(extra > 0):
             raise ValueError(f"verify_rows {rows.tolist()}: need a row count > 1")
@@ -494,7 +524,7 @@ def fit_forward(contexts: Sequence[float], full: Sequence[float], noattn: Sequen
     fit["clamped"] = [name for name, raw in (("c1", c1_raw), ("c0", c0_raw), ("v", fit["v_raw"])) if raw < 0]
     if fit.get("a_raw", 1.0) <= 0:
         fit["clamped"].append("a")
-    return LatencyModel(c1=c1, c2=c2, c3=c3, c0=c0, v=v, a=a), fit
+    return LatencyModel(c1=c1, c2=c2, c3=c3, c0=c0, v=v, a=a, c0_n=c0_n), fit
 
 
 def bulk_row_cost(rows: Sequence[int], times: Sequence[float]) -> float:
@@ -572,7 +602,7 @@ def profile_latency_forward(config: ModelConfig, batch: int = 1, contexts: Seque
                             verify_rows: Sequence[int] = DEFAULT_VERIFY_ROWS, steps_per_call: int = 4,
                             bulk_rows: Sequence[int] = DEFAULT_BULK_ROWS,
                             timer: Optional[Callable[[tuple, Callable[[], Any]], float]] = None,
-                            static_masks: bool = False) -> LatencyProfile:
+                            static_masks: bool = False, half_masks: bool = False) -> LatencyProfile:
     """Measure ``T_full / T_noattn / T_nomlp`` at each context and ``T_verify(r)`` at the largest,
     on whole forwards of the model (``params``, default random ones of ``config``), and fit them
     with :func:`fit_forward`. Each timed call runs ``steps_per_call`` forwards in one jitted
@@ -587,7 +617,9 @@ def profile_latency_forward(config: ModelConfig, batch: int = 1, contexts: Seque
     at the smallest one above the most rows; the line through the two slopes is ``u + u_n n``
     (:meth:`LatencyModel.t_row`; one context: ``u_n = 0``; ``()``: not measured, both 0).
     ``static_masks``: each mask compiled into its own loop (method ``"forward-static"``) instead of the
-    dynamic mask's conditionals (``"forward"``)."""
+    dynamic mask's conditionals (``"forward"``). ``half_masks``: ``noattn`` / ``nomlp`` skip every second
+    skippable sub-layer (:func:`forward_skip_masks`; method ``"forward[-static]-half"``): savings of a
+    launch-bound GPU are not additive, and a plan skips about half, not all, of a kind."""
     from jaxspec.models.cache import init_cache
     from jaxspec.models.llama import freeze_skip_mask
 
@@ -613,7 +645,9 @@ def profile_latency_forward(config: ModelConfig, batch: int = 1, contexts: Seque
         from jaxspec.models.params import init_params
 
         params = init_params(config, jax.random.PRNGKey(seed))
-    masks = {k: freeze_skip_mask(m) if static_masks else jnp.asarray(m) for k, m in forward_skip_masks(L).items()}
+    raw_masks = forward_skip_masks(L, half=half_masks)
+    skipped = int(raw_masks["noattn"][:, 0].sum())
+    masks = {k: freeze_skip_mask(m) if static_masks else jnp.asarray(m) for k, m in raw_masks.items()}
     steps = int(steps_per_call)
     loop = forward_loop_static if static_masks else forward_loop  # the mask compiled in, or a traced operand
     if timer is None:
@@ -693,7 +727,7 @@ def profile_latency_forward(config: ModelConfig, batch: int = 1, contexts: Seque
     med = {k: [statistics.median(s) for s in v] for k, v in samples.items()}
     verify_med = [statistics.median(s) for s in verify_samples]
     model, fit = fit_forward(contexts, med["full"], med["noattn"], med["nomlp"], L, verify_rows=rows_list,
-                             verify_times=verify_med, verify_context=contexts[-1])
+                             verify_times=verify_med, verify_context=contexts[-1], skipped=skipped)
     if bulk_list:
         slopes = [bulk_row_cost(bulk_list, med_n) for med_n in bulk_med_per_context]
         u, u_n, clamped = row_price_line(bulk_contexts, slopes)
@@ -714,10 +748,12 @@ def profile_latency_forward(config: ModelConfig, batch: int = 1, contexts: Seque
                "bulk_rows": bulk_list, "bulk_times": bulk_med, "bulk_samples": bulk_samples,
                "bulk_contexts": bulk_contexts, "bulk_times_per_context": bulk_med_per_context,
                "bulk_samples_per_context": bulk_samples_per_context, "plain_samples": plain_samples, "fit": fit,
-               "static_masks": bool(static_masks),
+               "static_masks": bool(static_masks), "half_masks": bool(half_masks),
+               "skipped_layers": [int(i) for i in np.flatnonzero(raw_masks["noattn"][:, 0])],
                "how": "whole forwards (jaxspec.models.llama.forward, "
                       + ("each skip mask compiled in, as a plan compiled for itself" if static_masks else
                          "dynamic skip mask as the KnapSpec draft")
+                      + ("; the skip masks skip every second skippable sub-layer of a kind" if half_masks else "")
                       + "; verification without a mask) in a jitted fori_loop carrying the donated cache; plain "
                         "decoding: decode_loop itself, beside the full forward, at the largest context"}
     return LatencyProfile(device=device_name(), platform=jax.devices()[0].platform, jax_version=jax.__version__,
@@ -728,11 +764,13 @@ def profile_latency_forward(config: ModelConfig, batch: int = 1, contexts: Seque
                           token_time=model.c0, token_samples=fit["c0_per_context"],
                           verify_rows=top_rows if len(rows_list) >= 2 else 0,
                           verify_times={f"rows_{r}": t for r, t in zip(rows_list, verify_med)},
-                          method="forward-static" if static_masks else "forward", forward=forward)
+                          method=fit_method(static_masks, half_masks), forward=forward)
 
 
 PROFILERS = {"isolated": profile_latency, "forward": profile_latency_forward,
-             "forward-static": functools.partial(profile_latency_forward, static_masks=True)}
+             "forward-static": functools.partial(profile_latency_forward, static_masks=True),
+             "forward-half": functools.partial(profile_latency_forward, half_masks=True),
+             "forward-static-half": functools.partial(profile_latency_forward, static_masks=True, half_masks=True)}
 
 
 def set_aside_path(path) -> str:

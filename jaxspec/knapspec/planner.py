@@ -185,7 +185,7 @@ def choose_plan(masks, alphas, latency: Union[LatencyModel, Tuple[float, float]]
     if not gammas or min(gammas) < 0:
         raise ValueError(f"gammas must be non-negative integers; got {gammas}")
     if isinstance(latency, LatencyModel):
-        t_attn, t_mlp, t_token, v = latency.t_attn(n), latency.t_mlp(), latency.t_token(), latency.v
+        t_attn, t_mlp, t_token, v = latency.t_attn(n), latency.t_mlp(), latency.t_token(n), latency.v
         a, plain = latency.a, latency.plain_ratio
     else:
         values = tuple(float(x) for x in latency)

@@ -346,9 +346,9 @@ def test_reprofile_measures_again_and_keeps_the_saved_profile(tmp_path, monkeypa
                 "bulk": full + true.t_row(n) * (rows - 1)}[kind]
         return 4 * step
 
-    def mocked(cfg, b, contexts, params=None, static_masks=False, **kwargs):
+    def mocked(cfg, b, contexts, params=None, static_masks=False, half_masks=False, **kwargs):
         calls.append(b)
-        return real(cfg, b, contexts, steps_per_call=4, timer=clock, static_masks=static_masks)
+        return real(cfg, b, contexts, steps_per_call=4, timer=clock, static_masks=static_masks, half_masks=half_masks)
 
     monkeypatch.setattr(latency, "profile_latency_forward", mocked)
     model = types.SimpleNamespace(source="random:tiny", real=False, config=TINY, params=None)
@@ -370,6 +370,11 @@ def test_reprofile_measures_again_and_keeps_the_saved_profile(tmp_path, monkeypa
     static, static_path = knapspec_experiment._latency_profile(args, model, 1, 1024, tmp_path)
     assert static.method == "forward-static" and static_path.name.endswith("_b1_forward-static.json")
     assert static_path != path and len(calls) == 4 and static_path.exists()
+    # --latency-fit forward-static-half: the half masks, compiled in, in a third file
+    args = parser.parse_args(["knapspec", "--latency-fit", "forward-static-half", "--device-tag", "test"])
+    half, half_path = knapspec_experiment._latency_profile(args, model, 1, 1024, tmp_path)
+    assert half.method == "forward-static-half" and half_path.name.endswith("_b1_forward-static-half.json")
+    assert half.forward["half_masks"] and half.forward["static_masks"] and len(calls) == 5
 
 
 def test_bench_plan_times_each_stage_and_rescores_the_finalists_both_ways(tmp_path, capsys):

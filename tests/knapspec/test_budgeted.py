@@ -174,7 +174,7 @@ def test_plan_choices_prefers_budgeted_attention_at_long_context(tiny_problem):
     assert (plan != bd.DENSE).any()
     n_dense, n_budget = int((plan[:, 0] == bd.DENSE).sum()), int((plan[:, 0] == bd.BUDGET).sum())
     expected = n_dense * lat.t_attn(20.0) + n_budget * lat.t_attn(3.0) + int((plan[:, 1] == 0).sum()) * lat.t_mlp() \
-        + lat.t_token()
+        + lat.t_token(20.0)
     assert bd.plan_draft_time(plan, lat, 20.0, 3) == pytest.approx(expected)
 
 

@@ -100,7 +100,7 @@ def test_profile_save_load_and_reuse(tmp_path):
                                                 [profile.token_time], v=profile.model.v)
     assert profile.verify_rows == 11 and profile.model.v >= 0
     assert set(profile.verify_times) == {"attn_one", "attn_rows", "mlp_one", "mlp_rows", "token_one", "token_rows"}
-    assert profile.model.t_token() == profile.token_time
+    assert profile.model.t_token(4096) == profile.token_time and profile.model.c0_n == 0.0
     path = tmp_path / "profiles" / "tiny.json"
     profile.save(path)
     loaded = latency.LatencyProfile.load(path)

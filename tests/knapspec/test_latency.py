@@ -46,6 +46,56 @@ def test_forward_skip_masks_never_skip_first_and_last_layer():
     assert latency.skippable_sublayers(5) == 3 and latency.skippable_sublayers(2) == 0
 
 
+def test_half_skip_masks_skip_every_second_skippable_sublayer():
+    for L, layers in ((6, [1, 3]), (5, [1, 3]), (28, list(range(1, 27, 2))), (3, [1])):
+        masks = latency.forward_skip_masks(L, half=True)
+        assert np.flatnonzero(masks["noattn"][:, 0]).tolist() == layers and not masks["noattn"][:, 1].any()
+        assert np.flatnonzero(masks["nomlp"][:, 1]).tolist() == layers and not masks["nomlp"][:, 0].any()
+        assert len(layers) == -(-latency.skippable_sublayers(L) // 2) and not masks["full"].any()
+    assert [latency.fit_method(s, h) for s in (False, True) for h in (False, True)] == [
+        "forward", "forward-half", "forward-static", "forward-static-half"]
+    assert set(latency.PROFILERS) == set(latency.FIT_METHODS)
+
+
+def test_half_mask_fit_prices_a_half_plan_where_the_all_mask_fit_overprices_it():
+    """A device whose savings are not additive: skipping k of the S sub-layers of a kind saves
+    ``price * S * (k / S) ** 1.5`` (skipping half saves about a third of skipping all, as measured on
+    an H100 at batch 1: docs/methods.md §4.1). The fit on the all-or-nothing masks then overprices the
+    saving of a plan skipping about half of each kind (predicts it too fast); the fit on the half
+    masks prices exactly the plans of that size."""
+    L, n = 28, np.array([2048.0, 12000.0, 22000.0, 32768.0])
+    S = latency.skippable_sublayers(L)
+
+    def step(model, n, k_attn, k_mlp):
+        saving = lambda k, price: price * S * (k / S) ** 1.5
+        return model.t_step(n, L) - saving(k_attn, model.t_attn(n)) - saving(k_mlp, model.t_mlp())
+
+    half = -(-S // 2)
+
+    def profile(k):
+        return latency.fit_forward(n, [step(TRUE, x, 0, 0) for x in n], [step(TRUE, x, k, 0) for x in n],
+                                   [step(TRUE, x, 0, k) for x in n], L, skipped=None if k == S else k)
+
+    (all_model, all_fit), (half_model, half_fit) = profile(S), profile(half)
+    assert all_fit["skipped"] == S and half_fit["skipped"] == half and half_fit["skippable"] == S
+
+    def predicted(model, x, k_attn, k_mlp):
+        return model.t_step(x, L) - k_attn * model.t_attn(x) - k_mlp * model.t_mlp()
+
+    for x in (4000.0, 32768.0):
+        measured = step(TRUE, x, half, half)
+        # each fit reproduces the full step and the steps of its own masks
+        assert predicted(half_model, x, 0, 0) == pytest.approx(step(TRUE, x, 0, 0), rel=1e-9)
+        assert predicted(half_model, x, half, 0) == pytest.approx(step(TRUE, x, half, 0), rel=1e-6)
+        assert predicted(all_model, x, S, 0) == pytest.approx(step(TRUE, x, S, 0), rel=1e-6)
+        # a plan of the half masks' size: exact by the half fit, too fast by the all fit, which credits
+        # each skipped sub-layer with its share of skipping them all
+        assert predicted(half_model, x, half, half) == pytest.approx(measured, rel=1e-6)
+        assert predicted(all_model, x, half, half) < measured * 0.97
+    with pytest.raises(ValueError, match=r"skipped=27: the profiled masks skip 1..26"):
+        latency.fit_forward(n, [1.0] * 4, [0.9] * 4, [0.9] * 4, L, skipped=27)
+
+
 def test_forward_fit_recovers_a_synthetic_linear_model_exactly():
     L, n = 30, np.array([512.0, 1500.0, 3000.0, 4200.0])
     rows = [1, 2, 4, 8, 11]
@@ -317,6 +367,35 @@ def test_forward_static_profile_compiles_each_mask_in(tmp_path):
     with pytest.raises(ValueError, match="method 'forward-static', not the requested 'forward'"):
         latency.load_or_profile(path, config, 2, method="forward", profile_fn=must_not_profile)
     assert latency.PROFILERS["forward-static"].keywords == {"static_masks": True}
+
+
+def test_forward_static_half_profile_times_the_half_masks(tmp_path):
+    """``forward-static-half``: the no-Attention / no-MLP forwards skip every second skippable
+    sub-layer, compiled in; the profile names those layers and keeps its own method on file."""
+    config = TINY.replace(num_layers=6)
+    seen = []
+
+    def timer(key, call):  # the real forwards run (their masks are compiled); the clock is synthetic
+        seen.append(key)
+        jax.block_until_ready(call())
+        return 2 * synthetic_times(TRUE, 6, key[0], key[1], key[2])
+
+    profile = latency.profile_latency_forward(config, 1, (32, 96), warmup=1, repeats=1, verify_rows=(1, 4),
+                                              steps_per_call=2, bulk_rows=(), static_masks=True, half_masks=True,
+                                              timer=timer)
+    assert profile.method == "forward-static-half" and profile.forward["half_masks"] is True
+    assert profile.forward["skipped_layers"] == [1, 3] and profile.forward["fit"]["skipped"] == 2
+    assert "every second" in profile.forward["how"] and {k for k, _, _ in seen} >= {"noattn", "nomlp"}
+    # the synthetic clock skips all S = 4 per mask: read as 2 skipped, each is priced twice as dear
+    assert profile.model.c1 == pytest.approx(2 * TRUE.c1, rel=1e-8)
+    path = tmp_path / "half.json"
+    profile.save(path)
+    assert latency.LatencyProfile.load(path) == profile
+    assert latency.load_or_profile(path, config, 1, method="forward-static-half",
+                                   profile_fn=lambda *a, **k: pytest.fail("profiled again")) == profile
+    with pytest.raises(ValueError, match="method 'forward-static-half', not the requested 'forward-static'"):
+        latency.load_or_profile(path, config, 1, method="forward-static", profile_fn=lambda *a, **k: None)
+    assert latency.PROFILERS["forward-static-half"].keywords == {"static_masks": True, "half_masks": True}
 
 
 def test_generate_latency_fit_picks_its_own_file(tmp_path, monkeypatch):
