@@ -181,6 +181,128 @@ def cmd_bench_skip(args) -> Dict[str, Any]:
     return writer.data
 
 
+def hlo_copies(text: str, min_bytes: int = 1 << 20) -> Dict[str, Any]:
+    """Copy instructions of a compiled program's text: how many, and those of at least ``min_bytes`` (shape,
+    bytes, the computation they sit in): a copy of a cache buffer inside a decode loop costs its bytes every
+    step."""
+    import re
+
+    sizes = {"bf16": 2, "f16": 2, "f32": 4, "s32": 4, "u32": 4, "pred": 1, "s8": 1, "u8": 1, "f64": 8, "s64": 8}
+    total, large, computation = 0, [], ""
+    for line in text.splitlines():
+        if line and not line[0].isspace():
+            computation = line.split(" ", 2)[1 if line.startswith("ENTRY") else 0].lstrip("%")
+            continue
+        match = re.search(r"= (\w+)\[([\d,]*)\]\S* copy(?:-start)?\(", line)
+        if not match:
+            continue
+        total += 1
+        dims = [int(d) for d in match.group(2).split(",") if d]
+        nbytes = int(np.prod(dims or [1])) * sizes.get(match.group(1), 4)
+        if nbytes >= min_bytes:
+            large.append({"shape": f"{match.group(1)}[{match.group(2)}]", "bytes": nbytes, "in": computation})
+    return {"copies": total, "large": large}
+
+
+def cmd_bench_plain(args) -> Dict[str, Any]:
+    """The speculative engine's plain stretch (``plain_decode``, what a controller runs when it decides to decode
+    plainly) against the AR decode loop (``decode_loop``) on the same cache, each timed at two lengths so the
+    per-step cost comes without the per-call cost: step = (T(n2) - T(n1)) / (n2 - n1)."""
+    import dataclasses as dc
+    import pathlib
+
+    import jax
+    import jax.numpy as jnp
+
+    from jaxspec.config import preset
+    from jaxspec.decoding.autoregressive import decode_loop
+    from jaxspec.decoding.sampling import SamplingConfig
+    from jaxspec.decoding.speculative import EngineConfig, loop_state_from_caches, plain_decode
+    from jaxspec.models.cache import random_cache
+    from jaxspec.models.llama import init_params
+
+    check_positive(args, ("context", "new_tokens", "repeats"))
+    batches = int_list(args.batches, "--batches")
+    if args.new_tokens < 8:
+        raise ValueError(f"--new-tokens={args.new_tokens}: must be >= 8 (timed at a quarter of it and at all of it)")
+    writer = ResultWriter(args.out, "bench-plain", config_of(args))
+    config = preset(args.shape, attention_backend=args.attention_backend,
+                    **({"num_layers": args.layers} if args.layers else {}))
+    params = init_params(config, jax.random.PRNGKey(0))
+    n2 = args.new_tokens
+    n1 = n2 // 4
+    hlo_dir = pathlib.Path(args.hlo_dir) if args.hlo_dir else None
+    for batch in batches:
+        key = f"{args.shape}/ctx{args.context}/b{batch}/n{n2}"
+        if writer.has(key):
+            print(f"[resume] {args.out} already holds {key}", file=sys.stderr)
+            continue
+        def lengths():  # a fresh buffer each call: the calls donate the cache, its lengths too
+            return jnp.full((batch,), args.context, jnp.int32)
+
+        holder = {"cache": random_cache(config, batch, args.context + n2 + 64, args.context, seed=1)}
+        logits = jnp.zeros((batch, config.vocab_size), jnp.float32)
+        pending = jnp.ones((batch,), jnp.int32)
+        engines = {"plain": EngineConfig(gamma=1, max_new_tokens=n2),
+                   "plain-keep-finished": EngineConfig(gamma=1, max_new_tokens=n2, skip_finished_rows=False)}
+
+        def ar_call(n):
+            def call():
+                out, cache = decode_loop(params, holder["cache"].with_lengths(lengths()), logits, jax.random.PRNGKey(0),
+                                         config=config, sampling=SamplingConfig(), max_new_tokens=n + 1,
+                                         stop_tokens=())
+                holder["cache"] = cache
+                return out
+            return call
+
+        def plain_call(engine, n):
+            def call():
+                state = loop_state_from_caches(holder["cache"].with_lengths(lengths()), None, pending, pending, engine)
+                state, count = plain_decode(params, state, jnp.int32(n), config=config, engine=engine, steps=n2)
+                holder["cache"] = state.target_cache
+                return count
+            return call
+
+        variants = {"ar": ar_call, **{name: (lambda n, e=engine: plain_call(e, n)) for name, engine in engines.items()}}
+        rows, texts = [], {}
+        for name, make in variants.items():
+            calls = {n: make(n) for n in (n1, n2)}
+            for call in calls.values():
+                jax.block_until_ready(call())  # compile and warm up
+            samples = {n: [] for n in calls}
+            for _ in range(args.repeats):  # the two lengths alternate, so drift hits both alike
+                for n, call in calls.items():
+                    start = time.perf_counter()
+                    jax.block_until_ready(call())
+                    samples[n].append(time.perf_counter() - start)
+            med = {n: float(np.median(v)) for n, v in samples.items()}
+            step = (med[n2] - med[n1]) / (n2 - n1)
+            rows.append({"variant": name, "n1": n1, "n2": n2, "call_n1_ms": med[n1] * 1e3, "call_n2_ms": med[n2] * 1e3,
+                         "step_ms": step * 1e3, "per_call_ms": (med[n1] - n1 * step) * 1e3,
+                         "samples_s": {str(n): v for n, v in samples.items()}})
+        ar = rows[0]["step_ms"]
+        for row in rows:
+            row["step_over_ar"] = row["step_ms"] / ar if ar > 0 else None
+        cache = holder["cache"].with_lengths(lengths())
+        texts["ar"] = decode_loop.lower(params, cache, logits, jax.random.PRNGKey(0), config=config,
+                                        sampling=SamplingConfig(), max_new_tokens=n2 + 1,
+                                        stop_tokens=()).compile().as_text()
+        for name, engine in engines.items():
+            state = loop_state_from_caches(cache, None, pending, pending, engine)
+            texts[name] = plain_decode.lower(params, state, jnp.int32(n2), config=config, engine=engine,
+                                             steps=n2).compile().as_text()
+        for row in rows:
+            row["hlo"] = hlo_copies(texts[row["variant"]])
+            if hlo_dir is not None:
+                hlo_dir.mkdir(parents=True, exist_ok=True)
+                (hlo_dir / f"{row['variant']}_b{batch}.hlo.txt").write_text(texts[row["variant"]])
+        writer.add(key, rows)
+        print_table([{k: v for k, v in r.items() if k not in ("samples_s", "hlo")} | {"copies": r["hlo"]["copies"],
+                      "large copies": len(r["hlo"]["large"])} for r in rows],
+                    title=f"plain stretch vs AR loop, {args.shape}, context {args.context}, batch {batch}")
+    return writer.data
+
+
 #: the top-level ``acceptance`` record's mode of a fixed-acceptance benchmark
 FIXED_ACCEPTANCE_MODE = ("fixed acceptance (systems benchmark, random weights): accepted counts drawn from the "
                          "distribution with this mean tokens/round")
@@ -404,6 +526,18 @@ def register(subparsers) -> None:
     skip.add_argument("--steps", type=int, default=1, help="tokens per forward (gamma + 1 for verification)")
     skip.add_argument("--repeats", type=int, default=20)
     skip.set_defaults(func=cmd_bench_skip)
+
+    plain = subparsers.add_parser("bench-plain", help="the speculative engine's plain stretch vs the AR decode loop "
+                                                      "on the same cache: per-step and per-call time, copies")
+    plain.add_argument("--shape", default="qwen2.5-1.5b-shape")
+    plain.add_argument("--layers", type=int, default=0)
+    plain.add_argument("--context", type=int, default=32000)
+    plain.add_argument("--batches", default="1,16")
+    plain.add_argument("--new-tokens", type=int, default=256, help="timed at a quarter of it and at all of it")
+    plain.add_argument("--repeats", type=int, default=5)
+    plain.add_argument("--attention-backend", default="pallas", choices=list(ATTENTION_BACKENDS))
+    plain.add_argument("--hlo-dir", default=None, help="also write each compiled program's text here")
+    plain.set_defaults(func=cmd_bench_plain)
 
     bench = subparsers.add_parser("bench-sd", help="speculative vs autoregressive decoding at paper shapes "
                                                    "(random weights, fixed acceptance)")

@@ -500,6 +500,12 @@ KNAPSPEC_PALLAS_B1_H100_TWO_STRETCH = (f"{K}qwen2.5-coder-1.5b_32k_b1_pallas_sta
                                        f"two-stretch_h100.json")
 KNAPSPEC_PALLAS_B1_H200_TWO_STRETCH = (f"{K}qwen2.5-coder-1.5b_32k_b1_pallas_static_after-plain_probe-warmup_"
                                        f"two-stretch_h200.json")
+#: the two-stretch run with the latency profile fitted on half-skip masks (--latency-fit forward-static-half), per GPU
+KNAPSPEC_PALLAS_B1_HALF_FIT = {tag: f"{K}qwen2.5-coder-1.5b_32k_b1_pallas_static_after-plain_two-stretch_half-fit_{tag}.json"
+                               for tag in ("h100", "h200")}
+#: batch 16 planning on one row (states from the prefill) with the half-skip fit, per GPU
+KNAPSPEC_PALLAS_B16_HALF_FIT = {tag: f"{K}qwen2.5-coder-1.5b_32k_b16_pallas_static_1row_prefill-states_half-fit_{tag}.json"
+                                for tag in ("h100", "h200")}
 #: the traced plan runs: (file, device tag, what it adds, suite and step, index-key slug)
 KNAPSPEC_PLAN_TRACES = tuple(
     (f"{K}qwen2.5-coder-1.5b_32k_b16_pallas_static{variant}_trace_{tag}.json", tag,
@@ -551,6 +557,15 @@ KNAPSPEC_PALLAS_RUNS = ((KNAPSPEC_PALLAS, "pallas", ""),
                            "stretches (--probe-pricing two-stretch)")
                           for source, gpu in ((KNAPSPEC_PALLAS_B1_H100_TWO_STRETCH, "an H100"),
                                               (KNAPSPEC_PALLAS_B1_H200_TWO_STRETCH, "the H200"))),
+                        *((runs[tag], slug, f" on {gpu} with static plans, {what} and a profile of compiled "
+                                            "half-skip masks (--latency-fit forward-static-half)")
+                          for tag, gpu in (("h100", "an H100"), ("h200", "the H200"))
+                          for runs, slug, what in (
+                              (KNAPSPEC_PALLAS_B1_HALF_FIT, "pallas-static-after-plain-two-stretch-half-fit",
+                               "the first plan after 64 plain tokens, one untimed round before each side of the "
+                               "probe and both sides priced as two stretches"),
+                              (KNAPSPEC_PALLAS_B16_HALF_FIT, "pallas-static-1row-prefill-states-half-fit",
+                               "one plan at the start on one row's window, its states kept by the prefill"))),
                         (KNAPSPEC_PALLAS_STATIC, "pallas-static",
                          " with static plans and a profile of compiled masks (--latency-fit forward-static)"),
                         *((source, slug, " with static plans and a profile of compiled masks (--latency-fit "
@@ -1256,12 +1271,58 @@ def _knapspec_pallas_more_note() -> str:
                                                       "two-stretch`, docs/methods.md §5.2)",
              "h100-long-context knapspec-qwen2.5-coder-1.5b-b1-32k-pallas-static-after-plain-two-stretch"),
             (KNAPSPEC_PALLAS_B1_H200_TWO_STRETCH, 1, "The same on the H200",
-             "h200-knapspec qwen2.5-coder-1.5b-b1-32k-pallas-static-after-plain-two-stretch")):
+             "h200-knapspec qwen2.5-coder-1.5b-b1-32k-pallas-static-after-plain-two-stretch"),
+            *((runs[tag], batch, f"{what}{gpu}, with the latency profile fitted on forwards that skip every second "
+                                 "sub-layer of a kind (`--latency-fit forward-static-half`, docs/methods.md §4.1)",
+               f"{suite} {step}")
+              for runs, batch, what, step_stem in (
+                  (KNAPSPEC_PALLAS_B1_HALF_FIT, 1, "The two-stretch run on ",
+                   "qwen2.5-coder-1.5b-b1-32k-pallas-static-half-fit"),
+                  (KNAPSPEC_PALLAS_B16_HALF_FIT, 16, "At batch 16, one plan at the start on one row's window with "
+                                                     "its states kept by the prefill, on ",
+                   "qwen2.5-coder-1.5b-b16-32k-pallas-static-1row-half-fit"))
+              for tag, gpu, suite, step in (
+                  ("h100", "an H100", "h100-long-context", "knapspec-" + step_stem),
+                  ("h200", "the H200", "h200-knapspec", step_stem)))):
         if (RESULTS / source).exists():
             out.append(f"{what} (`{source}`): " + _knapspec_pallas_note(source, batch))
         else:
             out.append(f"{what} (suite and step {step}): not measured yet.")
-    return " " + " ".join(out) + _knapspec_plan_trace_note()
+    return " " + " ".join(out) + _half_fit_note() + _knapspec_plan_trace_note()
+
+
+def _half_fit_note() -> str:
+    """The half-skip latency profile against the all-or-nothing one of the same GPU and batch: each sub-layer's
+    price at the largest context and what skipping half, and all, of each kind saved (docs/methods.md §4.1)."""
+    out = []
+    folder = RESULTS / "knapspec"
+    for tag, gpu in (("h100", "an H100"), ("h200", "the H200")):
+        for batch in (1, 16):
+            stem = f"latency_profiles_{tag}/latency_qwen2.5-coder-1.5b_bfloat16_pallas_{tag}_b{batch}_forward-static"
+            half_path, all_path = folder / f"{stem}-half.json", folder / f"{stem}.json"
+            if not (half_path.exists() and all_path.exists()):
+                continue
+            half, full = load(half_path), load(all_path)
+            n = max(half["contexts"])
+
+            def prices(profile):
+                m = profile["model"]
+                return (m["c2"] * n + m["c3"]) * 1e6, m["c1"] * 1e6
+
+            def saved(profile, kind):
+                times = profile["forward"]["times"]
+                return (times["full"][-1] - times[kind][-1]) * 1e3
+
+            skipped = half["forward"]["fit"]["skipped"]
+            (ha, hm), (fa, fm) = prices(half), prices(full)
+            out.append(
+                f"The half-skip profile on {gpu} at batch {batch} (`{half_path.relative_to(RESULTS)}`) prices an "
+                f"Attention sub-layer at {n / 1000:.0f}k at {ha:.1f} us and an MLP at {hm:.1f} us, against {fa:.1f} "
+                f"and {fm:.1f} us from the all-or-nothing masks: skipping {skipped} Attention sub-layers saved "
+                f"{saved(half, 'noattn'):.2f} ms of the {half['forward']['times']['full'][-1] * 1e3:.2f} ms step, "
+                f"skipping all {half['forward']['fit']['skippable']} saved {saved(full, 'noattn'):.2f} ms "
+                f"({saved(half, 'nomlp'):.2f} and {saved(full, 'nomlp'):.2f} ms for the MLPs).")
+    return "".join(" " + part for part in out)
 
 
 def _knapspec_plan_trace_note() -> str:

@@ -255,6 +255,8 @@ def test_parity_bad_input(tmp_path, capsys):
     (["bench-decode", "--new-tokens", "0"], "--new-tokens=0: must be >= 1"),
     (["bench-decode", "--contexts", "8192,0"], "expected one or more integers >= 1"),
     (["bench-skip", "--steps", "0"], "--steps=0: must be >= 1"),
+    (["bench-plain", "--new-tokens", "4"], "--new-tokens=4: must be >= 8"),
+    (["bench-plain", "--batches", "1,0"], "--batches='1,0': expected one or more integers >= 1"),
     (["bench-sd", "--tau", "2", "--gamma", "0"], "--gamma=0: must be >= 1"),
     (["bench-sd", "--tau", "2", "--draft-skip", "mlp:9-3"], "the range 9-3 is reversed"),
     (["dustin-speed", "--tau", "2", "--new-tokens", "0"], "--new-tokens=0: must be >= 1"),
@@ -269,6 +271,31 @@ def test_parity_bad_input(tmp_path, capsys):
 def test_benchmark_and_knapspec_flags_checked_first(capsys, argv, message):
     assert main(argv) == 2
     assert message in _error(capsys)
+
+
+def test_bench_plain_times_both_loops_at_two_lengths_and_counts_copies(tmp_path):
+    """bench-plain: the engine's plain stretch and the AR loop on one cache, each at a quarter of the new tokens and
+    at all of them (the step is the difference over the extra steps), the compiled programs' copies counted and
+    written out; a rerun resumes."""
+    from experiments.decode_speed import hlo_copies
+
+    out, hlo = tmp_path / "plain.json", tmp_path / "hlo"
+    argv = ["bench-plain", "--shape", "smollm2-135m-shape", "--layers", "2", "--context", "64", "--batches", "2",
+            "--new-tokens", "8", "--repeats", "2", "--attention-backend", "xla", "--hlo-dir", str(hlo), "--out", str(out)]
+    assert main(argv) == 0
+    rows = json.loads(out.read_text())["cases"]["smollm2-135m-shape/ctx64/b2/n8"]
+    assert [r["variant"] for r in rows] == ["ar", "plain", "plain-keep-finished"] and rows[0]["step_over_ar"] == 1
+    for row in rows:
+        assert (row["n1"], row["n2"]) == (2, 8) and all(len(v) == 2 for v in row["samples_s"].values())
+        assert row["step_ms"] == pytest.approx((row["call_n2_ms"] - row["call_n1_ms"]) / 6)
+        assert row["per_call_ms"] == pytest.approx(row["call_n1_ms"] - 2 * row["step_ms"])
+        assert row["hlo"]["copies"] == hlo_copies((hlo / f"{row['variant']}_b2.hlo.txt").read_text())["copies"]
+    assert main(argv) == 0 and json.loads(out.read_text())["cases"]["smollm2-135m-shape/ctx64/b2/n8"] == rows
+    text = ("%body (p: (s32[], bf16[4,1024,64])) -> (s32[], bf16[4,1024,64]) {\n"
+            "  %copy.1 = bf16[4,1024,64]{2,1,0} copy(%gte)\n  %copy.2 = s32[] copy(%x)\n}\n"
+            "ENTRY %main (a: f32[2]) -> f32[2] {\n  %copy.3 = f32[2]{0} copy(%a)\n}\n")
+    found = hlo_copies(text, min_bytes=1 << 19)
+    assert found["copies"] == 3 and found["large"] == [{"shape": "bf16[4,1024,64]", "bytes": 524288, "in": "body"}]
 
 
 # ---------------------------------------------------------------------------- suite runner
