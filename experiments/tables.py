@@ -2211,6 +2211,45 @@ def knapspec_at_start_cpu_note(base: dict) -> str:
                "±5 %)." if abs(c["speedup_vs_ar"] - base["speedup_vs_ar"]) < 0.05 else "."))
 
 
+def _repriced_tpt(d: Dict[str, Any], tag: str, ctx: int, tput: Sequence[float]) -> str:
+    """The candidate plans of a correlation run priced again as the planner prices them (exit-free TPT at each
+    candidate's gamma): with the measured acceptance in place of the DP's alpha, and with the half-skip latency
+    profile of the same GPU and batch where one exists (docs/methods.md §4.1): which side of the prediction holds
+    the correlation back."""
+    import numpy as np
+
+    from jaxspec.knapspec.latency import LatencyModel, LatencyProfile
+    from jaxspec.knapspec.planner import objective_table
+
+    cands = d["cases"].get(f"{tag}/summarize/ctx{ctx}/b1/candidates")
+    corr = d["cases"].get(f"{tag}/summarize/ctx{ctx}/b1/correlation")
+    profile = d.get("latency_b1")
+    if not cands or not corr or not profile or len(cands.get("candidates") or []) != len(tput):
+        return ""
+    rows, n = cands["candidates"], float(cands["plan"]["n"])
+
+    def price(model, alphas):
+        return [float(objective_table(np.asarray([r["mask"]], bool), [a], model.t_attn(n), model.t_mlp(),
+                                      (int(r["gamma"]),), "tpt", model.t_token(n), model.v, model.a)[0, 0])
+                for r, a in zip(rows, alphas)]
+
+    model = LatencyModel(**profile["fit"])
+    fmt = lambda r: "n/a" if r is None else f"{r:.2f}"  # noqa: E731
+    r_dp = _pearson(price(model, [r["alpha"] for r in rows]), tput)
+    r_measured = _pearson(price(model, corr["measured_acceptance"]), tput)
+    out = (f" The same candidates priced with their measured acceptance in place of the DP's alpha (same latency "
+           f"model): r = {fmt(r_measured)} with tokens/s, against {fmt(r_dp)} with the DP's alpha")
+    half = REPO / profile["path"].replace("_forward-static.json", "_forward-static-half.json")
+    if profile["path"].endswith("_forward-static.json") and half.exists():
+        half_model = LatencyProfile.load(half).model
+        out += (f"; priced by the half-skip profile (`{half.relative_to(RESULTS)}`) with the DP's alpha r = "
+                f"{fmt(_pearson(price(half_model, [r['alpha'] for r in rows]), tput))}, with the measured "
+                f"acceptance r = {fmt(_pearson(price(half_model, corr['measured_acceptance']), tput))}")
+    if r_dp is not None and r_measured is not None and r_measured - r_dp >= 0.1:
+        return out + ": the DP's alpha, more than the latency model, holds the prediction back."
+    return out + "."
+
+
 def _tpt_correlation_parts(source: str, tag: str = "cpu",
                            contexts: Sequence[int] = TPT_CORRELATION_CONTEXTS) -> Tuple[List[str], List[bool]]:
     """Per context of one TPT-correlation run (case keys under its device ``tag``): a sentence and whether the
@@ -2252,7 +2291,8 @@ def _tpt_correlation_parts(source: str, tag: str = "cpu",
                      + (": the time side holds" if timed is not None and timed >= 0.84 else "")
                      + " (mean DP alpha - measured acceptance: " + ", ".join(
                          f"{'the paper' if mode == 'branch' else 'target'} reference {errors[mode]:+.3f}"
-                         for mode, _ in DP_REFERENCES) + ").")
+                         for mode, _ in DP_REFERENCES) + ")."
+                     + (_repriced_tpt(d, tag, ctx, c["tokens_per_s"]) if tag != "cpu" else ""))
     return parts, verdicts
 
 
