@@ -696,6 +696,13 @@ def register(subparsers) -> None:
                    help="also run each stage once under the profiler: the device's busy time and kernel launches")
     b.add_argument("--seed", type=int, default=0)
     b.set_defaults(func=cmd_bench_plan)
+    r = subparsers.add_parser("reprice-tpt", help="a TPT-correlation run's candidates priced again: with the measured "
+                                                  "acceptance for the DP's alpha, and by other latency profiles")
+    r.add_argument("--from", dest="source", required=True, metavar="FILE",
+                   help="a knapspec results file with --candidate-plans (its correlation and candidates cases)")
+    r.add_argument("--profiles", default=None, metavar="FILES",
+                   help="comma-separated latency profiles to price with beside the run's own")
+    r.set_defaults(func=cmd_reprice_tpt)
 
 
 def _config_of(args) -> Dict[str, Any]:
@@ -1975,6 +1982,62 @@ def _finalist_masks(masks: np.ndarray, finalists: int) -> np.ndarray:
     pool = masks[1:] if len(masks) > 1 else masks
     index = np.unique(np.linspace(0, len(pool) - 1, finalists).round().astype(int))
     return pool[index]
+
+
+def _pearson_or_none(x: Sequence[float], y: Sequence[float]) -> Optional[float]:
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    if x.size < 3 or x.std() == 0 or y.std() == 0:
+        return None
+    return float(np.corrcoef(x, y)[0, 1])
+
+
+def cmd_reprice_tpt(args) -> Dict[str, Any]:
+    """A TPT-correlation run's candidate plans (``knapspec --candidate-plans``) priced again as the planner prices
+    them -- the exit-free TPT at each candidate's gamma, at the candidates' context -- with the DP's alpha and with
+    the measured acceptance in its place, by the run's own latency profile and by each ``--profiles`` file; the
+    Pearson of each with the measured tokens/s. It tells which side of the prediction, the acceptance estimate or
+    the latency model, holds the correlation back (docs/methods.md §4.1). No device work."""
+    from jaxspec.knapspec.latency import LatencyModel, LatencyProfile
+    from jaxspec.knapspec.planner import objective_table
+
+    source = pathlib.Path(args.source)
+    if not source.is_file():
+        raise ValueError(f"--from={args.source}: no such results file")
+    extra = [pathlib.Path(x) for x in (args.profiles or "").split(",") if x.strip()]
+    missing = [str(x) for x in extra if not x.is_file()]
+    if missing:
+        raise ValueError(f"--profiles: no such latency profile {missing[0]}")
+    data = json.loads(source.read_text())
+    if "latency_b1" not in data or not any(k.endswith("/correlation") for k in data.get("cases", {})):
+        raise ValueError(f"--from={args.source}: not a knapspec TPT-correlation run (no batch-1 latency profile and "
+                         f"correlation case)")
+    models = [(data["latency_b1"]["path"], data["latency_b1"].get("method"), LatencyModel(**data["latency_b1"]["fit"]))]
+    for path in extra:
+        profile = LatencyProfile.load(path)
+        models.append((str(path), profile.method, profile.model))
+    writer = ResultWriter(args.out, "reprice-tpt", config_of(args))
+    for key, corr in data["cases"].items():
+        if not key.endswith("/correlation") or corr.get("plans", 0) < 3:
+            continue
+        cands = data["cases"].get(key[: -len("correlation")] + "candidates")
+        if not cands or len(cands.get("candidates") or []) != len(corr["tokens_per_s"]):
+            continue
+        rows, n, tput = cands["candidates"], float(cands["plan"]["n"]), corr["tokens_per_s"]
+        out_rows = []
+        for path, method, model in models:
+            for alpha_source, alphas in (("dp", [r["alpha"] for r in rows]), ("measured", corr["measured_acceptance"])):
+                tpt = [float(objective_table(np.asarray([r["mask"]], bool), [a], model.t_attn(n), model.t_mlp(),
+                                             (int(r["gamma"]),), "tpt", model.t_token(n), model.v, model.a)[0, 0])
+                       for r, a in zip(rows, alphas)]
+                out_rows.append({"profile": path, "method": method, "alpha": alpha_source, "predicted_tpt": tpt,
+                                 "pearson_vs_throughput": _pearson_or_none(tpt, tput)})
+        case = key[: -len("correlation")] + "repriced"
+        writer.add(case, {"source": str(source), "plans": len(rows), "n": n, "tokens_per_s": tput, "rows": out_rows})
+        print_table([{k: v for k, v in r.items() if k != "predicted_tpt"} for r in out_rows],
+                    title=f"{case}: the candidates' TPT priced again, Pearson with tokens/s")
+    if not writer.data.get("cases"):
+        raise ValueError(f"--from={args.source}: no correlation case with >= 3 candidate plans")
+    return writer.data
 
 
 def cmd_bench_plan(args) -> Dict[str, Any]:

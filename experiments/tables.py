@@ -614,6 +614,8 @@ TPT_CORRELATION_CONTEXTS = (1024, 2048)
 #: the same measure on an H100 with the real Qwen2.5-Coder-1.5B at 32k, batch 1, each plan timed in 3 (AR, plan) pairs
 KNAPSPEC_TPT_CORRELATION_H100 = f"{K}qwen2.5-coder-1.5b_32k_b1_tpt-correlation_h100.json"
 KNAPSPEC_TPT_CORRELATION_H100_8 = f"{K}qwen2.5-coder-1.5b_32k_b1_tpt-correlation_8-finalists_h100.json"
+#: a correlation run's candidates priced again (reprice-tpt): correlation file -> repriced file
+REPRICED = {KNAPSPEC_TPT_CORRELATION_H100_8: f"{K}qwen2.5-coder-1.5b_32k_b1_tpt-correlation_8-finalists_repriced_h100.json"}
 #: the index figures of a TPT-correlation run whose plans were each timed in 3 (AR, plan) pairs:
 #: (correlation field, key slug, what, target)
 PAIRED_CORRELATION_FIELDS = (
@@ -2211,40 +2213,28 @@ def knapspec_at_start_cpu_note(base: dict) -> str:
                "±5 %)." if abs(c["speedup_vs_ar"] - base["speedup_vs_ar"]) < 0.05 else "."))
 
 
-def _repriced_tpt(d: Dict[str, Any], tag: str, ctx: int, tput: Sequence[float]) -> str:
-    """The candidate plans of a correlation run priced again as the planner prices them (exit-free TPT at each
-    candidate's gamma): with the measured acceptance in place of the DP's alpha, and with the half-skip latency
-    profile of the same GPU and batch where one exists (docs/methods.md §4.1): which side of the prediction holds
-    the correlation back."""
-    import numpy as np
-
-    from jaxspec.knapspec.latency import LatencyModel, LatencyProfile
-    from jaxspec.knapspec.planner import objective_table
-
-    cands = d["cases"].get(f"{tag}/summarize/ctx{ctx}/b1/candidates")
-    corr = d["cases"].get(f"{tag}/summarize/ctx{ctx}/b1/correlation")
-    profile = d.get("latency_b1")
-    if not cands or not corr or not profile or len(cands.get("candidates") or []) != len(tput):
+def _repriced_tpt(source: str, tag: str, ctx: int) -> str:
+    """A correlation run's candidates priced again (``reprice-tpt``): with the measured acceptance in place of the
+    DP's alpha, and by other latency profiles (the half-skip one, docs/methods.md §4.1): which side of the
+    prediction holds the correlation back."""
+    if not source or not (RESULTS / source).is_file():
         return ""
-    rows, n = cands["candidates"], float(cands["plan"]["n"])
-
-    def price(model, alphas):
-        return [float(objective_table(np.asarray([r["mask"]], bool), [a], model.t_attn(n), model.t_mlp(),
-                                      (int(r["gamma"]),), "tpt", model.t_token(n), model.v, model.a)[0, 0])
-                for r, a in zip(rows, alphas)]
-
-    model = LatencyModel(**profile["fit"])
+    case = load(source)["cases"].get(f"{tag}/summarize/ctx{ctx}/b1/repriced")
+    if not case:
+        return ""
     fmt = lambda r: "n/a" if r is None else f"{r:.2f}"  # noqa: E731
-    r_dp = _pearson(price(model, [r["alpha"] for r in rows]), tput)
-    r_measured = _pearson(price(model, corr["measured_acceptance"]), tput)
-    out = (f" The same candidates priced with their measured acceptance in place of the DP's alpha (same latency "
-           f"model): r = {fmt(r_measured)} with tokens/s, against {fmt(r_dp)} with the DP's alpha")
-    half = REPO / profile["path"].replace("_forward-static.json", "_forward-static-half.json")
-    if profile["path"].endswith("_forward-static.json") and half.exists():
-        half_model = LatencyProfile.load(half).model
-        out += (f"; priced by the half-skip profile (`{half.relative_to(RESULTS)}`) with the DP's alpha r = "
-                f"{fmt(_pearson(price(half_model, [r['alpha'] for r in rows]), tput))}, with the measured "
-                f"acceptance r = {fmt(_pearson(price(half_model, corr['measured_acceptance']), tput))}")
+    by = {(row["profile"], row["alpha"]): row["pearson_vs_throughput"] for row in case["rows"]}
+    own = case["rows"][0]["profile"]
+    r_dp, r_measured = by.get((own, "dp")), by.get((own, "measured"))
+    out = (f" The same candidates priced again (`{source}`, reprice-tpt): with their measured acceptance in place of "
+           f"the DP's alpha, by the same latency model, r = {fmt(r_measured)} with tokens/s against {fmt(r_dp)} with "
+           f"the DP's alpha")
+    for profile in dict.fromkeys(row["profile"] for row in case["rows"]):
+        if profile == own:
+            continue
+        method = next(row["method"] for row in case["rows"] if row["profile"] == profile)
+        out += (f"; by the {method} profile (`{pathlib.Path(profile).name}`) r = {fmt(by.get((profile, 'dp')))} with "
+                f"the DP's alpha, {fmt(by.get((profile, 'measured')))} with the measured acceptance")
     if r_dp is not None and r_measured is not None and r_measured - r_dp >= 0.1:
         return out + ": the DP's alpha, more than the latency model, holds the prediction back."
     return out + "."
@@ -2292,7 +2282,7 @@ def _tpt_correlation_parts(source: str, tag: str = "cpu",
                      + " (mean DP alpha - measured acceptance: " + ", ".join(
                          f"{'the paper' if mode == 'branch' else 'target'} reference {errors[mode]:+.3f}"
                          for mode, _ in DP_REFERENCES) + ")."
-                     + (_repriced_tpt(d, tag, ctx, c["tokens_per_s"]) if tag != "cpu" else ""))
+                     + _repriced_tpt(REPRICED.get(source, ""), tag, ctx))
     return parts, verdicts
 
 

@@ -481,3 +481,51 @@ def test_candidate_plans_beyond_the_finalists_are_warned_before_any_work(capsys)
     assert "--candidate-plans=8" in err and "--finalists=2" in err and "give --finalists >= 8" in err
     assert main(argv[:argv.index("--finalists") + 1] + ["8"] + argv[argv.index("--finalists") + 2:]) == 2
     assert "--finalists=" not in capsys.readouterr().err
+
+
+def test_reprice_tpt_prices_the_candidates_again_both_ways(tmp_path, capsys):
+    """reprice-tpt: a correlation run's candidates priced as the planner prices them, by the run's own profile and
+    any other, with the DP's alpha and with the measured acceptance; throughput generated from the measured
+    acceptance makes that pricing's Pearson 1; bad files are refused in one line before any pricing."""
+    from jaxspec.knapspec.latency import LatencyModel
+    from jaxspec.knapspec.planner import objective_table
+
+    fit = {"c1": 4e-5, "c2": 4.5e-10, "c3": 4.9e-5, "c0": 2.5e-4, "v": 0.016, "a": 0.86}
+    model, n = LatencyModel(**fit), 32320.0
+    masks = [[[False, False], [s >= 1, False], [s >= 2, s >= 3], [False, False]] for s in range(4)]
+    alphas, acceptance = [0.9, 0.8, 0.7, 0.6], [0.6, 0.9, 0.7, 0.8]
+
+    def tpt(m, a):
+        return float(objective_table(np.asarray([m], bool), [a], model.t_attn(n), model.t_mlp(), (1,), "tpt",
+                                     model.t_token(n), model.v, model.a)[0, 0])
+
+    tput = [tpt(m, a) for m, a in zip(masks, acceptance)]
+    run = {"latency_b1": {"path": "own.json", "method": "forward-static", "fit": fit},
+           "cases": {"h100/summarize/ctx32000/b1/candidates": {"plan": {"n": n}, "candidates": [
+                         {"mask": m, "alpha": a, "gamma": 1} for m, a in zip(masks, alphas)]},
+                     "h100/summarize/ctx32000/b1/correlation": {"plans": 4, "measured_acceptance": acceptance,
+                                                                "tokens_per_s": tput}}}
+    source, other = tmp_path / "run.json", tmp_path / "half.json"
+    source.write_text(json.dumps(run))
+    from jaxspec.knapspec import latency
+    from jaxspec.config import ModelConfig
+    tiny = ModelConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=4, num_heads=4, num_kv_heads=2,
+                       head_dim=16, dtype="float32", name="tiny-reprice")
+    profile = latency.profile_latency_forward(tiny, 1, (128, 256, 512), steps_per_call=2, warmup=1, repeats=1,
+                                              bulk_rows=(), half_masks=True,
+                                              timer=lambda key, call: 2 * 1e-3 * (1 + key[1] / 512))
+    profile.save(other)
+    out = tmp_path / "repriced.json"
+    assert main(["reprice-tpt", "--from", str(source), "--profiles", str(other), "--out", str(out)]) == 0
+    case = json.loads(out.read_text())["cases"]["h100/summarize/ctx32000/b1/repriced"]
+    assert [(r["profile"], r["alpha"]) for r in case["rows"]] == [
+        ("own.json", "dp"), ("own.json", "measured"), (str(other), "dp"), (str(other), "measured")]
+    own_dp, own_measured = case["rows"][0], case["rows"][1]
+    assert own_measured["pearson_vs_throughput"] == pytest.approx(1.0)
+    assert own_dp["predicted_tpt"] == pytest.approx([tpt(m, a) for m, a in zip(masks, alphas)])
+    assert case["rows"][2]["method"] == "forward-half"
+    capsys.readouterr()
+    assert main(["reprice-tpt", "--from", str(tmp_path / "nope.json"), "--out", str(tmp_path / "x.json")]) == 2
+    assert "--from=" in capsys.readouterr().err
+    assert main(["reprice-tpt", "--from", str(source), "--profiles", "missing.json", "--out", str(tmp_path / "y.json")]) == 2
+    assert "no such latency profile missing.json" in capsys.readouterr().err

@@ -11,7 +11,6 @@ import subprocess
 import sys
 import tomllib
 
-import numpy as np
 import pytest
 
 from experiments import tables
@@ -252,38 +251,24 @@ def test_knapspec_loss_sentence_splits_a_drafting_runs_loss_against_ar():
 
 
 def test_repriced_tpt_tells_which_side_of_the_prediction_holds_the_correlation_back(tmp_path, monkeypatch):
-    """A GPU correlation run's candidates priced again: with the DP's alpha the repriced TPT reproduces the run's
-    ranking, with the measured acceptance it follows throughput; the half-skip profile is priced too where one
-    sits beside the run's profile; the verdict is only drawn where the acceptance side gains >= 0.1."""
-    from jaxspec.knapspec.latency import LatencyModel
-    from jaxspec.knapspec.planner import objective_table
-
-    fit = {"c1": 4e-5, "c2": 4.5e-10, "c3": 4.9e-5, "c0": 2.5e-4, "v": 0.016, "a": 0.86}
-    model, n = LatencyModel(**fit), 32320.0
-    masks = [[[False, False], [s >= 1, False], [s >= 2, s >= 3], [False, False]] for s in range(4)]
-    alphas, acceptance = [0.9, 0.8, 0.7, 0.6], [0.6, 0.9, 0.7, 0.8]
-    tput = [float(objective_table(np.asarray([m], bool), [a], model.t_attn(n), model.t_mlp(), (1,), "tpt",
-                                  model.t_token(n), model.v, model.a)[0, 0]) for m, a in zip(masks, acceptance)]
-    d = {"latency_b1": {"path": "experiments/results/knapspec/p/lat_b1_forward-static.json", "fit": fit},
-         "cases": {"h100/summarize/ctx32000/b1/candidates": {
-                       "plan": {"n": n}, "candidates": [{"mask": m, "alpha": a, "gamma": 1}
-                                                        for m, a in zip(masks, alphas)]},
-                   "h100/summarize/ctx32000/b1/correlation": {"measured_acceptance": acceptance}}}
-    monkeypatch.setattr(tables, "REPO", tmp_path)
-    text = tables._repriced_tpt(d, "h100", 32000, tput)
-    assert "in place of the DP's alpha (same latency model): r = 1.00 with tokens/s" in text
-    assert "half-skip" not in text and text.endswith("the DP's alpha, more than the latency model, holds the "
-                                                     "prediction back.")
-    # the half-skip profile beside the run's: priced too
-    half = tmp_path / "experiments/results/knapspec/p/lat_b1_forward-static-half.json"
-    half.parent.mkdir(parents=True)
-    from jaxspec.knapspec.latency import LatencyProfile
-    monkeypatch.setattr(LatencyProfile, "load", classmethod(lambda cls, path: type("P", (), {"model": model})()))
-    half.write_text("{}")
-    monkeypatch.setattr(tables, "RESULTS", tmp_path / "experiments/results")
-    text = tables._repriced_tpt(d, "h100", 32000, tput)
-    assert "priced by the half-skip profile (`knapspec/p/lat_b1_forward-static-half.json`) with the DP's alpha" in text
-    # acceptance no better than the DP's alpha: no verdict
-    d["cases"]["h100/summarize/ctx32000/b1/correlation"]["measured_acceptance"] = alphas
-    assert "holds the prediction back" not in tables._repriced_tpt(d, "h100", 32000, tput)
-    assert tables._repriced_tpt({"cases": {}}, "h100", 32000, tput) == ""
+    """The sentence on a reprice-tpt file: the run's own profile with the DP's alpha and with the measured
+    acceptance, each further profile; the verdict only where the acceptance side gains >= 0.1."""
+    rows = [{"profile": "own.json", "method": "forward-static", "alpha": "dp", "pearson_vs_throughput": 0.63},
+            {"profile": "own.json", "method": "forward-static", "alpha": "measured", "pearson_vs_throughput": 0.87},
+            {"profile": "p/half.json", "method": "forward-static-half", "alpha": "dp", "pearson_vs_throughput": 0.65},
+            {"profile": "p/half.json", "method": "forward-static-half", "alpha": "measured",
+             "pearson_vs_throughput": None}]
+    (tmp_path / "knapspec").mkdir()
+    path = tmp_path / "knapspec" / "r.json"
+    path.write_text(json.dumps({"cases": {"h100/summarize/ctx32000/b1/repriced": {"rows": rows}}}))
+    monkeypatch.setattr(tables, "RESULTS", tmp_path)
+    text = tables._repriced_tpt("knapspec/r.json", "h100", 32000)
+    assert "by the same latency model, r = 0.87 with tokens/s against 0.63 with the DP's alpha" in text
+    assert "by the forward-static-half profile (`half.json`) r = 0.65 with the DP's alpha, n/a with the measured" in text
+    assert text.endswith("the DP's alpha, more than the latency model, holds the prediction back.")
+    rows[1]["pearson_vs_throughput"] = 0.70  # a new file: tables.load caches what it read
+    (tmp_path / "knapspec" / "r2.json").write_text(json.dumps({"cases": {"h100/summarize/ctx32000/b1/repriced":
+                                                                          {"rows": rows}}}))
+    assert "holds the prediction back" not in tables._repriced_tpt("knapspec/r2.json", "h100", 32000)
+    assert tables._repriced_tpt("knapspec/r.json", "h100", 16000) == ""
+    assert tables._repriced_tpt("", "h100", 32000) == "" == tables._repriced_tpt("knapspec/none.json", "h100", 32000)
