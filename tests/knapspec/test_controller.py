@@ -502,9 +502,9 @@ def test_cli_generate_knapspec_clasp_static(tmp_path, capsys):
 
     measured = LatencyProfile.load(profile)
     costly = tmp_path / "costly.json"
-    # u = u_n = 0: no many-row price, so the DP's row is priced at v t_step (a measured many-row price
-    # would make the outcome depend on this machine's timings)
-    dataclasses.replace(measured, model=dataclasses.replace(measured.model, v=10.0, u=0.0, u_n=0.0)).save(costly)
+    # u = u_n = 0: no many-row price, so the DP's row is priced at v t_step, and p = 1: plain decoding priced at
+    # t_step (a measured many-row price or decode-loop ratio would make the outcome depend on this machine's load)
+    dataclasses.replace(measured, model=dataclasses.replace(measured.model, v=10.0, u=0.0, u_n=0.0, p=1.0)).save(costly)
     assert base[-2:] == ["--knapspec-max-plan-fraction", "0"]
     budgeted = [str(costly) if x == str(profile) else x for x in base[:-2]]
     out_file = tmp_path / "budgeted.json"
