@@ -208,7 +208,6 @@ def cmd_bench_plain(args) -> Dict[str, Any]:
     """The speculative engine's plain stretch (``plain_decode``, what a controller runs when it decides to decode
     plainly) against the AR decode loop (``decode_loop``) on the same cache, each timed at two lengths so the
     per-step cost comes without the per-call cost: step = (T(n2) - T(n1)) / (n2 - n1)."""
-    import dataclasses as dc
     import pathlib
 
     import jax
@@ -237,6 +236,7 @@ def cmd_bench_plain(args) -> Dict[str, Any]:
         if writer.has(key):
             print(f"[resume] {args.out} already holds {key}", file=sys.stderr)
             continue
+
         def lengths():  # a fresh buffer each call: the calls donate the cache, its lengths too
             return jnp.full((batch,), args.context, jnp.int32)
 

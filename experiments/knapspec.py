@@ -109,7 +109,7 @@ def add_self_spec_args(parser: argparse.ArgumentParser) -> None:
                             "them with the dynamic skip mask; 'forward-static' = the same with each mask compiled "
                             "in (for plans compiled for themselves: --knapspec-static-plans, budget plans, the "
                             "static skip set); '-half' = the skip masks skip every second sub-layer of a kind, not "
-                            "all (savings are not additive on a launch-bound GPU; a plan skips about half); "
+                            "all (a plan skips about half); "
                             "'isolated' = each sub-layer timed alone (the profile file name holds the method)")
     group.add_argument("--reprofile", action="store_true", help=REPROFILE_HELP)
     group.add_argument("--knapspec-objective", default="tpt", choices=["tpt", "tpl"],
@@ -655,8 +655,8 @@ def register(subparsers) -> None:
                         "(full / no-Attention / no-MLP steps with the dynamic skip mask, verification of 1..11 rows); "
                         "'forward-static' = the same with each mask compiled in (plans compiled for themselves: "
                         "--static-plans, budget plans, the static skip set); '-half' = the no-Attention / no-MLP "
-                        "masks skip every second sub-layer of a kind instead of all (a plan skips about half; "
-                        "savings are not additive on a launch-bound GPU); 'isolated' = each "
+                        "masks skip every second sub-layer of a kind instead of all (a plan skips about half); "
+                        "'isolated' = each "
                         "sub-layer timed alone (launch-bound on a GPU)")
     p.add_argument("--trace", action="store_true",
                    help="trace one more run of AR and of each method with jax.profiler: device busy time, idle "

@@ -69,9 +69,9 @@ Three ways to measure (``method``, the profile's ``method`` field):
   there; on the CPU they agree.
 * ``"forward-half"`` / ``"forward-static-half"`` (``half_masks=True``): the same, with ``noattn`` /
   ``nomlp`` skipping every second skippable sub-layer of their kind (``ceil(S / 2)`` of them) and
-  each sub-layer priced at that mask's saving over the number it skips. On a launch-bound GPU the
-  saving of skipping a sub-layer depends on how many others are skipped (docs/methods.md §4.1); the
-  DP's plans skip about half of a kind, so their prices come from masks of that size.
+  each sub-layer priced at that mask's saving over the number it skips: the DP's plans skip about
+  half of a kind, so their prices come from masks of that size, should a device's saving per
+  sub-layer depend on how many are skipped (on an H100 at batch 1 it did not: docs/methods.md §4.1).
 
 Profile files: format 4 adds ``method`` and ``forward``; format-3 files still load (as
 ``method="isolated"``).
@@ -618,8 +618,8 @@ def profile_latency_forward(config: ModelConfig, batch: int = 1, contexts: Seque
     (:meth:`LatencyModel.t_row`; one context: ``u_n = 0``; ``()``: not measured, both 0).
     ``static_masks``: each mask compiled into its own loop (method ``"forward-static"``) instead of the
     dynamic mask's conditionals (``"forward"``). ``half_masks``: ``noattn`` / ``nomlp`` skip every second
-    skippable sub-layer (:func:`forward_skip_masks`; method ``"forward[-static]-half"``): savings of a
-    launch-bound GPU are not additive, and a plan skips about half, not all, of a kind."""
+    skippable sub-layer (:func:`forward_skip_masks`; method ``"forward[-static]-half"``), the size of the
+    plans the DP makes."""
     from jaxspec.models.cache import init_cache
     from jaxspec.models.llama import freeze_skip_mask
 

@@ -58,11 +58,11 @@ def test_half_skip_masks_skip_every_second_skippable_sublayer():
 
 
 def test_half_mask_fit_prices_a_half_plan_where_the_all_mask_fit_overprices_it():
-    """A device whose savings are not additive: skipping k of the S sub-layers of a kind saves
-    ``price * S * (k / S) ** 1.5`` (skipping half saves about a third of skipping all, as measured on
-    an H100 at batch 1: docs/methods.md §4.1). The fit on the all-or-nothing masks then overprices the
-    saving of a plan skipping about half of each kind (predicts it too fast); the fit on the half
-    masks prices exactly the plans of that size."""
+    """A synthetic device whose savings are not additive: skipping k of the S sub-layers of a kind saves
+    ``price * S * (k / S) ** 1.5`` (skipping half saves about a third of skipping all; on an H100 at batch 1
+    savings within a kind were additive, docs/methods.md §4.1). The fit on the all-or-nothing masks then
+    overprices the saving of a plan skipping about half of each kind (predicts it too fast); the fit on the
+    half masks prices exactly the plans of that size."""
     L, n = 28, np.array([2048.0, 12000.0, 22000.0, 32768.0])
     S = latency.skippable_sublayers(L)
 
