@@ -207,7 +207,8 @@ def hlo_copies(text: str, min_bytes: int = 1 << 20) -> Dict[str, Any]:
 def cmd_bench_plain(args) -> Dict[str, Any]:
     """The speculative engine's plain stretch (``plain_decode``, what a controller runs when it decides to decode
     plainly) against the AR decode loop (``decode_loop``) on the same cache, each timed at two lengths so the
-    per-step cost comes without the per-call cost: step = (T(n2) - T(n1)) / (n2 - n1)."""
+    per-step cost comes without the per-call cost: step = (T(n2) - T(n1)) / (n2 - n1). Variants: finished rows
+    reading their history (``skip_finished_rows=False``), and the loop bound static (``static_bound``)."""
     import pathlib
 
     import jax
@@ -255,15 +256,17 @@ def cmd_bench_plain(args) -> Dict[str, Any]:
                 return out
             return call
 
-        def plain_call(engine, n):
+        def plain_call(engine, n, static_bound=False):
             def call():
                 state = loop_state_from_caches(holder["cache"].with_lengths(lengths()), None, pending, pending, engine)
-                state, count = plain_decode(params, state, jnp.int32(n), config=config, engine=engine, steps=n2)
+                state, count = plain_decode(params, state, jnp.int32(n), config=config, engine=engine, steps=n2,
+                                            static_bound=static_bound)
                 holder["cache"] = state.target_cache
                 return count
             return call
 
-        variants = {"ar": ar_call, **{name: (lambda n, e=engine: plain_call(e, n)) for name, engine in engines.items()}}
+        variants = {"ar": ar_call, **{name: (lambda n, e=engine: plain_call(e, n)) for name, engine in engines.items()},
+                    "plain-static-bound": lambda n: plain_call(engines["plain"], n, static_bound=True)}
         rows, texts = [], {}
         for name, make in variants.items():
             calls = {n: make(n) for n in (n1, n2)}
@@ -291,6 +294,10 @@ def cmd_bench_plain(args) -> Dict[str, Any]:
             state = loop_state_from_caches(cache, None, pending, pending, engine)
             texts[name] = plain_decode.lower(params, state, jnp.int32(n2), config=config, engine=engine,
                                              steps=n2).compile().as_text()
+        state = loop_state_from_caches(cache, None, pending, pending, engines["plain"])
+        texts["plain-static-bound"] = plain_decode.lower(params, state, jnp.int32(n2), config=config,
+                                                         engine=engines["plain"], steps=n2,
+                                                         static_bound=True).compile().as_text()
         for row in rows:
             row["hlo"] = hlo_copies(texts[row["variant"]])
             if hlo_dir is not None:

@@ -477,11 +477,15 @@ def summarize(final: LoopState, engine: EngineConfig) -> Dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------- plain decoding
-def plain_decode_fn(params, state: LoopState, num_steps, *, config: ModelConfig, engine: EngineConfig, steps: int):
+def plain_decode_fn(params, state: LoopState, num_steps, *, config: ModelConfig, engine: EngineConfig, steps: int,
+                    static_bound: bool = False):
     """``num_steps`` (traced, 1..``steps``) plain autoregressive steps from the loop state, on the
     same cache, one forward per step from the pending token on; each active row commits its tokens
     up to a stop token or its limit (finished rows run along and commit nothing). ``steps`` (static)
     sizes the token buffer, so every stretch length up to it shares one compile.
+    ``static_bound``: the decode loop counts from ``steps - num_steps`` up to the static ``steps`` instead of
+    from 0 up to the traced ``num_steps`` (no traced bound carried through the loop, as in the AR loop; the
+    tokens are shifted back after it); the same tokens either way.
     Returns (state, tokens committed [B])."""
     batch = state.pending.shape[0]
     active = ~state.done
@@ -491,10 +495,14 @@ def plain_decode_fn(params, state: LoopState, num_steps, *, config: ModelConfig,
     # a forward before the loop would make XLA copy the whole cache into the loop and out of it once per
     # call (two cache copies per stretch; docs/methods.md §5.2)
     tokens = constrain(jnp.full((batch, steps), PAD_OUTPUT, jnp.int32), ACTIVATION_AXES["output_tokens"])
+    start, end = (steps - jnp.minimum(steps, num_steps), steps) if static_bound else (0, jnp.minimum(steps, num_steps))
     tokens, cache = decode_steps(params, state.target_cache.with_lengths(state.committed - 1), state.pending,
-                                 state.done, tokens, loop_key, 0, jnp.minimum(steps, num_steps), config=config,
+                                 state.done, tokens, loop_key, start, end, config=config,
                                  sampling=engine.sampling, stop_tokens=tuple(engine.stop_tokens),
                                  skip_finished=engine.skip_finished_rows)
+    if static_bound:  # the stretch's tokens sit in columns start .. steps - 1: move them to 0 ..
+        padded = jnp.concatenate([tokens, jnp.full_like(tokens, PAD_OUTPUT)], axis=1)
+        tokens = jax.lax.dynamic_slice_in_dim(padded, start, steps, axis=1)
     position = jnp.arange(steps)[None, :]
     is_stop = jnp.isin(tokens, stop)
     first_stop = jnp.where(is_stop.any(axis=1), jnp.argmax(is_stop, axis=1), steps)
@@ -515,7 +523,8 @@ def plain_decode_fn(params, state: LoopState, num_steps, *, config: ModelConfig,
     return state, count
 
 
-plain_decode = jax.jit(plain_decode_fn, static_argnames=("config", "engine", "steps"), donate_argnames=("state",))
+plain_decode = jax.jit(plain_decode_fn, static_argnames=("config", "engine", "steps", "static_bound"),
+                       donate_argnames=("state",))
 
 
 def catch_up_fn(draft_params, state: LoopState, previous, num_out, committed, *, draft_policy, steps: int):

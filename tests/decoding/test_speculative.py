@@ -393,3 +393,40 @@ def test_plain_decoding_reuses_the_donated_cache(models):
     shape = f"f32[{','.join(map(str, cache.keys[0].shape))}]"
     assert "while" in hlo and shape in hlo
     assert _entry_copies(hlo, shape) == []
+
+
+@pytest.mark.parametrize("num_steps", [1, 5, 16])
+def test_plain_decoding_with_a_static_bound_commits_the_same_tokens(models, num_steps):
+    """``static_bound``: the loop counts up to the static buffer size from a traced start, and the tokens are moved
+    back after it; the state it returns equals the traced bound's, with a stop token, a row that finishes on its
+    limit and one already done; no copy of a cache buffer in the program's entry either way."""
+    from jaxspec.decoding.speculative import loop_state_from_caches, plain_decode
+
+    target_params, _ = models
+    cache = init_cache(TARGET, 3, 64).with_lengths(jnp.array([5, 17, 40], jnp.int32))
+    filled = plain_decode(target_params, loop_state_from_caches(cache, None, jnp.array([1, 2, 3]),
+                                                                jnp.array([4, 5, 6]), EngineConfig(gamma=3, max_new_tokens=16)),
+                          jnp.int32(6), config=TARGET, engine=EngineConfig(gamma=3, max_new_tokens=16), steps=16)[0]
+    stop = int(np.asarray(filled.out)[0, 3])  # a token row 0 samples: it stops there
+    first_stop = int(np.argmax(np.asarray(filled.out)[0, 1:] == stop)) + 1  # its first sampled position
+    engine = EngineConfig(gamma=3, max_new_tokens=12, stop_tokens=(stop,))
+
+    def state():
+        fresh = init_cache(TARGET, 3, 64).with_lengths(jnp.array([5, 17, 40], jnp.int32))
+        s = loop_state_from_caches(fresh, None, jnp.array([1, 2, 3]), jnp.array([4, 5, 6]), engine,
+                                   done=jnp.array([False, False, True]))
+        return s._replace(num_out=jnp.array([1, 6, 1], jnp.int32))  # row 1 reaches its 12-token limit first
+
+    got = {}
+    for bound in (False, True):
+        s, count = plain_decode(target_params, state(), jnp.int32(num_steps), config=TARGET, engine=engine, steps=16,
+                                static_bound=bound)
+        got[bound] = (np.asarray(count), np.asarray(s.out), np.asarray(s.num_out), np.asarray(s.done),
+                      np.asarray(s.pending), np.asarray(s.previous), np.asarray(s.target_cache.lengths),
+                      np.asarray(s.target_cache.keys[0]))
+    for a, b in zip(got[False], got[True]):
+        np.testing.assert_array_equal(a, b)
+    assert got[True][0].tolist() == [min(num_steps, first_stop), min(num_steps, 6), 0]
+    hlo = plain_decode.lower(target_params, state(), jnp.int32(4), config=TARGET, engine=engine, steps=16,
+                             static_bound=True).compile().as_text()
+    assert _entry_copies(hlo, f"f32[{','.join(map(str, cache.keys[0].shape))}]") == []

@@ -284,7 +284,8 @@ def test_bench_plain_times_both_loops_at_two_lengths_and_counts_copies(tmp_path)
             "--new-tokens", "8", "--repeats", "2", "--attention-backend", "xla", "--hlo-dir", str(hlo), "--out", str(out)]
     assert main(argv) == 0
     rows = json.loads(out.read_text())["cases"]["smollm2-135m-shape/ctx64/b2/n8"]
-    assert [r["variant"] for r in rows] == ["ar", "plain", "plain-keep-finished"] and rows[0]["step_over_ar"] == 1
+    assert [r["variant"] for r in rows] == ["ar", "plain", "plain-keep-finished", "plain-static-bound"]
+    assert rows[0]["step_over_ar"] == 1
     for row in rows:
         assert (row["n1"], row["n2"]) == (2, 8) and all(len(v) == 2 for v in row["samples_s"].values())
         assert row["step_ms"] == pytest.approx((row["call_n2_ms"] - row["call_n1_ms"]) / 6)
