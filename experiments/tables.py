@@ -123,6 +123,12 @@ DECODE = "bench_decode/bench_decode_qwen2.5-7b-shape_8k-32k_b16_h200.json"
 GENERATE_AR = "generate/generate_smollm2-135m_ar_6.6k_b16_h200.json"
 SKIP = "bench_skip/bench_skip_qwen2.5-7b-shape_8k_b16_h200.json"
 SKIP_CMDBUF = "bench_skip/bench_skip_qwen2.5-7b-shape_8k_b16_cmdbuf_h200.json"
+#: the engine's plain stretch against the AR loop on one cache (bench-plain), per GPU: (file, suite)
+BENCH_PLAIN = {"h100": ("bench_plain/bench_plain_qwen2.5-1.5b-shape_32k_b1-16_h100.json", "h100-long-context"),
+               "h200": ("bench_plain/bench_plain_qwen2.5-1.5b-shape_32k_b1-16_h200.json", "h200-ar-decode")}
+PLAIN_VARIANTS = (("ar", "the AR loop"), ("plain", "the engine's plain stretch"),
+                  ("plain-keep-finished", "the same, finished rows reading their history"),
+                  ("plain-static-bound", "the stretch with a static loop bound"))
 PARITY = {("smollm2-135m", "cpu"): "parity/parity_smollm2-135m_cpu.json",
           ("smollm2-135m", "h200"): "parity/parity_smollm2-135m_h200.json",
           ("qwen2.5-7b-shape", "h200"): "parity/parity_qwen2.5-7b-shape_h200.json",
@@ -3038,6 +3044,15 @@ def _figures() -> List[Figure]:
     add(Figure("speculative/skip-mask/qwen2.5-7b-shape/ctx8192/b16/device-conditionals/dynamic-keep-all",
                "the same with device-side conditionals (command buffers)", "ms", SKIP_CMDBUF,
                _skip_ms("dynamic (lax.cond)", "no_skip")))
+    for tag, (source, _) in BENCH_PLAIN.items():
+        if not (RESULTS / source).exists():
+            continue
+        for case in load(source)["cases"]:
+            batch = case.split("/b")[1].split("/")[0]
+            for variant, what in PLAIN_VARIANTS[1:]:
+                add(Figure(f"speculative/plain-stretch/qwen2.5-1.5b-shape/ctx32000/b{batch}/{tag}/{variant}/step-over-ar",
+                           f"{what} vs the AR loop, per step beyond the per-call cost, 1.5B shape, 32k, batch {batch}",
+                           "x AR step", source, ("cases", case, {"variant": variant}, "step_over_ar")))
     # Dustin speed
     add(Figure("dustin/acceptance/qwen2.5-coder-1.5b+qwen2.5-coder-0.5b/ctx2k/b1/cpu/tau",
                "tau of the real Qwen2.5-Coder 1.5B + 0.5B pair, gamma 4, 2k-token prompt", "tokens/round", PAIR_TAU,
@@ -3860,6 +3875,28 @@ def skip_table() -> str:
             lines += ["", f"Skip-mask variants ({key}, {what}; `{source}`):", "",
                       "| variant | mask | first call s (compile) | ms / forward |", "|---|---|---|---|"]
             lines += [f"| {r['variant']} | {r['mask']} | {r['compile_s']:.2f} | {r['ms']:.2f} |" for r in rows]
+    return "\n".join(lines[1:])
+
+
+def plain_table() -> str:
+    """bench-plain: the engine's plain stretch, its variants and the AR loop on one cache, per step (two call lengths'
+    difference) and per call, with the compiled programs' copies; or which suite step measures it."""
+    lines = []
+    for tag, (source, suite) in BENCH_PLAIN.items():
+        gpu = "an H100" if tag == "h100" else "the H200"
+        if not (RESULTS / source).exists():
+            lines += ["", f"The engine's plain stretch against the AR loop on {gpu} (bench-plain, suite {suite} step "
+                          "plain-vs-ar-32k): not measured yet."]
+            continue
+        for case, rows in load(source)["cases"].items():
+            labels = dict(PLAIN_VARIANTS)
+            lines += ["", f"The engine's plain stretch against the AR loop on {gpu} ({case}, random weights; "
+                          f"`{source}`): each timed at {rows[0]['n1']} and {rows[0]['n2']} steps, the step is the "
+                          "difference over the extra steps, the per-call cost what is left of the short call.", "",
+                      "| variant | ms / step | x AR step | ms / call beyond the steps | copies (>= 1 MiB) |",
+                      "|---|---|---|---|---|"]
+            lines += [f"| {labels.get(r['variant'], r['variant'])} | {r['step_ms']:.3f} | {r['step_over_ar']:.3f} "
+                      f"| {r['per_call_ms']:.2f} | {r['hlo']['copies']} ({len(r['hlo']['large'])}) |" for r in rows]
     return "\n".join(lines[1:])
 
 
@@ -5797,7 +5834,7 @@ def results_markdown() -> str:
                 "GPU in bf16 the 5-row verification and the 1-row decode round differently, so near-tied greedy "
                 "choices can flip. The fixed-acceptance runs (random 7B/0.5B shapes) draw each round's accepted "
                 "count from a distribution with the SmolLM2 run's tau: their timings are real, their tokens are not.",
-                ("speculative/",), [speculative_tables(), skip_table()],
+                ("speculative/",), [speculative_tables(), skip_table(), plain_table()],
                 [f"Self-speculation on real SmolLM2 at 767 tokens is slower than AR "
                  f"({v('speculative/self-draft/smollm2-135m/ctx767/b16/h200/speedup-vs-ar')} at tau "
                  f"{v('speculative/self-draft/smollm2-135m/ctx767/b16/h200/tau')}): a 135M model is launch-bound, so "

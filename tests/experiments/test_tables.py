@@ -272,3 +272,20 @@ def test_repriced_tpt_tells_which_side_of_the_prediction_holds_the_correlation_b
     assert "holds the prediction back" not in tables._repriced_tpt("knapspec/r2.json", "h100", 32000)
     assert tables._repriced_tpt("knapspec/r.json", "h100", 16000) == ""
     assert tables._repriced_tpt("", "h100", 32000) == "" == tables._repriced_tpt("knapspec/none.json", "h100", 32000)
+
+
+def test_plain_table_reads_a_bench_plain_file_and_names_the_missing_step(tmp_path, monkeypatch):
+    """A bench-plain file (as the experiment writes it, tests/experiments/test_cli.py) becomes a table per case, each
+    variant's step against the AR loop's; a missing file names its suite and step; the figures follow the file."""
+    from experiments.run import main
+
+    out = tmp_path / "bench_plain" / "b.json"
+    assert main(["bench-plain", "--shape", "smollm2-135m-shape", "--layers", "2", "--context", "64", "--batches", "2",
+                 "--new-tokens", "8", "--repeats", "1", "--attention-backend", "xla", "--out", str(out)]) == 0
+    monkeypatch.setattr(tables, "RESULTS", tmp_path)
+    monkeypatch.setattr(tables, "BENCH_PLAIN", {"h100": ("bench_plain/b.json", "h100-long-context"),
+                                                "h200": ("bench_plain/none.json", "h200-ar-decode")})
+    text = tables.plain_table()
+    assert "on an H100 (smollm2-135m-shape/ctx64/b2/n8, random weights; `bench_plain/b.json`): each timed at 2 and 8" in text
+    assert "| the AR loop |" in text and "| 1.000 |" in text and "| the stretch with a static loop bound |" in text
+    assert "on the H200 (bench-plain, suite h200-ar-decode step plain-vs-ar-32k): not measured yet." in text
