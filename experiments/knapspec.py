@@ -83,6 +83,8 @@ SELF_SPEC_METHODS = ("knapspec", "clasp", "static-skip", "knapspec-budget")
 #: reads the self-speculative options and the sparse ones (--budget, --dustin-profile, --dustin-mode, --draft-kv, ...)
 KNAPSPEC_DUSTIN = "knapspec-dustin"
 DEFAULT_CALIBRATION_FILE = DEMO_PROMPT_FILE
+#: ``--latency-fit`` choices: jaxspec.knapspec.latency.FIT_METHODS (kept here so the parser imports no jax; a test
+#: holds the two equal)
 LATENCY_FITS = ("isolated", "forward", "forward-static", "forward-half", "forward-static-half")
 REPROFILE_HELP = ("measure the latency profile again even if a matching one is saved (a saved profile does not "
                   "record which code it timed); the old file is kept, renamed *.replaced-<time>.json. A resumed --out "
@@ -95,8 +97,10 @@ def _token_slope(m) -> str:
 
 
 def _forward_fit_kwargs(fit: str) -> dict:
-    """``profile_latency_forward`` options of a ``forward[-static][-half]`` latency fit."""
-    return {"static_masks": fit.startswith("forward-static"), "half_masks": fit.endswith("-half")}
+    """``profile_latency_forward`` options of a ``forward[-static][-half]`` latency fit (those of its profiler)."""
+    from jaxspec.knapspec.latency import PROFILERS
+
+    return dict(getattr(PROFILERS[fit], "keywords", {}))
 
 
 def add_self_spec_args(parser: argparse.ArgumentParser) -> None:
@@ -438,7 +442,8 @@ def load_latency(args, config, batch: int, n_max: int, params=None):
         measured.append(True)
         m = profile.model
         print(f"latency profile ({fit}): t_mlp = {m.c1 * 1e6:.1f} us, t_attn(n) = {m.c2 * 1e9:.3f} ns * n + "
-              f"{m.c3 * 1e6:.1f} us, t_token = {m.c0 * 1e6:.1f} us{_token_slope(m)}, v = {m.v:.3f}", file=sys.stderr, flush=True)
+              f"{m.c3 * 1e6:.1f} us, t_token = {m.c0 * 1e6:.1f} us{_token_slope(m)}, v = {m.v:.3f}", file=sys.stderr,
+              flush=True)
         return profile
 
     profile: LatencyProfile = load_or_profile(path, config, batch, profile_fn=profile_fn, method=fit,
@@ -1666,7 +1671,8 @@ def cmd_knapspec(args) -> Dict[str, Any]:
         profile = resumed_latency_profile(writer, batch, profile, path)
         m = profile.model
         print(f"latency (batch {batch}, {profile.method} fit): t_mlp = {m.c1 * 1e6:.1f} us, "
-              f"t_attn(n) = {m.c2 * 1e9:.3f} ns * n + {m.c3 * 1e6:.1f} us, t_token = {m.c0 * 1e6:.1f} us{_token_slope(m)}, "
+              f"t_attn(n) = {m.c2 * 1e9:.3f} ns * n + {m.c3 * 1e6:.1f} us, "
+              f"t_token = {m.c0 * 1e6:.1f} us{_token_slope(m)}, "
               f"verify row cost v = {m.v:.3f}",
               file=sys.stderr, flush=True)
         writer.set(f"latency_b{batch}", {"path": str(path), "device": profile.device, "fit": m.as_dict(),
@@ -1984,13 +1990,6 @@ def _finalist_masks(masks: np.ndarray, finalists: int) -> np.ndarray:
     return pool[index]
 
 
-def _pearson_or_none(x: Sequence[float], y: Sequence[float]) -> Optional[float]:
-    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
-    if x.size < 3 or x.std() == 0 or y.std() == 0:
-        return None
-    return float(np.corrcoef(x, y)[0, 1])
-
-
 def cmd_reprice_tpt(args) -> Dict[str, Any]:
     """A TPT-correlation run's candidate plans (``knapspec --candidate-plans``) priced again as the planner prices
     them -- the exit-free TPT at each candidate's gamma, at the candidates' context -- with the DP's alpha and with
@@ -2011,17 +2010,19 @@ def cmd_reprice_tpt(args) -> Dict[str, Any]:
     if "latency_b1" not in data or not any(k.endswith("/correlation") for k in data.get("cases", {})):
         raise ValueError(f"--from={args.source}: not a knapspec TPT-correlation run (no batch-1 latency profile and "
                          f"correlation case)")
+    cases = {}  # correlation case key -> (candidates, correlation): those with >= 3 plans, all candidates timed
+    for key, corr in data["cases"].items():
+        cands = data["cases"].get(key[: -len("correlation")] + "candidates") if key.endswith("/correlation") else None
+        if cands and corr.get("plans", 0) >= 3 and len(cands.get("candidates") or []) == len(corr["tokens_per_s"]):
+            cases[key] = (cands, corr)
+    if not cases:
+        raise ValueError(f"--from={args.source}: no correlation case with >= 3 candidate plans")
     models = [(data["latency_b1"]["path"], data["latency_b1"].get("method"), LatencyModel(**data["latency_b1"]["fit"]))]
     for path in extra:
         profile = LatencyProfile.load(path)
         models.append((str(path), profile.method, profile.model))
     writer = ResultWriter(args.out, "reprice-tpt", config_of(args))
-    for key, corr in data["cases"].items():
-        if not key.endswith("/correlation") or corr.get("plans", 0) < 3:
-            continue
-        cands = data["cases"].get(key[: -len("correlation")] + "candidates")
-        if not cands or len(cands.get("candidates") or []) != len(corr["tokens_per_s"]):
-            continue
+    for key, (cands, corr) in cases.items():
         rows, n, tput = cands["candidates"], float(cands["plan"]["n"]), corr["tokens_per_s"]
         out_rows = []
         for path, method, model in models:
@@ -2030,13 +2031,11 @@ def cmd_reprice_tpt(args) -> Dict[str, Any]:
                                              (int(r["gamma"]),), "tpt", model.t_token(n), model.v, model.a)[0, 0])
                        for r, a in zip(rows, alphas)]
                 out_rows.append({"profile": path, "method": method, "alpha": alpha_source, "predicted_tpt": tpt,
-                                 "pearson_vs_throughput": _pearson_or_none(tpt, tput)})
+                                 "pearson_vs_throughput": pearson(tpt, tput)})
         case = key[: -len("correlation")] + "repriced"
         writer.add(case, {"source": str(source), "plans": len(rows), "n": n, "tokens_per_s": tput, "rows": out_rows})
         print_table([{k: v for k, v in r.items() if k != "predicted_tpt"} for r in out_rows],
                     title=f"{case}: the candidates' TPT priced again, Pearson with tokens/s")
-    if not writer.data.get("cases"):
-        raise ValueError(f"--from={args.source}: no correlation case with >= 3 candidate plans")
     return writer.data
 
 

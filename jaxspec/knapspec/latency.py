@@ -279,7 +279,8 @@ class LatencyProfile:
         model = data["model"]
         names = {f.name for f in dataclasses.fields(LatencyModel)}
         if not isinstance(model, dict) or not {"c1", "c2", "c3"} <= set(model) or set(model) - names:
-            raise ValueError(f"{source}: model {model!r} must hold c1, c2, c3 (and optionally c0, v, a, u, u_n, p, c0_n)")
+            raise ValueError(f"{source}: model {model!r} must hold c1, c2, c3 (and optionally "
+                             f"{', '.join(sorted(names - {'c1', 'c2', 'c3'}))})")
         for key, value in model.items():
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise ValueError(f"{source}: model coefficient {key} = {value!r} is not a finite number")

@@ -55,6 +55,10 @@ def test_half_skip_masks_skip_every_second_skippable_sublayer():
     assert [latency.fit_method(s, h) for s in (False, True) for h in (False, True)] == [
         "forward", "forward-half", "forward-static", "forward-static-half"]
     assert set(latency.PROFILERS) == set(latency.FIT_METHODS)
+    from experiments import knapspec as self_spec
+    assert self_spec.LATENCY_FITS == latency.FIT_METHODS
+    assert [self_spec._forward_fit_kwargs(m) for m in ("forward", "forward-static", "forward-static-half")] == [
+        {}, {"static_masks": True}, {"static_masks": True, "half_masks": True}]
 
 
 def test_half_mask_fit_prices_a_half_plan_where_the_all_mask_fit_overprices_it():
