@@ -874,7 +874,7 @@ _FORWARDS: Dict[Any, Any] = {}
 
 
 def forward_times(model: Model, prefilled, mask, verify_rows: int, repeats: int = 5,
-                  steps_per_call: int = 4) -> Dict[str, float]:
+                  steps_per_call: int = 4, long_steps_per_call: int = 0) -> Dict[str, float]:
     """Median seconds of one draft forward (1 token) with the dynamic skip ``mask`` (a ``lax.cond``
     per sub-layer) and with the same mask static (skipped sub-layers removed at trace time, one
     compile per mask), and of one verification forward (``verify_rows`` tokens, full model) on the
@@ -885,7 +885,9 @@ def forward_times(model: Model, prefilled, mask, verify_rows: int, repeats: int 
     in one jitted loop carrying the (donated) cache, per forward (median of ``repeats`` calls, the two
     variants round-robin); on a copy of the cache. A call per forward returning only the logits lets
     XLA drop the forward's cache writes and pays its own dispatch; the profile and the draft loop
-    write the cache inside one compiled loop."""
+    write the cache inside one compiled loop. ``long_steps_per_call`` (the profile's, 0: none): each loop
+    is timed at that call length too and its step is the slope between the two, without the call's
+    fixed cost, as the profile's steps are."""
     import jax
     import jax.numpy as jnp
 
@@ -917,11 +919,11 @@ def forward_times(model: Model, prefilled, mask, verify_rows: int, repeats: int 
         _FORWARDS["static_loop"] = jax.jit(forward_loop_fn, static_argnames=("config", "steps", "mask"),
                                            donate_argnames=("cache",))
     static_loop, steps = _FORWARDS["static_loop"], int(steps_per_call)
-    calls = {"draft_step_in_loop_s": lambda c: forward_loop(model.params, c, one, mask, config=config, steps=steps),
-             "draft_step_static_in_loop_s": lambda c: static_loop(model.params, c, one, mask=frozen, config=config,
-                                                                  steps=steps)}
-    out.update(_in_loop_step_s(calls, cache, repeats, steps))
-    out["draft_steps_per_call"] = steps
+    calls = {"draft_step_in_loop_s": lambda c, k: forward_loop(model.params, c, one, mask, config=config, steps=k),
+             "draft_step_static_in_loop_s": lambda c, k: static_loop(model.params, c, one, mask=frozen,
+                                                                     config=config, steps=k)}
+    out.update(_in_loop_step_s(calls, cache, repeats, steps, long_steps_per_call))
+    out.update(draft_steps_per_call=steps, draft_long_steps_per_call=int(long_steps_per_call))
     return out
 
 
@@ -938,23 +940,37 @@ def _median_call_s(call, repeats: int) -> float:
     return float(np.median(times))
 
 
-def _in_loop_step_s(calls: Dict[str, Any], cache, repeats: int, steps: int) -> Dict[str, float]:
-    """Per-forward median seconds of each ``calls[name](cache) -> (tokens, cache)`` (``steps`` forwards in
+def _in_loop_step_s(calls: Dict[str, Any], cache, repeats: int, steps: int, long_steps: int = 0) -> Dict[str, float]:
+    """Per-forward median seconds of each ``calls[name](cache, k) -> (tokens, cache)`` (``k`` forwards in
     one jitted loop donating the cache), round-robin over the names on one copy of ``cache``; the first
-    round compiles and is not timed."""
+    round compiles and is not timed. With ``long_steps`` each is timed at ``steps`` and ``long_steps`` a
+    call and its forward is the slope between the two (the call's fixed cost off,
+    :func:`~jaxspec.knapspec.latency.call_overhead`); ``<name>_call_overhead_s`` is that cost."""
     import jax
 
+    from jaxspec.knapspec.latency import call_overhead
+
+    lengths = (steps, long_steps) if long_steps else (steps,)
     state = {"cache": _copy(cache)}
-    times: Dict[str, List[float]] = {k: [] for k in calls}
+    times: Dict[tuple, List[float]] = {(name, k): [] for name in calls for k in lengths}
     for round_ in range(1 + repeats):
         for name, call in calls.items():
-            start = time.perf_counter()
-            tokens, state["cache"] = call(state["cache"])
-            jax.block_until_ready(tokens)
-            if round_:
-                times[name].append((time.perf_counter() - start) / steps)
+            for k in lengths:
+                start = time.perf_counter()
+                tokens, state["cache"] = call(state["cache"], k)
+                jax.block_until_ready(tokens)
+                if round_:
+                    times[(name, k)].append((time.perf_counter() - start) / k)
     del state
-    return {name: float(np.median(t)) for name, t in times.items()}
+    out = {}
+    for name in calls:
+        step = float(np.median(times[(name, steps)]))
+        if long_steps:
+            fixed = call_overhead(step, float(np.median(times[(name, long_steps)])), steps, long_steps)
+            out[f"{name}_call_overhead_s"] = fixed
+            step -= fixed / steps
+        out[name] = step
+    return out
 
 
 def _budget_loop_fn(params, cache, tokens, *, config, plan, sinks, window, steps):
@@ -978,11 +994,12 @@ def _budget_loop_fn(params, cache, tokens, *, config, plan, sinks, window, steps
 
 
 def budget_draft_times(model: Model, prefilled, plan, sinks: int, window: int, repeats: int = 5,
-                       steps_per_call: int = 4) -> Dict[str, float]:
+                       steps_per_call: int = 4, long_steps_per_call: int = 0) -> Dict[str, float]:
     """One draft forward under a budget ``plan`` (docs/methods.md §5.4: dense, budgeted or skipped
     Attention per layer), timed as :func:`forward_times` times the static skip mask: one jitted call,
     and ``steps_per_call`` forwards in one jitted loop carrying the (donated) cache, per forward
-    (median of ``repeats``; on a copy of the cache)."""
+    (median of ``repeats``; on a copy of the cache); with ``long_steps_per_call`` the slope between the two
+    call lengths, as :func:`forward_times`."""
     import jax
     import jax.numpy as jnp
 
@@ -997,9 +1014,9 @@ def budget_draft_times(model: Model, prefilled, plan, sinks: int, window: int, r
         _FORWARDS["budget_loop"] = jax.jit(_budget_loop_fn, static_argnames=("config", "plan", "sinks", "window",
                                                                             "steps"), donate_argnames=("cache",))
     loop, steps = _FORWARDS["budget_loop"], int(steps_per_call)
-    looped = _in_loop_step_s({"draft_step_budget_in_loop_s": lambda c: loop(
-        model.params, c, one, config=config, plan=frozen, sinks=sinks, window=window, steps=steps)},
-        cache, repeats, steps)
+    looped = _in_loop_step_s({"draft_step_budget_in_loop_s": lambda c, k: loop(
+        model.params, c, one, config=config, plan=frozen, sinks=sinks, window=window, steps=k)},
+        cache, repeats, steps, long_steps_per_call)
     return {"draft_forward_budget_s": single, **looped, "draft_steps_per_call": steps}
 
 
@@ -1036,6 +1053,8 @@ class Case:
         self.latency_method = profile.method
         # the forward profile's forwards per timed call (the draft-step check times its forwards alike)
         self.profile_steps_per_call = int((getattr(profile, "forward", None) or {}).get("steps_per_call", 4))
+        # and its second call length (0: the profile kept each call's fixed cost in its steps)
+        self.profile_long_steps = int((getattr(profile, "forward", None) or {}).get("long_steps_per_call", 0))
         self.static_plan = static_plan
         self.key = f"{args.device_tag}/{task}/ctx{context}/b{batch}"
         cfg = model.config
@@ -1173,11 +1192,12 @@ class Case:
         final_mask = np.asarray(metrics["final_skip_mask"], bool)
         bucket = max(metrics.get("gamma_buckets_used") or [self.args.gamma_max])
         fwd = forward_times(self.model, self.prefill(), final_mask, bucket + 1,
-                            steps_per_call=self.profile_steps_per_call)
+                            steps_per_call=self.profile_steps_per_call, long_steps_per_call=self.profile_long_steps)
         budget = metrics.get("budget_plan") if method == "knapspec-budget" else None
         if budget:  # the draft runs the plan's dense / budgeted / skipped sub-layers, not a skip mask
             fwd.update(budget_draft_times(self.model, self.prefill(), budget["codes"], budget["sinks"],
-                                          budget["window"], steps_per_call=self.profile_steps_per_call))
+                                          budget["window"], steps_per_call=self.profile_steps_per_call,
+                                          long_steps_per_call=self.profile_long_steps))
         draft_est = metrics["draft_steps"] * fwd["draft_forward_budget_s" if budget else "draft_forward_s"]
         verify_est = rounds * fwd["verify_forward_s"]
         ar_est = metrics["ar_steps"] * ar["step_s"]

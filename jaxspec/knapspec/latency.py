@@ -98,9 +98,10 @@ from jaxspec.models.attention import backend_of
 #: Context lengths the paper profiles (1k .. 25k); callers usually cap them at the evaluated context.
 DEFAULT_CONTEXTS = tuple(range(1024, 25 * 1024 + 1, 2048))
 #: 2: the per-token constant c0; 3: the verification row cost v (older profiles are re-measured);
-#: 4: ``method`` ("isolated" | "forward") and the forward measurements (format 3 still loads)
-FORMAT_VERSION = 6
-READABLE_FORMATS = (3, 4, 5, 6)
+#: 4: ``method`` ("isolated" | "forward") and the forward measurements (format 3 still loads);
+#: 7: a forward profile's per-call cost (``long_steps_per_call``; older forward profiles are measured again)
+FORMAT_VERSION = 7
+READABLE_FORMATS = (3, 4, 5, 6, 7)
 #: how the coefficients were measured: one sub-layer per call, or whole forwards of the model
 FIT_METHODS = ("isolated", "forward", "forward-static", "forward-half", "forward-static-half")
 #: verification rows (gamma + 1) timed by the forward profiler
@@ -571,6 +572,18 @@ def row_price_line(contexts: Sequence[int], slopes: Sequence[float]) -> Tuple[fl
     return s_lo - u_n * float(n_lo), u_n, clamped
 
 
+def call_overhead(short_step: float, long_step: float, short: int, long: int) -> float:
+    """Fixed seconds per call of a loop timed at two call lengths: ``short_step`` / ``long_step`` are
+    seconds per step of calls of ``short`` / ``long`` steps; the step is the slope
+    ``(long * long_step - short * short_step) / (long - short)`` and the call's fixed cost what a short
+    call spends beyond ``short`` of them. Clipped to ``[0, short * short_step / 2]``: noise never
+    makes a call cheaper than its steps, nor leaves a step at less than half of what it measured."""
+    if not 0 < short < long:
+        raise ValueError(f"call lengths {short} and {long}: need 0 < short < long")
+    slope = (long * float(long_step) - short * float(short_step)) / (long - short)
+    return float(min(max(0.0, short * (float(short_step) - slope)), short * float(short_step) / 2))
+
+
 def forward_loop_fn(params, cache, tokens, mask, *, config, steps):
     """``steps`` forwards of ``tokens`` rows at the cache's current lengths (every step writes
     the same slots), each fed the previous step's greedy tokens so the steps run in order."""
@@ -603,7 +616,8 @@ def profile_latency_forward(config: ModelConfig, batch: int = 1, contexts: Seque
                             verify_rows: Sequence[int] = DEFAULT_VERIFY_ROWS, steps_per_call: int = 4,
                             bulk_rows: Sequence[int] = DEFAULT_BULK_ROWS,
                             timer: Optional[Callable[[tuple, Callable[[], Any]], float]] = None,
-                            static_masks: bool = False, half_masks: bool = False) -> LatencyProfile:
+                            static_masks: bool = False, half_masks: bool = False,
+                            long_steps_per_call: Optional[int] = None) -> LatencyProfile:
     """Measure ``T_full / T_noattn / T_nomlp`` at each context and ``T_verify(r)`` at the largest,
     on whole forwards of the model (``params``, default random ones of ``config``), and fit them
     with :func:`fit_forward`. Each timed call runs ``steps_per_call`` forwards in one jitted
@@ -612,8 +626,14 @@ def profile_latency_forward(config: ModelConfig, batch: int = 1, contexts: Seque
     ``steps_per_call``. The variants of one context (full / noattn / nomlp; the verification
     row counts) are timed round-robin, so load drift on a shared machine does not bias their
     differences. ``timer(key, call) -> seconds of one call`` replaces the clock (tests; it is
-    called for the warm-up rounds too); ``key`` is ``(kind, n, rows)`` with kind
-    ``full | noattn | nomlp | verify | bulk``. ``bulk_rows``: row counts of the full model's forwards
+    called for the warm-up rounds too); ``key`` is ``(kind, n, rows, steps)`` with kind
+    ``full | noattn | nomlp | verify | bulk | plain`` and ``steps`` the forwards in the call.
+    ``long_steps_per_call`` (default ``4 * steps_per_call``; 0: off): the full forward (and the decode loop)
+    is timed at this call length too, at every context, so each call's fixed cost -- dispatch, the host
+    waiting for the result, whatever a call does once -- is measured, ``o = C_short - s (C_long - C_short) /
+    (l - s)``, and taken off every variant's step at that context (docs/methods.md §4.1): the decode
+    loops the engine runs pay it once per stretch, not once per step, and a fit that keeps it prices
+    every step (plain decoding's most of all) too dear. ``bulk_rows``: row counts of the full model's forwards
     whose least-squares slope is the price of one more row at scale, timed at the largest context and
     at the smallest one above the most rows; the line through the two slopes is ``u + u_n n``
     (:meth:`LatencyModel.t_row`; one context: ``u_n = 0``; ``()``: not measured, both 0).
@@ -626,6 +646,10 @@ def profile_latency_forward(config: ModelConfig, batch: int = 1, contexts: Seque
 
     if warmup < 1 or repeats < 1 or steps_per_call < 1:
         raise ValueError(f"warmup={warmup}, repeats={repeats} and steps_per_call={steps_per_call} must be >= 1")
+    long_steps = 4 * int(steps_per_call) if long_steps_per_call is None else int(long_steps_per_call)
+    if long_steps and long_steps <= steps_per_call:
+        raise ValueError(f"long_steps_per_call={long_steps_per_call}: must exceed steps_per_call={steps_per_call} "
+                         f"(or be 0: no per-call cost measured)")
     contexts = sorted({int(n) for n in contexts})
     rows_list = sorted({int(r) for r in verify_rows})
     if rows_list and (len(rows_list) < 2 or rows_list[0] < 1):
@@ -665,7 +689,7 @@ def profile_latency_forward(config: ModelConfig, batch: int = 1, contexts: Seque
             for key, call in calls:
                 seconds = float(timer(key, call))
                 if round_ >= warmup:
-                    out[key].append(seconds / steps)
+                    out[key].append(seconds / key[3])
         return out
 
     def measure(group, cache, plain=False):
@@ -677,56 +701,80 @@ def profile_latency_forward(config: ModelConfig, batch: int = 1, contexts: Seque
 
         state = {"cache": cache}
 
-        def caller(tokens, mask):
+        def caller(tokens, mask, k):
             def call():
-                out, state["cache"] = loop(params, state["cache"], tokens, mask=mask, config=config, steps=steps)
+                out, state["cache"] = loop(params, state["cache"], tokens, mask=mask, config=config, steps=k)
                 return out
             return call
 
-        calls = [(key, caller(tokens, mask)) for key, tokens, mask in group]
+        calls = [(key, caller(tokens, mask, key[3])) for key, tokens, mask in group]
         if plain:
             start = jnp.copy(cache.lengths)  # the loop donates the cache (lengths too)
             logits = jnp.zeros((batch, config.vocab_size), jnp.float32)
 
-            def plain_call():
-                out, after = decode_loop(params, state["cache"], logits, jax.random.PRNGKey(0), config=config,
-                                         sampling=SamplingConfig(), max_new_tokens=steps + 1, stop_tokens=())
-                state["cache"] = after.with_lengths(jnp.copy(start))  # a fresh buffer: the next call donates it
-                return out
+            def plain_caller(k):
+                def plain_call():
+                    out, after = decode_loop(params, state["cache"], logits, jax.random.PRNGKey(0), config=config,
+                                             sampling=SamplingConfig(), max_new_tokens=k + 1, stop_tokens=())
+                    state["cache"] = after.with_lengths(jnp.copy(start))  # a fresh buffer: the next call donates it
+                    return out
+                return plain_call
 
-            calls.insert(0, (("plain", group[0][0][1], 1), plain_call))
+            for k in sorted(lengths, reverse=True):
+                calls.insert(0, (("plain", group[0][0][1], 1, k), plain_caller(k)))
         return round_robin(calls), state["cache"]
 
+    lengths = (steps, long_steps) if long_steps else (steps,)
     samples: Dict[str, List[List[float]]] = {"full": [], "noattn": [], "nomlp": []}
+    long_samples: List[List[float]] = []  # the full forward's step in calls of long_steps
+    overhead: List[float] = []  # each context's fixed seconds per call (0 where not measured)
     verify_samples: List[List[float]] = []
     plain_samples: Dict[str, List[float]] = {}
     one = jnp.zeros((batch, 1), jnp.int32)
     for n in contexts:
         # the cache holds exactly n slots (the xla backend reads them all), n - top_rows of them valid
         cache = init_cache(config, batch, n, lengths=jnp.full((batch,), n - top_rows, jnp.int32))
-        got, cache = measure([((kind, n, 1), one, masks[kind]) for kind in ("full", "noattn", "nomlp")], cache)
+        group = [((kind, n, 1, steps), one, masks[kind]) for kind in ("full", "noattn", "nomlp")]
+        if long_steps:
+            group.append((("full", n, 1, long_steps), one, masks["full"]))
+        got, cache = measure(group, cache)
         for kind in ("full", "noattn", "nomlp"):
-            samples[kind].append(got[(kind, n, 1)])
+            samples[kind].append(got[(kind, n, 1, steps)])
+        if long_steps:
+            long_samples.append(got[("full", n, 1, long_steps)])
+            o = call_overhead(statistics.median(samples["full"][-1]), statistics.median(long_samples[-1]), steps,
+                              long_steps)
+            # nor more than half of the cheapest variant's call (a noisy slope never leaves a step <= 0)
+            overhead.append(min(o, steps * min(statistics.median(samples[k][-1]) for k in samples) / 2))
+        else:
+            overhead.append(0.0)
         if n == contexts[-1] and rows_list:
-            got, cache = measure([(("verify", n, r), jnp.zeros((batch, r), jnp.int32), None) for r in rows_list],
-                                 cache)
-            verify_samples = [got[("verify", n, r)] for r in rows_list]
+            got, cache = measure([(("verify", n, r, steps), jnp.zeros((batch, r), jnp.int32), None)
+                                  for r in rows_list], cache)
+            verify_samples = [got[("verify", n, r, steps)] for r in rows_list]
         if n == contexts[-1] and top_rows >= steps:
-            got, cache = measure([(("full", n, 1), one, masks["full"])], cache, plain=True)
-            plain_samples = {"plain": got[("plain", n, 1)], "full": got[("full", n, 1)]}
+            got, cache = measure([(("full", n, 1, k), one, masks["full"]) for k in lengths], cache, plain=True)
+            plain_samples = {"plain": got[("plain", n, 1, steps)], "full": got[("full", n, 1, steps)]}
+            if long_steps:
+                plain_samples.update(plain_long=got[("plain", n, 1, long_steps)],
+                                     full_long=got[("full", n, 1, long_steps)])
         del cache
     bulk_contexts = bulk_profile_contexts(contexts, bulk_list)
     bulk_samples_per_context: List[List[List[float]]] = []
     for n in bulk_contexts:
         cache = init_cache(config, batch, n, lengths=jnp.full((batch,), n - bulk_list[-1], jnp.int32))
-        got, cache = measure([(("bulk", n, r), jnp.zeros((batch, r), jnp.int32), None) for r in bulk_list], cache)
-        bulk_samples_per_context.append([got[("bulk", n, r)] for r in bulk_list])
+        got, cache = measure([(("bulk", n, r, steps), jnp.zeros((batch, r), jnp.int32), None) for r in bulk_list],
+                             cache)
+        bulk_samples_per_context.append([got[("bulk", n, r, steps)] for r in bulk_list])
         del cache
     bulk_med_per_context = [[statistics.median(s) for s in per] for per in bulk_samples_per_context]
     bulk_samples = bulk_samples_per_context[-1] if bulk_list else []
     bulk_med = bulk_med_per_context[-1] if bulk_list else []
-    med = {k: [statistics.median(s) for s in v] for k, v in samples.items()}
-    verify_med = [statistics.median(s) for s in verify_samples]
+    raw_med = {k: [statistics.median(s) for s in v] for k, v in samples.items()}
+    # each call's fixed cost off every variant's step at its context (the decode loops pay it per stretch)
+    med = {k: [t - o / steps for t, o in zip(v, overhead)] for k, v in raw_med.items()}
+    raw_verify_med = [statistics.median(s) for s in verify_samples]
+    verify_med = [t - overhead[-1] / steps for t in raw_verify_med]
     model, fit = fit_forward(contexts, med["full"], med["noattn"], med["nomlp"], L, verify_rows=rows_list,
                              verify_times=verify_med, verify_context=contexts[-1], skipped=skipped)
     if bulk_list:
@@ -735,17 +783,27 @@ def profile_latency_forward(config: ModelConfig, batch: int = 1, contexts: Seque
         fit.update(u_raw=slopes[-1], u_per_context=slopes, u_at=float(u), u_n=float(u_n))
         fit["clamped"].extend(clamped)
         model = dataclasses.replace(model, u=u, u_n=u_n)
+    fit.update(call_overhead_per_context=overhead, call_overhead_per_step=[o / steps for o in overhead])
     if plain_samples:
         plain_med = statistics.median(plain_samples["plain"])
         full_med = statistics.median(plain_samples["full"])
+        if long_steps:  # both loops' steps without their calls' fixed costs (each its own)
+            plain_long, full_long = statistics.median(plain_samples["plain_long"]), statistics.median(
+                plain_samples["full_long"])
+            fit.update(plain_call_overhead=call_overhead(plain_med, plain_long, steps, long_steps),
+                       plain_full_call_overhead=call_overhead(full_med, full_long, steps, long_steps))
+            plain_med -= fit["plain_call_overhead"] / steps
+            full_med -= fit["plain_full_call_overhead"] / steps
         # the ratio to the full step timed beside it, carried onto the fitted step (as a is); a fitted
         # step that is not positive (a noisy fit of a tiny model) leaves p unmeasured (a stands in)
         fitted = model.t_step(contexts[-1], L)
         model = dataclasses.replace(model, p=float(plain_med / full_med) * float(med["full"][-1] / fitted)
                                     if fitted > 0 and full_med > 0 else 0.0)
         fit.update(plain_step=plain_med, plain_full_step=full_med, plain_over_full=plain_med / full_med)
-    forward = {"steps_per_call": steps, "times": med, "samples": samples, "verify_context": contexts[-1],
-               "verify_rows": rows_list, "verify_times": verify_med, "verify_samples": verify_samples,
+    forward = {"steps_per_call": steps, "long_steps_per_call": long_steps, "times": med, "raw_times": raw_med,
+               "samples": samples, "long_samples": long_samples, "call_overhead": overhead,
+               "verify_context": contexts[-1], "verify_rows": rows_list, "verify_times": verify_med,
+               "raw_verify_times": raw_verify_med, "verify_samples": verify_samples,
                "bulk_rows": bulk_list, "bulk_times": bulk_med, "bulk_samples": bulk_samples,
                "bulk_contexts": bulk_contexts, "bulk_times_per_context": bulk_med_per_context,
                "bulk_samples_per_context": bulk_samples_per_context, "plain_samples": plain_samples, "fit": fit,
@@ -756,7 +814,9 @@ def profile_latency_forward(config: ModelConfig, batch: int = 1, contexts: Seque
                          "dynamic skip mask as the KnapSpec draft")
                       + ("; the skip masks skip every second skippable sub-layer of a kind" if half_masks else "")
                       + "; verification without a mask) in a jitted fori_loop carrying the donated cache; plain "
-                        "decoding: decode_loop itself, beside the full forward, at the largest context"}
+                        "decoding: decode_loop itself, beside the full forward, at the largest context"
+                      + (f"; each call's fixed cost (the full forward timed at {steps} and {long_steps} steps a call) "
+                         "taken off every step" if long_steps else "")}
     return LatencyProfile(device=device_name(), platform=jax.devices()[0].platform, jax_version=jax.__version__,
                           config_name=config.name, config=config_fields(config), batch=int(batch),
                           contexts=contexts, attn_times=fit["t_attn_per_context"], mlp_time=model.c1,
@@ -825,6 +885,9 @@ def load_or_profile(path, config: ModelConfig, batch: int = 1, *, profile_fn: Op
             profile = None  # measured before the row price per context existed: measure again (the DP's cost needs it)
         if profile is not None and profile.method.startswith("forward") and "plain_samples" not in profile.forward:
             profile = None  # measured before the decode loop's own step was timed: measure again
+        if (profile is not None and profile.method.startswith("forward") and "long_steps_per_call" not in profile.forward
+                and profile_kwargs.get("long_steps_per_call", None) != 0):
+            profile = None  # measured before each call's fixed cost was taken off its steps: measure again
         if profile is not None and profile.matches(config, batch):
             return profile
     profile = profile_fn(config, batch, **profile_kwargs)

@@ -338,13 +338,13 @@ def test_reprofile_measures_again_and_keeps_the_saved_profile(tmp_path, monkeypa
     calls = []
     real = latency.profile_latency_forward
 
-    def clock(key, call):  # four steps a call of a device that follows ``true`` exactly (no forward runs)
-        kind, n, rows = key
+    def clock(key, call):  # steps a call of a device that follows ``true`` exactly (no forward runs)
+        kind, n, rows, steps = key
         full, skippable = true.t_step(n, TINY.num_layers), latency.skippable_sublayers(TINY.num_layers)
         step = {"full": full, "plain": full, "noattn": full - skippable * true.t_attn(n),
                 "nomlp": full - skippable * true.t_mlp(), "verify": full * (1 + true.v * (rows - 1)),
                 "bulk": full + true.t_row(n) * (rows - 1)}[kind]
-        return 4 * step
+        return steps * step
 
     def mocked(cfg, b, contexts, params=None, static_masks=False, half_masks=False, **kwargs):
         calls.append(b)
@@ -513,7 +513,7 @@ def test_reprice_tpt_prices_the_candidates_again_both_ways(tmp_path, capsys):
                        head_dim=16, dtype="float32", name="tiny-reprice")
     profile = latency.profile_latency_forward(tiny, 1, (128, 256, 512), steps_per_call=2, warmup=1, repeats=1,
                                               bulk_rows=(), half_masks=True,
-                                              timer=lambda key, call: 2 * 1e-3 * (1 + key[1] / 512))
+                                              timer=lambda key, call: key[3] * 1e-3 * (1 + key[1] / 512))
     profile.save(other)
     out = tmp_path / "repriced.json"
     assert main(["reprice-tpt", "--from", str(source), "--profiles", str(other), "--out", str(out)]) == 0

@@ -146,14 +146,16 @@ def test_forward_fit_recovers_the_target_forward_ratio():
     assert dataclasses.replace(TRUE, p=0.7).t_plain(700, 30) == pytest.approx(0.7 * TRUE.t_step(700, 30))
 
 
-def _mock_profile(config=TINY, model=TRUE, steps=3, contexts=(128, 256, 512), **kwargs):
-    """The forward profiler with its clock replaced by ``model`` (no forward is run)."""
+def _mock_profile(config=TINY, model=TRUE, steps=3, contexts=(128, 256, 512), overhead=0.0, **kwargs):
+    """The forward profiler with its clock replaced by ``model`` (no forward is run); each call also
+    pays ``overhead`` seconds once (``overhead(kind)``: per kind of call)."""
     seen = []
 
     def timer(key, call):
-        kind, n, rows = key
-        seen.append(key)
-        return steps * synthetic_times(model, config.num_layers, kind, n, rows)  # seconds of one call
+        kind, n, rows, k = key
+        seen.append(key[:3])
+        fixed = overhead(kind) if callable(overhead) else overhead
+        return k * synthetic_times(model, config.num_layers, kind, n, rows) + fixed  # seconds of one call
 
     profile = latency.profile_latency_forward(config, 1, contexts, steps_per_call=steps, timer=timer, **kwargs)
     return profile, seen
@@ -161,8 +163,9 @@ def _mock_profile(config=TINY, model=TRUE, steps=3, contexts=(128, 256, 512), **
 
 def test_forward_profiler_with_a_mocked_clock_recovers_the_model():
     profile, seen = _mock_profile(warmup=1, repeats=2)
-    # round-robin: the three variants of a context alternate, warm-up round included (3 rounds)
-    assert [k for k, n, _ in seen if n == 128] == ["full", "noattn", "nomlp"] * 3
+    # round-robin: the three variants of a context (and the full one in long calls) alternate, warm-up round
+    # included (3 rounds)
+    assert [k for k, n, _ in seen if n == 128] == ["full", "noattn", "nomlp", "full"] * 3
     assert len(profile.forward["samples"]["full"][0]) == 2
     assert {k for k, _, _ in seen} == {"full", "noattn", "nomlp", "verify", "bulk", "plain"}
     # the decode loop timed at the largest context beside the full step: p recovered (TRUE has none: a)
@@ -192,6 +195,40 @@ def test_forward_profiler_with_a_mocked_clock_recovers_the_model():
     assert unmeasured.model.u == 0.0 and unmeasured.model.t_row(4096) == 0.0 and "bulk" not in {k for k, _, _ in seen}
 
 
+def test_forward_profiler_takes_each_calls_fixed_cost_off_its_steps():
+    """A device that pays a fixed cost per call (dispatch, the host waiting) beside its steps: the full
+    forward timed at two call lengths measures it, and the fit recovers the per-step model exactly --
+    plain decoding's ratio ``p`` too, where the decode loop's call costs more than the forward loop's.
+    Without the long calls the fixed cost lands in every step (c0, p: plain decoding priced too dear)."""
+    dev = dataclasses.replace(TRUE, p=0.9)
+    fixed = {"plain": 4e-3}  # the decode loop's call; every other call 2.5 ms
+
+    def per_call(kind):
+        return fixed.get(kind, 2.5e-3)
+
+    profile, seen = _mock_profile(model=dev, overhead=per_call, steps=4)
+    assert profile.forward["long_steps_per_call"] == 16 and {r for k, n, r in seen if k == "plain"} == {1}
+    for name in ("c0", "c1", "c2", "c3", "v", "a", "p"):
+        assert getattr(profile.model, name) == pytest.approx(getattr(dev, name), rel=1e-6), name
+    assert profile.forward["call_overhead"] == pytest.approx([2.5e-3] * 3, rel=1e-6)
+    assert profile.forward["fit"]["plain_call_overhead"] == pytest.approx(4e-3, rel=1e-6)
+    kept, _ = _mock_profile(model=dev, overhead=per_call, steps=4, long_steps_per_call=0)
+    assert kept.forward["call_overhead"] == [0.0] * 3 and "plain_call_overhead" not in kept.forward["fit"]
+    assert kept.model.c0 == pytest.approx(dev.c0 + 2.5e-3 / 4, rel=1e-6)  # the fixed cost in every step
+    assert kept.model.t_plain(512, TINY.num_layers) > 1.05 * dev.t_plain(512, TINY.num_layers)
+    with pytest.raises(ValueError, match="long_steps_per_call=4: must exceed steps_per_call=4"):
+        _mock_profile(steps=4, long_steps_per_call=4)
+
+
+def test_call_overhead_from_two_call_lengths():
+    # 4 steps of 1 ms in a call of 5 ms, 16 in 17 ms: 1 ms fixed
+    assert latency.call_overhead(5e-3 / 4, 17e-3 / 16, 4, 16) == pytest.approx(1e-3)
+    assert latency.call_overhead(1e-3, 1.1e-3, 4, 16) == 0.0  # noise: a long call dearer per step
+    assert latency.call_overhead(1e-3, 1e-5, 4, 16) == pytest.approx(2e-3)  # never more than half a call
+    with pytest.raises(ValueError, match="call lengths 4 and 4"):
+        latency.call_overhead(1e-3, 1e-3, 4, 4)
+
+
 def test_forward_profiler_prices_a_dp_row_per_context():
     """The many-row forwards run at the smallest context above the most rows and at the largest;
     the line through their slopes recovers ``u + u_n n`` (a row attends to the whole context)."""
@@ -217,7 +254,7 @@ def test_forward_profile_round_trip_and_file_errors(tmp_path):
     path = tmp_path / "p" / "forward.json"
     profile.save(path)
     assert latency.LatencyProfile.load(path) == profile
-    assert json.loads(path.read_text())["format_version"] == latency.FORMAT_VERSION == 6
+    assert json.loads(path.read_text())["format_version"] == latency.FORMAT_VERSION == 7
 
     def must_not_profile(*args, **kwargs):
         raise AssertionError("profiled although a matching profile was saved")
@@ -229,13 +266,18 @@ def test_forward_profile_round_trip_and_file_errors(tmp_path):
         latency.load_or_profile(path, TINY, 1, method="bogus")
     # older forward profiles load, but are measured again: format 4 (before the many-row slope: no bulk rows)
     # and format 5 (the slope at one context only: no per-context price)
-    for version, model_key, forward_key in ((4, "u", "bulk_rows"), (5, "u_n", "bulk_contexts")):
+    # and format 6 (before each call's fixed cost was measured: no long calls)
+    for version, model_key, forward_key in ((4, "u", "bulk_rows"), (5, "u_n", "bulk_contexts"),
+                                            (6, None, "long_steps_per_call")):
         old = json.loads(path.read_text())
         old["format_version"] = version
-        del old["model"][model_key], old["forward"][forward_key]
+        del old["forward"][forward_key]
+        if model_key:
+            del old["model"][model_key]
         older = tmp_path / f"format{version}.json"
         older.write_text(json.dumps(old))
-        assert getattr(latency.LatencyProfile.load(older).model, model_key) == 0.0
+        if model_key:
+            assert getattr(latency.LatencyProfile.load(older).model, model_key) == 0.0
         remeasured = []
         assert latency.load_or_profile(older, TINY, 1, method="forward",
                                        profile_fn=lambda cfg, b: remeasured.append(b) or profile) == profile
@@ -380,9 +422,9 @@ def test_forward_static_half_profile_times_the_half_masks(tmp_path):
     seen = []
 
     def timer(key, call):  # the real forwards run (their masks are compiled); the clock is synthetic
-        seen.append(key)
+        seen.append(key[:3])
         jax.block_until_ready(call())
-        return 2 * synthetic_times(TRUE, 6, key[0], key[1], key[2])
+        return key[3] * synthetic_times(TRUE, 6, key[0], key[1], key[2])
 
     profile = latency.profile_latency_forward(config, 1, (32, 96), warmup=1, repeats=1, verify_rows=(1, 4),
                                               steps_per_call=2, bulk_rows=(), static_masks=True, half_masks=True,
