@@ -927,6 +927,14 @@ def forward_times(model: Model, prefilled, mask, verify_rows: int, repeats: int 
     return out
 
 
+def _timed_as(fwd: Dict[str, Any]) -> str:
+    """How the draft-step check timed its forwards: one call length, or the slope between two."""
+    long_steps = int(fwd.get("draft_long_steps_per_call", 0))
+    if long_steps:
+        return f"{fwd['draft_steps_per_call']} and {long_steps} forwards per jitted call, the slope between them"
+    return f"{fwd['draft_steps_per_call']} forwards per jitted call"
+
+
 def _median_call_s(call, repeats: int) -> float:
     """Median seconds of ``call()`` (a jitted call) over ``repeats`` timed calls after one untimed."""
     import jax
@@ -1017,7 +1025,8 @@ def budget_draft_times(model: Model, prefilled, plan, sinks: int, window: int, r
     looped = _in_loop_step_s({"draft_step_budget_in_loop_s": lambda c, k: loop(
         model.params, c, one, config=config, plan=frozen, sinks=sinks, window=window, steps=k)},
         cache, repeats, steps, long_steps_per_call)
-    return {"draft_forward_budget_s": single, **looped, "draft_steps_per_call": steps}
+    return {"draft_forward_budget_s": single, **looped, "draft_steps_per_call": steps,
+            "draft_long_steps_per_call": int(long_steps_per_call)}
 
 
 def auto_branch_chunk(config, batch: int, capacity: int, reference: int, budget_slots: int,
@@ -1291,7 +1300,7 @@ class Case:
         single_dynamic, single_static = fwd["draft_forward_s"], fwd["draft_forward_static_s"]
         ratio = (lambda t: t / predicted if predicted > 0 else None)
         return {"n": n, "n_skip_attn": int(mask[:, 0].sum()), "n_skip_mlp": int(mask[:, 1].sum()),
-                "predicted_s": predicted, "timed": f"{fwd['draft_steps_per_call']} forwards per jitted call",
+                "predicted_s": predicted, "timed": _timed_as(fwd),
                 "dynamic_s": dynamic, "static_s": static,
                 "dynamic_over_predicted": ratio(dynamic), "static_over_predicted": ratio(static),
                 "static_within_10pct": bool(predicted > 0 and abs(static / predicted - 1) <= 0.10),
@@ -1311,7 +1320,7 @@ class Case:
         return {"plan": "budget", "n": float(self.capacity), "n_dense_attn": budget.get("n_dense_attn"),
                 "n_budget_attn": budget.get("n_budget_attn"), "n_skip_attn": budget.get("n_skip_attn"),
                 "n_skip_mlp": budget.get("n_skip_mlp"), "predicted_s": predicted,
-                "timed": f"{fwd['draft_steps_per_call']} forwards per jitted call", "static_s": timed,
+                "timed": _timed_as(fwd), "static_s": timed,
                 "static_over_predicted": ratio(timed),
                 "static_within_10pct": bool(predicted > 0 and abs(timed / predicted - 1) <= 0.10),
                 "single_call_static_s": single, "single_call_static_over_predicted": ratio(single)}

@@ -512,6 +512,9 @@ KNAPSPEC_PALLAS_B1_HALF_FIT = {tag: f"{K}qwen2.5-coder-1.5b_32k_b1_pallas_static
 #: batch 16 planning on one row (states from the prefill) with the half-skip fit, per GPU
 KNAPSPEC_PALLAS_B16_HALF_FIT = {tag: f"{K}qwen2.5-coder-1.5b_32k_b16_pallas_static_1row_prefill-states_half-fit_{tag}.json"
                                 for tag in ("h100", "h200")}
+#: the same two with a profile that takes each call's fixed cost off its steps (docs/methods.md §4.1), on the H100
+KNAPSPEC_PALLAS_B1_PER_STEP = {"h100": f"{K}qwen2.5-coder-1.5b_32k_b1_pallas_static_after-plain_two-stretch_half-fit_per-step_h100.json"}
+KNAPSPEC_PALLAS_B16_PER_STEP = {"h100": f"{K}qwen2.5-coder-1.5b_32k_b16_pallas_static_1row_prefill-states_half-fit_per-step_h100.json"}
 #: the traced plan runs: (file, device tag, what it adds, suite and step, index-key slug)
 KNAPSPEC_PLAN_TRACES = tuple(
     (f"{K}qwen2.5-coder-1.5b_32k_b16_pallas_static{variant}_trace_{tag}.json", tag,
@@ -571,6 +574,14 @@ KNAPSPEC_PALLAS_RUNS = ((KNAPSPEC_PALLAS, "pallas", ""),
                                "the first plan after 64 plain tokens, one untimed round before each side of the "
                                "probe and both sides priced as two stretches"),
                               (KNAPSPEC_PALLAS_B16_HALF_FIT, "pallas-static-1row-prefill-states-half-fit",
+                               "one plan at the start on one row's window, its states kept by the prefill"))),
+                        *((runs["h100"], slug, " on an H100 with static plans, " + what + " and a profile of "
+                                               "compiled half-skip masks without each call's fixed cost (per step)")
+                          for runs, slug, what in (
+                              (KNAPSPEC_PALLAS_B1_PER_STEP, "pallas-static-after-plain-two-stretch-half-fit-per-step",
+                               "the first plan after 64 plain tokens, one untimed round before each side of the "
+                               "probe and both sides priced as two stretches"),
+                              (KNAPSPEC_PALLAS_B16_PER_STEP, "pallas-static-1row-prefill-states-half-fit-per-step",
                                "one plan at the start on one row's window, its states kept by the prefill"))),
                         (KNAPSPEC_PALLAS_STATIC, "pallas-static",
                          " with static plans and a profile of compiled masks (--latency-fit forward-static)"),
@@ -1291,12 +1302,20 @@ def _knapspec_pallas_more_note() -> str:
                    "qwen2.5-coder-1.5b-b16-32k-pallas-static-1row-half-fit"))
               for tag, gpu, suite, step in (
                   ("h100", "an H100", "h100-long-context", "knapspec-" + step_stem),
-                  ("h200", "the H200", "h200-knapspec", step_stem)))):
+                  ("h200", "the H200", "h200-knapspec", step_stem))),
+            *((runs["h100"], batch, f"{what} with a profile that takes each call's fixed cost off its steps "
+                                    "(the full forward and the decode loop timed at 4 and 16 steps a call, "
+                                    "docs/methods.md §4.1)", f"h100-long-context {step}")
+              for runs, batch, what, step in (
+                  (KNAPSPEC_PALLAS_B1_PER_STEP, 1, "The half-fit run on an H100 at batch 1",
+                   "knapspec-qwen2.5-coder-1.5b-b1-32k-pallas-static-half-fit-per-step"),
+                  (KNAPSPEC_PALLAS_B16_PER_STEP, 16, "The half-fit run on an H100 at batch 16",
+                   "knapspec-qwen2.5-coder-1.5b-b16-32k-pallas-static-1row-half-fit-per-step")))):
         if (RESULTS / source).exists():
             out.append(f"{what} (`{source}`): " + _knapspec_pallas_note(source, batch))
         else:
             out.append(f"{what} (suite and step {step}): not measured yet.")
-    return " " + " ".join(out) + _half_fit_note() + _knapspec_plan_trace_note()
+    return " " + " ".join(out) + _half_fit_note() + _per_step_profile_note() + _knapspec_plan_trace_note()
 
 
 def _half_fit_note() -> str:
@@ -1330,6 +1349,52 @@ def _half_fit_note() -> str:
                 f"{saved(half, 'noattn'):.2f} ms of the {half['forward']['times']['full'][-1] * 1e3:.2f} ms step, "
                 f"skipping all {half['forward']['fit']['skippable']} saved {saved(full, 'noattn'):.2f} ms "
                 f"({saved(half, 'nomlp'):.2f} and {saved(full, 'nomlp'):.2f} ms for the MLPs).")
+    return "".join(" " + part for part in out)
+
+
+def _modelled_plain_step(profile, n: float) -> float:
+    """A profile's price of a plain-decoding step at context ``n``, seconds: ``p t_step(n)`` (``a`` where ``p`` is 0)."""
+    m = profile["model"]
+    L = profile["config"]["num_layers"]
+    step = L * (m["c2"] * n + m["c3"] + m["c1"]) + m["c0"] + m.get("c0_n", 0.0) * n
+    ratio = m.get("p", 0.0) or m.get("a", 1.0)
+    return ratio * step
+
+
+def _draft_check_timing(cases: dict, check: dict) -> str:
+    """How a run's draft-step check timed its forwards: its own words, or, where its loops were timed at two call
+    lengths (the profile took each call's fixed cost off), the slope between them (the time split records both)."""
+    for case in cases.values():
+        split = case.get("time_split_estimate") or {}
+        if split.get("draft_long_steps_per_call"):
+            return (f"{split['draft_steps_per_call']} and {split['draft_long_steps_per_call']} forwards per jitted "
+                    "call, the slope between them")
+    return check["timed"]
+
+
+def _per_step_profile_note() -> str:
+    """The half-skip profiles measured with each call's fixed cost taken off (docs/methods.md §4.1) against those that
+    kept it: the fixed cost, and each profile's plain step against the AR step its run measured."""
+    out = []
+    folder = RESULTS / "knapspec"
+    for batch, runs in ((1, KNAPSPEC_PALLAS_B1_PER_STEP), (16, KNAPSPEC_PALLAS_B16_PER_STEP)):
+        name = f"latency_qwen2.5-coder-1.5b_bfloat16_pallas_h100_b{batch}_forward-static-half.json"
+        new_path, old_path = folder / "latency_profiles_h100_per-step" / name, folder / "latency_profiles_h100" / name
+        run_path = RESULTS / runs["h100"]
+        if not (new_path.exists() and old_path.exists() and run_path.exists()):
+            continue
+        new, old, run = load(new_path), load(old_path), load(run_path)
+        case = next(c for c in run["cases"].values() if isinstance(c, dict) and "ar_step_s" in c)
+        n = float(case["latency_prediction"]["n"])
+        fwd, fit = new["forward"], new["forward"]["fit"]
+        fixed = [o * 1e3 for o in fwd["call_overhead"]]
+        out.append(
+            f"Each call's fixed cost, on an H100 at batch {batch} (`{new_path.relative_to(RESULTS)}`): "
+            f"{min(fixed):.1f}-{max(fixed):.1f} ms a call of {fwd['steps_per_call']} forwards "
+            f"(the decode loop's {fit['plain_call_overhead'] * 1e3:.1f} ms), so the profile that kept it "
+            f"priced a plain step at {_modelled_plain_step(old, n) * 1e3:.2f} ms and this one at "
+            f"{_modelled_plain_step(new, n) * 1e3:.2f} ms, against {case['ar_step_s'] * 1e3:.2f} ms for the AR step "
+            f"measured in the run.")
     return "".join(" " + part for part in out)
 
 
@@ -1580,7 +1645,7 @@ def _knapspec_pallas_note(source: str = KNAPSPEC_PALLAS, batch: int = 16) -> str
         sta = [c["static_over_predicted"] for _, c in checks]
         within = sum(0.9 <= r <= 1.1 for r in sta)
         out += (f" With the profile of compiled masks, the plans' draft step (compiled for its plan, "
-                f"{checks[0][1]['timed']}) ran {min(sta):.2f}-{max(sta):.2f}x its prediction, within 10 % at "
+                f"{_draft_check_timing(cases, checks[0][1])}) ran {min(sta):.2f}-{max(sta):.2f}x its prediction, within 10 % at "
                 f"{within} of {len(sta)} plans (target 0.9-1.1)"
                 + (f", and whole decodes less planning {min(pred):.2f}-{max(pred):.2f}x the model's" if pred else "")
                 + ".")
