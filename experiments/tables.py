@@ -1580,6 +1580,21 @@ def _probe_text(probe: Optional[Dict[str, Any]]) -> str:
             + ("kept the plan" if probe["choice"] == "speculative" else "decoded plainly"))
 
 
+def _alpha_against_measured(plan: dict, case: dict) -> str:
+    """The plan's alpha beside the acceptance its run measured: the estimate's binomial standard error on its
+    reference tokens, and how far the two lie apart (the target: within 0.05)."""
+    tokens, measured = plan.get("reference_tokens"), case.get("acceptance_rate")
+    if not tokens or measured is None or not case.get("rounds"):
+        return ""
+    alpha = float(plan["alpha"])
+    error = (alpha * (1 - alpha) / int(tokens)) ** 0.5
+    gap = alpha - float(measured)
+    return (f" (+/- {error:.2f}, one standard error on its {int(tokens)} reference tokens; the run accepted "
+            f"{float(measured):.2f} of its drafted tokens over {int(case['rounds'])} rounds, {abs(gap):.2f} "
+            f"{'below' if gap < 0 else 'above'} the "
+            f"estimate: {'within' if abs(gap) <= 0.05 else 'outside'} the 0.05 target)")
+
+
 def _knapspec_pallas_note(source: str = KNAPSPEC_PALLAS, batch: int = 16) -> str:
     """KnapSpec's two-stage plan and KnapSpec with budgeted attention against AR, all on the Pallas kernel
     (step qwen2.5-coder-1.5b-b16-32k-8k-pallas and its variants), and the 1.1x target of the paper's KnapSpec at
@@ -1604,7 +1619,7 @@ def _knapspec_pallas_note(source: str = KNAPSPEC_PALLAS, batch: int = 16) -> str
                         f"after {p['round']} plainly decoded tokens" if after_plain else f"at round {p['round']}")
                 text += (f" (its plan {when} skipped {p['n_skip_attn']} Attention / {p['n_skip_mlp']} "
                          f"MLP sub-layers at alpha {p['alpha']:.2f} on the window, gamma* = {p['gamma_star']}"
-                         + (", so it decoded plainly" if p["gamma_star"] == 0 else "")
+                         + (", so it decoded plainly" if p["gamma_star"] == 0 else _alpha_against_measured(p, ks))
                          + _probe_text(p.get("probe"))
                          + f"; planning {100 * ks['plan_fraction_of_decode']:.1f} % of decode, "
                            f"{1e3 * ks['timings']['plan_s']:.0f} ms" + _measured_split_text(ks) + ")")

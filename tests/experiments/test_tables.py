@@ -289,3 +289,14 @@ def test_plain_table_reads_a_bench_plain_file_and_names_the_missing_step(tmp_pat
     assert "on an H100 (smollm2-135m-shape/ctx64/b2/n8, random weights; `bench_plain/b.json`): each timed at 2 and 8" in text
     assert "| the AR loop |" in text and "| 1.000 |" in text and "| the stretch with a static loop bound |" in text
     assert "on the H200 (bench-plain, suite h200-ar-decode step plain-vs-ar-32k): not measured yet." in text
+
+
+def test_alpha_against_measured_reports_the_error_and_the_gap():
+    plan = {"alpha": 0.75, "reference_tokens": 64}
+    text = tables._alpha_against_measured(plan, {"acceptance_rate": 0.67, "rounds": 9})
+    assert "+/- 0.05, one standard error on its 64 reference tokens" in text
+    assert "accepted 0.67 of its drafted tokens over 9 rounds, 0.08 above the estimate: outside the 0.05 target" in text
+    assert "within the 0.05 target" in tables._alpha_against_measured(plan, {"acceptance_rate": 0.72, "rounds": 50})
+    # no rounds ran (the plan decoded plainly), or no reference tokens were recorded: nothing to compare
+    assert tables._alpha_against_measured(plan, {"acceptance_rate": 0.0, "rounds": 0}) == ""
+    assert tables._alpha_against_measured({"alpha": 0.7}, {"acceptance_rate": 0.7, "rounds": 5}) == ""
