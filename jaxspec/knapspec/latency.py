@@ -150,11 +150,14 @@ class LatencyModel:
         return float(self.c1)
 
     def t_attn(self, n) -> float:
-        return float(self.c2 * float(n) + self.c3)
+        """Seconds of one Attention sub-layer at context ``n``: ``c2 n + c3``, never below 0 (a fitted
+        line with ``c3 < 0`` -- noise on a model whose steps are microseconds -- would otherwise price a
+        sub-layer at short contexts below nothing, and a plan's draft step below 0)."""
+        return max(0.0, float(self.c2 * float(n) + self.c3))
 
     def t_token(self, n) -> float:
-        """Seconds a forward at context ``n`` pays whatever it skips: ``c0 + c0_n n``."""
-        return float(self.c0 + self.c0_n * float(n))
+        """Seconds a forward at context ``n`` pays whatever it skips: ``c0 + c0_n n``, never below 0."""
+        return max(0.0, float(self.c0 + self.c0_n * float(n)))
 
     def t_row(self, n) -> float:
         """Predicted seconds of one more row in a many-row forward at context ``n``: ``u + u_n n``,

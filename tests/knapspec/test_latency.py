@@ -112,8 +112,8 @@ def test_forward_fit_recovers_a_synthetic_linear_model_exactly():
     assert fit["clamped"] == [] and fit["skippable"] == L - 2
     assert model.t_step(2000, L) == pytest.approx(TRUE.t_step(2000, L), rel=1e-12)
     # a negative per-token residual (skipping saved more than the layer's share) is clamped at 0 and reported
-    low = dataclasses.replace(TRUE, c0=-1e-4)
-    times = {k: [synthetic_times(low, L, k, x) for x in n] for k in ("full", "noattn", "nomlp")}
+    low = dataclasses.replace(TRUE, c0=0.0)  # every forward 0.1 ms below what its sub-layers add up to
+    times = {k: [synthetic_times(low, L, k, x) - 1e-4 for x in n] for k in ("full", "noattn", "nomlp")}
     clamped, fit = latency.fit_forward(n, times["full"], times["noattn"], times["nomlp"], L)
     assert clamped.c0 == 0.0 and fit["c0_raw"] == pytest.approx(-1e-4, rel=1e-6) and fit["clamped"] == ["c0"]
     assert clamped.v == 0.0 and clamped.c1 == pytest.approx(TRUE.c1, rel=1e-8)
@@ -490,3 +490,15 @@ def test_experiment_latency_fit_forward_on_a_tiny_random_model(tmp_path):
     assert lat["fit"]["p"] > 0 and pred["step_s"] * lat["fit"]["p"] == pytest.approx(case["predicted_ar_step_s"])
     raw = lat["forward"]["fit"]["a_raw"]
     assert lat["fit"]["a"] > 0 and (raw <= 0 or lat["fit"]["a"] == pytest.approx(raw))
+
+
+def test_a_sub_layer_and_the_per_token_term_never_cost_less_than_nothing():
+    """A noisy fit of a tiny model (steps of microseconds) can give ``c3 < 0`` or a falling remainder: the model
+    prices such terms at 0, so no plan's draft step, nor its predicted TPT, goes below 0."""
+    noisy = latency.LatencyModel(c1=5e-6, c2=4.6e-8, c3=-1.1e-5, c0=0.0, c0_n=-1e-9)
+    assert noisy.t_attn(91) == 0.0 and noisy.t_attn(1000) == pytest.approx(4.6e-5 - 1.1e-5)
+    assert noisy.t_token(32000) == 0.0 and noisy.t_step(91, 4) == pytest.approx(4 * 5e-6)
+    from jaxspec.knapspec.planner import tpt
+
+    draft = 3 * noisy.t_attn(91) + 2 * noisy.t_mlp() + noisy.t_token(91)
+    assert draft > 0 and tpt(0.8, 2, draft, noisy.t_step(91, 4), v=0.3, a=0.75) > 0
