@@ -222,9 +222,9 @@ def add_planning_arguments(add, prefix: str = "") -> None:
              "continuation; no full-model rounds, no prompt tokens in its window unless the reference floor asks "
              "for more). docs/methods.md §5.6")
     add(f"--{prefix}start-states", choices=("prefill", "own"), default="prefill",
-        help=f"with --{prefix}plan-at-start: the target's states of that plan's window are kept by the prefill, "
-             "which runs those tokens as its last forward (prefill, default), or computed by the plan (own). "
-             "docs/methods.md §5.6")
+        help=f"with --{prefix}plan-at-start or --{prefix}plan-after-plain: the target's states of that first plan's "
+             "window are kept by the forward that wrote those tokens, the prefill or the plain stretch (prefill, "
+             "default), or computed by the plan (own). docs/methods.md §5.6")
 
 
 def check_two_stage(search_tokens, finalists, prefix: str = "", reference_floor=None, plan_rows=None,
@@ -730,6 +730,7 @@ def _config_of(args) -> Dict[str, Any]:
         config["probe_pricing"] = args.probe_pricing
     if args.plan_after_plain is not None:  # named only when set, like reference_kv
         config["plan_after_plain"] = args.plan_after_plain
+        config["start_states"] = args.start_states  # files written before the stretch kept them computed their own
     if args.plan_at_start:
         config["plan_at_start"] = True
         if args.start_states == "prefill":  # named only then: files written before the prefill kept the states
@@ -1226,7 +1227,8 @@ class Case:
                                             "alpha", "p_c", "p_ac", "predicted_tpt", "t_attn", "t_mlp", "t_token",
                                             "verify_row_cost", "seconds", "predicted_seconds", "probe",
                                             "reference_tokens", "candidates", "w_attn", "w_mlp", "planner",
-                                            "stage_seconds", "dp_attention", "rescore", "states_from_prefill")}
+                                            "stage_seconds", "dp_attention", "rescore", "states_from_prefill",
+                                            "states_from_plain")}
                       for p in plans],
             "final_skip": {"n_skip_attn": int(final_mask[:, 0].sum()), "n_skip_mlp": int(final_mask[:, 1].sum())},
             "timings": timings, "ar_decode_s": ar["decode_s"], "ar_step_s": ar["step_s"],

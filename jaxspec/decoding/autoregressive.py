@@ -119,30 +119,39 @@ def prefill(params, config: ModelConfig, tokens: np.ndarray, prompt_lengths: np.
 
 
 def decode_steps(params, cache, token, done, out, key, start, end, *, config, sampling, stop_tokens,
-                 skip_finished: bool = True):
+                 skip_finished: bool = True, states=None):
     """The decode ``while_loop``: from step ``start`` while ``step < end`` (traced) and some row is not done,
     feed ``token [B]``, sample the next and write it to ``out[:, step]`` (``PAD_OUTPUT`` for done rows).
     ``skip_finished``: done rows read none of their history (:attr:`KVCache.frozen`, docs/methods.md §5.7).
-    The cache is carried as given (a donated buffer stays in place). Returns ``(out, cache)``."""
+    The cache is carried as given (a donated buffer stays in place). Returns ``(out, cache)``.
+    ``states [2L + 1, B, S, H]``: also keep each step's residual stream at every sub-layer boundary
+    (``forward(..., return_states=True)``) in column ``step`` (the fed token's; docs/methods.md §5.6) and
+    return ``(out, cache, states)``."""
     stop = jnp.asarray(stop_tokens if stop_tokens else (-2,), jnp.int32)
+    keep = states is not None
 
     def cond(state):
-        step, _, _, _, done, _ = state
+        step, done = state[0], state[4]
         return (step < end) & ~jnp.all(done)
 
     def body(state):
-        step, cache, out, token, done, key = state
-        result = forward(params, token[:, None], cache.with_frozen(done) if skip_finished else cache, config=config)
+        step, cache, out, token, done, key = state[:6]
+        result = forward(params, token[:, None], cache.with_frozen(done) if skip_finished else cache, config=config,
+                         return_states=keep)
         key, sub = jax.random.split(key)
         new = sample_token(result.logits[:, 0], sub, sampling)
         new = jnp.where(done, PAD_OUTPUT, new)
         out = jax.lax.dynamic_update_slice(out, new[:, None], (0, step))
         done = done | jnp.isin(new, stop)
-        return step + 1, result.cache.with_frozen(None), out, jnp.maximum(new, 0), done, key
+        carry = (step + 1, result.cache.with_frozen(None), out, jnp.maximum(new, 0), done, key)
+        if keep:
+            carry += (jax.lax.dynamic_update_slice_in_dim(state[6], result.states.astype(state[6].dtype), step,
+                                                          axis=2),)
+        return carry
 
-    state = (jnp.int32(start), cache, out, token, done, key)
-    _, cache, out, _, _, _ = jax.lax.while_loop(cond, body, state)
-    return out, cache
+    state = (jnp.int32(start), cache, out, token, done, key) + ((states,) if keep else ())
+    final = jax.lax.while_loop(cond, body, state)
+    return (final[2], final[1], final[6]) if keep else (final[2], final[1])
 
 
 def decode_loop_fn(params, cache, first_logits, key, *, config, sampling, max_new_tokens, stop_tokens):

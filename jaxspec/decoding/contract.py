@@ -171,7 +171,10 @@ class Chunk:
     * ``draft_state``: replace the draft state before the chunk (e.g. a new skip plan); ``None``: keep;
     * ``draft_policy``: run these rounds with this draft policy instead of the run's (e.g. one compiled
       for a skip plan); it reads and writes the run's draft state. A static argument of the loop: each
-      distinct policy (hashable, compared by value) is one compile, which jit keeps; ``None``: the run's.
+      distinct policy (hashable, compared by value) is one compile, which jit keeps; ``None``: the run's;
+    * ``keep_states`` (with ``plain_steps``): the plain steps also keep the target's residual stream of every
+      token they feed, at every sub-layer boundary (``LiveRun.kept_states``; a KnapSpec plan on those tokens
+      then runs no forward of its own for them, docs/methods.md §5.6). One compile per stretch length.
     """
 
     rounds: Optional[int] = None
@@ -179,12 +182,15 @@ class Chunk:
     gamma: Optional[int] = None
     draft_state: Any = None
     draft_policy: Any = None
+    keep_states: bool = False
 
     def __post_init__(self):
         if self.rounds is not None and int(self.rounds) < 0:
             raise ValueError(f"Chunk rounds={self.rounds} must be >= 0 or None (to the end)")
         if self.plain_steps is not None and int(self.plain_steps) < 1:
             raise ValueError(f"Chunk plain_steps={self.plain_steps} must be >= 1 or None (speculative rounds)")
+        if self.keep_states and self.plain_steps is None:
+            raise ValueError("Chunk keep_states=True keeps the states of plain steps: give plain_steps too")
         if self.gamma is not None and int(self.gamma) < 1:
             raise ValueError(f"Chunk gamma={self.gamma} must be >= 1 or None (the engine's gamma)")
         if self.draft_policy is not None and not isinstance(self.draft_policy, DraftPolicy):

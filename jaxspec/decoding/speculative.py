@@ -478,7 +478,7 @@ def summarize(final: LoopState, engine: EngineConfig) -> Dict[str, Any]:
 
 # ---------------------------------------------------------------------------- plain decoding
 def plain_decode_fn(params, state: LoopState, num_steps, *, config: ModelConfig, engine: EngineConfig, steps: int,
-                    static_bound: bool = False):
+                    static_bound: bool = False, keep_states: bool = False):
     """``num_steps`` (traced, 1..``steps``) plain autoregressive steps from the loop state, on the
     same cache, one forward per step from the pending token on; each active row commits its tokens
     up to a stop token or its limit (finished rows run along and commit nothing). ``steps`` (static)
@@ -486,7 +486,13 @@ def plain_decode_fn(params, state: LoopState, num_steps, *, config: ModelConfig,
     ``static_bound``: the decode loop counts from ``steps - num_steps`` up to the static ``steps`` instead of
     from 0 up to the traced ``num_steps`` (no traced bound carried through the loop, as in the AR loop; the
     tokens are shifted back after it); the same tokens either way.
-    Returns (state, tokens committed [B])."""
+    ``keep_states`` (not with ``static_bound``): also keep the residual stream of every fed token at every
+    sub-layer boundary, ``[2L + 1, B, steps, H]``, column ``i`` the stretch's ``i``-th forward (row ``b``'s
+    position ``state.committed[b] - 1 + i``), for a plan on the stretch's tokens (docs/methods.md §5.6).
+    Returns (state, tokens committed [B]) (and the states with ``keep_states``)."""
+    if keep_states and static_bound:
+        raise ValueError("plain_decode: keep_states keeps column i for the stretch's i-th step; static_bound shifts "
+                         "the steps (use one or the other)")
     batch = state.pending.shape[0]
     active = ~state.done
     stop = jnp.asarray(engine.stop_tokens if engine.stop_tokens else (-2,), jnp.int32)
@@ -496,10 +502,14 @@ def plain_decode_fn(params, state: LoopState, num_steps, *, config: ModelConfig,
     # call (two cache copies per stretch; docs/methods.md §5.2)
     tokens = constrain(jnp.full((batch, steps), PAD_OUTPUT, jnp.int32), ACTIVATION_AXES["output_tokens"])
     start, end = (steps - jnp.minimum(steps, num_steps), steps) if static_bound else (0, jnp.minimum(steps, num_steps))
-    tokens, cache = decode_steps(params, state.target_cache.with_lengths(state.committed - 1), state.pending,
-                                 state.done, tokens, loop_key, start, end, config=config,
-                                 sampling=engine.sampling, stop_tokens=tuple(engine.stop_tokens),
-                                 skip_finished=engine.skip_finished_rows)
+    kept = None
+    if keep_states:
+        kept = jnp.zeros((2 * config.num_layers + 1, batch, steps, config.hidden_size), config.jnp_dtype)
+    decoded = decode_steps(params, state.target_cache.with_lengths(state.committed - 1), state.pending,
+                           state.done, tokens, loop_key, start, end, config=config,
+                           sampling=engine.sampling, stop_tokens=tuple(engine.stop_tokens),
+                           skip_finished=engine.skip_finished_rows, states=kept)
+    tokens, cache = decoded[:2]
     if static_bound:  # the stretch's tokens sit in columns start .. steps - 1: move them to 0 ..
         padded = jnp.concatenate([tokens, jnp.full_like(tokens, PAD_OUTPUT)], axis=1)
         tokens = jax.lax.dynamic_slice_in_dim(padded, start, steps, axis=1)
@@ -520,10 +530,10 @@ def plain_decode_fn(params, state: LoopState, num_steps, *, config: ModelConfig,
     state = state._replace(target_cache=cache.with_lengths(committed - 1), out=out, num_out=num_out,
                            committed=committed, pending=jnp.where(count > 0, last, state.pending),
                            previous=jnp.where(count > 0, before_last, state.previous), done=done, key=key)
-    return state, count
+    return (state, count, decoded[2]) if keep_states else (state, count)
 
 
-plain_decode = jax.jit(plain_decode_fn, static_argnames=("config", "engine", "steps", "static_bound"),
+plain_decode = jax.jit(plain_decode_fn, static_argnames=("config", "engine", "steps", "static_bound", "keep_states"),
                        donate_argnames=("state",))
 
 
@@ -617,6 +627,8 @@ class LiveRun:
     timings: Dict[str, float] = dataclasses.field(default_factory=dict)  # prefill_s; decode_s at finish
     last_chunk: int = 0
     plain_from: Optional[tuple] = None  # (previous, num_out, committed) before the current plain stretch
+    # a Chunk(keep_states=True)'s target states: (states [2L + 1, B, S, H], first position [B], tokens kept [B])
+    kept_states: Optional[tuple] = None
 
     def finished(self) -> bool:
         return bool(jnp.all(self.state.done))
@@ -747,8 +759,14 @@ def speculative_generate(target_params, target_config: ModelConfig, prompts: Seq
                 raise ValueError(f"Chunk plain_steps={steps} exceeds max_new_tokens={engine.max_new_tokens}")
             if live.plain_from is None:  # the draft cache misses what plain decoding commits from here on
                 live.plain_from = tuple(jnp.copy(x) for x in (state.previous, state.num_out, state.committed))
-            state, count = plain_decode(target_params, state, jnp.int32(steps), config=target_config, engine=engine,
-                                        steps=engine.max_new_tokens)
+            if chunk.keep_states:  # its own compile: the states buffer is sized for this stretch alone
+                first = state.committed - 1
+                state, count, states = plain_decode(target_params, state, jnp.int32(steps), config=target_config,
+                                                    engine=engine, steps=steps, keep_states=True)
+                live.kept_states = (states, first, count)
+            else:
+                state, count = plain_decode(target_params, state, jnp.int32(steps), config=target_config,
+                                            engine=engine, steps=engine.max_new_tokens)
             live.counters.plain_steps += steps
             live.counters.plain_tokens += int(jnp.sum(count))
             live.state, live.last_chunk = state, steps

@@ -516,6 +516,7 @@ class PlanRecord:
     # the reference window (and the planning rows' cache), applying the plan; None: not recorded
     host_seconds: Optional[Dict[str, float]] = None
     states_from_prefill: bool = False  # the window's target states came from the prefill (prefill_window)
+    states_from_plain: bool = False  # ... from the plain stretch that decoded the window (Chunk keep_states)
 
     def summary(self) -> dict:
         out = self.plan.summary()
@@ -527,7 +528,7 @@ class PlanRecord:
                    verify_rows=int(self.verify_rows), context_length=float(self.context_length),
                    n_skip_attn=int(mask[:, 0].sum()), n_skip_mlp=int(mask[:, 1].sum()), probe=self.probe,
                    predicted_seconds=self.predicted_seconds, rows=self.rows,
-                   states_from_prefill=self.states_from_prefill)
+                   states_from_prefill=self.states_from_prefill, states_from_plain=self.states_from_plain)
         c = self.candidates
         if c is not None and c.stage_seconds:  # with the controller's parts, and the rest of the planning time
             stages = dict(c.stage_seconds, **(self.host_seconds or {}))
@@ -889,6 +890,14 @@ class KnapSpecController(ScriptedController):
         return bool(self.replan and self.knapspec.plan_at_start and self.knapspec.start_states == "prefill"
                     and getattr(self.planner, "accepts_window_states", False))
 
+    def keeps_plain_states(self) -> bool:
+        """Whether the first plan after plain decoding (``plan_after_plain``) takes its window's target states from
+        the plain stretch that decoded those tokens (``start_states="prefill"``: kept by the forward that wrote
+        them, docs/methods.md §5.6) instead of computing them."""
+        return bool(self.replan and self.knapspec.plan_after_plain is not None and self.knapspec.honor_gamma
+                    and self.knapspec.start_states == "prefill"
+                    and getattr(self.planner, "accepts_window_states", False))
+
     def prefill_target(self, target_params, target_config, tokens, lengths, cache):
         """The engine's prefill (:class:`~jaxspec.decoding.contract.Controller`): with
         :meth:`keeps_window_states`, :func:`prefill_window` over the last ``reference_floor`` prompt tokens
@@ -935,8 +944,9 @@ class KnapSpecController(ScriptedController):
             state, current["draft_state"] = current["draft_state"], None
             return state
 
-        def advance(rounds: Optional[int]):
-            """Run ``rounds`` schedule rounds (None: to the end) under the current plan."""
+        def advance(rounds: Optional[int], keep_states: bool = False):
+            """Run ``rounds`` schedule rounds (None: to the end) under the current plan; ``keep_states``: a plain
+            stretch also keeps its tokens' target states (``LiveRun.kept_states``)."""
             if current["gamma"] == 0:
                 state = run.state
                 remaining = np.asarray(engine.max_new_tokens - state.num_out)[~np.asarray(state.done)]
@@ -946,7 +956,7 @@ class KnapSpecController(ScriptedController):
                     return 0
                 # one dispatch, the step count traced and the token buffer sized for the whole run: one
                 # compile whatever the length (a probe, an interval, a postponed plan's longer stretch)
-                yield Chunk(plain_steps=steps, draft_state=take_draft_state())
+                yield Chunk(plain_steps=steps, draft_state=take_draft_state(), keep_states=keep_states)
                 return steps
             self.buckets_used.add(current["bucket"])
             yield Chunk(rounds=rounds, gamma=current["bucket"], draft_state=take_draft_state(),
@@ -1003,11 +1013,11 @@ class KnapSpecController(ScriptedController):
         row_share = 1.0 if knapspec.plan_rows is None else min(int(knapspec.plan_rows), batch) / batch
         if self.replan and knapspec.honor_gamma:  # the official code always plans and drafts
             n0 = self.context_n if self.context_n is not None else effective_context(config, lengths, run.capacity)
-            kept = self.window_states is not None and self.keeps_window_states()
+            kept = (self.window_states is not None and self.keeps_window_states()) or self.keeps_plain_states()
             self.allowance = reference_allowance(planner, model, config, n0, engine.max_new_tokens, knapspec,
                                                  row_share=row_share, states_known=kept)
             if kept:
-                self.allowance["states_from_prefill"] = True
+                self.allowance["states_from_prefill" if self.keeps_window_states() else "states_from_plain"] = True
             if self.allowance["skip"]:  # no affordable plan: plain decoding from the start (gamma* = 0)
                 apply_plan(np.zeros((config.num_layers, 2), bool), 0)
                 next_plan = None
@@ -1030,7 +1040,10 @@ class KnapSpecController(ScriptedController):
                         break
                 mark = np.asarray(run.state.target_cache.lengths)
             if next_plan > true_round:
-                true_round += yield from advance(next_plan - true_round)
+                # the stretch before the first plan after plain decoding keeps its tokens' states for that plan
+                keep = plain_start is not None and next_plan == plain_start and self.keeps_plain_states()
+                run.kept_states = None
+                true_round += yield from advance(next_plan - true_round, keep_states=keep)
                 if true_round < next_plan:
                     break
             if run.finished():
@@ -1074,6 +1087,12 @@ class KnapSpecController(ScriptedController):
                         config, cache_lengths, state.target_cache.capacity)
                     plan_cache = state.target_cache
                     kept = self.window_states if at_start and self.keeps_window_states() else None
+                    from_plain = kept is None and run.kept_states is not None
+                    if from_plain:  # the plain stretch that decoded the window kept its states
+                        states, first, count = run.kept_states
+                        count = np.asarray(count, np.int64)
+                        kept = WindowStates(states, count, np.asarray(first, np.int64) + count)
+                    run.kept_states = None
                     if knapspec.plan_rows is not None and int(knapspec.plan_rows) < batch:
                         rows = planning_rows(token_mask, np.asarray(state.done), int(knapspec.plan_rows))
                         ref_tokens, token_mask, prefix = ref_tokens[rows], token_mask[rows], prefix[rows]
@@ -1104,7 +1123,8 @@ class KnapSpecController(ScriptedController):
                         gamma_used=current["gamma"], verify_rows=current["bucket"] + 1 if current["gamma"] else 1,
                         context_length=float(np.mean(cache_lengths + 1)), planner=planner.name,
                         predicted_seconds=cost, rows=int(ref_tokens.shape[0]), host_seconds=host,
-                        states_from_prefill=window_states is not None))
+                        states_from_prefill=window_states is not None and not from_plain,
+                        states_from_plain=window_states is not None and from_plain))
                 plan_end = time.perf_counter()
             self.timings["plan_s"] += plan_end - plan_start
             last = (plan_end, plan_end - plan_start, true_round)

@@ -68,6 +68,9 @@ class ForwardOutput(NamedTuple):
     hidden: Optional[jax.Array] = None  # [B, T, H] final hidden state before the norm, if requested
     # write_cache=False: (keys, values), each a tuple over layers of the new tokens' [B, Hkv, T, D]
     new_kv: Optional[Tuple[Tuple[jax.Array, ...], Tuple[jax.Array, ...]]] = None
+    # return_states=True: the residual stream [2L + 1, B, T, H] at every sub-layer boundary (the embedding, then
+    # after each layer's Attention and after its MLP), as jaxspec.knapspec.dp.boundary_states computes it
+    states: Optional[jax.Array] = None
 
 
 # ---------------------------------------------------------------------------- forward
@@ -113,7 +116,7 @@ def _validate_static(config: ModelConfig, skip_mask, probe_heads):
 
 def forward(params: ModelParams, tokens, cache: KVCache, *, config: ModelConfig, skip_mask=None,
             verify_indices=None, probe_heads: ProbeHeads = (), positions=None, output_positions=None,
-            return_hidden: bool = False, write_cache: bool = True) -> ForwardOutput:
+            return_hidden: bool = False, write_cache: bool = True, return_states: bool = False) -> ForwardOutput:
     """The forward of ``tokens [B, T]`` appended to ``cache`` (see the module docstring).
 
     ``write_cache=False``: the attention reads the cache and the new tokens as usual, but their K/V are
@@ -150,6 +153,7 @@ def forward(params: ModelParams, tokens, cache: KVCache, *, config: ModelConfig,
     cos, sin = rope_tables(config, positions)
     h = embed(params, tokens, config)
 
+    boundaries = [h] if return_states else None
     probe_q = [None] * len(probe_heads)
     probe_p = [None] * len(probe_heads)
     new_keys, new_values = list(cache.keys), list(cache.values)
@@ -167,6 +171,8 @@ def forward(params: ModelParams, tokens, cache: KVCache, *, config: ModelConfig,
                                 verify_indices, local, skip_attn=skip_attn, skip_mlp=skip_mlp,
                                 history_lengths=history, write_cache=write_cache)
         h, new_keys[i], new_values[i] = out.hidden, out.cache_k, out.cache_v
+        if return_states:
+            boundaries += [out.attention_hidden, out.hidden]
         if not write_cache:
             rows_k.append(out.new_keys)
             rows_v.append(out.new_values)
@@ -183,7 +189,8 @@ def forward(params: ModelParams, tokens, cache: KVCache, *, config: ModelConfig,
     if probe_heads:
         probes = _assemble_probes(probe_q, probe_p, probe_heads, batch, steps, config, verify_indices, capacity)
     return ForwardOutput(logits=logits, cache=new_cache, probes=probes, hidden=h if return_hidden else None,
-                         new_kv=None if write_cache else (tuple(rows_k), tuple(rows_v)))
+                         new_kv=None if write_cache else (tuple(rows_k), tuple(rows_v)),
+                         states=jnp.stack(boundaries) if return_states else None)
 
 
 def write_new_kv(cache: KVCache, new_kv, start, enabled=True) -> KVCache:

@@ -176,3 +176,80 @@ def test_prefill_window_rejects_bad_input(params):
     with pytest.raises(ValueError, match="empty cache"):
         prefill_window(params, TARGET, tokens, lengths, held, 24)
     assert isinstance(windowed_prefill(params)[2], WindowStates)
+
+
+def test_plain_stretch_keeps_the_states_of_the_tokens_it_feeds(params):
+    """plain_decode(keep_states=True): column i holds the residual stream of the stretch's i-th fed token, equal to
+    boundary_states of those tokens on the cache before the stretch; tokens, counts and cache are the stretch's
+    without keep_states."""
+    import jax.numpy as jnp
+
+    from jaxspec.decoding.speculative import EngineConfig, loop_state_from_caches, plain_decode
+
+    engine = EngineConfig(gamma=2, max_new_tokens=NEW)
+    cache, logits = plain_prefill(params)
+    pending = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    before = cache.lengths
+
+    def state():
+        return loop_state_from_caches(jax.tree.map(jnp.copy, cache), None, pending, pending, engine)
+
+    steps = 6
+    plain, count = plain_decode(params, state(), jnp.int32(steps), config=TARGET, engine=engine, steps=steps)
+    kept_state, kept_count, states = plain_decode(params, state(), jnp.int32(steps), config=TARGET, engine=engine,
+                                                  steps=steps, keep_states=True)
+    np.testing.assert_array_equal(np.asarray(kept_count), np.asarray(count))
+    np.testing.assert_array_equal(np.asarray(kept_state.out), np.asarray(plain.out))
+    np.testing.assert_array_equal(np.asarray(kept_state.target_cache.lengths), np.asarray(plain.target_cache.lengths))
+    assert states.shape == (2 * TARGET.num_layers + 1, len(PROMPTS), steps, TARGET.hidden_size)
+    # the fed tokens: the pending one (the last committed before the stretch), then each token the stretch commits
+    first = int(np.asarray(state().num_out)[0]) - 1
+    fed = np.asarray(plain.out)[:, first: first + steps]
+    np.testing.assert_array_equal(fed[:, 0], np.asarray(pending))
+    want = dp.boundary_states(params, TARGET, fed, cache, before)
+    np.testing.assert_allclose(np.asarray(states), np.asarray(want), rtol=2e-5, atol=2e-5)
+    with pytest.raises(ValueError, match="keep_states keeps column i"):
+        plain_decode(params, state(), jnp.int32(steps), config=TARGET, engine=engine, steps=steps, keep_states=True,
+                     static_bound=True)
+
+
+def test_plan_after_plain_uses_the_plain_stretch_states_and_plans_the_same(params, monkeypatch):
+    """With plan_after_plain the stretch before the first plan keeps its tokens' states and that plan uses them (its
+    record says so, one boundary_states call fewer than a planner's that computes its own, the same plan and window
+    alpha); start_states="own" computes them; greedy output stays AR's."""
+    from jaxspec.knapspec import policy
+
+    class OwnStates(KnapSpecPlanner):
+        accepts_window_states = False
+
+    new = 32
+    rows = generate(params, TARGET, PROMPTS, new).rows()
+    knap = dataclasses_replace(KNAP, plan_at_start=False, plan_after_plain=8, reference_floor=None)
+    calls = {"n": 0}
+    computed = policy.boundary_states
+
+    def counted(*args, **kwargs):
+        calls["n"] += 1
+        return computed(*args, **kwargs)
+
+    monkeypatch.setattr(policy, "boundary_states", counted)
+    runs, states_calls = {}, {}
+    for name, planner, config in (("kept", KnapSpecPlanner(LATENCY, knap), knap),
+                                  ("own", OwnStates(LATENCY, knap), knap),
+                                  ("own-config", KnapSpecPlanner(LATENCY, knap),
+                                   dataclasses_replace(knap, start_states="own"))):
+        calls["n"] = 0
+        runs[name] = knapspec_generate(params, TARGET, PROMPTS, latency=LATENCY, knapspec=config, max_new_tokens=new,
+                                       planner=planner, capacity=CAPACITY)
+        states_calls[name] = calls["n"]
+    for name, result in runs.items():
+        assert result.rows() == rows, name
+    first = {name: result.metrics["knapspec_plans"][0] for name, result in runs.items()}
+    assert first["kept"]["states_from_plain"] and not first["kept"]["states_from_prefill"]
+    assert not first["own"]["states_from_plain"] and not first["own-config"]["states_from_plain"]
+    assert all(plan["round"] == 8 for plan in first.values())
+    for name in ("own", "own-config"):
+        for key in ("skip_attn", "skip_mlp", "gamma_star"):
+            assert first["kept"][key] == first[name][key], (name, key)
+        assert first["kept"]["alpha"] == pytest.approx(first[name]["alpha"], abs=1e-6)
+        assert states_calls["kept"] == states_calls[name] - 1 >= 0, (name, states_calls)
