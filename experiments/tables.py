@@ -469,6 +469,9 @@ KNAPSPEC_TWO_STAGE_CPU = f"{K}smollm2-135m_1k_b1_two-stage_cpu.json"  # the same
 KNAPSPEC_AT_START_CPU = f"{K}smollm2-135m_1k_b1_two-stage_at-start_cpu.json"
 #: the same plan made after 64 plainly decoded tokens, on those alone (docs/methods.md §5.6, --plan-after-plain)
 KNAPSPEC_AFTER_PLAIN_CPU = f"{K}smollm2-135m_1k_b1_two-stage_after-plain_cpu.json"
+#: the same with a per-step profile, the plan computing its window's states (own) or taking them from the stretch
+KNAPSPEC_AFTER_PLAIN_STATES_CPU = {kind: f"{K}smollm2-135m_1k_b1_two-stage_after-plain_{kind}-states_cpu.json"
+                                   for kind in ("own", "kept")}
 #: the at-start two-stage planner on the real Qwen2.5-Coder-1.5B on the CPU (1k, batch 1, 256 new tokens)
 KNAPSPEC_AT_START_QWEN_CPU = f"{K}qwen2.5-coder-1.5b_1k_b1_two-stage_at-start_cpu.json"
 KNAPSPEC_PLAN_ROWS_AT_START = f"{K}qwen2.5-coder-1.5b_32k-8k_b16_plan-rows_at-start_h200.json"
@@ -2154,6 +2157,7 @@ def knapspec_two_stage_cpu_note() -> str:
                if c["predicted_ar_step_s"] > 1.1 * c["ar_step_s"] else "")
             + knapspec_at_start_cpu_note(c) + knapspec_after_plain_note(KNAPSPEC_AFTER_PLAIN_CPU, "cpu-knapspec step "
                                                                           "smollm2-135m-1k-two-stage-after-plain")
+            + knapspec_plain_states_note()
             + knapspec_plain_priced_cpu_note(c) + knapspec_qwen_at_start_cpu_note())
 
 
@@ -2275,6 +2279,28 @@ def knapspec_after_plain_note(source: str, step: str) -> str:
     if c.get("rounds"):
         text += f"; the run's rounds measured an acceptance of {c['acceptance_rate']:.2f} (tau {c['tau']:.2f})"
     return text + "."
+
+
+def knapspec_plain_states_note() -> str:
+    """The plan after 64 plain tokens computing its window's target states against taking them from the plain
+    stretch that decoded the window (docs/methods.md §5.6), the two runs measured one after the other with one
+    latency profile."""
+    found = {kind: RESULTS / path for kind, path in KNAPSPEC_AFTER_PLAIN_STATES_CPU.items()}
+    if not all(path.exists() for path in found.values()):
+        return (" The plan after plain tokens computing its window's states against taking them from the plain "
+                "stretch: not measured yet (cpu-knapspec steps smollm2-135m-1k-two-stage-after-plain-own-states, "
+                "-kept-states).")
+    parts = []
+    for kind, what in (("own", "computing its window's states"), ("kept", "with them kept by the plain stretch")):
+        (_, c), = [(k, v) for k, v in load(found[kind])["cases"].items() if "speedup_vs_ar" in v]
+        p = (c.get("plans") or [{}])[0]
+        states = (p.get("stage_seconds") or {}).get("boundary_states")
+        parts.append(f"{what} {c['speedup_vs_ar']:.2f}x AR, planning {100 * c['plan_fraction_of_decode']:.1f} % of "
+                     f"decode" + (f" (the plan {1e3 * p['seconds']:.0f} ms, its window's states "
+                                  f"{1e3 * states:.0f} ms of it)" if p.get("seconds") and states is not None else ""))
+    return (f" The plan after 64 plain tokens, with a profile without the per-call cost "
+            f"(`{KNAPSPEC_AFTER_PLAIN_STATES_CPU['own']}`, `{KNAPSPEC_AFTER_PLAIN_STATES_CPU['kept']}`): "
+            + "; ".join(parts) + ".")
 
 
 def knapspec_at_start_cpu_note(base: dict) -> str:
@@ -3680,6 +3706,10 @@ def _figures() -> List[Figure]:
             (KNAPSPEC_AT_START_CPU, "two-stage-at-start", "two-stage plan made before the first round (--plan-at-start)"),
             (KNAPSPEC_AFTER_PLAIN_CPU, "two-stage-after-plain", "two-stage plan made after 64 plain tokens on those "
                                                                 "alone (--plan-after-plain 64)"),
+            *((KNAPSPEC_AFTER_PLAIN_STATES_CPU[kind], f"two-stage-after-plain-{kind}-states",
+               f"two-stage plan made after 64 plain tokens, {what}, per-step profile")
+              for kind, what in (("own", "its window's states computed by the plan"),
+                                 ("kept", "its window's states kept by the plain stretch"))),
             (KNAPSPEC_PREFILL_STATES_CPU, "two-stage-at-start-prefill-states", "two-stage plan made before the first "
                                                                               "round, its window's states kept by the "
                                                                               "prefill"),
@@ -3701,7 +3731,8 @@ def _figures() -> List[Figure]:
         add(Figure(f"{base}/planning-share", f"{what}: planning / decode time", "%", source,
                    ("cases", key, "plan_fraction_of_decode"), scale=100, target="target <= 5 %"))
         add(Figure(f"{base}/speedup", f"{what}, vs paired AR", "x AR", source, ("cases", key, "speedup_vs_ar")))
-        if source in (KNAPSPEC_PREFILL_STATES_CPU, KNAPSPEC_OWN_STATES_CPU, KNAPSPEC_ONE_FINALIST_CPU) and \
+        if source in (KNAPSPEC_PREFILL_STATES_CPU, KNAPSPEC_OWN_STATES_CPU, KNAPSPEC_ONE_FINALIST_CPU,
+                      *KNAPSPEC_AFTER_PLAIN_STATES_CPU.values()) and \
                 load(source)["cases"][key].get("plans"):
             add(Figure(f"{base}/reference-tokens", f"{what}: the plan's reference tokens (target >= 64)", "tokens",
                        source, ("cases", key, "plans", 0, "reference_tokens")))
