@@ -61,6 +61,26 @@ def window_of(count_cap):
     return tokens, mask, (lengths - counts).astype(np.int32)
 
 
+class OwnStates(KnapSpecPlanner):
+    """A planner that computes its window's states whatever was kept."""
+    accepts_window_states = False
+
+
+def count_boundary_states(monkeypatch) -> dict:
+    """Count the plans' own ``boundary_states`` forwards: ``calls["n"]`` (reset it between runs)."""
+    from jaxspec.knapspec import policy
+
+    calls = {"n": 0}
+    computed = policy.boundary_states
+
+    def counted(*args, **kwargs):
+        calls["n"] += 1
+        return computed(*args, **kwargs)
+
+    monkeypatch.setattr(policy, "boundary_states", counted)
+    return calls
+
+
 def test_prefill_window_is_the_prefill_and_keeps_the_window_states(params):
     """The cache and first logits equal the plain prefill's (every row's valid slots); the kept states equal
     boundary_states of the same tokens on the plain prefill's cache (to float32 rounding: a different prefill chunking
@@ -114,19 +134,7 @@ def test_plan_at_start_uses_the_prefill_states_and_plans_the_same(params, ar_row
     a planner's that computes its own states, over the same plans), and the plan (mask, gamma) and its window alpha
     equal that planner's; greedy output stays AR's. The same holds with a shared prefilled cache handed over with
     its window_states."""
-    from jaxspec.knapspec import policy
-
-    class OwnStates(KnapSpecPlanner):
-        accepts_window_states = False
-
-    calls = {"n": 0}
-    computed = policy.boundary_states
-
-    def counted(*args, **kwargs):
-        calls["n"] += 1
-        return computed(*args, **kwargs)
-
-    monkeypatch.setattr(policy, "boundary_states", counted)
+    calls = count_boundary_states(monkeypatch)
     runs, states_calls = {}, {}
     for name, planner in (("kept", KnapSpecPlanner(LATENCY, KNAP)), ("own", OwnStates(LATENCY, KNAP))):
         calls["n"] = 0
@@ -217,22 +225,10 @@ def test_plan_after_plain_uses_the_plain_stretch_states_and_plans_the_same(param
     """With plan_after_plain the stretch before the first plan keeps its tokens' states and that plan uses them (its
     record says so, one boundary_states call fewer than a planner's that computes its own, the same plan and window
     alpha); start_states="own" computes them; greedy output stays AR's."""
-    from jaxspec.knapspec import policy
-
-    class OwnStates(KnapSpecPlanner):
-        accepts_window_states = False
-
     new = 32
     rows = generate(params, TARGET, PROMPTS, new).rows()
     knap = dataclasses_replace(KNAP, plan_at_start=False, plan_after_plain=8, reference_floor=None)
-    calls = {"n": 0}
-    computed = policy.boundary_states
-
-    def counted(*args, **kwargs):
-        calls["n"] += 1
-        return computed(*args, **kwargs)
-
-    monkeypatch.setattr(policy, "boundary_states", counted)
+    calls = count_boundary_states(monkeypatch)
     runs, states_calls = {}, {}
     for name, planner, config in (("kept", KnapSpecPlanner(LATENCY, knap), knap),
                                   ("own", OwnStates(LATENCY, knap), knap),
