@@ -518,6 +518,9 @@ KNAPSPEC_PALLAS_B16_HALF_FIT = {tag: f"{K}qwen2.5-coder-1.5b_32k_b16_pallas_stat
 #: the same two with a profile that takes each call's fixed cost off its steps (docs/methods.md §4.1), on the H100
 KNAPSPEC_PALLAS_B1_PER_STEP = {"h100": f"{K}qwen2.5-coder-1.5b_32k_b1_pallas_static_after-plain_two-stretch_half-fit_per-step_h100.json"}
 KNAPSPEC_PALLAS_B16_PER_STEP = {"h100": f"{K}qwen2.5-coder-1.5b_32k_b16_pallas_static_1row_prefill-states_half-fit_per-step_h100.json"}
+#: the batch-1 one with its first plan's window states kept by the plain stretch (docs/methods.md §5.6)
+KNAPSPEC_PALLAS_B1_KEPT_STATES = {
+    "h100": f"{K}qwen2.5-coder-1.5b_32k_b1_pallas_static_after-plain_two-stretch_half-fit_per-step_kept-states_h100.json"}
 #: the traced plan runs: (file, device tag, what it adds, suite and step, index-key slug)
 KNAPSPEC_PLAN_TRACES = tuple(
     (f"{K}qwen2.5-coder-1.5b_32k_b16_pallas_static{variant}_trace_{tag}.json", tag,
@@ -1313,7 +1316,10 @@ def _knapspec_pallas_more_note() -> str:
                   (KNAPSPEC_PALLAS_B1_PER_STEP, 1, "The half-fit run on an H100 at batch 1",
                    "knapspec-qwen2.5-coder-1.5b-b1-32k-pallas-static-half-fit-per-step"),
                   (KNAPSPEC_PALLAS_B16_PER_STEP, 16, "The half-fit run on an H100 at batch 16",
-                   "knapspec-qwen2.5-coder-1.5b-b16-32k-pallas-static-1row-half-fit-per-step")))):
+                   "knapspec-qwen2.5-coder-1.5b-b16-32k-pallas-static-1row-half-fit-per-step"),
+                  (KNAPSPEC_PALLAS_B1_KEPT_STATES, 1, "The per-step batch-1 run with the first plan's window states "
+                                                      "kept by the plain stretch (docs/methods.md §5.6), on an H100,",
+                   "knapspec-qwen2.5-coder-1.5b-b1-32k-pallas-static-half-fit-per-step-kept-states")))):
         if (RESULTS / source).exists():
             out.append(f"{what} (`{source}`): " + _knapspec_pallas_note(source, batch))
         else:
