@@ -216,6 +216,10 @@ def test_plain_stretch_keeps_the_states_of_the_tokens_it_feeds(params):
     np.testing.assert_array_equal(fed[:, 0], np.asarray(pending))
     want = dp.boundary_states(params, TARGET, fed, cache, before)
     np.testing.assert_allclose(np.asarray(states), np.asarray(want), rtol=2e-5, atol=2e-5)
+    from jaxspec.decoding.contract import Chunk
+
+    with pytest.raises(ValueError, match="keep_states=True keeps the states of plain steps: give plain_steps"):
+        Chunk(rounds=3, keep_states=True)
     with pytest.raises(ValueError, match="keep_states keeps column i"):
         plain_decode(params, state(), jnp.int32(steps), config=TARGET, engine=engine, steps=steps, keep_states=True,
                      static_bound=True)
