@@ -1362,10 +1362,11 @@ def _half_fit_note() -> str:
 
 
 def _modelled_plain_step(profile, n: float) -> float:
-    """A profile's price of a plain-decoding step at context ``n``, seconds: ``p t_step(n)`` (``a`` where ``p`` is 0)."""
+    """A profile's price of a plain-decoding step at context ``n``, seconds: ``p t_step(n)`` (``a`` where ``p`` is 0),
+    as ``LatencyModel.t_plain`` prices it (a sub-layer and the per-token term never below 0)."""
     m = profile["model"]
     L = profile["config"]["num_layers"]
-    step = L * (m["c2"] * n + m["c3"] + m["c1"]) + m["c0"] + m.get("c0_n", 0.0) * n
+    step = L * (max(0.0, m["c2"] * n + m["c3"]) + m["c1"]) + max(0.0, m["c0"] + m.get("c0_n", 0.0) * n)
     ratio = m.get("p", 0.0) or m.get("a", 1.0)
     return ratio * step
 

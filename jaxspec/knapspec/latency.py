@@ -786,7 +786,6 @@ def profile_latency_forward(config: ModelConfig, batch: int = 1, contexts: Seque
         fit.update(u_raw=slopes[-1], u_per_context=slopes, u_at=float(u), u_n=float(u_n))
         fit["clamped"].extend(clamped)
         model = dataclasses.replace(model, u=u, u_n=u_n)
-    fit.update(call_overhead_per_context=overhead, call_overhead_per_step=[o / steps for o in overhead])
     if plain_samples:
         plain_med = statistics.median(plain_samples["plain"])
         full_med = statistics.median(plain_samples["full"])
