@@ -264,7 +264,7 @@ def test_repriced_tpt_tells_which_side_of_the_prediction_holds_the_correlation_b
     monkeypatch.setattr(tables, "RESULTS", tmp_path)
     text = tables._repriced_tpt("knapspec/r.json", "h100", 32000)
     assert "by the same latency model, r = 0.87 with tokens/s against 0.63 with the DP's alpha" in text
-    assert "by the forward-static-half profile (`half.json`) r = 0.65 with the DP's alpha, n/a with the measured" in text
+    assert "by the forward-static-half profile (`p/half.json`) r = 0.65 with the DP's alpha, n/a with the measured" in text
     assert text.endswith("the DP's alpha, more than the latency model, holds the prediction back.")
     rows[1]["pearson_vs_throughput"] = 0.70  # a new file: tables.load caches what it read
     (tmp_path / "knapspec" / "r2.json").write_text(json.dumps({"cases": {"h100/summarize/ctx32000/b1/repriced":
