@@ -521,6 +521,9 @@ KNAPSPEC_PALLAS_B16_PER_STEP = {"h100": f"{K}qwen2.5-coder-1.5b_32k_b16_pallas_s
 #: the batch-1 one with its first plan's window states kept by the plain stretch (docs/methods.md §5.6)
 KNAPSPEC_PALLAS_B1_KEPT_STATES = {
     "h100": f"{K}qwen2.5-coder-1.5b_32k_b1_pallas_static_after-plain_two-stretch_half-fit_per-step_kept-states_h100.json"}
+#: the same decoding 768 new tokens (the plan's fixed cost spread over 3x the decode)
+KNAPSPEC_PALLAS_B1_KEPT_STATES_768 = {"h100": f"{K}qwen2.5-coder-1.5b_32k_b1_pallas_static_after-plain_two-stretch_"
+                                              "half-fit_per-step_kept-states_768new_h100.json"}
 #: the traced plan runs: (file, device tag, what it adds, suite and step, index-key slug)
 KNAPSPEC_PLAN_TRACES = tuple(
     (f"{K}qwen2.5-coder-1.5b_32k_b16_pallas_static{variant}_trace_{tag}.json", tag,
@@ -588,7 +591,15 @@ KNAPSPEC_PALLAS_RUNS = ((KNAPSPEC_PALLAS, "pallas", ""),
                                "the first plan after 64 plain tokens, one untimed round before each side of the "
                                "probe and both sides priced as two stretches"),
                               (KNAPSPEC_PALLAS_B16_PER_STEP, "pallas-static-1row-prefill-states-half-fit-per-step",
-                               "one plan at the start on one row's window, its states kept by the prefill"))),
+                               "one plan at the start on one row's window, its states kept by the prefill"),
+                              (KNAPSPEC_PALLAS_B1_KEPT_STATES,
+                               "pallas-static-after-plain-two-stretch-half-fit-per-step-kept-states",
+                               "the first plan after 64 plain tokens on their states kept by the plain stretch, one "
+                               "untimed round before each side of the probe and both sides priced as two stretches"),
+                              (KNAPSPEC_PALLAS_B1_KEPT_STATES_768,
+                               "pallas-static-after-plain-two-stretch-half-fit-per-step-kept-states-768new",
+                               "the first plan after 64 plain tokens on their states kept by the plain stretch, one "
+                               "untimed round before each side of the probe and both sides priced as two stretches"))),
                         (KNAPSPEC_PALLAS_STATIC, "pallas-static",
                          " with static plans and a profile of compiled masks (--latency-fit forward-static)"),
                         *((source, slug, " with static plans and a profile of compiled masks (--latency-fit "
@@ -1319,7 +1330,10 @@ def _knapspec_pallas_more_note() -> str:
                    "knapspec-qwen2.5-coder-1.5b-b16-32k-pallas-static-1row-half-fit-per-step"),
                   (KNAPSPEC_PALLAS_B1_KEPT_STATES, 1, "The per-step batch-1 run with the first plan's window states "
                                                       "kept by the plain stretch (docs/methods.md §5.6), on an H100,",
-                   "knapspec-qwen2.5-coder-1.5b-b1-32k-pallas-static-half-fit-per-step-kept-states")))):
+                   "knapspec-qwen2.5-coder-1.5b-b1-32k-pallas-static-half-fit-per-step-kept-states"),
+                  (KNAPSPEC_PALLAS_B1_KEPT_STATES_768, 1, "The same decoding 768 new tokens (32k + 768 = the model's "
+                                                          "trained length; the plan's fixed cost over 3x the decode),",
+                   "knapspec-qwen2.5-coder-1.5b-b1-32k-pallas-static-half-fit-per-step-kept-states-768new")))):
         if (RESULTS / source).exists():
             out.append(f"{what} (`{source}`): " + _knapspec_pallas_note(source, batch))
         else:
@@ -3662,6 +3676,7 @@ def _figures() -> List[Figure]:
     for source, suffix, how in KNAPSPEC_PALLAS_RUNS:  # AR and both KnapSpec variants on the Pallas kernel
         if not (RESULTS / source).exists():
             continue
+        new_tokens = load(source)["config"].get("max_new_tokens", 256)
         for key, case in load(source)["cases"].items():
             if "speedup_vs_ar" not in case:
                 continue
@@ -3669,7 +3684,7 @@ def _figures() -> List[Figure]:
             base = f"selfspec/real-qwen1.5b/{tag}/{ctx}/{batch}/{method}-{suffix}"
             what = (f"{method} (two-stage plan on 2 rows before the first round)" if method == "knapspec" else
                     f"{method}") + (f", AR and {method} on the Pallas attention kernel{how}, real Qwen2.5-Coder-1.5B "
-                                    f"bf16, {ctx[3:]} tokens, batch {batch[1:]}, 256 new tokens")
+                                    f"bf16, {ctx[3:]} tokens, batch {batch[1:]}, {new_tokens} new tokens")
             add(Figure(f"{base}/speedup", f"{what}, vs paired AR", "x AR", source,
                        ("cases", key, "speedup_vs_ar"),
                        target="target >= 1.1x at 32k/b16" if method == "knapspec" else ""))
