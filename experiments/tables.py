@@ -521,6 +521,10 @@ KNAPSPEC_PALLAS_B16_PER_STEP = {"h100": f"{K}qwen2.5-coder-1.5b_32k_b16_pallas_s
 #: the batch-1 one with its first plan's window states kept by the plain stretch (docs/methods.md §5.6)
 KNAPSPEC_PALLAS_B1_KEPT_STATES = {
     "h100": f"{K}qwen2.5-coder-1.5b_32k_b1_pallas_static_after-plain_two-stretch_half-fit_per-step_kept-states_h100.json"}
+#: the batch-1 per-step run with one plan before the first round on the prompt's last 64 tokens (states from the
+#: prefill), 2 search tokens and 1 finalist
+KNAPSPEC_PALLAS_B1_AT_START_1_FINALIST = {"h100": f"{K}qwen2.5-coder-1.5b_32k_b1_pallas_static_at-start_prefill-states_"
+                                                  "1-finalist_half-fit_per-step_h100.json"}
 #: the same decoding 768 new tokens (the plan's fixed cost spread over 3x the decode)
 KNAPSPEC_PALLAS_B1_KEPT_STATES_768 = {"h100": f"{K}qwen2.5-coder-1.5b_32k_b1_pallas_static_after-plain_two-stretch_"
                                               "half-fit_per-step_kept-states_768new_h100.json"}
@@ -599,7 +603,11 @@ KNAPSPEC_PALLAS_RUNS = ((KNAPSPEC_PALLAS, "pallas", ""),
                               (KNAPSPEC_PALLAS_B1_KEPT_STATES_768,
                                "pallas-static-after-plain-two-stretch-half-fit-per-step-kept-states-768new",
                                "the first plan after 64 plain tokens on their states kept by the plain stretch, one "
-                               "untimed round before each side of the probe and both sides priced as two stretches"))),
+                               "untimed round before each side of the probe and both sides priced as two stretches"),
+                              (KNAPSPEC_PALLAS_B1_AT_START_1_FINALIST,
+                               "pallas-static-at-start-prefill-states-1-finalist-half-fit-per-step",
+                               "one plan before the first round on the prompt's last 64 tokens (states from the "
+                               "prefill), 2 search tokens and 1 finalist"))),
                         (KNAPSPEC_PALLAS_STATIC, "pallas-static",
                          " with static plans and a profile of compiled masks (--latency-fit forward-static)"),
                         *((source, slug, " with static plans and a profile of compiled masks (--latency-fit "
@@ -1333,7 +1341,12 @@ def _knapspec_pallas_more_note() -> str:
                    "knapspec-qwen2.5-coder-1.5b-b1-32k-pallas-static-half-fit-per-step-kept-states"),
                   (KNAPSPEC_PALLAS_B1_KEPT_STATES_768, 1, "The same decoding 768 new tokens (32k + 768 = the model's "
                                                           "trained length; the plan's fixed cost over 3x the decode),",
-                   "knapspec-qwen2.5-coder-1.5b-b1-32k-pallas-static-half-fit-per-step-kept-states-768new")))):
+                   "knapspec-qwen2.5-coder-1.5b-b1-32k-pallas-static-half-fit-per-step-kept-states-768new"),
+                  (KNAPSPEC_PALLAS_B1_AT_START_1_FINALIST, 1, "The per-step batch-1 run on an H100 with one plan before "
+                                                              "the first round on the prompt's last 64 tokens (states "
+                                                              "from the prefill), the DP on 2 search tokens and 1 "
+                                                              "finalist,",
+                   "knapspec-qwen2.5-coder-1.5b-b1-32k-pallas-static-half-fit-per-step-at-start-1-finalist")))):
         if (RESULTS / source).exists():
             out.append(f"{what} (`{source}`): " + _knapspec_pallas_note(source, batch))
         else:
