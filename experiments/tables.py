@@ -2379,7 +2379,8 @@ def _repriced_tpt(source: str, tag: str, ctx: int) -> str:
         if profile == own:
             continue
         method = next(row["method"] for row in case["rows"] if row["profile"] == profile)
-        out += (f"; by the {method} profile (`{pathlib.Path(profile).parent.name}/{pathlib.Path(profile).name}`) r = {fmt(by.get((profile, 'dp')))} with "
+        shown = "/".join(pathlib.Path(profile).parts[-2:])  # folder and name: two profiles may share a name
+        out += (f"; by the {method} profile (`{shown}`) r = {fmt(by.get((profile, 'dp')))} with "
                 f"the DP's alpha, {fmt(by.get((profile, 'measured')))} with the measured acceptance")
     if r_dp is not None and r_measured is not None and r_measured - r_dp >= 0.1:
         return out + ": the DP's alpha, more than the latency model, holds the prediction back."
