@@ -550,6 +550,8 @@ PLAN_STAGES = tuple((f"{K}plan_stages_{run}.json", model, device) for run, model
     ("smollm2-135m_2k_1row_cpu", "real SmolLM2-135M f32", "the CPU"),
     ("qwen2.5-1.5b-shape_32k_1row_h100", "the Qwen2.5-1.5B shape with random weights, bf16", "an H100"),
     ("qwen2.5-1.5b-shape_32k_1row_h200", "the Qwen2.5-1.5B shape with random weights, bf16", "the H200"),
+    ("qwen2.5-1.5b-shape_32k_1row_2search_1finalist_h100", "the Qwen2.5-1.5B shape with random weights, bf16, the DP "
+     "on 2 search tokens and 1 finalist", "an H100"),
     *((f"real-masks_qwen2.5-1.5b-shape_{run}", f"the Qwen2.5-1.5B shape with random weights, {dtype}, the finalists "
        "the real 1-row plan at 32k/b16 chose (--masks-from)", device)
       for run, dtype, device in (("1k_1row_cpu", "f32", "the CPU"), ("32k_1row_h100", "bf16", "an H100"),
@@ -3718,8 +3720,10 @@ def _figures() -> List[Figure]:
         tag = source.rsplit("_", 1)[1].split(".")[0]  # the file name ends in its device: cpu, h100, h200
         for key, case in data["cases"].items():
             masks = "-real-masks" if data["config"].get("masks_from") else ""  # the finalists a results file's plans
+            search = (data["config"]["search_tokens"], data["config"]["finalists"])
             base = (f"knapspec/plan-stages/{data['config']['model'].replace('random:', '')}{masks}/{tag}/"
-                    f"ctx{case['context']}/r{data['config']['rows']}")
+                    f"ctx{case['context']}/r{data['config']['rows']}"
+                    + ("" if search == (3, 2) else "/s{}f{}".format(*search)))  # 3 search tokens, 2 finalists: bare
             for name, what in plan_stage_names(case):
                 add(Figure(f"{base}/{name.replace('_', '-')}-ms", f"one two-stage plan's stage timed alone, {what}, "
                            f"{model}, {case['context']} cached tokens, {case['window']}-token window (best of "
