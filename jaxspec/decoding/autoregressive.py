@@ -41,16 +41,47 @@ class GenerationResult:
         return float(self.num_generated.sum()) / max(self.timings["decode_s"], 1e-9)
 
 
+class CompileCounter:
+    """Counts XLA compiles (a persistent-cache hit included: it is still traced, lowered and loaded) while
+    entered, from JAX's ``backend_compile_duration`` monitoring event: ``count`` and ``seconds``."""
+
+    EVENT = "/jax/core/compile/backend_compile_duration"
+
+    def __init__(self):
+        self.count, self.seconds, self.active = 0, 0.0, False
+
+    def _listen(self, event, duration, **_):
+        if self.active and event == self.EVENT:
+            self.count += 1
+            self.seconds += float(duration)
+
+    def __enter__(self):
+        self.active = True
+        jax.monitoring.register_event_duration_secs_listener(self._listen)
+        return self
+
+    def __exit__(self, *exc):
+        self.active = False  # a JAX without unregister keeps the listener, silent
+        unregister = getattr(jax.monitoring, "unregister_event_duration_listener", None)
+        if unregister is not None:
+            unregister(self._listen)
+        return False
+
+
 def run_with_warmup(run, warmup: bool):
     """``run() -> (result, timings)``; with ``warmup`` run twice and keep the second (steady-state)
-    timings, reporting the first call's extra time as ``compile_s``."""
+    timings, reporting the first call's extra time as ``compile_s``, and the compiles the timed run still
+    made as ``timed_compiles`` / ``timed_compile_s`` (0 when the warm-up compiled everything the timed run
+    ran; a run whose choices depend on timing may take a path the warm-up did not)."""
     start = time.perf_counter()
     result, timings = run()
     if warmup:
         first_total = time.perf_counter() - start
         del result  # the warm-up's result (a run's caches, say) goes before the timed run allocates its own
-        result, timings = run()
+        with CompileCounter() as compiles:
+            result, timings = run()
         timings["compile_s"] = max(first_total - timings["prefill_s"] - timings["decode_s"], 0.0)
+        timings["timed_compiles"], timings["timed_compile_s"] = compiles.count, compiles.seconds
     return result, timings
 
 
