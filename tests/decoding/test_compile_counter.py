@@ -4,9 +4,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxspec.config import ModelConfig
 from jaxspec.decoding.autoregressive import CompileCounter, generate, run_with_warmup
 from jaxspec.models.llama import init_params
-from tests.knapspec.test_controller import PROMPTS, TARGET
+
+TARGET = ModelConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=5, num_heads=4, num_kv_heads=2,
+                     head_dim=16, dtype="float32")
+PROMPTS = [np.random.RandomState(0).randint(0, 97, n).tolist() for n in (5, 17, 40)]
 
 
 def test_a_new_program_in_the_timed_run_is_counted_and_a_warm_one_is_not():
