@@ -528,6 +528,9 @@ KNAPSPEC_PALLAS_B1_AT_START_1_FINALIST = {"h100": f"{K}qwen2.5-coder-1.5b_32k_b1
 #: the same decoding 768 new tokens (the plan's fixed cost spread over 3x the decode)
 KNAPSPEC_PALLAS_B1_KEPT_STATES_768 = {"h100": f"{K}qwen2.5-coder-1.5b_32k_b1_pallas_static_after-plain_two-stretch_"
                                               "half-fit_per-step_kept-states_768new_h100.json"}
+#: what the two kept-states runs add to "on an H100 with static plans"
+_KEPT_STATES_HOW = ("the first plan after 64 plain tokens on their states kept by the plain stretch, one untimed round "
+                    "before each side of the probe and both sides priced as two stretches")
 #: the traced plan runs: (file, device tag, what it adds, suite and step, index-key slug)
 KNAPSPEC_PLAN_TRACES = tuple(
     (f"{K}qwen2.5-coder-1.5b_32k_b16_pallas_static{variant}_trace_{tag}.json", tag,
@@ -600,12 +603,10 @@ KNAPSPEC_PALLAS_RUNS = ((KNAPSPEC_PALLAS, "pallas", ""),
                                "one plan at the start on one row's window, its states kept by the prefill"),
                               (KNAPSPEC_PALLAS_B1_KEPT_STATES,
                                "pallas-static-after-plain-two-stretch-half-fit-per-step-kept-states",
-                               "the first plan after 64 plain tokens on their states kept by the plain stretch, one "
-                               "untimed round before each side of the probe and both sides priced as two stretches"),
+                               _KEPT_STATES_HOW),
                               (KNAPSPEC_PALLAS_B1_KEPT_STATES_768,
                                "pallas-static-after-plain-two-stretch-half-fit-per-step-kept-states-768new",
-                               "the first plan after 64 plain tokens on their states kept by the plain stretch, one "
-                               "untimed round before each side of the probe and both sides priced as two stretches"),
+                               _KEPT_STATES_HOW),
                               (KNAPSPEC_PALLAS_B1_AT_START_1_FINALIST,
                                "pallas-static-at-start-prefill-states-1-finalist-half-fit-per-step",
                                "one plan before the first round on the prompt's last 64 tokens (states from the "

@@ -48,23 +48,19 @@ class CompileCounter:
     EVENT = "/jax/core/compile/backend_compile_duration"
 
     def __init__(self):
-        self.count, self.seconds, self.active = 0, 0.0, False
+        self.count, self.seconds = 0, 0.0
 
     def _listen(self, event, duration, **_):
-        if self.active and event == self.EVENT:
+        if event == self.EVENT:
             self.count += 1
             self.seconds += float(duration)
 
     def __enter__(self):
-        self.active = True
         jax.monitoring.register_event_duration_secs_listener(self._listen)
         return self
 
     def __exit__(self, *exc):
-        self.active = False  # a JAX without unregister keeps the listener, silent
-        unregister = getattr(jax.monitoring, "unregister_event_duration_listener", None)
-        if unregister is not None:
-            unregister(self._listen)
+        jax.monitoring.unregister_event_duration_listener(self._listen)
         return False
 
 
