@@ -486,6 +486,7 @@ KNAPSPEC_PREFILL_STATES_CPU = f"{K}smollm2-135m_1k_b1_two-stage_at-start_prefill
 KNAPSPEC_OWN_STATES_CPU = f"{K}smollm2-135m_1k_b1_two-stage_at-start_own-states_cpu.json"
 #: the cheapest two-stage plan (2 search tokens, 1 finalist) with the prefill's states, the same profile
 KNAPSPEC_ONE_FINALIST_CPU = f"{K}smollm2-135m_1k_b1_two-stage_at-start_prefill-states_1-finalist_cpu.json"
+KNAPSPEC_ONE_FINALIST_QWEN_CPU = f"{K}qwen2.5-coder-1.5b_1k_b1_two-stage_at-start_prefill-states_1-finalist_cpu.json"
 KNAPSPEC_PLAN_ROWS_CALIBRATED = f"{K}qwen2.5-coder-1.5b_32k-8k_b16_plan-rows_calibrated_h200.json"
 #: the two-stage plan at batch 16 on 2 rows' windows (docs/methods.md §5.6, `--plan-rows 2`), real 1.5B, 32k-8k
 KNAPSPEC_PLAN_ROWS = f"{K}qwen2.5-coder-1.5b_32k-8k_b16_plan-rows_h200.json"
@@ -2222,7 +2223,43 @@ def knapspec_qwen_at_start_cpu_note() -> str:
         text += (f" (the single-stage plan of the earlier qwen2.5-coder-1.5b-1k step, 128 new tokens: "
                  f"{single['speedup_vs_ar']:.2f}x AR with planning {100 * single['plan_fraction_of_decode']:.0f} % of "
                  "decode)")
-    return text + "."
+    return text + "." + _qwen_one_finalist_cpu_note()
+
+
+def _qwen_one_finalist_cpu_note() -> str:
+    """The cheapest two-stage plan (2 search tokens, 1 finalist, the window's states from the prefill) on the real
+    Qwen2.5-Coder-1.5B on the CPU (cpu-knapspec step qwen2.5-coder-1.5b-1k-at-start-prefill-states-1-finalist)."""
+    step = "cpu-knapspec step qwen2.5-coder-1.5b-1k-at-start-prefill-states-1-finalist"
+    if not (RESULTS / KNAPSPEC_ONE_FINALIST_QWEN_CPU).exists():
+        return f" The same model with the cheapest two-stage plan: not measured yet ({step})."
+    data = load(KNAPSPEC_ONE_FINALIST_QWEN_CPU)
+    (_, c), = [(k, v) for k, v in data["cases"].items() if "speedup_vs_ar" in v]
+    cfg, a, share = data["config"], c.get("plan_allowance") or {}, c["plan_fraction_of_decode"]
+    text = (f" The same model with the cheapest two-stage plan ({cfg.get('search_tokens')} search tokens, "
+            f"{cfg.get('finalists')} finalist, the window's states kept by the prefill; {step}, "
+            f"`{KNAPSPEC_ONE_FINALIST_QWEN_CPU}`, AR step {1e3 * c['ar_step_s']:.0f} ms): {c['speedup_vs_ar']:.2f}x AR, "
+            f"planning {100 * share:.1f} % of decode")
+    if not c.get("plans"):
+        return text + (f"; the allowance let {a.get('allowed_tokens')} reference tokens in at its "
+                       f"{a.get('plan_budget_s', 0):.2f} s budget, so it made no plan and decoded plainly. At most 5 % "
+                       "with at least 64 reference tokens: **missed** (no plan).")
+    p = c["plans"][0]
+    st = p.get("stage_seconds") or {}
+    tokens = p["reference_tokens"]
+    return text + (f"; the plan on {tokens} reference tokens took {p['seconds']:.2f} s against {p['predicted_seconds']:.2f} "
+                   f"s predicted (the DP {st.get('dp', 0):.2f} s, rescoring {st.get('rescore', 0):.2f} s, the window's "
+                   f"states {st.get('boundary_states', 0):.2f} s)"
+                   + (f"; the allowance priced the DP's search at {a['predicted_dp_search_s']:.2f} s and the window at "
+                      f"{1e3 * a['predicted_dp_s_per_token']:.1f} ms a token, so the DP ran "
+                      f"{st.get('dp', 0) / a['predicted_dp_search_s']:.1f}x and the rescoring "
+                      f"{st.get('rescore', 0) / (tokens * a['predicted_dp_s_per_token']):.1f}x its price: the "
+                      "many-row price, timed on plain forwards, undercounts both here"
+                      if a.get("predicted_dp_search_s") and a.get("predicted_dp_s_per_token") else "")
+                   + f"; its candidate skipped {p['n_skip_attn']} Attention / "
+                   f"{p['n_skip_mlp']} MLP sub-layers at alpha {p['alpha']:.2f} on the window, gamma* = "
+                   f"{p['gamma_star']}{' (plain decoding)' if p['gamma_star'] == 0 else ''}; output identical to AR: "
+                   f"{'yes' if c['identical_to_ar'] else 'no'}. At most 5 % with at least 64 reference tokens: "
+                   f"**{'met' if share <= 0.05 and tokens >= 64 else 'missed'}** in this run.")
 
 
 def knapspec_plain_priced_cpu_note(base: dict) -> str:
@@ -3769,11 +3806,15 @@ def _figures() -> List[Figure]:
              "by the prefill"),
             (KNAPSPEC_TWO_STAGE_CPU, "two-stage", "two-stage plan (3 search tokens, 2 finalists)"),
             (KNAPSPEC_AT_START_QWEN_CPU, "two-stage-at-start", "two-stage plan made before the first round "
-                                                               "(--plan-at-start)")):
+                                                               "(--plan-at-start)"),
+            (KNAPSPEC_ONE_FINALIST_QWEN_CPU, "two-stage-at-start-prefill-states-1-finalist",
+             "two-stage plan on 2 search tokens and 1 finalist made before the first round, its window's states kept "
+             "by the prefill")):
         if not (RESULTS / source).exists():
             continue
         (key, _), = [(k, v) for k, v in load(source)["cases"].items() if "speedup_vs_ar" in v]
-        model = "qwen2.5-coder-1.5b" if source == KNAPSPEC_AT_START_QWEN_CPU else "smollm2-135m"
+        model = ("qwen2.5-coder-1.5b" if source in (KNAPSPEC_AT_START_QWEN_CPU, KNAPSPEC_ONE_FINALIST_QWEN_CPU)
+                 else "smollm2-135m")
         base = f"knapspec/plans/{model}/ctx1024/b1/cpu/{slug}"
         what = (f"KnapSpec, {variant}, {'Qwen2.5-Coder-1.5B' if model.startswith('qwen') else 'SmolLM2-135M'} f32 "
                 "CPU, 1k, batch 1, 256 new")
@@ -3781,7 +3822,7 @@ def _figures() -> List[Figure]:
                    ("cases", key, "plan_fraction_of_decode"), scale=100, target="target <= 5 %"))
         add(Figure(f"{base}/speedup", f"{what}, vs paired AR", "x AR", source, ("cases", key, "speedup_vs_ar")))
         if source in (KNAPSPEC_PREFILL_STATES_CPU, KNAPSPEC_OWN_STATES_CPU, KNAPSPEC_ONE_FINALIST_CPU,
-                      *KNAPSPEC_AFTER_PLAIN_STATES_CPU.values()) and \
+                      KNAPSPEC_ONE_FINALIST_QWEN_CPU, *KNAPSPEC_AFTER_PLAIN_STATES_CPU.values()) and \
                 load(source)["cases"][key].get("plans"):
             add(Figure(f"{base}/reference-tokens", f"{what}: the plan's reference tokens (target >= 64)", "tokens",
                        source, ("cases", key, "plans", 0, "reference_tokens")))
