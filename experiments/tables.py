@@ -486,6 +486,7 @@ KNAPSPEC_PREFILL_STATES_CPU = f"{K}smollm2-135m_1k_b1_two-stage_at-start_prefill
 KNAPSPEC_OWN_STATES_CPU = f"{K}smollm2-135m_1k_b1_two-stage_at-start_own-states_cpu.json"
 #: the cheapest two-stage plan (2 search tokens, 1 finalist) with the prefill's states, the same profile
 KNAPSPEC_ONE_FINALIST_CPU = f"{K}smollm2-135m_1k_b1_two-stage_at-start_prefill-states_1-finalist_cpu.json"
+#: the same plan form on the real Qwen2.5-Coder-1.5B (its own profile)
 KNAPSPEC_ONE_FINALIST_QWEN_CPU = f"{K}qwen2.5-coder-1.5b_1k_b1_two-stage_at-start_prefill-states_1-finalist_cpu.json"
 KNAPSPEC_PLAN_ROWS_CALIBRATED = f"{K}qwen2.5-coder-1.5b_32k-8k_b16_plan-rows_calibrated_h200.json"
 #: the two-stage plan at batch 16 on 2 rows' windows (docs/methods.md §5.6, `--plan-rows 2`), real 1.5B, 32k-8k
