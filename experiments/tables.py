@@ -740,6 +740,24 @@ def knapspec_dp_cost_note() -> str:
             "measured at 64 reference tokens yet." + knapspec_start_states_cpu_note())
 
 
+def _start_plan_text(c) -> str:
+    """One CPU KnapSpec case's first plan: its planning share, window, cost by stage against the prediction, and
+    the run's speed-up."""
+    a, share = c.get("plan_allowance") or {}, c["plan_fraction_of_decode"]
+    if not c.get("plans"):
+        return (f"no plan ({a.get('allowed_tokens')} reference tokens fit the {1e3 * a.get('plan_budget_s', 0):.0f} "
+                f"ms budget), planning {100 * share:.1f} % of decode, {c['speedup_vs_ar']:.2f}x AR")
+    p = c["plans"][0]
+    st = p.get("stage_seconds") or {}
+    return (f"planning {100 * share:.1f} % of decode on {p['reference_tokens']} reference tokens (the allowance "
+            f"let {a.get('allowed_tokens')} in at its {1e3 * a.get('plan_budget_s', 0):.0f} ms budget), the plan "
+            f"{1e3 * p['seconds']:.0f} ms (the window's states {1e3 * st.get('boundary_states', 0):.0f} ms, the DP "
+            f"{1e3 * st.get('dp', 0):.0f} ms, rescoring {1e3 * st.get('rescore', 0):.0f} ms; predicted "
+            f"{1e3 * p['predicted_seconds']:.0f} ms), {c['speedup_vs_ar']:.2f}x AR with the AR step "
+            f"{1e3 * c['ar_step_s']:.1f} ms (gamma* = {p['gamma_star']}, output identical to AR: "
+            f"{'yes' if c['identical_to_ar'] else 'no'})")
+
+
 def knapspec_start_states_cpu_note() -> str:
     """The two-stage plan before the first round with its window's states kept by the prefill, against the same plan
     computing them (cpu-knapspec steps smollm2-135m-1k-two-stage-at-start-{prefill,own}-states, one profile)."""
@@ -751,27 +769,12 @@ def knapspec_start_states_cpu_note() -> str:
         (_, c), = [(k, v) for k, v in load(source)["cases"].items() if "speedup_vs_ar" in v]
         return c
 
-    def plan_text(c):
-        a, share = c.get("plan_allowance") or {}, c["plan_fraction_of_decode"]
-        if not c.get("plans"):
-            return (f"no plan ({a.get('allowed_tokens')} reference tokens fit the {1e3 * a.get('plan_budget_s', 0):.0f} "
-                    f"ms budget), planning {100 * share:.1f} % of decode, {c['speedup_vs_ar']:.2f}x AR")
-        p = c["plans"][0]
-        st = p.get("stage_seconds") or {}
-        return (f"planning {100 * share:.1f} % of decode on {p['reference_tokens']} reference tokens (the allowance "
-                f"let {a.get('allowed_tokens')} in at its {1e3 * a.get('plan_budget_s', 0):.0f} ms budget), the plan "
-                f"{1e3 * p['seconds']:.0f} ms (the window's states {1e3 * st.get('boundary_states', 0):.0f} ms, the DP "
-                f"{1e3 * st.get('dp', 0):.0f} ms, rescoring {1e3 * st.get('rescore', 0):.0f} ms; predicted "
-                f"{1e3 * p['predicted_seconds']:.0f} ms), {c['speedup_vs_ar']:.2f}x AR with the AR step "
-                f"{1e3 * c['ar_step_s']:.1f} ms (gamma* = {p['gamma_star']}, output identical to AR: "
-                f"{'yes' if c['identical_to_ar'] else 'no'})")
-
     kept = case(KNAPSPEC_PREFILL_STATES_CPU)
     share = kept["plan_fraction_of_decode"]
     tokens = kept["plans"][0]["reference_tokens"] if kept.get("plans") else 0
     text = (f" The two-stage plan made before the first round with its window's target states kept by the prefill "
             f"(`--start-states prefill`, docs/methods.md §5.6; `{KNAPSPEC_PREFILL_STATES_CPU}`): "
-            + plan_text(kept) + f". At most 5 % with at least 64 reference tokens: "
+            + _start_plan_text(kept) + f". At most 5 % with at least 64 reference tokens: "
             f"**{'met' if share <= 0.05 and tokens >= 64 else 'missed'}**")
     if (share > 0.05 or tokens < 64) and kept.get("plans"):
         p, a = kept["plans"][0], kept["plan_allowance"]
@@ -789,7 +792,7 @@ def knapspec_start_states_cpu_note() -> str:
     if (RESULTS / KNAPSPEC_OWN_STATES_CPU).exists():
         own = case(KNAPSPEC_OWN_STATES_CPU)
         text += (f". The same plan computing the states itself (`--start-states own`, the same profile, "
-                 f"`{KNAPSPEC_OWN_STATES_CPU}`): " + plan_text(own))
+                 f"`{KNAPSPEC_OWN_STATES_CPU}`): " + _start_plan_text(own))
         text += (f". The prefill took {kept['prefill']['s']:.1f} s keeping the states and {own['prefill']['s']:.1f} s "
                  "without (each its process's first prefill, compilation included)")
         if kept.get("plans") and own.get("plans") and kept["plans"][0]["gamma_star"] == own["plans"][0]["gamma_star"] == 0:
@@ -802,7 +805,7 @@ def knapspec_start_states_cpu_note() -> str:
         tokens1 = one["plans"][0]["reference_tokens"] if one.get("plans") else 0
         text += (f". The cheapest two-stage plan with the prefill's states ({cfg.get('search_tokens')} search tokens, "
                  f"{cfg.get('finalists')} finalist; step smollm2-135m-1k-at-start-prefill-states-1-finalist, "
-                 f"`{KNAPSPEC_ONE_FINALIST_CPU}`): " + plan_text(one) + ". At most 5 % with at least 64 reference "
+                 f"`{KNAPSPEC_ONE_FINALIST_CPU}`): " + _start_plan_text(one) + ". At most 5 % with at least 64 reference "
                  f"tokens: **{'met' if share1 <= 0.05 and tokens1 >= 64 else 'missed'}** in this run")
         steps = [c["ar_step_s"] for c in (kept, own)]
         if one.get("plans") and one["ar_step_s"] > 1.1 * max(steps):
@@ -2238,28 +2241,16 @@ def _qwen_one_finalist_cpu_note() -> str:
     cfg, a, share = data["config"], c.get("plan_allowance") or {}, c["plan_fraction_of_decode"]
     text = (f" The same model with the cheapest two-stage plan ({cfg.get('search_tokens')} search tokens, "
             f"{cfg.get('finalists')} finalist, the window's states kept by the prefill; {step}, "
-            f"`{KNAPSPEC_ONE_FINALIST_QWEN_CPU}`, AR step {1e3 * c['ar_step_s']:.0f} ms): {c['speedup_vs_ar']:.2f}x AR, "
-            f"planning {100 * share:.1f} % of decode")
-    if not c.get("plans"):
-        return text + (f"; the allowance let {a.get('allowed_tokens')} reference tokens in at its "
-                       f"{a.get('plan_budget_s', 0):.2f} s budget, so it made no plan and decoded plainly. At most 5 % "
-                       "with at least 64 reference tokens: **missed** (no plan).")
-    p = c["plans"][0]
-    st = p.get("stage_seconds") or {}
-    tokens = p["reference_tokens"]
-    return text + (f"; the plan on {tokens} reference tokens took {p['seconds']:.2f} s against {p['predicted_seconds']:.2f} "
-                   f"s predicted (the DP {st.get('dp', 0):.2f} s, rescoring {st.get('rescore', 0):.2f} s, the window's "
-                   f"states {st.get('boundary_states', 0):.2f} s)"
-                   + (f"; the allowance priced the DP's search at {a['predicted_dp_search_s']:.2f} s and the window at "
-                      f"{1e3 * a['predicted_dp_s_per_token']:.1f} ms a token, so the DP ran "
-                      f"{st.get('dp', 0) / a['predicted_dp_search_s']:.1f}x and the rescoring "
-                      f"{st.get('rescore', 0) / (tokens * a['predicted_dp_s_per_token']):.1f}x its price: the "
-                      "many-row price, timed on plain forwards, undercounts both here"
-                      if a.get("predicted_dp_search_s") and a.get("predicted_dp_s_per_token") else "")
-                   + f"; its candidate skipped {p['n_skip_attn']} Attention / "
-                   f"{p['n_skip_mlp']} MLP sub-layers at alpha {p['alpha']:.2f} on the window, gamma* = "
-                   f"{p['gamma_star']}{' (plain decoding)' if p['gamma_star'] == 0 else ''}; output identical to AR: "
-                   f"{'yes' if c['identical_to_ar'] else 'no'}. At most 5 % with at least 64 reference tokens: "
+            f"`{KNAPSPEC_ONE_FINALIST_QWEN_CPU}`): " + _start_plan_text(c))
+    tokens = c["plans"][0]["reference_tokens"] if c.get("plans") else 0
+    if tokens and a.get("predicted_dp_search_s") and a.get("predicted_dp_s_per_token"):
+        st = c["plans"][0].get("stage_seconds") or {}
+        text += (f"; the allowance priced the DP's search at {a['predicted_dp_search_s']:.2f} s and the window at "
+                 f"{1e3 * a['predicted_dp_s_per_token']:.1f} ms a token, so the DP ran "
+                 f"{st.get('dp', 0) / a['predicted_dp_search_s']:.1f}x and the rescoring "
+                 f"{st.get('rescore', 0) / (tokens * a['predicted_dp_s_per_token']):.1f}x its price: the many-row "
+                 "price, timed on plain forwards, undercounts both here")
+    return text + (f". At most 5 % with at least 64 reference tokens: "
                    f"**{'met' if share <= 0.05 and tokens >= 64 else 'missed'}** in this run.")
 
 
