@@ -755,7 +755,18 @@ def _start_plan_text(c) -> str:
             f"{1e3 * st.get('dp', 0):.0f} ms, rescoring {1e3 * st.get('rescore', 0):.0f} ms; predicted "
             f"{1e3 * p['predicted_seconds']:.0f} ms), {c['speedup_vs_ar']:.2f}x AR with the AR step "
             f"{1e3 * c['ar_step_s']:.1f} ms (gamma* = {p['gamma_star']}, output identical to AR: "
-            f"{'yes' if c['identical_to_ar'] else 'no'})")
+            f"{'yes' if c['identical_to_ar'] else 'no'})" + _postponed_text(c))
+
+
+def _postponed_text(c) -> str:
+    """How often a KnapSpec run put its next plan off because the last one still cost more than the allowed share of
+    the decode time since it (docs/methods.md §5)."""
+    n = int((c.get("timings") or {}).get("postponed_plans", 0))
+    if not n:
+        return ""
+    return (f"; the re-plan was put off {n} time{'s' if n > 1 else ''} because the plan still cost more than "
+            "the allowed share of the decode time since it, so the run made "
+            f"{len(c['plans'])} plan{'s' if len(c['plans']) > 1 else ''}")
 
 
 def knapspec_start_states_cpu_note() -> str:
