@@ -80,7 +80,7 @@ def backtrack_coupled(skipped: np.ndarray, valid: np.ndarray, num_layers: int) -
 
 def coupled_knapsack_dp(params, config: ModelConfig, cache: KVCache, prefix_len, states, token_mask=None, *,
                         budget: Optional[int] = None, tau: float = dp.DEFAULT_TAU, branch_chunk: Optional[int] = None,
-                        alpha_chunk: int = 8, keep_states: bool = False) -> dp.Candidates:
+                        alpha_chunk: Optional[int] = None, keep_states: bool = False) -> dp.Candidates:
     """Whole-layer DP (arguments as :func:`jaxspec.knapspec.dp.knapsack_dp`); ``budget`` in layers
     (default ``floor(L / 2)``). Candidate ``c`` skips ``weights[c]`` whole layers."""
     config = dp.dp_config(config)

@@ -493,11 +493,31 @@ def _head_argmax(params, config: ModelConfig, states):
     return jnp.argmax(lm_head(params, states, config), axis=-1)
 
 
-def _agreement(params, config, final_states, teacher_state, token_mask, chunk: int, threshold: Optional[float]):
+#: reference rows (candidates x batch rows x tokens) scored per pass of the LM head when the candidates per pass are
+#: not given: the head's weights are read once per pass, so passes of a few rows each (8 candidates of a two-stage
+#: plan's 2 search tokens: 16 rows) re-read the whole head ~9 times per DP and were ~30 % of the DP of
+#: Qwen2.5-Coder-1.5B on a 2-core CPU; 512 rows of float32 logits of a 152k vocabulary are ~0.3 GB
+AGREEMENT_ROWS = 512
+
+
+def agreement_chunk(final_states, chunk: Optional[int] = None) -> int:
+    """Candidates per LM-head pass of :func:`_agreement` for ``final_states [C, B, r, H]``: ``chunk`` when given,
+    else as many as fill :data:`AGREEMENT_ROWS` rows (at least 1, at most ``C``)."""
+    if chunk is not None:
+        if isinstance(chunk, bool) or int(chunk) < 1:
+            raise ValueError(f"alpha_chunk={chunk!r} must be a positive number of candidates per pass (or None)")
+        return int(chunk)
+    rows = max(int(np.prod(final_states.shape[1:-1])), 1)
+    return int(min(max(AGREEMENT_ROWS // rows, 1), max(final_states.shape[0], 1)))
+
+
+def _agreement(params, config, final_states, teacher_state, token_mask, chunk: Optional[int],
+               threshold: Optional[float]):
     """Per candidate, over the masked reference tokens: ``[J, 3]`` = (alpha: greedy agreement with
     the target; p_c: share of tokens whose greedy probability is >= ``threshold``, i.e. where the
     draft would not exit early; p_ac: share both agreeing and confident). ``threshold`` None: no
-    early exit (p_c = 1, p_ac = alpha)."""
+    early exit (p_c = 1, p_ac = alpha). ``chunk``: candidates per pass of the LM head (None:
+    :func:`agreement_chunk`)."""
     teacher = jnp.argmax(lm_head(params, teacher_state, config), -1)
     mask = jnp.asarray(token_mask, jnp.float32)
     denom = jnp.maximum(jnp.sum(mask), 1.0)
@@ -512,7 +532,7 @@ def _agreement(params, config, final_states, teacher_state, token_mask, chunk: i
             confident = (jnp.exp(top - jax.nn.logsumexp(logits, -1)) >= threshold).astype(jnp.float32) * mask
         return jnp.stack([jnp.sum(agree), jnp.sum(confident), jnp.sum(agree * confident)]) / denom
 
-    return jax.lax.map(one, final_states, batch_size=chunk)
+    return jax.lax.map(one, final_states, batch_size=agreement_chunk(final_states, chunk))
 
 
 # compiled once per shape: run eagerly, the map over candidates re-traced and dispatched op by op on
@@ -520,7 +540,7 @@ def _agreement(params, config, final_states, teacher_state, token_mask, chunk: i
 _agreement_jit = jax.jit(_agreement, static_argnums=(1, 5, 6))
 
 
-def _alpha(params, config, final_states, teacher_state, token_mask, chunk: int):
+def _alpha(params, config, final_states, teacher_state, token_mask, chunk: Optional[int] = None):
     """Greedy agreement of each candidate's final state with the target's, over the masked tokens."""
     return _agreement(params, config, final_states, teacher_state, token_mask, chunk, None)[:, 0]
 
@@ -725,7 +745,7 @@ def _trivial_candidates(params, config, states, token_mask, w_attn, w_mlp, budge
 
 def knapsack_dp(params, config: ModelConfig, cache: KVCache, prefix_len, states, token_mask=None, *, w_attn: int,
                 w_mlp: int, budget: Optional[int] = None, tau: float = DEFAULT_TAU, branch_chunk: Optional[int] = None,
-                alpha_chunk: int = 8, keep_states: bool = False, reuse_stacked: bool = True,
+                alpha_chunk: Optional[int] = None, keep_states: bool = False, reuse_stacked: bool = True,
                 exit_threshold: Optional[float] = None, keep_attention: Sequence[int] = (),
                 reference_kv: str = "branch", history_backend: Optional[str] = None,
                 history_rows: Optional[int] = None, segments: int = DEFAULT_SEGMENTS) -> Candidates:
@@ -749,6 +769,7 @@ def knapsack_dp(params, config: ModelConfig, cache: KVCache, prefix_len, states,
     ``segments``: the scan in at most this many runs of layers, each over the slots it can reach
     (:func:`slot_segments`; the same result, fewer slot-layers computed, one compiled body per run); 1 = one
     scan of every slot.
+    ``alpha_chunk``: candidates per pass of the LM head that scores them (None: :data:`AGREEMENT_ROWS` rows a pass).
     """
     config = _dp_config(config)
     keep_attention = check_keep_attention(keep_attention, config.num_layers)
@@ -763,6 +784,8 @@ def knapsack_dp(params, config: ModelConfig, cache: KVCache, prefix_len, states,
     budget = skip_budget(w_attn, w_mlp, config.num_layers) if budget is None else int(budget)
     if isinstance(segments, bool) or int(segments) < 1:
         raise ValueError(f"segments={segments!r} must be an integer >= 1 (1: one scan of every slot)")
+    if alpha_chunk is not None:
+        agreement_chunk(states, alpha_chunk)  # a bad value fails here, before anything is compiled
     token_mask = jnp.ones(states.shape[1:3], jnp.float32) if token_mask is None else jnp.asarray(token_mask,
                                                                                                   jnp.float32)
     if config.num_layers < 2:
@@ -852,7 +875,7 @@ def plan_agreement(params, config: ModelConfig, cache: KVCache, prefix_len, stat
     finals = _plan_states(params, cache, jnp.asarray(prefix_len, jnp.int32), states, jnp.asarray(masks),
                           config=config, reference_kv=reference_kv, executed_only=executed_only)
     threshold = None if exit_threshold is None else float(exit_threshold)
-    return np.asarray(_agreement_jit(params, config, finals, states[-1], token_mask, 8, threshold), np.float64)
+    return np.asarray(_agreement_jit(params, config, finals, states[-1], token_mask, None, threshold), np.float64)
 
 
 # ---------------------------------------------------------------------------- references on the model
@@ -946,4 +969,5 @@ __all__ = ["DEFAULT_TAU", "REFERENCE_KV", "WEIGHT_CAP", "Candidates", "check_ref
            "check_keep_attention", "scan_can_skip", "sublayer_can_skip",
            "cos_sum", "dp_loop", "dp_scan", "knapsack_brute_force", "knapsack_dp", "knapsack_dp_reference",
            "knapsack_weights", "skip_budget", "knapsack_exhaustive_count", "stacked_scan_layers", "agreement_alpha",
+           "agreement_chunk", "AGREEMENT_ROWS",
            "dp_config", "model_problem", "model_sublayers", "transition", "trivial_candidates"]

@@ -251,6 +251,26 @@ def test_scan_dp_equals_python_loop_dp(tiny_problem, w_attn, w_mlp):
     np.testing.assert_allclose(chunked.cosine, fast.cosine, rtol=1e-5)
 
 
+def test_candidates_scored_per_head_pass_by_rows_give_the_same_statistics(tiny_problem):
+    """The LM head scores the DP's candidates AGREEMENT_ROWS rows a pass by default (not 8 candidates): the same
+    (alpha, p_c, p_ac) as one candidate a pass; a bad chunk fails before anything runs."""
+    params, cache, prefix, _, token_mask, states = tiny_problem
+    finals = jnp.zeros((30, 2, 8, TINY.hidden_size))
+    assert dp.agreement_chunk(finals) == 30  # 480 rows fit one pass
+    assert dp.agreement_chunk(jnp.zeros((30, 16, 64, 4))) == 1
+    assert dp.agreement_chunk(jnp.zeros((300, 1, 2, 4))) == dp.AGREEMENT_ROWS // 2
+    assert dp.agreement_chunk(finals, 8) == 8
+    by_rows = dp.knapsack_dp(params, TINY, cache, prefix, states, token_mask, w_attn=2, w_mlp=1, exit_threshold=0.3)
+    one = dp.knapsack_dp(params, TINY, cache, prefix, states, token_mask, w_attn=2, w_mlp=1, exit_threshold=0.3,
+                         alpha_chunk=1)
+    assert len(by_rows) > 1
+    np.testing.assert_array_equal(by_rows.masks, one.masks)
+    for field in ("alpha", "confident", "agree_confident"):  # shares of 14 tokens: one token apart is 0.07
+        np.testing.assert_allclose(getattr(by_rows, field), getattr(one, field), rtol=1e-6)
+    with pytest.raises(ValueError, match="alpha_chunk=0 must be a positive number"):
+        dp.knapsack_dp(params, TINY, cache, prefix, states, token_mask, w_attn=2, w_mlp=1, alpha_chunk=0)
+
+
 @pytest.mark.parametrize("w_attn,w_mlp", [(2, 1)])
 def test_dp_with_branches_folded_into_the_history_kernel_equals_the_vmapped_dp(tiny_problem, w_attn, w_mlp):
     """history_backend: every branch's rows in one call of the Pallas history kernel (interpreted here),
