@@ -1649,9 +1649,9 @@ def quality_markdown(cases: Dict[str, Any], budgets: Sequence[int] = (128, 256, 
 
 
 def plot_arr(cases: Dict[str, Any], path: str, title: str = "") -> None:
-    """ARR, greedy agreement and retrieval accuracy against k (:func:`experiments.tables.arr_plot`),
+    """ARR, greedy agreement and retrieval accuracy against k (:func:`experiments.tables.plots.arr_plot`),
     its folder made first."""
-    from experiments.tables import arr_plot
+    from experiments.tables.plots import arr_plot
 
     pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
     arr_plot(cases, path, title)
@@ -1659,8 +1659,8 @@ def plot_arr(cases: Dict[str, Any], path: str, title: str = "") -> None:
 
 # ---------------------------------------------------------------------------- registration
 def plot_m_rules(cases: Dict[str, Any], path, title: str = "") -> None:
-    """The m-rule plot of :func:`experiments.tables.plot_m_rules`, its folder made first."""
-    from experiments.tables import plot_m_rules as plot
+    """The m-rule plot of :func:`experiments.tables.plots.plot_m_rules`, its folder made first."""
+    from experiments.tables.plots import plot_m_rules as plot
 
     if isinstance(path, (str, pathlib.Path)):
         pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)

@@ -70,9 +70,9 @@ def test_tables_state_the_device_time_targets(tiny_shape, tmp_path, monkeypatch,
     28x (72B) from the file's own speed-ups (here a tiny CPU run stored under the 7B name)."""
     from experiments import tables
 
-    monkeypatch.setattr(tables, "RESULTS", tmp_path)
-    tables.load.cache_clear()
-    request.addfinalizer(tables.load.cache_clear)  # nothing read from tmp_path outlives the test
+    monkeypatch.setattr(tables.inputs, "RESULTS", tmp_path)
+    tables.inputs.load.cache_clear()
+    request.addfinalizer(tables.inputs.load.cache_clear)  # nothing read from tmp_path outlives the test
     assert "not measured yet" in tables.device_time_note()
     out = tmp_path / tables.KERNEL_DEVICE
     out.parent.mkdir(parents=True)
@@ -81,7 +81,7 @@ def test_tables_state_the_device_time_targets(tiny_shape, tmp_path, monkeypatch,
     data = json.loads(out.read_text())
     data["cases"]["qwen2.5-7b/ctx32768/b16/k512"] = case = data["cases"].pop("tiny/ctx256/b2/k64")
     out.write_text(json.dumps(data))
-    tables.load.cache_clear()
+    tables.inputs.load.cache_clear()
     note = tables.device_time_note()
     verdict = "**met**" if case["speedup_device"] >= 20 else "**missed**"
     assert f"qwen2.5-7b {case['speedup_device']:.1f}x (target 20x: {verdict}" in note

@@ -118,10 +118,18 @@ def test_results_are_named_by_content_without_run_tags():
 
 
 def test_tables_imports_no_experiment_module():
-    tree = ast.parse((REPO / "experiments" / "tables.py").read_text())
-    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
-    imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
-    assert not {name for name in imported if name.startswith(("experiments", "jaxspec", "pallas_kernels"))}
+    """Every module of the experiments.tables package imports its siblings at most: no experiment, jaxspec or
+    pallas_kernels module."""
+    paths = sorted((REPO / "experiments" / "tables").glob("*.py"))
+    assert len(paths) > 2
+    for path in paths:
+        tree = ast.parse(path.read_text())
+        imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+        imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+        assert not any(node.level for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)), path.name
+        outside = {name for name in imported if name.startswith(("experiments", "jaxspec", "pallas_kernels"))
+                   and name != "experiments.tables" and not name.startswith("experiments.tables.")}
+        assert not outside, (path.name, outside)
 
 
 def test_divergence_note_sorts_diverging_items_by_what_the_answers_do():
@@ -143,7 +151,8 @@ def test_divergence_note_sorts_diverging_items_by_what_the_answers_do():
 
 
 def test_the_tables_tail_margin_is_the_controllers_default():
-    """tables.py imports no jaxspec module, so it keeps its own copy of the guard's margin: they must agree."""
+    """experiments.tables imports no jaxspec module, so it keeps its own copy of the guard's margin (in
+    experiments/tables/inputs.py): they must agree."""
     import inspect
 
     from experiments import tables
@@ -168,7 +177,7 @@ def test_m_per_length_rows_score_a_run_against_the_single_m_run_on_the_same_item
     per_length = {"t0/dense": dense({"dustin-h/k128": 0.62, "dustin-h-cov/k128": 0.63}),
                   "t0/dustin-h/k128": decode("dustin-h", 63)}
     files = {"single.json": {"cases": single}, "length.json": {"cases": per_length}}
-    monkeypatch.setattr(tables, "load", lambda name: files[name])
+    monkeypatch.setattr(tables.inputs, "load", lambda name: files[name])
     (row,) = tables.m_per_length_rows("length.json", "single.json")
     assert (row["m_fixed"], row["m_length"]) == (73, 63)
     assert row["gap_closed_coverage"] == pytest.approx(0.25)
@@ -197,16 +206,16 @@ def test_plain_idle_sentence_tells_device_work_from_waiting():
                                     "plain_stretch_fit": {"fixed_s": 0.012, "step_s": 0.003, "step_over_ar_step": 1.02}}}
     ar = {"busy_s": 0.778, "span_s": 1.090}
     ks = {"busy_s": 0.813, "span_s": 1.243, "windows": {"jaxspec.knapspec.plan": {"busy_s": 0.025, "wall_s": 0.070}}}
-    text = tables._plain_idle_sentence(case, ar, ks)
+    text = tables.knapspec._plain_idle_sentence(case, ar, ks)
     assert "busy 10 ms more" in text and "83 ms longer" in text and "12.0 ms fixed a stretch" in text
     case["time_split_measured"]["plain_stretch_fit"]["fixed_s"] = -0.004
-    assert "no fixed cost a stretch" in tables._plain_idle_sentence(case, ar, ks)
+    assert "no fixed cost a stretch" in tables.knapspec._plain_idle_sentence(case, ar, ks)
     case["time_split_measured"].update(plain_stretch_fit=None, chunks=[], plain_stretches=1)
-    assert "have one length: no fit" in tables._plain_idle_sentence(case, ar, ks)
+    assert "have one length: no fit" in tables.knapspec._plain_idle_sentence(case, ar, ks)
     del case["time_split_measured"]["plain_stretch_fit"], case["time_split_measured"]["chunks"]
-    assert "predates the engine's per-chunk log" in tables._plain_idle_sentence(case, ar, ks)
+    assert "predates the engine's per-chunk log" in tables.knapspec._plain_idle_sentence(case, ar, ks)
     case["time_split_measured"]["plain_step_over_ar_step"] = 1.02  # as fast as AR: nothing to explain
-    assert tables._plain_idle_sentence(case, ar, ks) == ""
+    assert tables.knapspec._plain_idle_sentence(case, ar, ks) == ""
 
 
 def test_probe_text_names_the_price_each_probe_used():
@@ -215,13 +224,13 @@ def test_probe_text_names_the_price_each_probe_used():
     mean = {"rounds": 8, "speculative_tokens": 16, "speculative_s": 0.0576, "speculative_tokens_per_s": 278.0,
             "ar_tokens_per_s": 293.0, "ar_tokens_per_s_measured": 259.0, "ar_tokens_per_s_model": 293.0,
             "ar_steps": 8, "choice": "ar"}
-    text = tables._probe_text(mean)
+    text = tables.knapspec._probe_text(mean)
     assert "7.2 ms a round" in text and "the better of 259 measured over 8 steps and the latency model's 293" in text
     assert text.endswith("so it decoded plainly")
     two = dict(mean, speculative_round_s=0.0049, speculative_round_s_mean=0.0072, speculative_tokens_per_s=408.0,
                ar_tokens_per_s=346.0, ar_tokens_per_s_measured=346.0, ar_step_s=0.00289, ar_step_s_mean=0.0041,
                choice="speculative")
-    text = tables._probe_text(two)
+    text = tables.knapspec._probe_text(two)
     assert "priced as two stretches, ran 408 tokens/s (4.90 ms a round by the stretches' difference, 7.20 ms" in text
     assert "2.89 ms a step by the two stretches, 4.10 ms on average over the 8 steps" in text
     assert "the latency model's rate 293, not used" in text and text.endswith("so it kept the plan")
@@ -239,15 +248,15 @@ def test_knapspec_loss_sentence_splits_a_drafting_runs_loss_against_ar():
                                                {"kind": "rounds", "units": 128, "seconds": 0.57}]},
             "draft_step_check": {"static_s": 0.0025, "predicted_s": 0.002, "n_skip_attn": 14, "n_skip_mlp": 6},
             "latency_prediction": {"step_s": 0.0032}}
-    text = tables._knapspec_loss_sentence(case, "h100/summarize/ctx32000/b1/knapspec")
+    text = tables.knapspec._knapspec_loss_sentence(case, "h100/summarize/ctx32000/b1/knapspec")
     assert "32000-token run lost 132 ms against AR's 768 ms: planning 100 ms" in text
     assert "the plain stretches 8 ms beyond AR's pace for their 64 tokens" in text
     assert "the rounds 6 ms ahead of it for their 192 tokens (tau 1.50, the last call 4.45 ms a round" in text
     assert "saved 0.50 ms of AR's measured step against 1.20 ms predicted" in text
     assert "committed 337 tokens/s at the run's tau against AR's 333 (1.01x)" in text
-    assert tables._knapspec_loss_sentence(case, "h100/summarize/ctx32000/b16/knapspec") == ""
+    assert tables.knapspec._knapspec_loss_sentence(case, "h100/summarize/ctx32000/b16/knapspec") == ""
     case["plans"] = [{"gamma_star": 0}]
-    assert tables._knapspec_loss_sentence(case, "h100/summarize/ctx32000/b1/knapspec") == ""
+    assert tables.knapspec._knapspec_loss_sentence(case, "h100/summarize/ctx32000/b1/knapspec") == ""
 
 
 def test_repriced_tpt_tells_which_side_of_the_prediction_holds_the_correlation_back(tmp_path, monkeypatch):
@@ -261,17 +270,18 @@ def test_repriced_tpt_tells_which_side_of_the_prediction_holds_the_correlation_b
     (tmp_path / "knapspec").mkdir()
     path = tmp_path / "knapspec" / "r.json"
     path.write_text(json.dumps({"cases": {"h100/summarize/ctx32000/b1/repriced": {"rows": rows}}}))
-    monkeypatch.setattr(tables, "RESULTS", tmp_path)
-    text = tables._repriced_tpt("knapspec/r.json", "h100", 32000)
+    monkeypatch.setattr(tables.inputs, "RESULTS", tmp_path)
+    text = tables.knapspec_plans._repriced_tpt("knapspec/r.json", "h100", 32000)
     assert "by the same latency model, r = 0.87 with tokens/s against 0.63 with the DP's alpha" in text
     assert "by the forward-static-half profile (`p/half.json`) r = 0.65 with the DP's alpha, n/a with the measured" in text
     assert text.endswith("the DP's alpha, more than the latency model, holds the prediction back.")
-    rows[1]["pearson_vs_throughput"] = 0.70  # a new file: tables.load caches what it read
+    rows[1]["pearson_vs_throughput"] = 0.70  # a new file: tables.inputs.load caches what it read
     (tmp_path / "knapspec" / "r2.json").write_text(json.dumps({"cases": {"h100/summarize/ctx32000/b1/repriced":
                                                                           {"rows": rows}}}))
-    assert "holds the prediction back" not in tables._repriced_tpt("knapspec/r2.json", "h100", 32000)
-    assert tables._repriced_tpt("knapspec/r.json", "h100", 16000) == ""
-    assert tables._repriced_tpt("", "h100", 32000) == "" == tables._repriced_tpt("knapspec/none.json", "h100", 32000)
+    assert "holds the prediction back" not in tables.knapspec_plans._repriced_tpt("knapspec/r2.json", "h100", 32000)
+    assert tables.knapspec_plans._repriced_tpt("knapspec/r.json", "h100", 16000) == ""
+    assert tables.knapspec_plans._repriced_tpt("", "h100", 32000) == "" == tables.knapspec_plans._repriced_tpt(
+        "knapspec/none.json", "h100", 32000)
 
 
 def test_plain_table_reads_a_bench_plain_file_and_names_the_missing_step(tmp_path, monkeypatch):
@@ -282,9 +292,9 @@ def test_plain_table_reads_a_bench_plain_file_and_names_the_missing_step(tmp_pat
     out = tmp_path / "bench_plain" / "b.json"
     assert main(["bench-plain", "--shape", "smollm2-135m-shape", "--layers", "2", "--context", "64", "--batches", "2",
                  "--new-tokens", "8", "--repeats", "1", "--attention-backend", "xla", "--out", str(out)]) == 0
-    monkeypatch.setattr(tables, "RESULTS", tmp_path)
-    monkeypatch.setattr(tables, "BENCH_PLAIN", {"h100": ("bench_plain/b.json", "h100-long-context"),
-                                                "h200": ("bench_plain/none.json", "h200-ar-decode")})
+    monkeypatch.setattr(tables.inputs, "RESULTS", tmp_path)
+    monkeypatch.setattr(tables.inputs, "BENCH_PLAIN", {"h100": ("bench_plain/b.json", "h100-long-context"),
+                                                       "h200": ("bench_plain/none.json", "h200-ar-decode")})
     text = tables.plain_table()
     assert "on an H100 (smollm2-135m-shape/ctx64/b2/n8, random weights; `bench_plain/b.json`): each timed at 2 and 8" in text
     assert "| the AR loop |" in text and "| 1.000 |" in text and "| the stretch with a static loop bound |" in text
@@ -293,10 +303,11 @@ def test_plain_table_reads_a_bench_plain_file_and_names_the_missing_step(tmp_pat
 
 def test_alpha_against_measured_reports_the_error_and_the_gap():
     plan = {"alpha": 0.75, "reference_tokens": 64}
-    text = tables._alpha_against_measured(plan, {"acceptance_rate": 0.67, "rounds": 9})
+    text = tables.knapspec._alpha_against_measured(plan, {"acceptance_rate": 0.67, "rounds": 9})
     assert "+/- 0.05, one standard error on its 64 reference tokens" in text
     assert "accepted 0.67 of its drafted tokens over 9 rounds, 0.08 above the estimate: outside the 0.05 target" in text
-    assert "within the 0.05 target" in tables._alpha_against_measured(plan, {"acceptance_rate": 0.72, "rounds": 50})
+    assert "within the 0.05 target" in tables.knapspec._alpha_against_measured(plan, {"acceptance_rate": 0.72,
+                                                                                      "rounds": 50})
     # no rounds ran (the plan decoded plainly), or no reference tokens were recorded: nothing to compare
-    assert tables._alpha_against_measured(plan, {"acceptance_rate": 0.0, "rounds": 0}) == ""
-    assert tables._alpha_against_measured({"alpha": 0.7}, {"acceptance_rate": 0.7, "rounds": 5}) == ""
+    assert tables.knapspec._alpha_against_measured(plan, {"acceptance_rate": 0.0, "rounds": 0}) == ""
+    assert tables.knapspec._alpha_against_measured({"alpha": 0.7}, {"acceptance_rate": 0.7, "rounds": 5}) == ""
