@@ -126,7 +126,8 @@ class LatencyModel:
     skip mask -- cost ``a`` draft-form steps per row-1 call (a whole-forward fit measures it; on
     a GPU the dynamic skip mask makes the draft-form step dearer than the target's, ``a < 1``).
     ``u + u_n n``: seconds of one more row in a forward of many rows (``DEFAULT_BULK_ROWS``) at context ``n``
-    (:meth:`t_row`), the price the DP's ``J x r`` slot states pay: each row attends to the whole
+    (:meth:`t_row`), the price the DP's ``J x r`` slot states pay (``w + w_n n``: that line's intercept, what each
+    such forward pays whatever its rows, :meth:`t_pass`): each row attends to the whole
     context, so on a GPU the price grows with ``n``. Measured at the smallest and the largest profiled
     contexts that exceed the row count (``u_n = 0`` when only one was measured); both 0 = not measured. ``v`` comes from
     at most ``gamma + 1`` rows, where a GPU is still bound by the weights' bytes; extrapolated to the
@@ -145,6 +146,8 @@ class LatencyModel:
     u_n: float = 0.0
     p: float = 0.0
     c0_n: float = 0.0
+    w: float = 0.0
+    w_n: float = 0.0
 
     def t_mlp(self) -> float:
         return float(self.c1)
@@ -163,6 +166,12 @@ class LatencyModel:
         """Predicted seconds of one more row in a many-row forward at context ``n``: ``u + u_n n``,
         never below 0 (0: the many-row slope was not measured)."""
         return max(0.0, float(self.u + self.u_n * float(n)))
+
+    def t_pass(self, n) -> float:
+        """Predicted seconds a many-row forward at context ``n`` pays whatever its row count: ``w + w_n n``, the
+        intercept of the many-row line (reading the weights and the cache once), never below 0 (0: not
+        measured). Each separate pass of a plan (the DP, the rescoring, the window's states) pays it once."""
+        return max(0.0, float(self.w + self.w_n * float(n)))
 
     def t_extra_row(self, n, num_layers: int) -> float:
         """The price of one more row through the whole model at context ``n`` (a DP's slot state):
@@ -190,7 +199,7 @@ class LatencyModel:
     def as_dict(self) -> Dict[str, float]:
         return {"c1": float(self.c1), "c2": float(self.c2), "c3": float(self.c3), "c0": float(self.c0),
                 "v": float(self.v), "a": float(self.a), "u": float(self.u), "u_n": float(self.u_n),
-                "p": float(self.p), "c0_n": float(self.c0_n)}
+                "p": float(self.p), "c0_n": float(self.c0_n), "w": float(self.w), "w_n": float(self.w_n)}
 
 
 def verify_row_cost(step_one_row: float, step_rows: float, rows: int) -> float:
@@ -291,6 +300,11 @@ class LatencyProfile:
         if not isinstance(data["batch"], int) or data["batch"] < 1:
             raise ValueError(f"{source}: batch {data['batch']!r} is not a positive integer")
         data["model"] = LatencyModel(**{k: float(v) for k, v in model.items()})
+        forward = data.get("forward") or {}
+        if "w" not in model and forward.get("bulk_times_per_context"):
+            # a profile written before the pass price: its many-row forwards give it (nothing is measured again)
+            w, w_n, _ = pass_price(forward["bulk_rows"], forward["bulk_contexts"], forward["bulk_times_per_context"])
+            data["model"] = dataclasses.replace(data["model"], w=w, w_n=w_n)
         return cls(**data)
 
     def save(self, path) -> None:
@@ -534,14 +548,31 @@ def fit_forward(contexts: Sequence[float], full: Sequence[float], noattn: Sequen
 
 def bulk_row_cost(rows: Sequence[int], times: Sequence[float]) -> float:
     """``u``: the least-squares slope of forward time against row count (seconds per row; unclamped)."""
+    return bulk_line(rows, times)[1]
+
+
+def bulk_line(rows: Sequence[int], times: Sequence[float]) -> Tuple[float, float]:
+    """``(intercept, slope)``: the least-squares line of forward time against row count (unclamped)."""
     r = np.asarray(rows, np.float64).reshape(-1)
     t = np.asarray(times, np.float64).reshape(-1)
     if r.shape != t.shape or np.unique(r).size < 2:
         raise ValueError(f"bulk rows {r.tolist()} and times {t.tolist()}: need >= 2 distinct row counts, one time each")
     if not np.all(np.isfinite(t)) or np.any(t <= 0):
         raise ValueError(f"bulk times must be positive and finite; got {t.tolist()}")
-    (_, slope), *_ = np.linalg.lstsq(np.stack([np.ones_like(r), r], axis=1), t, rcond=None)
-    return float(slope)
+    (intercept, slope), *_ = np.linalg.lstsq(np.stack([np.ones_like(r), r], axis=1), t, rcond=None)
+    return float(intercept), float(slope)
+
+
+def pass_price(bulk_rows: Sequence[int], bulk_contexts: Sequence[int],
+               times_per_context: Sequence[Sequence[float]]) -> Tuple[float, float, List[str]]:
+    """``(w, w_n, clamped)``: the many-row forwards' intercept line ``w + w_n n`` (:meth:`LatencyModel.t_pass`)
+    through the intercepts at the profiled contexts, clamped as :func:`row_price_line` clamps the slopes;
+    ``(0, 0, [])`` without many-row forwards."""
+    if not bulk_rows or not bulk_contexts:
+        return 0.0, 0.0, []
+    intercepts = [bulk_line(bulk_rows, times)[0] for times in times_per_context]
+    w, w_n, clamped = row_price_line(bulk_contexts, intercepts)
+    return w, w_n, [{"u": "w", "u_n": "w_n"}[c] for c in clamped]
 
 
 def bulk_profile_contexts(contexts: Sequence[int], bulk_rows: Sequence[int]) -> List[int]:
@@ -785,7 +816,10 @@ def profile_latency_forward(config: ModelConfig, batch: int = 1, contexts: Seque
         u, u_n, clamped = row_price_line(bulk_contexts, slopes)
         fit.update(u_raw=slopes[-1], u_per_context=slopes, u_at=float(u), u_n=float(u_n))
         fit["clamped"].extend(clamped)
-        model = dataclasses.replace(model, u=u, u_n=u_n)
+        w, w_n, clamped = pass_price(bulk_list, bulk_contexts, bulk_med_per_context)
+        fit.update(w=float(w), w_n=float(w_n))
+        fit["clamped"].extend(clamped)
+        model = dataclasses.replace(model, u=u, u_n=u_n, w=w, w_n=w_n)
     if plain_samples:
         plain_med = statistics.median(plain_samples["plain"])
         full_med = statistics.median(plain_samples["full"])

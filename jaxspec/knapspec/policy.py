@@ -759,18 +759,23 @@ class KnapSpecPlanner(PlannerBase):
         return skip_budget(*knapsack_weights(lat.t_attn(n), lat.t_mlp(), self.knapspec.weight_cap),
                            config.num_layers) + 1
 
-    def reference_costs(self, config: ModelConfig, n: float, states_known: bool = False) -> Tuple[float, float]:
+    def reference_costs(self, config: ModelConfig, n: float, states_known: bool = False,
+                        two_stage: Optional[bool] = None) -> Tuple[float, float]:
         """``(fixed, per_token)`` predicted seconds of one plan: with ``search_tokens`` (two-stage plan) the
         DP's ``J`` rows per search token are a fixed cost and each window token adds the finalists' rows
         plus one for the target's own states of the window (``boundary_states``; none with ``states_known``,
         states kept from the prefill; next to ``J`` rows it is left out); without it every window token costs
         the DP's ``J`` rows (:meth:`reference_cost`). The finalists' rows are an upper bound: they run only
-        the sub-layers they execute after their first skip (``dp.plan_agreement``)."""
+        the sub-layers they execute after their first skip (``dp.plan_agreement``). Each separate pass -- the
+        window's states (unless known), the DP, the rescoring -- adds the many-row forward's fixed part
+        (``LatencyModel.t_pass``) to ``fixed``. ``two_stage``: whether the window is wider than the search
+        tokens (None: assume it is)."""
         slots, row = self._slots(config, n), self.latency.t_extra_row(n, config.num_layers)
-        if self.knapspec.search_tokens is None:
-            return 0.0, float(slots) * row
         own_states = 0 if states_known else 1
-        return (float(slots) * row * int(self.knapspec.search_tokens),
+        passes = own_states + 1
+        if self.knapspec.search_tokens is None or two_stage is False:
+            return passes * self.latency.t_pass(n), float(slots) * row
+        return (float(slots) * row * int(self.knapspec.search_tokens) + (passes + 1) * self.latency.t_pass(n),
                 float(self.knapspec.finalists + own_states) * row)
 
     #: :meth:`plan` takes ``states=`` (the window's target states kept from the prefill; the controller passes
@@ -1112,9 +1117,10 @@ class KnapSpecController(ScriptedController):
                     if cost is not None:
                         cost *= ref_tokens.shape[1] * row_share
                         search = knapspec.search_tokens
-                        if search is not None and ref_tokens.shape[1] > search and hasattr(planner, "reference_costs"):
-                            fixed, per_token = (planner.reference_costs(config, n, states_known=True)
-                                                if window_states is not None else planner.reference_costs(config, n))
+                        if hasattr(planner, "reference_costs"):
+                            fixed, per_token = planner.reference_costs(
+                                config, n, states_known=window_states is not None,
+                                two_stage=search is not None and ref_tokens.shape[1] > search)
                             cost = (fixed + per_token * ref_tokens.shape[1]) * row_share
                         cost *= float(knapspec.plan_cost_scale)  # the allowance's prediction, as it priced the plan
                     host["apply"] = time.perf_counter() - applying

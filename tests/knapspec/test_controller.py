@@ -295,6 +295,14 @@ def test_reference_allowance_caps_or_skips_planning(params, ar_rows):
     out2 = reference_allowance(KnapSpecPlanner(with_u, two), with_u, TARGET, n, 1000, two)
     assert out2["allowed_tokens"] == int((budget - fixed) // per) > out["allowed_tokens"]
     assert out2["predicted_dp_search_s"] == pytest.approx(fixed)
+    # a profile with the many-row forwards' fixed part: the DP, the rescoring and the window's states pay it once each
+    passes = dataclasses_replace(with_u, w=0.02, w_n=1e-6)
+    fixed_w, per_w = KnapSpecPlanner(passes, two).reference_costs(TARGET, n)
+    assert (fixed_w, per_w) == (pytest.approx(fixed + 3 * passes.t_pass(n)), pytest.approx(per))
+    assert KnapSpecPlanner(passes, two).reference_costs(TARGET, n, states_known=True)[0] == pytest.approx(
+        fixed + 2 * passes.t_pass(n))
+    assert KnapSpecPlanner(passes, knap).reference_costs(TARGET, n) == (pytest.approx(2 * passes.t_pass(n)),
+                                                                        pytest.approx(slots * 0.003))
     capped = reference_allowance(planner, lat, TARGET, n, 100000, dataclasses_replace(knap, max_reference_tokens=9))
     assert capped["tokens"] == 9
     # no cap: no budget, no row cost, a planner without a cost model

@@ -245,6 +245,18 @@ def test_forward_profiler_prices_a_dp_row_per_context():
     assert latency.row_price_line([4096], [-1e-6]) == (0.0, 0.0, ["u"])
     with pytest.raises(ValueError, match="one or two"):
         latency.row_price_line([1, 2, 3], [1e-5, 2e-5, 3e-5])
+    # the same forwards' intercept: what a pass pays whatever its rows (here the full step x a, less one row)
+    L = TINY.num_layers
+    for n in (300, 4096):
+        assert profile.model.t_pass(n) == pytest.approx(TRUE.t_step(n, L) * TRUE.a - TRUE.t_row(n), rel=1e-6)
+    assert profile.forward["fit"]["w"] == pytest.approx(profile.model.w)
+    # a profile saved before the pass price gets it from its own many-row forwards when read
+    data = json.loads(profile.to_json())
+    del data["model"]["w"], data["model"]["w_n"]
+    older = latency.LatencyProfile.from_json(json.dumps(data))
+    assert (older.model.w, older.model.w_n) == pytest.approx((profile.model.w, profile.model.w_n))
+    assert latency.pass_price([], [], []) == (0.0, 0.0, [])
+    assert latency.pass_price([64, 256], [300, 4096], [[2.0, 3.0], [1.0, 2.0]])[2] == ["w_n"]  # falls: clamped
     assert latency.bulk_profile_contexts([128, 256, 512], [64, 256]) == [512]
     assert latency.bulk_profile_contexts([128, 256], [64, 256]) == [] and latency.bulk_profile_contexts([512], []) == []
 
