@@ -28,7 +28,8 @@ A suite's result files are named after its ``device``, so an NVIDIA suite refuse
 machine whose GPU is another model (``nvidia-h200`` on an H100, say): ``--any-device`` runs it
 anyway, and its files then name a device they were not measured on.
 
-``--list`` lists the suites with their descriptions; ``--suites-dir DIR`` (or
+``--dry-run`` checks a suite and prints its commands, each with whether its ``--out`` file exists yet (which
+steps have been measured); ``--list`` lists the suites with their descriptions; ``--suites-dir DIR`` (or
 ``$JAXSPEC_SUITES_DIR``) reads suites from another folder.
 """
 
@@ -65,6 +66,24 @@ class Step:
 
     def argv(self) -> List[str]:
         return shlex.split(self.run)
+
+    def out(self) -> Optional[str]:
+        """The step's result file (its ``--out``, relative to the repository root), or None without one."""
+        argv = self.argv()
+        for i, arg in enumerate(argv):
+            if arg == "--out" and i + 1 < len(argv):
+                return argv[i + 1]
+            if arg.startswith("--out="):
+                return arg[len("--out="):]
+        return None
+
+    def measured(self) -> str:
+        """``"yes"`` when the step's result file exists (a complete or partial run), ``"not yet"`` when it does not,
+        ``"-"`` for a step without ``--out``."""
+        out = self.out()
+        if out is None:
+            return "-"
+        return "yes" if (REPO / out).exists() else "not yet"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -337,7 +356,7 @@ def cmd_suite(args) -> Dict[str, Any]:
     if suite.needs:
         print(f"needs: {', '.join(suite.needs)}", flush=True)
     if args.dry_run:
-        rows = [{"step": s.name, "timeout_s": s.timeout_s or "-",
+        rows = [{"step": s.name, "timeout_s": s.timeout_s or "-", "result file": s.measured(),
                  "command": "python -m experiments.run " + s.run} for s in steps]
         print_table(rows, title=f"{len(steps)} step(s) (dry run: nothing runs)")
         return {"suite": suite.name, "dry_run": True, "steps": rows}
@@ -381,7 +400,8 @@ def register(subparsers) -> None:
     p.add_argument("name", nargs="?", metavar="NAME", help="the suite (a file NAME.toml in the suites folder)")
     p.add_argument("--list", action="store_true", help="list the suites with their descriptions")
     p.add_argument("--steps", default=None, metavar="A,B", help="run only these steps (by name)")
-    p.add_argument("--dry-run", action="store_true", help="check the suite and print its commands; run nothing")
+    p.add_argument("--dry-run", action="store_true",
+                   help="check the suite and print its commands and whether each step's --out file exists; run nothing")
     p.add_argument("--no-device-lock", action="store_true",
                    help="run each step without the device lock (by default a GPU suite's steps wait for any "
                         "other suite runner's step on the same devices)")

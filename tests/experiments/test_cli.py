@@ -10,6 +10,7 @@ import pytest
 
 from experiments import common, generate, registry
 from experiments.run import main
+from experiments.suite import Step
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 TINY_PROMPT = "Once upon a time, in a land far away, there lived a curious fox. " * 2
@@ -354,6 +355,21 @@ def test_suite_list_dry_run_and_steps(tmp_path, capsys, monkeypatch):
     assert "unknown step(s) ['three']" in _error(capsys)
     assert main(["suite", "tiny", "--time-budget", "0"]) == 2
     assert "--time-budget=0.0: must be > 0" in _error(capsys)
+
+
+def test_suite_steps_say_whether_their_result_file_exists(tmp_path, capsys, monkeypatch):
+    """--dry-run names, per step, whether its --out file exists (measured) or not (not yet); '-' without --out."""
+    assert Step("a", "tables --out experiments/results/index.json").measured() == "yes"
+    assert Step("b", "bench-skip --out=experiments/results/none/never_cpu.json").out() == \
+        "experiments/results/none/never_cpu.json"
+    assert Step("b", "bench-skip --out=experiments/results/none/never_cpu.json").measured() == "not yet"
+    assert Step("c", "bench-skip --steps 2").measured() == "-"
+    d = tmp_path / "suites"
+    _suite(d, "tiny", 'description = "A tiny CPU suite."\ndevice = "cpu"\nneeds = []\n'
+                      f'[[steps]]\nname = "one"\n{FAST_OK}\n')
+    monkeypatch.setenv("JAXSPEC_SUITES_DIR", str(d))
+    assert main(["suite", "tiny", "--dry-run"]) == 0
+    assert "result file" in capsys.readouterr().out
 
 
 def test_suite_step_env_reaches_the_step_process_only(tmp_path, monkeypatch):
