@@ -158,6 +158,15 @@ def knapspec_start_states_cpu_note() -> str:
                  f"{cfg.get('finalists')} finalist; step smollm2-135m-1k-at-start-prefill-states-1-finalist, "
                  f"`{KNAPSPEC_ONE_FINALIST_CPU}`): " + _start_plan_text(one) + ". At most 5 % with at least 64 reference "
                  f"tokens: **{'met' if share1 <= 0.05 and tokens1 >= 64 else 'missed'}** in this run")
+        fit = inputs.load(KNAPSPEC_ONE_FINALIST_CPU).get("latency_b1", {}).get("fit", {})
+        if one.get("plans") and 0 < tokens1 < 64 and fit.get("w"):
+            plan = one["plans"][0]
+            ratio = plan["seconds"] / plan["predicted_seconds"]
+            wider = plan["seconds"] + (64 - tokens1) * ratio * one["plan_allowance"]["predicted_dp_s_per_token"]
+            text += (f": the allowance, pricing each pass of the plan at the many-row forwards' fixed part as well "
+                     f"({1e3 * (fit['w'] + fit.get('w_n', 0) * plan['n']):.0f} ms a pass here; docs/methods.md §5.6), "
+                     f"fit {tokens1} of the 64 tokens in its budget, and the plan ran {ratio:.2f}x that price, so a "
+                     f"64-token window would have taken about {100 * share1 * wider / plan['seconds']:.1f} % of the decode")
         steps = [c["ar_step_s"] for c in (kept, own)]
         if one.get("plans") and one["ar_step_s"] > 1.1 * max(steps):
             plan_s = one["plans"][0]["seconds"]
