@@ -508,13 +508,19 @@ def _qwen_one_finalist_cpu_note() -> str:
             f"{cfg.get('finalists')} finalist, the window's states kept by the prefill; {step}, "
             f"`{KNAPSPEC_ONE_FINALIST_QWEN_CPU}`): " + _start_plan_text(c))
     tokens = c["plans"][0]["reference_tokens"] if c.get("plans") else 0
-    if tokens and a.get("predicted_dp_search_s") and a.get("predicted_dp_s_per_token"):
-        st = c["plans"][0].get("stage_seconds") or {}
-        text += (f"; the allowance priced the DP's search at {a['predicted_dp_search_s']:.2f} s and the window at "
-                 f"{1e3 * a['predicted_dp_s_per_token']:.1f} ms a token, so the DP ran "
-                 f"{st.get('dp', 0) / a['predicted_dp_search_s']:.1f}x and the rescoring "
-                 f"{st.get('rescore', 0) / (tokens * a['predicted_dp_s_per_token']):.1f}x its price: the many-row "
-                 "price, timed on plain forwards, undercounts both here")
+    fit = data.get("latency_b1", {}).get("fit", {})
+    if tokens and c["plans"][0].get("predicted_seconds"):
+        plan = c["plans"][0]
+        text += f"; the plan ran {plan['seconds'] / plan['predicted_seconds']:.2f}x the allowance's price"
+    elif a.get("skip") and a.get("predicted_dp_search_s") and fit.get("w"):
+        text += (f": the allowance priced the plan's fixed part at {a['predicted_dp_search_s']:.2f} s (the DP's slot rows "
+                 f"on {cfg.get('search_tokens')} search tokens, and one pass each for the DP and the rescoring at "
+                 f"{fit['w']:.2f} s a pass, the fixed part of this model's many-row forwards; docs/methods.md §5.6) "
+                 f"and each window token at {1e3 * a['predicted_dp_s_per_token']:.1f} ms, against a "
+                 f"{a['plan_budget_s']:.2f} s budget (5 % of the predicted {a['predicted_ar_decode_s']:.0f} s decode, "
+                 "less the allowance's margin), so it made no plan: on this compute-bound CPU a DP over the 1.5B's "
+                 "slots costs about a plain forward of as many rows, and the cheapest two-stage plan with 64 tokens "
+                 "does not fit 5 % of a 256-token decode")
     return text + (f". At most 5 % with at least 64 reference tokens: "
                    f"**{'met' if share <= 0.05 and tokens >= 64 else 'missed'}** in this run.")
 
