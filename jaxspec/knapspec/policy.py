@@ -313,7 +313,9 @@ class KnapSpecConfig:
     # the reference window reaches back before its mark until each row has at least this many tokens (the
     # tokens committed earlier, then the prompt's last ones): the last `reference_rounds` rounds commit ~5-55
     # tokens a row, too few to measure a plan's acceptance within a few points (docs/methods.md §5.6). The
-    # planning allowance still caps the window (the latest tokens). None = the tokens since the mark (the paper)
+    # planning allowance still caps the window (the latest tokens), but not below the floor while the floor's
+    # window is predicted within max_plan_fraction (the margin's headroom used). None = the tokens since the mark
+    # (the paper)
     reference_floor: Optional[int] = None
     # plan on the reference windows of this many rows of the batch only (docs/methods.md §5.6): the rows with
     # the most reference tokens, ties to the lower row. A plan is one skip set for the whole batch, and the DP's
@@ -800,7 +802,9 @@ def reference_allowance(planner, latency: Optional[LatencyModel], config: ModelC
     timed run make the same choice and compile the same DP shape. ``row_share``: the share of the
     batch's rows the DP runs on (:attr:`KnapSpecConfig.plan_rows`), which scales its predicted cost.
     ``states_known``: the first plan takes its window's target states from the prefill (:func:`prefill_window`),
-    so a window token costs one row less (``reference_costs``); the cap then prices that plan."""
+    so a window token costs one row less (``reference_costs``); the cap then prices that plan. With
+    ``reference_floor``, a cap below the floor is raised to it when the floor's window is predicted within
+    ``max_plan_fraction`` itself (``"floor_in_margin": True``): the margin is headroom above the floor, not below it."""
     out = {"tokens": knapspec.max_reference_tokens, "skip": False}
     if knapspec.max_plan_fraction is None or latency is None:
         return out
@@ -824,6 +828,11 @@ def reference_allowance(planner, latency: Optional[LatencyModel], config: ModelC
     if per_token <= 0:
         return out
     allowed = int(max(budget - fixed, 0.0) // per_token)
+    floor = knapspec.reference_floor
+    if floor is not None and allowed < int(floor) and fixed + int(floor) * per_token <= budget / knapspec.allowance_margin:
+        # the floor's window fits the planning fraction itself: the margin is headroom above the floor, not below it
+        allowed = int(floor)
+        out["floor_in_margin"] = True
     out["allowed_tokens"] = allowed
     if allowed < knapspec.min_reference_tokens:
         out["skip"] = True

@@ -303,6 +303,17 @@ def test_reference_allowance_caps_or_skips_planning(params, ar_rows):
         fixed + 2 * passes.t_pass(n))
     assert KnapSpecPlanner(passes, knap).reference_costs(TARGET, n) == (pytest.approx(2 * passes.t_pass(n)),
                                                                         pytest.approx(slots * 0.003))
+    # a reference floor above the cap: raised to the floor while the floor's window fits the unmargined budget
+    full = budget / two.allowance_margin
+    for floor, raised in ((out2["allowed_tokens"] + 1, True), (int((full - fixed) // per), True),
+                          (int((full - fixed) // per) + 1, False)):
+        floored = reference_allowance(KnapSpecPlanner(with_u, two), with_u, TARGET, n, 1000,
+                                      dataclasses_replace(two, reference_floor=floor))
+        assert floored["allowed_tokens"] == (floor if raised else out2["allowed_tokens"])
+        assert floored.get("floor_in_margin", False) is raised
+    low = reference_allowance(KnapSpecPlanner(with_u, two), with_u, TARGET, n, 1000,
+                              dataclasses_replace(two, reference_floor=out2["allowed_tokens"] - 1))
+    assert low["allowed_tokens"] == out2["allowed_tokens"] and "floor_in_margin" not in low  # a floor the cap exceeds
     capped = reference_allowance(planner, lat, TARGET, n, 100000, dataclasses_replace(knap, max_reference_tokens=9))
     assert capped["tokens"] == 9
     # no cap: no budget, no row cost, a planner without a cost model
