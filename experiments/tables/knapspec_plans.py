@@ -89,13 +89,20 @@ def _start_plan_text(c) -> str:
                 f"ms budget), planning {100 * share:.1f} % of decode, {c['speedup_vs_ar']:.2f}x AR")
     p = c["plans"][0]
     st = p.get("stage_seconds") or {}
-    return (f"planning {100 * share:.1f} % of decode on {p['reference_tokens']} reference tokens (the allowance "
-            f"let {a.get('allowed_tokens')} in at its {1e3 * a.get('plan_budget_s', 0):.0f} ms budget), the plan "
+    allowed = (f"its floor of {a.get('allowed_tokens')} kept: predicted within 5 % of the decode, above the "
+               f"{1e3 * a.get('plan_budget_s', 0):.0f} ms budget its margin leaves" if a.get("floor_in_margin") else
+               f"the allowance let {a.get('allowed_tokens')} in at its {1e3 * a.get('plan_budget_s', 0):.0f} ms budget")
+    plain = ""
+    if p["gamma_star"] == 0 and c.get("ar_decode_s") and c.get("ar_step_s") and c["timings"].get("decode_s"):
+        steps = c["ar_decode_s"] / c["ar_step_s"]  # the steps AR's step is counted over
+        step = (c["timings"]["decode_s"] - c["timings"].get("plan_s", 0.0)) / steps
+        plain = f"; its plain steps took {1e3 * step:.1f} ms"
+    return (f"planning {100 * share:.1f} % of decode on {p['reference_tokens']} reference tokens ({allowed}), the plan "
             f"{1e3 * p['seconds']:.0f} ms (the window's states {1e3 * st.get('boundary_states', 0):.0f} ms, the DP "
             f"{1e3 * st.get('dp', 0):.0f} ms, rescoring {1e3 * st.get('rescore', 0):.0f} ms; predicted "
             f"{1e3 * p['predicted_seconds']:.0f} ms), {c['speedup_vs_ar']:.2f}x AR with the AR step "
             f"{1e3 * c['ar_step_s']:.1f} ms (gamma* = {p['gamma_star']}, output identical to AR: "
-            f"{'yes' if c['identical_to_ar'] else 'no'})" + _postponed_text(c))
+            f"{'yes' if c['identical_to_ar'] else 'no'}{plain})" + _postponed_text(c))
 
 
 def _postponed_text(c) -> str:
