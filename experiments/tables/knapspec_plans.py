@@ -165,15 +165,6 @@ def knapspec_start_states_cpu_note() -> str:
                  f"{cfg.get('finalists')} finalist; step smollm2-135m-1k-at-start-prefill-states-1-finalist, "
                  f"`{KNAPSPEC_ONE_FINALIST_CPU}`): " + _start_plan_text(one) + ". At most 5 % with at least 64 reference "
                  f"tokens: **{'met' if share1 <= 0.05 and tokens1 >= 64 else 'missed'}** in this run")
-        fit = inputs.load(KNAPSPEC_ONE_FINALIST_CPU).get("latency_b1", {}).get("fit", {})
-        if one.get("plans") and 0 < tokens1 < 64 and fit.get("w"):
-            plan = one["plans"][0]
-            ratio = plan["seconds"] / plan["predicted_seconds"]
-            wider = plan["seconds"] + (64 - tokens1) * ratio * one["plan_allowance"]["predicted_dp_s_per_token"]
-            text += (f": the allowance, pricing each pass of the plan at the many-row forwards' fixed part as well "
-                     f"({1e3 * (fit['w'] + fit.get('w_n', 0) * plan['n']):.0f} ms a pass here; docs/methods.md §5.6), "
-                     f"fit {tokens1} of the 64 tokens in its budget, and the plan ran {ratio:.2f}x that price, so a "
-                     f"64-token window would have taken about {100 * share1 * wider / plan['seconds']:.1f} % of the decode")
         steps = [c["ar_step_s"] for c in (kept, own)]
         if one.get("plans") and one["ar_step_s"] > 1.1 * max(steps):
             plan_s = one["plans"][0]["seconds"]
@@ -510,24 +501,14 @@ def _qwen_one_finalist_cpu_note() -> str:
         return f" The same model with the cheapest two-stage plan: not measured yet ({step})."
     data = inputs.load(KNAPSPEC_ONE_FINALIST_QWEN_CPU)
     (_, c), = [(k, v) for k, v in data["cases"].items() if "speedup_vs_ar" in v]
-    cfg, a, share = data["config"], c.get("plan_allowance") or {}, c["plan_fraction_of_decode"]
+    cfg, share = data["config"], c["plan_fraction_of_decode"]
     text = (f" The same model with the cheapest two-stage plan ({cfg.get('search_tokens')} search tokens, "
             f"{cfg.get('finalists')} finalist, the window's states kept by the prefill; {step}, "
             f"`{KNAPSPEC_ONE_FINALIST_QWEN_CPU}`): " + _start_plan_text(c))
     tokens = c["plans"][0]["reference_tokens"] if c.get("plans") else 0
-    fit = data.get("latency_b1", {}).get("fit", {})
     if tokens and c["plans"][0].get("predicted_seconds"):
         plan = c["plans"][0]
         text += f"; the plan ran {plan['seconds'] / plan['predicted_seconds']:.2f}x the allowance's price"
-    elif a.get("skip") and a.get("predicted_dp_search_s") and fit.get("w"):
-        text += (f": the allowance priced the plan's fixed part at {a['predicted_dp_search_s']:.2f} s (the DP's slot rows "
-                 f"on {cfg.get('search_tokens')} search tokens, and one pass each for the DP and the rescoring at "
-                 f"{fit['w']:.2f} s a pass, the fixed part of this model's many-row forwards; docs/methods.md §5.6) "
-                 f"and each window token at {1e3 * a['predicted_dp_s_per_token']:.1f} ms, against a "
-                 f"{a['plan_budget_s']:.2f} s budget (5 % of the predicted {a['predicted_ar_decode_s']:.0f} s decode, "
-                 "less the allowance's margin), so it made no plan: on this compute-bound CPU a DP over the 1.5B's "
-                 "slots costs about a plain forward of as many rows, and the cheapest two-stage plan with 64 tokens "
-                 "does not fit 5 % of a 256-token decode")
     return text + (f". At most 5 % with at least 64 reference tokens: "
                    f"**{'met' if share <= 0.05 and tokens >= 64 else 'missed'}** in this run.")
 

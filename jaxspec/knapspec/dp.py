@@ -495,7 +495,7 @@ def _head_argmax(params, config: ModelConfig, states):
 
 #: reference rows (candidates x batch rows x tokens) scored per pass of the LM head when the candidates per pass are
 #: not given: the head's weights are read once per pass, so passes of a few rows each (8 candidates of a two-stage
-#: plan's 2 search tokens: 16 rows) re-read the whole head ~9 times per DP and were ~20 % of the DP of
+#: plan's 2 search tokens: 16 rows) re-read the whole head ~9 times per DP, a large share of the DP of
 #: Qwen2.5-Coder-1.5B on a 2-core CPU; 512 rows of float32 logits of a 152k vocabulary are ~0.3 GB
 AGREEMENT_ROWS = 512
 

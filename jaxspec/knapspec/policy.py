@@ -792,6 +792,23 @@ class KnapSpecPlanner(PlannerBase):
                              self.knapspec, states=states)
 
 
+def plan_price(planner, config: ModelConfig, n: float, knapspec: KnapSpecConfig, row_share: float = 1.0,
+               states_known: bool = False, two_stage: Optional[bool] = None) -> Optional[Tuple[float, float]]:
+    """``(fixed, per_token)`` predicted seconds of one plan as the allowance prices it (the planner's
+    ``reference_costs``, else ``reference_cost`` per token and nothing fixed), scaled by ``row_share`` and
+    ``plan_cost_scale``; None for a planner without a cost model. ``two_stage``: as ``reference_costs``."""
+    costs = getattr(planner, "reference_costs", None)
+    if costs is not None:
+        priced = costs(config, n, states_known=states_known, two_stage=two_stage)
+    else:
+        per_token = planner.reference_cost(config, n)
+        if per_token is None:
+            return None
+        priced = (0.0, per_token)
+    scale = float(row_share) * float(knapspec.plan_cost_scale)
+    return float(priced[0]) * scale, float(priced[1]) * scale
+
+
 def reference_allowance(planner, latency: Optional[LatencyModel], config: ModelConfig, n: float, new_tokens: int,
                         knapspec: KnapSpecConfig, row_share: float = 1.0, states_known: bool = False) -> dict:
     """How many reference tokens per row one plan may use so that its predicted cost stays within
@@ -808,16 +825,11 @@ def reference_allowance(planner, latency: Optional[LatencyModel], config: ModelC
     out = {"tokens": knapspec.max_reference_tokens, "skip": False}
     if knapspec.max_plan_fraction is None or latency is None:
         return out
-    costs = getattr(planner, "reference_costs", None)
+    priced = plan_price(planner, config, n, knapspec, row_share, states_known)
+    if priced is None:
+        return out
+    fixed, per_token = priced
     scale = float(knapspec.plan_cost_scale)
-    if costs is not None:
-        priced = costs(config, n, states_known=True) if states_known else costs(config, n)
-        fixed, per_token = (float(x) * row_share * scale for x in priced)
-    else:
-        per_token = planner.reference_cost(config, n)
-        if per_token is None:
-            return out
-        fixed, per_token = 0.0, float(per_token) * row_share * scale
     if scale != 1.0:
         out["plan_cost_scale"] = scale
     decode = float(new_tokens) * latency.t_plain(n, config.num_layers)
@@ -1122,16 +1134,11 @@ class KnapSpecController(ScriptedController):
                     del plan_cache
                     applying = time.perf_counter()
                     apply_plan(plan.mask, plan.gamma if knapspec.honor_gamma else gamma_max)
-                    cost = planner.reference_cost(config, n)
-                    if cost is not None:
-                        cost *= ref_tokens.shape[1] * row_share
-                        search = knapspec.search_tokens
-                        if hasattr(planner, "reference_costs"):
-                            fixed, per_token = planner.reference_costs(
-                                config, n, states_known=window_states is not None,
-                                two_stage=search is not None and ref_tokens.shape[1] > search)
-                            cost = (fixed + per_token * ref_tokens.shape[1]) * row_share
-                        cost *= float(knapspec.plan_cost_scale)  # the allowance's prediction, as it priced the plan
+                    search = knapspec.search_tokens
+                    priced = plan_price(planner, config, n, knapspec, row_share, window_states is not None,
+                                        two_stage=search is not None and ref_tokens.shape[1] > search)
+                    # the allowance's prediction, as it priced the plan
+                    cost = None if priced is None else priced[0] + priced[1] * ref_tokens.shape[1]
                     host["apply"] = time.perf_counter() - applying
                     self.records.append(PlanRecord(
                         true_round, plan, candidates, int(token_mask.sum()), weights, time.perf_counter() - plan_start,
@@ -1373,5 +1380,5 @@ def knapspec_budget_generate(target_params, target_config: ModelConfig, prompts:
 
 __all__ = ["KnapSpecConfig", "KnapSpecController", "KnapSpecDraft", "KnapSpecPlanner", "KnapSpecSchedule", "NO_GAMMA_CAP",
            "PlanRecord", "WindowStates",
-           "knapspec_budget_generate", "knapspec_generate", "plan_skip_set", "prefill_window", "reference_allowance",
+           "knapspec_budget_generate", "knapspec_generate", "plan_price", "plan_skip_set", "prefill_window", "reference_allowance",
            "reference_window"]
