@@ -155,6 +155,8 @@ def add_self_spec_args(parser: argparse.ArgumentParser) -> None:
 #: --[knapspec-]dp-segments' default: jaxspec.knapspec.dp.DEFAULT_SEGMENTS (not imported here: the CLI loads no JAX to
 #: parse its flags; tests/experiments/test_knapspec.py holds the two equal)
 DP_SEGMENTS = 4
+#: --[knapspec-]weight-cap's default: jaxspec.knapspec.dp.WEIGHT_CAP (held equal by the same test)
+WEIGHT_CAP = 5
 
 
 def add_planning_arguments(add, prefix: str = "") -> None:
@@ -208,6 +210,11 @@ def add_planning_arguments(add, prefix: str = "") -> None:
     add(f"--{prefix}dp-segments", type=int, default=DP_SEGMENTS, metavar="K",
         help="the DP's scan in at most K runs of layers, each over the skipped weights its layers can reach (the "
              "same plan, fewer slot-layers, one compiled body a run; 1: one scan of every slot). docs/methods.md §4.3")
+    add(f"--{prefix}weight-cap", type=int, default=WEIGHT_CAP, metavar="N",
+        help="the heavier sub-layer's knapsack weight is at most N (the lighter's is 1): the DP carries "
+             "(w_attn + w_mlp) L / 2 + 1 slot states, so a coarser cap makes it cheaper and its latency weights "
+             "coarser (default: the official code's 5; the grid search still prices plans with the latency model). "
+             "docs/methods.md §4.3")
     add(f"--{prefix}rescore", choices=("executed", "select"), default="executed",
         help=f"with --{prefix}search-tokens: how the finalists are scored on the whole window: executed = only the "
              "sub-layers each runs after its first skip, behind conditionals (a GPU reads each predicate on the "
@@ -307,7 +314,8 @@ def knapspec_config_from_args(args):
                           start_states=getattr(args, "knapspec_start_states", "prefill"),
                           dp_attention=getattr(args, "knapspec_dp_attention", "xla"),
                           rescore=getattr(args, "knapspec_rescore", "executed"),
-                          dp_segments=getattr(args, "knapspec_dp_segments", DP_SEGMENTS))
+                          dp_segments=getattr(args, "knapspec_dp_segments", DP_SEGMENTS),
+                          weight_cap=getattr(args, "knapspec_weight_cap", WEIGHT_CAP))
 
 
 def validate_self_spec(args) -> None:
@@ -319,6 +327,9 @@ def validate_self_spec(args) -> None:
     if getattr(args, "knapspec_dp_segments", DP_SEGMENTS) < 1:
         raise ValueError(f"--knapspec-dp-segments={args.knapspec_dp_segments}: must be >= 1 (1: one scan of every "
                          f"slot)")
+    if getattr(args, "knapspec_weight_cap", WEIGHT_CAP) < 1:
+        raise ValueError(f"--knapspec-weight-cap={args.knapspec_weight_cap}: must be >= 1 (the official code's "
+                         f"{WEIGHT_CAP})")
     check_two_stage(getattr(args, "knapspec_search_tokens", None), getattr(args, "knapspec_finalists", 4), "knapspec-",
                     getattr(args, "knapspec_reference_floor", None), getattr(args, "knapspec_plan_rows", None),
                     getattr(args, "knapspec_plan_at_start", False), getattr(args, "knapspec_plan_after_plain", None))
@@ -741,6 +752,8 @@ def _config_of(args) -> Dict[str, Any]:
         config["rescore"] = args.rescore
     if args.dp_segments != DP_SEGMENTS:
         config["dp_segments"] = args.dp_segments
+    if args.weight_cap != WEIGHT_CAP:  # named only when set, like reference_kv
+        config["weight_cap"] = args.weight_cap
     if args.attention_backend != "auto":
         config["attention_backend"] = args.attention_backend
     if args.dp_attention_check:
@@ -1580,12 +1593,12 @@ def experiment_knapspec_config(args, branch_chunk=None):
                           plan_at_start=args.plan_at_start, plan_after_plain=args.plan_after_plain,
                           plan_cost_scale=args.plan_cost_scale,
                           dp_attention=args.dp_attention, rescore=args.rescore, dp_segments=args.dp_segments,
-                          start_states=args.start_states)
+                          start_states=args.start_states, weight_cap=args.weight_cap)
 
 
 def check_knapspec_args(args) -> None:
     """Every flag of the ``knapspec`` experiment, before the model loads or latency is profiled."""
-    for flag in ("max_new_tokens", "long_prompt", "long_new_tokens", "gamma_max", "dp_segments"):
+    for flag in ("max_new_tokens", "long_prompt", "long_new_tokens", "gamma_max", "dp_segments", "weight_cap"):
         if getattr(args, flag) < 1:
             raise ValueError(f"--{flag.replace('_', '-')}={getattr(args, flag)}: must be >= 1")
     for flag in ("layers", "max_reference_tokens", "branch_chunk", "clasp_skip_count"):

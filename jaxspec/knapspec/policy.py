@@ -366,6 +366,10 @@ class KnapSpecConfig:
             check_history_backend(self.dp_attention, self.reference_kv, self.branch_chunk)
         if isinstance(self.dp_segments, bool) or int(self.dp_segments) < 1:
             raise ValueError(f"dp_segments={self.dp_segments!r} must be an integer >= 1 (1: one scan of every slot)")
+        if isinstance(self.weight_cap, bool) or not isinstance(self.weight_cap, (int, np.integer)) or \
+                self.weight_cap < 1:
+            raise ValueError(f"weight_cap={self.weight_cap!r} must be an integer >= 1 (the heavier sub-layer's knapsack "
+                             f"weight is at most this; the official code's {WEIGHT_CAP})")
         if self.start_states not in START_STATES:
             raise ValueError(f"start_states={self.start_states!r}; valid: {', '.join(START_STATES)}")
         if self.rescore not in RESCORE:

@@ -155,6 +155,7 @@ def test_os_error_is_one_line_not_a_traceback(tmp_path, capsys):
     (["--method", "knapspec", "--knapspec-gamma-max", "20", "--max-new-tokens", "8"],
      "--knapspec-gamma-max=20 exceeds --max-new-tokens=8"),
     (["--method", "knapspec", "--knapspec-gamma-buckets", "1,x"], "expected comma-separated integers"),
+    (["--method", "knapspec", "--knapspec-weight-cap", "0"], "--knapspec-weight-cap=0: must be >= 1"),
     (["--method", "streaming", "--budget", "128", "--draft-skip", "mlp:1", "--knapspec-interval", "9"],
      "--knapspec-interval is an option of --method knapspec"),
     (["--method", "knapspec-dustin"], "--method knapspec-dustin needs --budget K"),

@@ -436,9 +436,11 @@ def test_bench_plan_rescores_the_skip_sets_of_a_results_file(tmp_path, capsys):
     assert main(missing) != 0 and "no such file" in capsys.readouterr().err
 
 
-def test_the_cli_default_of_dp_segments_is_the_dps():
-    """--[knapspec-]dp-segments defaults to the DP's own default (the CLI module keeps its copy to load no JAX)."""
+def test_the_cli_defaults_of_dp_segments_and_weight_cap_are_the_dps():
+    """--[knapspec-]dp-segments and --[knapspec-]weight-cap default to the DP's own (the CLI module keeps copies to load
+    no JAX)."""
     assert knapspec_experiment.DP_SEGMENTS == dp.DEFAULT_SEGMENTS == KnapSpecConfig().dp_segments
+    assert knapspec_experiment.WEIGHT_CAP == dp.WEIGHT_CAP == KnapSpecConfig().weight_cap
 
 
 def test_candidate_plans_timed_in_pairs(tmp_path, capsys):

@@ -209,6 +209,9 @@ def test_slot_segments_cover_the_layers_with_the_reachable_slots_at_least_cost()
         dp.knapsack_dp(None, TINY, None, None, jnp.zeros((11, 1, 2, 8)), w_attn=1, w_mlp=1, segments=0)
     with pytest.raises(ValueError, match="dp_segments=0"):
         KnapSpecConfig(dp_segments=0)
+    for bad in (0, True, 2.5):
+        with pytest.raises(ValueError, match="weight_cap=.* must be an integer >= 1"):
+            KnapSpecConfig(weight_cap=bad)
 
 
 @pytest.fixture(scope="module")
@@ -700,3 +703,21 @@ def test_exit_stats_of_the_dp_and_the_plan(tiny_problem):
     assert aware.summary()["p_ac"] == strict.agree_confident[aware.index] and spec.p_c is None
     with pytest.raises(ValueError, match="exit_stats"):
         planner.choose_plan(strict.masks, strict.alpha, lat, exit_stats=(strict.confident,))
+
+
+def test_weight_cap_sets_the_dps_slots_and_its_price():
+    """A coarser weight cap gives the DP fewer slot states, (w_attn + w_mlp) L / 2 + 1 with the heavier weight
+    capped, and the allowance's price of the DP falls with them."""
+    from jaxspec.knapspec.latency import LatencyModel
+    from jaxspec.knapspec.policy import KnapSpecPlanner
+
+    lat = LatencyModel(c1=4.0, c2=0.0, c3=1.0, u=1e-3)  # t_mlp = 4 t_attn: weights (1, 4) under the default cap
+    assert dp.knapsack_weights(lat.t_attn(0), lat.t_mlp()) == (1, 4)
+    assert dp.knapsack_weights(lat.t_attn(0), lat.t_mlp(), cap=2) == (1, 2)
+    costs = {}
+    for cap, slots in ((5, 5 * TINY.num_layers // 2 + 1), (2, 3 * TINY.num_layers // 2 + 1), (1, TINY.num_layers + 1)):
+        planner = KnapSpecPlanner(lat, KnapSpecConfig(weight_cap=cap))
+        assert planner._slots(TINY, 0.0) == slots
+        costs[cap] = planner.reference_cost(TINY, 0.0)
+        assert costs[cap] == pytest.approx(slots * lat.t_extra_row(0.0, TINY.num_layers))
+    assert costs[1] < costs[2] < costs[5]
