@@ -476,6 +476,9 @@ KNAPSPEC_OWN_STATES_CPU = f"{K}smollm2-135m_1k_b1_two-stage_at-start_own-states_
 KNAPSPEC_ONE_FINALIST_CPU = f"{K}smollm2-135m_1k_b1_two-stage_at-start_prefill-states_1-finalist_cpu.json"
 #: the same plan form on the real Qwen2.5-Coder-1.5B (its own profile)
 KNAPSPEC_ONE_FINALIST_QWEN_CPU = f"{K}qwen2.5-coder-1.5b_1k_b1_two-stage_at-start_prefill-states_1-finalist_cpu.json"
+#: the same with the knapsack weights capped at 2 (--weight-cap 2: 43 slot states instead of 71; docs/methods.md §4.3)
+KNAPSPEC_ONE_FINALIST_CAP2_QWEN_CPU = (f"{K}qwen2.5-coder-1.5b_1k_b1_two-stage_at-start_prefill-states_1-finalist_"
+                                       "weight-cap-2_cpu.json")
 KNAPSPEC_PLAN_ROWS_CALIBRATED = f"{K}qwen2.5-coder-1.5b_32k-8k_b16_plan-rows_calibrated_h200.json"
 #: the two-stage plan at batch 16 on 2 rows' windows (docs/methods.md §5.6, `--plan-rows 2`), real 1.5B, 32k-8k
 KNAPSPEC_PLAN_ROWS = f"{K}qwen2.5-coder-1.5b_32k-8k_b16_plan-rows_h200.json"
@@ -541,6 +544,10 @@ KNAPSPEC_PLAN_TRACES = tuple(
 #: exist
 PLAN_STAGES = tuple((f"{K}plan_stages_{run}.json", model, device) for run, model, device in (
     ("smollm2-135m_2k_1row_cpu", "real SmolLM2-135M f32", "the CPU"),
+    ("qwen2.5-coder-1.5b_1k_1row_w1-4_cpu", "real Qwen2.5-Coder-1.5B f32, knapsack weights 1 and 4 (71 slots, the "
+     "latency profile's)", "the CPU"),
+    ("qwen2.5-coder-1.5b_1k_1row_w1-2_cpu", "real Qwen2.5-Coder-1.5B f32, knapsack weights 1 and 2 (43 slots, "
+     "--weight-cap 2)", "the CPU"),
     ("qwen2.5-1.5b-shape_32k_1row_h100", "the Qwen2.5-1.5B shape with random weights, bf16", "an H100"),
     ("qwen2.5-1.5b-shape_32k_1row_h200", "the Qwen2.5-1.5B shape with random weights, bf16", "the H200"),
     ("qwen2.5-1.5b-shape_32k_1row_2search_1finalist_h100", "the Qwen2.5-1.5B shape with random weights, bf16, the DP "
