@@ -9,7 +9,7 @@
     unprofiled default (labelled in the JSON); with ``--draft-skip SPEC --draft-kv streaming`` the
     self-draft reads a StreamingLLM view of the target cache (MagicDec's self-draft) and still gives the
     lookahead signal over the full keys (docs/methods.md §5.5); KnapSpec's re-planned self-draft with
-    Dustin verification is ``--method knapspec-dustin`` (:mod:`experiments.knapspec`);
+    Dustin verification is ``--method knapspec-dustin`` (:mod:`experiments.knapspec.self_spec`);
   - ``streaming``: StreamingLLM verification (4 sinks + the last ``K - 4`` positions);
   - ``snapkv``: SnapKV verification (static prompt selection of ``K`` positions after prefill +
     every generated token);

@@ -2,7 +2,7 @@
 
 ``generate --method NAME``: ``ar`` (autoregressive), ``sd`` (speculative with ``--draft`` or a
 self-draft ``--draft-skip``), and every method registered in :mod:`experiments.registry` (the
-KnapSpec family in :mod:`experiments.knapspec`, the Dustin family in
+KnapSpec family in :mod:`experiments.knapspec.self_spec`, the Dustin family in
 :mod:`experiments.dustin_quality`). Options are checked before any model loads; an option the
 chosen method does not read is refused, not ignored.
 """

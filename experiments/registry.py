@@ -4,7 +4,7 @@
   adding its ``python -m experiments.run NAME`` sub-commands; :func:`load_experiment_modules`
   imports every one and returns them.
 * A **method** of ``generate --method NAME`` beyond ``ar`` / ``sd`` is one :func:`register_method`
-  call in the module that implements it (``experiments.knapspec``: knapspec, clasp, static-skip;
+  call in the module that implements it (``experiments.knapspec.self_spec``: knapspec, clasp, static-skip;
   ``experiments.dustin_quality``: dustin, streaming, snapkv, quest, magicdec), plus one
   :func:`register_method_arguments` call adding its family's options to ``generate``.
 

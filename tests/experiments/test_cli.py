@@ -588,17 +588,21 @@ def _imports(path: pathlib.Path):
 
 
 def test_experiment_modules_import_one_way_and_nothing_private():
-    modules = {p.stem: p for p in (REPO / "experiments").glob("*.py") if p.stem != "__init__"}
+    # an experiment module is experiments/NAME.py or a package experiments/NAME/ (every file of it, one node)
+    modules = {p.stem: [p] for p in (REPO / "experiments").glob("*.py") if p.stem != "__init__"}
+    modules.update({p.parent.name: sorted(p.parent.rglob("*.py"))
+                    for p in (REPO / "experiments").glob("*/__init__.py")})
     graph = {}
-    for name, path in modules.items():
+    for name, paths in modules.items():
         deps = set()
-        for module, names in _imports(path):
-            private = [n for n in names if n.startswith("_") and not n.startswith("__")]
-            assert not private, f"experiments/{name}.py imports private {private} from {module}"
-            if module == "experiments":
-                deps.update(n for n in names if n in modules)
-            elif module.startswith("experiments."):
-                deps.add(module.split(".")[1])
+        for path in paths:
+            for module, names in _imports(path):
+                private = [n for n in names if n.startswith("_") and not n.startswith("__")]
+                assert not private, f"{path.relative_to(REPO)} imports private {private} from {module}"
+                if module == "experiments":
+                    deps.update(n for n in names if n in modules)
+                elif module.startswith("experiments."):
+                    deps.add(module.split(".")[1])
         graph[name] = deps - {name}
     state = {}
 

@@ -141,7 +141,7 @@ def test_experiment_end_to_end_on_a_tiny_random_model(tmp_path, monkeypatch, cap
             "--max-plan-fraction", "0",  # 40 tokens could not pay for a DP under a planning budget: plan anyway
             "--static-plans",  # the re-planning methods draft each plan with a forward compiled for it
             "--plot", str(tmp_path / "f.png")]
-    from experiments import knapspec as experiment
+    from experiments.knapspec import experiment  # the module whose driver calls release_memory
 
     released = []
     real_release = experiment.release_memory
@@ -356,7 +356,7 @@ def test_reprofile_measures_again_and_keeps_the_saved_profile(tmp_path, monkeypa
     knapspec_experiment.register(parser.add_subparsers())
     for flags, expected_calls, expected_files in (([], 1, 1), ([], 1, 1), (["--reprofile"], 2, 2)):
         args = parser.parse_args(["knapspec", "--latency-fit", "forward", "--device-tag", "test"] + flags)
-        profile, path = knapspec_experiment._latency_profile(args, model, 1, 1024, tmp_path)
+        profile, path = knapspec_experiment.latency_profile(args, model, 1, 1024, tmp_path)
         assert len(calls) == expected_calls and len(list(tmp_path.iterdir())) == expected_files, flags
     assert latency.LatencyProfile.load(path) == profile
     # generate's flag reaches load_latency the same way
@@ -367,12 +367,12 @@ def test_reprofile_measures_again_and_keeps_the_saved_profile(tmp_path, monkeypa
     assert len(calls) == 3 and len(list(tmp_path.iterdir())) == 3
     # --latency-fit forward-static: the masks compiled in, a file of its own beside the dynamic fit's
     args = parser.parse_args(["knapspec", "--latency-fit", "forward-static", "--device-tag", "test"])
-    static, static_path = knapspec_experiment._latency_profile(args, model, 1, 1024, tmp_path)
+    static, static_path = knapspec_experiment.latency_profile(args, model, 1, 1024, tmp_path)
     assert static.method == "forward-static" and static_path.name.endswith("_b1_forward-static.json")
     assert static_path != path and len(calls) == 4 and static_path.exists()
     # --latency-fit forward-static-half: the half masks, compiled in, in a third file
     args = parser.parse_args(["knapspec", "--latency-fit", "forward-static-half", "--device-tag", "test"])
-    half, half_path = knapspec_experiment._latency_profile(args, model, 1, 1024, tmp_path)
+    half, half_path = knapspec_experiment.latency_profile(args, model, 1, 1024, tmp_path)
     assert half.method == "forward-static-half" and half_path.name.endswith("_b1_forward-static-half.json")
     assert half.forward["half_masks"] and half.forward["static_masks"] and len(calls) == 5
 

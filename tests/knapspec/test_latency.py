@@ -55,9 +55,9 @@ def test_half_skip_masks_skip_every_second_skippable_sublayer():
     assert [latency.fit_method(s, h) for s in (False, True) for h in (False, True)] == [
         "forward", "forward-half", "forward-static", "forward-static-half"]
     assert set(latency.PROFILERS) == set(latency.FIT_METHODS)
-    from experiments import knapspec as self_spec
-    assert self_spec.LATENCY_FITS == latency.FIT_METHODS
-    assert [self_spec._forward_fit_kwargs(m) for m in ("forward", "forward-static", "forward-static-half")] == [
+    from experiments.knapspec import flags, latency_profiles
+    assert flags.LATENCY_FITS == latency.FIT_METHODS
+    assert [latency_profiles._forward_fit_kwargs(m) for m in ("forward", "forward-static", "forward-static-half")] == [
         {}, {"static_masks": True}, {"static_masks": True, "half_masks": True}]
 
 
@@ -457,12 +457,12 @@ def test_forward_static_half_profile_times_the_half_masks(tmp_path):
 
 
 def test_generate_latency_fit_picks_its_own_file(tmp_path, monkeypatch):
-    from experiments import knapspec as self_spec
+    from experiments.knapspec import latency_profiles
     from jaxspec.models import registry
 
     monkeypatch.setattr(registry, "cache_dir", lambda: tmp_path)
-    forward_path = self_spec.default_profile_path(TINY, 1, "forward")
-    isolated_path = self_spec.default_profile_path(TINY, 1, "isolated")
+    forward_path = latency_profiles.default_profile_path(TINY, 1, "forward")
+    isolated_path = latency_profiles.default_profile_path(TINY, 1, "isolated")
     assert forward_path != isolated_path and forward_path.name.endswith("-forward.json")
     calls = []
     measured, _ = _mock_profile()
@@ -473,10 +473,10 @@ def test_generate_latency_fit_picks_its_own_file(tmp_path, monkeypatch):
 
     monkeypatch.setattr(latency, "profile_latency_forward", fake_forward)
     args = argparse.Namespace(latency_profile=None, latency_fit="forward")
-    profile, info = self_spec.load_latency(args, TINY, 1, 3000, params="PARAMS")
+    profile, info = latency_profiles.load_latency(args, TINY, 1, 3000, params="PARAMS")
     assert info["method"] == "forward" and info["measured_now"] and info["path"] == str(forward_path)
     assert calls == [(1, tuple(latency.forward_contexts(3000)), "PARAMS")] and forward_path.exists()
-    profile, info = self_spec.load_latency(args, TINY, 1, 3000)
+    profile, info = latency_profiles.load_latency(args, TINY, 1, 3000)
     assert not info["measured_now"] and len(calls) == 1  # reused
 
 
