@@ -22,13 +22,13 @@ from typing import Any, Callable, Dict, FrozenSet, List, Tuple
 EXPERIMENT_MODULES: Tuple[str, ...] = (
     "experiments.generate",  # generate, demo
     "experiments.parity",  # parity
-    "experiments.decode_speed",  # bench-decode, bench-skip, bench-sd
-    "experiments.kernels",  # bench-attention
+    "experiments.decode_speed",  # bench-decode, bench-skip, bench-plain, bench-sd
+    "experiments.kernels",  # attention-device-time, bench-attention, bench-selection, bench-scoring
     "experiments.kernel_explore",  # kernel-explore
-    "experiments.dustin_quality",  # dustin-profile, dustin-quality; the sparse methods
+    "experiments.dustin_quality",  # dustin-profile, dustin-m-bounds, dustin-quality; the sparse methods
     "experiments.dustin_speed",  # dustin-speed
-    "experiments.pair_speed",  # pair-speed
-    "experiments.knapspec",  # knapspec; the knapspec / clasp / static-skip methods
+    "experiments.pair_speed",  # pair-speed, choice-table
+    "experiments.knapspec",  # knapspec, bench-plan, reprice-tpt; the knapspec / clasp / static-skip methods
     "experiments.suite",  # suite
 )
 
