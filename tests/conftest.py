@@ -326,13 +326,14 @@ def decomposable_dp_instance(num_layers, tokens=3, hidden=24, seed=0):
             jnp.asarray(np.cumsum(inc, axis=0)[1:].reshape(n, 2, tokens, hidden)))
 
 
-def check_scan_dp_against_brute_force(g0, steps, targets, can_skip, *, num_layers, w_attn, w_mlp, tau, segments=1):
+def check_scan_dp_against_brute_force(g0, steps, targets, can_skip, *, num_layers, w_attn, w_mlp, tau, segments=1,
+                                      layers="scan"):
     """Run the scan DP on an additive instance and the exhaustive search; assert that the DP's value and
     mask at every weight it reports equal brute force's optimum and that both find the same weights.
     Returns a namespace: ``trace, masks, slots, best``, ``brute(can_skip, tau)`` (the exhaustive search
     again on the same instance) and the instance as ``dp.dp_loop`` takes it (``single, layers,
     targets, token_mask, budget``). ``segments``: the scan split into at most that many runs of reachable slots
-    (``dp.slot_segments``)."""
+    (``dp.slot_segments``); ``layers="unrolled"``: ``dp.dp_unrolled`` (one traced step per layer) instead."""
     import types
 
     import jax
@@ -344,10 +345,15 @@ def check_scan_dp_against_brute_force(g0, steps, targets, can_skip, *, num_layer
     token_mask = jnp.ones(g0.shape[:1])
     budget = dp.skip_budget(w_attn, w_mlp, num_layers)
     apply = lambda kind: (lambda layer_x, g: g + layer_x[kind])  # noqa: E731
-    values, skipped, valid, _ = jax.jit(lambda: dp.dp_scan(
-        apply(0), apply(1), (steps[:, 0], steps[:, 1]), g0, targets, jnp.asarray(can_skip), token_mask,
-        w_attn=w_attn, w_mlp=w_mlp, budget=budget, tau=tau,
-        segments=dp.slot_segments(can_skip, w_attn, w_mlp, budget, segments)))()
+    if layers == "unrolled":
+        values, skipped, valid, _ = jax.jit(lambda: dp.dp_unrolled(
+            apply(0), apply(1), [(steps[k, 0], steps[k, 1]) for k in range(num_layers - 1)], g0, targets, can_skip,
+            token_mask, w_attn=w_attn, w_mlp=w_mlp, budget=budget, tau=tau))()
+    else:
+        values, skipped, valid, _ = jax.jit(lambda: dp.dp_scan(
+            apply(0), apply(1), (steps[:, 0], steps[:, 1]), g0, targets, jnp.asarray(can_skip), token_mask,
+            w_attn=w_attn, w_mlp=w_mlp, budget=budget, tau=tau,
+            segments=dp.slot_segments(can_skip, w_attn, w_mlp, budget, segments)))()
     trace = dp.DPTrace(np.asarray(values, np.float64), np.asarray(skipped), np.asarray(valid))
     masks, slots = dp.backtrack(trace, num_layers, w_attn, w_mlp)
     layers = [(steps[k, 0], steps[k, 1]) for k in range(num_layers - 1)]

@@ -85,8 +85,15 @@ def plan_masks_from(path: str, num_layers: int, count: int) -> np.ndarray:
     return np.stack(masks + [masks[0]] * (count - len(masks)))
 
 
-def dp_stage(segments: int) -> str:
-    """bench-plan's name of the DP stage timed with ``segments`` runs (``dp`` for one scan of every slot)."""
+#: the key of the DP traced once per layer (``--dp-unrolled``) among the segment counts
+UNROLLED = "unrolled"
+
+
+def dp_stage(segments) -> str:
+    """bench-plan's name of the DP stage timed with ``segments`` runs (``dp`` for one scan of every slot;
+    ``dp_unrolled`` for :data:`UNROLLED`, the DP traced once per layer)."""
+    if segments == UNROLLED:
+        return "dp_unrolled"
     return "dp" if segments == 1 else f"dp_{segments}seg"
 
 
@@ -164,7 +171,8 @@ def cmd_bench_plan(args) -> Dict[str, Any]:
     from jaxspec.models.cache import init_cache
 
     contexts, w_attn, w_mlp, segment_counts = check_bench_plan_args(args)
-    writer = ResultWriter(args.out, "bench-plan", config_of(args))
+    # --dp-unrolled is named only when set: files written before it existed resume as they were
+    writer = ResultWriter(args.out, "bench-plan", config_of(args, exclude=() if args.dp_unrolled else ("dp_unrolled",)))
     model = load(args)
     params, config = model.params, model.config
     fixed_finals = plan_masks_from(args.masks_from, config.num_layers, args.finalists) if args.masks_from else None
@@ -194,12 +202,14 @@ def cmd_bench_plan(args) -> Dict[str, Any]:
 
         states = jax.block_until_ready(states_fn())
 
-        def dp_fn(segments):
+        def dp_fn(segments, layers="scan"):
             return lambda: dp.knapsack_dp(params, config, cache, prefix, states[:, :, :s], mask[:, :s], w_attn=w_attn,
                                           w_mlp=w_mlp, exit_threshold=args.exit_threshold, history_backend=backend,
-                                          segments=segments)
+                                          segments=segments, layers=layers)
 
         dps = {count: dp_fn(count) for count in segment_counts}
+        if args.dp_unrolled:
+            dps[UNROLLED] = dp_fn(1, "unrolled")
         found = {count: fn() for count, fn in dps.items()}  # compiled; each segment count finds the same candidates
         candidates = found[segment_counts[0]]
         finals = fixed_finals if fixed_finals is not None else _finalist_masks(candidates.masks, args.finalists)
@@ -222,7 +232,8 @@ def cmd_bench_plan(args) -> Dict[str, Any]:
                   "budget": budget, "candidates": len(candidates),
                   "dp_segments": {str(count): [list(run) for run in dp.slot_segments(
                       dp.scan_can_skip(config.num_layers), w_attn, w_mlp, budget, count)] for count in segment_counts},
-                  # the DP's candidates with each segment count against the first's: the same masks, values within
+                  # the DP's candidates with each segment count (and unrolled, where timed) against the first's: the
+                  # same masks, values within
                   # float rounding (a batch of fewer slots may round differently)
                   "dp_same_masks": all(np.array_equal(c.masks, candidates.masks) for c in found.values()),
                   "dp_max_cosine_diff": max(float(np.max(np.abs(c.cosine - candidates.cosine)))

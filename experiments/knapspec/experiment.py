@@ -144,6 +144,9 @@ def register(subparsers) -> None:
     b.add_argument("--dp-segments", default="4,1", metavar="K,...",
                    help="the DP timed with each of these segment counts (knapspec --dp-segments; the first is the "
                         "plan's, the rescoring's finalists come from it)")
+    b.add_argument("--dp-unrolled", action="store_true",
+                   help="also time the DP traced once per layer on the model's own weights (knapspec --dp-layers "
+                        "unrolled; docs/methods.md §4.3)")
     b.add_argument("--masks-from", default=None, metavar="FILE",
                    help="rescore these finalists instead of the DP's: the skip sets of the plans in a knapspec results "
                         "file (its own model's layers; the first --finalists distinct ones, repeated to fill). The "
@@ -193,6 +196,8 @@ def _config_of(args) -> Dict[str, Any]:
         config["rescore"] = args.rescore
     if args.dp_segments != DP_SEGMENTS:
         config["dp_segments"] = args.dp_segments
+    if args.dp_layers != "scan":  # named only when set, like reference_kv
+        config["dp_layers"] = args.dp_layers
     if args.weight_cap != WEIGHT_CAP:  # named only when set, like reference_kv
         config["weight_cap"] = args.weight_cap
     if args.attention_backend != "auto":

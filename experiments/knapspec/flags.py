@@ -83,6 +83,8 @@ def add_self_spec_args(parser: argparse.ArgumentParser) -> None:
 DP_SEGMENTS = 4
 #: --[knapspec-]weight-cap's default: jaxspec.knapspec.dp.WEIGHT_CAP (held equal by the same test)
 WEIGHT_CAP = 5
+#: --[knapspec-]dp-layers' choices: jaxspec.knapspec.dp.DP_LAYERS (held equal by the same test)
+DP_LAYERS = ("scan", "unrolled")
 
 
 def add_planning_arguments(add, prefix: str = "") -> None:
@@ -133,6 +135,11 @@ def add_planning_arguments(add, prefix: str = "") -> None:
         help="the attention of the DP's branches (docs/methods.md §4.3): xla = the vmap-ed reference (default); "
              "pallas = every branch's rows folded into the query rows of the Pallas history kernel, no scores "
              "written (GPU; pallas-interpret anywhere, slow)")
+    add(f"--{prefix}dp-layers", choices=DP_LAYERS, default="scan",
+        help="how the DP walks the layers: scan = one lax.scan over a stacked copy of the layer weights (default; in "
+             f"--{prefix}dp-segments runs); unrolled = one traced step per layer on the model's own weights, each "
+             "sub-layer on the slots it can reach (no stacked copy; faster on the CPU). The same candidates either "
+             "way. docs/methods.md §4.3")
     add(f"--{prefix}dp-segments", type=int, default=DP_SEGMENTS, metavar="K",
         help="the DP's scan in at most K runs of layers, each over the skipped weights its layers can reach (the "
              "same plan, fewer slot-layers, one compiled body a run; 1: one scan of every slot). docs/methods.md §4.3")
@@ -241,6 +248,7 @@ def knapspec_config_from_args(args):
                           dp_attention=getattr(args, "knapspec_dp_attention", "xla"),
                           rescore=getattr(args, "knapspec_rescore", "executed"),
                           dp_segments=getattr(args, "knapspec_dp_segments", DP_SEGMENTS),
+                          dp_layers=getattr(args, "knapspec_dp_layers", "scan"),
                           weight_cap=getattr(args, "knapspec_weight_cap", WEIGHT_CAP))
 
 
@@ -260,7 +268,7 @@ def experiment_knapspec_config(args, branch_chunk=None):
                           plan_at_start=args.plan_at_start, plan_after_plain=args.plan_after_plain,
                           plan_cost_scale=args.plan_cost_scale,
                           dp_attention=args.dp_attention, rescore=args.rescore, dp_segments=args.dp_segments,
-                          start_states=args.start_states, weight_cap=args.weight_cap)
+                          dp_layers=args.dp_layers, start_states=args.start_states, weight_cap=args.weight_cap)
 
 
 def validate_self_spec(args) -> None:

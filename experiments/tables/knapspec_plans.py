@@ -190,6 +190,8 @@ def plan_stage_names(case: Dict[str, Any]) -> List[Tuple[str, str]]:
         if name == "rescore_executed":
             names += [(seg, f"the DP in {seg[3:-3]} runs of reachable slots") for seg in case["seconds_min"]
                       if seg.startswith("dp_") and seg.endswith("seg")]
+            names += [(seg, "the DP traced once per layer (--dp-layers unrolled)") for seg in case["seconds_min"]
+                      if seg == "dp_unrolled"]
         if name in case["seconds_min"]:
             names.append((name, what))
     return names

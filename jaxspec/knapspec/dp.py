@@ -47,6 +47,9 @@ Implementations (same semantics, same result):
   With ``reference_kv="target"`` (:data:`REFERENCE_KV`) a branch's row ``t`` attends instead to the
   target's K/V of rows ``< t`` and to its own only at ``t`` (:func:`target_kv_attention`; the
   target's K/V of a layer are projected once from its boundary state, for all branches).
+* :func:`dp_unrolled` -- the same vectorised transitions traced once per layer on the model's own
+  weights (no stacked copy, no per-iteration slice of the weights), each sub-layer on the slots it can
+  reach: :func:`knapsack_dp` ``layers="unrolled"``.
 * :func:`dp_loop` -- a plain Python loop over sub-layers and budgets, one candidate state at a
   time (the official algorithm's structure): the reference the scan is tested against.
 * :func:`brute_force` -- depth-first enumeration of every skip set (same fixed edge layers,
@@ -75,6 +78,9 @@ DEFAULT_TAU = 0.5
 WEIGHT_CAP = 5
 #: Runs of layers the DP's scan is split into, each over the slots it can reach (:func:`slot_segments`).
 DEFAULT_SEGMENTS = 4
+#: How the DP walks the layers (:func:`knapsack_dp` ``layers``): one ``lax.scan`` over stacked layer weights
+#: (:func:`dp_scan`, the default) or a loop traced once per layer on the model's own weights (:func:`dp_unrolled`).
+DP_LAYERS = ("scan", "unrolled")
 _EPS = 1e-12  # torch.nn.functional.normalize's eps
 #: How the DP's reference tokens see one another (docs/methods.md §4.3): ``"branch"`` (the paper's and
 #: the authors' code: the r tokens go through each candidate as one causal sequence, so token i attends
@@ -282,6 +288,47 @@ def dp_scan(apply_attn: Callable, apply_mlp: Callable, layer_xs, g0, targets, ca
         start += count
     values, skipped, valids = (jnp.concatenate(parts, axis=0) for parts in zip(*outs))
     return values, skipped, valids, pad_slots(g, num_slots, g0)  # slots no run reached: empty
+
+
+def dp_unrolled(apply_attn: Callable, apply_mlp: Callable, layer_args: Sequence[Any], g0, targets, can_skip,
+                token_mask, *, w_attn: int, w_mlp: int, budget: int, tau: float = DEFAULT_TAU):
+    """The DP of :func:`dp_scan` as a Python loop over the ``n`` layers, traced once each: ``layer_args[k]`` is
+    layer ``k``'s own argument (its weights and cache arrays as they are, not slices of a stacked copy), and each
+    sub-layer runs on exactly the slots it can reach (slot ``j`` holds skipped weight ``j``, so before a sub-layer
+    only the slots up to the skippable weight of the sub-layers before it can hold a state). The same
+    transitions, so the same trace and states (tested); what differs is what XLA gets: a scan body reads its
+    layer by dynamic slicing, which a CPU pays as a copy of that layer's weights every iteration, and needs
+    every layer's weights stacked into one more copy beside the model's. ``targets [n, 2, *T, H]``,
+    ``can_skip`` as :func:`dp_scan` takes it, concrete. Returns what :func:`dp_scan` returns (empty slots'
+    final states at ``g0``; traceable: call it inside ``jit``)."""
+    num_slots = budget + 1
+    n = len(layer_args)
+    if targets.shape[0] != n:
+        raise ValueError(f"{n} layer arguments for {targets.shape[0]} scanned layers of targets")
+    can = np.asarray(can_skip, bool)
+    can = np.stack([can, can], axis=1) if can.ndim == 1 else can  # concrete: the loop reads it while tracing
+    denom = jnp.maximum(jnp.sum(jnp.asarray(token_mask, jnp.float32)), 1.0)
+
+    def pad(x, slots, fill):  # [J', ...] -> [slots, ...], the new slots holding `fill`
+        extra = slots - x.shape[0]
+        return x if extra <= 0 else jnp.concatenate([x, jnp.broadcast_to(fill, (extra,) + x.shape[1:])], axis=0)
+
+    g, valid, slots = g0[None], jnp.ones((1,), bool), 1
+    values, skipped, valids = [], [], []
+    for k in range(n):
+        per_sub = []
+        for c, (apply, w) in enumerate(((apply_attn, int(w_attn)), (apply_mlp, int(w_mlp)))):
+            reach = min(slots + (w if can[k, c] else 0), num_slots)
+            executed = pad(apply(layer_args[k], g), reach, g0)  # the empty slots above are invalid: not computed
+            g, valid, val, choice = _transition(pad(g, reach, g0), pad(valid, reach, False), executed, targets[k, c],
+                                                token_mask, denom, w=w, skip_allowed=bool(can[k, c]),
+                                                budget=reach - 1, tau=tau)
+            slots = reach
+            per_sub.append((pad(val, num_slots, -jnp.inf), pad(choice, num_slots, False), pad(valid, num_slots, False)))
+        values.append(jnp.stack([x[0] for x in per_sub]))
+        skipped.append(jnp.stack([x[1] for x in per_sub]))
+        valids.append(jnp.stack([x[2] for x in per_sub]))
+    return jnp.stack(values), jnp.stack(skipped), jnp.stack(valids), pad(g, num_slots, g0)
 
 
 def dp_loop(apply_single: Callable, layers: Sequence[Any], g0, targets, can_skip, token_mask, *, w_attn: int,
@@ -680,21 +727,35 @@ def stacked_scan_layers(params, reuse: bool = True):
 
 def _knapsack_dp_fn(params, stacked, cache: KVCache, prefix_len, states, token_mask, *, config, w_attn, w_mlp,
                     budget, tau, branch_chunk, alpha_chunk, exit_threshold=None, keep_attention=(),
-                    reference_kv="branch", history_backend=None, history_rows=None, segments=None):
+                    reference_kv="branch", history_backend=None, history_rows=None, segments=None,
+                    layers="scan"):
+    """``layers="scan"``: :func:`dp_scan` over ``stacked`` (layers 1.. stacked) and a stacked copy of the cache;
+    ``"unrolled"``: :func:`dp_unrolled` over ``params.layers`` and the cache's own arrays (``stacked`` unused)."""
     num_layers = config.num_layers
     _, _, attn_all, mlp_all = _model_sublayers(config, prefix_len, states.shape[2], branch_chunk, reference_kv,
                                                history_backend, history_rows)
-    keys, values = jnp.stack(cache.keys[1:]), jnp.stack(cache.values[1:])
-    if history_backend is not None:  # the kernel walks the cache in blocks: pad the stacked copy (slots unread)
-        pad = get_backend(history_backend).round_capacity(keys.shape[3]) - keys.shape[3]
-        keys, values = (jnp.pad(x, ((0, 0),) * 3 + ((0, pad), (0, 0))) for x in (keys, values))
-    layer_xs = (stacked, keys, values)
-    if reference_kv == "target":
-        layer_xs = layer_xs + (reference_attention_inputs(states, num_layers),)
     targets = states[3:].reshape((num_layers - 1, 2) + states.shape[1:])
-    can_skip = jnp.asarray(scan_can_skip(num_layers, keep_attention))
-    values, skipped, valid, final = dp_scan(attn_all, mlp_all, layer_xs, states[2], targets, can_skip, token_mask,
-                                            w_attn=w_attn, w_mlp=w_mlp, budget=budget, tau=tau, segments=segments)
+    can = scan_can_skip(num_layers, keep_attention)
+    refs = reference_attention_inputs(states, num_layers) if reference_kv == "target" else None
+    if layers == "unrolled":
+        def block_padded(x):  # the kernel walks the cache in blocks: pad where the capacity is off its block
+            extra = get_backend(history_backend).round_capacity(x.shape[2]) - x.shape[2]
+            return x if extra == 0 else jnp.pad(x, ((0, 0),) * 2 + ((0, extra), (0, 0)))
+
+        fix = block_padded if history_backend is not None else (lambda x: x)
+        args = [(params.layers[i], fix(cache.keys[i]), fix(cache.values[i])) + (() if refs is None else (refs[i - 1],))
+                for i in range(1, num_layers)]
+        values, skipped, valid, final = dp_unrolled(attn_all, mlp_all, args, states[2], targets, can, token_mask,
+                                                    w_attn=w_attn, w_mlp=w_mlp, budget=budget, tau=tau)
+    else:
+        keys, values = jnp.stack(cache.keys[1:]), jnp.stack(cache.values[1:])
+        if history_backend is not None:  # the kernel walks the cache in blocks: pad the stacked copy (slots unread)
+            pad = get_backend(history_backend).round_capacity(keys.shape[3]) - keys.shape[3]
+            keys, values = (jnp.pad(x, ((0, 0),) * 3 + ((0, pad), (0, 0))) for x in (keys, values))
+        layer_xs = (stacked, keys, values) + (() if refs is None else (refs,))
+        values, skipped, valid, final = dp_scan(attn_all, mlp_all, layer_xs, states[2], targets, jnp.asarray(can),
+                                                token_mask, w_attn=w_attn, w_mlp=w_mlp, budget=budget, tau=tau,
+                                                segments=segments)
     stats = _agreement(params, config, final, states[-1], token_mask, alpha_chunk, exit_threshold)
     return values, skipped, valid, stats, final
 
@@ -702,7 +763,7 @@ def _knapsack_dp_fn(params, stacked, cache: KVCache, prefix_len, states, token_m
 _knapsack_dp = jax.jit(_knapsack_dp_fn, static_argnames=("config", "w_attn", "w_mlp", "budget", "tau",
                                                           "branch_chunk", "alpha_chunk", "exit_threshold",
                                                           "keep_attention", "reference_kv", "history_backend",
-                                                          "history_rows", "segments"))
+                                                          "history_rows", "segments", "layers"))
 
 
 @dataclasses.dataclass
@@ -748,7 +809,8 @@ def knapsack_dp(params, config: ModelConfig, cache: KVCache, prefix_len, states,
                 alpha_chunk: Optional[int] = None, keep_states: bool = False, reuse_stacked: bool = True,
                 exit_threshold: Optional[float] = None, keep_attention: Sequence[int] = (),
                 reference_kv: str = "branch", history_backend: Optional[str] = None,
-                history_rows: Optional[int] = None, segments: int = DEFAULT_SEGMENTS) -> Candidates:
+                history_rows: Optional[int] = None, segments: int = DEFAULT_SEGMENTS,
+                layers: str = "scan") -> Candidates:
     """Run the jit-compiled, scan-vectorised DP on the model.
 
     ``reuse_stacked``: keep the stacked layer weights between calls (:func:`stacked_scan_layers`).
@@ -770,7 +832,12 @@ def knapsack_dp(params, config: ModelConfig, cache: KVCache, prefix_len, states,
     (:func:`slot_segments`; the same result, fewer slot-layers computed, one compiled body per run); 1 = one
     scan of every slot.
     ``alpha_chunk``: candidates per pass of the LM head that scores them (None: :data:`AGREEMENT_ROWS` rows a pass).
+    ``layers``: :data:`DP_LAYERS` -- ``"scan"`` (:func:`dp_scan` over the stacked layers, in ``segments`` runs) or
+    ``"unrolled"`` (:func:`dp_unrolled`: one traced step per layer on the model's own weights, each sub-layer on
+    the slots it can reach; no stacked copy, ``segments`` unused). The same candidates either way.
     """
+    if layers not in DP_LAYERS:
+        raise ValueError(f"layers={layers!r}; valid: {', '.join(DP_LAYERS)}")
     config = _dp_config(config)
     keep_attention = check_keep_attention(keep_attention, config.num_layers)
     check_reference_kv(reference_kv)
@@ -792,14 +859,17 @@ def knapsack_dp(params, config: ModelConfig, cache: KVCache, prefix_len, states,
         return _trivial_candidates(params, config, states, token_mask, w_attn, w_mlp, budget)
     outer = params.replace(layers=())  # the scan gets the layers stacked
     values, skipped, valid, stats, final = _knapsack_dp(
-        outer, stacked_scan_layers(params, reuse_stacked), cache, jnp.asarray(prefix_len, jnp.int32), states,
+        params if layers == "unrolled" else outer,
+        None if layers == "unrolled" else stacked_scan_layers(params, reuse_stacked), cache,
+        jnp.asarray(prefix_len, jnp.int32), states,
         token_mask, config=config, w_attn=int(w_attn), w_mlp=int(w_mlp), budget=budget, tau=float(tau),
         branch_chunk=branch_chunk, alpha_chunk=alpha_chunk,
         exit_threshold=None if exit_threshold is None else float(exit_threshold), keep_attention=keep_attention,
         reference_kv=reference_kv, history_backend=history_backend,
         history_rows=None if history_rows is None else int(history_rows),
-        segments=slot_segments(scan_can_skip(config.num_layers, keep_attention), int(w_attn), int(w_mlp), budget,
-                               int(segments)))
+        segments=None if layers == "unrolled" else slot_segments(scan_can_skip(config.num_layers, keep_attention),
+                                                                 int(w_attn), int(w_mlp), budget, int(segments)),
+        layers=layers)
     trace = DPTrace(np.asarray(values, np.float64), np.asarray(skipped), np.asarray(valid), first_layer=1)
     masks, slots = backtrack(trace, config.num_layers, w_attn, w_mlp)
     denom = max(float(np.asarray(token_mask).sum()), 1.0)
@@ -969,5 +1039,5 @@ __all__ = ["DEFAULT_TAU", "REFERENCE_KV", "WEIGHT_CAP", "Candidates", "check_ref
            "check_keep_attention", "scan_can_skip", "sublayer_can_skip",
            "cos_sum", "dp_loop", "dp_scan", "knapsack_brute_force", "knapsack_dp", "knapsack_dp_reference",
            "knapsack_weights", "skip_budget", "knapsack_exhaustive_count", "stacked_scan_layers", "agreement_alpha",
-           "agreement_chunk", "AGREEMENT_ROWS",
+           "agreement_chunk", "AGREEMENT_ROWS", "dp_unrolled", "DP_LAYERS",
            "dp_config", "model_problem", "model_sublayers", "transition", "trivial_candidates"]

@@ -98,7 +98,7 @@ from jaxspec.decoding.speculative import EngineConfig, SpeculativeResult, specul
 from jaxspec.knapspec.budgeted import (BUDGET, DENSE, SKIP, BudgetDPCost, budgeted_forward, check_budget,
                                       plan_choices)
 from jaxspec.knapspec.coupled import plan_coupled_skip_set
-from jaxspec.knapspec.dp import (DEFAULT_SEGMENTS, DEFAULT_TAU, WEIGHT_CAP, Candidates, boundary_states,
+from jaxspec.knapspec.dp import (DEFAULT_SEGMENTS, DEFAULT_TAU, DP_LAYERS, WEIGHT_CAP, Candidates, boundary_states,
                                  check_history_backend, check_keep_attention, check_reference_kv, knapsack_dp,
                                  knapsack_weights, plan_agreement, skip_budget, window_prefill)
 from jaxspec.knapspec.latency import LatencyModel, effective_context
@@ -352,6 +352,11 @@ class KnapSpecConfig:
     # (jaxspec.knapspec.dp.slot_segments: the same plan, ~20 % fewer slot-layers at 4 runs, one compiled body a run);
     # 1 = one scan of every slot (docs/methods.md §4.3)
     dp_segments: int = DEFAULT_SEGMENTS
+    # how the DP walks the layers (jaxspec.knapspec.dp.DP_LAYERS): "scan" = one lax.scan over a stacked copy of the
+    # layer weights (dp_scan, in dp_segments runs); "unrolled" = one traced step per layer on the model's own weights,
+    # each sub-layer on the slots it can reach (dp_unrolled: no stacked copy; on the CPU ~1.6x faster). The same
+    # candidates either way (docs/methods.md §4.3)
+    dp_layers: str = "scan"
     # with plan_at_start: where that plan gets the target's residual stream of its window (docs/methods.md §5.6):
     # "prefill" = kept by the prefill, which runs the window's tokens as its last forward (prefill_window), so the
     # plan runs no forward of its own for them; "own" = the plan computes them (boundary_states), as later plans do
@@ -366,6 +371,8 @@ class KnapSpecConfig:
             check_history_backend(self.dp_attention, self.reference_kv, self.branch_chunk)
         if isinstance(self.dp_segments, bool) or int(self.dp_segments) < 1:
             raise ValueError(f"dp_segments={self.dp_segments!r} must be an integer >= 1 (1: one scan of every slot)")
+        if self.dp_layers not in DP_LAYERS:
+            raise ValueError(f"dp_layers={self.dp_layers!r}; valid: {', '.join(DP_LAYERS)}")
         if isinstance(self.weight_cap, bool) or not isinstance(self.weight_cap, (int, np.integer)) or \
                 self.weight_cap < 1:
             raise ValueError(f"weight_cap={self.weight_cap!r} must be an integer >= 1 (the heavier sub-layer's knapsack "
@@ -682,7 +689,7 @@ def plan_skip_set(target_params, config: ModelConfig, cache, tokens, token_mask,
                                  w_mlp=w_mlp, tau=knapspec.tau, branch_chunk=knapspec.branch_chunk,
                                  exit_threshold=threshold, keep_attention=knapspec.keep_attention,
                                  reference_kv=knapspec.reference_kv, history_backend=dp_history_backend(knapspec),
-                                 segments=knapspec.dp_segments)
+                                 segments=knapspec.dp_segments, layers=knapspec.dp_layers)
         lap("dp")
 
     def choose(c):

@@ -408,6 +408,12 @@ def test_bench_plan_times_each_stage_and_rescores_the_finalists_both_ways(tmp_pa
         assert main(argv[:-2] + extra + ["--out", str(tmp_path / "bad.json")]) != 0
         assert message in capsys.readouterr().err
     assert not (tmp_path / "bad.json").exists()
+    assert "dp_unrolled" not in data["config"]  # named only when set: files from before the flag resume
+    unrolled = tmp_path / "knapspec_plan_stages_unrolled_cpu.json"
+    assert main(argv[:-2] + ["--contexts", "32", "--dp-unrolled", "--out", str(unrolled)]) == 0
+    case = json.loads(unrolled.read_text())["cases"]["ctx32/r1/w8/s2/f2"]
+    assert list(case["seconds_min"])[1:4] == ["dp_4seg", "dp", "dp_unrolled"]
+    assert case["dp_same_masks"] and case["dp_max_cosine_diff"] < 1e-5  # the unrolled DP finds the scan's candidates
 
 
 def test_bench_plan_rescores_the_skip_sets_of_a_results_file(tmp_path, capsys):
@@ -441,6 +447,7 @@ def test_the_cli_defaults_of_dp_segments_and_weight_cap_are_the_dps():
     no JAX)."""
     assert knapspec_experiment.DP_SEGMENTS == dp.DEFAULT_SEGMENTS == KnapSpecConfig().dp_segments
     assert knapspec_experiment.WEIGHT_CAP == dp.WEIGHT_CAP == KnapSpecConfig().weight_cap
+    assert knapspec_experiment.DP_LAYERS == dp.DP_LAYERS and KnapSpecConfig().dp_layers == dp.DP_LAYERS[0]
 
 
 def test_candidate_plans_timed_in_pairs(tmp_path, capsys):

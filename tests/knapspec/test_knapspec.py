@@ -147,8 +147,10 @@ def test_weights_and_budget():
 
 
 # ---------------------------------------------------------------------------- DP vs brute force
-@pytest.mark.parametrize("w_attn,w_mlp,segments", [(1, 1, 1), (2, 1, 1), (1, 3, 1), (2, 1, 3)])
-def test_dp_equals_brute_force_on_decomposable_objective(w_attn, w_mlp, segments):
+@pytest.mark.parametrize("w_attn,w_mlp,segments,layers", [(1, 1, 1, "scan"), (2, 1, 1, "scan"), (1, 3, 1, "scan"),
+                                                           (2, 1, 3, "scan"), (1, 3, 1, "unrolled"),
+                                                           (2, 1, 1, "unrolled")])
+def test_dp_equals_brute_force_on_decomposable_objective(w_attn, w_mlp, segments, layers):
     """The oracle "the knapsack DP matches brute force on small instances", in the form that is true.
 
     The DP keeps ONE state per (depth i, skipped weight j) -- the one with the best cosine at
@@ -165,13 +167,14 @@ def test_dp_equals_brute_force_on_decomposable_objective(w_attn, w_mlp, segments
     On these, the DP's value AND mask for every skipped weight equal the brute-force optimum over
     all 4^(L-2) skip sets (same fixed edge layers, same tau-pruning at every depth, same budget),
     and the DP finds every weight class brute force finds. The sub-layer functions are plugged
-    into the very dp_scan the model DP uses, as one scan and split into runs of reachable slots.
+    into the very dp_scan the model DP uses, as one scan and split into runs of reachable slots, and into
+    dp_unrolled (one traced step per layer, each sub-layer on its reachable slots).
     """
     num_layers = 6
     can_skip = np.arange(1, num_layers) < num_layers - 1
     run = check_scan_dp_against_brute_force(*decomposable_dp_instance(num_layers), can_skip, num_layers=num_layers,
                                             w_attn=w_attn, w_mlp=w_mlp, tau=0.6,  # tau 0.6 prunes the heaviest sets
-                                            segments=segments)
+                                            segments=segments, layers=layers)
     if segments > 1:
         assert len(dp.slot_segments(can_skip, w_attn, w_mlp, run.budget, segments)) > 1  # the split is exercised
     best = run.best
@@ -252,6 +255,35 @@ def test_scan_dp_equals_python_loop_dp(tiny_problem, w_attn, w_mlp):
                              branch_chunk=3)
     np.testing.assert_array_equal(chunked.masks, fast.masks)
     np.testing.assert_allclose(chunked.cosine, fast.cosine, rtol=1e-5)
+
+
+@pytest.mark.parametrize("w_attn,w_mlp,reference_kv,keep", [(2, 1, "branch", ()), (1, 3, "branch", (2,)),
+                                                             (2, 1, "target", ())])
+def test_unrolled_dp_equals_the_scan(tiny_problem, w_attn, w_mlp, reference_kv, keep):
+    """layers="unrolled" (one traced step per layer on the model's own weights, each sub-layer on the slots it can
+    reach) finds the scan's trace, masks, alphas and final states: both references, a kept Attention sub-layer, and
+    the branches folded into the history kernel (interpreted) on a cache whose capacity is off the kernel's block;
+    a bad value is refused before anything runs."""
+    params, cache, prefix, _, token_mask, states = tiny_problem
+    common = dict(w_attn=w_attn, w_mlp=w_mlp, keep_states=True, reference_kv=reference_kv, keep_attention=keep,
+                  exit_threshold=0.3)
+    scan = dp.knapsack_dp(params, TINY, cache, prefix, states, token_mask, **common)
+    unrolled = dp.knapsack_dp(params, TINY, cache, prefix, states, token_mask, layers="unrolled", **common)
+    check_same_candidates(unrolled, scan, weights=True)
+    for field in ("confident", "agree_confident"):
+        np.testing.assert_allclose(getattr(unrolled, field), getattr(scan, field), atol=1e-6)
+    if keep:
+        assert not unrolled.masks[:, keep[0], 0].any()
+    if reference_kv == "branch" and not keep:
+        trimmed = dataclass_replace(cache, keys=tuple(k[:, :, :40] for k in cache.keys),  # 40 slots: padded to 64
+                                    values=tuple(v[:, :, :40] for v in cache.values))
+        folded = dp.knapsack_dp(params, TINY, trimmed, prefix, states, token_mask, layers="unrolled",
+                                history_backend="pallas-interpret", **common)
+        check_same_candidates(folded, scan)
+    with pytest.raises(ValueError, match="layers='loop'; valid: scan, unrolled"):
+        dp.knapsack_dp(params, TINY, cache, prefix, states, token_mask, w_attn=1, w_mlp=1, layers="loop")
+    with pytest.raises(ValueError, match="dp_layers='loop'"):
+        KnapSpecConfig(dp_layers="loop")
 
 
 def test_candidates_scored_per_head_pass_by_rows_give_the_same_statistics(tiny_problem):
