@@ -31,7 +31,7 @@ from experiments.tables.inputs import (ARBITRATE_CPU, BENCH_SD, DECODE, DENSE, D
                                        KNAPSPEC_ALPHA, KNAPSPEC_AT_START_CPU, KNAPSPEC_AT_START_QWEN_CPU,
                                        KNAPSPEC_CALIBRATED_CPU, KNAPSPEC_DP_PALLAS, KNAPSPEC_EARLY,
                                        KNAPSPEC_ONE_FINALIST_CAP2_QWEN_CPU, KNAPSPEC_ONE_FINALIST_CPU,
-                                       KNAPSPEC_ONE_FINALIST_QWEN_CPU,
+                                       KNAPSPEC_ONE_FINALIST_QWEN_CPU, KNAPSPEC_ONE_FINALIST_UNROLLED_QWEN_CPU,
                                        KNAPSPEC_OWN_STATES_CPU, KNAPSPEC_PALLAS_RUNS, KNAPSPEC_PLAIN_PRICED_CPU,
                                        KNAPSPEC_PLAN_ROWS, KNAPSPEC_PLAN_ROWS_AT_START, KNAPSPEC_PLAN_TRACES,
                                        KNAPSPEC_PREFILL_STATES_CPU, KNAPSPEC_REAL, KNAPSPEC_REAL_BASELINES,
@@ -808,12 +808,16 @@ def _figures() -> List[Figure]:
              "by the prefill"),
             (KNAPSPEC_ONE_FINALIST_CAP2_QWEN_CPU, "two-stage-at-start-prefill-states-1-finalist-weight-cap-2",
              "two-stage plan on 2 search tokens and 1 finalist made before the first round, its window's states kept "
-             "by the prefill, knapsack weights capped at 2")):
+             "by the prefill, knapsack weights capped at 2"),
+            (KNAPSPEC_ONE_FINALIST_UNROLLED_QWEN_CPU, "two-stage-at-start-prefill-states-1-finalist-dp-unrolled",
+             "two-stage plan on 2 search tokens and 1 finalist made before the first round, its window's states kept "
+             "by the prefill, the DP traced once per layer")):
         if not (inputs.RESULTS / source).exists():
             continue
         (key, _), = [(k, v) for k, v in inputs.load(source)["cases"].items() if "speedup_vs_ar" in v]
         model = ("qwen2.5-coder-1.5b" if source in (KNAPSPEC_AT_START_QWEN_CPU, KNAPSPEC_ONE_FINALIST_QWEN_CPU,
-                                                    KNAPSPEC_ONE_FINALIST_CAP2_QWEN_CPU) else "smollm2-135m")
+                                                    KNAPSPEC_ONE_FINALIST_CAP2_QWEN_CPU,
+                                                    KNAPSPEC_ONE_FINALIST_UNROLLED_QWEN_CPU) else "smollm2-135m")
         base = f"knapspec/plans/{model}/ctx1024/b1/cpu/{slug}"
         what = (f"KnapSpec, {variant}, {'Qwen2.5-Coder-1.5B' if model.startswith('qwen') else 'SmolLM2-135M'} f32 "
                 "CPU, 1k, batch 1, 256 new")
@@ -822,6 +826,7 @@ def _figures() -> List[Figure]:
         add(Figure(f"{base}/speedup", f"{what}, vs paired AR", "x AR", source, ("cases", key, "speedup_vs_ar")))
         if source in (KNAPSPEC_PREFILL_STATES_CPU, KNAPSPEC_OWN_STATES_CPU, KNAPSPEC_ONE_FINALIST_CPU,
                       KNAPSPEC_ONE_FINALIST_QWEN_CPU, KNAPSPEC_ONE_FINALIST_CAP2_QWEN_CPU,
+                      KNAPSPEC_ONE_FINALIST_UNROLLED_QWEN_CPU,
                       *KNAPSPEC_AFTER_PLAIN_STATES_CPU.values()) and \
                 inputs.load(source)["cases"][key].get("plans"):
             add(Figure(f"{base}/reference-tokens", f"{what}: the plan's reference tokens (target >= 64)", "tokens",

@@ -479,6 +479,9 @@ KNAPSPEC_ONE_FINALIST_QWEN_CPU = f"{K}qwen2.5-coder-1.5b_1k_b1_two-stage_at-star
 #: the same with the knapsack weights capped at 2 (--weight-cap 2: 43 slot states instead of 71; docs/methods.md §4.3)
 KNAPSPEC_ONE_FINALIST_CAP2_QWEN_CPU = (f"{K}qwen2.5-coder-1.5b_1k_b1_two-stage_at-start_prefill-states_1-finalist_"
                                        "weight-cap-2_cpu.json")
+#: the same with the DP traced once per layer (--dp-layers unrolled; docs/methods.md §4.3), the profile's weights
+KNAPSPEC_ONE_FINALIST_UNROLLED_QWEN_CPU = (f"{K}qwen2.5-coder-1.5b_1k_b1_two-stage_at-start_prefill-states_1-finalist_"
+                                           "dp-unrolled_cpu.json")
 KNAPSPEC_PLAN_ROWS_CALIBRATED = f"{K}qwen2.5-coder-1.5b_32k-8k_b16_plan-rows_calibrated_h200.json"
 #: the two-stage plan at batch 16 on 2 rows' windows (docs/methods.md §5.6, `--plan-rows 2`), real 1.5B, 32k-8k
 KNAPSPEC_PLAN_ROWS = f"{K}qwen2.5-coder-1.5b_32k-8k_b16_plan-rows_h200.json"

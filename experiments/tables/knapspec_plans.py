@@ -20,7 +20,7 @@ from experiments.tables.inputs import (DP_REFERENCES, K, KNAPSPEC_64REF, KNAPSPE
                                        KNAPSPEC_AFTER_PLAIN_STATES_CPU, KNAPSPEC_ALPHA, KNAPSPEC_AT_START_CPU,
                                        KNAPSPEC_AT_START_QWEN_CPU, KNAPSPEC_CALIBRATED_CPU, KNAPSPEC_DP_PALLAS,
                                        KNAPSPEC_ONE_FINALIST_CAP2_QWEN_CPU, KNAPSPEC_ONE_FINALIST_CPU,
-                                       KNAPSPEC_ONE_FINALIST_QWEN_CPU,
+                                       KNAPSPEC_ONE_FINALIST_QWEN_CPU, KNAPSPEC_ONE_FINALIST_UNROLLED_QWEN_CPU,
                                        KNAPSPEC_OWN_STATES_CPU, KNAPSPEC_PLAIN_PRICED_CPU, KNAPSPEC_PLAN_ROWS,
                                        KNAPSPEC_PLAN_ROWS_AT_START, KNAPSPEC_PLAN_ROWS_CALIBRATED,
                                        KNAPSPEC_PREFILL_STATES_CPU, KNAPSPEC_REAL, KNAPSPEC_TPT_CORRELATION,
@@ -514,34 +514,42 @@ def _qwen_one_finalist_cpu_note() -> str:
         text += f"; the plan ran {plan['seconds'] / plan['predicted_seconds']:.2f}x the allowance's price"
     return text + (f". At most 5 % with at least 64 reference tokens: "
                    f"**{'met' if share <= 0.05 and tokens >= 64 else 'missed'}** in this run."
-                   + _qwen_weight_cap_cpu_note(c))
+                   + "".join(_qwen_cheaper_dp_cpu_note(base=c, **v) for v in QWEN_CHEAPER_DP_CPU))
 
 
-def _qwen_weight_cap_cpu_note(base: dict) -> str:
-    """The same plan with the knapsack weights capped at 2 (cpu-knapspec step
-    qwen2.5-coder-1.5b-1k-at-start-prefill-states-1-finalist-weight-cap-2), against the run with the profile's weights."""
-    step = "cpu-knapspec step qwen2.5-coder-1.5b-1k-at-start-prefill-states-1-finalist-weight-cap-2"
-    if not (inputs.RESULTS / KNAPSPEC_ONE_FINALIST_CAP2_QWEN_CPU).exists():
-        return f" With the knapsack weights capped at 2: not measured yet ({step})."
-    (_, c), = [(k, v) for k, v in inputs.load(KNAPSPEC_ONE_FINALIST_CAP2_QWEN_CPU)["cases"].items()
-               if "speedup_vs_ar" in v]
+#: the 1.5B's cheapest CPU plan with a cheaper DP: (file, cpu-knapspec step, what changes)
+QWEN_CHEAPER_DP_CPU = (
+    dict(source=KNAPSPEC_ONE_FINALIST_CAP2_QWEN_CPU,
+         step="qwen2.5-coder-1.5b-1k-at-start-prefill-states-1-finalist-weight-cap-2",
+         what="the knapsack weights capped at 2, `--weight-cap 2`, docs/methods.md §4.3"),
+    dict(source=KNAPSPEC_ONE_FINALIST_UNROLLED_QWEN_CPU,
+         step="qwen2.5-coder-1.5b-1k-at-start-prefill-states-1-finalist-dp-unrolled",
+         what="the DP traced once per layer, `--dp-layers unrolled`, docs/methods.md §4.3"))
+
+
+def _qwen_cheaper_dp_cpu_note(base: dict, source: str, step: str, what: str) -> str:
+    """The 1.5B's cheapest CPU plan with a cheaper DP (one of :data:`QWEN_CHEAPER_DP_CPU`), against the run with the
+    profile's weights and the scan (``base``)."""
+    step = f"cpu-knapspec step {step}"
+    if not (inputs.RESULTS / source).exists():
+        return f" With {what}: not measured yet ({step})."
+    (_, c), = [(k, v) for k, v in inputs.load(source)["cases"].items() if "speedup_vs_ar" in v]
     share = c["plan_fraction_of_decode"]
     tokens = c["plans"][0]["reference_tokens"] if c.get("plans") else 0
-    text = (f" With the knapsack weights capped at 2 (`--weight-cap 2`, docs/methods.md §4.3; {step}, "
-            f"`{KNAPSPEC_ONE_FINALIST_CAP2_QWEN_CPU}`): " + _start_plan_text(c))
+    text = f" With {what} ({step}, `{source}`): " + _start_plan_text(c)
     if c.get("plans") and base.get("plans"):
         p, q = c["plans"][0], base["plans"][0]
         same = (p["skip_attn"], p["skip_mlp"], p["gamma_star"]) == (q["skip_attn"], q["skip_mlp"], q["gamma_star"])
-        text += (f"; weights {p['w_attn']} and {p['w_mlp']} where the profile's are {q['w_attn']} and {q['w_mlp']}, "
-                 f"the plan {p['seconds'] / q['seconds']:.2f}x as long as with them (the DP "
+        text += (f"; weights {p['w_attn']} and {p['w_mlp']} (the profile's {q['w_attn']} and {q['w_mlp']}), "
+                 f"the plan {p['seconds'] / q['seconds']:.2f}x as long as the scan's with the profile's weights (the DP "
                  f"{p['stage_seconds']['dp'] / q['stage_seconds']['dp']:.2f}x) and "
                  f"{p['seconds'] / p['predicted_seconds']:.2f}x its predicted price, "
                  + ("the same skip set and gamma*" if same else
                     f"another plan (skipping Attention {p['skip_attn']} / MLP {p['skip_mlp']}, gamma* = "
                     f"{p['gamma_star']})"))
     return text + (f". At most 5 % with at least 64 reference tokens: "
-                   f"**{'met' if share <= 0.05 and tokens >= 64 else 'missed'}** in this run ({100 * share:.2f} %, at "
-                   "the threshold: one run on a shared 2-core CPU).")
+                   f"**{'met' if share <= 0.05 and tokens >= 64 else 'missed'}** in this run ({100 * share:.2f} %; one "
+                   "run on a shared 2-core CPU).")
 
 
 def knapspec_plain_priced_cpu_note(base: dict) -> str:
