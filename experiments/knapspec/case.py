@@ -134,7 +134,8 @@ class Case:
                                      knapspec=dataclasses.replace(ks, objective="tpl"), **common, **kept)
         if method == "knapspec-coupled":
             return knapspec_generate(self.model.params, self.model.config, self.prompts, latency=self.latency,
-                                     knapspec=dataclasses.replace(ks, coupled=True), **common, **kept)
+                                     # the whole-layer DP runs its own scan: --dp-layers is the sub-layer DP's
+                                     knapspec=dataclasses.replace(ks, coupled=True, dp_layers="scan"), **common, **kept)
         if method == "knapspec-target-ref":
             return knapspec_generate(self.model.params, self.model.config, self.prompts, latency=self.latency,
                                      knapspec=dataclasses.replace(ks, reference_kv="target"), **common, **kept)

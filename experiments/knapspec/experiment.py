@@ -242,7 +242,8 @@ def check_knapspec_args(args) -> None:
     replanning = [flag for flag, on in (("--search-tokens", args.search_tokens is not None),
                                         ("--reference-floor", args.reference_floor is not None),
                                         ("--plan-at-start", args.plan_at_start),
-                                        (f"--dp-attention {args.dp_attention}", args.dp_attention != "xla")) if on]
+                                        (f"--dp-attention {args.dp_attention}", args.dp_attention != "xla"),
+                                        (f"--dp-layers {args.dp_layers}", args.dp_layers != "scan")) if on]
     if methods and methods <= {"knapspec-budget"} and replanning:
         raise ValueError(f"{', '.join(replanning)}: options of the re-planning KnapSpec's DP; knapspec-budget plans once "
                          f"before the first round with the three-choice DP on --candidate-reference-tokens tokens a "

@@ -386,6 +386,9 @@ class KnapSpecConfig:
                              f"layers, the CLaSp-style ablation) runs the paper's 'branch' reference")
         if any(x < 0 for x in self.keep_attention):
             raise ValueError(f"keep_attention={self.keep_attention}: layers must be >= 0")
+        if self.dp_layers != "scan" and self.coupled:
+            raise ValueError(f"dp_layers={self.dp_layers!r} is for the sub-layer DP; coupled=True (whole layers) runs "
+                             f"its own scan")
         if self.keep_attention and self.coupled:
             raise ValueError(f"keep_attention={self.keep_attention} keeps Attention sub-layers: it needs the "
                              f"sub-layer DP, not coupled=True (whole layers)")

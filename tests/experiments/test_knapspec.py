@@ -296,7 +296,7 @@ def test_re_planning_options_are_refused_for_a_budget_only_run(tmp_path, capsys)
             "--max-new-tokens", "8", "--batches", "1", "--candidate-plans", "0", "--device-tag", "test",
             "--latency-fit", "isolated"]
     for extra in (["--plan-at-start", "--reference-floor", "8"], ["--search-tokens", "3"],
-                  ["--dp-attention", "pallas-interpret"]):
+                  ["--dp-attention", "pallas-interpret"], ["--dp-layers", "unrolled"]):
         out = tmp_path / "bad.json"
         assert main(base + ["--methods", "knapspec-budget", *extra, "--out", str(out)]) != 0
         err = capsys.readouterr().err

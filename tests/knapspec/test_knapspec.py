@@ -284,6 +284,8 @@ def test_unrolled_dp_equals_the_scan(tiny_problem, w_attn, w_mlp, reference_kv, 
         dp.knapsack_dp(params, TINY, cache, prefix, states, token_mask, w_attn=1, w_mlp=1, layers="loop")
     with pytest.raises(ValueError, match="dp_layers='loop'"):
         KnapSpecConfig(dp_layers="loop")
+    with pytest.raises(ValueError, match="dp_layers='unrolled' is for the sub-layer DP"):
+        KnapSpecConfig(dp_layers="unrolled", coupled=True)
 
 
 def test_candidates_scored_per_head_pass_by_rows_give_the_same_statistics(tiny_problem):
