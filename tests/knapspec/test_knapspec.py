@@ -503,12 +503,14 @@ def spec_params():
     return init_params(SPEC_TARGET, jax.random.PRNGKey(0), scale=0.2)
 
 
-def test_greedy_knapspec_equals_autoregressive(spec_params):
+@pytest.mark.parametrize("dp_layers", ["scan", "unrolled"])
+def test_greedy_knapspec_equals_autoregressive(spec_params, dp_layers):
     """End to end: prefill, full-model draft, re-plans (DP + grid search) every 4 rounds on the
-    last 2 rounds' tokens, early exit at 0.7 with fillers: the output is exactly greedy AR."""
+    last 2 rounds' tokens, early exit at 0.7 with fillers: the output is exactly greedy AR, with the DP as a scan
+    and traced once per layer."""
     expected = generate(spec_params, SPEC_TARGET, PROMPTS, 24).rows()
     knap = KnapSpecConfig(gamma_max=4, plan_interval=4, plan_round=2, reference_rounds=2, max_plan_fraction=None,
-                          probe_rounds=None)
+                          probe_rounds=None, dp_layers=dp_layers)
     lat = latency.LatencyModel(c1=1.0, c2=0.01, c3=0.5)
     result = knapspec_generate(spec_params, SPEC_TARGET, PROMPTS, latency=lat, knapspec=knap, max_new_tokens=24)
     assert result.rows() == expected
