@@ -555,6 +555,8 @@ PLAN_STAGES = tuple((f"{K}plan_stages_{run}.json", model, device) for run, model
     ("qwen2.5-1.5b-shape_32k_1row_h200", "the Qwen2.5-1.5B shape with random weights, bf16", "the H200"),
     ("qwen2.5-1.5b-shape_32k_1row_2search_1finalist_h100", "the Qwen2.5-1.5B shape with random weights, bf16, the DP "
      "on 2 search tokens and 1 finalist", "an H100"),
+    ("qwen2.5-1.5b-shape_32k_2row_unrolled_h100", "the Qwen2.5-1.5B shape with random weights, bf16, 2 plan rows "
+     "(the batch-16 runs' --plan-rows 2)", "an H100"),
     *((f"real-masks_qwen2.5-1.5b-shape_{run}", f"the Qwen2.5-1.5B shape with random weights, {dtype}, the finalists "
        "the real 1-row plan at 32k/b16 chose (--masks-from)", device)
       for run, dtype, device in (("1k_1row_cpu", "f32", "the CPU"), ("32k_1row_h100", "bf16", "an H100"),
