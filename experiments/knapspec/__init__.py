@@ -63,8 +63,8 @@ use random prompt tokens: acceptance there means nothing, the latency-driven ski
 # in the module that looks it up.
 
 from experiments.knapspec.flags import (DEFAULT_CALIBRATION_FILE, DEFAULT_LATENCY_FIT, DP_LAYERS, DP_SEGMENTS,
-                                        LATENCY_FITS, REPROFILE_HELP, WEIGHT_CAP, add_planning_arguments, add_self_spec_args,
-                                        check_clasp_skip_count, check_dp_attention, check_two_stage,
+                                        LATENCY_FITS, REPROFILE_HELP, WEIGHT_CAP, add_planning_arguments,
+                                        add_self_spec_args, check_clasp_skip_count, check_dp_attention, check_two_stage,
                                         experiment_knapspec_config, knapspec_config_from_args, parse_gamma_buckets,
                                         plan_fraction, validate_knapspec_dustin, validate_self_spec)
 from experiments.knapspec.model import CALIBRATION_BOOK, INSTRUCTION, PROMPT_BOOKS, Model, book_ids, build_prompts, load

@@ -354,8 +354,8 @@ class KnapSpecConfig:
     dp_segments: int = DEFAULT_SEGMENTS
     # how the DP walks the layers (jaxspec.knapspec.dp.DP_LAYERS): "scan" = one lax.scan over a stacked copy of the
     # layer weights (dp_scan, in dp_segments runs); "unrolled" = one traced step per layer on the model's own weights,
-    # each sub-layer on the slots it can reach (dp_unrolled: no stacked copy; on the CPU ~1.6x faster). The same
-    # candidates either way (docs/methods.md §4.3)
+    # each sub-layer on the slots it can reach (dp_unrolled: no stacked copy; measured 1.3x faster alone and 1.5x
+    # inside a run on the CPU, 1.3-1.4x on an H100). The same candidates either way (docs/methods.md §4.3)
     dp_layers: str = "scan"
     # with plan_at_start: where that plan gets the target's residual stream of its window (docs/methods.md §5.6):
     # "prefill" = kept by the prefill, which runs the window's tokens as its last forward (prefill_window), so the
