@@ -68,16 +68,16 @@ class OwnStates(KnapSpecPlanner):
 
 def count_boundary_states(monkeypatch) -> dict:
     """Count the plans' own ``boundary_states`` forwards: ``calls["n"]`` (reset it between runs)."""
-    from jaxspec.knapspec import policy
+    from jaxspec.knapspec import skip_planner
 
     calls = {"n": 0}
-    computed = policy.boundary_states
+    computed = skip_planner.boundary_states
 
     def counted(*args, **kwargs):
         calls["n"] += 1
         return computed(*args, **kwargs)
 
-    monkeypatch.setattr(policy, "boundary_states", counted)
+    monkeypatch.setattr(skip_planner, "boundary_states", counted)
     return calls
 
 
@@ -215,7 +215,9 @@ def test_plain_stretch_keeps_the_states_of_the_tokens_it_feeds(params):
     fed = np.asarray(plain.out)[:, first: first + steps]
     np.testing.assert_array_equal(fed[:, 0], np.asarray(pending))
     want = dp.boundary_states(params, TARGET, fed, cache, before)
-    np.testing.assert_allclose(np.asarray(states), np.asarray(want), rtol=2e-5, atol=2e-5)
+    # float32 rounding of two computation orders (one token a step against the DP's window forward): up to 2.2e-5
+    # on values near 0.06 (the prefill's kept states above are compared within 2e-4)
+    np.testing.assert_allclose(np.asarray(states), np.asarray(want), rtol=5e-5, atol=5e-5)
     from jaxspec.decoding.contract import Chunk
 
     with pytest.raises(ValueError, match="keep_states=True keeps the states of plain steps: give plain_steps"):
