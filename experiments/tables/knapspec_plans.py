@@ -407,7 +407,7 @@ def _dp_pallas_note() -> str:
                for p in c.get("plans", []) if p.get("stage_seconds")]
     if windows:
         text += (f" The reference window (the plan rows' K/V copied out of the batch's cache in one compiled gather, "
-                 f"jaxspec.knapspec.policy.cache_rows) took {1e3 * min(windows):.1f}-{1e3 * max(windows):.1f} ms a "
+                 f"jaxspec.knapspec.window.cache_rows) took {1e3 * min(windows):.1f}-{1e3 * max(windows):.1f} ms a "
                  "plan; an eager copy of each layer's arrays, one dispatch each, was the plan's largest part in the "
                  "earlier run of this step.")
     return text

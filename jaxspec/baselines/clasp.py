@@ -5,7 +5,7 @@
 * :class:`ClaspPlanner` / :func:`clasp_generate` -- CLaSp (Chen et al. 2025, in-context layer
   skipping): skip exactly ``M`` whole layers, the set chosen by the coupled DP (CLaSp has no
   pruning threshold: ``tau = -inf``) and re-optimised on the schedule of
-  :class:`~jaxspec.knapspec.policy.KnapSpecSchedule` (every 64 rounds). ``M`` defaults by model
+  :class:`~jaxspec.knapspec.config.KnapSpecSchedule` (every 64 rounds). ``M`` defaults by model
   size (:func:`clasp_skip_count`: 4 for ~1B and smaller, 8 for 3-8B, 10 for 14B, 20 for
   32-70B). It drafts as KnapSpec does (up to gamma_max with early exit): CLaSp has no TPT
   model, so its gamma is gamma_max, never 0. The DP reference is the same as KnapSpec's (the

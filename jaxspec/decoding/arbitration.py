@@ -1,7 +1,7 @@
 """Measured arbitration between speculative rounds and plain decoding (docs/methods.md §5.2).
 
 :func:`measured_arbitration` is the one rule, shared by KnapSpec's driver (after a plan that drafts,
-:class:`~jaxspec.knapspec.policy.KnapSpecController`) and :class:`MeasuredChoiceController` (any
+:class:`~jaxspec.knapspec.controller.KnapSpecController`) and :class:`MeasuredChoiceController` (any
 speculative method): on the live sequence, run a few speculative rounds, then as many plain
 autoregressive steps (both commit real tokens), and keep the faster in tokens committed per second.
 Both probes have fixed shapes (``max_rounds`` and the plain step count are traced), so nothing

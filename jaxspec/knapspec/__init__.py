@@ -8,9 +8,11 @@
 * :mod:`~jaxspec.knapspec.coupled` -- the same DP with whole layers as items (CLaSp, the coupled ablation);
 * :mod:`~jaxspec.knapspec.planner` -- TPT (and TPL), the (skip set, gamma) grid search and the
   :class:`~jaxspec.knapspec.planner.Planner` contract;
-* :mod:`~jaxspec.knapspec.policy` -- the engine draft policy (dynamic skip mask, early exit),
-  the re-planning schedule, the engine controller (:class:`KnapSpecController`) and
-  :func:`knapspec_generate`.
+* :mod:`~jaxspec.knapspec.policy` -- :func:`knapspec_generate` and its parts: the knobs and the re-planning
+  schedule (:mod:`~jaxspec.knapspec.config`), the engine draft policy with its dynamic skip mask and early exit
+  (:mod:`~jaxspec.knapspec.draft`), the reference window (:mod:`~jaxspec.knapspec.window`), one plan and its
+  allowance (:mod:`~jaxspec.knapspec.skip_planner`) and the engine controller (:mod:`~jaxspec.knapspec.controller`);
+* :mod:`~jaxspec.knapspec.budgeted` -- the multiple-choice DP with budgeted attention as a third choice.
 """
 
 from jaxspec.knapspec.dp import (Candidates, boundary_states, knapsack_brute_force, knapsack_dp,

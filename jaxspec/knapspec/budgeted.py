@@ -372,7 +372,7 @@ def plan_draft_time(plan, latency: LatencyModel, n: float, budget_tokens: int) -
 
 class BudgetDPCost:
     """The three-choice DP's price per reference token (docs/methods.md §5.4), for the planning
-    allowance (:func:`jaxspec.knapspec.policy.reference_allowance`): like the two-choice DP (§5.6) it
+    allowance (:func:`jaxspec.knapspec.skip_planner.reference_allowance`): like the two-choice DP (§5.6) it
     runs every saved-weight slot state (skip budget + 1 under :func:`choice_weights`) of each reference
     token through the model, each slot a row at the latency model's many-row price ``t_row(n)``
     (else ``v t_step``); the budgeted branch over ``sinks + window`` slots is not priced apart."""

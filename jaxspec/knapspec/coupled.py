@@ -146,7 +146,7 @@ def plan_coupled_skip_set(target_params, config: ModelConfig, cache, tokens, tok
                           states=None) -> Tuple[Plan, dp.Candidates, Tuple[int, int]]:
     """KnapSpec with whole-layer items (the coupled ablation): coupled DP (budget L // 2, KnapSpec's
     tau), then the (candidate, gamma) grid search of ``knapspec`` (objective, gammas). ``states``: the
-    window's boundary states when already known (as :func:`~jaxspec.knapspec.policy.plan_skip_set`)."""
+    window's boundary states when already known (as :func:`~jaxspec.knapspec.skip_planner.plan_skip_set`)."""
     if states is None:
         states = reference_states(target_params, config, cache, tokens, prefix_len)
     candidates = coupled_knapsack_dp(target_params, config, cache, prefix_len, states, token_mask,

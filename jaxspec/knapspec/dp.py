@@ -783,7 +783,7 @@ class Candidates:
     # candidate's greedy probability reaches the threshold, and where it also agrees with the target
     confident: Optional[np.ndarray] = None  # [C] p_c
     agree_confident: Optional[np.ndarray] = None  # [C] p_ac
-    # a two-stage plan (jaxspec.knapspec.policy.rescore_finalists): alpha on the search tokens the DP ran on,
+    # a two-stage plan (jaxspec.knapspec.skip_planner.rescore_finalists): alpha on the search tokens the DP ran on,
     # and their number per row; alpha / confident / agree_confident are then the whole window's
     search_alpha: Optional[np.ndarray] = None  # [C]
     search_tokens: Optional[int] = None
@@ -891,7 +891,7 @@ def _plan_states_fn(params, cache: KVCache, prefix_len, states, masks, *, config
     not the whole model, but a GPU reads each conditional's predicate on the host (2L round trips per
     mask). ``False``: every sub-layer of every mask runs, all masks in one ``vmap``, and a select keeps
     or drops it: more arithmetic, no control flow (the reference, and
-    :attr:`~jaxspec.knapspec.policy.KnapSpecConfig.rescore` ``"select"``)."""
+    :attr:`~jaxspec.knapspec.config.KnapSpecConfig.rescore` ``"select"``)."""
     attn, mlp, _, _ = _model_sublayers(config, prefix_len, states.shape[2], None, reference_kv)
 
     def one(mask):

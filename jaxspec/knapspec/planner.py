@@ -222,7 +222,7 @@ __all__ = ["GAMMA_GRID", "OBJECTIVES", "Plan", "choose_plan", "draft_time", "exe
 @runtime_checkable
 class Planner(Protocol):
     """Chooses a (skip set, gamma) plan from a reference window; KnapSpec's, CLaSp's and the static
-    skip set's drivers call it (:class:`~jaxspec.knapspec.policy.KnapSpecController`)."""
+    skip set's drivers call it (:class:`~jaxspec.knapspec.controller.KnapSpecController`)."""
 
     name: str
 

@@ -571,12 +571,17 @@ def test_replans_stop_at_the_run_planning_budget(spec_params, monkeypatch):
     equals AR either way."""
     import types
 
-    from jaxspec.knapspec import policy
+    from jaxspec.knapspec import controller, skip_planner
     from jaxspec.knapspec.planner import PlannerBase
     from jaxspec.knapspec.policy import KnapSpecController, KnapSpecPlanner
 
     clock = types.SimpleNamespace(t=0.0)
-    monkeypatch.setattr(policy, "time", types.SimpleNamespace(perf_counter=lambda: clock.t))
+
+    def fake_clock():  # the controller's and the planner's clocks
+        for module in (controller, skip_planner):
+            monkeypatch.setattr(module, "time", types.SimpleNamespace(perf_counter=lambda: clock.t))
+
+    fake_clock()
 
     class PlainPlanner(PlannerBase):  # each plan costs 1 clock unit and picks plain decoding
         name = "plain"
@@ -612,10 +617,10 @@ def test_replans_stop_at_the_run_planning_budget(spec_params, monkeypatch):
         knap = KnapSpecConfig(gamma_max=4, plan_interval=4, plan_round=2, reference_rounds=2, max_plan_fraction=0.05,
                               probe_rounds=None, min_reference_tokens=1)
         if not run_rule:  # the spacing rule only: a run budget too large to bind
-            monkeypatch.setattr(policy, "remaining_steps", lambda run: run.engine.max_new_tokens - 1)
+            monkeypatch.setattr(controller, "remaining_steps", lambda run: run.engine.max_new_tokens - 1)
         else:
             monkeypatch.undo()
-            monkeypatch.setattr(policy, "time", types.SimpleNamespace(perf_counter=lambda: clock.t))
+            fake_clock()
             monkeypatch.setattr(KnapSpecController, "chunks", timed_chunks)
         clock.t = 0.0
         planner = PlainPlanner(KnapSpecPlanner(lat, knap))
