@@ -521,6 +521,18 @@ KNAPSPEC_PALLAS_B1_KEPT_STATES = {
 #: prefill), 2 search tokens and 1 finalist
 KNAPSPEC_PALLAS_B1_AT_START_1_FINALIST = {"h100": f"{K}qwen2.5-coder-1.5b_32k_b1_pallas_static_at-start_prefill-states_"
                                                   "1-finalist_half-fit_per-step_h100.json"}
+#: the same with the DP traced once per layer (--dp-layers unrolled), and with the knapsack weights capped at 2
+KNAPSPEC_PALLAS_B1_AT_START_UNROLLED = {"h100": f"{K}qwen2.5-coder-1.5b_32k_b1_pallas_static_at-start_prefill-states_"
+                                                "1-finalist_dp-unrolled_half-fit_per-step_h100.json"}
+KNAPSPEC_PALLAS_B1_AT_START_UNROLLED_CAP2 = {"h100": f"{K}qwen2.5-coder-1.5b_32k_b1_pallas_static_at-start_prefill-"
+                                                     "states_1-finalist_dp-unrolled_weight-cap-2_half-fit_per-step_"
+                                                     "h100.json"}
+#: batch 16 with one plan at the start on 2 rows' windows (states from the prefill), the DP traced once per layer,
+#: and the same with the knapsack weights capped at 2
+KNAPSPEC_PALLAS_B16_2ROWS_UNROLLED = {"h100": f"{K}qwen2.5-coder-1.5b_32k_b16_pallas_static_2rows_prefill-states_"
+                                              "dp-unrolled_half-fit_per-step_h100.json"}
+KNAPSPEC_PALLAS_B16_2ROWS_UNROLLED_CAP2 = {"h100": f"{K}qwen2.5-coder-1.5b_32k_b16_pallas_static_2rows_prefill-"
+                                                   "states_dp-unrolled_weight-cap-2_half-fit_per-step_h100.json"}
 #: the same decoding 768 new tokens (the plan's fixed cost spread over 3x the decode)
 KNAPSPEC_PALLAS_B1_KEPT_STATES_768 = {"h100": f"{K}qwen2.5-coder-1.5b_32k_b1_pallas_static_after-plain_two-stretch_"
                                               "half-fit_per-step_kept-states_768new_h100.json"}
@@ -612,7 +624,25 @@ KNAPSPEC_PALLAS_RUNS = ((KNAPSPEC_PALLAS, "pallas", ""),
                               (KNAPSPEC_PALLAS_B1_AT_START_1_FINALIST,
                                "pallas-static-at-start-prefill-states-1-finalist-half-fit-per-step",
                                "one plan before the first round on the prompt's last 64 tokens (states from the "
-                               "prefill), 2 search tokens and 1 finalist"))),
+                               "prefill), 2 search tokens and 1 finalist"),
+                              (KNAPSPEC_PALLAS_B1_AT_START_UNROLLED,
+                               "pallas-static-at-start-prefill-states-1-finalist-dp-unrolled-half-fit-per-step",
+                               "one plan before the first round on the prompt's last 64 tokens (states from the "
+                               "prefill), 2 search tokens and 1 finalist, the DP traced once per layer"),
+                              (KNAPSPEC_PALLAS_B1_AT_START_UNROLLED_CAP2,
+                               "pallas-static-at-start-prefill-states-1-finalist-dp-unrolled-weight-cap-2-half-fit-"
+                               "per-step",
+                               "one plan before the first round on the prompt's last 64 tokens (states from the "
+                               "prefill), 2 search tokens and 1 finalist, the DP traced once per layer with the "
+                               "knapsack weights capped at 2"),
+                              (KNAPSPEC_PALLAS_B16_2ROWS_UNROLLED,
+                               "pallas-static-2rows-prefill-states-dp-unrolled-half-fit-per-step",
+                               "one plan at the start on 2 rows' windows (states from the prefill), the DP traced "
+                               "once per layer"),
+                              (KNAPSPEC_PALLAS_B16_2ROWS_UNROLLED_CAP2,
+                               "pallas-static-2rows-prefill-states-dp-unrolled-weight-cap-2-half-fit-per-step",
+                               "one plan at the start on 2 rows' windows (states from the prefill), the DP traced "
+                               "once per layer with the knapsack weights capped at 2"))),
                         (KNAPSPEC_PALLAS_STATIC, "pallas-static",
                          " with static plans and a profile of compiled masks (--latency-fit forward-static)"),
                         *((source, slug, " with static plans and a profile of compiled masks (--latency-fit "

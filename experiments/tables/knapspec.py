@@ -15,7 +15,9 @@ from experiments.tables import inputs
 from experiments.tables.figures import v
 from experiments.tables.inputs import (KNAPSPEC_64REF, KNAPSPEC_DP_PALLAS, KNAPSPEC_EARLY, KNAPSPEC_PALLAS,
                                        KNAPSPEC_PALLAS_B1, KNAPSPEC_PALLAS_B16_HALF_FIT, KNAPSPEC_PALLAS_B16_PER_STEP,
-                                       KNAPSPEC_PALLAS_B1_AT_START_1_FINALIST, KNAPSPEC_PALLAS_B1_H100,
+                                       KNAPSPEC_PALLAS_B1_AT_START_1_FINALIST, KNAPSPEC_PALLAS_B1_AT_START_UNROLLED,
+                                       KNAPSPEC_PALLAS_B1_AT_START_UNROLLED_CAP2, KNAPSPEC_PALLAS_B16_2ROWS_UNROLLED,
+                                       KNAPSPEC_PALLAS_B16_2ROWS_UNROLLED_CAP2, KNAPSPEC_PALLAS_B1_H100,
                                        KNAPSPEC_PALLAS_B1_H100_AFTER_PLAIN, KNAPSPEC_PALLAS_B1_H100_PROBE_WARMUP,
                                        KNAPSPEC_PALLAS_B1_H100_PROBE_WARMUP_SELECT, KNAPSPEC_PALLAS_B1_H100_TWO_STRETCH,
                                        KNAPSPEC_PALLAS_B1_H200_TWO_STRETCH, KNAPSPEC_PALLAS_B1_HALF_FIT,
@@ -298,7 +300,22 @@ def _knapspec_pallas_more_note() -> str:
                                                               "the first round on the prompt's last 64 tokens (states "
                                                               "from the prefill), the DP on 2 search tokens and 1 "
                                                               "finalist,",
-                   "knapspec-qwen2.5-coder-1.5b-b1-32k-pallas-static-half-fit-per-step-at-start-1-finalist")))):
+                   "knapspec-qwen2.5-coder-1.5b-b1-32k-pallas-static-half-fit-per-step-at-start-1-finalist"),
+                  (KNAPSPEC_PALLAS_B1_AT_START_UNROLLED, 1, "The same with the DP traced once per layer "
+                                                            "(`--dp-layers unrolled`, docs/methods.md §4.3)",
+                   "knapspec-qwen2.5-coder-1.5b-b1-32k-pallas-static-half-fit-per-step-at-start-1-finalist-dp-unrolled"),
+                  (KNAPSPEC_PALLAS_B1_AT_START_UNROLLED_CAP2, 1, "The same with the knapsack weights capped at 2 "
+                                                                 "(`--weight-cap 2`)",
+                   "knapspec-qwen2.5-coder-1.5b-b1-32k-pallas-static-half-fit-per-step-at-start-1-finalist-dp-"
+                   "unrolled-weight-cap-2"),
+                  (KNAPSPEC_PALLAS_B16_2ROWS_UNROLLED, 16, "At batch 16 on an H100, one plan at the start on 2 rows' "
+                                                           "windows of 64 tokens (states from the prefill, 3 search "
+                                                           "tokens, 2 finalists), the DP traced once per layer,",
+                   "knapspec-qwen2.5-coder-1.5b-b16-32k-pallas-static-2rows-half-fit-per-step-at-start-dp-unrolled"),
+                  (KNAPSPEC_PALLAS_B16_2ROWS_UNROLLED_CAP2, 16, "The same with the knapsack weights capped at 2 "
+                                                                "(`--weight-cap 2`)",
+                   "knapspec-qwen2.5-coder-1.5b-b16-32k-pallas-static-2rows-half-fit-per-step-at-start-dp-unrolled-"
+                   "weight-cap-2")))):
         if (inputs.RESULTS / source).exists():
             out.append(f"{what} (`{source}`): " + _knapspec_pallas_note(source, batch))
         else:
