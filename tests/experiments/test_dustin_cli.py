@@ -250,13 +250,13 @@ def _k128_profile(folders, tmp_path):
 def test_quality_releases_compiled_code_between_lengths(folders, tmp_path, monkeypatch):
     """`dustin-quality` over two context lengths trims memory after each measurement and drops the
     compiled executables once, when the length changes (without it the process ran out of memory beyond 4k)."""
-    from experiments import dustin_quality
+    from experiments.dustin_quality import quality
 
     common, profile = _k128_profile(folders, tmp_path)
     calls = []
-    original = dustin_quality.release_memory
-    monkeypatch.setattr(dustin_quality, "release_memory", lambda clear_compiled=False: (calls.append(clear_compiled),
-                                                                                     original(clear_compiled)))
+    original = quality.release_memory
+    monkeypatch.setattr(quality, "release_memory", lambda clear_compiled=False: (calls.append(clear_compiled),
+                                                                             original(clear_compiled)))
     out = tmp_path / "quality.json"
     assert main(["dustin-quality", *common, "--dustin-profile", str(profile), "--budgets", "128", "--methods",
                  "dustin-h,quest", "--items", "400:1,480:1", "--kinds", "passkey", "--depths", "0.5",
