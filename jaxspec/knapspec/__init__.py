@@ -3,8 +3,10 @@
 * :mod:`~jaxspec.knapspec.latency` -- per-sub-layer latency model ``t_mlp = c1``,
   ``t_attn(n) = c2 n + c3``: profilers in our own stack (sub-layers alone, or whole forwards),
   least-squares fits, JSON save/load;
-* :mod:`~jaxspec.knapspec.dp` -- the knapsack DP (``lax.scan`` over sub-layers, vectorised over
-  budgets, branch-parallel attention), its Python-loop reference and an exhaustive search;
+* :mod:`~jaxspec.knapspec.knapsack` -- the knapsack DP over any sub-layers (``lax.scan`` over layers or a loop
+  traced once per layer, vectorised over budgets), its Python-loop reference and an exhaustive search;
+* :mod:`~jaxspec.knapspec.dp` -- the DP on the model (branch-parallel attention, the window's states, the
+  candidates' acceptance estimates);
 * :mod:`~jaxspec.knapspec.coupled` -- the same DP with whole layers as items (CLaSp, the coupled ablation);
 * :mod:`~jaxspec.knapspec.planner` -- TPT (and TPL), the (skip set, gamma) grid search and the
   :class:`~jaxspec.knapspec.planner.Planner` contract;

@@ -27,7 +27,7 @@ keeping most of the layer's effect. A multiple-choice knapsack:
 Plans are ``[L, 2]`` int8 codes (:data:`DENSE` 0, :data:`BUDGET` 1 -- Attention column only --,
 :data:`SKIP` 2). :func:`dp_scan_choices` is one ``jax.lax.scan`` over layers vectorised over all
 slots (the three Attention candidates of every slot are computed as batches), exactly like
-:func:`jaxspec.knapspec.dp.dp_scan`; :func:`brute_force_choices` enumerates every plan (``6^(L-2)``
+:func:`jaxspec.knapspec.knapsack.dp_scan`; :func:`brute_force_choices` enumerates every plan (``6^(L-2)``
 times the edge layers' choices) with the same pruning and budget: the oracle on small instances.
 :func:`budgeted_forward` runs a plan (static: executed sub-layers only, the budgeted ones through
 the sparse-history attention of ``verify_indices``).
@@ -58,7 +58,7 @@ DENSE, BUDGET, SKIP = 0, 1, 2
 
 
 def choice_weights(t_attn: float, t_attn_budget: float, t_mlp: float, cap: int = WEIGHT_CAP) -> Tuple[int, int, int]:
-    """``(w_attn, w_budget, w_mlp)``: the two-choice weights (:func:`~jaxspec.knapspec.dp.knapsack_weights`)
+    """``(w_attn, w_budget, w_mlp)``: the two-choice weights (:func:`~jaxspec.knapspec.knapsack.knapsack_weights`)
     and the budgeted Attention's weight ``round(t_attn_budget / lighter)`` clipped to ``0 .. w_attn``."""
     w_attn, w_mlp = knapsack_weights(t_attn, t_mlp, cap)
     lighter = max(min(float(t_attn), float(t_mlp)), 1e-30)
@@ -139,7 +139,7 @@ def dp_scan_choices(apply_attn: Callable, apply_attn_budget: Callable, apply_mlp
                     can_skip, token_mask, *, w_attn: int, w_budget: int, w_mlp: int, budget: int,
                     tau: float = DEFAULT_TAU):
     """The three-choice DP as one ``lax.scan`` over ``n`` layers, vectorised over ``J = budget + 1``
-    slots (arguments as :func:`jaxspec.knapspec.dp.dp_scan`, plus ``apply_attn_budget`` the budgeted
+    slots (arguments as :func:`jaxspec.knapspec.knapsack.dp_scan`, plus ``apply_attn_budget`` the budgeted
     Attention on all slots). Returns ``(values, choice, valid [n, 2, J], final states [J, ...])``."""
     num_slots = budget + 1
     g = jnp.broadcast_to(g0[None], (num_slots,) + g0.shape)

@@ -137,7 +137,7 @@ class KnapSpecConfig:
     # cost for a real plan that skips from layer 1 (docs/methods.md §5.6), so executed is the default everywhere
     rescore: str = "executed"
     # the DP's scan in at most this many runs of layers, each over the skipped weights its layers can reach
-    # (jaxspec.knapspec.dp.slot_segments: the same plan, ~20 % fewer slot-layers at 4 runs, one compiled body a run);
+    # (jaxspec.knapspec.knapsack.slot_segments: the same plan, ~20 % fewer slot-layers at 4 runs, one compiled body a run);
     # 1 = one scan of every slot (docs/methods.md §4.3)
     dp_segments: int = DEFAULT_SEGMENTS
     # how the DP walks the layers (jaxspec.knapspec.dp.DP_LAYERS): "scan" = one lax.scan over a stacked copy of the
