@@ -303,7 +303,8 @@ def _knapspec_pallas_more_note() -> str:
                    "knapspec-qwen2.5-coder-1.5b-b1-32k-pallas-static-half-fit-per-step-at-start-1-finalist"),
                   (KNAPSPEC_PALLAS_B1_AT_START_UNROLLED, 1, "The same with the DP traced once per layer "
                                                             "(`--dp-layers unrolled`, docs/methods.md §4.3)",
-                   "knapspec-qwen2.5-coder-1.5b-b1-32k-pallas-static-half-fit-per-step-at-start-1-finalist-dp-unrolled"),
+                   "knapspec-qwen2.5-coder-1.5b-b1-32k-pallas-static-half-fit-per-step-at-start-1-finalist-dp-"
+                   "unrolled"),
                   (KNAPSPEC_PALLAS_B1_AT_START_UNROLLED_CAP2, 1, "The same with the knapsack weights capped at 2 "
                                                                  "(`--weight-cap 2`)",
                    "knapspec-qwen2.5-coder-1.5b-b1-32k-pallas-static-half-fit-per-step-at-start-1-finalist-dp-"

@@ -47,6 +47,7 @@ from jaxspec.config import ModelConfig
 from jaxspec.knapspec.dp import (DEFAULT_TAU, WEIGHT_CAP, boundary_states, cos_sum, dp_config, knapsack_weights,
                                  per_sublayer_can_skip, skip_budget, stacked_scan_layers,
                                  sublayer_can_skip)
+from jaxspec.knapspec.knapsack import FinalSlots
 from jaxspec.knapspec.latency import LatencyModel
 from jaxspec.knapspec.planner import tpt
 from jaxspec.models.cache import KVCache
@@ -83,7 +84,7 @@ def check_budget(sinks: int, window: int) -> None:
 
 # ---------------------------------------------------------------------------- the DP
 @dataclasses.dataclass
-class ChoiceTrace:
+class ChoiceTrace(FinalSlots):
     """Per scanned layer ``k`` (model layer ``first_layer + k``) and column ``c``: ``values[k, c, j]``
     (sum of cosines, ``-inf`` empty), ``choice[k, c, j]`` (the code that filled the slot) and
     ``valid[k, c, j]``."""
@@ -92,14 +93,6 @@ class ChoiceTrace:
     choice: np.ndarray  # [n, 2, J] int
     valid: np.ndarray  # [n, 2, J] bool
     first_layer: int = 1
-
-    @property
-    def final_valid(self) -> np.ndarray:
-        return self.valid[-1, 1]
-
-    @property
-    def final_values(self) -> np.ndarray:
-        return self.values[-1, 1]
 
 
 def _shift(x, by: int, num_slots: int, fill=None):

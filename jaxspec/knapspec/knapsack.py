@@ -105,16 +105,12 @@ def cos_sum(states, target, token_mask):
 
 
 # ---------------------------------------------------------------------------- trace
-@dataclasses.dataclass
-class DPTrace:
-    """Per scanned layer ``k`` (model layer ``first_layer + k``) and sub-layer ``c`` (0 attn, 1 mlp):
-    ``values[k, c, j]`` (sum of cosines, ``-inf`` where the slot is empty), ``skipped[k, c, j]``
-    (the slot's state came from the skip transition) and ``valid[k, c, j]``."""
+class FinalSlots:
+    """The last sub-layer's slots of a trace with ``values`` and ``valid`` ``[n, 2, J]``: what backtracking starts
+    from (:class:`DPTrace`, and the budgeted DP's :class:`~jaxspec.knapspec.budgeted.ChoiceTrace`)."""
 
-    values: np.ndarray  # [n, 2, J] float
-    skipped: np.ndarray  # [n, 2, J] bool
-    valid: np.ndarray  # [n, 2, J] bool
-    first_layer: int = 1
+    values: np.ndarray
+    valid: np.ndarray
 
     @property
     def final_valid(self) -> np.ndarray:
@@ -123,6 +119,18 @@ class DPTrace:
     @property
     def final_values(self) -> np.ndarray:
         return self.values[-1, 1]
+
+
+@dataclasses.dataclass
+class DPTrace(FinalSlots):
+    """Per scanned layer ``k`` (model layer ``first_layer + k``) and sub-layer ``c`` (0 attn, 1 mlp):
+    ``values[k, c, j]`` (sum of cosines, ``-inf`` where the slot is empty), ``skipped[k, c, j]``
+    (the slot's state came from the skip transition) and ``valid[k, c, j]``."""
+
+    values: np.ndarray  # [n, 2, J] float
+    skipped: np.ndarray  # [n, 2, J] bool
+    valid: np.ndarray  # [n, 2, J] bool
+    first_layer: int = 1
 
 
 def transition(g, valid, executed, target, token_mask, denom, *, w: int, skip_allowed, budget: int, tau: float):
