@@ -42,7 +42,7 @@ import argparse
 import dataclasses
 import pathlib
 import time
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
 import numpy as np
 
@@ -640,16 +640,18 @@ def register(subparsers) -> None:
                                                    "batch")
     c.add_argument("--from", dest="sources", default="", metavar="FILES",
                    help="comma-separated pair-speed results files (runs without --arbitrate, one target/draft pair "
-                        "and device); where several measure one key the lowest speed-up is kept")
+                        "and device), or knapspec results files (runs without --choice-table, one model and "
+                        "device: a table for knapspec --choice-table); where several measure one key the lowest "
+                        "speed-up is kept")
     c.add_argument("--probed", default="", metavar="FILES",
                    help="comma-separated pair-speed results files measured under the measured choice without a "
                         "table (--arbitrate): each method's whole-run speed-up, its probe included, joins its key, "
                         "so a probe that chose plain decoding is not paid again (docs/methods.md §5.2)")
     c.add_argument("--outcomes", default="", metavar="FILES",
                    help="comma-separated pair-speed results files measured deciding from a choice table "
-                        "(--arbitrate-table): each speculative decision the table took there adds that run's "
-                        "whole-run speed-up to its key, so a decision that lost once is not taken again "
-                        "(docs/methods.md §5.2)")
+                        "(--arbitrate-table; knapspec results files: --choice-table): each speculative decision the "
+                        "table took there adds that run's whole-run speed-up to its key, so a decision that lost "
+                        "once is not taken again (docs/methods.md §5.2)")
     c.add_argument("--margin", type=float, default=CHOICE_MARGIN,
                    help="speculate only where the measured speed-up is at least 1 + MARGIN (default %(default)s)")
     c.set_defaults(func=cmd_choice_table)
@@ -678,12 +680,16 @@ def choice_table_from(paths: Sequence[str], margin: float = CHOICE_MARGIN,
     its key's runs, marked ``"probed": True`` with the probe's choice: where the probe chose plain decoding it
     is below 1 (the probe's cost), so the table decides plain decoding with no probe next time; where it chose
     to speculate it is the method's whole run less its probe's cost. So one probed run per key on a device
-    without plain runs gives that device a table (docs/methods.md §5.2)."""
+    without plain runs gives that device a table (docs/methods.md §5.2).
+
+    ``knapspec`` results files may stand in ``paths`` and ``outcomes`` (not mixed with pair-speed files of another
+    pair): their runs of the model drafting for itself, one entry per method name (:func:`knapspec_table_runs`),
+    for ``knapspec --choice-table``."""
     import json
     import math
 
     if not paths and not probed:
-        raise ValueError("choice-table: give at least one pair-speed results file (--from, or --probed)")
+        raise ValueError("choice-table: give at least one pair-speed or knapspec results file (--from, or --probed)")
     found: Dict[Tuple[str, int, int], List[Dict[str, Any]]] = {}
     meta: Dict[str, Any] = {}
     sources = ([(p, False, False) for p in paths] + [(p, True, False) for p in outcomes]
@@ -693,8 +699,21 @@ def choice_table_from(paths: Sequence[str], margin: float = CHOICE_MARGIN,
         if not path.is_file():
             raise FileNotFoundError(f"choice-table: {path}: no such file")
         data = json.loads(path.read_text())
+        if data.get("experiment") == "knapspec":  # self-speculation: the model drafts for itself
+            if by_probe:
+                raise ValueError(f"choice-table: --probed {path} is a knapspec results file; KnapSpec probes each "
+                                 f"plan itself: give its runs with --from")
+            this, runs = knapspec_table_runs(path, data, outcome)
+            for k, v in this.items():
+                if meta.get(k, v) != v:
+                    raise ValueError(f"choice-table: {path} has {k} {v!r}, the files before it {meta[k]!r} (one "
+                                     f"table holds one pair on one device)")
+                meta[k] = v
+            for key, run in runs:
+                found.setdefault(key, []).append(run)
+            continue
         if data.get("experiment") != "pair-speed":
-            raise ValueError(f"choice-table: {path} is not a pair-speed results file (experiment "
+            raise ValueError(f"choice-table: {path} is not a pair-speed or knapspec results file (experiment "
                              f"{data.get('experiment')!r})")
         cfg = data.get("config", {})
         changed = [k for k in CHANGED_METHOD_OPTIONS if cfg.get(k) not in (None, 0, 1)]
@@ -757,6 +776,41 @@ def choice_table_from(paths: Sequence[str], margin: float = CHOICE_MARGIN,
             entry["ar_step_s"] = batch / float(low["paired_ar_tok_s"])
         entries.append(entry)
     return ChoiceTable(entries, margin=margin, meta=meta)
+
+
+def knapspec_table_runs(path, data: Mapping[str, Any], outcome: bool = False):
+    """The whole runs of a ``knapspec`` results file for a choice table (docs/methods.md §5.2): ``(meta, [((method,
+    context bucket, batch), run), ...])``. Each case (``TAG/TASK/ctxN/bB/METHOD``) gives its speed-up against the AR
+    run paired with it; the table looks a run up by the method's name, so the re-planning KnapSpec of
+    ``knapspec --choice-table`` finds the runs of its own method. ``outcome``: the file was measured deciding from
+    a table (``knapspec --choice-table``); only the runs whose table decision was to plan count, as outcomes."""
+    import math
+
+    cfg = data.get("config", {})
+    if outcome and not cfg.get("choice_table"):
+        raise ValueError(f"choice-table: --outcomes {path} was not measured deciding from a choice table "
+                         f"(knapspec --choice-table); give its runs with --from")
+    if not outcome and cfg.get("choice_table"):
+        raise ValueError(f"choice-table: {path} was measured deciding from a choice table (knapspec --choice-table); "
+                         f"give it with --outcomes")
+    meta = {"target": cfg.get("model"), "draft": "self", "dtype": cfg.get("dtype"),
+            "device": (data.get("environment", {}).get("devices") or [None])[0]}
+    runs = []
+    for key, case in data.get("cases", {}).items():
+        parts = key.split("/")
+        if not isinstance(case, dict) or len(parts) != 5 or not parts[2].startswith("ctx") \
+                or not parts[3].startswith("b") or not case.get("speedup_vs_ar"):
+            continue
+        context, batch, method = int(parts[2][3:]), int(parts[3][1:]), str(case.get("method", parts[4]))
+        run = {"speedup": float(case["speedup_vs_ar"]), "tok_s": case.get("tokens_per_s"),
+               "paired_ar_tok_s": case.get("ar_tokens_per_s"), "context": context, "source": str(path)}
+        if outcome:
+            decision = case.get("choice_table") or {}
+            if decision.get("reason") != "table" or decision.get("choice") != "speculative":
+                continue
+            run["outcome"] = True
+        runs.append(((method, 2 ** int(math.ceil(math.log2(context))), batch), run))
+    return meta, runs
 
 
 def cmd_choice_table(args) -> Dict[str, Any]:

@@ -111,6 +111,17 @@ class Case:
                 "plain_stretches": len(stretches),
                 "plain_stretch_fit": stretch_fit(stretches, ar_step_s)}
 
+    def choice_table(self):
+        """The ``--choice-table`` of the run (loaded once), or None."""
+        path = getattr(self.args, "choice_table", None)
+        if not path:
+            return None
+        if getattr(self, "_choice_table", None) is None:
+            from jaxspec.decoding.arbitration import ChoiceTable
+
+            self._choice_table = ChoiceTable.load(path)
+        return self._choice_table
+
     def _generate(self, method: str, warmup: bool = True, **kwargs):
         from jaxspec.baselines.clasp import clasp_generate
         from jaxspec.baselines.static_skip import static_skip_generate
@@ -122,7 +133,9 @@ class Case:
         common = dict(engine=engine, seed=0, warmup=warmup, capacity=self.capacity, prefilled=self.prefill(),
                       allow_beyond_context=not self.model.real)
         ks = self.knapspec
-        kept = dict(window_states=self.window_states)  # the re-planning KnapSpec variants' plan at the start
+        # the re-planning KnapSpec variants: the plan at the start's window states; the choice table (looked up
+        # by the method's name) decides whether they plan at all (docs/methods.md §5.2)
+        kept = dict(window_states=self.window_states, choice_table=self.choice_table(), table_method=method)
         if method == "knapspec":
             return knapspec_generate(self.model.params, self.model.config, self.prompts, latency=self.latency,
                                      knapspec=ks, **common, **kept)
@@ -206,6 +219,7 @@ class Case:
             "plan_fraction_of_decode": plan_s / max(decode_s, 1e-9),
             "prefill": {"s": self.prefill_s, "window_states": self.window_states is not None},
             "plan_allowance": metrics.get("plan_allowance"),
+            "choice_table": metrics.get("choice_table"),
             "time_split_estimate": {
                 "how": "planning measured; draft = draft forwards x one draft forward with the final mask (a "
                        "budget plan: with its codes); verify = "

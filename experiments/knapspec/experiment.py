@@ -24,7 +24,7 @@ from experiments.knapspec.bench_plan import cmd_bench_plan, cmd_reprice_tpt
 from experiments.knapspec.case import Case
 from experiments.knapspec.flags import (DEFAULT_LATENCY_FIT, DP_SEGMENTS, LATENCY_FITS, REPROFILE_HELP, WEIGHT_CAP,
                                         add_planning_arguments, check_clasp_skip_count, check_dp_attention,
-                                        check_two_stage, experiment_knapspec_config)
+                                        check_two_stage, experiment_knapspec_config, load_choice_table)
 from experiments.knapspec.latency_profiles import latency_profile, resumed_latency_profile, token_slope
 from experiments.knapspec.measure import pearson
 from experiments.knapspec.model import CALIBRATION_BOOK, Model, book_ids, load
@@ -103,6 +103,11 @@ def register(subparsers) -> None:
     p.add_argument("--plan-cost-scale-from", default=None, metavar="FILES",
                    help="set --plan-cost-scale to the largest measured / predicted plan time in these knapspec results "
                         "files (the same model and --device-tag)")
+    p.add_argument("--choice-table", default=None, metavar="FILE",
+                   help="whole KnapSpec runs measured earlier (`python -m experiments.run choice-table --from` knapspec "
+                        "results files) decide per context bucket and batch whether the re-planning methods plan at "
+                        "all: where their runs were below 1 + margin of AR a run makes no plan and decodes plainly "
+                        "(docs/methods.md §5.2); a key the table lacks plans as usual")
     p.add_argument("--clasp-skip-count", type=int, default=None)
     p.add_argument("--profile-dir", default=None,
                    help="latency profiles (JSON) are read / written here (default: next to --out)")
@@ -208,6 +213,8 @@ def _config_of(args) -> Dict[str, Any]:
         config["plan_cost_scale"] = args.plan_cost_scale
     if args.plan_cost_scale_from:
         config["plan_cost_scale_from"] = args.plan_cost_scale_from
+    if args.choice_table:  # named only when set, like reference_kv
+        config["choice_table"] = args.choice_table
     return config
 
 
@@ -273,6 +280,8 @@ def check_knapspec_args(args) -> None:
         sources = [s.strip() for s in args.plan_cost_scale_from.split(",") if s.strip()]
         # --dp-attention is checked above: its value names the DP's attention as plan records do
         args.plan_cost_scale = plan_cost_scale_from(sources, args.model, args.device_tag, args.dp_attention)
+    if args.choice_table:
+        load_choice_table(args.choice_table, args.model)
     experiment_knapspec_config(args)  # the planner's own checks
 
 

@@ -67,6 +67,11 @@ def add_self_spec_args(parser: argparse.ArgumentParser) -> None:
                        help="knapspec-budget: of the budget, the first cache slots (the rest is the recent window)")
     group.add_argument("--knapspec-budget-reference-tokens", type=int, default=64,
                        help="knapspec-budget: the plan's reference = the last this many prompt tokens of each row")
+    group.add_argument("--knapspec-choice-table", default=None, metavar="FILE",
+                       help="knapspec: whole KnapSpec runs measured earlier (a choice table built by `python -m "
+                            "experiments.run choice-table --from` knapspec results files) decide per context bucket "
+                            "and batch whether the run plans at all: where they ran below 1 + margin of AR it makes "
+                            "no plan and decodes plainly (docs/methods.md §5.2)")
     group.add_argument("--clasp-skip-count", type=int, default=None,
                        help="clasp: whole layers to skip (default by size: 4 ~1B, 8 3-8B, 10 14B, 20 32-70B)")
     group.add_argument("--static-skip-file", default=None, metavar="FILE",
@@ -310,7 +315,30 @@ def validate_self_spec(args) -> None:
     if args.knapspec_reference_kv != "branch" and args.method in ("clasp", "knapspec-budget"):
         raise ValueError(f"--knapspec-reference-kv {args.knapspec_reference_kv}: --method {args.method} runs "
                          f"its own DP with the paper's reference (branch); drop the option")
+    if getattr(args, "knapspec_choice_table", None):
+        if args.method != "knapspec":
+            raise ValueError(f"--knapspec-choice-table decides whether the re-planning KnapSpec plans; --method "
+                             f"{args.method} does not re-plan: drop the option")
+        load_choice_table(args.knapspec_choice_table, args.model, "--knapspec-choice-table")
     knapspec_config_from_args(args)  # validates the knobs
+
+
+def load_choice_table(path: str, model: str, flag: str = "--choice-table"):
+    """The choice table at ``path`` for KnapSpec runs of ``model`` (docs/methods.md §5.2): a jaxspec choice table
+    whose runs (``meta``) are of that model drafting for itself. Raises a one-line error otherwise."""
+    from jaxspec.decoding.arbitration import ChoiceTable
+
+    try:
+        table = ChoiceTable.load(path)
+    except (FileNotFoundError, ValueError) as err:
+        raise ValueError(f"{flag}: {err}") from None
+    target, draft = table.meta.get("target"), table.meta.get("draft")
+    if target is not None and target != model:
+        raise ValueError(f"{flag} {path}: its runs are of model {target!r}, this run's is {model!r}")
+    if draft not in (None, "self"):
+        raise ValueError(f"{flag} {path}: a table of {target!r} with the separate draft {draft!r} (pair-speed runs); "
+                         f"KnapSpec drafts with the model itself: build one from knapspec results files")
+    return table
 
 
 def validate_knapspec_dustin(args) -> None:

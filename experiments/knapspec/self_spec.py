@@ -23,7 +23,7 @@ from typing import Any, Dict, List
 from experiments import registry
 from experiments.common import print_table
 from experiments.knapspec.flags import (add_self_spec_args, check_clasp_skip_count, knapspec_config_from_args,
-                                        validate_knapspec_dustin, validate_self_spec)
+                                        load_choice_table, validate_knapspec_dustin, validate_self_spec)
 from experiments.knapspec.latency_profiles import load_latency
 
 SELF_SPEC_METHODS = ("knapspec", "clasp", "static-skip", "knapspec-budget")
@@ -63,7 +63,12 @@ def run_self_spec(args, model, prompts, sampling, stops, out):
     common = dict(engine=engine, seed=args.seed, warmup=not args.no_warmup, capacity=capacity)
     extra: Dict[str, Any] = {}
     if method == "knapspec":
-        result = knapspec_generate(model.params, config, prompts, latency=latency, knapspec=knapspec, **common)
+        table = (load_choice_table(args.knapspec_choice_table, args.model, "--knapspec-choice-table")
+                 if getattr(args, "knapspec_choice_table", None) else None)
+        result = knapspec_generate(model.params, config, prompts, latency=latency, knapspec=knapspec,
+                                   choice_table=table, **common)
+        if table is not None:
+            extra["choice_table"] = result.metrics.get("choice_table")
         planner = "knapspec" + ("-coupled" if knapspec.coupled else "") + (
             "" if knapspec.objective == "tpt" else "-" + knapspec.objective)
     elif method == "clasp":

@@ -11,7 +11,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec.decoding.arbitration import measured_arbitration, remaining_steps, two_stretches
+from jaxspec.decoding.arbitration import (ChoiceTable, context_bucket, measured_arbitration, remaining_steps,
+                                          two_stretches)
 from jaxspec.decoding.autoregressive import prefill
 from jaxspec.decoding.contract import Chunk, ScriptedController
 from jaxspec.knapspec.config import KnapSpecConfig
@@ -30,12 +31,19 @@ class KnapSpecController(ScriptedController):
     the measured arbitration (see :mod:`jaxspec.knapspec.policy`). ``planner`` None with ``replan=False`` keeps
     ``initial_plan`` for the whole run (a static skip set). The warm-up run keeps the fixed schedule
     (a plan at every interval), so the timed run finds every shape it can meet compiled, and it
-    compiles plain decoding whichever mode the timed run takes."""
+    compiles plain decoding whichever mode the timed run takes.
+
+    ``choice_table`` (a :class:`~jaxspec.decoding.arbitration.ChoiceTable` of whole KnapSpec runs against AR,
+    looked up as ``table_method`` at the run's ``(context bucket, batch)``): where its entry's speed-up is below
+    ``1 + margin`` the run makes no plan and decodes plainly from the start, so a context and batch where
+    KnapSpec's plans were measured not to pay cost no plan again; where it is at least that, or the table has
+    no entry, the run plans as usual (docs/methods.md §5.2). ``metrics["choice_table"]`` records the decision."""
 
     def __init__(self, knapspec: KnapSpecConfig, planner=None, *, latency: Optional[LatencyModel] = None,
                  context_n: Optional[float] = None, initial_plan: Optional[Tuple[np.ndarray, int]] = None,
                  replan: bool = True, draft_policy: Optional["KnapSpecDraft"] = None, probe_fixed: bool = False,
-                 window_states: Optional[WindowStates] = None):
+                 window_states: Optional[WindowStates] = None, choice_table: Optional[ChoiceTable] = None,
+                 table_method: str = "knapspec"):
         if replan and planner is None:
             raise ValueError("KnapSpecController needs a planner to re-plan (or replan=False)")
         if planner is not None and not isinstance(planner, Planner):
@@ -54,6 +62,29 @@ class KnapSpecController(ScriptedController):
         # the prompt's last tokens' target states kept from the prefill (prefill_window): the plan at the start
         # takes its window's states from them when its planner accepts them
         self.window_states = window_states
+        if choice_table is not None and not isinstance(choice_table, ChoiceTable):
+            raise TypeError(f"choice_table is a {type(choice_table).__name__}, not a "
+                            f"jaxspec.decoding.arbitration.ChoiceTable (load one with ChoiceTable.load)")
+        if choice_table is not None and not table_method:
+            raise ValueError("a choice table needs table_method: the method name its entries are looked up by")
+        self.choice_table, self.table_method = choice_table, table_method
+        self.table_event = None
+
+    def table_decision(self, run) -> Optional[dict]:
+        """The choice table's decision for this run: None without a table or for a run that makes no plans of
+        its own; else a dict with the key (``context_bucket``, ``active_rows``, ``method``) and ``choice``:
+        ``"speculative"`` (plan as usual), ``"ar"`` (no plan, plain decoding) with the entry's speed-up and the
+        table's margin, or None where the table has no entry for the key (plan as usual)."""
+        if self.choice_table is None or not (self.replan and self.knapspec.honor_gamma):
+            return None
+        key = (context_bucket(run), int(np.sum(~np.asarray(run.state.done))))
+        entry = self.choice_table.lookup(self.table_method, *key)
+        if entry is None:
+            return {"context_bucket": key[0], "active_rows": key[1], "method": self.table_method, "choice": None,
+                    "reason": "no table entry"}
+        return {"context_bucket": key[0], "active_rows": key[1], "method": self.table_method,
+                "choice": self.choice_table.decide(entry), "reason": "table", "table_speedup": float(entry["speedup"]),
+                "table_margin": self.choice_table.margin}
 
     def keeps_window_states(self) -> bool:
         """Whether the plan at the start takes its window's target states from the prefill: a plan at the start
@@ -180,10 +211,15 @@ class KnapSpecController(ScriptedController):
         last = None  # (plan end time, plan seconds, round) of the previous plan
         schedule = knapspec.schedule
         next_plan = (0 if knapspec.plan_at_start else schedule.next_plan_round(0)) if self.replan else None
+        self.table_event = self.table_decision(run)
+        table_plain = self.table_event is not None and self.table_event["choice"] == "ar"
+        if table_plain:  # whole KnapSpec runs at this context and batch did not pay: no plan (docs/methods.md §5.2)
+            apply_plan(np.zeros((config.num_layers, 2), bool), 0)
+            next_plan = None
         ref_cap = knapspec.max_reference_tokens
         batch = len(lengths)
         row_share = 1.0 if knapspec.plan_rows is None else min(int(knapspec.plan_rows), batch) / batch
-        if self.replan and knapspec.honor_gamma:  # the official code always plans and drafts
+        if self.replan and knapspec.honor_gamma and not table_plain:  # the official code always plans and drafts
             n0 = self.context_n if self.context_n is not None else effective_context(config, lengths, run.capacity)
             kept = (self.window_states is not None and self.keeps_window_states()) or self.keeps_plain_states()
             self.allowance = reference_allowance(planner, model, config, n0, engine.max_new_tokens, knapspec,
@@ -328,7 +364,7 @@ class KnapSpecController(ScriptedController):
                        chunk_log=[list(entry) for entry in counters.chunk_log],
                        gamma_buckets_used=sorted(self.buckets_used), honor_gamma=self.knapspec.honor_gamma,
                        knapspec_plans=[r.summary() for r in self.records], plan_allowance=self.allowance,
-                       fixed_plan_probe=self.fixed_probe,
+                       fixed_plan_probe=self.fixed_probe, choice_table=self.table_event,
                        draft_steps=int(final.draft_state["draft_steps"]),
                        static_plans=self.draft_policy is not None,
                        compiled_plans=len(counters.draft_policies),

@@ -99,6 +99,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.config import ModelConfig
+from jaxspec.decoding.arbitration import ChoiceTable
 from jaxspec.decoding.policies import DenseVerify
 from jaxspec.decoding.sampling import SamplingConfig
 from jaxspec.decoding.speculative import EngineConfig, SpeculativeResult, speculative_generate
@@ -124,7 +125,8 @@ def knapspec_generate(target_params, target_config: ModelConfig, prompts: Sequen
                       allow_beyond_context: bool = False, static_plan: bool = True,
                       attention_plan: Optional[Tuple[np.ndarray, int, int]] = None,
                       draft_policy=None, probe_fixed_plan: bool = False,
-                      window_states: Optional[WindowStates] = None) -> SpeculativeResult:
+                      window_states: Optional[WindowStates] = None, choice_table: Optional[ChoiceTable] = None,
+                      table_method: str = "knapspec") -> SpeculativeResult:
     """Greedy or sampled speculative generation with KnapSpec self-drafting: the engine's
     :func:`~jaxspec.decoding.speculative.speculative_generate` with :class:`KnapSpecDraft` and a
     :class:`KnapSpecController`.
@@ -147,6 +149,9 @@ def knapspec_generate(target_params, target_config: ModelConfig, prompts: Sequen
     ``DustinSelfDraft``, docs/methods.md §5.5): a policy with ``initial_state(skip_mask)`` whose state
     holds ``"skip_mask"``; its state also gets ``"draft_steps"`` and ``"gamma_cap"`` (the controller sets the
     mask and the cap of each plan; a policy that ignores the cap drafts the plan's gamma bucket).
+    ``choice_table`` / ``table_method``: whole KnapSpec runs measured earlier decide, per (context bucket,
+    batch), whether a re-planning run plans at all (:class:`KnapSpecController`; docs/methods.md §5.2);
+    ``metrics["choice_table"]`` holds the decision.
 
     ``prefilled=(cache, first_logits)``: the prompts already prefilled into a cache of
     ``capacity`` slots (e.g. one prefill shared by several methods in a benchmark); each run
@@ -204,7 +209,8 @@ def knapspec_generate(target_params, target_config: ModelConfig, prompts: Sequen
                                     initial_plan=initial_plan, replan=replan,
                                     draft_policy=policy if knapspec.static_plans else None,
                                     probe_fixed=probe_fixed_plan,
-                                    window_states=window_states if prefilled is not None else None)
+                                    window_states=window_states if prefilled is not None else None,
+                                    choice_table=choice_table, table_method=table_method)
     return speculative_generate(target_params, target_config, prompts, draft_policy=policy,
                                 draft_state=draft_state, verify_policy=verify_policy,
                                 verify_state=verify_state, engine=engine, seed=seed, capacity=capacity, warmup=warmup,

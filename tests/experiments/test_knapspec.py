@@ -538,3 +538,52 @@ def test_reprice_tpt_prices_the_candidates_again_both_ways(tmp_path, capsys):
     assert "--from=" in capsys.readouterr().err
     assert main(["reprice-tpt", "--from", str(source), "--profiles", "missing.json", "--out", str(tmp_path / "y.json")]) == 2
     assert "no such latency profile missing.json" in capsys.readouterr().err
+
+
+def test_choice_table_of_knapspec_runs_decides_whether_a_run_plans(tmp_path, capsys):
+    """A knapspec run's results become a choice table (`choice-table --from`, keyed by method, context bucket and
+    batch); a run deciding from a table whose entry is below 1 + margin makes no plan and decodes plainly (greedy:
+    AR's tokens), and records the decision; such a run joins a table only as an outcome, and only where the
+    table chose to plan. Tables of another model or of a separate draft are refused before any model loads."""
+    from experiments.pair_speed import choice_table_from
+    from jaxspec.decoding.arbitration import ChoiceTable
+
+    base = ["knapspec", "--model", "random:smollm2-135m-shape", "--layers", "2", "--contexts", "60",
+            "--max-new-tokens", "12", "--gamma-max", "2", "--gamma-buckets", "1", "--batches", "2",
+            "--methods", "knapspec", "--candidate-plans", "0", "--plan-cost-repeats", "0", "--max-plan-fraction", "0",
+            "--reference-floor", "8", "--plan-at-start", "--device-tag", "test", "--latency-fit", "isolated"]
+    plain = tmp_path / "plain.json"
+    assert main(base + ["--out", str(plain)]) == 0
+    ran = json.loads(plain.read_text())["cases"]["test/summarize/ctx60/b2/knapspec"]
+    assert ran["plans"] and ran["choice_table"] is None
+    table = choice_table_from([str(plain)])
+    entry = table.lookup("knapspec", 64, 2)
+    assert entry["speedup"] == pytest.approx(ran["speedup_vs_ar"]) and table.meta["draft"] == "self"
+    assert table.meta["target"] == "random:smollm2-135m-shape"
+    # a table saying KnapSpec did not pay at (64, 2)
+    slow = tmp_path / "slow.json"
+    ChoiceTable([dict(entry, speedup=0.8)], meta=table.meta).save(slow)
+    decided = tmp_path / "decided.json"
+    assert main(base + ["--choice-table", str(slow), "--out", str(decided)]) == 0
+    data = json.loads(decided.read_text())
+    case = data["cases"]["test/summarize/ctx60/b2/knapspec"]
+    assert data["config"]["choice_table"] == str(slow)
+    assert case["choice_table"]["choice"] == "ar" and case["choice_table"]["table_speedup"] == pytest.approx(0.8)
+    assert case["plans"] == [] and case["rounds"] == 0 and case["identical_to_ar"] is True
+    with pytest.raises(ValueError, match="give it with --outcomes"):
+        choice_table_from([str(decided)])
+    # as an outcome it adds nothing: the table chose plain decoding there
+    assert len(choice_table_from([str(plain)], outcomes=[str(decided)]).lookup("knapspec", 64, 2)["measured"]) == 1
+    with pytest.raises(ValueError, match="was not measured deciding from a choice table"):
+        choice_table_from([str(plain)], outcomes=[str(plain)])
+    capsys.readouterr()
+    other = tmp_path / "other.json"
+    ChoiceTable([entry], meta=dict(table.meta, target="qwen2.5-coder-1.5b")).save(other)
+    pair = tmp_path / "pair.json"
+    ChoiceTable([entry], meta=dict(table.meta, draft="qwen2.5-coder-0.5b")).save(pair)
+    for path, message in ((other, "its runs are of model 'qwen2.5-coder-1.5b'"), (pair, "separate draft"),
+                          (tmp_path / "none.json", "no such file")):
+        assert main(base + ["--choice-table", str(path), "--out", str(tmp_path / "bad.json")]) != 0
+        err = capsys.readouterr().err
+        assert message in err and "profiling" not in err
+    assert not (tmp_path / "bad.json").exists()

@@ -817,3 +817,52 @@ def test_cache_rows_copies_the_rows_of_every_layer():
     assert out.lengths.tolist() == [8, 6] and out.num_layers == 3
     for new, old in zip(out.keys + out.values, keys + values):
         np.testing.assert_array_equal(np.asarray(new), np.asarray(old)[[3, 1]])
+
+
+# ---------------------------------------------------------------------------- the choice table (docs/methods.md §5.2)
+def _table(speedup, bucket=32, batch=3, method="knapspec"):
+    from jaxspec.decoding.arbitration import ChoiceTable
+
+    return ChoiceTable([{"method": method, "context_bucket": bucket, "batch": batch, "speedup": speedup}])
+
+
+@pytest.mark.parametrize("speedup,bucket,method,plans", [
+    (0.85, 32, "knapspec", False),   # whole runs here did not pay: no plan, one plain stretch
+    (1.20, 32, "knapspec", True),    # they paid: plan as usual
+    (0.85, 64, "knapspec", True),    # another context bucket: no entry, plan as usual
+    (0.85, 32, "clasp", True),       # another method's entry
+])
+def test_choice_table_decides_whether_knapspec_plans(params, ar_rows, speedup, bucket, method, plans):
+    """The prompts (5, 17, 40 tokens, 20.7 on average) put the run in context bucket 32 with 3 active rows. Where
+    the table's entry for ("knapspec", 32, 3) is below 1 + margin, the re-planning run makes no plan, runs no round and
+    decodes the whole run in one plain stretch; otherwise it plans on the schedule. Greedy output is AR's."""
+    planner = ScriptedPlanner([2, 3])
+    result = knapspec_generate(params, TARGET, PROMPTS, knapspec=KNAP, max_new_tokens=NEW, planner=planner,
+                               choice_table=_table(speedup, bucket, method=method))
+    assert result.rows() == ar_rows
+    m = result.metrics
+    event = m["choice_table"]
+    assert event["context_bucket"] == 32 and event["active_rows"] == 3 and event["method"] == "knapspec"
+    if plans:
+        assert planner.calls > 0 and m["knapspec_plans"] and m["rounds"] > 0
+        assert event["choice"] == ("speculative" if event["reason"] == "table" else None)
+    else:
+        assert event == dict(event, choice="ar", reason="table", table_speedup=speedup, table_margin=0.02)
+        assert planner.calls == 0 and not m["knapspec_plans"] and m["plan_allowance"] is None
+        assert m["rounds"] == 0 and m["draft_steps"] == 0 and m["ar_intervals"] == 1
+        assert m["ar_tokens"] == int((result.num_generated - 1).sum())
+
+
+def test_choice_table_leaves_fixed_plans_alone_and_checks_its_type(params):
+    """A fixed plan (replan=False) makes no plans, so the table has nothing to decide (no event); a table must
+    be a ChoiceTable with a method name to look up."""
+    from jaxspec.knapspec.controller import KnapSpecController
+
+    mask = np.zeros((TARGET.num_layers, 2), bool)
+    result = knapspec_generate(params, TARGET, PROMPTS, knapspec=KNAP, max_new_tokens=8, initial_plan=(mask, 2),
+                               replan=False, choice_table=_table(0.5))
+    assert result.metrics["choice_table"] is None
+    with pytest.raises(TypeError, match="not a jaxspec.decoding.arbitration.ChoiceTable"):
+        KnapSpecController(KNAP, ScriptedPlanner([1]), choice_table={"entries": []})
+    with pytest.raises(ValueError, match="needs table_method"):
+        KnapSpecController(KNAP, ScriptedPlanner([1]), choice_table=_table(0.5), table_method="")
