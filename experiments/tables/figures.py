@@ -740,7 +740,8 @@ def _figures() -> List[Figure]:
                        ("cases", key, "plan_fraction_of_decode"), scale=100, target="target <= 5 %"))
             add(Figure(f"{base}/ar-step-ms", f"{what}: the paired AR step", "ms", source,
                        ("cases", key, "ar_step_s"), scale=1e3))
-            check = case.get("draft_step_check") or {}
+            # a run that made no plan drafted nothing: its check times the full model's mask, no plan's
+            check = (case.get("draft_step_check") or {}) if case.get("plans") or case.get("budget_plan") else {}
             for mode in ("static", "dynamic"):
                 if check.get(f"{mode}_over_predicted"):
                     add(Figure(f"{base}/{mode}-draft-step-over-predicted",

@@ -533,6 +533,15 @@ KNAPSPEC_PALLAS_B16_2ROWS_UNROLLED = {"h100": f"{K}qwen2.5-coder-1.5b_32k_b16_pa
                                               "dp-unrolled_half-fit_per-step_h100.json"}
 KNAPSPEC_PALLAS_B16_2ROWS_UNROLLED_CAP2 = {"h100": f"{K}qwen2.5-coder-1.5b_32k_b16_pallas_static_2rows_prefill-"
                                                    "states_dp-unrolled_weight-cap-2_half-fit_per-step_h100.json"}
+#: the weight-cap-2 runs at batch 1 and 16 deciding from a choice table of the at-start runs whether to plan at all
+#: (--choice-table, docs/methods.md §5.2)
+KNAPSPEC_PALLAS_B1_AT_START_CAP2_TABLE = {"h100": f"{K}qwen2.5-coder-1.5b_32k_b1_pallas_static_at-start_prefill-"
+                                                  "states_1-finalist_dp-unrolled_weight-cap-2_half-fit_per-step_"
+                                                  "choice-table_h100.json"}
+KNAPSPEC_PALLAS_B16_2ROWS_CAP2_TABLE = {"h100": f"{K}qwen2.5-coder-1.5b_32k_b16_pallas_static_2rows_prefill-states_"
+                                                "dp-unrolled_weight-cap-2_half-fit_per-step_choice-table_h100.json"}
+#: the KnapSpec choice table those two runs decide from (choice-table --from the five at-start runs above)
+CHOICE_TABLE_KNAPSPEC_H100 = "choice_table/choice_table_knapspec_qwen2.5-coder-1.5b_h100.json"
 #: the same decoding 768 new tokens (the plan's fixed cost spread over 3x the decode)
 KNAPSPEC_PALLAS_B1_KEPT_STATES_768 = {"h100": f"{K}qwen2.5-coder-1.5b_32k_b1_pallas_static_after-plain_two-stretch_"
                                               "half-fit_per-step_kept-states_768new_h100.json"}
@@ -642,7 +651,17 @@ KNAPSPEC_PALLAS_RUNS = ((KNAPSPEC_PALLAS, "pallas", ""),
                               (KNAPSPEC_PALLAS_B16_2ROWS_UNROLLED_CAP2,
                                "pallas-static-2rows-prefill-states-dp-unrolled-weight-cap-2-half-fit-per-step",
                                "one plan at the start on 2 rows' windows (states from the prefill), the DP traced "
-                               "once per layer with the knapsack weights capped at 2"))),
+                               "once per layer with the knapsack weights capped at 2"),
+                              (KNAPSPEC_PALLAS_B1_AT_START_CAP2_TABLE,
+                               "pallas-static-at-start-prefill-states-1-finalist-dp-unrolled-weight-cap-2-half-fit-"
+                               "per-step-choice-table",
+                               "the batch-1 weight-cap-2 plan above deciding from a choice table of the at-start "
+                               "runs whether to plan at all (--choice-table)"),
+                              (KNAPSPEC_PALLAS_B16_2ROWS_CAP2_TABLE,
+                               "pallas-static-2rows-prefill-states-dp-unrolled-weight-cap-2-half-fit-per-step-"
+                               "choice-table",
+                               "the batch-16 weight-cap-2 plan above deciding from a choice table of the at-start "
+                               "runs whether to plan at all (--choice-table)"))),
                         (KNAPSPEC_PALLAS_STATIC, "pallas-static",
                          " with static plans and a profile of compiled masks (--latency-fit forward-static)"),
                         *((source, slug, " with static plans and a profile of compiled masks (--latency-fit "

@@ -18,6 +18,7 @@ from experiments.tables.inputs import (KNAPSPEC_64REF, KNAPSPEC_DP_PALLAS, KNAPS
                                        KNAPSPEC_PALLAS_B1_AT_START_1_FINALIST, KNAPSPEC_PALLAS_B1_AT_START_UNROLLED,
                                        KNAPSPEC_PALLAS_B1_AT_START_UNROLLED_CAP2, KNAPSPEC_PALLAS_B16_2ROWS_UNROLLED,
                                        KNAPSPEC_PALLAS_B16_2ROWS_UNROLLED_CAP2, KNAPSPEC_PALLAS_B1_H100,
+                                       KNAPSPEC_PALLAS_B1_AT_START_CAP2_TABLE, KNAPSPEC_PALLAS_B16_2ROWS_CAP2_TABLE,
                                        KNAPSPEC_PALLAS_B1_H100_AFTER_PLAIN, KNAPSPEC_PALLAS_B1_H100_PROBE_WARMUP,
                                        KNAPSPEC_PALLAS_B1_H100_PROBE_WARMUP_SELECT, KNAPSPEC_PALLAS_B1_H100_TWO_STRETCH,
                                        KNAPSPEC_PALLAS_B1_H200_TWO_STRETCH, KNAPSPEC_PALLAS_B1_HALF_FIT,
@@ -316,7 +317,16 @@ def _knapspec_pallas_more_note() -> str:
                   (KNAPSPEC_PALLAS_B16_2ROWS_UNROLLED_CAP2, 16, "The same with the knapsack weights capped at 2 "
                                                                 "(`--weight-cap 2`)",
                    "knapspec-qwen2.5-coder-1.5b-b16-32k-pallas-static-2rows-half-fit-per-step-at-start-dp-unrolled-"
-                   "weight-cap-2")))):
+                   "weight-cap-2"),
+                  (KNAPSPEC_PALLAS_B1_AT_START_CAP2_TABLE, 1, "The batch-1 weight-cap-2 run deciding from a choice "
+                                                              "table of the five at-start runs above whether to plan "
+                                                              "at all (`--choice-table`, docs/methods.md §5.2)",
+                   "knapspec-qwen2.5-coder-1.5b-b1-32k-pallas-static-half-fit-per-step-at-start-1-finalist-dp-"
+                   "unrolled-weight-cap-2-choice-table"),
+                  (KNAPSPEC_PALLAS_B16_2ROWS_CAP2_TABLE, 16, "The batch-16 weight-cap-2 run deciding from the same "
+                                                             "table",
+                   "knapspec-qwen2.5-coder-1.5b-b16-32k-pallas-static-2rows-half-fit-per-step-at-start-dp-unrolled-"
+                   "weight-cap-2-choice-table")))):
         if (inputs.RESULTS / source).exists():
             out.append(f"{what} (`{source}`): " + _knapspec_pallas_note(source, batch))
         else:
@@ -601,6 +611,16 @@ def _knapspec_pallas_note(source: str = KNAPSPEC_PALLAS, batch: int = 16) -> str
         if ks:
             step = ks["ar_step_s"]
             text += f" (AR step {1e3 * step:.2f} ms): KnapSpec {ks['speedup_vs_ar']:.2f}x AR"
+            decision = ks.get("choice_table") or {}
+            if decision.get("reason") == "table":
+                split = ks.get("time_split_measured") or {}
+                text += (f" (the choice table's entry for ({decision['context_bucket']}, batch "
+                         f"{decision['active_rows']}), KnapSpec's lowest whole run at {decision['table_speedup']:.2f}x "
+                         f"AR, is " + ("below" if decision["choice"] == "ar" else "at least")
+                         + f" 1 + {decision['table_margin']:g}: "
+                         + ("no plan, one plain stretch" if decision["choice"] == "ar" else "it planned")
+                         + (f", its step {split['plain_step_over_ar_step']:.3f}x the paired AR step"
+                            if split.get("plain_step_over_ar_step") else "") + ")")
             if ks.get("plans"):
                 p = ks["plans"][0]
                 after_plain = inputs.load(source)["config"].get("plan_after_plain")
@@ -622,16 +642,18 @@ def _knapspec_pallas_note(source: str = KNAPSPEC_PALLAS, batch: int = 16) -> str
         parts.append(text)
     top = cases.get(f"{tag}/summarize/ctx32000/b16/knapspec")  # the target's point (batch 16 only)
     fit = inputs.load(source)["config"].get("latency_fit", "forward")
-    checks = [(k, c["draft_step_check"]) for k, c in cases.items()
-              if c.get("draft_step_check", {}).get("dynamic_s" if fit == "forward" else "static_s")]
+    checks = [(k, c["draft_step_check"]) for k, c in cases.items()  # runs that made a plan: a plan's draft step
+              if (c.get("plans") or c.get("budget_plan")) and c.get("draft_step_check", {}).get("dynamic_s" if fit == "forward" else "static_s")]
     out = "; ".join(parts) + "."
     missing = [f"{round(c / 1000)}k" for c in asked if c not in measured]
     if missing:
         out += f" Not measured: {', '.join(missing)} (the device time ran out)."
     if top:
         plain = bool(top.get("plans")) and top["plans"][0]["gamma_star"] == 0
-        out += (f" KnapSpec >= 1.1x AR at 32k/b16, on the kernel (with the two-stage plan made before the first "
-                f"round): **{'met' if top['speedup_vs_ar'] >= 1.1 else 'missed'}** ({top['speedup_vs_ar']:.2f}x)."
+        how = ("deciding from the choice table, no plan" if (top.get("choice_table") or {}).get("choice") == "ar"
+               else "with the two-stage plan made before the first round")
+        out += (f" KnapSpec >= 1.1x AR at 32k/b16, on the kernel ({how}): "
+                f"**{'met' if top['speedup_vs_ar'] >= 1.1 else 'missed'}** ({top['speedup_vs_ar']:.2f}x)."
                 + (" With AR at the kernel's step, the skip plans that save a useful share of it drop the acceptance "
                    "on the window too far, the grid search rightly picks plain decoding, and the planning time is the "
                    "loss." if plain and top["speedup_vs_ar"] < 1.1 else ""))

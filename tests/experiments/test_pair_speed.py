@@ -575,7 +575,7 @@ def test_choice_table_refuses_mixed_or_unsuitable_files(tmp_path):
     for name, kwargs, message in [("chosen", dict(arbitrate=8), "measured with --arbitrate"),
                                   ("reselect", dict(reselect_every=2), "measured with --reselect-every"),
                                   ("other", dict(model="smollm2-135m"), "has target 'smollm2-135m'"),
-                                  ("speed", dict(experiment="dustin-speed"), "not a pair-speed results file")]:
+                                  ("speed", dict(experiment="dustin-speed"), "not a pair-speed or knapspec results file")]:
         bad = _pair_file(tmp_path / f"{name}.json", {(16000, 8): {"sd": (1.2, 3000.0)}}, **kwargs)
         with pytest.raises(ValueError, match=message):
             pair_speed.choice_table_from([good, bad])
