@@ -48,7 +48,7 @@ import numpy as np
 
 from experiments.common import ResultWriter, config_of, load_choice_table, print_table, progress_line
 from experiments.dustin_speed import DUSTIN_METHODS, SPARSE_DRAFT_KV  # Dustin-H, and with a sparse draft KV
-from jaxspec.decoding.arbitration import CHOICE_MARGIN, ChoiceTable, MeasuredChoiceController
+from jaxspec.decoding.arbitration import CHOICE_MARGIN, ChoiceTable, MeasuredChoiceController, start_bucket
 
 #: self-speculation without a second model (docs/methods.md §5.1): the target drafts over sinks + a window of its
 #: own cache; MagicDec's self-draft verifies densely, Dustin-H's sparsely on I_verify
@@ -686,7 +686,6 @@ def choice_table_from(paths: Sequence[str], margin: float = CHOICE_MARGIN,
     pair): their runs of the model drafting for itself, one entry per method name (:func:`knapspec_table_runs`),
     for ``knapspec --choice-table``."""
     import json
-    import math
 
     if not paths and not probed:
         raise ValueError("choice-table: give at least one pair-speed or knapspec results file (--from, or --probed)")
@@ -746,7 +745,7 @@ def choice_table_from(paths: Sequence[str], margin: float = CHOICE_MARGIN,
             if not key.startswith("ctx") or not isinstance(case, dict):
                 continue
             context, batch = int(case.get("context", key.split("/")[0][3:])), int(case.get("batch", key.split("/b")[1]))
-            bucket = 2 ** int(math.ceil(math.log2(context)))
+            bucket = start_bucket(context)  # the bucket the run started in: prompt + the prefill's token
             for method in METHODS:
                 r = case.get(method)
                 if not isinstance(r, dict) or not r.get("speedup_vs_ar"):
@@ -784,8 +783,6 @@ def knapspec_table_runs(path, data: Mapping[str, Any], outcome: bool = False):
     run paired with it; the table looks a run up by the method's name, so the re-planning KnapSpec of
     ``knapspec --choice-table`` finds the runs of its own method. ``outcome``: the file was measured deciding from
     a table (``knapspec --choice-table``); only the runs whose table decision was to plan count, as outcomes."""
-    import math
-
     cfg = data.get("config", {})
     if outcome and not cfg.get("choice_table"):
         raise ValueError(f"choice-table: --outcomes {path} was not measured deciding from a choice table "
@@ -809,7 +806,7 @@ def knapspec_table_runs(path, data: Mapping[str, Any], outcome: bool = False):
             if decision.get("reason") != "table" or decision.get("choice") != "speculative":
                 continue
             run["outcome"] = True
-        runs.append(((method, 2 ** int(math.ceil(math.log2(context))), batch), run))
+        runs.append(((method, start_bucket(context), batch), run))  # the bucket the run started in
     return meta, runs
 
 

@@ -229,12 +229,24 @@ def remaining_steps(run) -> int:
     return int(left.max(initial=0))
 
 
+def bucket_of(length: float) -> int:
+    """The power of two at or above ``length`` (at least 1): the context bucket of a mean context length."""
+    return int(2 ** int(np.ceil(np.log2(max(float(length), 1.0)))))
+
+
+def start_bucket(prompt_length: float) -> int:
+    """The context bucket a run with prompts of ``prompt_length`` tokens starts in: its committed length is the
+    prompt plus the token the prefill produced (so a 16,384-token prompt starts in bucket 32,768). Tables built
+    from measured runs key them by this, as :func:`context_bucket` looks them up."""
+    return bucket_of(float(prompt_length) + 1)
+
+
 def context_bucket(run) -> int:
     """The power of two at or above the active rows' mean context length (prompt + generated)."""
     state = run.state
     active = ~np.asarray(state.done)
     lengths = np.asarray(state.committed)[active] if active.any() else np.asarray(state.committed)
-    return int(2 ** int(np.ceil(np.log2(max(float(np.mean(lengths)), 1.0)))))
+    return bucket_of(float(np.mean(lengths)))
 
 
 def pooled_rates(tokens, rounds: int, prior_rounds: Optional[float] = None) -> np.ndarray:

@@ -601,3 +601,22 @@ def test_pair_memory_plan_counts_the_shared_prefill_and_one_runs_copy():
     assert len(check_pair_memory(target, draft, [(32000, 32, 32320)], True, None)) == 1
     (self_only,) = check_pair_memory(target, draft, [(32000, 16, 32320)], False, 80 * 10**9)
     assert self_only.draft_cache == 0
+
+
+def test_tables_key_runs_by_the_bucket_they_started_in(tmp_path):
+    """A run's context bucket is that of its committed length, the prompt plus the prefill's token, so a
+    16,384-token prompt starts in bucket 32,768 and an 8,000-token one in 8,192; knapspec results become entries
+    under those buckets, keyed by the case's method and batch."""
+    from experiments.pair_speed import knapspec_table_runs
+    from jaxspec.decoding.arbitration import bucket_of, start_bucket
+
+    assert [start_bucket(n) for n in (8000, 8191, 8192, 16384, 32000)] == [8192, 8192, 16384, 32768, 32768]
+    assert bucket_of(0) == 1 and bucket_of(16384) == 16384
+    case = {"method": "knapspec", "speedup_vs_ar": 0.9, "tokens_per_s": 9.0, "ar_tokens_per_s": 10.0}
+    data = {"experiment": "knapspec", "config": {"model": "m", "dtype": "bfloat16"},
+            "environment": {"devices": ["GPU"]},
+            "cases": {"h100/summarize/ctx16384/b16/knapspec": case, "h100/summarize/ctx8000/b1/knapspec": case,
+                      "h100/summarize/ctx8000/b1/dp_attention": {"rows": 2}, "latency_b1": "not a case"}}
+    meta, runs = knapspec_table_runs(tmp_path / "k.json", data)
+    assert meta == {"target": "m", "draft": "self", "dtype": "bfloat16", "device": "GPU"}
+    assert sorted(key for key, _ in runs) == [("knapspec", 8192, 1), ("knapspec", 32768, 16)]
