@@ -542,6 +542,8 @@ KNAPSPEC_PALLAS_B16_2ROWS_CAP2_TABLE = {"h100": f"{K}qwen2.5-coder-1.5b_32k_b16_
                                                 "dp-unrolled_weight-cap-2_half-fit_per-step_choice-table_h100.json"}
 #: the KnapSpec choice table those two runs decide from (choice-table --from the five at-start runs above)
 CHOICE_TABLE_KNAPSPEC_H100 = "choice_table/choice_table_knapspec_qwen2.5-coder-1.5b_h100.json"
+#: the H200's: batch 16 at 8k-32k on the Pallas kernel with static plans deciding from a table of its H200 runs
+KNAPSPEC_PALLAS_STATIC_TABLE_H200 = f"{K}qwen2.5-coder-1.5b_32k-8k_b16_pallas_static_choice-table_h200.json"
 #: the same decoding 768 new tokens (the plan's fixed cost spread over 3x the decode)
 KNAPSPEC_PALLAS_B1_KEPT_STATES_768 = {"h100": f"{K}qwen2.5-coder-1.5b_32k_b1_pallas_static_after-plain_two-stretch_"
                                               "half-fit_per-step_kept-states_768new_h100.json"}
@@ -664,6 +666,9 @@ KNAPSPEC_PALLAS_RUNS = ((KNAPSPEC_PALLAS, "pallas", ""),
                                "runs whether to plan at all (--choice-table)"))),
                         (KNAPSPEC_PALLAS_STATIC, "pallas-static",
                          " with static plans and a profile of compiled masks (--latency-fit forward-static)"),
+                        (KNAPSPEC_PALLAS_STATIC_TABLE_H200, "pallas-static-choice-table",
+                         " with static plans and a profile of compiled masks, deciding from a choice table of the "
+                         "H200's runs whether to plan at all (--choice-table)"),
                         *((source, slug, " with static plans and a profile of compiled masks (--latency-fit "
                                          "forward-static), " + what + ", one more run of each traced")
                           for source, _, what, _, slug in KNAPSPEC_PLAN_TRACES))

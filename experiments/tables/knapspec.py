@@ -19,6 +19,7 @@ from experiments.tables.inputs import (KNAPSPEC_64REF, KNAPSPEC_DP_PALLAS, KNAPS
                                        KNAPSPEC_PALLAS_B1_AT_START_UNROLLED_CAP2, KNAPSPEC_PALLAS_B16_2ROWS_UNROLLED,
                                        KNAPSPEC_PALLAS_B16_2ROWS_UNROLLED_CAP2, KNAPSPEC_PALLAS_B1_H100,
                                        KNAPSPEC_PALLAS_B1_AT_START_CAP2_TABLE, KNAPSPEC_PALLAS_B16_2ROWS_CAP2_TABLE,
+                                       KNAPSPEC_PALLAS_STATIC_TABLE_H200,
                                        KNAPSPEC_PALLAS_B1_H100_AFTER_PLAIN, KNAPSPEC_PALLAS_B1_H100_PROBE_WARMUP,
                                        KNAPSPEC_PALLAS_B1_H100_PROBE_WARMUP_SELECT, KNAPSPEC_PALLAS_B1_H100_TWO_STRETCH,
                                        KNAPSPEC_PALLAS_B1_H200_TWO_STRETCH, KNAPSPEC_PALLAS_B1_HALF_FIT,
@@ -271,6 +272,10 @@ def _knapspec_pallas_more_note() -> str:
              "h100-long-context knapspec-qwen2.5-coder-1.5b-b1-32k-pallas-static-after-plain-two-stretch"),
             (KNAPSPEC_PALLAS_B1_H200_TWO_STRETCH, 1, "The same on the H200",
              "h200-knapspec qwen2.5-coder-1.5b-b1-32k-pallas-static-after-plain-two-stretch"),
+            (KNAPSPEC_PALLAS_STATIC_TABLE_H200, 16, "KnapSpec on the H200 at batch 16 with static plans deciding from "
+                                                    "a choice table of its H200 runs whether to plan at all "
+                                                    "(`--choice-table`, docs/methods.md §5.2)",
+             "h200-knapspec qwen2.5-coder-1.5b-b16-32k-8k-pallas-static-choice-table"),
             *((runs[tag], batch, f"{what}{gpu}, with the latency profile fitted on forwards that skip every second "
                                  "sub-layer of a kind (`--latency-fit forward-static-half`, docs/methods.md §4.1)",
                f"{suite} {step}")
