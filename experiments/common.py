@@ -79,20 +79,22 @@ def environment() -> Dict[str, Any]:
     return env
 
 
-def load_choice_table(path: str, target: Optional[str], draft: Optional[str]):
-    """``--arbitrate-table FILE`` before any model loads: the :class:`~jaxspec.decoding.arbitration.ChoiceTable`,
-    or a one-line ``ValueError`` for a missing or malformed file, or one measured for another target/draft
-    pair (its ``meta``)."""
+def load_choice_table(path: str, target: Optional[str], draft: Optional[str], flag: str = "--arbitrate-table"):
+    """``flag FILE`` before any model loads: the :class:`~jaxspec.decoding.arbitration.ChoiceTable`, or a one-line
+    ``ValueError`` for a missing or malformed file, or one measured for another target/draft pair (its ``meta``;
+    a model drafting for itself, as KnapSpec does, has the draft ``"self"``)."""
     from jaxspec.decoding.arbitration import ChoiceTable
 
     if not pathlib.Path(path).is_file():
-        raise ValueError(f"--arbitrate-table {path}: no such file (write one with `python -m experiments.run "
-                         f"choice-table`)")
-    table = ChoiceTable.load(path)
+        raise ValueError(f"{flag} {path}: no such file (write one with `python -m experiments.run choice-table`)")
+    try:
+        table = ChoiceTable.load(path)
+    except ValueError as err:
+        raise ValueError(f"{flag}: {err}") from None
     for side, name in (("target", target), ("draft", draft)):
         measured = table.meta.get(side)
         if measured is not None and name and measured != name:
-            raise ValueError(f"--arbitrate-table {path}: measured with {side} {measured!r}, this run's {side} is "
+            raise ValueError(f"{flag} {path}: measured with {side} {measured!r}, this run's {side} is "
                              f"{name!r} (a table holds one pair's speed-ups)")
     return table
 

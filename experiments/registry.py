@@ -27,7 +27,8 @@ EXPERIMENT_MODULES: Tuple[str, ...] = (
     "experiments.kernel_explore",  # kernel-explore
     "experiments.dustin_quality",  # dustin-profile, dustin-m-bounds, dustin-quality; the sparse methods
     "experiments.dustin_speed",  # dustin-speed
-    "experiments.pair_speed",  # pair-speed, choice-table
+    "experiments.pair_speed",  # pair-speed
+    "experiments.choice_table",  # choice-table (from pair-speed or knapspec results)
     "experiments.knapspec",  # knapspec, bench-plan, reprice-tpt; the knapspec / clasp / static-skip methods
     "experiments.suite",  # suite
 )

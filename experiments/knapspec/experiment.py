@@ -19,12 +19,12 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from experiments.common import REPO, ResultWriter, release_memory
+from experiments.common import REPO, ResultWriter, load_choice_table, release_memory
 from experiments.knapspec.bench_plan import cmd_bench_plan, cmd_reprice_tpt
 from experiments.knapspec.case import Case
 from experiments.knapspec.flags import (DEFAULT_LATENCY_FIT, DP_SEGMENTS, LATENCY_FITS, REPROFILE_HELP, WEIGHT_CAP,
                                         add_planning_arguments, check_clasp_skip_count, check_dp_attention,
-                                        check_two_stage, experiment_knapspec_config, load_choice_table)
+                                        check_two_stage, experiment_knapspec_config)
 from experiments.knapspec.latency_profiles import latency_profile, resumed_latency_profile, token_slope
 from experiments.knapspec.measure import pearson
 from experiments.knapspec.model import CALIBRATION_BOOK, Model, book_ids, load
@@ -281,7 +281,7 @@ def check_knapspec_args(args) -> None:
         # --dp-attention is checked above: its value names the DP's attention as plan records do
         args.plan_cost_scale = plan_cost_scale_from(sources, args.model, args.device_tag, args.dp_attention)
     if args.choice_table:
-        load_choice_table(args.choice_table, args.model)
+        load_choice_table(args.choice_table, args.model, "self", "--choice-table")
     experiment_knapspec_config(args)  # the planner's own checks
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 
 from experiments import registry
-from experiments.common import DEMO_PROMPT_FILE
+from experiments.common import DEMO_PROMPT_FILE, load_choice_table
 
 #: ``--latency-fit`` default (see jaxspec.knapspec.latency)
 DEFAULT_LATENCY_FIT = "forward"
@@ -319,26 +319,9 @@ def validate_self_spec(args) -> None:
         if args.method != "knapspec":
             raise ValueError(f"--knapspec-choice-table decides whether the re-planning KnapSpec plans; --method "
                              f"{args.method} does not re-plan: drop the option")
-        load_choice_table(args.knapspec_choice_table, args.model, "--knapspec-choice-table")
+        load_choice_table(args.knapspec_choice_table, args.model, "self", "--knapspec-choice-table")
     knapspec_config_from_args(args)  # validates the knobs
 
-
-def load_choice_table(path: str, model: str, flag: str = "--choice-table"):
-    """The choice table at ``path`` for KnapSpec runs of ``model`` (docs/methods.md §5.2): a jaxspec choice table
-    whose runs (``meta``) are of that model drafting for itself. Raises a one-line error otherwise."""
-    from jaxspec.decoding.arbitration import ChoiceTable
-
-    try:
-        table = ChoiceTable.load(path)
-    except (FileNotFoundError, ValueError) as err:
-        raise ValueError(f"{flag}: {err}") from None
-    target, draft = table.meta.get("target"), table.meta.get("draft")
-    if target is not None and target != model:
-        raise ValueError(f"{flag} {path}: its runs are of model {target!r}, this run's is {model!r}")
-    if draft not in (None, "self"):
-        raise ValueError(f"{flag} {path}: a table of {target!r} with the separate draft {draft!r} (pair-speed runs); "
-                         f"KnapSpec drafts with the model itself: build one from knapspec results files")
-    return table
 
 
 def validate_knapspec_dustin(args) -> None:

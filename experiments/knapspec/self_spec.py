@@ -21,9 +21,9 @@ import sys
 from typing import Any, Dict, List
 
 from experiments import registry
-from experiments.common import print_table
+from experiments.common import load_choice_table, print_table
 from experiments.knapspec.flags import (add_self_spec_args, check_clasp_skip_count, knapspec_config_from_args,
-                                        load_choice_table, validate_knapspec_dustin, validate_self_spec)
+                                        validate_knapspec_dustin, validate_self_spec)
 from experiments.knapspec.latency_profiles import load_latency
 
 SELF_SPEC_METHODS = ("knapspec", "clasp", "static-skip", "knapspec-budget")
@@ -63,7 +63,7 @@ def run_self_spec(args, model, prompts, sampling, stops, out):
     common = dict(engine=engine, seed=args.seed, warmup=not args.no_warmup, capacity=capacity)
     extra: Dict[str, Any] = {}
     if method == "knapspec":
-        table = (load_choice_table(args.knapspec_choice_table, args.model, "--knapspec-choice-table")
+        table = (load_choice_table(args.knapspec_choice_table, args.model, "self", "--knapspec-choice-table")
                  if getattr(args, "knapspec_choice_table", None) else None)
         result = knapspec_generate(model.params, config, prompts, latency=latency, knapspec=knapspec,
                                    choice_table=table, **common)

@@ -545,7 +545,7 @@ def test_choice_table_of_knapspec_runs_decides_whether_a_run_plans(tmp_path, cap
     batch); a run deciding from a table whose entry is below 1 + margin makes no plan and decodes plainly (greedy:
     AR's tokens), and records the decision; such a run joins a table only as an outcome, and only where the
     table chose to plan. Tables of another model or of a separate draft are refused before any model loads."""
-    from experiments.pair_speed import choice_table_from
+    from experiments.choice_table import choice_table_from
     from jaxspec.decoding.arbitration import ChoiceTable
 
     base = ["knapspec", "--model", "random:smollm2-135m-shape", "--layers", "2", "--contexts", "60",
@@ -581,7 +581,8 @@ def test_choice_table_of_knapspec_runs_decides_whether_a_run_plans(tmp_path, cap
     ChoiceTable([entry], meta=dict(table.meta, target="qwen2.5-coder-1.5b")).save(other)
     pair = tmp_path / "pair.json"
     ChoiceTable([entry], meta=dict(table.meta, draft="qwen2.5-coder-0.5b")).save(pair)
-    for path, message in ((other, "its runs are of model 'qwen2.5-coder-1.5b'"), (pair, "separate draft"),
+    for path, message in ((other, "measured with target 'qwen2.5-coder-1.5b'"),
+                          (pair, "measured with draft 'qwen2.5-coder-0.5b', this run's draft is 'self'"),
                           (tmp_path / "none.json", "no such file")):
         assert main(base + ["--choice-table", str(path), "--out", str(tmp_path / "bad.json")]) != 0
         err = capsys.readouterr().err

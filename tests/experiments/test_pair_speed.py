@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from experiments import pair_speed
+from experiments import choice_table, pair_speed
 from experiments.dustin_speed import method_round_bytes
 from experiments.run import build_parser, main
 from jaxspec.config import ModelConfig
@@ -468,7 +468,7 @@ def test_choice_table_keeps_each_keys_lowest_speedup(tmp_path, capsys):
     a = _pair_file(tmp_path / "a.json", {(32000, 16): {"sd": (0.8, 3000.0), "dustin": (1.3, 3000.0)},
                                          (8000, 1): {"sd": (1.3, 400.0)}})
     b = _pair_file(tmp_path / "b.json", {(32000, 16): {"dustin": (1.1, 3100.0)}})
-    table = pair_speed.choice_table_from([a, b])
+    table = choice_table.choice_table_from([a, b])
     rows = {(r["method"], r["context_bucket"], r["batch"]): r for r in table.rows()}
     assert set(rows) == {("sd", 32768, 16), ("dustin", 32768, 16), ("sd", 8192, 1)}
     dustin = rows[("dustin", 32768, 16)]
@@ -477,7 +477,7 @@ def test_choice_table_keeps_each_keys_lowest_speedup(tmp_path, capsys):
     assert rows[("sd", 32768, 16)]["choice"] == "ar" and rows[("sd", 8192, 1)]["choice"] == "speculative"
     assert table.meta == {"target": "qwen2.5-coder-1.5b", "draft": "qwen2.5-coder-0.5b", "dtype": "bfloat16",
                           "device": "NVIDIA H200"}
-    assert pair_speed.choice_table_from([a, b], margin=0.2).rows()[0]["choice"] == "ar"  # dustin 1.1 < 1.2
+    assert choice_table.choice_table_from([a, b], margin=0.2).rows()[0]["choice"] == "ar"  # dustin 1.1 < 1.2
     out = tmp_path / "choice.json"
     assert main(["choice-table", "--from", f"{a},{b}", "--out", str(out)]) == 0
     assert "3 entries" in capsys.readouterr().out
@@ -518,7 +518,7 @@ def test_choice_table_outcomes_take_back_a_decision_that_lost(tmp_path, capsys):
                           "dustin": table_spec,
                           "sd": [{"choice": "ar", "reason": "table", "table_speedup": 0.9}],
                           "streaming": [{"choice": "speculative", "reason": "probe"}]})
-    table = pair_speed.choice_table_from([plain], outcomes=[chosen])
+    table = choice_table.choice_table_from([plain], outcomes=[chosen])
     rows = {r["method"]: r for r in table.rows()}
     assert rows["magicdec"]["speedup"] == 0.58 and rows["magicdec"]["choice"] == "ar"
     outcome = [m for m in rows["magicdec"]["measured"] if m.get("outcome")]
@@ -527,14 +527,14 @@ def test_choice_table_outcomes_take_back_a_decision_that_lost(tmp_path, capsys):
     assert rows["dustin"]["speedup"] == 1.06 and len(rows["dustin"]["measured"]) == 2  # 1.19 joins, 1.06 stays
     assert rows["dustin"]["choice"] == "speculative"
     assert len(rows["sd"]["measured"]) == 1 and len(rows["streaming"]["measured"]) == 1  # AR / probed: no outcome
-    assert pair_speed.choice_table_from([plain]).rows()[1]["choice"] == "speculative"  # magicdec without outcomes
+    assert choice_table.choice_table_from([plain]).rows()[1]["choice"] == "speculative"  # magicdec without outcomes
     out = tmp_path / "t.json"
     assert main(["choice-table", "--from", plain, "--outcomes", chosen, "--out", str(out)]) == 0
     assert "2 choose plain decoding" in capsys.readouterr().out
     with pytest.raises(ValueError, match="was not measured deciding from a choice table"):
-        pair_speed.choice_table_from([plain], outcomes=[plain])
+        choice_table.choice_table_from([plain], outcomes=[plain])
     with pytest.raises(ValueError, match="runs deciding from a table go in --outcomes"):
-        pair_speed.choice_table_from([chosen])
+        choice_table.choice_table_from([chosen])
 
 
 def test_choice_table_from_probed_runs(tmp_path, capsys):
@@ -547,14 +547,14 @@ def test_choice_table_from_probed_runs(tmp_path, capsys):
                                       "dustin-kv-streaming": (1.69, 1790.0)}}, arbitrate=8, arbitrate_tail=8)
     _with_events(probed, {"magicdec": probe_ar, "dustin": probe_ar,
                           "dustin-kv-streaming": [{"choice": "speculative", "probe": {"rounds": 8}}]})
-    table = pair_speed.choice_table_from([], probed=[probed])
+    table = choice_table.choice_table_from([], probed=[probed])
     rows = {r["method"]: r for r in table.rows()}
     assert {m: r["choice"] for m, r in rows.items()} == {"magicdec": "ar", "dustin": "ar",
                                                          "dustin-kv-streaming": "speculative"}
     assert rows["magicdec"]["measured"][0]["probed"] is True and rows["magicdec"]["measured"][0]["probe_choice"] == "ar"
     assert rows["dustin"]["ar_step_s"] == pytest.approx(8 / 1790.0) and rows["dustin"]["context_bucket"] == 32768
     plain = _pair_file(tmp_path / "plain.json", {(32000, 8): {"dustin-kv-streaming": (1.5, 1800.0)}})
-    both = {r["method"]: r for r in pair_speed.choice_table_from([plain], probed=[probed]).rows()}
+    both = {r["method"]: r for r in choice_table.choice_table_from([plain], probed=[probed]).rows()}
     assert both["dustin-kv-streaming"]["speedup"] == 1.5 and len(both["dustin-kv-streaming"]["measured"]) == 2
     out = tmp_path / "t.json"
     assert main(["choice-table", "--probed", probed, "--out", str(out)]) == 0
@@ -565,9 +565,9 @@ def test_choice_table_from_probed_runs(tmp_path, capsys):
     for bad, message in ((plain, "give plain runs with --from"), (chosen, "runs deciding from a table go in "
                                                                            "--outcomes")):
         with pytest.raises(ValueError, match=message):
-            pair_speed.choice_table_from([], probed=[bad])
+            choice_table.choice_table_from([], probed=[bad])
     with pytest.raises(ValueError, match="--from, or --probed"):
-        pair_speed.choice_table_from([])
+        choice_table.choice_table_from([])
 
 
 def test_choice_table_refuses_mixed_or_unsuitable_files(tmp_path):
@@ -578,12 +578,12 @@ def test_choice_table_refuses_mixed_or_unsuitable_files(tmp_path):
                                   ("speed", dict(experiment="dustin-speed"), "not a pair-speed or knapspec results file")]:
         bad = _pair_file(tmp_path / f"{name}.json", {(16000, 8): {"sd": (1.2, 3000.0)}}, **kwargs)
         with pytest.raises(ValueError, match=message):
-            pair_speed.choice_table_from([good, bad])
+            choice_table.choice_table_from([good, bad])
     empty = _pair_file(tmp_path / "empty.json", {})
     with pytest.raises(ValueError, match="no measured method"):
-        pair_speed.choice_table_from([empty])
+        choice_table.choice_table_from([empty])
     with pytest.raises(FileNotFoundError, match="no such file"):
-        pair_speed.choice_table_from([str(tmp_path / "none.json")])
+        choice_table.choice_table_from([str(tmp_path / "none.json")])
 
 
 def test_pair_memory_plan_counts_the_shared_prefill_and_one_runs_copy():
@@ -607,7 +607,7 @@ def test_tables_key_runs_by_the_bucket_they_started_in(tmp_path):
     """A run's context bucket is that of its committed length, the prompt plus the prefill's token, so a
     16,384-token prompt starts in bucket 32,768 and an 8,000-token one in 8,192; knapspec results become entries
     under those buckets, keyed by the case's method and batch."""
-    from experiments.pair_speed import knapspec_table_runs
+    from experiments.choice_table import knapspec_table_runs
     from jaxspec.decoding.arbitration import bucket_of, start_bucket
 
     assert [start_bucket(n) for n in (8000, 8191, 8192, 16384, 32000)] == [8192, 8192, 16384, 32768, 32768]
