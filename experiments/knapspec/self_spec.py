@@ -129,6 +129,11 @@ def run_self_spec(args, model, prompts, sampling, stops, out):
               f"{knapspec.max_plan_fraction:g} of the predicted {a['predicted_ar_decode_s']:.3g} s decode): "
               f"{a['allowed_tokens']} tokens < min_reference_tokens {knapspec.min_reference_tokens}, decoded "
               f"plainly (--knapspec-max-plan-fraction 0 plans anyway)", file=sys.stderr)
+    decision = result.metrics.get("choice_table") or {}
+    if decision.get("reason") == "table":
+        print(f"{method}: the choice table's whole runs at context bucket {decision['context_bucket']}, batch "
+              f"{decision['active_rows']} ran {decision['table_speedup']:.2f}x AR: "
+              + ("no plan, decoded plainly" if decision["choice"] == "ar" else "planned as usual"), file=sys.stderr)
     out["gamma"] = gamma_max
     out["knapspec"] = {
         "method": method, "planner": planner, "config": dataclasses.asdict(knapspec), "latency_profile": latency_info,

@@ -536,6 +536,21 @@ def test_cli_generate_knapspec_clasp_static(tmp_path, capsys):
     assert main(base + ["--method", "knapspec", "--knapspec-interval", "3"]) == 2  # validated before loading
     assert main(base + ["--method", "knapspec-budget", "--knapspec-attention-budget", "4",
                         "--knapspec-attention-sinks", "4"]) == 2
+    # --knapspec-choice-table: a table of this model's KnapSpec runs below 1.02x AR at every small context bucket
+    from jaxspec.decoding.arbitration import ChoiceTable
+
+    table = tmp_path / "table.json"
+    ChoiceTable([{"method": "knapspec", "context_bucket": 2 ** i, "batch": 1, "speedup": 0.9} for i in range(8)],
+                meta={"target": str(folder), "draft": "self"}).save(table)
+    out_file = tmp_path / "table-run.json"
+    assert main(base + ["--method", "knapspec", "--knapspec-choice-table", str(table), "--out", str(out_file)]) == 0
+    results = json.loads(out_file.read_text())["results"]
+    k = results["knapspec"]
+    assert results["identical_to_ar"] is True and k["plan_history"] == [] and k["draft_steps"] == 0
+    assert k["choice_table"]["choice"] == "ar" and k["choice_table"]["table_speedup"] == pytest.approx(0.9)
+    assert "ran 0.90x AR: no plan, decoded plainly" in capsys.readouterr().err
+    assert main(base + ["--method", "clasp", "--knapspec-choice-table", str(table)]) == 2  # CLaSp does not re-plan
+    assert "does not re-plan" in capsys.readouterr().err
 
 
 def test_knapspec_warmup_and_profile_come_from_the_engine(params, ar_rows):
