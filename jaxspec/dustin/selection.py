@@ -19,7 +19,8 @@ keeps them and fills the remaining budget by ``s_T``.
 The radix select itself (:func:`select_top_k`): ``lax.top_k`` over 32k positions for 64 rows
 took ~0.4 ms on the H200 -- more than the sparse attention it feeds. Here the top-r is found by
 **radix select** on order-preserving 32-bit keys: four passes, each a 256-bin histogram
-(scatter-add) of one byte among the surviving candidates, find the exact r-th largest key; the
+(scatter-add) of one byte among the surviving candidates (on a GPU from 32k positions: eight passes of a
+16-bin compare histogram, :func:`default_radix`), find the exact r-th largest key; the
 selection is then ``key > threshold`` plus the first ``need`` positions with ``key ==
 threshold`` (ties broken deterministically by lower position), compacted with a cumulative sum.
 Every step is O(S) and elementwise or a scatter: no sort. The output is sorted by position,
@@ -61,14 +62,33 @@ def histogram_counts(digit: jax.Array, alive: jax.Array, bins: int, method: str)
     raise ValueError(f"histogram method {method!r}: expected 'scatter' or 'compare'")
 
 
-def radix_threshold(keys: jax.Array, candidate: jax.Array, need: jax.Array, *, bits: int = 8,
-                     histogram: str = "scatter"):
+#: on a GPU, rows of at least this many positions count each radix pass with a 4-bit compare histogram instead of
+#: an 8-bit scatter-add: at 32k positions the H200 measured 81-120 us against 104-191 us a top-k at batch 1-16 on
+#: both layer shapes (scatter-add atomics contend), while at 8k-16k the two traded places (docs/kernels.md)
+COMPARE_RADIX_FROM = 32768
+
+
+def default_radix(positions: int) -> Tuple[int, str]:
+    """The radix digit width and histogram :func:`select_top_k` uses for rows of ``positions`` when none is given:
+    ``(4, "compare")`` on a GPU from :data:`COMPARE_RADIX_FROM` positions, else ``(8, "scatter")``. Every
+    choice gives the same set; only the cost differs."""
+    if jax.default_backend() == "gpu" and positions >= COMPARE_RADIX_FROM:
+        return 4, "compare"
+    return 8, "scatter"
+
+
+def radix_threshold(keys: jax.Array, candidate: jax.Array, need: jax.Array, *, bits: Optional[int] = None,
+                     histogram: Optional[str] = None):
     """Exact ``need``-th largest key among ``candidate`` positions of each row.
 
     ``keys [B, S]`` uint32, ``candidate [B, S]`` bool, ``need [B]`` int32 (>= 1, <= #candidates).
     ``32 / bits`` passes, each a histogram of one ``bits``-wide digit among the keys that still
-    share the chosen prefix. Returns (threshold [B] uint32, how many keys equal to it to take [B]).
+    share the chosen prefix (``bits`` / ``histogram`` None: :func:`default_radix`). Returns (threshold [B]
+    uint32, how many keys equal to it to take [B]).
     """
+    if bits is None or histogram is None:
+        default_bits, default_histogram = default_radix(keys.shape[1])
+        bits, histogram = bits or default_bits, histogram or default_histogram
     if 32 % bits:
         raise ValueError(f"radix bits={bits} must divide 32 (valid: 2, 4, 8, 16)")
     batch = keys.shape[0]
@@ -101,15 +121,16 @@ def compact_positions(chosen: jax.Array, k: int) -> jax.Array:
 
 
 @functools.partial(jax.jit, static_argnames=("k", "sinks", "window", "bits", "histogram"))
-def select_top_k(scores: jax.Array, lengths: jax.Array, *, k: int, sinks: int = 0, window: int = 0, bits: int = 8,
-                 histogram: str = "scatter") -> jax.Array:
+def select_top_k(scores: jax.Array, lengths: jax.Array, *, k: int, sinks: int = 0, window: int = 0,
+                 bits: Optional[int] = None, histogram: Optional[str] = None) -> jax.Array:
     """Index set ``[B, k]`` (sorted; -1 padding): sinks + window + the top scores among the rest.
 
     Exact: equals a top-k by (score descending, position ascending) over the non-protected
     valid positions. ``scores [B, S]`` float32, ``lengths [B]`` valid history per row.
     ``bits``/``histogram``: radix digit width and how each pass counts (``scatter``: scatter-add;
     ``compare``: a fused compare-and-reduce without atomics; ``pallas``: all eight 4-bit passes
-    in one Pallas kernel, one program per row, ``bits`` ignored); all variants give the same set.
+    in one Pallas kernel, one program per row, ``bits`` ignored); None: :func:`default_radix` for the row
+    length. All variants give the same set.
     """
     batch, seq = scores.shape
     if sinks + window > k:

@@ -131,7 +131,7 @@ def _top_k_reference(scores, lengths, k, sinks, window):
 
 
 @pytest.mark.parametrize("bits,histogram", [(8, "scatter"), (8, "compare"), (4, "compare"), (16, "scatter"),
-                                            (4, "pallas")])
+                                            (4, "pallas"), (None, None)])
 @pytest.mark.parametrize("k,sinks,window", [(128, 4, 32), (64, 0, 0), (256, 4, 64)])
 def test_selection_equals_exact_top_k(k, sinks, window, bits, histogram):
     rng = np.random.RandomState(k)
@@ -148,6 +148,23 @@ def test_selection_equals_exact_top_k(k, sinks, window, bits, histogram):
     short = lengths <= k
     for row in np.nonzero(short)[0]:  # fewer valid positions than k: dense
         assert sorted(got[row][got[row] >= 0]) == list(range(lengths[row]))
+
+
+def test_default_radix_counts_long_rows_by_compare_on_a_gpu(monkeypatch):
+    """Without bits / histogram the radix select takes the 8-bit scatter-add, except on a GPU from
+    COMPARE_RADIX_FROM positions: the 4-bit compare histogram (faster there, the same set)."""
+    from jaxspec.dustin import selection
+
+    assert selection.default_radix(selection.COMPARE_RADIX_FROM) == (8, "scatter")  # this machine: the CPU
+    monkeypatch.setattr(selection.jax, "default_backend", lambda: "gpu")
+    assert selection.default_radix(selection.COMPARE_RADIX_FROM) == (4, "compare")
+    assert selection.default_radix(selection.COMPARE_RADIX_FROM - 1) == (8, "scatter")
+    keys = selection.order_preserving_keys(jnp.asarray(np.random.RandomState(0).randn(2, 64), jnp.float32))
+    alive, need = jnp.ones((2, 64), bool), jnp.array([5, 17])
+    for bits, histogram in ((None, None), (4, "compare"), (8, "scatter"), (16, None)):
+        got = selection.radix_threshold(keys, alive, need, bits=bits, histogram=histogram)
+        expected = selection.radix_threshold(keys, alive, need, bits=8, histogram="scatter")
+        np.testing.assert_array_equal(np.asarray(got[0]), np.asarray(expected[0]))
 
 
 def test_selection_errors():
