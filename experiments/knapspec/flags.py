@@ -323,7 +323,6 @@ def validate_self_spec(args) -> None:
     knapspec_config_from_args(args)  # validates the knobs
 
 
-
 def validate_knapspec_dustin(args) -> None:
     """Checks before any model loads (``generate --method knapspec-dustin``): the KnapSpec knobs, then the
     Dustin ones (budget, profile, draft KV)."""
