@@ -14,8 +14,9 @@ from jaxspec.decoding.arbitration import CHOICE_MARGIN, ChoiceTable, start_bucke
 
 
 def register(subparsers) -> None:
-    c = subparsers.add_parser("choice-table", help="a choice table for the measured choice (--arbitrate-table) from "
-                                                   "pair-speed results: whole-run speed-ups per method, context and "
+    c = subparsers.add_parser("choice-table", help="a choice table for the measured choice from pair-speed results "
+                                                   "(pair-speed --arbitrate-table) or knapspec results (knapspec "
+                                                   "--choice-table): whole-run speed-ups per method, context and "
                                                    "batch")
     c.add_argument("--from", dest="sources", default="", metavar="FILES",
                    help="comma-separated pair-speed results files (runs without --arbitrate, one target/draft pair "
@@ -82,67 +83,18 @@ def choice_table_from(paths: Sequence[str], margin: float = CHOICE_MARGIN,
                 raise ValueError(f"choice-table: --probed {path} is a knapspec results file; KnapSpec probes each "
                                  f"plan itself: give its runs with --from")
             this, runs = knapspec_table_runs(path, data, outcome)
-            for k, v in this.items():
-                if meta.get(k, v) != v:
-                    raise ValueError(f"choice-table: {path} has {k} {v!r}, the files before it {meta[k]!r} (one "
-                                     f"table holds one pair on one device)")
-                meta[k] = v
-            for key, run in runs:
-                found.setdefault(key, []).append(run)
-            continue
-        if data.get("experiment") != "pair-speed":
+        elif data.get("experiment") == "pair-speed":
+            this, runs = pair_speed_table_runs(path, data, outcome, by_probe)
+        else:
             raise ValueError(f"choice-table: {path} is not a pair-speed or knapspec results file (experiment "
                              f"{data.get('experiment')!r})")
-        cfg = data.get("config", {})
-        changed = [k for k in CHANGED_METHOD_OPTIONS if cfg.get(k) not in (None, 0, 1)]
-        if outcome and not (cfg.get("arbitrate") and cfg.get("arbitrate_table")):
-            raise ValueError(f"choice-table: --outcomes {path} was not measured deciding from a choice table "
-                             f"(--arbitrate with --arbitrate-table); give plain runs with --from")
-        if outcome and cfg.get("reselect_every") not in (None, 0, 1):
-            raise ValueError(f"choice-table: --outcomes {path} was measured with --reselect-every; outcomes "
-                             f"count only for the methods as the table holds them")
-        if by_probe and not (cfg.get("arbitrate") and not cfg.get("arbitrate_table")):
-            raise ValueError(f"choice-table: --probed {path} was not measured under the measured choice without a "
-                             f"table (--arbitrate, no --arbitrate-table); "
-                             + ("runs deciding from a table go in --outcomes" if cfg.get("arbitrate_table")
-                                else "give plain runs with --from"))
-        if by_probe and cfg.get("reselect_every") not in (None, 0, 1):
-            raise ValueError(f"choice-table: --probed {path} was measured with --reselect-every; a choice table "
-                             f"holds the methods as they are")
-        if not outcome and not by_probe and changed:
-            flags = ", ".join("--" + k.replace("_", "-") for k in changed)
-            raise ValueError(f"choice-table: {path} was measured with {flags}; a choice table is built from plain "
-                             f"runs of each method (runs deciding from a table go in --outcomes)")
-        this = {"target": cfg.get("model"), "draft": cfg.get("draft"), "dtype": cfg.get("dtype"),
-                "device": (data.get("environment", {}).get("devices") or [None])[0]}
         for k, v in this.items():
             if meta.get(k, v) != v:
                 raise ValueError(f"choice-table: {path} has {k} {v!r}, the files before it {meta[k]!r} (one table "
                                  f"holds one pair on one device)")
             meta[k] = v
-        for key, case in data.get("cases", {}).items():
-            if not key.startswith("ctx") or not isinstance(case, dict):
-                continue
-            context, batch = int(case.get("context", key.split("/")[0][3:])), int(case.get("batch", key.split("/b")[1]))
-            bucket = start_bucket(context)  # the bucket the run started in: prompt + the prefill's token
-            for method in METHODS:
-                r = case.get(method)
-                if not isinstance(r, dict) or not r.get("speedup_vs_ar"):
-                    continue
-                run = {"speedup": float(r["speedup_vs_ar"]), "tok_s": r.get("tok_s"),
-                       "paired_ar_tok_s": r.get("paired_ar_tok_s"), "context": context, "source": str(path)}
-                events = ((r.get("metrics") or {}).get("arbitration") or {}).get("events") or []
-                first = events[0] if events else {}
-                if outcome:
-                    if first.get("reason") != "table" or first.get("choice") != "speculative":
-                        continue
-                    run["outcome"] = True
-                    run["switched_to_ar"] = any(e.get("reason") == "tail" and e.get("choice") == "ar"
-                                                for e in events[1:])
-                if by_probe:
-                    run["probed"] = True
-                    run["probe_choice"] = first.get("choice")
-                found.setdefault((method, bucket, batch), []).append(run)
+        for key, run in runs:
+            found.setdefault(key, []).append(run)
     if not found:
         raise ValueError(f"choice-table: no measured method in {', '.join(map(str, [*paths, *probed]))}")
     entries = []
@@ -154,6 +106,59 @@ def choice_table_from(paths: Sequence[str], margin: float = CHOICE_MARGIN,
             entry["ar_step_s"] = batch / float(low["paired_ar_tok_s"])
         entries.append(entry)
     return ChoiceTable(entries, margin=margin, meta=meta)
+
+
+def pair_speed_table_runs(path, data: Mapping[str, Any], outcome: bool = False, by_probe: bool = False):
+    """The whole runs of a ``pair-speed`` results file for a choice table: ``(meta, [((method, context bucket,
+    batch), run), ...])``; ``outcome`` / ``by_probe``: the file goes in ``--outcomes`` / ``--probed``
+    (:func:`choice_table_from` says what each counts)."""
+    cfg = data.get("config", {})
+    changed = [k for k in CHANGED_METHOD_OPTIONS if cfg.get(k) not in (None, 0, 1)]
+    if outcome and not (cfg.get("arbitrate") and cfg.get("arbitrate_table")):
+        raise ValueError(f"choice-table: --outcomes {path} was not measured deciding from a choice table "
+                         f"(--arbitrate with --arbitrate-table); give plain runs with --from")
+    if outcome and cfg.get("reselect_every") not in (None, 0, 1):
+        raise ValueError(f"choice-table: --outcomes {path} was measured with --reselect-every; outcomes "
+                         f"count only for the methods as the table holds them")
+    if by_probe and not (cfg.get("arbitrate") and not cfg.get("arbitrate_table")):
+        raise ValueError(f"choice-table: --probed {path} was not measured under the measured choice without a "
+                         f"table (--arbitrate, no --arbitrate-table); "
+                         + ("runs deciding from a table go in --outcomes" if cfg.get("arbitrate_table")
+                            else "give plain runs with --from"))
+    if by_probe and cfg.get("reselect_every") not in (None, 0, 1):
+        raise ValueError(f"choice-table: --probed {path} was measured with --reselect-every; a choice table "
+                         f"holds the methods as they are")
+    if not outcome and not by_probe and changed:
+        flags = ", ".join("--" + k.replace("_", "-") for k in changed)
+        raise ValueError(f"choice-table: {path} was measured with {flags}; a choice table is built from plain "
+                         f"runs of each method (runs deciding from a table go in --outcomes)")
+    meta = {"target": cfg.get("model"), "draft": cfg.get("draft"), "dtype": cfg.get("dtype"),
+            "device": (data.get("environment", {}).get("devices") or [None])[0]}
+    runs = []
+    for key, case in data.get("cases", {}).items():
+        if not key.startswith("ctx") or not isinstance(case, dict):
+            continue
+        context, batch = int(case.get("context", key.split("/")[0][3:])), int(case.get("batch", key.split("/b")[1]))
+        bucket = start_bucket(context)  # the bucket the run started in: prompt + the prefill's token
+        for method in METHODS:
+            r = case.get(method)
+            if not isinstance(r, dict) or not r.get("speedup_vs_ar"):
+                continue
+            run = {"speedup": float(r["speedup_vs_ar"]), "tok_s": r.get("tok_s"),
+                   "paired_ar_tok_s": r.get("paired_ar_tok_s"), "context": context, "source": str(path)}
+            events = ((r.get("metrics") or {}).get("arbitration") or {}).get("events") or []
+            first = events[0] if events else {}
+            if outcome:
+                if first.get("reason") != "table" or first.get("choice") != "speculative":
+                    continue
+                run["outcome"] = True
+                run["switched_to_ar"] = any(e.get("reason") == "tail" and e.get("choice") == "ar"
+                                            for e in events[1:])
+            if by_probe:
+                run["probed"] = True
+                run["probe_choice"] = first.get("choice")
+            runs.append(((method, bucket, batch), run))
+    return meta, runs
 
 
 def knapspec_table_runs(path, data: Mapping[str, Any], outcome: bool = False):

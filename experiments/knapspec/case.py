@@ -9,6 +9,7 @@ The driver that builds and runs the cases is ``experiment``; the timings a case 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 import time
 from typing import Any, Dict, Optional
@@ -111,16 +112,13 @@ class Case:
                 "plain_stretches": len(stretches),
                 "plain_stretch_fit": stretch_fit(stretches, ar_step_s)}
 
+    @functools.cached_property
     def choice_table(self):
-        """The ``--choice-table`` of the run (loaded once), or None."""
-        path = getattr(self.args, "choice_table", None)
-        if not path:
-            return None
-        if getattr(self, "_choice_table", None) is None:
-            from jaxspec.decoding.arbitration import ChoiceTable
+        """The ``--choice-table`` of the run (checked before the model loaded), or None."""
+        from jaxspec.decoding.arbitration import ChoiceTable
 
-            self._choice_table = ChoiceTable.load(path)
-        return self._choice_table
+        path = getattr(self.args, "choice_table", None)
+        return ChoiceTable.load(path) if path else None
 
     def _generate(self, method: str, warmup: bool = True, **kwargs):
         from jaxspec.baselines.clasp import clasp_generate
@@ -135,7 +133,7 @@ class Case:
         ks = self.knapspec
         # the re-planning KnapSpec variants: the plan at the start's window states; the choice table (looked up
         # by the method's name) decides whether they plan at all (docs/methods.md §5.2)
-        kept = dict(window_states=self.window_states, choice_table=self.choice_table(), table_method=method)
+        kept = dict(window_states=self.window_states, choice_table=self.choice_table, table_method=method)
         if method == "knapspec":
             return knapspec_generate(self.model.params, self.model.config, self.prompts, latency=self.latency,
                                      knapspec=ks, **common, **kept)
