@@ -16,9 +16,10 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
-from typing import Any, Dict, Iterable, Optional
+from typing import Any, Dict, Iterable, List, Optional
 
 import numpy as np
 
@@ -75,9 +76,10 @@ def cmd_bench_decode(args) -> Dict[str, Any]:
     from jaxspec.decoding.autoregressive import decode_loop
     from jaxspec.decoding.sampling import SamplingConfig
     from jaxspec.models.cache import random_cache
-    from jaxspec.models.llama import init_params, param_bytes
+    from jaxspec.models.llama import fuse_projections, init_params, param_bytes
 
     contexts, batches = int_list(args.contexts, "--contexts"), int_list(args.batches, "--batches")
+    layouts = parse_projections(args.projections)
     check_positive(args, ("new_tokens", "repeats"))
     if not args.copy_gib > 0:
         raise ValueError(f"--copy-gib={args.copy_gib}: must be > 0")
@@ -85,45 +87,97 @@ def cmd_bench_decode(args) -> Dict[str, Any]:
     if not writer.has("copy_bandwidth"):
         writer.add("copy_bandwidth", copy_bandwidth(args.copy_gib))
     bandwidth = writer.get("copy_bandwidth")["bandwidth_Bps"]
-    config = preset(args.shape, **({"num_layers": args.layers} if args.layers else {}))
-    params = init_params(config, jax.random.PRNGKey(0))
-    pbytes = param_bytes(params)
+    config = preset(args.shape, **({"num_layers": args.layers} if args.layers else {}),
+                    **({"dtype": args.dtype} if args.dtype else {}))
+    separate = init_params(config, jax.random.PRNGKey(0))
+    pbytes = param_bytes(separate)
+    fused = fuse_projections(separate) if "fused" in layouts else None
     rows = []
     for context in contexts:
         for batch in batches:
-            key = f"{args.shape}/ctx{context}/b{batch}"
-            if writer.has(key):
-                rows.append(writer.get(key)["row"])
-                continue
-            cache = random_cache(config, batch, context + args.new_tokens + 64, context, seed=1)
+            # the layouts back to back on one cache fill, each timed alternately (the ratio is within one run)
+            pending = [layout for layout in layouts if not writer.has(_decode_key(args.shape, context, batch, layout))]
+            timings, compiled_of, products, compile_of = {}, {}, {}, {}
+            cache = random_cache(config, batch, context + args.new_tokens + 64, context, seed=1) if pending else None
             logits = jax.random.normal(jax.random.PRNGKey(2), (batch, config.vocab_size), jnp.float32)
-            compile_start = time.perf_counter()
-            compiled = decode_loop.lower(params, cache, logits, jax.random.PRNGKey(3), config=config,
-                                          sampling=SamplingConfig(), max_new_tokens=args.new_tokens,
-                                          stop_tokens=()).compile()
-            compile_s = time.perf_counter() - compile_start
             state = {"cache": cache}
+            for layout in pending:
+                params = fused if layout == "fused" else separate
+                compile_start = time.perf_counter()
+                lowered = decode_loop.lower(params, cache, logits, jax.random.PRNGKey(3), config=config,
+                                            sampling=SamplingConfig(), max_new_tokens=args.new_tokens, stop_tokens=())
+                compiled_of[layout] = lowered.compile()
+                compile_of[layout] = time.perf_counter() - compile_start
+                products[layout] = matrix_products(compiled_of[layout].as_text())
 
-            def step():
-                out, new_cache = compiled(params, state["cache"], logits, jax.random.PRNGKey(3))
+            def step(layout):
+                params = fused if layout == "fused" else separate
+                out, new_cache = compiled_of[layout](params, state["cache"], logits, jax.random.PRNGKey(3))
                 out.block_until_ready()
                 state["cache"] = new_cache.with_lengths(jnp.full((batch,), context, jnp.int32))
 
-            timing = median_time(step, repeats=args.repeats, warmup=2)
-            per_step = timing["median_s"] / args.new_tokens
-            moved = decode_bytes_per_step(config, batch, context + args.new_tokens // 2, pbytes)
-            floor = moved["total"] / bandwidth
-            row = {"shape": args.shape, "context": context, "batch": batch, "ms_per_step": per_step * 1e3,
-                   "tokens_per_s": batch / per_step, "GB_per_step": moved["total"] / 1e9,
-                   "achieved_TBps": moved["total"] / per_step / 1e12, "floor_ms": floor * 1e3,
-                   "fraction_of_floor": floor / per_step, "compile_s": compile_s}
-            writer.add(key, {"row": row, "timing": timing, "bytes": moved, "new_tokens": args.new_tokens,
-                             "cache_fill": "random K/V, lengths set to context (random weights: prefill not timed)"})
-            rows.append(row)
-            del cache, state, compiled
+            for _ in range(2):  # warm-up of every layout first
+                for layout in pending:
+                    step(layout)
+            samples = {layout: [] for layout in pending}
+            for _ in range(args.repeats):  # interleaved: drift of a shared machine hits every layout alike
+                for layout in pending:
+                    start = time.perf_counter()
+                    step(layout)
+                    samples[layout].append(time.perf_counter() - start)
+            for layout in pending:
+                values = sorted(samples[layout])
+                timings[layout] = {"median_s": values[len(values) // 2], "min_s": values[0], "max_s": values[-1],
+                                   "repeats": args.repeats, "all_s": values}
+            for layout in layouts:
+                key = _decode_key(args.shape, context, batch, layout)
+                if writer.has(key):
+                    rows.append(writer.get(key)["row"])
+                    continue
+                timing = timings[layout]
+                per_step = timing["median_s"] / args.new_tokens
+                moved = decode_bytes_per_step(config, batch, context + args.new_tokens // 2, pbytes)
+                floor = moved["total"] / bandwidth
+                row = {"shape": args.shape, "context": context, "batch": batch, "projections": layout,
+                       "ms_per_step": per_step * 1e3, "tokens_per_s": batch / per_step,
+                       "GB_per_step": moved["total"] / 1e9, "achieved_TBps": moved["total"] / per_step / 1e12,
+                       "floor_ms": floor * 1e3, "fraction_of_floor": floor / per_step,
+                       "compile_s": compile_of[layout], "matrix_products": products[layout]}
+                if layout == "fused" and "separate" in timings:
+                    row["step_vs_separate"] = timing["median_s"] / timings["separate"]["median_s"]
+                fill = "random K/V, lengths set to context (random weights: prefill not timed)"
+                writer.add(key, {"row": row, "timing": timing, "bytes": moved, "new_tokens": args.new_tokens,
+                                 "cache_fill": fill})
+                rows.append(row)
+            del cache, state, compiled_of
     print_table(rows, title=f"autoregressive decode, {args.shape} (random weights), copy bandwidth "
                             f"{bandwidth / 1e12:.2f} TB/s")
     return writer.data
+
+
+PROJECTIONS = ("separate", "fused")
+
+
+def parse_projections(spec: str) -> List[str]:
+    """``--projections``: a comma list of ``separate`` (q/k/v and gate/up as separate matrices) and ``fused``
+    (:func:`jaxspec.models.params.fuse_projections`)."""
+    layouts = [item.strip() for item in str(spec).split(",") if item.strip()]
+    bad = [item for item in layouts if item not in PROJECTIONS]
+    if not layouts or bad or len(set(layouts)) != len(layouts):
+        raise ValueError(f"--projections={spec!r}: give a comma list of distinct layouts from {list(PROJECTIONS)}")
+    return layouts
+
+
+def _decode_key(shape: str, context: int, batch: int, layout: str) -> str:
+    return f"{shape}/ctx{context}/b{batch}" + ("" if layout == "separate" else f"/{layout}")
+
+
+def matrix_products(hlo_text: str) -> int:
+    """Matrix products in a compiled program's text: XLA dots (inside fusions included) and the GPU's
+    cuBLAS calls. A decode loop's body is compiled once, so this counts one step's products (plus any
+    outside the loop), a proxy for its GEMM kernels per step."""
+    return (len(re.findall(r"\bdot\(", hlo_text)) + hlo_text.count('custom_call_target="__cublas$gemm"')
+            + hlo_text.count('custom_call_target="__cublas$lt$matmul"'))
 
 
 def cmd_bench_skip(args) -> Dict[str, Any]:
@@ -523,6 +577,11 @@ def register(subparsers) -> None:
     bench.add_argument("--new-tokens", type=int, default=32)
     bench.add_argument("--repeats", type=int, default=5)
     bench.add_argument("--copy-gib", type=float, default=4.0)
+    bench.add_argument("--projections", default="separate",
+                       help="comma list of weight layouts timed alternately in one run: separate (q/k/v and gate/up "
+                            "as separate matrices) and fused (one matrix each; docs/methods.md §2, fused projections)")
+    bench.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
+                       help="the shape's dtype (default: the preset's)")
     bench.set_defaults(func=cmd_bench_decode)
 
     skip = subparsers.add_parser("bench-skip", help="dynamic (no recompile) vs static skip masks: step time, compile")

@@ -293,6 +293,9 @@ def cmd_dustin_speed(args) -> Dict[str, Any]:
         raise ValueError(f"--reselect-every={args.reselect_every} must be >= 1 (1: select every round)")
     contexts, batches = int_list(args.contexts, "--contexts"), int_list(args.batches, "--batches")
     check_positive(args, ("gamma", "new_tokens", "repeats"))
+    if args.fused_projections and getattr(args, "mesh", None):
+        raise ValueError(f"--fused-projections with --mesh {args.mesh}: the fused layout is for one device "
+                         "(docs/methods.md §2, fused projections)")
     if args.compile_threads < 0:
         raise ValueError(f"--compile-threads={args.compile_threads}: >= 0 (0: one per method, 1: no precompiling)")
     plan = acceptance_plan(args, contexts, batches, methods)  # every tau source checked before anything runs
@@ -309,6 +312,10 @@ def cmd_dustin_speed(args) -> Dict[str, Any]:
     draft_rules = dataclasses.replace(RULES, q_heads=None, kv_heads=None, mlp=None, vocab=None)
     target_params = init_params_on(target_config, jax.random.PRNGKey(0), mesh, RULES)
     draft_params = init_params_on(draft_config, jax.random.PRNGKey(1), mesh, draft_rules)
+    if args.fused_projections:  # every method and AR on the fused layout (docs/methods.md §2, fused projections)
+        from jaxspec.models.llama import fuse_projections
+
+        target_params, draft_params = fuse_projections(target_params), fuse_projections(draft_params)
     if mesh is not None:
         from jaxspec.parallel.sharding import mesh_shape
 
@@ -666,5 +673,8 @@ def register(subparsers) -> None:
     bench.add_argument("--layers", type=int, default=0, help="override both models' layer count (smoke tests)")
     bench.add_argument("--override", default="", metavar="KEY=VAL,...",
                        help="override config fields of both shapes (smoke tests), e.g. vocab_size=512,hidden_size=256")
+    bench.add_argument("--fused-projections", action="store_true",
+                       help="both models' q/k/v and gate/up as one matrix each: three fewer products per layer "
+                            "(docs/methods.md §2, fused projections; one device)")
     bench.set_defaults(func=cmd_dustin_speed)
     cmd_dustin_speed.supports_mesh = True

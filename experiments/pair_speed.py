@@ -66,7 +66,7 @@ SPARSE_BUDGET_METHODS = ("magicdec", "dustin", "streaming", "quest") + tuple(SPA
 #: options recorded in a results file's config only when set
 OPTIONAL_CONFIG = (
     "arbitrate", "arbitrate_tail", "arbitrate_tail_prior", "arbitrate_table", "arbitrate_table_tail_after",
-    "arbitrate_table_tail_margin", "arbitrate_warmup", "repeats")
+    "arbitrate_table_tail_margin", "arbitrate_warmup", "fused_projections", "repeats")
 #: ``--backend-check`` fails when the last-position logits differ by more than this share of their scale
 BACKEND_CHECK_RTOL = 0.05
 
@@ -299,6 +299,10 @@ def cmd_pair_speed(args) -> Dict[str, Any]:
     model = load_model_timed(args.model, args.dtype, backend)
     draft = load_model_timed(args.draft, args.dtype, backend)
     check_compatible(model.config, draft.config, model.tokenizer, draft.tokenizer)
+    if args.fused_projections:  # both models, every method and AR (docs/methods.md §2, fused projections)
+        from jaxspec.models.llama import fuse_projections
+
+        model.params, draft.params = fuse_projections(model.params), fuse_projections(draft.params)
     config, draft_config = model.config, draft.config
     writer.set("models", {"target": {"source": model.source, "config": config.to_dict()},
                           "draft": {"source": draft.source, "config": draft_config.to_dict()}})
@@ -594,6 +598,9 @@ def register(subparsers) -> None:
     from jaxspec.config import ATTENTION_BACKENDS
 
     p.add_argument("--attention-backend", default="auto", choices=list(ATTENTION_BACKENDS))
+    p.add_argument("--fused-projections", action="store_true",
+                   help="both models' q/k/v and gate/up as one matrix each: three fewer products per layer "
+                        "(docs/methods.md §2, fused projections)")
     p.add_argument("--profile-batches", default="", help="batches whose cases also measure the per-round split")
     p.add_argument("--trace-batches", default="", help="batches whose cases also take one profiler trace per method")
     p.add_argument("--backend-check", type=int, default=0, metavar="N",

@@ -1,6 +1,7 @@
 """AR decoding and the building blocks under speculation.
 
-``bench_decode/`` (AR against the bandwidth floor, :func:`decode_table`), ``parity/`` (:func:`parity_table`),
+``bench_decode/`` (AR against the bandwidth floor, :func:`decode_table`; separate against fused projections,
+:func:`projections_table`), ``parity/`` (:func:`parity_table`),
 ``bench_skip/`` (the skip mask's cost, :func:`skip_table`), ``bench_plain/`` (the engine's plain stretch against
 the AR loop, :func:`plain_table`), ``bench_sd/`` and the self-draft ``generate/`` runs (ClassicSD,
 :func:`speculative_tables`) and the committed demo runs (prompt lookup, :func:`demo_note`).
@@ -40,6 +41,64 @@ def decode_table() -> str:
         lines.append(f"| Qwen2.5-7B shape (random weights, bf16, random KV) | {row['context']} | {row['batch']} "
                      f"| {row['ms_per_step']:.2f} | {row['tokens_per_s']:.0f} | {row['GB_per_step']:.1f} GB "
                      f"| {row['floor_ms']:.2f} | {row['fraction_of_floor']:.2f} |")
+    return "\n".join(lines)
+
+
+def projection_pairs(source: str):
+    """``[(separate row, fused row)]`` of a ``bench-decode --projections separate,fused`` file, by point."""
+    cases = inputs.load(source)["cases"]
+    return [(case["row"], cases[key + "/fused"]["row"]) for key, case in cases.items()
+            if key != "copy_bandwidth" and not key.endswith("/fused") and key + "/fused" in cases]
+
+
+PROJECTIONS_INTRO = ("The decode step with each layer's q/k/v and gate/up projections as separate matrices and as one "
+                     "matrix each (`bench-decode --projections separate,fused`, docs/methods.md §2, fused "
+                     "projections): random weights and K/V, both layouts compiled for one cache fill and timed "
+                     "alternately, so the ratio is within one run; the matrix products are counted on each compiled "
+                     "step.")
+
+
+def projections_note() -> str:
+    """What the separate-against-fused runs say, per measured file; which devices still lack a run."""
+    measured, missing = [], []
+    for tag, shape, source in inputs.DECODE_PROJECTIONS:
+        if not (inputs.RESULTS / source).exists():
+            missing.append(f"{tag} ({shape})")
+            continue
+        pairs = projection_pairs(source)
+        ratios = [fused["step_vs_separate"] for _, fused in pairs]
+        fewer = sorted({separate["matrix_products"] - fused["matrix_products"] for separate, fused in pairs})
+        measured.append(f"{device_of(source)}, {shape}: the fused step {min(ratios):.2f}-{max(ratios):.2f}x the "
+                        f"separate one over {len(pairs)} points, {'/'.join(map(str, fewer))} fewer matrix products "
+                        "a step")
+    text = ("Fewer, larger kernels per layer (fused projections): " + "; ".join(measured) + "."
+            if measured else "Fewer, larger kernels per layer (fused projections): not measured yet.")
+    if missing:
+        text += (" Not measured on " + ", ".join(missing) + " yet: whether the merged products pay on a GPU, where "
+                 "the small projections leave bandwidth idle and every product is a kernel launch, is what those "
+                 "runs are for.")
+    return text
+
+
+def projections_table() -> str:
+    """The decode step with q/k/v and gate/up as separate matrices and fused (docs/methods.md §2, fused projections),
+    both layouts timed alternately in one run; a file not there yet says which command writes it."""
+    lines = ["| device | shape | context | batch | ms / step separate | ms / step fused | fused / separate "
+             "| matrix products per step separate → fused | JSON |", "|---|---|---|---|---|---|---|---|---|"]
+    missing = []
+    for tag, shape, source in inputs.DECODE_PROJECTIONS:
+        if not (inputs.RESULTS / source).exists():
+            missing.append(f"{tag}, {shape} (`{source}`)")
+            continue
+        device = device_of(source)
+        dtype = inputs.load(source)["config"].get("dtype") or "the preset's dtype"
+        for separate, fused in projection_pairs(source):
+            lines.append(f"| {device} | {shape} ({dtype}) | {separate['context']} | {separate['batch']} "
+                         f"| {separate['ms_per_step']:.2f} | {fused['ms_per_step']:.2f} "
+                         f"| {fused['step_vs_separate']:.3f} | {separate['matrix_products']} → "
+                         f"{fused['matrix_products']} | `{source}` |")
+    if missing:
+        lines += ["", "Not measured yet: " + "; ".join(missing) + " (the suite steps named in the commands below)."]
     return "\n".join(lines)
 
 

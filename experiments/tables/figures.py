@@ -15,6 +15,7 @@ import pathlib
 from typing import Any, Dict, List
 
 from experiments.tables import inputs
+from experiments.tables.decode import projection_pairs
 from experiments.tables.dustin_quality import (gpu_quality_contexts, quality_budgets, quality_cases, quality_items,
                                                quality_rows, quality_source, quality_sources)
 from experiments.tables.dustin_speed import dustin, selection_share
@@ -145,6 +146,18 @@ def _figures() -> List[Figure]:
         add(Figure(f"ar/decode/qwen2.5-7b-shape/ctx{ctx}/b16/ms-per-step",
                    f"AR decode step, Qwen2.5-7B shape, {ctx // 1024}k, batch 16", "ms", DECODE,
                    row + ("ms_per_step",)))
+    for tag, shape, source in inputs.DECODE_PROJECTIONS:  # separate against fused projections, where measured
+        if not (inputs.RESULTS / source).exists():
+            continue
+        for separate, fused in projection_pairs(source):
+            point = f"{shape}/ctx{separate['context']}/b{separate['batch']}/{tag}"
+            fused_key = ("cases", f"{shape}/ctx{separate['context']}/b{separate['batch']}/fused", "row")
+            add(Figure(f"ar/decode-projections/{point}/fused-over-separate",
+                       f"decode step with fused over separate projections, {shape}, {separate['context']} positions, "
+                       f"batch {separate['batch']} (one run)", "x", source, fused_key + ("step_vs_separate",)))
+            add(Figure(f"ar/decode-projections/{point}/matrix-products-fused",
+                       f"matrix products in one compiled decode step, fused projections, {shape}", "products", source,
+                       fused_key + ("matrix_products",)))
     add(Figure("ar/copy-bandwidth/h200", "copy bandwidth measured with the decode runs (bytes read + written)",
                "TB/s", DECODE, ("cases", "copy_bandwidth", "bandwidth_Bps"), scale=1e-12))
     add(Figure("ar/decode/smollm2-135m/ctx6.6k/b16/tokens-per-s", "AR decode, real SmolLM2-135M, 6.6k prompt, batch 16",

@@ -109,6 +109,15 @@ DECODE = "bench_decode/bench_decode_qwen2.5-7b-shape_8k-32k_b16_h200.json"
 GENERATE_AR = "generate/generate_smollm2-135m_ar_6.6k_b16_h200.json"
 SKIP = "bench_skip/bench_skip_qwen2.5-7b-shape_8k_b16_h200.json"
 SKIP_CMDBUF = "bench_skip/bench_skip_qwen2.5-7b-shape_8k_b16_cmdbuf_h200.json"
+#: bench-decode --projections separate,fused: the decode step with both layouts timed alternately in one run
+#: (docs/methods.md §2, fused projections): (device tag, shape, file); a file not there yet is "not measured"
+DECODE_PROJECTIONS = (
+    ("cpu", "smollm2-135m-shape", "bench_decode/bench_decode_projections_smollm2-135m-shape_1k_b1-16_cpu.json"),
+    ("h100", "qwen2.5-7b-shape", "bench_decode/bench_decode_projections_qwen2.5-7b-shape_8k-32k_b16_h100.json"),
+    ("h100", "qwen2.5-0.5b-shape", "bench_decode/bench_decode_projections_qwen2.5-0.5b-shape_512-32k_b16_h100.json"),
+    ("h200", "qwen2.5-7b-shape", "bench_decode/bench_decode_projections_qwen2.5-7b-shape_8k-32k_b16_h200.json"),
+    ("h200", "qwen2.5-0.5b-shape", "bench_decode/bench_decode_projections_qwen2.5-0.5b-shape_512-32k_b16_h200.json"),
+)
 #: the engine's plain stretch against the AR loop on one cache (bench-plain), per GPU: (file, suite)
 BENCH_PLAIN = {"h100": ("bench_plain/bench_plain_qwen2.5-1.5b-shape_32k_b1-16_h100.json", "h100-long-context"),
                "h200": ("bench_plain/bench_plain_qwen2.5-1.5b-shape_32k_b1-16_h200.json", "h200-ar-decode")}

@@ -10,7 +10,8 @@ from typing import List, Sequence
 
 from experiments.tables import inputs
 from experiments.tables.choice import choice_table_block, cpu_choice_note
-from experiments.tables.decode import decode_table, demo_note, parity_table, plain_table, skip_table, speculative_tables
+from experiments.tables.decode import (PROJECTIONS_INTRO, decode_table, demo_note, parity_table, plain_table,
+                                      projections_note, projections_table, skip_table, speculative_tables)
 from experiments.tables.dustin_quality import (quality_budgets, quality_cases, quality_contexts, quality_files,
                                                quality_items, quality_markdown, quality_sources)
 from experiments.tables.dustin_speed import dustin, dustin_speed_tables, selection_share_note
@@ -19,7 +20,7 @@ from experiments.tables.input_aware_m import (input_aware_reach_note, m_bounds_b
                                               m_per_length_blocks, m_per_length_verdicts, m_rule_table, m_rule_verdicts,
                                               m_run_label, oracle_persistence_note, selection_cost_tables,
                                               selection_cost_verdicts)
-from experiments.tables.inputs import (BENCH_SD_SPLIT, CHOICE_TABLE, DUSTIN_SMOLLM2_TAU, DUSTIN_SPEED_SPARSE,
+from experiments.tables.inputs import (BENCH_SD_SPLIT, CHOICE_TABLE, DECODE_PROJECTIONS, DUSTIN_SMOLLM2_TAU, DUSTIN_SPEED_SPARSE,
                                        GREEDY_IDENTITY, INPUT_AWARE_M, INPUT_AWARE_M_DRAFT, KERNEL_FILES,
                                        KNAPSPEC_EARLY, KNAPSPEC_PALLAS_STATIC, KNAPSPEC_TPT_CORRELATION,
                                        KNAPSPEC_TPT_CORRELATION_TARGET, KNAPSPEC_TRACE, PAIR_SPEED_F32, QUALITY,
@@ -100,13 +101,15 @@ def results_markdown() -> str:
                 "valid K/V entry — over the copy bandwidth measured in the same run "
                 f"({v('ar/copy-bandwidth/h200')}). The 7B rows fill the cache with random K/V; SmolLM2 ran a real "
                 "prefill of 16 rows.",
-                ("ar/",), [decode_table()],
+                ("ar/",), [decode_table(), PROJECTIONS_INTRO, projections_table()],
                 [f"The 7B shape reaches {v(dec + '/fraction-of-floor')} of its floor at 32k with XLA attention "
                  "(einsum + masked softmax over the whole cache buffer, float32 scores). The gap is the attention: in "
                  "the kernel sweep below XLA's dense decode attention reads the cache at "
                  f"{pick(kernel_cases()[('qwen2.5-7b', 32768, 16)], 'xla_dense')['TBps']:.2f} TB/s at 32k/b16, "
                  f"against {v('kernels/dense-attention/qwen2.5-7b/ctx32768/b16/bandwidth')} for the Pallas kernel. "
-                 "SmolLM2 (0.27 GB of weights) is launch-bound: ~30 layers × a dozen small kernels a step."]),
+                 "SmolLM2 (0.27 GB of weights) is launch-bound: ~30 layers × a dozen small kernels a step.",
+                 projections_note()],
+                extra_sources=[source for _, _, source in DECODE_PROJECTIONS]),
         section("Parity with transformers",
                 "float32, `jax_default_matmul_precision=highest`, TF32 off in torch; a 64-token prefill and 16 decode "
                 "steps through our cache; tolerance 1e-4.",

@@ -808,7 +808,9 @@ def profile_latency_forward(config: ModelConfig, batch: int = 1, contexts: Seque
     # each call's fixed cost off every variant's step at its context (the decode loops pay it per stretch)
     med = {k: [t - o / steps for t, o in zip(v, overhead)] for k, v in raw_med.items()}
     raw_verify_med = [statistics.median(s) for s in verify_samples]
-    verify_med = [t - overhead[-1] / steps for t in raw_verify_med]
+    # the same per-call cost off each verification call, never more than half of it: a noisy slope (a loaded
+    # machine) must not leave a verification time <= 0, which the fit refuses
+    verify_med = [t - min(overhead[-1] / steps, t / 2) for t in raw_verify_med]
     model, fit = fit_forward(contexts, med["full"], med["noattn"], med["nomlp"], L, verify_rows=rows_list,
                              verify_times=verify_med, verify_context=contexts[-1], skipped=skipped)
     if bulk_list:

@@ -66,11 +66,18 @@ def project_qkv(layer: LayerParams, h, config: ModelConfig, cos, sin):
     """Pre-norm, q/k/v projections (+ bias) and RoPE: ``q [B, T, Hq, D]``, ``k, v [B, T, Hkv, D]``."""
     batch, steps, _ = h.shape
     x = rms_norm(h, layer.attn_norm, config.rms_norm_eps)
-    q = jnp.einsum("btd,dq->btq", x, layer.wq)
-    k = jnp.einsum("btd,dk->btk", x, layer.wk)
-    v = jnp.einsum("btd,dk->btk", x, layer.wv)
-    if config.attention_bias:
-        q, k, v = q + layer.bq, k + layer.bk, v + layer.bv
+    if layer.fused:  # one product for q, k and v (docs/methods.md §2, fused projections)
+        qkv = jnp.einsum("btd,dn->btn", x, layer.wqkv)
+        if config.attention_bias:
+            qkv = qkv + layer.bqkv
+        width, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+        q, k, v = qkv[..., :width], qkv[..., width:width + kv], qkv[..., width + kv:]
+    else:
+        q = jnp.einsum("btd,dq->btq", x, layer.wq)
+        k = jnp.einsum("btd,dk->btk", x, layer.wk)
+        v = jnp.einsum("btd,dk->btk", x, layer.wv)
+        if config.attention_bias:
+            q, k, v = q + layer.bq, k + layer.bk, v + layer.bv
     q = apply_rope(q.reshape(batch, steps, config.num_heads, config.head_dim), cos, sin)
     k = apply_rope(k.reshape(batch, steps, config.num_kv_heads, config.head_dim), cos, sin)
     return q, k, v.reshape(batch, steps, config.num_kv_heads, config.head_dim)
@@ -107,8 +114,12 @@ def attention_sublayer(layer: LayerParams, h, config: ModelConfig, cos, sin, cac
 def mlp_sublayer(layer: LayerParams, h, config: ModelConfig) -> jax.Array:
     """Pre-norm SwiGLU MLP sub-layer with residual: ``h [B, T, d]`` -> ``[B, T, d]``."""
     x = rms_norm(h, layer.mlp_norm, config.rms_norm_eps)
-    gate = jnp.einsum("btd,df->btf", x, layer.w_gate)
-    up = jnp.einsum("btd,df->btf", x, layer.w_up)
+    if layer.fused:  # one product for gate and up (docs/methods.md §2, fused projections)
+        gate_up = jnp.einsum("btd,df->btf", x, layer.w_gate_up)
+        gate, up = gate_up[..., :config.intermediate_size], gate_up[..., config.intermediate_size:]
+    else:
+        gate = jnp.einsum("btd,df->btf", x, layer.w_gate)
+        up = jnp.einsum("btd,df->btf", x, layer.w_up)
     act = (jax.nn.silu(gate.astype(jnp.float32)) * up.astype(jnp.float32)).astype(h.dtype)
     return h + jnp.einsum("btf,fd->btd", act, layer.w_down)
 

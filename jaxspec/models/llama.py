@@ -49,7 +49,8 @@ from jaxspec.models.cache import KVCache, check_room, is_concrete, scatter_rows,
 from jaxspec.models.layers import (apply_rope, attention_sublayer, decoder_layer, default_positions, embed,
                                    lm_head, mlp_sublayer, project_qkv, rms_norm, rope_tables)
 from jaxspec.models.params import (LayerParams, ModelParams, cast_params, check_param_shapes,
-                                   expected_param_shapes, init_params, param_bytes, param_count)
+                                   expected_param_shapes, fuse_projections, init_params, param_bytes, param_count,
+                                   unfuse_projections)
 
 ProbeHeads = Tuple[Tuple[int, int], ...]
 
@@ -247,5 +248,6 @@ def layer_names(config: ModelConfig) -> Sequence[str]:
 __all__ = ["ForwardOutput", "LayerParams", "ModelParams", "ProbeHeads", "Probes", "apply_rope", "attention_sublayer",
            "cast_params", "check_cache_room", "check_param_shapes", "check_tokens", "decoder_layer", "embed",
            "expected_param_shapes", "forward", "forward_compiled", "forward_jit", "forward_static_jit",
-           "forward_static_skip", "freeze_skip_mask", "init_params", "is_concrete", "layer_names", "lm_head",
-           "mlp_sublayer", "param_bytes", "param_count", "project_qkv", "rms_norm", "rope_tables"]
+           "forward_static_skip", "freeze_skip_mask", "fuse_projections", "init_params", "is_concrete", "layer_names",
+           "lm_head", "mlp_sublayer", "param_bytes", "param_count", "project_qkv", "rms_norm", "rope_tables",
+           "unfuse_projections"]

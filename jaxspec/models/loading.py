@@ -35,7 +35,8 @@ from typing import Any, Dict, Iterator, Optional
 import numpy as np
 
 from jaxspec.config import ModelConfig
-from jaxspec.models.params import ModelParams, cast_params, expected_param_shapes, flatten_params, unflatten_params
+from jaxspec.models.params import (ModelParams, cast_params, expected_param_shapes, flatten_params, unflatten_params,
+                                   unfuse_projections)
 
 ORBAX_MARKER = "jaxspec_config.json"
 # Any one of these makes a Hugging Face folder's tokenizer loadable with AutoTokenizer.
@@ -319,7 +320,8 @@ def save_checkpoint(folder, model: LoadedModel) -> pathlib.Path:
         shutil.rmtree(folder)  # an earlier (possibly interrupted) jaxspec save
     folder.mkdir(parents=True)
     checkpointer = ocp.StandardCheckpointer()
-    checkpointer.save(folder / "params", flatten_params(model.params))
+    # always the separate layout on disk (fused params are split back exactly; docs/methods.md §2, fused projections)
+    checkpointer.save(folder / "params", flatten_params(unfuse_projections(model.params, model.config)))
     checkpointer.wait_until_finished()
     if model.tokenizer is not None:
         model.tokenizer.save_pretrained(str(folder / "tokenizer"))

@@ -71,7 +71,12 @@ def _is_info(x) -> bool:
 class LayerParams:
     """One decoder layer: pre-attention norm ``[d]``, ``wq [d, Hq*D]``, ``wk/wv [d, Hkv*D]``,
     ``wo [Hq*D, d]``, biases ``bq [Hq*D]``, ``bk/bv [Hkv*D]`` (or ``None``), pre-MLP norm ``[d]``,
-    ``w_gate/w_up [d, F]``, ``w_down [F, d]``."""
+    ``w_gate/w_up [d, F]``, ``w_down [F, d]``.
+
+    The fused layout (:func:`fuse_projections`) holds the same numbers as ``wqkv [d, (Hq + 2 Hkv) D]``
+    (columns: q, then k, then v), ``bqkv`` and ``w_gate_up [d, 2F]`` (gate, then up), with ``wq/wk/wv``,
+    ``bq/bk/bv`` and ``w_gate/w_up`` ``None``: one matrix product where there were three, and one where
+    there were two (docs/methods.md §2, fused projections)."""
 
     attn_norm: Any
     wq: Any
@@ -85,6 +90,14 @@ class LayerParams:
     w_gate: Any
     w_up: Any
     w_down: Any
+    wqkv: Any = None
+    bqkv: Any = None
+    w_gate_up: Any = None
+
+    @property
+    def fused(self) -> bool:
+        """True in the fused layout (:func:`fuse_projections`)."""
+        return self.wqkv is not None
 
     def replace(self, **changes) -> "LayerParams":
         return dataclasses.replace(self, **changes)
@@ -119,8 +132,10 @@ _LAYER_INIT_ORDER = ("attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_gate", 
 
 
 # ---------------------------------------------------------------------------- the declaration
-def layer_info(config: ModelConfig) -> LayerParams:
-    """The :class:`ArrayInfo` of every parameter of one layer (the one layout declaration)."""
+def layer_info(config: ModelConfig, fused: bool = False) -> LayerParams:
+    """The :class:`ArrayInfo` of every parameter of one layer (the one layout declaration);
+    ``fused``: the fused layout of :func:`fuse_projections` (its fused columns carry the logical axes
+    ``"qkv"`` and ``"mlp2"``, which no sharding rule maps: the fused layout is for one device)."""
     d, f = config.hidden_size, config.intermediate_size
     q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
     dtype, norm_dtype = config.jnp_dtype, jnp.float32
@@ -129,6 +144,19 @@ def layer_info(config: ModelConfig) -> LayerParams:
     def bias(size, axis):
         return ArrayInfo((size,), dtype, (axis,), weight) if config.attention_bias else None
 
+    if fused:
+        return LayerParams(
+            attn_norm=ArrayInfo((d,), norm_dtype, ("embed",), norm_init),
+            wq=None, wk=None, wv=None,
+            wo=ArrayInfo((q, d), dtype, ("q_heads", "embed"), weight),
+            bq=None, bk=None, bv=None,
+            mlp_norm=ArrayInfo((d,), norm_dtype, ("embed",), norm_init),
+            w_gate=None, w_up=None,
+            w_down=ArrayInfo((f, d), dtype, ("mlp", "embed"), weight),
+            wqkv=ArrayInfo((d, q + 2 * kv), dtype, ("embed", "qkv"), weight),
+            bqkv=bias(q + 2 * kv, "qkv"),
+            w_gate_up=ArrayInfo((d, 2 * f), dtype, ("embed", "mlp2"), weight),
+        )
     return LayerParams(
         attn_norm=ArrayInfo((d,), norm_dtype, ("embed",), norm_init),
         wq=ArrayInfo((d, q), dtype, ("embed", "q_heads"), weight),
@@ -145,10 +173,11 @@ def layer_info(config: ModelConfig) -> LayerParams:
     )
 
 
-def model_info(config: ModelConfig) -> ModelParams:
-    """The :class:`ArrayInfo` of every parameter of the model (a :class:`ModelParams` of them)."""
+def model_info(config: ModelConfig, fused: bool = False) -> ModelParams:
+    """The :class:`ArrayInfo` of every parameter of the model (a :class:`ModelParams` of them);
+    ``fused``: the layers in the fused layout (:func:`fuse_projections`)."""
     d, v = config.hidden_size, config.vocab_size
-    layer = layer_info(config)
+    layer = layer_info(config, fused)
     return ModelParams(
         embed=ArrayInfo((v, d), config.jnp_dtype, ("vocab_in", "embed"), normal_init(1.0)),
         layers=(layer,) * config.num_layers,
@@ -218,9 +247,10 @@ def flatten_params(params) -> Dict[str, Any]:
     return flat
 
 
-def expected_param_shapes(config: ModelConfig) -> Dict[str, Tuple[int, ...]]:
-    """``{path: shape}`` of every parameter, used by the loaders to validate checkpoints."""
-    return {path: item.shape for path, item in flatten_params(model_info(config)).items()}
+def expected_param_shapes(config: ModelConfig, fused: bool = False) -> Dict[str, Tuple[int, ...]]:
+    """``{path: shape}`` of every parameter, used by the loaders to validate checkpoints (``fused``: of
+    the fused layout)."""
+    return {path: item.shape for path, item in flatten_params(model_info(config, fused)).items()}
 
 
 def unflatten_params(flat: Dict[str, Any], config: ModelConfig) -> ModelParams:
@@ -233,7 +263,8 @@ def unflatten_params(flat: Dict[str, Any], config: ModelConfig) -> ModelParams:
 
 def cast_params(params: ModelParams, config: ModelConfig) -> ModelParams:
     """Cast every parameter to its declared dtype (``config.dtype``; norm weights float32)."""
-    return jax.tree.map(lambda info, x: jnp.asarray(x, info.dtype), model_info(config), params, is_leaf=_is_info)
+    return jax.tree.map(lambda info, x: jnp.asarray(x, info.dtype), model_info(config, is_fused(params)), params,
+                        is_leaf=_is_info)
 
 
 def check_param_shapes(params, config: ModelConfig) -> None:
@@ -244,7 +275,11 @@ def check_param_shapes(params, config: ModelConfig) -> None:
                          f"build them with init_params or jaxspec.models.loading.load_model")
     if len(params.layers) != config.num_layers:
         raise ValueError(f"params have {len(params.layers)} layers; config {config.name!r} has {config.num_layers}")
-    expected = expected_param_shapes(config)
+    fused = bool(params.layers) and params.layers[0].fused
+    if any(layer.fused != fused for layer in params.layers):
+        raise ValueError("params mix the fused and the separate projection layout across layers; "
+                         "use fuse_projections / unfuse_projections on the whole model")
+    expected = expected_param_shapes(config, fused)
     got = {path: tuple(np.shape(x)) for path, x in flatten_params(params).items()}
     for path in list(expected) + [p for p in got if p not in expected]:  # declaration order
         if path not in got:
@@ -258,7 +293,59 @@ def check_param_shapes(params, config: ModelConfig) -> None:
                              f"{tuple(expected[path])}")
 
 
+# ---------------------------------------------------------------------------- fused projections
+def fuse_projections(params: ModelParams) -> ModelParams:
+    """The same model with each layer's q/k/v projections as one matrix ``wqkv`` (and their biases as
+    ``bqkv``) and the MLP's gate and up projections as one ``w_gate_up`` (docs/methods.md §2, fused projections).
+
+    Every forward runs one matrix product where it ran three, and one where it ran two: fewer, larger
+    kernels per layer on a GPU, the same bytes read. The numbers are the same; the products' sums may
+    round differently in the last place, so compare outputs of one layout with each other. For one
+    device: :func:`jaxspec.models.sharding.shard_params` refuses the fused layout (a column split of
+    ``wqkv`` would not follow the heads). Already fused params come back as they are. The separate
+    arrays are dropped from the result (the caller's ``params`` keep theirs): delete the caller's
+    reference to free them. :func:`unfuse_projections` is the inverse."""
+    if not isinstance(params, ModelParams):
+        raise ValueError(f"fuse_projections: params must be a ModelParams, got {type(params).__name__}")
+
+    def fuse(layer: LayerParams) -> LayerParams:
+        if layer.fused:
+            return layer
+        bias = None if layer.bq is None else jnp.concatenate([layer.bq, layer.bk, layer.bv])
+        return layer.replace(wqkv=jnp.concatenate([layer.wq, layer.wk, layer.wv], axis=1), bqkv=bias,
+                             w_gate_up=jnp.concatenate([layer.w_gate, layer.w_up], axis=1),
+                             wq=None, wk=None, wv=None, bq=None, bk=None, bv=None, w_gate=None, w_up=None)
+
+    return params.replace(layers=tuple(fuse(layer) for layer in params.layers))
+
+
+def unfuse_projections(params: ModelParams, config: ModelConfig) -> ModelParams:
+    """The inverse of :func:`fuse_projections` (exact: the columns are split back); separate params come
+    back as they are. Needed before saving or sharding fused params."""
+    q, kv, f = (config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim,
+                config.intermediate_size)
+
+    def unfuse(layer: LayerParams) -> LayerParams:
+        if not layer.fused:
+            return layer
+        if layer.wqkv.shape[-1] != q + 2 * kv or layer.w_gate_up.shape[-1] != 2 * f:
+            raise ValueError(f"unfuse_projections: wqkv has {layer.wqkv.shape[-1]} columns and w_gate_up "
+                             f"{layer.w_gate_up.shape[-1]}; config {config.name!r} expects {q + 2 * kv} and {2 * f}")
+        wq, wk, wv = jnp.split(layer.wqkv, [q, q + kv], axis=1)
+        biases = (None,) * 3 if layer.bqkv is None else tuple(jnp.split(layer.bqkv, [q, q + kv]))
+        w_gate, w_up = jnp.split(layer.w_gate_up, [f], axis=1)
+        return layer.replace(wq=wq, wk=wk, wv=wv, bq=biases[0], bk=biases[1], bv=biases[2], w_gate=w_gate,
+                             w_up=w_up, wqkv=None, bqkv=None, w_gate_up=None)
+
+    return params.replace(layers=tuple(unfuse(layer) for layer in params.layers))
+
+
+def is_fused(params) -> bool:
+    """True when ``params`` (a :class:`ModelParams`) are in the fused layout."""
+    return isinstance(params, ModelParams) and bool(params.layers) and params.layers[0].fused
+
+
 __all__ = ["ArrayInfo", "LayerParams", "ModelParams", "LAYER_FIELDS", "MODEL_FIELDS", "abstract_params",
-           "cast_params", "check_param_shapes", "expected_param_shapes", "flatten_params", "init_params",
-           "layer_info", "logical_axes", "model_info", "norm_init", "normal_init", "num_params", "param_bytes",
-           "param_count", "unflatten_params"]
+           "cast_params", "check_param_shapes", "expected_param_shapes", "flatten_params", "fuse_projections",
+           "init_params", "is_fused", "layer_info", "logical_axes", "model_info", "norm_init", "normal_init",
+           "num_params", "param_bytes", "param_count", "unflatten_params", "unfuse_projections"]

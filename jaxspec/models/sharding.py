@@ -22,7 +22,7 @@ from jax.sharding import Mesh
 from jaxspec.config import ModelConfig
 from jaxspec.models.cache import (CACHE_KV_AXES, CACHE_LENGTHS_AXES, KVCache, allocate_cache,  # noqa: F401
                                   cache_shardings, check_cache_divisible)
-from jaxspec.models.params import ModelParams, check_param_shapes, logical_axes
+from jaxspec.models.params import ModelParams, check_param_shapes, is_fused, logical_axes
 from jaxspec.parallel.sharding import (MESH_AXES, RULES, LogicalAxes, ShardingRules, active_mesh,  # noqa: F401
                                        axis_size, constrain, initialize_distributed, make_mesh, mesh_of, mesh_shape,
                                        parse_mesh, parse_mesh_shape, place_array, use_mesh)
@@ -84,6 +84,9 @@ def param_shardings(config: ModelConfig, mesh: Mesh, rules: ShardingRules = RULE
 def shard_params(params: ModelParams, config: ModelConfig, mesh: Mesh, rules: ShardingRules = RULES) -> ModelParams:
     """Place ``params`` on ``mesh`` following ``rules`` (checks shapes and head/MLP/vocab divisibility first)."""
     check_param_shapes(params, config)
+    if is_fused(params):
+        raise ValueError("shard_params: these params are in the fused projection layout, whose columns a mesh "
+                         "cannot split by heads; pass unfuse_projections(params, config) instead")
     check_divisible(config, mesh, rules)
     return jax.tree.map(place_array, params, param_shardings(config, mesh, rules))
 
@@ -98,6 +101,8 @@ def rules_of(params: ModelParams, base: ShardingRules = RULES) -> ShardingRules:
     """The rules ``params`` were placed with (head, MLP and vocabulary axes read from their
     shardings; the other entries from ``base``): the cache of a model follows its weights."""
     layer = params.layers[0]
+    if layer.fused:  # one device only (shard_params refuses the fused layout)
+        return base
 
     def axis(x, dim):
         sharding = x.sharding if isinstance(x, jax.Array) else None

@@ -256,6 +256,8 @@ def test_parity_bad_input(tmp_path, capsys):
 @pytest.mark.parametrize("argv,message", [
     (["bench-decode", "--new-tokens", "0"], "--new-tokens=0: must be >= 1"),
     (["bench-decode", "--contexts", "8192,0"], "expected one or more integers >= 1"),
+    (["bench-decode", "--projections", "separate,packed"],
+     "--projections='separate,packed': give a comma list of distinct layouts from ['separate', 'fused']"),
     (["bench-skip", "--steps", "0"], "--steps=0: must be >= 1"),
     (["bench-plain", "--new-tokens", "4"], "--new-tokens=4: must be >= 8"),
     (["bench-plain", "--batches", "1,0"], "--batches='1,0': expected one or more integers >= 1"),
@@ -263,6 +265,8 @@ def test_parity_bad_input(tmp_path, capsys):
     (["bench-sd", "--tau", "2", "--draft-skip", "mlp:9-3"], "the range 9-3 is reversed"),
     (["dustin-speed", "--tau", "2", "--new-tokens", "0"], "--new-tokens=0: must be >= 1"),
     (["dustin-speed", "--tau", "2", "--batches", "0"], "--batches='0': expected one or more integers >= 1"),
+    (["dustin-speed", "--tau", "2", "--fused-projections", "--mesh", "data=2"],
+     "--fused-projections with --mesh data=2: the fused layout is for one device"),
     (["dustin-profile", "--draft-skip", "mlp:9-3", "--profile-file", "p.json"], "the range 9-3 is reversed"),
     (["knapspec", "--model", "random:smollm2-135m-shape", "--gamma-buckets", "1,x"], "expected comma-separated"),
     (["knapspec", "--model", "random:smollm2-135m-shape", "--gamma-max", "0"], "--gamma-max=0: must be >= 1"),
@@ -299,6 +303,30 @@ def test_bench_plain_times_both_loops_at_two_lengths_and_counts_copies(tmp_path)
             "ENTRY %main (a: f32[2]) -> f32[2] {\n  %copy.3 = f32[2]{0} copy(%a)\n}\n")
     found = hlo_copies(text, min_bytes=1 << 19)
     assert found["copies"] == 3 and found["large"] == [{"shape": "bf16[4,1024,64]", "bytes": 524288, "in": "body"}]
+
+
+def test_bench_decode_times_both_projection_layouts_in_one_run(tmp_path):
+    """bench-decode --projections separate,fused: both layouts on one cache fill, timed alternately; the fused
+    rows carry their step time over the separate one's and three fewer matrix products per layer; a rerun
+    resumes."""
+    from experiments.decode_speed import matrix_products
+
+    out = tmp_path / "decode.json"
+    argv = ["bench-decode", "--shape", "smollm2-135m-shape", "--layers", "2", "--contexts", "64", "--batches", "2",
+            "--new-tokens", "4", "--repeats", "2", "--copy-gib", "0.01", "--dtype", "float32",
+            "--projections", "separate,fused", "--out", str(out)]
+    assert main(argv) == 0
+    cases = json.loads(out.read_text())["cases"]
+    key = "smollm2-135m-shape/ctx64/b2"
+    separate, fused = cases[key]["row"], cases[key + "/fused"]["row"]
+    assert (separate["projections"], fused["projections"]) == ("separate", "fused")
+    assert separate["matrix_products"] - fused["matrix_products"] == 3 * 2
+    assert fused["step_vs_separate"] == pytest.approx(
+        cases["smollm2-135m-shape/ctx64/b2/fused"]["timing"]["median_s"]
+        / cases["smollm2-135m-shape/ctx64/b2"]["timing"]["median_s"])
+    assert len(cases["smollm2-135m-shape/ctx64/b2/fused"]["timing"]["all_s"]) == 2
+    assert main(argv) == 0 and json.loads(out.read_text())["cases"] == cases
+    assert matrix_products('%d = f32[2] dot(%a, %b)\n%c = custom-call(), custom_call_target="__cublas$gemm"') == 2
 
 
 # ---------------------------------------------------------------------------- suite runner

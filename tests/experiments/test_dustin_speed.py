@@ -336,3 +336,14 @@ def test_dustin_speed_with_a_reused_selection(tmp_path):
         assert row["reselect_every"] == 2 and timing["reuse"]["median_s"] > 0
         assert row["selection_ms_per_round"] == pytest.approx(
             1e3 * (timing["median_s"] + timing["reuse"]["median_s"]) / 2)
+
+
+def test_dustin_speed_on_fused_projections(tmp_path):
+    """--fused-projections: AR and Dustin run on the fused layout (docs/methods.md §2, fused projections), recorded
+    in the config."""
+    out = tmp_path / "fused.json"
+    assert main(DUSTIN_SPEED_ARGS + ["--methods", "ar,dustin", "--fused-projections", "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["config"]["fused_projections"] is True
+    rows = {r["method"]: r for r in data["cases"]["ctx320/b2"]["rows"]}
+    assert rows["ar"]["tok_s"] > 0 and rows["dustin"]["tok_s"] > 0 and rows["dustin"]["tau"] > 1.0

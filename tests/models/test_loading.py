@@ -120,6 +120,19 @@ def test_orbax_round_trip(tiny_models, tmp_path, family):
         load_checkpoint(folder)
 
 
+def test_fused_params_are_saved_in_the_separate_layout(tiny_qwen2, tmp_path):
+    """docs/methods.md §2, fused projections: a checkpoint always holds the separate layout, so fused params saved
+    and loaded again give back exactly the separate params."""
+    from jaxspec.models.params import fuse_projections, is_fused
+
+    fused = LoadedModel(tiny_qwen2.config, fuse_projections(tiny_qwen2.params), None, "fused", {"format": "hf"})
+    restored = load_checkpoint(save_checkpoint(tmp_path / "fused", fused), with_tokenizer=False)
+    assert not is_fused(restored.params) and is_fused(fused.params)
+    for (path, value), (_, back) in zip(jax.tree_util.tree_leaves_with_path(tiny_qwen2.params),
+                                        jax.tree_util.tree_leaves_with_path(restored.params)):
+        np.testing.assert_array_equal(np.asarray(back), np.asarray(value), err_msg=str(path))
+
+
 def test_save_checkpoint_does_not_delete_an_unrelated_folder(tiny_qwen2, tmp_path):
     """Saving into an existing folder that is not a jaxspec checkpoint must refuse, not wipe it.
 
