@@ -79,6 +79,10 @@ def add_generate_args(parser: argparse.ArgumentParser) -> None:
                         help="history attention of the model (and of a separate draft): XLA reference or our "
                              "Pallas kernels (pallas needs a GPU, pallas-tpu a TPU; the -interpret variants run "
                              "them slowly on a CPU); auto: pallas-tpu on a TPU, xla elsewhere")
+    parser.add_argument("--fused-projections", action="store_true",
+                        help="the model's (and a separate draft's) q/k/v and gate/up as one matrix each: three "
+                             "fewer products per layer, the same numbers (docs/methods.md §2, fused projections; one "
+                             "device)")
     for add_arguments in registry.METHOD_ARGUMENTS.values():
         add_arguments(parser)
 
@@ -117,6 +121,9 @@ def check_generate_args(args) -> None:
         if given[option] and option not in takes:
             users = ["sd"] + [m.name for m in registry.METHODS.values() if option in m.takes]
             raise ValueError(f"{flag} is an option of --method {' / '.join(users)}; --method {method} does not take it")
+    if getattr(args, "fused_projections", False) and getattr(args, "mesh", None):
+        raise ValueError(f"--fused-projections with --mesh {args.mesh}: the fused layout is for one device "
+                         "(docs/methods.md §2, fused projections)")
     if args.compare_ar and method == "ar":
         raise ValueError("--compare-ar compares a speculative method with autoregressive decoding; --method ar is "
                          "autoregressive already")
@@ -193,6 +200,12 @@ def prepare_generate(args) -> Prepared:
 
         draft = load_model_timed(args.draft, args.dtype, backend)
         check_compatible(model.config, draft.config, model.tokenizer, draft.tokenizer)
+    if getattr(args, "fused_projections", False):  # every method and AR on the fused layout
+        from jaxspec.models.params import fuse_projections
+
+        model.params = fuse_projections(model.params)
+        if draft is not None:
+            draft.params = fuse_projections(draft.params)
     prompts = [encode_prompt(model.tokenizer, t, chat=not args.no_chat) for t in texts]
     capacity_limit = model.config.max_position_embeddings
     longest = max(len(p) for p in prompts)

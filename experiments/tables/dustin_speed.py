@@ -8,7 +8,7 @@ method's field) and :func:`selection_share` are read by the figures too.
 
 from __future__ import annotations
 
-from typing import List
+from typing import Any, Dict, List
 
 from experiments.tables import inputs
 from experiments.tables.inputs import (DUSTIN_SPEED, DUSTIN_SPEED_FINISHED, DUSTIN_SPEED_FINISHED_KEPT,
@@ -109,6 +109,55 @@ DUSTIN_SPEED_PAIR_TAU_PLOT = DUSTIN_SPEED_PAIR_TAU.replace(".json", ".png")
 DUSTIN_METHODS = (("classic", "ClassicSD"), ("magicdec", "MagicDec"), ("dustin", "**Dustin**"))
 
 
+
+def traced_rounds(traced: Dict[str, Any], case_key: str = "ctx32768/b16") -> Dict[str, Dict[str, Any]]:
+    """Per method of a ``dustin-speed --trace`` file's case: its device plane, tok/s, speed-up, loop rounds
+    (new tokens / tau; for AR a step), kernels launched per round, device-busy ms per round and busy time over
+    the run's bytes floor (the run's bytes at the copy bandwidth measured in the same run)."""
+    tokens = int(traced["config"]["new_tokens"])
+    case, out = traced["cases"][case_key], {}
+    for row in case["rows"]:
+        plane = next(iter(case[row["method"]]["trace"]["planes"].values()))
+        rounds = tokens / row["tau"]
+        floor_s = tokens * row["batch"] / row["roofline_tok_s"]
+        out[row["method"]] = {"plane": plane, "tok_s": row["tok_s"], "speedup": row["speedup"], "rounds": rounds,
+                              "launches_per_round": plane["launches"] / rounds, "floor_s": floor_s,
+                              "busy_ms_per_round": plane["busy_s"] * 1e3 / rounds,
+                              "over_floor": plane["busy_s"] / floor_s}
+    return out
+
+
+def fused_trace_table() -> str:
+    """The traced 32k/b16 round with separate and with fused projections (docs/methods.md §2, fused projections),
+    per GPU where both files exist; otherwise which step measures it."""
+    lines = []
+    for tag, separate_file, fused_file in inputs.DUSTIN_TRACE_FUSED:
+        if not all((inputs.RESULTS / f).exists() for f in (separate_file, fused_file)):
+            missing = [f for f in (separate_file, fused_file) if not (inputs.RESULTS / f).exists()]
+            lines += ["", f"The round with fused projections on the {tag.upper()}: not measured yet (suite "
+                          + ", ".join(f"`{suite_steps()[f][0]}` writes `{f}`" for f in missing) + ")."]
+            continue
+        data = [inputs.load(f) for f in (separate_file, fused_file)]
+        separate, fused = traced_rounds(data[0]), traced_rounds(data[1])
+        labels = dict(DUSTIN_SPEED_SPARSE_METHODS)
+        when = [f"{d['environment'].get('time_utc', '?')[:10]}, commit {inputs.code_commit(d)}" for d in data]
+        lines += ["", f"The traced 32k/b16 round with separate and with fused projections on the {tag.upper()} "
+                      f"(`{separate_file}`, {when[0]}; `{fused_file}`, {when[1]}; two runs, each method against "
+                      "the AR of its own run):",
+                  "", "| method | x AR separate → fused | tok/s separate → fused | launches per round separate → "
+                      "fused | device-busy ms per round separate → fused | busy / bytes floor separate → fused |",
+                  "|---|---|---|---|---|---|"]
+        for method in separate:
+            if method not in fused:
+                continue
+            a, b = separate[method], fused[method]
+            lines.append(f"| {labels.get(method, method)} | {a['speedup']:.2f} → {b['speedup']:.2f} "
+                         f"| {a['tok_s']:.0f} → {b['tok_s']:.0f} | {a['launches_per_round']:.0f} → "
+                         f"{b['launches_per_round']:.0f} | {a['busy_ms_per_round']:.2f} → {b['busy_ms_per_round']:.2f} "
+                         f"| {a['over_floor']:.2f} → {b['over_floor']:.2f} |")
+    return "\n".join(lines[1:])
+
+
 def dustin_speed_tables() -> str:
     lines = ["| context | batch | AR tok/s | ClassicSD | MagicDec | **Dustin** | roofline (Classic / MagicDec / Dustin) "
              "| attention per verification dense → sparse (28 layers) | selection / round |",
@@ -185,18 +234,15 @@ def dustin_speed_tables() -> str:
                      "| bytes floor ms (busy / floor) | largest kernels (total over the run) |",
                      "|---|---|---|---|---|---|---|---|"]
         labels, over, per_round = dict(DUSTIN_SPEED_SPARSE_METHODS), {}, {}
-        for row in case["rows"]:
-            method = row["method"]
-            plane = next(iter(case[method]["trace"]["planes"].values()))
-            rounds = tokens / row["tau"]
-            floor_s = tokens * row["batch"] / row["roofline_tok_s"]
+        for method, t in traced_rounds(traced).items():
+            plane = t["plane"]
             top = ", ".join(f"`{k['name']}` {k['total_s'] * 1e3:.0f} ms" for k in plane["top_kernels"][:3])
-            over[method], per_round[method] = plane["busy_s"] / floor_s, plane["launches"] / rounds
+            over[method], per_round[method] = t["over_floor"], t["launches_per_round"]
             tr_sparse.append(
-                f"| {labels.get(method, method)} | {row['tok_s']:.0f} | {rounds:.1f} | {plane['span_s'] * 1e3:.0f} "
+                f"| {labels.get(method, method)} | {t['tok_s']:.0f} | {t['rounds']:.1f} | {plane['span_s'] * 1e3:.0f} "
                 f"| {plane['busy_s'] * 1e3:.0f} ({100 * (1 - plane['busy_s'] / plane['span_s']):.0f} %) "
-                f"| {plane['launches']} ({plane['launches'] / rounds:.0f}) | {floor_s * 1e3:.0f} "
-                f"({plane['busy_s'] / floor_s:.1f}x) | {top} |")
+                f"| {plane['launches']} ({t['launches_per_round']:.0f}) | {t['floor_s'] * 1e3:.0f} "
+                f"({t['over_floor']:.1f}x) | {top} |")
         tr_sparse = ["", f"The sparse draft KV traced the same way (`{DUSTIN_TRACE_SPARSE}`, suite "
                          f"`{suite_steps()[DUSTIN_TRACE_SPARSE][0]}`, {tokens} new tokens a row, each method at the "
                          "tau the real pair measured for it at 32k/b16; for AR a round is a step; the bytes floor "
@@ -235,7 +281,7 @@ def dustin_speed_tables() -> str:
                      + ["", "Per-round split (`--profile`: per-phase jitted calls with a host sync after each, "
                                   "so the sum exceeds a fused round), ms per round:", ""] + split
                      + ["", f"Where the time goes (`{DUSTIN_TRACE}`, 32k, batch 16, one more run of each method "
-                            "under `jax.profiler`):", ""] + tr + tr_sparse
+                            "under `jax.profiler`):", ""] + tr + tr_sparse + ["", fused_trace_table()]
                      + ["", "Real SmolLM2-135M end to end (7.6k-token prompt, batch 16, 256 new tokens, gamma 4, "
                             "AR in the same process before each method):", ""] + e2e)
 

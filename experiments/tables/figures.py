@@ -18,7 +18,7 @@ from experiments.tables import inputs
 from experiments.tables.decode import projection_pairs
 from experiments.tables.dustin_quality import (gpu_quality_contexts, quality_budgets, quality_cases, quality_items,
                                                quality_rows, quality_source, quality_sources)
-from experiments.tables.dustin_speed import dustin, selection_share
+from experiments.tables.dustin_speed import dustin, selection_share, traced_rounds
 from experiments.tables.input_aware_m import m_per_length_rows, m_rule_rows
 from experiments.tables.inputs import (ARBITRATE_CPU, BENCH_SD, DECODE, DENSE, DEVICE_NAME, DEVICE_TARGETS,
                                        DP_REFERENCES, DUSTIN_SMOLLM2_TAU, DUSTIN_SPEED, DUSTIN_SPEED_FINISHED,
@@ -342,17 +342,14 @@ def _figures() -> List[Figure]:
     add(Figure("dustin/trace/qwen2.5-7b-shape/ctx32768/b16/target-sparse-attention-share-of-busy",
                "traced Dustin run: the target's sparse attention, share of device busy time", "%", DUSTIN_TRACE,
                _top_kernel_share("jaxspec_sparse_history_attention"), scale=100))
+    def traced(method, what):
+        def get(d):
+            t = traced_rounds(d)[method]
+            return {"launches": t["launches_per_round"], "busy": t["plane"]["busy_s"] / t["plane"]["span_s"],
+                    "floor": t["over_floor"], "busy_ms": t["busy_ms_per_round"], "speedup": t["speedup"]}[what]
+        return get
+
     if (inputs.RESULTS / DUSTIN_TRACE_SPARSE).exists():
-        def traced(method, what):
-            def get(d):
-                case = d["cases"]["ctx32768/b16"]
-                plane = next(iter(case[method]["trace"]["planes"].values()))
-                row = next(r for r in case["rows"] if r["method"] == method)
-                rounds = int(d["config"]["new_tokens"]) / row["tau"]
-                floor_s = int(d["config"]["new_tokens"]) * row["batch"] / row["roofline_tok_s"]
-                return {"launches": plane["launches"] / rounds, "busy": plane["busy_s"] / plane["span_s"],
-                        "floor": plane["busy_s"] / floor_s}[what]
-            return get
         for method in ("dustin", "dustin-kv-streaming"):
             base = f"dustin/trace/qwen2.5-7b-shape/ctx32768/b16/{method}"
             add(Figure(f"{base}/launches-per-round", f"traced {method} run at the real pair's tau: kernel launches "
@@ -361,6 +358,17 @@ def _figures() -> List[Figure]:
                        DUSTIN_TRACE_SPARSE, traced(method, "busy"), scale=100))
             add(Figure(f"{base}/busy-over-bytes-floor", f"traced {method} run: device busy time / the run's bytes at "
                        "the measured copy bandwidth", "x", DUSTIN_TRACE_SPARSE, traced(method, "floor")))
+    for tag, _, fused_file in inputs.DUSTIN_TRACE_FUSED:  # the round with fused projections, where measured
+        if not (inputs.RESULTS / fused_file).exists():
+            continue
+        for method in ("dustin", "dustin-kv-streaming"):
+            base = f"dustin/trace/qwen2.5-7b-shape/ctx32768/b16/{method}/fused-projections/{tag}"
+            add(Figure(f"{base}/launches-per-round", f"traced {method} run, fused projections: kernel launches per "
+                       "round", "launches", fused_file, traced(method, "launches")))
+            add(Figure(f"{base}/device-busy-ms-per-round", f"traced {method} run, fused projections: device-busy ms "
+                       "per round", "ms", fused_file, traced(method, "busy_ms")))
+            add(Figure(f"{base}/speedup", f"traced {method} run, fused projections, against its own AR", "x AR",
+                       fused_file, traced(method, "speedup")))
     add(Figure("dustin/speed/qwen2.5-7b-shape/ctx32768/b16/smollm2-tau/speedup-vs-ar",
                "Dustin at the same point with SmolLM2's tau", "x AR", DUSTIN_SMOLLM2_TAU,
                dustin(32768, 16, "dustin", "speedup")))

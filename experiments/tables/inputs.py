@@ -118,6 +118,13 @@ DECODE_PROJECTIONS = (
     ("h200", "qwen2.5-7b-shape", "bench_decode/bench_decode_projections_qwen2.5-7b-shape_8k-32k_b16_h200.json"),
     ("h200", "qwen2.5-0.5b-shape", "bench_decode/bench_decode_projections_qwen2.5-0.5b-shape_512-32k_b16_h200.json"),
 )
+#: the traced 32k/b16 sparse-draft round with separate and with fused projections, per GPU: (tag, separate, fused)
+DUSTIN_TRACE_FUSED = (
+    ("h100", "dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_sparse-draft_trace_pair-tau_h100.json",
+     "dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_sparse-draft_fused-projections_trace_pair-tau_h100.json"),
+    ("h200", "dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_sparse-draft_trace_h200.json",
+     "dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_sparse-draft_fused-projections_trace_h200.json"),
+)
 #: the engine's plain stretch against the AR loop on one cache (bench-plain), per GPU: (file, suite)
 BENCH_PLAIN = {"h100": ("bench_plain/bench_plain_qwen2.5-1.5b-shape_32k_b1-16_h100.json", "h100-long-context"),
                "h200": ("bench_plain/bench_plain_qwen2.5-1.5b-shape_32k_b1-16_h200.json", "h200-ar-decode")}

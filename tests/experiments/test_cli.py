@@ -237,6 +237,23 @@ def test_generate_resumes_instead_of_overwriting(tiny, tmp_path, capsys):
     assert json.loads(out.read_text())["results"] == results
 
 
+@pytest.mark.slow
+def test_generate_on_fused_projections_equals_ar(tiny, tmp_path):
+    """--fused-projections (docs/methods.md §2, fused projections): the speculative run and its AR comparison both on
+    the fused layout, greedy output identical in float32."""
+    out = tmp_path / "fused.json"
+    assert main(["generate", "--model", str(tiny), "--prompt", TINY_PROMPT, "--max-new-tokens", "8", "--no-warmup",
+                 "--no-chat", "--method", "sd", "--draft-skip", "mlp:1", "--gamma", "2", "--compare-ar",
+                 "--fused-projections", "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["config"]["fused_projections"] is True and data["results"]["identical_to_ar"] is True
+
+
+def test_generate_fused_projections_refuse_a_mesh(capsys):
+    assert main(["generate", "--prompt", "x", "--fused-projections", "--mesh", "data=2"]) == 2
+    assert "--fused-projections with --mesh data=2: the fused layout is for one device" in _error(capsys)
+
+
 # ---------------------------------------------------------------------------- parity, benchmarks, knapspec
 def test_parity_bad_input(tmp_path, capsys):
     assert main(["parity", "--model", "random:smollm2-135m-shape", "--prompt-tokens", "0"]) == 2
