@@ -94,3 +94,19 @@ def test_fused_layout_refusals():
         unfuse_projections(fused, CONFIG.replace(intermediate_size=32))
     with pytest.raises(ValueError, match="params must be a ModelParams, got dict"):
         fuse_projections({"embed": params.embed})
+
+
+def test_knapspec_dp_over_stacked_fused_layers_equals_ar():
+    """KnapSpec's DP stacks the layers and scans over them: on fused params its plans and greedy output hold
+    (output equals AR on the same params)."""
+    from jaxspec.knapspec import latency
+    from jaxspec.knapspec.policy import KnapSpecConfig, knapspec_generate
+
+    config = CONFIG.replace(num_layers=4, attention_bias=False)
+    params = fuse_projections(init_params(config, jax.random.PRNGKey(0), scale=0.2))
+    prompts = [np.random.RandomState(0).randint(0, 97, n).tolist() for n in (9, 14)]
+    knap = KnapSpecConfig(gamma_max=4, plan_interval=4, plan_round=2, reference_rounds=2, max_plan_fraction=None,
+                          probe_rounds=None, dp_layers="scan")
+    result = knapspec_generate(params, config, prompts, latency=latency.LatencyModel(c1=1.0, c2=0.01, c3=0.5),
+                               knapspec=knap, max_new_tokens=16)
+    assert result.rows() == generate(params, config, prompts, 16).rows() and result.metrics["knapspec_plans"]
