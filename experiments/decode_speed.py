@@ -83,7 +83,9 @@ def cmd_bench_decode(args) -> Dict[str, Any]:
     check_positive(args, ("new_tokens", "repeats"))
     if not args.copy_gib > 0:
         raise ValueError(f"--copy-gib={args.copy_gib}: must be > 0")
-    writer = ResultWriter(args.out, "bench-decode", config_of(args))
+    # the default layout stays out of the config, so files written before --projections existed still resume
+    writer = ResultWriter(args.out, "bench-decode",
+                          config_of(args, exclude=["projections"] if layouts == ["separate"] else []))
     if not writer.has("copy_bandwidth"):
         writer.add("copy_bandwidth", copy_bandwidth(args.copy_gib))
     bandwidth = writer.get("copy_bandwidth")["bandwidth_Bps"]
