@@ -360,6 +360,24 @@ def check_skip_ranges(spec: str, flag: str) -> None:
 
 
 # ---------------------------------------------------------------------------- models, prompts, stop tokens
+def check_fused_projections(args) -> None:
+    """``--fused-projections`` is for one device (docs/methods.md §2, fused projections): refused with ``--mesh``
+    before anything is built."""
+    if getattr(args, "fused_projections", False) and getattr(args, "mesh", None):
+        raise ValueError(f"--fused-projections with --mesh {args.mesh}: the fused layout is for one device "
+                         "(docs/methods.md §2, fused projections)")
+
+
+def fused_if_asked(args, *params):
+    """``params`` in the fused projection layout when ``--fused-projections`` is given, else as they are (one
+    result per argument; ``None`` stays ``None``)."""
+    if not getattr(args, "fused_projections", False):
+        return params
+    from jaxspec.models.params import fuse_projections
+
+    return tuple(None if p is None else fuse_projections(p) for p in params)
+
+
 def load_model_timed(source: str, dtype: str, attention_backend: str = "auto"):
     """``jaxspec.models.loading.load_model`` with the attention backend set and a stderr line."""
     from jaxspec.models.loading import load_model

@@ -45,7 +45,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from jaxspec.config import ATTENTION_BACKENDS
-from experiments.common import median_time, print_table
+from experiments.common import check_fused_projections, fused_if_asked, median_time, print_table
 from experiments.decode_speed import (FIXED_ACCEPTANCE_MODE, check_positive, decode_bytes_per_step,
                                       fixed_acceptance_writer, int_list, is_pair_speed, one_tau, read_tau_json,
                                       tau_paths, time_rounds)
@@ -293,9 +293,7 @@ def cmd_dustin_speed(args) -> Dict[str, Any]:
         raise ValueError(f"--reselect-every={args.reselect_every} must be >= 1 (1: select every round)")
     contexts, batches = int_list(args.contexts, "--contexts"), int_list(args.batches, "--batches")
     check_positive(args, ("gamma", "new_tokens", "repeats"))
-    if args.fused_projections and getattr(args, "mesh", None):
-        raise ValueError(f"--fused-projections with --mesh {args.mesh}: the fused layout is for one device "
-                         "(docs/methods.md §2, fused projections)")
+    check_fused_projections(args)
     if args.compile_threads < 0:
         raise ValueError(f"--compile-threads={args.compile_threads}: >= 0 (0: one per method, 1: no precompiling)")
     plan = acceptance_plan(args, contexts, batches, methods)  # every tau source checked before anything runs
@@ -312,10 +310,8 @@ def cmd_dustin_speed(args) -> Dict[str, Any]:
     draft_rules = dataclasses.replace(RULES, q_heads=None, kv_heads=None, mlp=None, vocab=None)
     target_params = init_params_on(target_config, jax.random.PRNGKey(0), mesh, RULES)
     draft_params = init_params_on(draft_config, jax.random.PRNGKey(1), mesh, draft_rules)
-    if args.fused_projections:  # every method and AR on the fused layout (docs/methods.md §2, fused projections)
-        from jaxspec.models.llama import fuse_projections
-
-        target_params, draft_params = fuse_projections(target_params), fuse_projections(draft_params)
+    # every method and AR on the fused layout with --fused-projections (docs/methods.md §2, fused projections)
+    target_params, draft_params = fused_if_asked(args, target_params, draft_params)
     if mesh is not None:
         from jaxspec.parallel.sharding import mesh_shape
 

@@ -17,9 +17,9 @@ from typing import Any, Dict, List
 
 from jaxspec.config import ATTENTION_BACKENDS
 from experiments import registry
-from experiments.common import (DEFAULT_MODEL, DEMO_PROMPT_FILE, CompileCounter, ResultWriter, check_skip_ranges,
-                                config_of, encode_prompt, load_model_timed, print_table, progress_line, read_prompts,
-                                stop_tokens)
+from experiments.common import (DEFAULT_MODEL, DEMO_PROMPT_FILE, CompileCounter, ResultWriter,
+                                check_fused_projections, check_skip_ranges, config_of, encode_prompt, fused_if_asked,
+                                load_model_timed, print_table, progress_line, read_prompts, stop_tokens)
 
 DEFAULT_GAMMA = 4
 IDENTITY_NOTE = ("greedy speculative output equals autoregressive output in float32; in bfloat16, verifying "
@@ -121,9 +121,7 @@ def check_generate_args(args) -> None:
         if given[option] and option not in takes:
             users = ["sd"] + [m.name for m in registry.METHODS.values() if option in m.takes]
             raise ValueError(f"{flag} is an option of --method {' / '.join(users)}; --method {method} does not take it")
-    if getattr(args, "fused_projections", False) and getattr(args, "mesh", None):
-        raise ValueError(f"--fused-projections with --mesh {args.mesh}: the fused layout is for one device "
-                         "(docs/methods.md §2, fused projections)")
+    check_fused_projections(args)
     if args.compare_ar and method == "ar":
         raise ValueError("--compare-ar compares a speculative method with autoregressive decoding; --method ar is "
                          "autoregressive already")
@@ -200,12 +198,9 @@ def prepare_generate(args) -> Prepared:
 
         draft = load_model_timed(args.draft, args.dtype, backend)
         check_compatible(model.config, draft.config, model.tokenizer, draft.tokenizer)
-    if getattr(args, "fused_projections", False):  # every method and AR on the fused layout
-        from jaxspec.models.params import fuse_projections
-
-        model.params = fuse_projections(model.params)
-        if draft is not None:
-            draft.params = fuse_projections(draft.params)
+    model.params, = fused_if_asked(args, model.params)  # --fused-projections: every method and AR on it
+    if draft is not None:
+        draft.params, = fused_if_asked(args, draft.params)
     prompts = [encode_prompt(model.tokenizer, t, chat=not args.no_chat) for t in texts]
     capacity_limit = model.config.max_position_embeddings
     longest = max(len(p) for p in prompts)

@@ -46,7 +46,8 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 import numpy as np
 
-from experiments.common import ResultWriter, config_of, load_choice_table, print_table, progress_line
+from experiments.common import (ResultWriter, config_of, fused_if_asked, load_choice_table, print_table,
+                                progress_line)
 from experiments.dustin_speed import DUSTIN_METHODS, SPARSE_DRAFT_KV  # Dustin-H, and with a sparse draft KV
 from jaxspec.decoding.arbitration import MeasuredChoiceController
 
@@ -299,10 +300,8 @@ def cmd_pair_speed(args) -> Dict[str, Any]:
     model = load_model_timed(args.model, args.dtype, backend)
     draft = load_model_timed(args.draft, args.dtype, backend)
     check_compatible(model.config, draft.config, model.tokenizer, draft.tokenizer)
-    if args.fused_projections:  # both models, every method and AR (docs/methods.md §2, fused projections)
-        from jaxspec.models.llama import fuse_projections
-
-        model.params, draft.params = fuse_projections(model.params), fuse_projections(draft.params)
+    # both models, every method and AR (docs/methods.md §2, fused projections)
+    model.params, draft.params = fused_if_asked(args, model.params, draft.params)
     config, draft_config = model.config, draft.config
     writer.set("models", {"target": {"source": model.source, "config": config.to_dict()},
                           "draft": {"source": draft.source, "config": draft_config.to_dict()}})

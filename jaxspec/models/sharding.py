@@ -101,8 +101,6 @@ def rules_of(params: ModelParams, base: ShardingRules = RULES) -> ShardingRules:
     """The rules ``params`` were placed with (head, MLP and vocabulary axes read from their
     shardings; the other entries from ``base``): the cache of a model follows its weights."""
     layer = params.layers[0]
-    if layer.fused:  # one device only (shard_params refuses the fused layout)
-        return base
 
     def axis(x, dim):
         sharding = x.sharding if isinstance(x, jax.Array) else None

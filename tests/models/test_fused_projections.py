@@ -26,7 +26,8 @@ def test_fused_layout_holds_the_same_numbers(bias):
     config = CONFIG.replace(attention_bias=bias)
     params = init_params(config, jax.random.PRNGKey(0), scale=0.2)
     fused = fuse_projections(params)
-    assert P.is_fused(fused) and not P.is_fused(params) and fuse_projections(fused) is not None
+    assert P.is_fused(fused) and not P.is_fused(params)
+    assert fuse_projections(fused).layers[0] is fused.layers[0]  # already fused: as it is
     layer = fused.layers[0]
     assert layer.wq is None and layer.w_up is None and layer.wqkv.shape == (64, 4 * 16 + 2 * 2 * 16)
     assert layer.w_gate_up.shape == (64, 2 * 96) and (layer.bqkv is None) == (not bias)
@@ -40,7 +41,7 @@ def test_fused_layout_holds_the_same_numbers(bias):
     assert jax.tree.structure(back) == jax.tree.structure(params)
     for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(params)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    assert unfuse_projections(params, config) is not None  # separate params come back as they are
+    assert unfuse_projections(params, config).layers[0] is params.layers[0]  # separate: as they are
     # a forward of several tokens on a cache: the same logits and the same K/V written
     cache = init_cache(config, 2, 32)
     tokens = jnp.asarray(np.random.RandomState(0).randint(0, 97, (2, 7)))
