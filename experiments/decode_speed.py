@@ -99,7 +99,7 @@ def cmd_bench_decode(args) -> Dict[str, Any]:
         for batch in batches:
             # the layouts back to back on one cache fill, each timed alternately (the ratio is within one run)
             pending = [layout for layout in layouts if not writer.has(_decode_key(args.shape, context, batch, layout))]
-            timings, compiled_of, products, compile_of = {}, {}, {}, {}
+            timings, compiled_of, products, compile_of, listing = {}, {}, {}, {}, {}
             cache = random_cache(config, batch, context + args.new_tokens + 64, context, seed=1) if pending else None
             logits = jax.random.normal(jax.random.PRNGKey(2), (batch, config.vocab_size), jnp.float32)
             state = {"cache": cache}
@@ -111,6 +111,7 @@ def cmd_bench_decode(args) -> Dict[str, Any]:
                 compiled_of[layout] = lowered.compile()
                 compile_of[layout] = time.perf_counter() - compile_start
                 products[layout] = matrix_products(compiled_of[layout].as_text())
+                listing[layout] = layer_products(compiled_of[layout].as_text())
 
             def step(layout):
                 params = fused if layout == "fused" else separate
@@ -149,7 +150,7 @@ def cmd_bench_decode(args) -> Dict[str, Any]:
                     row["step_vs_separate"] = timing["median_s"] / timings["separate"]["median_s"]
                 fill = "random K/V, lengths set to context (random weights: prefill not timed)"
                 writer.add(key, {"row": row, "timing": timing, "bytes": moved, "new_tokens": args.new_tokens,
-                                 "cache_fill": fill})
+                                 "cache_fill": fill, "layer_products": listing[layout]})
                 rows.append(row)
             del cache, state, compiled_of
     print_table(rows, title=f"autoregressive decode, {args.shape} (random weights), copy bandwidth "
@@ -180,6 +181,23 @@ def matrix_products(hlo_text: str) -> int:
     outside the loop), a proxy for its GEMM kernels per step."""
     return (len(re.findall(r"\bdot\(", hlo_text)) + hlo_text.count('custom_call_target="__cublas$gemm"')
             + hlo_text.count('custom_call_target="__cublas$lt$matmul"'))
+
+
+def layer_products(hlo_text: str, layer: int = 1) -> List[str]:
+    """The matrix products of one decoder layer in a compiled program's text, each as ``"<result shape> <op>"``
+    (the op is the einsum or source name in its metadata): which products the compiler merged or split, e.g. the
+    GPU's merge of q, k and v into one product in the separate layout (docs/methods.md §2, fused projections)."""
+    out = []
+    for line in hlo_text.splitlines():
+        if not (re.search(r"\bdot\(", line) or "__cublas$" in line):
+            continue
+        name = re.search(r'op_name="([^"]*)"', line)
+        if not name or f"/layer{layer}/" not in name.group(1):
+            continue
+        shape = re.search(r"=\s*(\S+)\s+(?:dot|custom-call)\(", line)
+        op = name.group(1).split(f"/layer{layer}/", 1)[1]
+        out.append(f"{shape.group(1) if shape else '?'} {op}")
+    return out
 
 
 def cmd_bench_skip(args) -> Dict[str, Any]:

@@ -127,34 +127,63 @@ def traced_rounds(traced: Dict[str, Any], case_key: str = "ctx32768/b16") -> Dic
     return out
 
 
+def _and(items) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
 def fused_trace_table() -> str:
-    """The traced 32k/b16 round with separate and with fused projections (docs/methods.md §2, fused projections),
-    per GPU where both files exist; otherwise which step measures it."""
+    """The traced 32k/b16 round per projection layout (docs/methods.md §2, fused projections), one run each, per GPU
+    where the baseline and at least one other run exist; otherwise which step measures what is missing."""
     lines = []
-    for tag, separate_file, fused_file in inputs.DUSTIN_TRACE_FUSED:
-        if not all((inputs.RESULTS / f).exists() for f in (separate_file, fused_file)):
-            missing = [f for f in (separate_file, fused_file) if not (inputs.RESULTS / f).exists()]
+    for tag, runs in inputs.DUSTIN_TRACE_FUSED:
+        present = [(label, f) for _, label, f in runs if (inputs.RESULTS / f).exists()]
+        missing = [f for _, _, f in runs if not (inputs.RESULTS / f).exists()]
+        if len(present) < 2 or present[0][1] != runs[0][2]:
             lines += ["", f"The round with fused projections on the {tag.upper()}: not measured yet (suite "
                           + ", ".join(f"`{suite_steps()[f][0]}` writes `{f}`" for f in missing) + ")."]
             continue
-        data = [inputs.load(f) for f in (separate_file, fused_file)]
-        separate, fused = traced_rounds(data[0]), traced_rounds(data[1])
+        data = [inputs.load(f) for _, f in present]
+        rounds = [traced_rounds(d) for d in data]
         labels = dict(DUSTIN_SPEED_SPARSE_METHODS)
-        when = [f"{d['environment'].get('time_utc', '?')[:10]}, commit {inputs.code_commit(d)}" for d in data]
-        lines += ["", f"The traced 32k/b16 round with separate and with fused projections on the {tag.upper()} "
-                      f"(`{separate_file}`, {when[0]}; `{fused_file}`, {when[1]}; two runs, each method against "
-                      "the AR of its own run):",
-                  "", "| method | x AR separate → fused | tok/s separate → fused | launches per round separate → "
-                      "fused | device-busy ms per round separate → fused | busy / bytes floor separate → fused |",
-                  "|---|---|---|---|---|---|"]
-        for method in separate:
-            if method not in fused:
+        runs_text = "; ".join(f"{label}: `{f}`, {d['environment'].get('time_utc', '?')[:10]}, commit "
+                              f"{inputs.code_commit(d)}" for (label, f), d in zip(present, data))
+        order = " → ".join(label for label, _ in present)
+        lines += ["", f"The traced 32k/b16 round per layout on the {tag.upper()} ({runs_text}; {len(present)} runs, "
+                      f"each method against the AR of its own run; each cell reads {order}):",
+                  "", "| method | x AR | tok/s | launches per round | device-busy ms per round | device idle share "
+                      "| busy / bytes floor |", "|---|---|---|---|---|---|---|"]
+        for method in rounds[0]:
+            if not all(method in r for r in rounds):
                 continue
-            a, b = separate[method], fused[method]
-            lines.append(f"| {labels.get(method, method)} | {a['speedup']:.2f} → {b['speedup']:.2f} "
-                         f"| {a['tok_s']:.0f} → {b['tok_s']:.0f} | {a['launches_per_round']:.0f} → "
-                         f"{b['launches_per_round']:.0f} | {a['busy_ms_per_round']:.2f} → {b['busy_ms_per_round']:.2f} "
-                         f"| {a['over_floor']:.2f} → {b['over_floor']:.2f} |")
+            per = [r[method] for r in rounds]
+
+            def cell(fmt, get):
+                return " → ".join(fmt.format(get(t)) for t in per)
+            lines.append(f"| {labels.get(method, method)} | {cell('{:.2f}', lambda t: t['speedup'])} "
+                         f"| {cell('{:.0f}', lambda t: t['tok_s'])} | {cell('{:.0f}', lambda t: t['launches_per_round'])} "
+                         f"| {cell('{:.2f}', lambda t: t['busy_ms_per_round'])} "
+                         f"| {cell('{:.0f} %', lambda t: 100 * (1 - t['plane']['busy_s'] / t['plane']['span_s']))} "
+                         f"| {cell('{:.2f}', lambda t: t['over_floor'])} |")
+        for (label, _), d, r in zip(present[1:], data[1:], rounds[1:]):
+            if "command_buffer" not in (d["environment"].get("xla_flags") or ""):
+                continue
+            hidden = [labels.get(m, m) for m in r if m in rounds[0]
+                      and r[m]["launches_per_round"] < 0.5 * rounds[0][m]["launches_per_round"]]
+            kept = [labels.get(m, m) for m in r if m in rounds[0] and labels.get(m, m) not in hidden]
+            lines += ["", f"In the {label} run XLA replays captured code as CUDA graphs, and the profiler sees a "
+                          "replayed graph as one launch, not its kernels: "
+                      + (f"{_and(hidden)} ran as graphs (launches per round fell to "
+                         + ", ".join(f"{r[m]['launches_per_round']:.0f}" for m in r if labels.get(m, m) in hidden)
+                         + f"), so {'its' if len(hidden) == 1 else 'their'} launch, busy and idle cells there count graphs, "
+                         "not kernels; "
+                         if hidden else "")
+                      + (f"{_and(kept)} launched as many kernels as without graphs, so "
+                         f"{'its' if len(kept) == 1 else 'their'} rounds were not captured; " if kept else "")
+                      + "tok/s and x AR are timed outside the profiler and hold for every method."]
+        if missing:
+            lines += ["", "Not measured yet: " + ", ".join(f"`{f}` (suite `{suite_steps()[f][0]}`)" for f in missing)
+                      + "."]
     return "\n".join(lines[1:])
 
 

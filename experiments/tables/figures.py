@@ -358,17 +358,18 @@ def _figures() -> List[Figure]:
                        DUSTIN_TRACE_SPARSE, traced(method, "busy"), scale=100))
             add(Figure(f"{base}/busy-over-bytes-floor", f"traced {method} run: device busy time / the run's bytes at "
                        "the measured copy bandwidth", "x", DUSTIN_TRACE_SPARSE, traced(method, "floor")))
-    for tag, _, fused_file in inputs.DUSTIN_TRACE_FUSED:  # the round with fused projections, where measured
-        if not (inputs.RESULTS / fused_file).exists():
-            continue
-        for method in ("dustin", "dustin-kv-streaming"):
-            base = f"dustin/trace/qwen2.5-7b-shape/ctx32768/b16/{method}/fused-projections/{tag}"
-            add(Figure(f"{base}/launches-per-round", f"traced {method} run, fused projections: kernel launches per "
-                       "round", "launches", fused_file, traced(method, "launches")))
-            add(Figure(f"{base}/device-busy-ms-per-round", f"traced {method} run, fused projections: device-busy ms "
-                       "per round", "ms", fused_file, traced(method, "busy_ms")))
-            add(Figure(f"{base}/speedup", f"traced {method} run, fused projections, against its own AR", "x AR",
-                       fused_file, traced(method, "speedup")))
+    for tag, runs in inputs.DUSTIN_TRACE_FUSED:  # the round per projection layout, where measured
+        for slug, label, source in runs[1:]:
+            if not (inputs.RESULTS / source).exists():
+                continue
+            for method in ("dustin", "dustin-kv-streaming"):
+                base = f"dustin/trace/qwen2.5-7b-shape/ctx32768/b16/{method}/{slug}/{tag}"
+                add(Figure(f"{base}/launches-per-round", f"traced {method} run, {label}: kernel launches per round",
+                           "launches", source, traced(method, "launches")))
+                add(Figure(f"{base}/device-busy-ms-per-round", f"traced {method} run, {label}: device-busy ms per "
+                           "round", "ms", source, traced(method, "busy_ms")))
+                add(Figure(f"{base}/speedup", f"traced {method} run, {label}, against its own AR", "x AR", source,
+                           traced(method, "speedup")))
     add(Figure("dustin/speed/qwen2.5-7b-shape/ctx32768/b16/smollm2-tau/speedup-vs-ar",
                "Dustin at the same point with SmolLM2's tau", "x AR", DUSTIN_SMOLLM2_TAU,
                dustin(32768, 16, "dustin", "speedup")))

@@ -111,6 +111,8 @@ SKIP = "bench_skip/bench_skip_qwen2.5-7b-shape_8k_b16_h200.json"
 SKIP_CMDBUF = "bench_skip/bench_skip_qwen2.5-7b-shape_8k_b16_cmdbuf_h200.json"
 #: bench-decode --projections separate,fused: the decode step with both layouts timed alternately in one run
 #: (docs/methods.md §2, fused projections): (device tag, shape, file); a file not there yet is "not measured"
+#: decoder layers of each bench-decode shape (jaxspec.config presets), for per-layer counts
+SHAPE_LAYERS = {"smollm2-135m-shape": 30, "qwen2.5-7b-shape": 28, "qwen2.5-0.5b-shape": 24}
 DECODE_PROJECTIONS = (
     ("cpu", "smollm2-135m-shape", "bench_decode/bench_decode_projections_smollm2-135m-shape_1k_b1-16_cpu.json"),
     ("h100", "qwen2.5-7b-shape", "bench_decode/bench_decode_projections_qwen2.5-7b-shape_8k-32k_b16_h100.json"),
@@ -118,12 +120,20 @@ DECODE_PROJECTIONS = (
     ("h200", "qwen2.5-7b-shape", "bench_decode/bench_decode_projections_qwen2.5-7b-shape_8k-32k_b16_h200.json"),
     ("h200", "qwen2.5-0.5b-shape", "bench_decode/bench_decode_projections_qwen2.5-0.5b-shape_512-32k_b16_h200.json"),
 )
-#: the traced 32k/b16 sparse-draft round with separate and with fused projections, per GPU: (tag, separate, fused)
+#: the traced 32k/b16 sparse-draft round per GPU, one run per layout (docs/methods.md §2, fused projections):
+#: (tag, ((index slug, label, file), ...)); the first is the baseline the others are read against
 DUSTIN_TRACE_FUSED = (
-    ("h100", "dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_sparse-draft_trace_pair-tau_h100.json",
-     "dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_sparse-draft_fused-projections_trace_pair-tau_h100.json"),
-    ("h200", "dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_sparse-draft_trace_h200.json",
-     "dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_sparse-draft_fused-projections_trace_h200.json"),
+    ("h100", (("separate-projections", "separate",
+               "dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_sparse-draft_trace_pair-tau_h100.json"),
+              ("fused-projections", "fused",
+               "dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_sparse-draft_fused-projections_trace_pair-tau_h100.json"),
+              ("fused-projections-command-buffers", "fused + command buffers",
+               "dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_sparse-draft_fused-projections_cmdbuf_trace_pair-tau"
+               "_h100.json"))),
+    ("h200", (("separate-projections", "separate",
+               "dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_sparse-draft_trace_h200.json"),
+              ("fused-projections", "fused",
+               "dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_sparse-draft_fused-projections_trace_h200.json"))),
 )
 #: the engine's plain stretch against the AR loop on one cache (bench-plain), per GPU: (file, suite)
 BENCH_PLAIN = {"h100": ("bench_plain/bench_plain_qwen2.5-1.5b-shape_32k_b1-16_h100.json", "h100-long-context"),

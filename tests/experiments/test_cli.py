@@ -344,6 +344,11 @@ def test_bench_decode_times_both_projection_layouts_in_one_run(tmp_path):
     assert len(cases["smollm2-135m-shape/ctx64/b2/fused"]["timing"]["all_s"]) == 2
     assert main(argv) == 0 and json.loads(out.read_text())["cases"] == cases
     assert matrix_products('%d = f32[2] dot(%a, %b)\n%c = custom-call(), custom_call_target="__cublas$gemm"') == 2
+    # one layer's products listed by result shape and op: q, k, v as three products, then as one [B, Hq*D + 2*Hkv*D]
+    listed = {layout: cases[key + suffix]["layer_products"] for layout, suffix in (("separate", ""), ("fused", "/fused"))}
+    assert len(listed["separate"]) - len(listed["fused"]) == 3, listed
+    assert sum("btd,dq->btq" in p for p in listed["separate"]) == 1
+    assert sum("btd,dn->btn" in p for p in listed["fused"]) == 1 and not any("dq->btq" in p for p in listed["fused"])
 
 
 # ---------------------------------------------------------------------------- suite runner

@@ -311,3 +311,12 @@ def test_alpha_against_measured_reports_the_error_and_the_gap():
     # no rounds ran (the plan decoded plainly), or no reference tokens were recorded: nothing to compare
     assert tables.knapspec._alpha_against_measured(plan, {"acceptance_rate": 0.0, "rounds": 0}) == ""
     assert tables.knapspec._alpha_against_measured({"alpha": 0.7}, {"acceptance_rate": 0.7, "rounds": 5}) == ""
+
+
+def test_shape_layers_match_the_presets():
+    """The tables' per-layer product counts divide by the preset's layer count (the tables import no jaxspec)."""
+    from experiments.tables import inputs
+    from jaxspec.config import preset
+
+    assert {shape: preset(shape).num_layers for shape in inputs.SHAPE_LAYERS} == inputs.SHAPE_LAYERS
+    assert {shape for _, shape, _ in inputs.DECODE_PROJECTIONS} <= set(inputs.SHAPE_LAYERS)
