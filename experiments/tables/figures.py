@@ -50,7 +50,7 @@ from experiments.tables.inputs import (ARBITRATE_CPU, BENCH_SD, DECODE, DENSE, D
                                        SKIP, SKIP_CMDBUF, SPARSE_DRAFT_KV, SRH_GROUP_QUALITY, SRH_GROUP_SCORING,
                                        TPT_CORRELATION_CONTEXTS, command_of, device_of, m_bounds_3kinds, read_path,
                                        selection_rules_of)
-from experiments.tables.kernels import own_kernel_ratio
+from experiments.tables.kernels import own_kernel_ratio, topk_rows
 from experiments.tables.knapspec_plans import chosen_fixed, fixed_cases, plan_stage_names
 from experiments.tables.pair_speed import pair_ar_tok_s, pair_cases, pair_run_tag
 from experiments.tables.srh_groups import SRH_GROUP_LABEL, scoring_ratio, srh_group_contexts, srh_group_quality
@@ -204,6 +204,12 @@ def _figures() -> List[Figure]:
                        f"jaxspec's sparse attention kernel (k = 512) vs its dense kernel alone, all layers by device "
                        f"kernel time, {shape}, 32k, batch 16 (the call's other kernels left out)", "x", KERNEL_DEVICE,
                        lambda d, key=case_key: own_kernel_ratio(d["cases"][key])))
+    if (inputs.RESULTS / inputs.KERNEL_TOPK_H100).exists():  # the exact top-k variants at 32k on the H100
+        for batch in topk_rows(inputs.load(inputs.KERNEL_TOPK_H100)):
+            for variant, label in inputs.TOPK_VARIANTS:
+                add(Figure(f"kernels/topk/qwen2.5-7b/ctx32768/b{batch}/k512/{variant.replace('_', '-')}/h100",
+                           f"exact top-k of 32k positions, {label}, batch {batch}, on an H100", "µs",
+                           inputs.KERNEL_TOPK_H100, lambda d, b=batch, v=variant: topk_rows(d)[b][v]))
     for batch in (1, 16):
         add(Figure(f"kernels/sparse-attention/qwen2.5-7b/ctx32768/b{batch}/k512/time",
                    f"sparse attention k = 512, 7B layer, 32k, batch {batch}", "µs", KERNEL_7B,

@@ -157,6 +157,12 @@ KERNEL_DEVICE = "attention_device_time/attention_device_time_kernels_qwen2.5-7b_
 KERNEL_DEVICE_UNROLLED = "attention_device_time/attention_device_time_unrolled_qwen2.5-7b_72b_32k_b16_k512_h200.json"
 #: the same on an H100 (suite h100-long-context)
 KERNEL_DEVICE_UNROLLED_H100 = "attention_device_time/attention_device_time_unrolled_qwen2.5-7b_72b_32k_b16_k512_h100.json"
+#: the exact top-k of the selection at 32k on an H100 (suite h100-long-context, step topk-radix-32k): the 8-bit
+#: scatter-add radix, the 4-bit compare radix and lax.top_k, with SRH scoring and the whole selection, batch 1/8/16
+KERNEL_TOPK_H100 = "bench_attention/bench_attention_qwen2.5-7b_32k_b1-16_topk_h100.json"
+#: the top-k variants as bench-attention names them: (variant, label)
+TOPK_VARIANTS = (("topk_radix8_scatter", "8-bit scatter-add radix"), ("topk_radix4_compare", "4-bit compare radix"),
+                 ("topk_lax_top_k", "`lax.top_k`"))
 KERNEL_DEVICE_FIRST = "attention_device_time/attention_device_time_qwen2.5-7b_72b_32k_b16_k512_h200.json"
 DEVICE_TARGETS = {"qwen2.5-7b": ("7b", 20.0), "qwen2.5-72b": ("72b", 28.0)}  # the paper: 27.85x at 72B
 KERNEL_VARIANTS = "kernel_explore/kernel_explore_qwen2.5-7b_32k_b16_k512_h200.json"

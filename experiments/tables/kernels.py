@@ -169,3 +169,50 @@ def _other_kernels_sentence(cases) -> str:
             "variants alike, are the merge of the kernel's partial results (two small fusions) and the measuring "
             "loop's own per-layer work (slicing each layer's queries and index set, writing its output into the "
             "stacked result); they do not shrink with k. The attention kernels alone: " + ", ".join(verdicts) + ".")
+
+
+def topk_rows(data: Dict[str, Any]) -> Dict[int, Dict[str, float]]:
+    """Per batch of a bench-attention top-k file: µs of each variant (top-k, scoring, whole selection) at k = 512."""
+    out = {}
+    for key, case in data["cases"].items():
+        if key == "copy_bandwidth" or "rows" not in case:
+            continue
+        rows = case["rows"]
+        out[rows[0]["batch"]] = {r["variant"]: r["us"] for r in rows if r["k"] in ("-", 512)}
+    return out
+
+
+def topk_note() -> str:
+    """The exact top-k variants at 32k on the H100 beside the H200's, and what the default takes there."""
+    source = inputs.KERNEL_TOPK_H100
+    if not (inputs.RESULTS / source).exists():
+        return (f"The exact top-k variants at 32k on the H100: not measured yet (suite "
+                f"`{inputs.suite_steps()[source][0]}`, `{source}`).")
+    per_batch = topk_rows(inputs.load(source))
+    labels = dict(inputs.TOPK_VARIANTS)
+    parts = []
+    for batch in sorted(per_batch, reverse=True):
+        us = per_batch[batch]
+        fastest = min(labels, key=lambda v: us[v])
+        parts.append(f"batch {batch}: " + ", ".join(f"{labels[v]} {us[v]:.0f} µs" for v in labels)
+                     + f" (fastest: {labels[fastest]}; the whole selection {us['selection_4groups']:.0f} µs with "
+                     f"4 KV groups, {us['selection_1group']:.0f} µs with 1)")
+    compare_over_lax = [per_batch[b]["topk_radix4_compare"] / per_batch[b]["topk_lax_top_k"] for b in per_batch]
+    lax_fastest = all(min(labels, key=lambda v: per_batch[b][v]) == "topk_lax_top_k" for b in per_batch)
+    gap = max(per_batch[b]["topk_radix4_compare"] - per_batch[b]["topk_lax_top_k"] for b in per_batch)
+    text = (f"The exact top-k at 32k on an H100 (`{source}`, the 7B layer shape, k = 512): " + "; ".join(parts) + ". "
+            + ("There `lax.top_k` is the fastest at every batch" if lax_fastest else "There the fastest varies")
+            + f"; the 4-bit compare radix, the GPU default from 32k positions (chosen on the H200, where it led), "
+            f"takes {min(compare_over_lax):.2f}-{max(compare_over_lax):.2f}x the time of `lax.top_k`, at most "
+            f"{gap:.0f} µs a top-k")
+    from experiments.tables.dustin_speed import traced_rounds  # the round the selection runs in, same GPU
+
+    trace = inputs.DUSTIN_TRACE_FUSED[0][1][0][2]
+    if (inputs.RESULTS / trace).exists() and inputs.DUSTIN_TRACE_FUSED[0][0] == "h100":
+        data = inputs.load(trace)
+        t = traced_rounds(data)["dustin-kv-streaming"]
+        round_ms = 1e3 * int(data["config"]["new_tokens"]) * 16 / t["tok_s"] / t["rounds"]
+        text += (f": two a round (the draft's and the target's signal) would save at most {2 * gap / 1e3:.3f} ms of "
+                 f"the H100's {round_ms:.1f} ms sparse-draft round at 32k/b16 ({100 * 2 * gap / 1e3 / round_ms:.1f} "
+                 "%), so the default stays one for both GPUs")
+    return text + "."

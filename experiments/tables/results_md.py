@@ -26,7 +26,7 @@ from experiments.tables.inputs import (BENCH_SD_SPLIT, CHOICE_TABLE, DECODE_PROJ
                                        KNAPSPEC_TPT_CORRELATION_TARGET, KNAPSPEC_TRACE, PAIR_SPEED_F32, QUALITY,
                                        QUALITY_PAIR, SELFSPEC_CPU, SELF_DRAFT_SWEEP, SRH_GROUP_QUALITY, command_of,
                                        device_of, read_path, suite_steps)
-from experiments.tables.kernels import device_time_note, kernel_cases, kernel_table, pick
+from experiments.tables.kernels import device_time_note, kernel_cases, kernel_table, pick, topk_note
 from experiments.tables.knapspec import (knapspec_comparison, knapspec_draft_step_note, knapspec_real_note,
                                          knapspec_tables, selfspec_table)
 from experiments.tables.knapspec_plans import (knapspec_alpha_notes, knapspec_alpha_table, knapspec_calibrated_note,
@@ -143,8 +143,8 @@ def results_markdown() -> str:
                  f"launch-bound at every batch size (4-bit compare radix {v(ker7 + '/topk-radix4-compare')}, "
                  f"`lax.top_k` {v(ker7 + '/topk-lax')}; one Pallas kernel for all passes "
                  f"{v(ker7 + '/topk-pallas-one-kernel')}: 16 programs cannot fill the GPU).",
-                 device_time_note()],
-                extra_sources=[KERNEL_FILES[1]]),
+                 device_time_note(), topk_note()],
+                extra_sources=[KERNEL_FILES[1], inputs.KERNEL_TOPK_H100]),
         section("Speculative engine",
                 "Greedy speculative output is the autoregressive output token for token in float32 (tests); on the "
                 "GPU in bf16 the 5-row verification and the 1-row decode round differently, so near-tied greedy "
