@@ -250,7 +250,7 @@ def _three_kinds_clause(source: str) -> str:
         vals = [s["gap_closed"][field] for s in extra if s["gap_closed"].get(field) is not None]
         return 100 * sum(vals) / len(vals) if vals else float("nan")
 
-    return (f"; recalibrated instead on calibration tasks of the evaluation's three kinds ("
+    return ("; recalibrated instead on calibration tasks of the evaluation's three kinds ("
             + ", ".join(f"{s['length_m'] / s['m']:.2f}x" for s in extra if s["m"]) + f" the profiled m) "
             f"{mean('length_m'):+.0f} %, and the coverage rule around it {mean('coverage_length_m'):+.0f} %"
             + (f" ({mean('coverage_length_m_held3'):+.0f} % deciding every third round)"
@@ -285,7 +285,7 @@ def m_bounds_verdict() -> List[str]:
                    + (f"; the coverage rule on the recorded signals {mean('coverage'):+.0f} %, and with its "
                       f"candidates around the held-out single m {mean('coverage_crossval'):+.0f} %"
                       if any(s["gap_closed"].get("coverage") is not None for s in studies) else "")
-                   + (f"; the profile's m for this length (recalibrated on calibration tasks of it, "
+                   + ("; the profile's m for this length (recalibrated on calibration tasks of it, "
                       + ", ".join(f"{s['length_m'] / s['m']:.2f}x" for s in studies if s.get("length_m") is not None
                                   and s["m"]) + f" the profiled m over k) {mean('length_m'):+.0f} %, and the coverage "
                       f"rule around it {mean('coverage_length_m'):+.0f} %"

@@ -546,13 +546,13 @@ def self_draft_levers() -> Dict[str, Any]:
                     if method not in c:
                         continue
                     r, base = c[method], without(key, method, gamma)
-                    cell = (f"{method} at {c['context'] // 1000}k, gamma {gamma}: {round_ms(r):.2f} ms a round, "
+                    line = (f"{method} at {c['context'] // 1000}k, gamma {gamma}: {round_ms(r):.2f} ms a round, "
                             f"{r['metrics']['rounds']} rounds, {r['speedup_vs_ar']:.2f}x")
                     if base:
                         ratios.append(round_ms(base) / round_ms(r))
-                        cell += (f" (without them {round_ms(base):.2f} ms, {base['metrics']['rounds']} rounds, "
+                        line += (f" (without them {round_ms(base):.2f} ms, {base['metrics']['rounds']} rounds, "
                                  f"{base['speedup_vs_ar']:.2f}x)")
-                    cmdbuf.append(cell)
+                    cmdbuf.append(line)
             continue
         case = cases.get("ctx32000/b16")
         if case is None or "dustin-self" not in case:

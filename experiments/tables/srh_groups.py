@@ -13,6 +13,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 from experiments.tables import inputs
 from experiments.tables.dustin_quality import complete_quality_cases, quality_budgets, quality_rows
 from experiments.tables.dustin_speed import selection_share
+from experiments.tables.kernels import kernel_cases, pick
 from experiments.tables.inputs import (DEVICE_NAME, DUSTIN_SPEED_SHARED_GPU, DUSTIN_SPEED_SRH_1GROUP,
                                        PAIR_SPEED_SRH_1GROUP, REPO, SRH_GROUP_METHODS, SRH_GROUP_PROFILES,
                                        SRH_GROUP_QUALITY, SRH_GROUP_SCORING, code_commit, read_path)
@@ -204,10 +205,13 @@ def _srh_scoring_verdicts() -> List[str]:
                             f"{m} {100 * b:.1f} % → {100 * g:.1f} % ({'**met**' if g <= 0.03 else '**missed**'})"
                             for m, (b, g) in shares.items()) + ".")
     h200 += _srh_group_spread_verdicts()
-    return h200 + [f"Signal scoring per round with one-group SRHs against the best-anywhere heads on the CPU (bench-scoring, "
-            f"float32): " + "; ".join(parts) + ". The selection target (<= 3 % of "
+    rows = kernel_cases()[("qwen2.5-7b", 32768, 16)]
+    selection_us = {v: pick(rows, v, 512)["us"] for v in ("selection_4groups", "selection_1group")}
+    return h200 + ["Signal scoring per round with one-group SRHs against the best-anywhere heads on the CPU (bench-scoring, "
+            "float32): " + "; ".join(parts) + ". The selection target (<= 3 % of "
             "a round at 32k/b16) is held on the GPU: on the H200 the 7B shape's scoring of 4 target heads measured "
-            "297 µs in 4 KV groups against 207 µs in one (bench-attention above, 32k, batch 16, with the top-k)"
+            f"{selection_us['selection_4groups']:.0f} µs in 4 KV groups against {selection_us['selection_1group']:.0f} "
+            "µs in one (bench-attention above, 32k, batch 16, with the top-k)"
             + ("." if h200 else ", and the round with one-group target heads (h200-dustin-speed steps "
                "`b16-srh-1group-pair-tau-32k`, `b16-reselect-2-srh-1group-pair-tau-32k`) is not measured yet.")]
 
