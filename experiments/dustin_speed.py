@@ -40,6 +40,7 @@ SRHs for random weights: the target's 4 heads are spread over 4 KV groups (the e
 from __future__ import annotations
 
 import dataclasses
+import sys
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -550,7 +551,8 @@ def _measure_point(*, args, context, batch, holder, target_config, draft_config,
                 jax.block_until_ready(result)
                 holder["cache"], holder["draft"] = result.target_cache, result.draft_state
 
-            trace = trace_or_error(run_once, f"[dustin-speed] trace ctx{context}/b{batch} {method}")
+            trace = trace_or_error(run_once, f"[dustin-speed] trace ctx{context}/b{batch} {method}",
+                                   **round_phase_args(target_params, draft_params, fresh_state, static))
         roof = batch * metrics["tau_untruncated"] / (round_bytes / bandwidth)
         entry[method] = {"timing": timing, "compile_s": compile_s, "metrics": metrics, "tok_s": tps,
                          "round_bytes": round_bytes, "fixed_tau": fixed_tau}
@@ -621,6 +623,30 @@ def _measure_point(*, args, context, batch, holder, target_config, draft_config,
             row["allreduce_ms_per_step"] = verify_cost["seconds"] * 1e3
     entry["rows"] = rows_here
     return entry, rows_here
+
+
+def round_phase_args(target_params, draft_params, fresh_state, static) -> Dict[str, Any]:
+    """``trace_or_error`` arguments that split the traced loop's device time by round phase: the loop's compiled
+    text and the phases' scope names. The text comes from a compile of its own, past the persistent compilation
+    cache and the executable already loaded: that cache's key leaves the ops' metadata out, so an executable cached
+    from code before the scopes existed would carry none of them (its instruction names, which the trace reports,
+    are the same either way)."""
+    import jax
+
+    from jaxspec.decoding.speculative import ROUND_PHASES, loop_jit
+
+    cached = jax.config.jax_enable_compilation_cache
+    try:
+        jax.config.update("jax_enable_compilation_cache", False)
+        lowered = loop_jit.lower(target_params, draft_params, fresh_state(), None, **static)
+        # an option of its own keeps this compile from reusing an executable loaded from that cache earlier
+        text = lowered.compile(compiler_options={"xla_embed_ir_in_executable": True}).as_text()
+    except Exception as error:  # the split is an addition to the trace: without it the trace still stands
+        print(f"[dustin-speed] no per-phase split: {error!r}", file=sys.stderr, flush=True)
+        return {}
+    finally:
+        jax.config.update("jax_enable_compilation_cache", cached)
+    return {"hlo_text": text, "phases": ROUND_PHASES}
 
 
 def register(subparsers) -> None:

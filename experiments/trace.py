@@ -17,6 +17,13 @@ plane (``/device:GPU:0``, or ``/host:CPU`` when asked for on a CPU):
   inside them. Host and device events share the profiler's clock, so this attributes device work
   to a part of the program without a module line (JAX's GPU planes have none).
 
+* ``phases`` (when the caller passes the traced program's compiled text and phase names, as
+  ``dustin-speed --trace`` does with the round's named scopes, ``jaxspec.decoding.speculative.ROUND_PHASES``):
+  per phase, the busy time, kernel time and launches of the kernels whose HLO op (the ``hlo_op`` stat XLA
+  attaches to each kernel event) carries that scope in its ``op_name`` metadata, the innermost phase of the
+  scope path winning; ``other`` for ops under none of them, ``unattributed`` for events without a known op.
+  This splits one fused jitted call -- a whole decode loop -- by phase on the device.
+
 Used by ``dustin-speed --trace`` and ``knapspec --trace`` (one traced run per method, after the
 timed runs; the trace is not part of any timing).
 """
@@ -25,6 +32,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import tempfile
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
@@ -47,6 +55,47 @@ def union_length(intervals: List[Tuple[int, int]]) -> int:
     if current_end is not None:
         total += current_end - current_start
     return total
+
+
+def op_names(hlo_text: str) -> Dict[str, str]:
+    """``{instruction name: op_name metadata}`` of a compiled program's text (``compiled.as_text()``), for every
+    instruction that carries an ``op_name`` (fusions carry their root's)."""
+    out = {}
+    for line in hlo_text.splitlines():
+        match = re.match(r"\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=.*?op_name=\"([^\"]*)\"", line)
+        if match:
+            out[match.group(1)] = match.group(2)
+    return out
+
+
+def phase_of(op_name: str, phases: Tuple[str, ...]) -> str:
+    """The innermost component of the scope path ``op_name`` that is one of ``phases``; ``other`` if none."""
+    found = [part for part in op_name.split("/") if part in phases]
+    return found[-1] if found else "other"
+
+
+def _stat(event, name: str):
+    for key, value in getattr(event, "stats", ()):
+        if key == name:
+            return value
+    return None
+
+
+def summarize_phases(plane, names: Dict[str, str], phases: Tuple[str, ...],
+                     kernel_lines: Optional[Callable[[str], bool]] = None) -> Dict[str, Any]:
+    """Per phase of ``phases`` (plus ``other`` and ``unattributed``): busy time (union), kernel time and launches of
+    the plane's kernel events, each attributed by its ``hlo_op`` stat through ``names`` (:func:`op_names`)."""
+    intervals: Dict[str, List[Tuple[int, int]]] = {}
+    totals: Dict[str, List[float]] = {}
+    for event in _kernel_events(plane, kernel_lines):
+        op = _stat(event, "hlo_op")
+        phase = phase_of(names[str(op)], phases) if op is not None and str(op) in names else "unattributed"
+        intervals.setdefault(phase, []).append((int(event.start_ns), int(event.start_ns + event.duration_ns)))
+        entry = totals.setdefault(phase, [0.0, 0])
+        entry[0] += event.duration_ns
+        entry[1] += 1
+    return {phase: {"busy_s": union_length(intervals[phase]) / 1e9, "kernel_time_s": totals[phase][0] / 1e9,
+                    "launches": int(totals[phase][1])} for phase in totals}
 
 
 def _top(totals: Dict[str, List[float]], top: int) -> List[Dict[str, Any]]:
@@ -134,8 +183,10 @@ def summarize_windows(plane, spans: Dict[str, List[Tuple[int, int]]],
 
 
 def summarize_profile(data, prefixes: Iterable[str] = ("/device:",), top: int = 25,
-                      kernel_lines: Optional[Callable[[str], bool]] = None) -> Dict[str, Any]:
-    """:func:`summarize_plane` for every plane whose name starts with one of ``prefixes``."""
+                      kernel_lines: Optional[Callable[[str], bool]] = None, names: Optional[Dict[str, str]] = None,
+                      phases: Tuple[str, ...] = ()) -> Dict[str, Any]:
+    """:func:`summarize_plane` for every plane whose name starts with one of ``prefixes``; with ``names`` and
+    ``phases`` also :func:`summarize_phases`."""
     prefixes = tuple(prefixes)
     spans = annotation_spans(data.planes)
     out = {}
@@ -144,14 +195,23 @@ def summarize_profile(data, prefixes: Iterable[str] = ("/device:",), top: int = 
             out[plane.name] = summarize_plane(plane, top, kernel_lines)
             if spans:
                 out[plane.name]["windows"] = summarize_windows(plane, spans, kernel_lines)
+            if names and phases:
+                if any(phase_of(name, tuple(phases)) != "other" for name in names.values()):
+                    out[plane.name]["phases"] = summarize_phases(plane, names, tuple(phases), kernel_lines)
+                else:  # a split with every kernel under "other" would read as a measurement
+                    out[plane.name]["phases_error"] = f"the compiled text names none of the phases {list(phases)}"
+            elif phases:
+                out[plane.name]["phases_error"] = "no compiled text to attribute the kernels by"
     return out
 
 
 def device_trace(fn: Callable[[], Any], *, top: int = 25, prefixes: Iterable[str] = ("/device:",),
-                 kernel_lines: Optional[Callable[[str], bool]] = None, keep_dir: Optional[str] = None) -> Dict[str, Any]:
+                 kernel_lines: Optional[Callable[[str], bool]] = None, keep_dir: Optional[str] = None,
+                 hlo_text: Optional[str] = None, phases: Tuple[str, ...] = ()) -> Dict[str, Any]:
     """Run ``fn()`` once (it must block until its work is done) under the profiler; return
     ``{"wall_s", "planes": {name: summary}}``. ``keep_dir``: also keep the raw trace there (for
-    TensorBoard / Perfetto); otherwise it goes to a temporary folder that is deleted."""
+    TensorBoard / Perfetto); otherwise it goes to a temporary folder that is deleted. ``hlo_text`` (the
+    traced program's ``compiled.as_text()``) and ``phases`` (named scopes in it): each plane's ``phases``."""
     import jax
     from jax.profiler import ProfileData
 
@@ -166,11 +226,13 @@ def device_trace(fn: Callable[[], Any], *, top: int = 25, prefixes: Iterable[str
         if not paths:
             raise RuntimeError(f"jax.profiler wrote no .xplane.pb under {where}")
         data = ProfileData.from_file(paths[-1])
-        planes = summarize_profile(data, prefixes, top, kernel_lines)
+        planes = summarize_profile(data, prefixes, top, kernel_lines, op_names(hlo_text) if hlo_text else None,
+                                   phases)
     return {"wall_s": wall, "planes": planes}
 
 
-def trace_on_backend(fn: Callable[[], Any], label: str = "", top: int = 25) -> Dict[str, Any]:
+def trace_on_backend(fn: Callable[[], Any], label: str = "", top: int = 25, *, hlo_text: Optional[str] = None,
+                     phases: Tuple[str, ...] = ()) -> Dict[str, Any]:
     """:func:`device_trace` with the planes of the default backend: the device planes on a GPU/TPU;
     on a CPU (no device plane) the host plane, counting XLA's worker threads and not the Python
     tracer's line. Prints :func:`format_summary` to stderr under ``label``."""
@@ -180,22 +242,23 @@ def trace_on_backend(fn: Callable[[], Any], label: str = "", top: int = 25) -> D
 
     if jax.default_backend() == "cpu":
         summary = device_trace(fn, top=top, prefixes=("/host:CPU",),
-                               kernel_lines=lambda name: name not in META_LINES and name != "python")
+                               kernel_lines=lambda name: name not in META_LINES and name != "python",
+                               hlo_text=hlo_text, phases=phases)
     else:
-        summary = device_trace(fn, top=top)
+        summary = device_trace(fn, top=top, hlo_text=hlo_text, phases=phases)
     summary["backend"] = jax.default_backend()
     if label:
         print(f"{label}\n{format_summary(summary)}", file=sys.stderr, flush=True)
     return summary
 
 
-def trace_or_error(fn: Callable[[], Any], label: str) -> Dict[str, Any]:
+def trace_or_error(fn: Callable[[], Any], label: str, **phase_args) -> Dict[str, Any]:
     """:func:`trace_on_backend` for the experiments' ``--trace``: a profiler that fails (no CUPTI,
     say) is reported as ``{"error": ...}`` and must not lose the timed results already measured."""
     import sys
 
     try:
-        return trace_on_backend(fn, label)
+        return trace_on_backend(fn, label, **phase_args)
     except Exception as error:
         print(f"{label} failed: {error!r}", file=sys.stderr, flush=True)
         return {"error": repr(error)}
@@ -213,8 +276,11 @@ def format_summary(summary: Dict[str, Any], top: int = 8) -> str:
         for window, w in plane.get("windows", {}).items():
             lines.append(f"    window {window}: {w['count']} span(s), wall {w['wall_s'] * 1e3:.2f} ms, busy "
                          f"{w['busy_s'] * 1e3:.2f} ms, {w['launches']} launches")
+        for phase, p in plane.get("phases", {}).items():
+            lines.append(f"    phase {phase}: busy {p['busy_s'] * 1e3:.2f} ms, {p['launches']} launches")
     return "\n".join(lines)
 
 
-__all__ = ["WINDOW_PREFIX", "annotation_spans", "device_trace", "format_summary", "summarize_plane",
-           "summarize_profile", "summarize_windows", "trace_on_backend", "trace_or_error"]
+__all__ = ["WINDOW_PREFIX", "annotation_spans", "device_trace", "format_summary", "op_names", "phase_of",
+           "summarize_phases", "summarize_plane", "summarize_profile", "summarize_windows", "trace_on_backend",
+           "trace_or_error"]

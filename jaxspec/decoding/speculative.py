@@ -281,22 +281,33 @@ def commit_phase(state: LoopState, proposal: Proposal, target_logits, target_cac
 
 
 def _round(target_params, draft_params, state, *, target_config, draft_policy, verify_policy, engine):
+    # the named scopes (ROUND_PHASES) label each phase's kernels in the compiled program, so a device trace can
+    # split a fused round's device time by phase (experiments/trace.py)
     frozen = state.done if engine.skip_finished_rows else None  # finished rows read no history this round
-    proposal, key = draft_phase(target_params, draft_params, freeze_rows(state.draft_state, frozen),
-                                 freeze_rows(state.target_cache, frozen), state.pending,
-                                 state.previous, state.committed, state.key,
-                                 verify_policy.draft_feedback(state.verify_state), target_config=target_config,
-                                 draft_policy=draft_policy, engine=engine)
-    logits, cache, probes = verify_phase(target_params, proposal.target_cache, state.verify_state, state.committed,
-                                          state.pending, proposal.tokens, proposal.signals,
-                                          skip_drafts_of(proposal, state.done, draft_policy=draft_policy,
-                                                         verify_policy=verify_policy, engine=engine),
-                                          target_config=target_config, verify_policy=verify_policy, engine=engine)
-    new = commit_phase(state, proposal, logits, cache, key, engine=engine)
-    if frozen is not None:  # the mark lives for one round: the carried state is as the round found it
-        new = new._replace(target_cache=freeze_rows(new.target_cache, None),
-                           draft_state=freeze_rows(new.draft_state, None))
-    return update_verify_state(state, new, probes, verify_policy=verify_policy)
+    with jax.named_scope("draft"):
+        proposal, key = draft_phase(target_params, draft_params, freeze_rows(state.draft_state, frozen),
+                                     freeze_rows(state.target_cache, frozen), state.pending,
+                                     state.previous, state.committed, state.key,
+                                     verify_policy.draft_feedback(state.verify_state), target_config=target_config,
+                                     draft_policy=draft_policy, engine=engine)
+    with jax.named_scope("verification"):
+        logits, cache, probes = verify_phase(target_params, proposal.target_cache, state.verify_state,
+                                              state.committed, state.pending, proposal.tokens, proposal.signals,
+                                              skip_drafts_of(proposal, state.done, draft_policy=draft_policy,
+                                                             verify_policy=verify_policy, engine=engine),
+                                              target_config=target_config, verify_policy=verify_policy,
+                                              engine=engine)
+    with jax.named_scope("commit"):
+        new = commit_phase(state, proposal, logits, cache, key, engine=engine)
+        if frozen is not None:  # the mark lives for one round: the carried state is as the round found it
+            new = new._replace(target_cache=freeze_rows(new.target_cache, None),
+                               draft_state=freeze_rows(new.draft_state, None))
+        return update_verify_state(state, new, probes, verify_policy=verify_policy)
+
+
+#: the named scopes of one speculative round, outermost first; Dustin's selection runs inside verification, and a
+#: kernel counts towards the innermost of these in its scope path
+ROUND_PHASES = ("draft", "verification", "selection", "commit")
 
 
 def update_verify_state(before: LoopState, after: LoopState, probes, *, verify_policy):

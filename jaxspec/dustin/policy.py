@@ -324,12 +324,13 @@ class DustinVerify(VerifyPolicyBase):
     def _selection(self, state, target_cache, committed, signals):
         """``(I_verify, m [B] or None)`` selected from this round's signals; with ``m_every > 1`` the coverage
         rule decides in every ``m_every``-th round and the held m selects in the others."""
-        s_draft, s_target = self.scores(state, target_cache, committed, signals)
-        if self.holds_m:
-            hold = state["m_hold"]
-            return select_held(self.dustin, s_draft, s_target, committed - 1, hold["m"],
-                               hold["since"] % self.dustin.m_every == 0)
-        return select_for_config(self.dustin, s_draft, s_target, committed - 1), None
+        with jax.named_scope("selection"):  # a phase of the round's device trace (speculative.ROUND_PHASES)
+            s_draft, s_target = self.scores(state, target_cache, committed, signals)
+            if self.holds_m:
+                hold = state["m_hold"]
+                return select_held(self.dustin, s_draft, s_target, committed - 1, hold["m"],
+                                   hold["since"] % self.dustin.m_every == 0)
+            return select_for_config(self.dustin, s_draft, s_target, committed - 1), None
 
     def verify_forward(self, target_params, rows, target_cache, committed, signals, *, config, state):
         """The base class's forward; with ``draft_kv="verify-set"`` its probes also carry this round's

@@ -5,12 +5,12 @@ from types import SimpleNamespace as NS
 
 import pytest
 
-from experiments.trace import (annotation_spans, device_trace, summarize_plane, summarize_windows,
-                               trace_on_backend, union_length)
+from experiments.trace import (annotation_spans, device_trace, op_names, phase_of, summarize_phases, summarize_plane,
+                               summarize_windows, trace_on_backend, union_length)
 
 
-def _event(name, start, duration):
-    return NS(name=name, start_ns=start, duration_ns=duration)
+def _event(name, start, duration, **stats):
+    return NS(name=name, start_ns=start, duration_ns=duration, stats=list(stats.items()))
 
 
 def test_union_length_merges_overlaps_and_keeps_gaps():
@@ -58,6 +58,38 @@ def test_windows_attribute_device_work_to_annotated_host_spans():
     assert out["launches"] == 3 and out["idle_share"] == pytest.approx(1 - 400 / 1500)
 
 
+def test_phases_attribute_kernels_by_their_hlo_op_scope():
+    """Each kernel event's hlo_op stat, through the compiled text's op_name metadata, to the innermost phase of
+    its scope path; ops under no phase are 'other', events without a known op 'unattributed'."""
+    text = "\n".join([
+        '  %fusion.1 = f32[2]{0} fusion(%p), kind=kLoop, metadata={op_name="jit(f)/while/body/draft/layer0/mul"}',
+        '  ROOT %gemm.2 = f32[2]{0} custom-call(%a), metadata={op_name="jit(f)/while/body/verification/selection/dot"}',
+        '  %copy.3 = f32[2]{0} copy(%b), metadata={op_name="jit(f)/while/body/verification/layer1/dot_general"}',
+        '  %tuple.4 = (f32[2]{0}) tuple(%c)',  # no metadata: not listed
+        '  %add.5 = f32[2]{0} add(%d, %e), metadata={op_name="jit(f)/while/cond/lt" source_file="x.py"}'])
+    names = op_names(text)
+    assert names == {"fusion.1": "jit(f)/while/body/draft/layer0/mul",
+                     "gemm.2": "jit(f)/while/body/verification/selection/dot",
+                     "copy.3": "jit(f)/while/body/verification/layer1/dot_general", "add.5": "jit(f)/while/cond/lt"}
+    phases = ("draft", "verification", "selection", "commit")
+    assert phase_of(names["gemm.2"], phases) == "selection"  # the innermost phase wins
+    assert phase_of(names["copy.3"], phases) == "verification"
+    assert phase_of(names["add.5"], phases) == "other"
+    assert phase_of("jit(f)/drafted/x", phases) == "other"  # whole path components only
+    plane = NS(name="/device:GPU:0", lines=[
+        NS(name="XLA Ops", events=[_event("fusion.1", 0, 5000, hlo_op="fusion.1")]),  # not a kernel line
+        NS(name="Stream #1(Compute)", events=[
+            _event("k_draft", 0, 100, hlo_op="fusion.1"), _event("k_draft", 50, 100, hlo_op="fusion.1"),
+            _event("nvjet_x", 200, 300, hlo_op="gemm.2"), _event("k_verify", 600, 100, hlo_op="copy.3"),
+            _event("k_cond", 800, 10, hlo_op="add.5"), _event("memset", 900, 20),
+            _event("k_unknown", 950, 5, hlo_op="fusion.99")])])
+    out = summarize_phases(plane, names, phases)
+    assert out["draft"] == {"busy_s": pytest.approx(150e-9), "kernel_time_s": pytest.approx(200e-9), "launches": 2}
+    assert out["selection"]["launches"] == 1 and out["selection"]["busy_s"] == pytest.approx(300e-9)
+    assert out["verification"]["launches"] == 1 and out["other"]["launches"] == 1
+    assert out["unattributed"]["launches"] == 2 and "commit" not in out
+
+
 def test_device_trace_reads_a_real_cpu_trace():
     import jax
     import jax.numpy as jnp
@@ -97,6 +129,13 @@ def test_dustin_speed_trace_flag(tmp_path):
         trace = case[method]["trace"]
         assert trace["wall_s"] > 0 and trace["planes"]
         assert all(p["launches"] > 0 for p in trace["planes"].values())
+    # the fused loop's device time split by round phase through its named scopes (a real CPU trace)
+    (plane,) = case["dustin"]["trace"]["planes"].values()
+    phases = plane["phases"]
+    assert {"draft", "verification", "selection"} <= set(phases), phases
+    assert all(phases[p]["launches"] > 0 and phases[p]["busy_s"] > 0 for p in ("draft", "verification", "selection"))
+    assert sum(p["launches"] for p in phases.values()) == plane["launches"]
+    assert "phases" not in next(iter(case["ar"]["trace"]["planes"].values()))  # AR is no round
 
 
 def test_knapspec_trace_flag(tmp_path):
