@@ -179,8 +179,14 @@ def matrix_products(hlo_text: str) -> int:
     """Matrix products in a compiled program's text: XLA dots (inside fusions included) and the GPU's
     cuBLAS calls. A decode loop's body is compiled once, so this counts one step's products (plus any
     outside the loop), a proxy for its GEMM kernels per step."""
-    return (len(re.findall(r"\bdot\(", hlo_text)) + hlo_text.count('custom_call_target="__cublas$gemm"')
-            + hlo_text.count('custom_call_target="__cublas$lt$matmul"'))
+    return len(_product_lines(hlo_text))
+
+
+def _product_lines(hlo_text: str) -> List[str]:
+    """The lines of a compiled program's text that are matrix products: XLA dots and cuBLAS calls."""
+    return [line for line in hlo_text.splitlines()
+            if re.search(r"\bdot\(", line) or 'custom_call_target="__cublas$gemm"' in line
+            or 'custom_call_target="__cublas$lt$matmul"' in line]
 
 
 def layer_products(hlo_text: str, layer: int = 1) -> List[str]:
@@ -188,9 +194,7 @@ def layer_products(hlo_text: str, layer: int = 1) -> List[str]:
     (the op is the einsum or source name in its metadata): which products the compiler merged or split, e.g. the
     GPU's merge of q, k and v into one product in the separate layout (docs/methods.md §2, fused projections)."""
     out = []
-    for line in hlo_text.splitlines():
-        if not (re.search(r"\bdot\(", line) or "__cublas$" in line):
-            continue
+    for line in _product_lines(hlo_text):
         name = re.search(r'op_name="([^"]*)"', line)
         if not name or f"/layer{layer}/" not in name.group(1):
             continue

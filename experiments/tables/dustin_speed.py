@@ -112,8 +112,9 @@ DUSTIN_METHODS = (("classic", "ClassicSD"), ("magicdec", "MagicDec"), ("dustin",
 
 def traced_rounds(traced: Dict[str, Any], case_key: str = "ctx32768/b16") -> Dict[str, Dict[str, Any]]:
     """Per method of a ``dustin-speed --trace`` file's case: its device plane, tok/s, speed-up, loop rounds
-    (new tokens / tau; for AR a step), kernels launched per round, device-busy ms per round and busy time over
-    the run's bytes floor (the run's bytes at the copy bandwidth measured in the same run)."""
+    (new tokens / tau; for AR a step), the timed run's ms per round, kernels launched per round, device-busy ms per
+    round and busy time over the run's bytes floor (the run's bytes at the copy bandwidth measured in the same
+    run)."""
     tokens = int(traced["config"]["new_tokens"])
     case, out = traced["cases"][case_key], {}
     for row in case["rows"]:
@@ -123,6 +124,7 @@ def traced_rounds(traced: Dict[str, Any], case_key: str = "ctx32768/b16") -> Dic
         out[row["method"]] = {"plane": plane, "tok_s": row["tok_s"], "speedup": row["speedup"], "rounds": rounds,
                               "launches_per_round": plane["launches"] / rounds, "floor_s": floor_s,
                               "busy_ms_per_round": plane["busy_s"] * 1e3 / rounds,
+                              "round_ms": 1e3 * tokens * row["batch"] / row["tok_s"] / rounds,
                               "over_floor": plane["busy_s"] / floor_s}
     return out
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Tuple
 
 from experiments.tables import inputs
+from experiments.tables.dustin_speed import traced_rounds
 from experiments.tables.inputs import (DEVICE_TARGETS, KERNEL_DEVICE, KERNEL_DEVICE_FIRST, KERNEL_DEVICE_UNROLLED,
                                        KERNEL_DEVICE_UNROLLED_H100, KERNEL_FILES)
 
@@ -205,13 +206,9 @@ def topk_note() -> str:
             + f"; the 4-bit compare radix, the GPU default from 32k positions (chosen on the H200, where it led), "
             f"takes {min(compare_over_lax):.2f}-{max(compare_over_lax):.2f}x the time of `lax.top_k`, at most "
             f"{gap:.0f} µs a top-k")
-    from experiments.tables.dustin_speed import traced_rounds  # the round the selection runs in, same GPU
-
-    trace = inputs.DUSTIN_TRACE_FUSED[0][1][0][2]
-    if (inputs.RESULTS / trace).exists() and inputs.DUSTIN_TRACE_FUSED[0][0] == "h100":
-        data = inputs.load(trace)
-        t = traced_rounds(data)["dustin-kv-streaming"]
-        round_ms = 1e3 * int(data["config"]["new_tokens"]) * 16 / t["tok_s"] / t["rounds"]
+    trace = dict(inputs.DUSTIN_TRACE_FUSED)["h100"][0][2]  # the H100's sparse-draft round, separate projections
+    if (inputs.RESULTS / trace).exists():
+        round_ms = traced_rounds(inputs.load(trace))["dustin-kv-streaming"]["round_ms"]
         text += (f": two a round (the draft's and the target's signal) would save at most {2 * gap / 1e3:.3f} ms of "
                  f"the H100's {round_ms:.1f} ms sparse-draft round at 32k/b16 ({100 * 2 * gap / 1e3 / round_ms:.1f} "
                  "%), so the default stays one for both GPUs")
