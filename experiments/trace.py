@@ -84,18 +84,35 @@ def _stat(event, name: str):
 def summarize_phases(plane, names: Dict[str, str], phases: Tuple[str, ...],
                      kernel_lines: Optional[Callable[[str], bool]] = None) -> Dict[str, Any]:
     """Per phase of ``phases`` (plus ``other`` and ``unattributed``): busy time (union), kernel time and launches of
-    the plane's kernel events, each attributed by its ``hlo_op`` stat through ``names`` (:func:`op_names`)."""
+    the plane's kernel events. An event's op is its ``hlo_op`` stat looked up in ``names`` (:func:`op_names`); failing
+    that its ``tf_op`` stat (a scope path itself), then its own name looked up in ``names``. ``attributed_by`` counts
+    the events each route placed; ``unattributed_stats`` lists the stat names of the first unplaced event (what the
+    profiler did attach, for when nothing matched)."""
     intervals: Dict[str, List[Tuple[int, int]]] = {}
     totals: Dict[str, List[float]] = {}
+    routes: Dict[str, int] = {}
+    unplaced_stats: Optional[List[str]] = None
     for event in _kernel_events(plane, kernel_lines):
-        op = _stat(event, "hlo_op")
-        phase = phase_of(names[str(op)], phases) if op is not None and str(op) in names else "unattributed"
+        op, scope = _stat(event, "hlo_op"), _stat(event, "tf_op")
+        if op is not None and str(op) in names:
+            route, phase = "hlo_op", phase_of(names[str(op)], phases)
+        elif scope is not None and "/" in str(scope):
+            route, phase = "tf_op", phase_of(str(scope), phases)
+        elif str(event.name) in names:
+            route, phase = "kernel_name", phase_of(names[str(event.name)], phases)
+        else:
+            route, phase = "none", "unattributed"
+            if unplaced_stats is None:
+                unplaced_stats = sorted(str(key) for key, _ in getattr(event, "stats", ()))
+        routes[route] = routes.get(route, 0) + 1
         intervals.setdefault(phase, []).append((int(event.start_ns), int(event.start_ns + event.duration_ns)))
         entry = totals.setdefault(phase, [0.0, 0])
         entry[0] += event.duration_ns
         entry[1] += 1
-    return {phase: {"busy_s": union_length(intervals[phase]) / 1e9, "kernel_time_s": totals[phase][0] / 1e9,
-                    "launches": int(totals[phase][1])} for phase in totals}
+    out: Dict[str, Any] = {phase: {"busy_s": union_length(intervals[phase]) / 1e9,
+                                   "kernel_time_s": totals[phase][0] / 1e9, "launches": int(totals[phase][1])}
+                           for phase in totals}
+    return {"phases": out, "attributed_by": routes, "unattributed_stats": unplaced_stats}
 
 
 def _top(totals: Dict[str, List[float]], top: int) -> List[Dict[str, Any]]:
@@ -197,7 +214,11 @@ def summarize_profile(data, prefixes: Iterable[str] = ("/device:",), top: int = 
                 out[plane.name]["windows"] = summarize_windows(plane, spans, kernel_lines)
             if names and phases:
                 if any(phase_of(name, tuple(phases)) != "other" for name in names.values()):
-                    out[plane.name]["phases"] = summarize_phases(plane, names, tuple(phases), kernel_lines)
+                    split = summarize_phases(plane, names, tuple(phases), kernel_lines)
+                    out[plane.name]["phases"] = split["phases"]
+                    out[plane.name]["phases_attributed_by"] = split["attributed_by"]
+                    if split["unattributed_stats"] is not None:
+                        out[plane.name]["phases_unattributed_stats"] = split["unattributed_stats"]
                 else:  # a split with every kernel under "other" would read as a measurement
                     out[plane.name]["phases_error"] = f"the compiled text names none of the phases {list(phases)}"
             elif phases:
@@ -278,6 +299,12 @@ def format_summary(summary: Dict[str, Any], top: int = 8) -> str:
                          f"{w['busy_s'] * 1e3:.2f} ms, {w['launches']} launches")
         for phase, p in plane.get("phases", {}).items():
             lines.append(f"    phase {phase}: busy {p['busy_s'] * 1e3:.2f} ms, {p['launches']} launches")
+        if "phases_attributed_by" in plane:
+            lines.append(f"    phases attributed by {plane['phases_attributed_by']}"
+                         + (f"; an unplaced event's stats: {plane['phases_unattributed_stats']}"
+                            if "phases_unattributed_stats" in plane else ""))
+        if "phases_error" in plane:
+            lines.append(f"    phases: {plane['phases_error']}")
     return "\n".join(lines)
 
 

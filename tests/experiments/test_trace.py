@@ -83,11 +83,22 @@ def test_phases_attribute_kernels_by_their_hlo_op_scope():
             _event("nvjet_x", 200, 300, hlo_op="gemm.2"), _event("k_verify", 600, 100, hlo_op="copy.3"),
             _event("k_cond", 800, 10, hlo_op="add.5"), _event("memset", 900, 20),
             _event("k_unknown", 950, 5, hlo_op="fusion.99")])])
-    out = summarize_phases(plane, names, phases)
+    split = summarize_phases(plane, names, phases)
+    out = split["phases"]
     assert out["draft"] == {"busy_s": pytest.approx(150e-9), "kernel_time_s": pytest.approx(200e-9), "launches": 2}
     assert out["selection"]["launches"] == 1 and out["selection"]["busy_s"] == pytest.approx(300e-9)
     assert out["verification"]["launches"] == 1 and out["other"]["launches"] == 1
     assert out["unattributed"]["launches"] == 2 and "commit" not in out
+    assert split["attributed_by"] == {"hlo_op": 5, "none": 2}
+    assert split["unattributed_stats"] == []  # the memset carries no stats
+    # fallbacks when the hlo_op stat is missing or unknown: a tf_op stat (a scope path), then the kernel's own name
+    plane = NS(name="/device:GPU:0", lines=[NS(name="Stream #1(Compute)", events=[
+        _event("k", 0, 10, hlo_op="fusion.99", tf_op="jit(f)/while/body/commit/scatter"),
+        _event("fusion.1", 20, 10, correlation_id=3), _event("other_kernel", 40, 10, correlation_id=4)])])
+    split = summarize_phases(plane, names, phases)
+    assert split["phases"]["commit"]["launches"] == 1 and split["phases"]["draft"]["launches"] == 1
+    assert split["attributed_by"] == {"tf_op": 1, "kernel_name": 1, "none": 1}
+    assert split["unattributed_stats"] == ["correlation_id"]
 
 
 def test_device_trace_reads_a_real_cpu_trace():
