@@ -189,6 +189,58 @@ def fused_trace_table() -> str:
     return "\n".join(lines[1:])
 
 
+def phase_split_table() -> str:
+    """The traced 32k/b16 round split by phase on the device (the round's named scopes, attributed per kernel event;
+    docs/gpu.md), per GPU where a phases trace exists; otherwise which step measures it. Selection's share is its
+    busy time over the method's whole busy time in the same fused loop, with no host synchronisation between phases
+    (unlike ``--profile``'s per-phase calls)."""
+    lines, missing = [], []
+    labels = dict(DUSTIN_SPEED_SPARSE_METHODS)
+    for tag, source in inputs.DUSTIN_TRACE_PHASES:
+        if not (inputs.RESULTS / source).exists():
+            missing.append(source)
+            continue
+        data = inputs.load(source)
+        rounds = traced_rounds(data)
+        split = {m: r["plane"].get("phases") for m, r in rounds.items()}
+        if not any(split.values()):
+            errors = sorted({str(r["plane"].get("phases_error", "no phases recorded")) for r in rounds.values()})
+            lines += ["", f"The round by phase on the {tag.upper()} (`{source}`): not split: {'; '.join(errors)}."]
+            continue
+        lines += ["", f"The traced 32k/b16 round by phase on the {tag.upper()} (`{source}`, "
+                      f"{data['environment'].get('time_utc', '?')[:10]}, commit {inputs.code_commit(data)}; one fused "
+                      "jitted loop per method, each kernel placed in the innermost named scope of its op; device-busy "
+                      "ms per round, its share of the method's busy time, kernels per round):", "",
+                  "| method | " + " | ".join(inputs.ROUND_PHASES) + " | selection share of the round |",
+                  "|---|" + "---|" * (len(inputs.ROUND_PHASES) + 1)]
+        for method, r in rounds.items():
+            phases = split[method]
+            if not phases:
+                continue
+            total = sum(p["busy_s"] for p in phases.values())
+
+            def cell(name):
+                p = phases.get(name)
+                if not p:
+                    return "-"
+                return (f"{p['busy_s'] * 1e3 / r['rounds']:.2f} ({100 * p['busy_s'] / total:.0f} %, "
+                        f"{p['launches'] / r['rounds']:.0f})")
+            share = (f"{100 * phases['selection']['busy_s'] / total:.1f} %" if "selection" in phases
+                     else "-" if method == "ar" else "0 %")
+            lines.append(f"| {labels.get(method, method)} | " + " | ".join(cell(n) for n in inputs.ROUND_PHASES)
+                         + f" | {share} |")
+        routes = {m: r["plane"].get("phases_attributed_by") for m, r in rounds.items() if r["plane"].get("phases")}
+        if any(routes.values()):
+            lines += ["", "Kernel events placed, by route (the `hlo_op` stat through the compiled text's op names; "
+                          "else a `tf_op` scope path; else the kernel's name): "
+                      + "; ".join(f"{labels.get(m, m)} " + ", ".join(f"{k} {v}" for k, v in sorted(rt.items()))
+                                  for m, rt in routes.items() if rt) + "."]
+    if missing:
+        lines += ["", "The round by phase, not measured yet: " + ", ".join(
+            f"`{f}` (suite `{suite_steps()[f][0]}`)" for f in missing) + "."]
+    return "\n".join(lines[1:])
+
+
 def dustin_speed_tables() -> str:
     lines = ["| context | batch | AR tok/s | ClassicSD | MagicDec | **Dustin** | roofline (Classic / MagicDec / Dustin) "
              "| attention per verification dense → sparse (28 layers) | selection / round |",
@@ -312,7 +364,7 @@ def dustin_speed_tables() -> str:
                      + ["", "Per-round split (`--profile`: per-phase jitted calls with a host sync after each, "
                                   "so the sum exceeds a fused round), ms per round:", ""] + split
                      + ["", f"Where the time goes (`{DUSTIN_TRACE}`, 32k, batch 16, one more run of each method "
-                            "under `jax.profiler`):", ""] + tr + tr_sparse + ["", fused_trace_table()]
+                            "under `jax.profiler`):", ""] + tr + tr_sparse + ["", fused_trace_table(), "", phase_split_table()]
                      + ["", "Real SmolLM2-135M end to end (7.6k-token prompt, batch 16, 256 new tokens, gamma 4, "
                             "AR in the same process before each method):", ""] + e2e)
 

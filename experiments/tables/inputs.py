@@ -135,6 +135,15 @@ DUSTIN_TRACE_FUSED = (
               ("fused-projections", "fused",
                "dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_sparse-draft_fused-projections_trace_h200.json"))),
 )
+#: the traced 32k/b16 sparse-draft round split by phase on the device (``dustin-speed --trace``, the round's named
+#: scopes; docs/gpu.md), per GPU: (tag, file)
+DUSTIN_TRACE_PHASES = (
+    ("h100", "dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_sparse-draft_phases_trace_pair-tau_h100.json"),
+    ("h200", "dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_sparse-draft_phases_trace_h200.json"),
+)
+#: the round phases in the order the tables show them (jaxspec.decoding.speculative.ROUND_PHASES, plus the trace's
+#: ``other`` and ``unattributed``)
+ROUND_PHASES = ("draft", "verification", "selection", "commit", "other", "unattributed")
 #: the engine's plain stretch against the AR loop on one cache (bench-plain), per GPU: (file, suite)
 BENCH_PLAIN = {"h100": ("bench_plain/bench_plain_qwen2.5-1.5b-shape_32k_b1-16_h100.json", "h100-long-context"),
                "h200": ("bench_plain/bench_plain_qwen2.5-1.5b-shape_32k_b1-16_h200.json", "h200-ar-decode")}

@@ -129,7 +129,7 @@ def test_device_trace_reads_a_real_cpu_trace():
     assert 0 < window["launches"] < plane["launches"]  # the call before the span is outside it
 
 
-def test_dustin_speed_trace_flag(tmp_path):
+def test_dustin_speed_trace_flag(tmp_path, monkeypatch):
     from experiments.run import main
     from tests.conftest import DUSTIN_SPEED_ARGS as ARGS
 
@@ -147,6 +147,24 @@ def test_dustin_speed_trace_flag(tmp_path):
     assert all(phases[p]["launches"] > 0 and phases[p]["busy_s"] > 0 for p in ("draft", "verification", "selection"))
     assert sum(p["launches"] for p in phases.values()) == plane["launches"]
     assert "phases" not in next(iter(case["ar"]["trace"]["planes"].values()))  # AR is no round
+    assert plane["phases_attributed_by"].get("hlo_op", 0) > 0
+
+    # docs/results.md's phase table renders this file (under the 32k/b16 key the table reads)
+    from experiments.tables import dustin_speed, inputs
+
+    data = json.loads(out.read_text())
+    data["cases"] = {"ctx32768/b16": case}
+    (tmp_path / "dustin_speed").mkdir()
+    (tmp_path / "dustin_speed" / "phases.json").write_text(json.dumps(data))
+    monkeypatch.setattr(inputs, "RESULTS", tmp_path)
+    monkeypatch.setattr(inputs, "DUSTIN_TRACE_PHASES", (("cpu", "dustin_speed/phases.json"),))
+    table = dustin_speed.phase_split_table()
+    rows = [line for line in table.splitlines() if line.startswith("| ")]
+    assert rows[0].startswith("| method | draft | verification | selection |")
+    (row,) = rows[1:]  # Dustin only: AR has no phases
+    share = float(row.split("|")[-2].strip().rstrip(" %"))
+    assert 0 < share < 100, row
+    assert "hlo_op" in table and "not measured yet" not in table
 
 
 def test_knapspec_trace_flag(tmp_path):
