@@ -98,8 +98,8 @@ def summarize_phases(plane, names: Dict[str, str], phases: Tuple[str, ...],
             route, phase = "hlo_op", phase_of(names[str(op)], phases)
         elif scope is not None and "/" in str(scope):
             route, phase = "tf_op", phase_of(str(scope), phases)
-        elif str(event.name) in names:
-            route, phase = "kernel_name", phase_of(names[str(event.name)], phases)
+        elif _bare(event.name) in names:  # XLA:CPU marks an async op's completion as "end: <op>"
+            route, phase = "kernel_name", phase_of(names[_bare(event.name)], phases)
         else:
             route, phase = "none", "unattributed"
             if unplaced_stats is None:
@@ -113,6 +113,11 @@ def summarize_phases(plane, names: Dict[str, str], phases: Tuple[str, ...],
                                    "kernel_time_s": totals[phase][0] / 1e9, "launches": int(totals[phase][1])}
                            for phase in totals}
     return {"phases": out, "attributed_by": routes, "unattributed_stats": unplaced_stats}
+
+
+def _bare(name) -> str:
+    name = str(name)
+    return name[len("end: "):] if name.startswith("end: ") else name
 
 
 def _top(totals: Dict[str, List[float]], top: int) -> List[Dict[str, Any]]:
