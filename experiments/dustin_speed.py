@@ -544,15 +544,20 @@ def _measure_point(*, args, context, batch, holder, target_config, draft_config,
         tps = float(np.asarray(final.num_out).sum()) / timing["median_s"]
         trace = None
         if getattr(args, "trace", False):
+            phase_args = round_phase_args(target_params, draft_params, fresh_state, static)
+            compiled = phase_args.pop("compiled", None)
+
             def run_once():
                 from jaxspec.decoding.speculative import run_loop
 
-                result = run_loop(target_params, draft_params, fresh_state(), **static)
+                if compiled is not None:  # the executable whose text the phase split reads
+                    result = compiled(target_params, draft_params, fresh_state(), None)
+                else:
+                    result = run_loop(target_params, draft_params, fresh_state(), **static)
                 jax.block_until_ready(result)
                 holder["cache"], holder["draft"] = result.target_cache, result.draft_state
 
-            trace = trace_or_error(run_once, f"[dustin-speed] trace ctx{context}/b{batch} {method}",
-                                   **round_phase_args(target_params, draft_params, fresh_state, static))
+            trace = trace_or_error(run_once, f"[dustin-speed] trace ctx{context}/b{batch} {method}", **phase_args)
         roof = batch * metrics["tau_untruncated"] / (round_bytes / bandwidth)
         entry[method] = {"timing": timing, "compile_s": compile_s, "metrics": metrics, "tok_s": tps,
                          "round_bytes": round_bytes, "fixed_tau": fixed_tau}
@@ -627,10 +632,11 @@ def _measure_point(*, args, context, batch, holder, target_config, draft_config,
 
 def round_phase_args(target_params, draft_params, fresh_state, static) -> Dict[str, Any]:
     """``trace_or_error`` arguments that split the traced loop's device time by round phase: the loop's compiled
-    text and the phases' scope names. The text comes from a compile of its own, past the persistent compilation
-    cache and the executable already loaded: that cache's key leaves the ops' metadata out, so an executable cached
-    from code before the scopes existed would carry none of them (its instruction names, which the trace reports,
-    are the same either way)."""
+    text and the phases' scope names, plus ``compiled``, the executable that text describes, for the traced run to
+    call. The compile is one of its own, past the persistent compilation cache and the executable already loaded:
+    that cache's key leaves the ops' metadata out, so an executable cached from code before the scopes existed would
+    carry none of them. The traced run calls this executable and not the timed one, because two compiles of one
+    program need not name their kernels alike (a GPU compile autotunes its matrix products afresh)."""
     import jax
 
     from jaxspec.decoding.speculative import ROUND_PHASES, loop_jit
@@ -640,13 +646,14 @@ def round_phase_args(target_params, draft_params, fresh_state, static) -> Dict[s
         jax.config.update("jax_enable_compilation_cache", False)
         lowered = loop_jit.lower(target_params, draft_params, fresh_state(), None, **static)
         # an option of its own keeps this compile from reusing an executable loaded from that cache earlier
-        text = lowered.compile(compiler_options={"xla_embed_ir_in_executable": True}).as_text()
+        compiled = lowered.compile(compiler_options={"xla_embed_ir_in_executable": True})
+        text = compiled.as_text()
     except Exception as error:  # the split is an addition to the trace: without it the trace still stands
         print(f"[dustin-speed] no per-phase split: {error!r}", file=sys.stderr, flush=True)
         return {}
     finally:
         jax.config.update("jax_enable_compilation_cache", cached)
-    return {"hlo_text": text, "phases": ROUND_PHASES}
+    return {"hlo_text": text, "phases": ROUND_PHASES, "compiled": compiled}
 
 
 def register(subparsers) -> None:

@@ -87,11 +87,13 @@ def summarize_phases(plane, names: Dict[str, str], phases: Tuple[str, ...],
     the plane's kernel events. An event's op is its ``hlo_op`` stat looked up in ``names`` (:func:`op_names`); failing
     that its ``tf_op`` stat (a scope path itself), then its own name looked up in ``names``. ``attributed_by`` counts
     the events each route placed; ``unattributed_stats`` lists the stat names of the first unplaced event (what the
-    profiler did attach, for when nothing matched)."""
+    profiler did attach, for when nothing matched), ``unattributed_top`` the unplaced kernels with the most time
+    (name, ``hlo_op``, ``tf_op``, ``hlo_module``)."""
     intervals: Dict[str, List[Tuple[int, int]]] = {}
     totals: Dict[str, List[float]] = {}
     routes: Dict[str, int] = {}
     unplaced_stats: Optional[List[str]] = None
+    unplaced: Dict[Tuple[str, str, str, str], List[float]] = {}
     for event in _kernel_events(plane, kernel_lines):
         op, scope = _stat(event, "hlo_op"), _stat(event, "tf_op")
         if op is not None and str(op) in names:
@@ -104,6 +106,10 @@ def summarize_phases(plane, names: Dict[str, str], phases: Tuple[str, ...],
             route, phase = "none", "unattributed"
             if unplaced_stats is None:
                 unplaced_stats = sorted(str(key) for key, _ in getattr(event, "stats", ()))
+            key = (str(event.name)[:80], str(op), str(scope)[:160], str(_stat(event, "hlo_module")))
+            entry = unplaced.setdefault(key, [0.0, 0])
+            entry[0] += event.duration_ns
+            entry[1] += 1
         routes[route] = routes.get(route, 0) + 1
         intervals.setdefault(phase, []).append((int(event.start_ns), int(event.start_ns + event.duration_ns)))
         entry = totals.setdefault(phase, [0.0, 0])
@@ -112,7 +118,10 @@ def summarize_phases(plane, names: Dict[str, str], phases: Tuple[str, ...],
     out: Dict[str, Any] = {phase: {"busy_s": union_length(intervals[phase]) / 1e9,
                                    "kernel_time_s": totals[phase][0] / 1e9, "launches": int(totals[phase][1])}
                            for phase in totals}
-    return {"phases": out, "attributed_by": routes, "unattributed_stats": unplaced_stats}
+    top = sorted(unplaced.items(), key=lambda kv: -kv[1][0])[:8]
+    return {"phases": out, "attributed_by": routes, "unattributed_stats": unplaced_stats,
+            "unattributed_top": [{"name": n, "hlo_op": o, "tf_op": t, "hlo_module": m, "total_s": ns / 1e9,
+                                  "count": int(c)} for (n, o, t, m), (ns, c) in top]}
 
 
 def _bare(name) -> str:
@@ -224,6 +233,7 @@ def summarize_profile(data, prefixes: Iterable[str] = ("/device:",), top: int = 
                     out[plane.name]["phases_attributed_by"] = split["attributed_by"]
                     if split["unattributed_stats"] is not None:
                         out[plane.name]["phases_unattributed_stats"] = split["unattributed_stats"]
+                        out[plane.name]["phases_unattributed_top"] = split["unattributed_top"]
                 else:  # a split with every kernel under "other" would read as a measurement
                     out[plane.name]["phases_error"] = f"the compiled text names none of the phases {list(phases)}"
             elif phases:
