@@ -29,6 +29,38 @@ def selection_share(data, method: str) -> float:
     return row.get("selection_ms_per_round", row["selection_ms"]) / (1e3 * row["batch"] * row["tau"] / row["tok_s"])
 
 
+def phase_selection(data, method: str) -> Dict[str, float]:
+    """From a ``dustin-speed --trace`` file with the round split by phase: the selection's device-busy ms per round,
+    the timed run's ms per round, the method's device-busy ms per round, and the selection's share of each."""
+    r = traced_rounds(data)[method]
+    phases = r["plane"]["phases"]
+    selection = phases.get("selection", {"busy_s": 0.0})["busy_s"] * 1e3 / r["rounds"]
+    busy = sum(p["busy_s"] for p in phases.values()) * 1e3 / r["rounds"]
+    return {"selection_ms": selection, "round_ms": r["round_ms"], "busy_ms": busy,
+            "share_of_round": selection / r["round_ms"], "share_of_busy": selection / busy}
+
+
+def _phase_selection_note() -> str:
+    """The selection's in-loop share of a round, from the phase-split traces, per GPU where one exists."""
+    parts = []
+    for tag, source in inputs.DUSTIN_TRACE_PHASES:
+        if not (inputs.RESULTS / source).exists():
+            continue
+        data = inputs.load(source)
+        for method, label in (("dustin", "full-KV Dustin-H"), ("dustin-kv-streaming", "with the streaming draft KV")):
+            if not traced_rounds(data).get(method, {}).get("plane", {}).get("phases"):
+                continue
+            s = phase_selection(data, method)
+            parts.append(f"{tag.upper()}, {label}: {s['selection_ms']:.2f} ms of a {s['round_ms']:.1f} ms round "
+                         f"({100 * s['share_of_round']:.1f} %, **{'met' if s['share_of_round'] <= 0.03 else 'missed'}**;"
+                         f" {100 * s['share_of_busy']:.1f} % of the device-busy time)")
+    if not parts:
+        return ""
+    return (" Inside the fused loop, with no host synchronisation between phases (the selection's kernels in a "
+            "device trace of one run, placed by the round's named scopes; the timed run's round): "
+            + "; ".join(parts) + ".")
+
+
 def selection_share_note() -> str:
     """Selection as a share of a Dustin round at 32k/b16 (target <= 3 %), from the runs at the real pair's tau."""
     parts = []
@@ -40,7 +72,7 @@ def selection_share_note() -> str:
         parts.append(f"{label} {ms:.2f} ms of a {round_ms:.1f} ms round ({100 * ms / round_ms:.1f} %, `{source}`)")
     text = ("Selection at most 3 % of a round at 32k, batch 16, selecting every round: **missed** — "
             + "; ".join(parts) + ". A round's time here is batch x realised tau / tokens per second; the selection "
-            "is timed as its own phase (`--profile`).")
+            "is timed as its own phase (`--profile`), which adds each phase's dispatch." + _phase_selection_note())
     if not (inputs.RESULTS / DUSTIN_SPEED_RESELECT).exists():
         return text + " Selecting every second round (docs/methods.md §3.8, `--reselect-every 2`) is not measured yet."
     data = inputs.load(DUSTIN_SPEED_RESELECT)

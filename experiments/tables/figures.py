@@ -18,7 +18,7 @@ from experiments.tables import inputs
 from experiments.tables.decode import projection_pairs
 from experiments.tables.dustin_quality import (gpu_quality_contexts, quality_budgets, quality_cases, quality_items,
                                                quality_rows, quality_source, quality_sources)
-from experiments.tables.dustin_speed import dustin, selection_share, traced_rounds
+from experiments.tables.dustin_speed import dustin, phase_selection, selection_share, traced_rounds
 from experiments.tables.input_aware_m import m_per_length_rows, m_rule_rows
 from experiments.tables.inputs import (ARBITRATE_CPU, BENCH_SD, DECODE, DENSE, DEVICE_NAME, DEVICE_TARGETS,
                                        DP_REFERENCES, DUSTIN_SMOLLM2_TAU, DUSTIN_SPEED, DUSTIN_SPEED_FINISHED,
@@ -376,6 +376,21 @@ def _figures() -> List[Figure]:
                            "round", "ms", source, traced(method, "busy_ms")))
                 add(Figure(f"{base}/speedup", f"traced {method} run, {label}, against its own AR", "x AR", source,
                            traced(method, "speedup")))
+    for tag, source in inputs.DUSTIN_TRACE_PHASES:  # the round split by phase, where traced
+        if not (inputs.RESULTS / source).exists():
+            continue
+        for method in ("dustin", "dustin-kv-streaming"):
+            if not traced_rounds(inputs.load(source)).get(method, {}).get("plane", {}).get("phases"):
+                continue
+            base = f"dustin/trace/qwen2.5-7b-shape/ctx32768/b16/{method}/phases/{tag}"
+            what = f"traced {method} run at the real pair's tau, the round split by phase"
+            add(Figure(f"{base}/selection-ms-per-round", f"{what}: the selection's device-busy ms per round", "ms",
+                       source, lambda d, m=method: phase_selection(d, m)["selection_ms"]))
+            add(Figure(f"{base}/selection-share-of-round", f"{what}: selection device-busy / the timed round", "%",
+                       source, lambda d, m=method: phase_selection(d, m)["share_of_round"], scale=100,
+                       target="target <= 3 %"))
+            add(Figure(f"{base}/selection-share-of-busy", f"{what}: selection / all device-busy time", "%", source,
+                       lambda d, m=method: phase_selection(d, m)["share_of_busy"], scale=100))
     add(Figure("dustin/speed/qwen2.5-7b-shape/ctx32768/b16/smollm2-tau/speedup-vs-ar",
                "Dustin at the same point with SmolLM2's tau", "x AR", DUSTIN_SMOLLM2_TAU,
                dustin(32768, 16, "dustin", "speedup")))
