@@ -83,8 +83,8 @@ def _stat(event, name: str):
 
 def summarize_phases(plane, names: Dict[str, str], phases: Tuple[str, ...],
                      kernel_lines: Optional[Callable[[str], bool]] = None) -> Dict[str, Any]:
-    """Per phase of ``phases`` (plus ``other`` and ``unattributed``): busy time (union), kernel time and launches of
-    the plane's kernel events. An event's op is its ``hlo_op`` stat looked up in ``names`` (:func:`op_names`); failing
+    """Per phase of ``phases`` (plus ``other`` and ``unattributed``): busy time (union), kernel time, launches and top
+    kernels of the plane's kernel events. An event's op is its ``hlo_op`` stat looked up in ``names`` (:func:`op_names`); failing
     that its ``tf_op`` stat (a scope path itself), then its own name looked up in ``names``. ``attributed_by`` counts
     the events each route placed; ``unattributed_stats`` lists the stat names of the first unplaced event (what the
     profiler did attach, for when nothing matched), ``unattributed_top`` the unplaced kernels with the most time
@@ -94,6 +94,7 @@ def summarize_phases(plane, names: Dict[str, str], phases: Tuple[str, ...],
     routes: Dict[str, int] = {}
     unplaced_stats: Optional[List[str]] = None
     unplaced: Dict[Tuple[str, str, str, str], List[float]] = {}
+    kernels: Dict[str, Dict[str, List[float]]] = {}
     for event in _kernel_events(plane, kernel_lines):
         op, scope = _stat(event, "hlo_op"), _stat(event, "tf_op")
         if op is not None and str(op) in names:
@@ -115,8 +116,12 @@ def summarize_phases(plane, names: Dict[str, str], phases: Tuple[str, ...],
         entry = totals.setdefault(phase, [0.0, 0])
         entry[0] += event.duration_ns
         entry[1] += 1
+        entry = kernels.setdefault(phase, {}).setdefault(str(event.name), [0.0, 0])
+        entry[0] += event.duration_ns
+        entry[1] += 1
     out: Dict[str, Any] = {phase: {"busy_s": union_length(intervals[phase]) / 1e9,
-                                   "kernel_time_s": totals[phase][0] / 1e9, "launches": int(totals[phase][1])}
+                                   "kernel_time_s": totals[phase][0] / 1e9, "launches": int(totals[phase][1]),
+                                   "top_kernels": _top(kernels[phase], 8)}
                            for phase in totals}
     top = sorted(unplaced.items(), key=lambda kv: -kv[1][0])[:8]
     return {"phases": out, "attributed_by": routes, "unattributed_stats": unplaced_stats,

@@ -85,7 +85,8 @@ def test_phases_attribute_kernels_by_their_hlo_op_scope():
             _event("k_unknown", 950, 5, hlo_op="fusion.99")])])
     split = summarize_phases(plane, names, phases)
     out = split["phases"]
-    assert out["draft"] == {"busy_s": pytest.approx(150e-9), "kernel_time_s": pytest.approx(200e-9), "launches": 2}
+    assert out["draft"] == {"busy_s": pytest.approx(150e-9), "kernel_time_s": pytest.approx(200e-9), "launches": 2,
+                            "top_kernels": [{"name": "k_draft", "total_s": pytest.approx(200e-9), "count": 2}]}
     assert out["selection"]["launches"] == 1 and out["selection"]["busy_s"] == pytest.approx(300e-9)
     assert out["verification"]["launches"] == 1 and out["other"]["launches"] == 1
     assert out["unattributed"]["launches"] == 2 and "commit" not in out
