@@ -84,34 +84,46 @@ def _stat(event, name: str):
 def summarize_phases(plane, names: Dict[str, str], phases: Tuple[str, ...],
                      kernel_lines: Optional[Callable[[str], bool]] = None) -> Dict[str, Any]:
     """Per phase of ``phases`` (plus ``other`` and ``unattributed``): busy time (union), kernel time, launches and top
-    kernels of the plane's kernel events. An event's op is its ``hlo_op`` stat looked up in ``names`` (:func:`op_names`); failing
-    that its ``tf_op`` stat (a scope path itself), then its own name looked up in ``names``. ``attributed_by`` counts
-    the events each route placed; ``unattributed_stats`` lists the stat names of the first unplaced event (what the
-    profiler did attach, for when nothing matched), ``unattributed_top`` the unplaced kernels with the most time
-    (name, ``hlo_op``, ``tf_op``, ``hlo_module``)."""
+    kernels of the plane's kernel events.
+
+    An event's op is its ``hlo_op`` stat looked up in ``names`` (:func:`op_names`); failing that its ``tf_op`` stat (a
+    scope path itself); then its own name looked up in ``names``, also with a trailing ``_N`` read as ``.N`` (a GPU
+    kernel is named after its fusion, with the dot replaced: inside an XLA command buffer, whose kernels carry the
+    buffer's ``hlo_op``, the name is what is left). An event still unplaced whose nearest placed neighbours on its
+    stream, before and after, are in the same phase takes that phase (a cuBLAS kernel inside a command buffer carries
+    neither its op nor a fusion name; a round's phases run one after another). ``attributed_by`` counts the events
+    each route placed; ``unattributed_stats`` lists the stat names of the first event left unplaced,
+    ``unattributed_top`` the unplaced kernels with the most time (name, ``hlo_op``, ``tf_op``, ``hlo_module``)."""
+    routes: Dict[str, int] = {}
+    placed: List[Tuple[Any, Optional[str], str]] = []  # (event, phase or None, route)
+    for line in plane.lines:
+        if line.name == "XLA Modules" or not (kernel_lines or (lambda n: n not in META_LINES))(line.name):
+            continue
+        events = sorted((e for e in line.events if e.duration_ns > 0), key=lambda e: e.start_ns)
+        found: List[Tuple[Optional[str], str]] = [_place(e, names, phases) for e in events]
+        for i, (phase, route) in enumerate(found):
+            if phase is None:
+                before = next((found[j][0] for j in range(i - 1, -1, -1) if found[j][1] != "none"), None)
+                after = next((found[j][0] for j in range(i + 1, len(found)) if found[j][1] != "none"), None)
+                if before is not None and before == after:
+                    phase, route = before, "neighbours"
+            placed.append((events[i], phase, route))
     intervals: Dict[str, List[Tuple[int, int]]] = {}
     totals: Dict[str, List[float]] = {}
-    routes: Dict[str, int] = {}
-    unplaced_stats: Optional[List[str]] = None
-    unplaced: Dict[Tuple[str, str, str, str], List[float]] = {}
     kernels: Dict[str, Dict[str, List[float]]] = {}
-    for event in _kernel_events(plane, kernel_lines):
-        op, scope = _stat(event, "hlo_op"), _stat(event, "tf_op")
-        if op is not None and str(op) in names:
-            route, phase = "hlo_op", phase_of(names[str(op)], phases)
-        elif scope is not None and "/" in str(scope):
-            route, phase = "tf_op", phase_of(str(scope), phases)
-        elif _bare(event.name) in names:  # XLA:CPU marks an async op's completion as "end: <op>"
-            route, phase = "kernel_name", phase_of(names[_bare(event.name)], phases)
-        else:
-            route, phase = "none", "unattributed"
+    unplaced: Dict[Tuple[str, str, str, str], List[float]] = {}
+    unplaced_stats: Optional[List[str]] = None
+    for event, phase, route in placed:
+        routes[route] = routes.get(route, 0) + 1
+        if phase is None:
+            phase = "unattributed"
             if unplaced_stats is None:
                 unplaced_stats = sorted(str(key) for key, _ in getattr(event, "stats", ()))
-            key = (str(event.name)[:80], str(op), str(scope)[:160], str(_stat(event, "hlo_module")))
+            key = (str(event.name)[:80], str(_stat(event, "hlo_op")), str(_stat(event, "tf_op"))[:160],
+                   str(_stat(event, "hlo_module")))
             entry = unplaced.setdefault(key, [0.0, 0])
             entry[0] += event.duration_ns
             entry[1] += 1
-        routes[route] = routes.get(route, 0) + 1
         intervals.setdefault(phase, []).append((int(event.start_ns), int(event.start_ns + event.duration_ns)))
         entry = totals.setdefault(phase, [0.0, 0])
         entry[0] += event.duration_ns
@@ -127,6 +139,20 @@ def summarize_phases(plane, names: Dict[str, str], phases: Tuple[str, ...],
     return {"phases": out, "attributed_by": routes, "unattributed_stats": unplaced_stats,
             "unattributed_top": [{"name": n, "hlo_op": o, "tf_op": t, "hlo_module": m, "total_s": ns / 1e9,
                                   "count": int(c)} for (n, o, t, m), (ns, c) in top]}
+
+
+def _place(event, names: Dict[str, str], phases: Tuple[str, ...]) -> Tuple[Optional[str], str]:
+    """(phase, route) of one kernel event by its own stats and name; (None, "none") when they do not tell."""
+    op, scope = _stat(event, "hlo_op"), _stat(event, "tf_op")
+    if op is not None and str(op) in names:
+        return phase_of(names[str(op)], phases), "hlo_op"
+    if scope is not None and "/" in str(scope):
+        return phase_of(str(scope), phases), "tf_op"
+    name = _bare(event.name)  # XLA:CPU marks an async op's completion as "end: <op>"
+    for candidate in (name, re.sub(r"_(\d+)$", r".\1", name)):
+        if candidate in names:
+            return phase_of(names[candidate], phases), "kernel_name"
+    return None, "none"
 
 
 def _bare(name) -> str:

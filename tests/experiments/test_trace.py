@@ -100,6 +100,16 @@ def test_phases_attribute_kernels_by_their_hlo_op_scope():
     assert split["phases"]["commit"]["launches"] == 1 and split["phases"]["draft"]["launches"] == 1
     assert split["attributed_by"] == {"tf_op": 1, "kernel_name": 1, "none": 1}
     assert split["unattributed_stats"] == ["correlation_id"]
+    # inside a command buffer: a kernel named after its fusion with "_N" for ".N"; a nameless one between two
+    # kernels of one phase takes that phase, between two phases it stays unattributed
+    plane = NS(name="/device:GPU:0", lines=[NS(name="Stream #1(Compute)", events=[
+        _event("fusion_1", 0, 10, hlo_op="command_buffer_7"), _event("nvjet_a", 20, 10, hlo_op="command_buffer_7"),
+        _event("fusion_1", 40, 10, hlo_op="command_buffer_7"), _event("nvjet_b", 60, 10, hlo_op="command_buffer_7"),
+        _event("gemm_2", 80, 10, hlo_op="command_buffer_7")])])
+    split = summarize_phases(plane, names, phases)
+    assert split["attributed_by"] == {"kernel_name": 3, "neighbours": 1, "none": 1}
+    assert split["phases"]["draft"]["launches"] == 3 and split["phases"]["selection"]["launches"] == 1
+    assert [k["name"] for k in split["unattributed_top"]] == ["nvjet_b"]
 
 
 def test_device_trace_reads_a_real_cpu_trace():
