@@ -546,6 +546,10 @@ def _measure_point(*, args, context, batch, holder, target_config, draft_config,
         if getattr(args, "trace", False):
             phase_args = round_phase_args(target_params, draft_params, fresh_state, static)
             compiled = phase_args.pop("compiled", None)
+            if compiled is not None:  # its first call sets up its command buffers: not part of the traced run
+                warm = compiled(target_params, draft_params, fresh_state(), None)
+                jax.block_until_ready(warm)
+                holder["cache"], holder["draft"] = warm.target_cache, warm.draft_state
 
             def run_once():
                 from jaxspec.decoding.speculative import run_loop

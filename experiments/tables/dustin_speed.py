@@ -43,7 +43,7 @@ def phase_selection(data, method: str) -> Dict[str, float]:
 def _phase_selection_note() -> str:
     """The selection's in-loop share of a round, from the phase-split traces, per GPU where one exists."""
     parts = []
-    for tag, source in inputs.DUSTIN_TRACE_PHASES:
+    for tag, _, heads, source in inputs.DUSTIN_TRACE_PHASES:
         if not (inputs.RESULTS / source).exists():
             continue
         data = inputs.load(source)
@@ -51,7 +51,7 @@ def _phase_selection_note() -> str:
             if not traced_rounds(data).get(method, {}).get("plane", {}).get("phases"):
                 continue
             s = phase_selection(data, method)
-            parts.append(f"{tag.upper()}, {label}: {s['selection_ms']:.2f} ms of a {s['round_ms']:.1f} ms round "
+            parts.append(f"{tag.upper()}, {heads}, {label}: {s['selection_ms']:.2f} ms of a {s['round_ms']:.1f} ms round "
                          f"({100 * s['share_of_round']:.1f} %, **{'met' if s['share_of_round'] <= 0.03 else 'missed'}**;"
                          f" {100 * s['share_of_busy']:.1f} % of the device-busy time)")
     if not parts:
@@ -228,7 +228,7 @@ def phase_split_table() -> str:
     (unlike ``--profile``'s per-phase calls)."""
     lines, missing = [], []
     labels = dict(DUSTIN_SPEED_SPARSE_METHODS)
-    for tag, source in inputs.DUSTIN_TRACE_PHASES:
+    for tag, _, heads, source in inputs.DUSTIN_TRACE_PHASES:
         if not (inputs.RESULTS / source).exists():
             missing.append(source)
             continue
@@ -237,9 +237,10 @@ def phase_split_table() -> str:
         split = {m: r["plane"].get("phases") for m, r in rounds.items()}
         if not any(split.values()):
             errors = sorted({str(r["plane"].get("phases_error", "no phases recorded")) for r in rounds.values()})
-            lines += ["", f"The round by phase on the {tag.upper()} (`{source}`): not split: {'; '.join(errors)}."]
+            lines += ["", f"The round by phase on the {tag.upper()}, {heads} (`{source}`): not split: "
+                          f"{'; '.join(errors)}."]
             continue
-        lines += ["", f"The traced 32k/b16 round by phase on the {tag.upper()} (`{source}`, "
+        lines += ["", f"The traced 32k/b16 round by phase on the {tag.upper()}, {heads} (`{source}`, "
                       f"{data['environment'].get('time_utc', '?')[:10]}, commit {inputs.code_commit(data)}; one fused "
                       "jitted loop per method, each kernel placed in the innermost named scope of its op; device-busy "
                       "ms per round, its share of the method's busy time, kernels per round):", "",

@@ -376,14 +376,14 @@ def _figures() -> List[Figure]:
                            "round", "ms", source, traced(method, "busy_ms")))
                 add(Figure(f"{base}/speedup", f"traced {method} run, {label}, against its own AR", "x AR", source,
                            traced(method, "speedup")))
-    for tag, source in inputs.DUSTIN_TRACE_PHASES:  # the round split by phase, where traced
+    for tag, slug, heads, source in inputs.DUSTIN_TRACE_PHASES:  # the round split by phase, where traced
         if not (inputs.RESULTS / source).exists():
             continue
         for method in ("dustin", "dustin-kv-streaming"):
             if not traced_rounds(inputs.load(source)).get(method, {}).get("plane", {}).get("phases"):
                 continue
-            base = f"dustin/trace/qwen2.5-7b-shape/ctx32768/b16/{method}/phases/{tag}"
-            what = f"traced {method} run at the real pair's tau, the round split by phase"
+            base = f"dustin/trace/qwen2.5-7b-shape/ctx32768/b16/{method}/{slug + '/' if slug else ''}phases/{tag}"
+            what = f"traced {method} run at the real pair's tau, {heads}, the round split by phase"
             add(Figure(f"{base}/selection-ms-per-round", f"{what}: the selection's device-busy ms per round", "ms",
                        source, lambda d, m=method: phase_selection(d, m)["selection_ms"]))
             add(Figure(f"{base}/selection-share-of-round", f"{what}: selection device-busy / the timed round", "%",

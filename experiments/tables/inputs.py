@@ -136,10 +136,14 @@ DUSTIN_TRACE_FUSED = (
                "dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_sparse-draft_fused-projections_trace_h200.json"))),
 )
 #: the traced 32k/b16 sparse-draft round split by phase on the device (``dustin-speed --trace``, the round's named
-#: scopes; docs/gpu.md), per GPU: (tag, file)
+#: scopes; docs/gpu.md), per GPU and target SRH choice: (tag, index slug ("" for the default heads), label, file)
 DUSTIN_TRACE_PHASES = (
-    ("h100", "dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_sparse-draft_phases_trace_pair-tau_h100.json"),
-    ("h200", "dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_sparse-draft_phases_trace_h200.json"),
+    ("h100", "", "target SRHs over 4 KV groups",
+     "dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_sparse-draft_phases_trace_pair-tau_h100.json"),
+    ("h100", "srh-1group", "target SRHs in one KV group",
+     "dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_srh-1group_phases_trace_pair-tau_h100.json"),
+    ("h200", "", "target SRHs over 4 KV groups",
+     "dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_sparse-draft_phases_trace_h200.json"),
 )
 #: the round phases in the order the tables show them (jaxspec.decoding.speculative.ROUND_PHASES, plus the trace's
 #: ``other`` and ``unattributed``)

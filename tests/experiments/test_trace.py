@@ -168,7 +168,7 @@ def test_dustin_speed_trace_flag(tmp_path, monkeypatch):
     (tmp_path / "dustin_speed").mkdir()
     (tmp_path / "dustin_speed" / "phases.json").write_text(json.dumps(data))
     monkeypatch.setattr(inputs, "RESULTS", tmp_path)
-    monkeypatch.setattr(inputs, "DUSTIN_TRACE_PHASES", (("cpu", "dustin_speed/phases.json"),))
+    monkeypatch.setattr(inputs, "DUSTIN_TRACE_PHASES", (("cpu", "", "default heads", "dustin_speed/phases.json"),))
     table = dustin_speed.phase_split_table()
     rows = [line for line in table.splitlines() if line.startswith("| ")]
     assert rows[0].startswith("| method | draft | verification | selection |")
