@@ -365,7 +365,8 @@ def cmd_dustin_speed(args) -> Dict[str, Any]:
 
 def method_round_bytes(method: str, *, target_config, draft_config, batch: int, context: int, budget: int,
                        gamma: int, target_bytes: int, draft_bytes: int, dustin=None, sinks: int = 4,
-                       quest_page: int = 16, quest_dense_layers: int = 2, dtype_bytes: int = 2) -> int:
+                       quest_page: int = 16, quest_dense_layers: int = 2, dtype_bytes: int = 2,
+                       split: bool = False):
     """Fewest bytes one speculative round of ``method`` must read (weights once per forward, every
     K/V entry attended, bfloat16): ``gamma`` draft forwards plus one verification forward.
 
@@ -376,7 +377,9 @@ def method_round_bytes(method: str, *, target_config, draft_config, batch: int, 
     draft window for verify-set: ``I_verify`` and the newest positions may overlap, the bound is
     upper); ``streaming``: the target over ``budget``; ``quest``: the first ``quest_dense_layers``
     target layers dense, the others over ``budget`` plus each page's min and max key
-    (docs/methods.md §3). ``dtype_bytes``: bytes per cached K/V element (2 for bfloat16, 4 for float32)."""
+    (docs/methods.md §3). ``dtype_bytes``: bytes per cached K/V element (2 for bfloat16, 4 for float32).
+    ``split=True``: the same bytes by round phase instead, ``{"draft", "verification"[, "selection"]}`` (the
+    phases of a device trace's split, ``jaxspec.decoding.speculative.ROUND_PHASES``), summing to the total."""
     if method in DUSTIN_METHODS and dustin is None:
         raise ValueError(f"method_round_bytes({method!r}) needs the DustinConfig (its SRH heads)")
     draft_ctx = context
@@ -390,25 +393,29 @@ def method_round_bytes(method: str, *, target_config, draft_config, batch: int, 
     def step(config, n, params):
         return decode_bytes_per_step(config, batch, n, params, dtype_bytes)
 
+    def out(**parts):
+        parts = {name: int(value) for name, value in parts.items()}
+        return parts if split else sum(parts.values())
+
     draft_round = gamma * step(draft_config, draft_ctx, draft_bytes)["total"]
     if method in ("classic", "sd", "magicdec"):
-        return int(draft_round + step(target_config, context, target_bytes)["total"])
+        return out(draft=draft_round, verification=step(target_config, context, target_bytes)["total"])
     sparse = step(target_config, budget, target_bytes)
     if method == "streaming":
-        return int(draft_round + sparse["total"])
+        return out(draft=draft_round, verification=sparse["total"])
     if method in DUSTIN_METHODS:  # the selection scores the SRH layers' full history once per round
         groups_t = {h // target_config.queries_per_kv for h in dustin.target_heads}
         groups_d = {h // draft_config.queries_per_kv for h in dustin.draft_heads[0]} if dustin.draft_heads else set()
         selection = dtype_bytes * batch * context * (len(groups_t) * target_config.head_dim
                                                      + len(groups_d) * draft_config.head_dim)
-        return int(draft_round + sparse["total"] + selection)
+        return out(draft=draft_round, verification=sparse["total"], selection=selection)
     if method == "quest":
         layers = target_config.num_layers
         dense = min(quest_dense_layers, layers)
         per_layer = lambda n: 2 * batch * target_config.num_kv_heads * n * target_config.head_dim * dtype_bytes  # noqa: E731
         pages = -(-context // quest_page)
         kv = dense * per_layer(context) + (layers - dense) * (per_layer(budget) + per_layer(pages))
-        return int(draft_round + sparse["weights"] + kv)
+        return out(draft=draft_round, verification=sparse["weights"] + kv)
     raise ValueError(f"method_round_bytes: unknown method {method!r}; valid: classic, sd, magicdec, "
                      f"{', '.join(DUSTIN_METHODS)}, streaming, quest")
 
@@ -535,10 +542,11 @@ def _measure_point(*, args, context, batch, holder, target_config, draft_config,
             continue
         fixed_tau, engine, draft_policy, verify_policy, verify_state, static = setups[method]
         fresh_state = fresh_state_for(engine, verify_state)
-        round_bytes = method_round_bytes(method, target_config=target_config, draft_config=draft_config,
-                                         batch=batch, context=context, budget=budget, gamma=args.gamma,
-                                         target_bytes=target_bytes, draft_bytes=draft_bytes,
-                                         dustin=verify_policy.dustin if method in DUSTIN_METHODS else dustin)
+        bytes_args = dict(target_config=target_config, draft_config=draft_config, batch=batch, context=context,
+                          budget=budget, gamma=args.gamma, target_bytes=target_bytes, draft_bytes=draft_bytes,
+                          dustin=verify_policy.dustin if method in DUSTIN_METHODS else dustin)
+        round_bytes = method_round_bytes(method, **bytes_args)
+        phase_bytes = method_round_bytes(method, split=True, **bytes_args)
         timing, compile_s, final = time_rounds(target_params, draft_params, holder, fresh_state, static, args.repeats)
         metrics = summarize(final, engine)
         tps = float(np.asarray(final.num_out).sum()) / timing["median_s"]
@@ -564,7 +572,7 @@ def _measure_point(*, args, context, batch, holder, target_config, draft_config,
             trace = trace_or_error(run_once, f"[dustin-speed] trace ctx{context}/b{batch} {method}", **phase_args)
         roof = batch * metrics["tau_untruncated"] / (round_bytes / bandwidth)
         entry[method] = {"timing": timing, "compile_s": compile_s, "metrics": metrics, "tok_s": tps,
-                         "round_bytes": round_bytes, "fixed_tau": fixed_tau}
+                         "round_bytes": round_bytes, "phase_bytes": phase_bytes, "fixed_tau": fixed_tau}
         if trace is not None:
             entry[method]["trace"] = trace
         row = {"context": context, "batch": batch, "method": method, "tok_s": tps, "speedup": tps / ar_tps,

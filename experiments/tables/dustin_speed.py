@@ -29,15 +29,31 @@ def selection_share(data, method: str) -> float:
     return row.get("selection_ms_per_round", row["selection_ms"]) / (1e3 * row["batch"] * row["tau"] / row["tok_s"])
 
 
+def phase_rounds(data, method: str) -> Dict[str, float]:
+    """The loop's rounds (iterations, every row's phases run in each: ``metrics.rounds``) of a ``dustin-speed``
+    file's 32k/b16 case, and the timed run's ms per such round."""
+    entry = data["cases"]["ctx32768/b16"][method]
+    rounds = int(entry["metrics"]["rounds"])
+    return {"rounds": rounds, "round_ms": entry["timing"]["median_s"] * 1e3 / rounds}
+
+
+def phase_over_floor(data, method: str, phase: str) -> float:
+    """A phase's device-busy time over its bytes floor per loop round (the run's ``phase_bytes`` at its measured copy
+    bandwidth), from a ``dustin-speed --trace`` file with the round split by phase."""
+    plane = traced_rounds(data)[method]["plane"]
+    floor_s = data["cases"]["ctx32768/b16"][method]["phase_bytes"][phase] / data["cases"]["copy_bandwidth"]["bandwidth_Bps"]
+    return plane["phases"][phase]["busy_s"] / phase_rounds(data, method)["rounds"] / floor_s
+
+
 def phase_selection(data, method: str) -> Dict[str, float]:
-    """From a ``dustin-speed --trace`` file with the round split by phase: the selection's device-busy ms per round,
-    the timed run's ms per round, the method's device-busy ms per round, and the selection's share of each."""
-    r = traced_rounds(data)[method]
-    phases = r["plane"]["phases"]
-    selection = phases.get("selection", {"busy_s": 0.0})["busy_s"] * 1e3 / r["rounds"]
-    busy = sum(p["busy_s"] for p in phases.values()) * 1e3 / r["rounds"]
-    return {"selection_ms": selection, "round_ms": r["round_ms"], "busy_ms": busy,
-            "share_of_round": selection / r["round_ms"], "share_of_busy": selection / busy}
+    """From a ``dustin-speed --trace`` file with the round split by phase, per loop round: the selection's
+    device-busy ms, the timed run's ms, the method's device-busy ms, and the selection's share of each."""
+    phases = traced_rounds(data)[method]["plane"]["phases"]
+    loop = phase_rounds(data, method)
+    selection = phases.get("selection", {"busy_s": 0.0})["busy_s"] * 1e3 / loop["rounds"]
+    busy = sum(p["busy_s"] for p in phases.values()) * 1e3 / loop["rounds"]
+    return {"selection_ms": selection, "round_ms": loop["round_ms"], "busy_ms": busy,
+            "share_of_round": selection / loop["round_ms"], "share_of_busy": selection / busy}
 
 
 def _phase_selection_note() -> str:
@@ -240,32 +256,50 @@ def phase_split_table() -> str:
             lines += ["", f"The round by phase on the {tag.upper()}, {heads} (`{source}`): not split: "
                           f"{'; '.join(errors)}."]
             continue
+        bandwidth = data["cases"]["copy_bandwidth"]["bandwidth_Bps"]
         lines += ["", f"The traced 32k/b16 round by phase on the {tag.upper()}, {heads} (`{source}`, "
                       f"{data['environment'].get('time_utc', '?')[:10]}, commit {inputs.code_commit(data)}; one fused "
-                      "jitted loop per method, each kernel placed in the innermost named scope of its op; device-busy "
-                      "ms per round, its share of the method's busy time, kernels per round):", "",
-                  "| method | " + " | ".join(inputs.ROUND_PHASES) + " | selection share of the round |",
+                      "jitted loop per method, each kernel placed in the innermost named scope of its op; per round "
+                      "of the loop (every row's phases run in each; the loop runs until the last row is done, so more "
+                      "rounds than new tokens / tau): device-busy ms, its share of the method's busy time, kernels and, "
+                      "where the phase has "
+                      f"a bytes floor, busy time over it at the copy bandwidth measured in the run, "
+                      f"{bandwidth / 1e12:.2f} TB/s):", "",
+                  "| method | " + " | ".join(inputs.ROUND_PHASES) + " | selection / the timed round |",
                   "|---|" + "---|" * (len(inputs.ROUND_PHASES) + 1)]
         for method, r in rounds.items():
             phases = split[method]
             if not phases:
                 continue
             total = sum(p["busy_s"] for p in phases.values())
+            floors = {name: b / bandwidth for name, b in
+                      data["cases"]["ctx32768/b16"][method].get("phase_bytes", {}).items()}
+            loop = phase_rounds(data, method)["rounds"]
 
             def cell(name):
                 p = phases.get(name)
                 if not p:
                     return "-"
-                return (f"{p['busy_s'] * 1e3 / r['rounds']:.2f} ({100 * p['busy_s'] / total:.0f} %, "
-                        f"{p['launches'] / r['rounds']:.0f})")
-            share = (f"{100 * phases['selection']['busy_s'] / total:.1f} %" if "selection" in phases
-                     else "-" if method == "ar" else "0 %")
+                busy = p["busy_s"] / loop
+                over = f", {busy / floors[name]:.1f}x floor" if floors.get(name) else ""
+                return f"{busy * 1e3:.2f} ({100 * p['busy_s'] / total:.0f} %, {p['launches'] / loop:.0f}{over})"
+            share = (f"{100 * phase_selection(data, method)['share_of_round']:.1f} %" if "selection" in phases
+                     else "0 %")
             lines.append(f"| {labels.get(method, method)} | " + " | ".join(cell(n) for n in inputs.ROUND_PHASES)
                          + f" | {share} |")
+        for method in rounds:
+            top = (split[method] or {}).get("selection", {}).get("top_kernels", [])
+            if top:
+                loop = phase_rounds(data, method)["rounds"]
+                lines += ["", f"The selection's largest kernels, {labels.get(method, method)} (µs per round, launches per "
+                              "round): " + ", ".join(f"`{k['name']}` {k['total_s'] * 1e6 / loop:.0f} "
+                                                     f"({k['count'] / loop:.0f})" for k in top[:6]) + "."]
         routes = {m: r["plane"].get("phases_attributed_by") for m, r in rounds.items() if r["plane"].get("phases")}
         if any(routes.values()):
             lines += ["", "Kernel events placed, by route (the `hlo_op` stat through the compiled text's op names; "
-                          "else a `tf_op` scope path; else the kernel's name): "
+                          "else a `tf_op` scope path; else the kernel's name, which is its fusion's inside an XLA "
+                          "command buffer; else the phase of its nearest placed neighbours on its stream where both "
+                          "agree, as for a cuBLAS kernel inside a command buffer; `none`: left unattributed): "
                       + "; ".join(f"{labels.get(m, m)} " + ", ".join(f"{k} {v}" for k, v in sorted(rt.items()))
                                   for m, rt in routes.items() if rt) + "."]
     if missing:

@@ -18,7 +18,8 @@ from experiments.tables import inputs
 from experiments.tables.decode import projection_pairs
 from experiments.tables.dustin_quality import (gpu_quality_contexts, quality_budgets, quality_cases, quality_items,
                                                quality_rows, quality_source, quality_sources)
-from experiments.tables.dustin_speed import dustin, phase_selection, selection_share, traced_rounds
+from experiments.tables.dustin_speed import (dustin, phase_over_floor, phase_selection, selection_share,
+                                             traced_rounds)
 from experiments.tables.input_aware_m import m_per_length_rows, m_rule_rows
 from experiments.tables.inputs import (ARBITRATE_CPU, BENCH_SD, DECODE, DENSE, DEVICE_NAME, DEVICE_TARGETS,
                                        DP_REFERENCES, DUSTIN_SMOLLM2_TAU, DUSTIN_SPEED, DUSTIN_SPEED_FINISHED,
@@ -391,6 +392,13 @@ def _figures() -> List[Figure]:
                        target="target <= 3 %"))
             add(Figure(f"{base}/selection-share-of-busy", f"{what}: selection / all device-busy time", "%", source,
                        lambda d, m=method: phase_selection(d, m)["share_of_busy"], scale=100))
+            phase_bytes = inputs.load(source)["cases"]["ctx32768/b16"][method].get("phase_bytes", {})
+            for phase in ("draft", "verification", "selection"):
+                if phase in phase_bytes:
+                    add(Figure(f"{base}/{phase}-over-bytes-floor", f"{what}: {phase} device-busy per round / its "
+                               "bytes at the copy bandwidth measured in the run", "x", source,
+                               lambda d, m=method, p=phase: phase_over_floor(d, m, p),
+                               target="draft step within 2x" if phase == "draft" else ""))
     add(Figure("dustin/speed/qwen2.5-7b-shape/ctx32768/b16/smollm2-tau/speedup-vs-ar",
                "Dustin at the same point with SmolLM2's tau", "x AR", DUSTIN_SMOLLM2_TAU,
                dustin(32768, 16, "dustin", "speedup")))

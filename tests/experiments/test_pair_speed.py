@@ -222,6 +222,14 @@ def test_method_round_bytes_by_hand():
     # a target-only Dustin (no draft SRH layer) reads only the target groups' keys
     target_only = DustinConfig(budget=128, target_heads=(3,), mode="target")
     assert _bytes("dustin", dustin=target_only) == draft_round + target_w + target_kv * 128 + 2 * 2 * 400 * 8
+    # by round phase (a device trace's split): the same bytes, summing to the total
+    assert _bytes("dustin", dustin=dustin, split=True) == {"draft": draft_round,
+                                                           "verification": target_w + target_kv * 128,
+                                                           "selection": selection}
+    assert _bytes("magicdec", split=True) == {"draft": 3 * (draft_w + draft_kv * 128),
+                                              "verification": target_w + target_kv * 400}
+    for method in ("sd", "classic", "streaming", "quest"):
+        assert sum(_bytes(method, split=True).values()) == _bytes(method), method
 
 
 def test_method_round_bytes_orders_and_errors():

@@ -164,7 +164,7 @@ def test_dustin_speed_trace_flag(tmp_path, monkeypatch):
     from experiments.tables import dustin_speed, inputs
 
     data = json.loads(out.read_text())
-    data["cases"] = {"ctx32768/b16": case}
+    data["cases"] = {"copy_bandwidth": data["cases"]["copy_bandwidth"], "ctx32768/b16": case}
     (tmp_path / "dustin_speed").mkdir()
     (tmp_path / "dustin_speed" / "phases.json").write_text(json.dumps(data))
     monkeypatch.setattr(inputs, "RESULTS", tmp_path)
@@ -176,6 +176,9 @@ def test_dustin_speed_trace_flag(tmp_path, monkeypatch):
     share = float(row.split("|")[-2].strip().rstrip(" %"))
     assert 0 < share < 100, row
     assert "hlo_op" in table and "not measured yet" not in table
+    assert "x floor" in row.split("|")[2]  # the draft phase against its bytes floor (phase_bytes stored by the run)
+    assert set(case["dustin"]["phase_bytes"]) == {"draft", "verification", "selection"}
+    assert sum(case["dustin"]["phase_bytes"].values()) == case["dustin"]["round_bytes"]
 
 
 def test_knapspec_trace_flag(tmp_path):
