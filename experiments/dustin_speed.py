@@ -323,7 +323,8 @@ def cmd_dustin_speed(args) -> Dict[str, Any]:
     draft_layer = args.draft_layer if args.draft_layer >= 0 else draft_config.num_layers // 2
     dustin = DustinConfig(budget=budget, target_layer=target_config.num_layers // 2, target_heads=target_heads,
                           draft_layers=(draft_layer,), draft_heads=(_ints(args.draft_heads),), mode="hybrid",
-                          reselect_every=args.reselect_every or 1)
+                          reselect_every=args.reselect_every or 1,
+                          scoring_layout=getattr(args, "scoring_layout", None) or "groups")
     writer.set("dustin_config", dustin.to_dict())
     target_bytes, draft_bytes = param_bytes(target_params), param_bytes(draft_params)
     scale = 1.0 / np.sqrt(target_config.head_dim)
@@ -406,6 +407,9 @@ def method_round_bytes(method: str, *, target_config, draft_config, batch: int, 
     if method in DUSTIN_METHODS:  # the selection scores the SRH layers' full history once per round
         groups_t = {h // target_config.queries_per_kv for h in dustin.target_heads}
         groups_d = {h // draft_config.queries_per_kv for h in dustin.draft_heads[0]} if dustin.draft_heads else set()
+        if dustin.scoring_layout == "heads":  # one product over every KV head of the layer (docs/methods.md §3.1)
+            groups_t = set(range(target_config.num_kv_heads)) if groups_t else set()
+            groups_d = set(range(draft_config.num_kv_heads)) if groups_d else set()
         selection = dtype_bytes * batch * context * (len(groups_t) * target_config.head_dim
                                                      + len(groups_d) * draft_config.head_dim)
         return out(draft=draft_round, verification=sparse["total"], selection=selection)
@@ -708,6 +712,10 @@ def register(subparsers) -> None:
     bench.add_argument("--profile", action="store_true",
                        help="also split a round into draft / selection / verification / other (per-phase jitted "
                             "calls with a host sync each, so their sum exceeds the fused loop's round)")
+    bench.add_argument("--scoring-layout", default="groups", choices=("groups", "heads"),
+                       help="how Dustin's SRH scoring reads a layer's keys (DustinConfig.scoring_layout, docs/methods.md "
+                            "§3.1): one product per used KV group on its slice (groups, the default) or one product "
+                            "over all KV heads with the probe rows packed per head (heads: no slice of the cache)")
     bench.add_argument("--trace", action="store_true",
                        help="after the timed runs, trace one run per method with jax.profiler and store the device "
                             "busy time, idle share and top kernels (experiments/trace.py)")

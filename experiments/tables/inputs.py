@@ -142,8 +142,12 @@ DUSTIN_TRACE_PHASES = (
      "dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_sparse-draft_phases_trace_pair-tau_h100.json"),
     ("h100", "srh-1group", "target SRHs in one KV group",
      "dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_srh-1group_phases_trace_pair-tau_h100.json"),
+    ("h100", "scoring-heads", "target SRHs over 4 KV groups, scored in one product over every KV head",
+     "dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_scoring-heads_phases_trace_pair-tau_h100.json"),
     ("h200", "", "target SRHs over 4 KV groups",
      "dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_sparse-draft_phases_trace_h200.json"),
+    ("h200", "scoring-heads", "target SRHs over 4 KV groups, scored in one product over every KV head",
+     "dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_scoring-heads_phases_trace_h200.json"),
     ("h200", "srh-1group", "target SRHs in one KV group",
      "dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_srh-1group_phases_trace_h200.json"),
 )

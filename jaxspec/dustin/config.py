@@ -15,6 +15,10 @@ MODES = ("hybrid", "target", "draft")
 #: what the draft's attention reads of its own cache (docs/methods.md §5.x "sparse draft KV"): everything, a
 #: StreamingLLM view (sinks + window), or the previous round's I_verify plus a recent window.
 DRAFT_KV = ("full", "streaming", "verify-set")
+#: How the SRH scoring reads a layer's keys (docs/methods.md §3.1): one product per KV group that an SRH reads, on
+#: that group's slice of the keys; or one product over every KV head of the layer with the probe rows packed per
+#: head (zero rows where no SRH reads), which reads the unused heads too but no slice of the cache.
+SCORING_LAYOUTS = ("groups", "heads")
 #: How the hybrid split m is chosen (docs/methods.md §3.7): the profiled m; per round and row by ranking
 #: each position by the larger of its two normalised signal masses (max-mass); or per round and row
 #: among candidates around the profiled m by the coverage of both signals' mass (coverage); or per round
@@ -79,6 +83,9 @@ class DustinConfig:
         between a round reuses the last selection's signal-chosen positions with its own sinks and window, and
         computes no signal and no top-k. 1 = every round (the paper). Rows whose history fits in k always
         select (dense).
+      scoring_layout: how the SRH scoring reads a layer's keys (:data:`SCORING_LAYOUTS`, docs/methods.md §3.1):
+        ``"groups"`` (one product per KV group an SRH reads, on its slice of the keys) or ``"heads"`` (one product
+        over all the layer's KV heads, probe rows packed per head). The same scores either way.
       m_every: N, the coverage rule decides each row's m every N-th round only (docs/methods.md §3.7); in the
         rounds between, the fixed rule selects with the per-row m it chose last (the same two radix selections
         as the fixed rule, none of the rule's candidate scoring). 1 = every round. A round that reuses its
@@ -103,6 +110,7 @@ class DustinConfig:
     m_entropy_band: float = 0.05
     reselect_every: int = 1
     m_every: int = 1
+    scoring_layout: str = "groups"
 
     def __post_init__(self):
         check_budget(self.budget)
@@ -118,6 +126,8 @@ class DustinConfig:
             raise ValueError(f"draft_window={self.draft_window!r} must be None (the default) or an integer >= 1")
         if isinstance(self.reselect_every, bool) or not isinstance(self.reselect_every, int) or self.reselect_every < 1:
             raise ValueError(f"reselect_every={self.reselect_every!r} must be an integer >= 1 (1: select every round)")
+        if self.scoring_layout not in SCORING_LAYOUTS:
+            raise ValueError(f"scoring_layout={self.scoring_layout!r}; valid: {SCORING_LAYOUTS}")
         if self.m_rule not in M_RULES:
             raise ValueError(f"m_rule={self.m_rule!r}; valid: {M_RULES}")
         if isinstance(self.m_every, bool) or not isinstance(self.m_every, int) or self.m_every < 1:
@@ -251,7 +261,8 @@ class DustinConfig:
                 **({"m_entropy_centre": self.m_entropy_centre, "m_entropy_band": self.m_entropy_band}
                    if self.m_rule == "entropy" else {}),
                 **({"reselect_every": self.reselect_every} if self.reselect_every != 1 else {}),
-                **({"m_every": self.m_every} if self.m_every != 1 else {})}
+                **({"m_every": self.m_every} if self.m_every != 1 else {}),
+                **({"scoring_layout": self.scoring_layout} if self.scoring_layout != "groups" else {})}
 
     @classmethod
     def from_dict(cls, data) -> "DustinConfig":

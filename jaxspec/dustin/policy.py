@@ -308,14 +308,15 @@ class DustinVerify(VerifyPolicyBase):
         s_target = s_draft = None
         if cfg.uses_target_signal:
             s_target = target_signal(state["query"], target_cache.keys[cfg.target_layer], lengths, cfg.target_heads,
-                                     self.target_config.queries_per_kv)
+                                     self.target_config.queries_per_kv, cfg.scoring_layout)
         if cfg.uses_draft_signal:
             if not isinstance(signals, DraftSignals):
                 raise TypeError(f"DustinVerify(mode={cfg.mode!r}, m={cfg.effective_m}) needs the draft lookahead "
                                 f"signal: use DustinDraft / DustinSelfDraft as the draft policy (got signals "
                                 f"{type(signals).__name__})")
             draft_qpk = (self.draft_config or self.target_config).queries_per_kv
-            s_draft = draft_signal(signals, lengths, cfg.draft_heads, draft_qpk, target_cache.capacity)
+            s_draft = draft_signal(signals, lengths, cfg.draft_heads, draft_qpk, target_cache.capacity,
+                                   cfg.scoring_layout)
         return s_draft, s_target
 
     def verify_indices(self, state, target_cache, committed, signals):

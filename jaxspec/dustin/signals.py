@@ -40,17 +40,25 @@ class DraftSignals(NamedTuple):
     keys: Tuple[jax.Array, ...]
 
 
-def srh_scores(queries: jax.Array, keys: jax.Array, lengths: jax.Array, kv_groups: Sequence[int]) -> jax.Array:
+def srh_scores(queries: jax.Array, keys: jax.Array, lengths: jax.Array, kv_groups: Sequence[int],
+               layout: str = "groups") -> jax.Array:
     """Attention mass of semantic-retrieval heads on each history position.
 
     ``queries [B, P, R, D]``: R query rows of P heads (already scaled by ``1/sqrt(D)``);
     ``keys [B, Hkv, S, D]``; ``kv_groups``: the KV head each of the P query heads reads (static).
     Returns ``[B, S]``: softmax over the valid positions of each (head, row), summed over heads
     and rows. Heads sharing a KV head are scored together, so each KV head is read once.
+    ``layout`` (``DustinConfig.scoring_layout``): ``"groups"``, one product per used KV head on its
+    slice of ``keys``; ``"heads"``, one product over all of ``keys`` with the rows packed per KV head
+    (zero rows where no head reads; their scores are dropped) -- no slice of the cache to copy.
     """
     batch, heads, rows, dim = queries.shape
     seq = keys.shape[2]
     valid = (jnp.arange(seq)[None, :] < lengths[:, None])[:, None, :]
+    if layout == "heads":
+        return _srh_scores_all_heads(queries, keys, valid, kv_groups)
+    if layout != "groups":
+        raise ValueError(f"srh_scores layout={layout!r}; valid: 'groups', 'heads'")
     total = jnp.zeros((batch, seq), jnp.float32)
     for group in sorted(set(kv_groups)):
         members = [i for i, g in enumerate(kv_groups) if g == group]
@@ -60,6 +68,27 @@ def srh_scores(queries: jax.Array, keys: jax.Array, lengths: jax.Array, kv_group
         probs = jax.nn.softmax(scores, axis=-1)
         total = total + jnp.sum(jnp.where(valid, probs, 0.0), axis=1)
     return total
+
+
+def _srh_scores_all_heads(queries, keys, valid, kv_groups) -> jax.Array:
+    """:func:`srh_scores` with one product over every KV head: the probe rows packed ``[B, Hkv, Rg, D]`` (each used
+    head's rows, zero-padded to the largest group), logits ``[B, Hkv, Rg, S]``, and the softmax summed over the real
+    rows only."""
+    batch, _, rows, dim = queries.shape
+    num_kv = keys.shape[1]
+    members = {g: [i for i, x in enumerate(kv_groups) if x == g] for g in sorted(set(kv_groups))}
+    width = max(len(m) for m in members.values()) * rows
+    packed = jnp.zeros((batch, num_kv, width, dim), queries.dtype)
+    real = np.zeros((num_kv, width), bool)
+    for g, idx in members.items():
+        packed = packed.at[:, g, :len(idx) * rows].set(queries[:, idx].reshape(batch, len(idx) * rows, dim))
+        real[g, :len(idx) * rows] = True
+    logits = jnp.einsum("bhrd,bhsd->bhrs", packed, keys.astype(packed.dtype),
+                        preferred_element_type=jnp.float32)
+    logits = jnp.where(valid[:, :, None, :], logits, -jnp.inf)
+    probs = jax.nn.softmax(logits, axis=-1)
+    keep = jnp.asarray(real)[None, :, :, None] & valid[:, :, None, :]
+    return jnp.sum(jnp.where(keep, probs, 0.0), axis=(1, 2))
 
 
 def fit_width(scores: jax.Array, width: int) -> jax.Array:
@@ -72,24 +101,24 @@ def fit_width(scores: jax.Array, width: int) -> jax.Array:
 
 
 def head_scores(queries: jax.Array, keys: jax.Array, lengths: jax.Array, heads: Sequence[int],
-                queries_per_kv: int) -> jax.Array:
+                queries_per_kv: int, layout: str = "groups") -> jax.Array:
     """``queries [B, P, R, D]`` (unscaled, post-RoPE) of query ``heads`` of one layer against that
     layer's ``keys [B, Hkv, S, D]``: softmax over the valid keys per (head, row), summed -> ``[B, S]``."""
     dim = queries.shape[-1]
     groups = tuple(int(h) // queries_per_kv for h in heads)
     scaled = queries.astype(jnp.float32) * jnp.float32(1.0 / np.sqrt(dim))
-    return srh_scores(scaled, keys, lengths.astype(jnp.int32), groups)
+    return srh_scores(scaled, keys, lengths.astype(jnp.int32), groups, layout)
 
 
 def target_signal(query: jax.Array, keys: jax.Array, lengths: jax.Array, heads: Sequence[int],
-                  queries_per_kv: int) -> jax.Array:
+                  queries_per_kv: int, layout: str = "groups") -> jax.Array:
     """``s_T [B, S]``: ``query [B, P, D]`` of the last committed token at the target SRH layer's
     heads against its ``keys [B, Hkv, S, D]``, ``lengths [B]`` history positions."""
-    return head_scores(query[:, :, None, :], keys, lengths, heads, queries_per_kv)
+    return head_scores(query[:, :, None, :], keys, lengths, heads, queries_per_kv, layout)
 
 
 def draft_signal(signals: DraftSignals, lengths: jax.Array, layer_heads: Sequence[Sequence[int]],
-                 queries_per_kv: int, width: int) -> jax.Array:
+                 queries_per_kv: int, width: int, layout: str = "groups") -> jax.Array:
     """``s_D [B, width]``: the draft SRH queries against the draft history keys of their layers,
     summed over layers, heads and rows; ``width`` is the target cache's ``S`` (padded/cut)."""
     total = None
@@ -97,7 +126,7 @@ def draft_signal(signals: DraftSignals, lengths: jax.Array, layer_heads: Sequenc
     for layer_keys, heads in zip(signals.keys, layer_heads):
         part = signals.queries[:, start:start + len(heads)]
         start += len(heads)
-        scores = head_scores(part, layer_keys, lengths, heads, queries_per_kv)
+        scores = head_scores(part, layer_keys, lengths, heads, queries_per_kv, layout)
         total = scores if total is None else total + scores
     if total is None:
         raise ValueError("no draft SRH layers: the draft signal is empty")

@@ -81,6 +81,11 @@ def test_config_defaults_and_errors():
     with pytest.raises(ValueError, match="out of range"):
         DustinVerify(DustinConfig(target_layer=5), TARGET)
     assert DustinConfig.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(ValueError, match="scoring_layout='rows'; valid"):
+        DustinConfig(scoring_layout="rows")
+    heads = cfg.replace(scoring_layout="heads")
+    assert heads.to_dict()["scoring_layout"] == "heads" and DustinConfig.from_dict(heads.to_dict()) == heads
+    assert "scoring_layout" not in cfg.to_dict()  # the default stays out of saved profiles
 
 
 # ---------------------------------------------------------------------------- selection
@@ -146,6 +151,22 @@ def test_signals_match_bruteforce_gqa():
     expected = reference(q_d[:, :2], keys[0], (0, 3)) + reference(q_d[:, 2:], keys[1], (1,))
     assert got.shape == (batch, 64) and (got[:, seq:] == 0).all()
     np.testing.assert_allclose(got[:, :seq], expected, rtol=1e-5, atol=1e-6)
+    # one product over every KV head (scoring_layout "heads") gives the same scores; here layer b's head reads
+    # only KV head 0, so the packed rows of KV head 1 are padding whose scores must be dropped
+    got = np.asarray(target_signal(jnp.asarray(q_t), jnp.asarray(keys[0]), jnp.asarray(lengths), heads, qpk,
+                                   "heads"))
+    np.testing.assert_allclose(got, reference(q_t[:, :, None], keys[0], heads), rtol=1e-5, atol=1e-6)
+    got = np.asarray(draft_signal(signals, jnp.asarray(lengths), ((0, 3), (1,)), qpk, width=64, layout="heads"))
+    np.testing.assert_allclose(got[:, :seq], expected, rtol=1e-5, atol=1e-6)
+    # uneven groups: three heads in KV 0, one in KV 1 (rows packed to the larger group)
+    q_u = rng.randn(batch, 4, rows, dim).astype(np.float32)
+    uneven = (0, 1, 1, 2)  # qpk 2: KV 0, 0, 0, 1
+    for layout in ("groups", "heads"):
+        got = np.asarray(target_signal(jnp.asarray(q_u[:, :, 0]), jnp.asarray(keys[1]), jnp.asarray(lengths),
+                                       uneven, qpk, layout))
+        np.testing.assert_allclose(got, reference(q_u[:, :, :1], keys[1], uneven), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="layout='rows'"):
+        target_signal(jnp.asarray(q_t), jnp.asarray(keys[0]), jnp.asarray(lengths), heads, qpk, "rows")
 
 
 # ---------------------------------------------------------------------------- ARR
@@ -488,6 +509,10 @@ def test_dustin_sparse_end_to_end(models, dense_run):
     assert [len(r) for r in rows] == [16, 16, 16] and all(0 <= t < 128 for r in rows for t in r)
     assert rows[2] == dense_rows[2]  # a 40-token prompt stays within k = 128: dense
     assert result.metrics["rounds"] > 0
+    # scoring every KV head in one product selects the same positions: the same tokens (float32, greedy)
+    draft_h, verify_h = dustin_policies(_dustin_config(128, m=30).replace(scoring_layout="heads"), TARGET, DRAFT)
+    assert speculative_generate(target_params, TARGET, PROMPTS, draft_policy=draft_h, draft_params=draft_params,
+                                verify_policy=verify_h, engine=engine).rows() == rows
     # the same round's indices through the policy API: k positions, sinks and window included
     cache = init_cache(TARGET, 1, 256)
     cache = forward(target_params, jnp.asarray([PROMPTS[0]]), cache, config=TARGET).cache

@@ -347,3 +347,16 @@ def test_dustin_speed_on_fused_projections(tmp_path):
     assert data["config"]["fused_projections"] is True
     rows = {r["method"]: r for r in data["cases"]["ctx320/b2"]["rows"]}
     assert rows["ar"]["tok_s"] > 0 and rows["dustin"]["tok_s"] > 0 and rows["dustin"]["tau"] > 1.0
+
+
+def test_dustin_speed_scoring_every_kv_head(tmp_path):
+    """--scoring-layout heads: Dustin's SRH scoring as one product over every KV head (docs/methods.md §3.1), recorded
+    in the Dustin config, with the selection's bytes floor counting every KV head of the scored layers."""
+    out = tmp_path / "heads.json"
+    assert main(DUSTIN_SPEED_ARGS + ["--methods", "ar,dustin", "--scoring-layout", "heads", "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["dustin_config"]["scoring_layout"] == "heads"
+    entry = data["cases"]["ctx320/b2"]["dustin"]
+    assert entry["tok_s"] > 0 and sum(entry["phase_bytes"].values()) == entry["round_bytes"]
+    # smollm2-135m-shape: 3 KV heads of 64; 2 bytes x batch 2 x 320 positions, the target and the draft layer
+    assert entry["phase_bytes"]["selection"] == 2 * 2 * 320 * (3 * 64 + 3 * 64)

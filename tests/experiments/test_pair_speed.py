@@ -222,6 +222,9 @@ def test_method_round_bytes_by_hand():
     # a target-only Dustin (no draft SRH layer) reads only the target groups' keys
     target_only = DustinConfig(budget=128, target_heads=(3,), mode="target")
     assert _bytes("dustin", dustin=target_only) == draft_round + target_w + target_kv * 128 + 2 * 2 * 400 * 8
+    # scoring every KV head in one product reads both KV heads of both layers
+    assert (_bytes("dustin", dustin=dustin.replace(scoring_layout="heads"))
+            == draft_round + target_w + target_kv * 128 + 2 * 2 * 400 * (2 * 8 + 2 * 2))
     # by round phase (a device trace's split): the same bytes, summing to the total
     assert _bytes("dustin", dustin=dustin, split=True) == {"draft": draft_round,
                                                            "verification": target_w + target_kv * 128,
