@@ -96,17 +96,20 @@ def summarize_phases(plane, names: Dict[str, str], phases: Tuple[str, ...],
     ``unattributed_top`` the unplaced kernels with the most time (name, ``hlo_op``, ``tf_op``, ``hlo_module``)."""
     routes: Dict[str, int] = {}
     placed: List[Tuple[Any, Optional[str], str]] = []  # (event, phase or None, route)
-    for line in plane.lines:
-        if line.name == "XLA Modules" or not (kernel_lines or (lambda n: n not in META_LINES))(line.name):
-            continue
+    for line in _kernel_lines(plane, kernel_lines):
         events = sorted((e for e in line.events if e.duration_ns > 0), key=lambda e: e.start_ns)
-        found: List[Tuple[Optional[str], str]] = [_place(e, names, phases) for e in events]
+        found = [_place(e, names, phases) for e in events]
+        after: List[Optional[str]] = [None] * len(found)  # the next placed event's phase, from each position on
+        nxt = None
+        for i in range(len(found) - 1, -1, -1):
+            after[i] = nxt
+            nxt = found[i][0] if found[i][0] is not None else nxt
+        before = None  # the previous placed event's phase
         for i, (phase, route) in enumerate(found):
-            if phase is None:
-                before = next((found[j][0] for j in range(i - 1, -1, -1) if found[j][1] != "none"), None)
-                after = next((found[j][0] for j in range(i + 1, len(found)) if found[j][1] != "none"), None)
-                if before is not None and before == after:
-                    phase, route = before, "neighbours"
+            if phase is None and before is not None and before == after[i]:
+                phase, route = before, "neighbours"
+            elif phase is not None:
+                before = phase
             placed.append((events[i], phase, route))
     intervals: Dict[str, List[Tuple[int, int]]] = {}
     totals: Dict[str, List[float]] = {}
@@ -165,13 +168,16 @@ def _top(totals: Dict[str, List[float]], top: int) -> List[Dict[str, Any]]:
     return [{"name": name[:160], "total_s": ns / 1e9, "count": int(count)} for name, (ns, count) in rows]
 
 
-def _kernel_events(plane, kernel_lines: Optional[Callable[[str], bool]] = None):
-    """The plane's kernel events: non-empty events on its kernel lines (all but META_LINES by default; never
-    the XLA Modules line)."""
+def _kernel_lines(plane, kernel_lines: Optional[Callable[[str], bool]] = None):
+    """The plane's kernel lines: all but META_LINES by default; never the XLA Modules line."""
     is_kernel_line = kernel_lines or (lambda name: name not in META_LINES)
-    for line in plane.lines:
-        if line.name != "XLA Modules" and is_kernel_line(line.name):
-            yield from (event for event in line.events if event.duration_ns > 0)
+    return [line for line in plane.lines if line.name != "XLA Modules" and is_kernel_line(line.name)]
+
+
+def _kernel_events(plane, kernel_lines: Optional[Callable[[str], bool]] = None):
+    """The plane's kernel events: non-empty events on its kernel lines (:func:`_kernel_lines`)."""
+    for line in _kernel_lines(plane, kernel_lines):
+        yield from (event for event in line.events if event.duration_ns > 0)
 
 
 def summarize_plane(plane, top: int = 25, kernel_lines: Optional[Callable[[str], bool]] = None) -> Dict[str, Any]:

@@ -110,6 +110,11 @@ def test_phases_attribute_kernels_by_their_hlo_op_scope():
     assert split["attributed_by"] == {"kernel_name": 3, "neighbours": 1, "none": 1}
     assert split["phases"]["draft"]["launches"] == 3 and split["phases"]["selection"]["launches"] == 1
     assert [k["name"] for k in split["unattributed_top"]] == ["nvjet_b"]
+    # a trace whose kernels name none of the ops: all unattributed, in one pass (a long loop's 40k+ kernels)
+    plane = NS(name="/device:GPU:0", lines=[NS(name="Stream #1(Compute)", events=[
+        _event(f"k{i % 7}", 10 * i, 5, hlo_op=f"op.{i}") for i in range(50_000)])])
+    split = summarize_phases(plane, names, phases)
+    assert split["attributed_by"] == {"none": 50_000} and split["phases"]["unattributed"]["launches"] == 50_000
 
 
 def test_device_trace_reads_a_real_cpu_trace():
