@@ -239,9 +239,10 @@ def fused_trace_table() -> str:
 
 def phase_split_table() -> str:
     """The traced 32k/b16 round split by phase on the device (the round's named scopes, attributed per kernel event;
-    docs/gpu.md), per GPU where a phases trace exists; otherwise which step measures it. Selection's share is its
-    busy time over the method's whole busy time in the same fused loop, with no host synchronisation between phases
-    (unlike ``--profile``'s per-phase calls)."""
+    docs/gpu.md), per GPU and SRH choice where a phases trace exists; otherwise which step measures it. Per loop
+    round, each phase's busy time, its share of the method's busy time, launches and busy time over its bytes floor;
+    the selection's busy time over the timed run's round, with no host synchronisation between phases (unlike
+    ``--profile``'s per-phase calls)."""
     lines, missing = [], []
     labels = dict(DUSTIN_SPEED_SPARSE_METHODS)
     for tag, _, heads, source in inputs.DUSTIN_TRACE_PHASES:
