@@ -558,10 +558,6 @@ def _measure_point(*, args, context, batch, holder, target_config, draft_config,
         if getattr(args, "trace", False):
             phase_args = round_phase_args(target_params, draft_params, fresh_state, static)
             compiled = phase_args.pop("compiled", None)
-            if compiled is not None:  # its first call sets up its command buffers: not part of the traced run
-                warm = compiled(target_params, draft_params, fresh_state(), None)
-                jax.block_until_ready(warm)
-                holder["cache"], holder["draft"] = warm.target_cache, warm.draft_state
 
             def run_once():
                 from jaxspec.decoding.speculative import run_loop
@@ -573,6 +569,8 @@ def _measure_point(*, args, context, batch, holder, target_config, draft_config,
                 jax.block_until_ready(result)
                 holder["cache"], holder["draft"] = result.target_cache, result.draft_state
 
+            if compiled is not None:  # its first call sets up its command buffers: not part of the traced run
+                run_once()
             trace = trace_or_error(run_once, f"[dustin-speed] trace ctx{context}/b{batch} {method}", **phase_args)
         roof = batch * metrics["tau_untruncated"] / (round_bytes / bandwidth)
         entry[method] = {"timing": timing, "compile_s": compile_s, "metrics": metrics, "tok_s": tps,

@@ -29,6 +29,12 @@ def selection_share(data, method: str) -> float:
     return row.get("selection_ms_per_round", row["selection_ms"]) / (1e3 * row["batch"] * row["tau"] / row["tok_s"])
 
 
+def traced_phases(data, method: str):
+    """The device-time split by round phase of ``method``'s traced plane in a ``dustin-speed --trace`` file's 32k/b16
+    case (``None`` where the method was not traced or its trace was not split)."""
+    return traced_rounds(data).get(method, {}).get("plane", {}).get("phases")
+
+
 def phase_rounds(data, method: str) -> Dict[str, float]:
     """The loop's rounds (iterations, every row's phases run in each: ``metrics.rounds``) of a ``dustin-speed``
     file's 32k/b16 case, and the timed run's ms per such round."""
@@ -64,7 +70,7 @@ def _phase_selection_note() -> str:
             continue
         data = inputs.load(source)
         for method, label in (("dustin", "full-KV Dustin-H"), ("dustin-kv-streaming", "with the streaming draft KV")):
-            if not traced_rounds(data).get(method, {}).get("plane", {}).get("phases"):
+            if not traced_phases(data, method):
                 continue
             s = phase_selection(data, method)
             parts.append(f"{tag.upper()}, {heads}, {label}: {s['selection_ms']:.2f} ms of a {s['round_ms']:.1f} ms round "
@@ -251,13 +257,13 @@ def phase_split_table() -> str:
             continue
         data = inputs.load(source)
         rounds = traced_rounds(data)
-        split = {m: r["plane"].get("phases") for m, r in rounds.items()}
+        split = {m: traced_phases(data, m) for m in rounds}
         if not any(split.values()):
             errors = sorted({str(r["plane"].get("phases_error", "no phases recorded")) for r in rounds.values()})
             lines += ["", f"The round by phase on the {tag.upper()}, {heads} (`{source}`): not split: "
                           f"{'; '.join(errors)}."]
             continue
-        bandwidth = data["cases"]["copy_bandwidth"]["bandwidth_Bps"]
+        bandwidth = data["cases"]["copy_bandwidth"]["bandwidth_Bps"]  # for the header; phase_over_floor reads it too
         lines += ["", f"The traced 32k/b16 round by phase on the {tag.upper()}, {heads} (`{source}`, "
                       f"{data['environment'].get('time_utc', '?')[:10]}, commit {inputs.code_commit(data)}; one fused "
                       "jitted loop per method, each kernel placed in the innermost named scope of its op; per round "
@@ -273,17 +279,16 @@ def phase_split_table() -> str:
             if not phases:
                 continue
             total = sum(p["busy_s"] for p in phases.values())
-            floors = {name: b / bandwidth for name, b in
-                      data["cases"]["ctx32768/b16"][method].get("phase_bytes", {}).items()}
+            floored = data["cases"]["ctx32768/b16"][method].get("phase_bytes", {})
             loop = phase_rounds(data, method)["rounds"]
 
             def cell(name):
                 p = phases.get(name)
                 if not p:
                     return "-"
-                busy = p["busy_s"] / loop
-                over = f", {busy / floors[name]:.1f}x floor" if floors.get(name) else ""
-                return f"{busy * 1e3:.2f} ({100 * p['busy_s'] / total:.0f} %, {p['launches'] / loop:.0f}{over})"
+                over = f", {phase_over_floor(data, method, name):.1f}x floor" if floored.get(name) else ""
+                return (f"{p['busy_s'] * 1e3 / loop:.2f} ({100 * p['busy_s'] / total:.0f} %, "
+                        f"{p['launches'] / loop:.0f}{over})")
             share = (f"{100 * phase_selection(data, method)['share_of_round']:.1f} %" if "selection" in phases
                      else "0 %")
             lines.append(f"| {labels.get(method, method)} | " + " | ".join(cell(n) for n in inputs.ROUND_PHASES)

@@ -19,7 +19,7 @@ from experiments.tables.decode import projection_pairs
 from experiments.tables.dustin_quality import (gpu_quality_contexts, quality_budgets, quality_cases, quality_items,
                                                quality_rows, quality_source, quality_sources)
 from experiments.tables.dustin_speed import (dustin, phase_over_floor, phase_selection, selection_share,
-                                             traced_rounds)
+                                             traced_phases, traced_rounds)
 from experiments.tables.input_aware_m import m_per_length_rows, m_rule_rows
 from experiments.tables.inputs import (ARBITRATE_CPU, BENCH_SD, DECODE, DENSE, DEVICE_NAME, DEVICE_TARGETS,
                                        DP_REFERENCES, DUSTIN_SMOLLM2_TAU, DUSTIN_SPEED, DUSTIN_SPEED_FINISHED,
@@ -381,7 +381,7 @@ def _figures() -> List[Figure]:
         if not (inputs.RESULTS / source).exists():
             continue
         for method in ("dustin", "dustin-kv-streaming"):
-            if not traced_rounds(inputs.load(source)).get(method, {}).get("plane", {}).get("phases"):
+            if not traced_phases(inputs.load(source), method):
                 continue
             base = f"dustin/trace/qwen2.5-7b-shape/ctx32768/b16/{method}/{slug + '/' if slug else ''}phases/{tag}"
             what = f"traced {method} run at the real pair's tau, {heads}, the round split by phase"

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.models.attention import key_scores
+from pallas_kernels.selection import pack_srh_queries
 
 
 class DraftSignals(NamedTuple):
@@ -71,23 +72,13 @@ def srh_scores(queries: jax.Array, keys: jax.Array, lengths: jax.Array, kv_group
 
 
 def _srh_scores_all_heads(queries, keys, valid, kv_groups) -> jax.Array:
-    """:func:`srh_scores` with one product over every KV head: the probe rows packed ``[B, Hkv, Rg, D]`` (each used
-    head's rows, zero-padded to the largest group), logits ``[B, Hkv, Rg, S]``, and the softmax summed over the real
-    rows only."""
-    batch, _, rows, dim = queries.shape
-    num_kv = keys.shape[1]
-    members = {g: [i for i, x in enumerate(kv_groups) if x == g] for g in sorted(set(kv_groups))}
-    width = max(len(m) for m in members.values()) * rows
-    packed = jnp.zeros((batch, num_kv, width, dim), queries.dtype)
-    real = np.zeros((num_kv, width), bool)
-    for g, idx in members.items():
-        packed = packed.at[:, g, :len(idx) * rows].set(queries[:, idx].reshape(batch, len(idx) * rows, dim))
-        real[g, :len(idx) * rows] = True
-    logits = jnp.einsum("bhrd,bhsd->bhrs", packed, keys.astype(packed.dtype),
-                        preferred_element_type=jnp.float32)
-    logits = jnp.where(valid[:, :, None, :], logits, -jnp.inf)
+    """:func:`srh_scores` with one product over every KV head: the probe rows packed ``[B, Hkv, Rg, D]`` per KV head
+    (``pack_srh_queries``, as the Pallas scoring packs them), logits ``[B, Hkv, Rg, S]``, and the softmax summed over
+    the real rows only."""
+    packed, real = pack_srh_queries(queries, tuple(kv_groups), keys.shape[1])
+    logits = jnp.where(valid[:, :, None, :], key_scores(keys, packed), -jnp.inf)
     probs = jax.nn.softmax(logits, axis=-1)
-    keep = jnp.asarray(real)[None, :, :, None] & valid[:, :, None, :]
+    keep = jnp.asarray(np.asarray(real))[None, :, :, None] & valid[:, :, None, :]
     return jnp.sum(jnp.where(keep, probs, 0.0), axis=(1, 2))
 
 
