@@ -56,6 +56,8 @@ SPARSE_DRAFT_KV = {"dustin-kv-streaming": "streaming", "dustin-kv-verify-set": "
 METHODS = ("ar", "classic", "magicdec", "dustin") + tuple(SPARSE_DRAFT_KV)
 DEFAULT_METHODS = METHODS[:4]  # the sparse-draft variants are asked for by name
 DUSTIN_METHODS = ("dustin",) + tuple(SPARSE_DRAFT_KV)
+#: DustinConfig.scoring_layout's values (jaxspec.dustin.config.SCORING_LAYOUTS; kept here so the CLI imports no JAX)
+SCORING_LAYOUTS = ("groups", "heads", "pallas")
 #: the pair-speed method whose measured tau each speculative method here runs with
 PAIR_SPEED_TAU_OF = {"classic": "sd", "magicdec": "magicdec", "dustin": "dustin",
                      **{m: m for m in SPARSE_DRAFT_KV}}
@@ -710,10 +712,11 @@ def register(subparsers) -> None:
     bench.add_argument("--profile", action="store_true",
                        help="also split a round into draft / selection / verification / other (per-phase jitted "
                             "calls with a host sync each, so their sum exceeds the fused loop's round)")
-    bench.add_argument("--scoring-layout", default="groups", choices=("groups", "heads"),
+    bench.add_argument("--scoring-layout", default="groups", choices=SCORING_LAYOUTS,
                        help="how Dustin's SRH scoring reads a layer's keys (DustinConfig.scoring_layout, docs/methods.md "
-                            "§3.1): one product per used KV group on its slice (groups, the default) or one product "
-                            "over all KV heads with the probe rows packed per head (heads: no slice of the cache)")
+                            "§3.1): one product per used KV group on its slice (groups, the default), one product "
+                            "over all KV heads with the probe rows packed per head (heads: no slice of the cache), or "
+                            "the Pallas logits kernel reading each used KV head in place (pallas)")
     bench.add_argument("--trace", action="store_true",
                        help="after the timed runs, trace one run per method with jax.profiler and store the device "
                             "busy time, idle share and top kernels (experiments/trace.py)")

@@ -144,12 +144,20 @@ DUSTIN_TRACE_PHASES = (
      "dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_srh-1group_phases_trace_pair-tau_h100.json"),
     ("h100", "scoring-heads", "target SRHs over 4 KV groups, scored in one product over every KV head",
      "dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_scoring-heads_phases_trace_pair-tau_h100.json"),
+    ("h100", "scoring-pallas", "target SRHs over 4 KV groups, logits from the Pallas scoring kernel",
+     "dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_scoring-pallas_phases_trace_pair-tau_h100.json"),
+    ("h100", "srh-1group-scoring-pallas", "target SRHs in one KV group, logits from the Pallas scoring kernel",
+     "dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_srh-1group_scoring-pallas_phases_trace_pair-tau_h100.json"),
     ("h200", "", "target SRHs over 4 KV groups",
      "dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_sparse-draft_phases_trace_h200.json"),
     ("h200", "scoring-heads", "target SRHs over 4 KV groups, scored in one product over every KV head",
      "dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_scoring-heads_phases_trace_h200.json"),
     ("h200", "srh-1group", "target SRHs in one KV group",
      "dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_srh-1group_phases_trace_h200.json"),
+    ("h200", "scoring-pallas", "target SRHs over 4 KV groups, logits from the Pallas scoring kernel",
+     "dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_scoring-pallas_phases_trace_h200.json"),
+    ("h200", "srh-1group-scoring-pallas", "target SRHs in one KV group, logits from the Pallas scoring kernel",
+     "dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_srh-1group_scoring-pallas_phases_trace_h200.json"),
 )
 #: the round phases in the order the tables show them (jaxspec.decoding.speculative.ROUND_PHASES, plus the trace's
 #: ``other`` and ``unattributed``)

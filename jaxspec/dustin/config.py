@@ -17,8 +17,9 @@ MODES = ("hybrid", "target", "draft")
 DRAFT_KV = ("full", "streaming", "verify-set")
 #: How the SRH scoring reads a layer's keys (docs/methods.md §3.1): one product per KV group that an SRH reads, on
 #: that group's slice of the keys; or one product over every KV head of the layer with the probe rows packed per
-#: head (zero rows where no SRH reads), which reads the unused heads too but no slice of the cache.
-SCORING_LAYOUTS = ("groups", "heads")
+#: head (zero rows where no SRH reads), which reads the unused heads too but no slice of the cache; or the
+#: Pallas logits kernel, which reads each used KV head's keys in place (no slice, no unused heads).
+SCORING_LAYOUTS = ("groups", "heads", "pallas")
 #: How the hybrid split m is chosen (docs/methods.md §3.7): the profiled m; per round and row by ranking
 #: each position by the larger of its two normalised signal masses (max-mass); or per round and row
 #: among candidates around the profiled m by the coverage of both signals' mass (coverage); or per round
@@ -85,7 +86,9 @@ class DustinConfig:
         select (dense).
       scoring_layout: how the SRH scoring reads a layer's keys (:data:`SCORING_LAYOUTS`, docs/methods.md §3.1):
         ``"groups"`` (one product per KV group an SRH reads, on its slice of the keys) or ``"heads"`` (one product
-        over all the layer's KV heads, probe rows packed per head). The same scores either way.
+        over all the layer's KV heads, probe rows packed per head) or ``"pallas"`` (the Pallas logits kernel
+        reading each used KV head's keys where they lie: Triton on a GPU, Mosaic on a TPU, interpreted elsewhere).
+        The same scores every way.
       m_every: N, the coverage rule decides each row's m every N-th round only (docs/methods.md §3.7); in the
         rounds between, the fixed rule selects with the per-row m it chose last (the same two radix selections
         as the fixed rule, none of the rule's candidate scoring). 1 = every round. A round that reuses its

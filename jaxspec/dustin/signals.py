@@ -26,7 +26,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.models.attention import key_scores
-from pallas_kernels.selection import pack_srh_queries
+from pallas_kernels.selection import pack_srh_queries, srh_scores_pallas
+from pallas_kernels.tpu_selection import tpu_srh_scores
 
 
 class DraftSignals(NamedTuple):
@@ -51,15 +52,21 @@ def srh_scores(queries: jax.Array, keys: jax.Array, lengths: jax.Array, kv_group
     and rows. Heads sharing a KV head are scored together, so each KV head is read once.
     ``layout`` (``DustinConfig.scoring_layout``): ``"groups"``, one product per used KV head on its
     slice of ``keys``; ``"heads"``, one product over all of ``keys`` with the rows packed per KV head
-    (zero rows where no head reads; their scores are dropped) -- no slice of the cache to copy.
+    (zero rows where no head reads; their scores are dropped) -- no slice of the cache to copy;
+    ``"pallas"``, the logits from the Pallas scoring kernel, which reads each used KV head's keys in place
+    (:func:`_srh_scores_kernel`).
     """
     batch, heads, rows, dim = queries.shape
     seq = keys.shape[2]
     valid = (jnp.arange(seq)[None, :] < lengths[:, None])[:, None, :]
     if layout == "heads":
         return _srh_scores_all_heads(queries, keys, valid, kv_groups)
-    if layout != "groups":
-        raise ValueError(f"srh_scores layout={layout!r}; valid: 'groups', 'heads'")
+    if layout == "pallas":
+        block = _kernel_block(seq)
+        if block:
+            return _srh_scores_kernel(queries, keys, lengths, tuple(int(g) for g in kv_groups), block)
+    elif layout != "groups":
+        raise ValueError(f"srh_scores layout={layout!r}; valid: 'groups', 'heads', 'pallas'")
     total = jnp.zeros((batch, seq), jnp.float32)
     for group in sorted(set(kv_groups)):
         members = [i for i, g in enumerate(kv_groups) if g == group]
@@ -80,6 +87,28 @@ def _srh_scores_all_heads(queries, keys, valid, kv_groups) -> jax.Array:
     probs = jax.nn.softmax(logits, axis=-1)
     keep = jnp.asarray(np.asarray(real))[None, :, :, None] & valid[:, :, None, :]
     return jnp.sum(jnp.where(keep, probs, 0.0), axis=(1, 2))
+
+
+def _kernel_block(seq: int) -> int:
+    """The Pallas scoring's sequence block for a cache of ``seq`` slots: 128 on a TPU (its lanes; 0 where ``seq`` is
+    not a multiple), elsewhere the largest power of two from 128 down to 16 that divides ``seq``; 0 where none does
+    (such a cache is scored by the ``"groups"`` product instead, with the same result)."""
+    if jax.default_backend() == "tpu":
+        return 128 if seq % 128 == 0 else 0
+    return next((b for b in (128, 64, 32, 16) if seq % b == 0), 0)
+
+
+def _srh_scores_kernel(queries, keys, lengths, kv_groups, block) -> jax.Array:
+    """:func:`srh_scores` with the logits from the Pallas kernel of the platform (docs/methods.md §3.1, scoring layout):
+    ``pallas_kernels.selection.srh_scores_pallas`` (Triton) on a GPU, ``pallas_kernels.tpu_selection.tpu_srh_scores``
+    (Mosaic) on a TPU, the Triton kernel interpreted elsewhere (slow; for tests). Each program reads one block of one
+    used KV head's keys from the cache itself, so no slice of the cache is copied and no unused head is read. The
+    kernel multiplies in the cache's dtype: with a bf16 cache the probe queries are rounded to bf16 first."""
+    lengths = lengths.astype(jnp.int32)
+    backend = jax.default_backend()
+    if backend == "tpu":
+        return tpu_srh_scores(queries, keys, lengths, kv_groups, block_s=block)
+    return srh_scores_pallas(queries, keys, lengths, kv_groups, block_s=block, interpret=backend != "gpu")
 
 
 def fit_width(scores: jax.Array, width: int) -> jax.Array:

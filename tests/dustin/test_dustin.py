@@ -18,6 +18,7 @@ from jaxspec.dustin import (BudgetError, DraftSignals, DustinConfig, DustinVerif
                             select_verify_indices, target_signal)
 from jaxspec.dustin.arr import all_heads, round_arr, round_recall_weights
 from jaxspec.dustin.selection import reuse_verify_indices
+from jaxspec.dustin.signals import _kernel_block, head_scores
 from jaxspec.dustin.search import (CalibrationRecords, DustinProfile, ProfileError, algorithm1, best_m,
                                    check_calibration_data, profile_pair, selection_arr, sweep_m)
 from jaxspec.dustin.srh import NeedleCase, SRHResult, identify_srh
@@ -83,8 +84,9 @@ def test_config_defaults_and_errors():
     assert DustinConfig.from_dict(cfg.to_dict()) == cfg
     with pytest.raises(ValueError, match="scoring_layout='rows'; valid"):
         DustinConfig(scoring_layout="rows")
-    heads = cfg.replace(scoring_layout="heads")
-    assert heads.to_dict()["scoring_layout"] == "heads" and DustinConfig.from_dict(heads.to_dict()) == heads
+    for layout in ("heads", "pallas"):
+        other = cfg.replace(scoring_layout=layout)
+        assert other.to_dict()["scoring_layout"] == layout and DustinConfig.from_dict(other.to_dict()) == other
     assert "scoring_layout" not in cfg.to_dict()  # the default stays out of saved profiles
 
 
@@ -167,6 +169,28 @@ def test_signals_match_bruteforce_gqa():
         np.testing.assert_allclose(got, reference(q_u[:, :, :1], keys[1], uneven), rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="layout='rows'"):
         target_signal(jnp.asarray(q_t), jnp.asarray(keys[0]), jnp.asarray(lengths), heads, qpk, "rows")
+
+
+@pytest.mark.parametrize("seq,rows", [(96, 3), (64, 16), (50, 2)])
+def test_signals_pallas_layout_matches_groups(seq, rows):
+    """scoring_layout "pallas": the Pallas logits kernel (interpreted off a GPU) reads each used KV head in place and
+    gives the "groups" scores, for fewer and at least 16 probe rows per KV head; a cache whose length no block of
+    16-128 divides (50) is scored by the groups product."""
+    rng = np.random.RandomState(seq)
+    batch, kv_heads, dim, qpk = 3, 2, 16, 2
+    keys = jnp.asarray(rng.randn(batch, kv_heads, seq, dim).astype(np.float32))
+    lengths = jnp.asarray([seq, 37, 5])
+    heads = (0, 1) if rows >= 16 else (0, 3)  # both in KV 0 (2 x 16 rows), or one head per KV head
+    q = jnp.asarray(rng.randn(batch, 2, rows, dim).astype(np.float32))
+    want = np.asarray(head_scores(q, keys, lengths, heads, qpk, "groups"))
+    got = np.asarray(head_scores(q, keys, lengths, heads, qpk, "pallas"))
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-6)
+    assert (got[1, 37:] == 0).all() and (got[2, 5:] == 0).all()
+    np.testing.assert_allclose(got.sum(1), len(heads) * rows, rtol=1e-5)  # each (head, row) softmax sums to one
+    if seq == 50:  # not a multiple of 16: no Pallas block fits
+        assert _kernel_block(seq) == 0
+    else:
+        assert seq % _kernel_block(seq) == 0
 
 
 # ---------------------------------------------------------------------------- ARR
@@ -510,9 +534,11 @@ def test_dustin_sparse_end_to_end(models, dense_run):
     assert rows[2] == dense_rows[2]  # a 40-token prompt stays within k = 128: dense
     assert result.metrics["rounds"] > 0
     # scoring every KV head in one product selects the same positions: the same tokens (float32, greedy)
-    draft_h, verify_h = dustin_policies(_dustin_config(128, m=30).replace(scoring_layout="heads"), TARGET, DRAFT)
-    assert speculative_generate(target_params, TARGET, PROMPTS, draft_policy=draft_h, draft_params=draft_params,
-                                verify_policy=verify_h, engine=engine).rows() == rows
+    # and so does the Pallas scoring kernel reading each used KV head in place (interpreted on the CPU)
+    for layout in ("heads", "pallas"):
+        draft_h, verify_h = dustin_policies(_dustin_config(128, m=30).replace(scoring_layout=layout), TARGET, DRAFT)
+        assert speculative_generate(target_params, TARGET, PROMPTS, draft_policy=draft_h, draft_params=draft_params,
+                                    verify_policy=verify_h, engine=engine).rows() == rows, layout
     # the same round's indices through the policy API: k positions, sinks and window included
     cache = init_cache(TARGET, 1, 256)
     cache = forward(target_params, jnp.asarray([PROMPTS[0]]), cache, config=TARGET).cache

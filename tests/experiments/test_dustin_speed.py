@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from experiments import dustin_speed
 from experiments.run import main
 from tests.conftest import DUSTIN_SPEED_ARGS
 
@@ -347,6 +348,25 @@ def test_dustin_speed_on_fused_projections(tmp_path):
     assert data["config"]["fused_projections"] is True
     rows = {r["method"]: r for r in data["cases"]["ctx320/b2"]["rows"]}
     assert rows["ar"]["tok_s"] > 0 and rows["dustin"]["tok_s"] > 0 and rows["dustin"]["tau"] > 1.0
+
+
+def test_dustin_speed_scoring_kernel(tmp_path):
+    """--scoring-layout pallas: the SRH scoring's logits from the Pallas kernel (interpreted on the CPU), recorded in
+    the Dustin config; its bytes floor counts only the KV heads an SRH reads, as the groups layout's does."""
+    out = tmp_path / "pallas.json"
+    assert main(DUSTIN_SPEED_ARGS + ["--methods", "ar,dustin", "--scoring-layout", "pallas", "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["dustin_config"]["scoring_layout"] == "pallas"
+    entry = data["cases"]["ctx320/b2"]["dustin"]
+    rows = {r["method"]: r for r in data["cases"]["ctx320/b2"]["rows"]}
+    assert entry["tok_s"] > 0 and rows["dustin"]["tau"] > 1.0
+    # smollm2-135m-shape (3 KV heads of 64): the target's SRHs one per KV head, the draft's heads 0 and 1 both in KV 0
+    assert entry["phase_bytes"]["selection"] == 2 * 2 * 320 * (3 * 64 + 64)
+    with pytest.raises(SystemExit):
+        main(DUSTIN_SPEED_ARGS + ["--scoring-layout", "rows", "--out", str(tmp_path / "x.json")])
+    from jaxspec.dustin.config import SCORING_LAYOUTS
+
+    assert SCORING_LAYOUTS == dustin_speed.SCORING_LAYOUTS  # the CLI's copy of the config's values
 
 
 def test_dustin_speed_scoring_every_kv_head(tmp_path):
