@@ -27,14 +27,14 @@ def _srh_logits_kernel(lengths_ref, q_ref, k_ref, o_ref, *, groups, rows, block_
         length = lengths_ref[0]
         k = k_ref[...]  # [block_s, D]
         valid = start + jnp.arange(block_s) < length
-        if rows >= 16:  # tensor cores
-            logits = jnp.dot(q_ref[...], k.T, preferred_element_type=jnp.float32)  # [rows, block_s]
+        if rows == 1:  # one probe row: multiply-reduce, bytes-bound
+            q = q_ref[0, :].astype(jnp.float32)
+            o_ref[0, :] = jnp.where(valid, jnp.sum(k.astype(jnp.float32) * q[None, :], axis=1), NEG_INF)
+        else:  # tensor cores; q_ref holds the rows padded to >= 16 (tl.dot's minimum), only the real ones are stored
+            logits = jnp.dot(q_ref[...], k.T, preferred_element_type=jnp.float32)  # [dot_rows, block_s]
+            if logits.shape[0] > rows:
+                logits = jnp.split(logits, logits.shape[0] // rows, axis=0)[0]
             o_ref[...] = jnp.where(valid[None, :], logits, NEG_INF)
-        else:  # a few rows: multiply-reduce (tl.dot needs >= 16 rows)
-            kf = k.astype(jnp.float32)
-            for r in range(rows):
-                q = q_ref[r, :].astype(jnp.float32)
-                o_ref[r, :] = jnp.where(valid, jnp.sum(kf * q[None, :], axis=1), NEG_INF)
 
 
 NEG_INF = -1e30
@@ -72,7 +72,10 @@ def srh_scores_pallas(queries: jax.Array, keys: jax.Array, lengths: jax.Array, k
     if any(not 0 <= g < kv_heads for g in kv_groups):
         raise ValueError(f"kv_groups={kv_groups}: every entry must be in [0, {kv_heads})")
     packed, real = pack_srh_queries(queries.astype(keys.dtype), kv_groups, kv_heads)
-    group_rows = packed.shape[2]
+    group_rows = packed.shape[2]  # a power of two
+    dot_rows = group_rows if group_rows == 1 else max(group_rows, 16)
+    if dot_rows > group_rows:  # zero rows up to tl.dot's 16; the kernel stores only the first group_rows
+        packed = jnp.pad(packed, ((0, 0), (0, 0), (0, dot_rows - group_rows), (0, 0)))
     used = tuple(sorted(set(kv_groups)))
     kernel = functools.partial(_srh_logits_kernel, groups=used, rows=group_rows, block_s=block_s)
     compiler = None
@@ -85,7 +88,7 @@ def srh_scores_pallas(queries: jax.Array, keys: jax.Array, lengths: jax.Array, k
         grid=(batch, kv_heads, seq // block_s),
         in_specs=[
             pl.BlockSpec((None, 1), lambda b, h, s: (b, 0)),
-            pl.BlockSpec((None, None, group_rows, dim), lambda b, h, s: (b, h, 0, 0)),
+            pl.BlockSpec((None, None, dot_rows, dim), lambda b, h, s: (b, h, 0, 0)),
             pl.BlockSpec((None, None, block_s, dim), lambda b, h, s: (b, h, s, 0)),
         ],
         out_specs=pl.BlockSpec((None, None, group_rows, block_s), lambda b, h, s: (b, h, 0, s)),

@@ -235,8 +235,9 @@ def test_pallas_backend_refuses_cpu_without_interpret(tiny):
 
 @pytest.mark.parametrize("groups,rows", [((0, 1, 0, 1), 1), ((1, 1, 1, 1), 1), ((0, 0, 1, 1), 3), ((0, 0, 0, 1), 8)])
 def test_srh_scores_pallas_matches_xla(groups, rows):
-    """The Pallas scoring kernel (multiply-reduce for < 16 rows per KV group, tensor-core dot for
-    >= 16) equals the XLA scoring, with ragged lengths not divisible by the block."""
+    """The Pallas scoring kernel (multiply-reduce for one row per KV group; a tensor-core dot for more, the rows
+    zero-padded to 16 and only the real ones stored: 4 and 8 rows here, and 32) equals the XLA scoring, with ragged
+    lengths not divisible by the block."""
     keys = jax.random.split(jax.random.PRNGKey(rows), 2)
     k = jax.random.normal(keys[0], (3, 2, 384, 32))
     queries = 0.3 * jax.random.normal(keys[1], (3, 4, rows, 32))
