@@ -39,7 +39,7 @@ from experiments.tables import (choice, decode, dustin_quality, dustin_speed, fi
 from experiments.tables.decode import plain_table
 from experiments.tables.dustin_quality import divergence_note
 from experiments.tables.figures import BY_KEY, FIGURES, README_KEYS, fmt
-from experiments.tables.input_aware_m import m_per_length_rows, m_rule_rows
+from experiments.tables.input_aware_m import m_per_length_held_rows, m_per_length_rows, m_rule_rows
 from experiments.tables.inputs import BEGIN, END, KERNEL_DEVICE, TABLE_TAIL_MARGIN, read_path
 from experiments.tables.kernels import device_time_note
 from experiments.tables.plots import PLOTS, arr_plot, plot_m_rules
@@ -48,5 +48,6 @@ from experiments.tables.regenerate import main, readme_with_block
 __all__ = ["choice", "decode", "dustin_quality", "dustin_speed", "figures", "input_aware_m", "inputs", "kernels",
            "knapspec", "knapspec_plans", "pair_speed", "plots", "regenerate", "results_md", "srh_groups",
            "BEGIN", "BY_KEY", "END", "FIGURES", "KERNEL_DEVICE", "PLOTS", "README_KEYS", "TABLE_TAIL_MARGIN",
-           "arr_plot", "device_time_note", "divergence_note", "fmt", "m_per_length_rows", "m_rule_rows", "main",
+           "arr_plot", "device_time_note", "divergence_note", "fmt", "m_per_length_held_rows", "m_per_length_rows",
+           "m_rule_rows", "main",
            "plain_table", "plot_m_rules", "read_path", "readme_with_block"]

@@ -3,7 +3,8 @@
 * the input-aware rules against fixed m and the per-round oracle (``dustin_quality_input_aware_m_*``;
   :func:`m_rule_rows`, :func:`m_rule_table`, :func:`m_rule_verdicts`, :func:`oracle_persistence_note`);
 * the profile's m per context length (:func:`m_per_length_rows`, :func:`m_per_length_blocks`,
-  :func:`m_per_length_verdicts`);
+  :func:`m_per_length_verdicts`), and the coverage rule around it deciding every third round
+  (:func:`m_per_length_held_rows`, :func:`m_per_length_held_blocks`);
 * how predictable the per-round best m is (``dustin_quality_m_bounds_*``; :func:`m_bounds_blocks`,
   :func:`m_bounds_verdict`);
 * the rules' selection cost against the fixed rule (``selection/``; :func:`selection_cost_tables`,
@@ -16,7 +17,8 @@ import functools
 from typing import Any, Dict, List, Optional, Tuple
 
 from experiments.tables import inputs
-from experiments.tables.inputs import (HELD_SELECTION_RULES, INPUT_AWARE_M, INPUT_AWARE_M_PER_LENGTH, M_BOUNDS,
+from experiments.tables.inputs import (HELD_SELECTION_RULES, INPUT_AWARE_M, INPUT_AWARE_M_PER_LENGTH,
+                                       INPUT_AWARE_M_PER_LENGTH_HELD, M_BOUNDS,
                                        M_BOUND_TAGS, M_BOUND_TAGS_3KINDS, M_RULES, SELECTION_COST, SELECTION_RULE_TAGS,
                                        m_bounds_3kinds, selection_rules_of, tokens_k)
 
@@ -84,21 +86,28 @@ def m_rule_rows(cases: Dict[str, Any]) -> List[Dict[str, Any]]:
     return rows
 
 
-def m_per_length_rows(source: str, base: str) -> List[Dict[str, Any]]:
+def _item_of(key: str) -> str:
+    """A dustin-quality case key's item: ``.../dense`` or ``.../{method}/k{K}`` without that tail."""
+    return key[: -len("/dense")] if key.endswith("/dense") else key.rsplit("/", 2)[0]
+
+
+def m_per_length_rows(source: str, base: str, items: Optional[set] = None) -> List[Dict[str, Any]]:
     """Per k: the run with the profile's m per context length (``source``) against the run with its single m on the
     same items (``base``): m, ARR, the share of the single m's gap to the oracle closed, token match with dense and
     accuracy of the single m, the coverage rule around it, the length's m, the coverage rule around that, and the
-    oracle; raises ValueError if the two runs did not decode the same items to the same dense tokens."""
+    oracle; raises ValueError if the two runs did not decode the same items to the same dense tokens. ``items``:
+    only these items (of the two runs' shared ones)."""
     mine, theirs = inputs.load(source)["cases"], inputs.load(base)["cases"]
     dense = {k for k in mine if k.endswith("/dense")}
     if dense != {k for k in theirs if k.endswith("/dense")}:
         raise ValueError(f"{source}: not the items of {base}")
     same = {k[: -len("/dense")] for k in dense if mine[k]["tokens"] == theirs[k]["tokens"]}
+    if items is not None:
+        same &= set(items)
     if not same:
         raise ValueError(f"{source}: no item's dense tokens equal {base}'s")
     # runs on two GPUs can round one item's dense decode apart: only the items both decoded alike are compared
-    mine, theirs = ({k: v for k, v in cases.items() if k.rsplit("/", 2)[0] in same or k[: -len("/dense")] in same}
-                    for cases in (mine, theirs))
+    mine, theirs = ({k: v for k, v in cases.items() if _item_of(k) in same} for cases in (mine, theirs))
     single = {r["k"]: r for r in m_rule_rows(theirs)}
     rows = []
     for r in m_rule_rows(mine):
@@ -501,6 +510,80 @@ def m_per_length_blocks() -> List[str]:
                                                   for x in by_k[k]) for k in sorted(by_k)) + ". ")
         out.append(text + "\n\n" + "\n".join(lines)
                    + f"\n\n![the m per context length](../experiments/results/{source.replace('.json', '.png')})")
+    return out
+
+
+def m_per_length_held_rows(held: str, per_length: str, base: str) -> Tuple[List[Dict[str, Any]], int, int]:
+    """``(rows, items, planned)``: per k, :func:`m_per_length_rows` of the per-length run against the single-m run,
+    restricted to the items the held run (``held``: the coverage rule around the length's m deciding every third
+    round, method dustin-h-cov-held) decoded densely to the same tokens, plus that rule's ARR, gap closed, token
+    match, accuracy and selection time against the fixed rule's (tag ``length_held``) on those items."""
+    cases = inputs.load(held)["cases"]
+    others = inputs.load(per_length)["cases"]
+    items = {_item_of(k) for k in cases if k.endswith("/dense") and k in others
+             and cases[k]["tokens"] == others[k]["tokens"]}
+    planned = int(str(inputs.load(held)["config"]["items"]).split(":")[1])
+    if not items:
+        return [], 0, planned
+    rows = m_per_length_rows(per_length, base, items)
+    held_rows = {r["k"]: r for r in m_rule_rows({k: v for k, v in cases.items() if _item_of(k) in items})}
+    for row in rows:
+        h = held_rows.get(row["k"], {})
+        for field in ("arr", "match", "accuracy", "selection_ratio"):
+            row[f"{field}_length_held"] = h.get(f"{field}_coverage_held")
+        gap = (None if row["arr_oracle"] is None or row["arr_fixed"] is None
+               else row["arr_oracle"] - row["arr_fixed"])
+        arr = row["arr_length_held"]
+        row["gap_closed_length_held"] = (arr - row["arr_fixed"]) / gap if arr is not None and gap and gap > 0 else None
+        row["mean_m_length_held"] = h.get("mean_m_coverage_held")
+    return rows, len({_item_of(k) for k in cases if k.endswith("/dense")} & items), planned
+
+
+def m_per_length_held_blocks() -> List[str]:
+    """The coverage rule around the length's m deciding every third round, beside the same rule every round."""
+    out = []
+    f4, f2, pct = (functools.partial(_or_dash, spec=spec, scale=scale, suffix=suffix)
+                   for spec, scale, suffix in ((".4f", 1, ""), (".2f", 1, ""), ("+.0f", 100, " %")))
+    for model, held, per_length, base, step in INPUT_AWARE_M_PER_LENGTH_HELD:
+        rows, items, planned = m_per_length_held_rows(held, per_length, base)
+        tags = ("fixed", "length", "length_coverage", "length_held", "oracle")
+        lines = ["| k | ARR: single m / length's m / coverage around it, every round / every third round / oracle "
+                 "| gap closed: length's m / coverage every round / every third round | token match vs dense (same "
+                 "order) | selection time / fixed's: coverage every round / every third round |",
+                 "|---|---|---|---|---|"]
+        for r in rows:
+            lines.append(f"| {r['k']} | {' / '.join(f4(r[f'arr_{t}']) for t in tags)} "
+                         f"| {' / '.join(pct(r[f'gap_closed_{t}']) for t in ('length', 'length_coverage', 'length_held'))} "
+                         f"| {' / '.join(f2(r[f'match_{t}']) for t in tags)} "
+                         f"| {f2(r['selection_ratio_length_coverage'])}x / {f2(r['selection_ratio_length_held'])}x |")
+        status = ("every planned item" if items >= planned else
+                  f"{items} of the run's {planned} planned items so far (the step resumes from the file: suite "
+                  f"`{step.split()[0]}`, step `{step.split()[1]}`), so no verdict yet")
+        text = (f"{model}, {m_run_label(held)}: the coverage rule around the profile's m for this length deciding "
+                f"every third round (`{held}`, method `dustin-h-cov-held`; docs/methods.md §3.7), beside the same "
+                f"rule deciding every round (`{per_length}`) and the single m's run with its per-round oracle "
+                f"(`{base}`), on the items all three decoded densely to the same tokens: {status}.")
+        out.append(text + "\n\n" + "\n".join(lines))
+    return out
+
+
+def m_per_length_held_verdicts() -> List[str]:
+    out = []
+    for model, held, per_length, base, _ in INPUT_AWARE_M_PER_LENGTH_HELD:
+        rows, items, planned = m_per_length_held_rows(held, per_length, base)
+        if not rows or items < planned:
+            continue
+        worse = [r["k"] for r in rows if r["arr_length_held"] is not None and r["arr_length_held"] < r["arr_fixed"] - 1e-9]
+        closed = [r["gap_closed_length_held"] for r in rows if r["gap_closed_length_held"] is not None]
+        mean = sum(closed) / len(closed) if closed else None
+        ratios = [r["selection_ratio_length_held"] for r in rows if r["selection_ratio_length_held"]]
+        out.append(f"{model}, {m_run_label(held)}, the coverage rule around the length's m deciding every third round: "
+                   f"at least the single m's ARR at every k **{'met' if not worse else 'missed'}**"
+                   + (f" (below at k = {', '.join(map(str, worse))})" if worse else "")
+                   + ", gap closed " + ("-" if mean is None else f"{100 * mean:.0f} %") + " on average (target >= 33 "
+                   f"%: **{'met' if mean is not None and mean >= 1 / 3 else 'missed'}**); selection time / fixed m's: "
+                   + (", ".join(f"{x:.2f}x" for x in ratios) or "-")
+                   + f" (target <= 1.1x: **{'met' if ratios and max(ratios) <= 1.1 else 'missed'}**); {items} items.")
     return out
 
 

@@ -409,6 +409,18 @@ INPUT_AWARE_M_PER_LENGTH = tuple(
         ("qwen2.5-coder-1.5b", "per-length_qwen2.5-coder-1.5b_16k_h100", "qwen2.5-coder-1.5b_16k_h200",
          "m-per-length-3kinds_qwen2.5-coder-1.5b_16k-32k_h100"))
     if (RESULTS / f"dustin_quality/dustin_quality_input_aware_m_{run}.json").is_file())
+#: the coverage rule around the profile's m per context length deciding every third round (``--dustin-m-per-length``,
+#: method dustin-h-cov-held; docs/methods.md §3.7), beside the per-length run deciding every round and the single-m
+#: run on the same items: (model, file, the per-length run's file, the single-m run's file, suite step), the files
+#: that exist (a run still resuming renders the items it has)
+INPUT_AWARE_M_PER_LENGTH_HELD = tuple(
+    (model, f"dustin_quality/dustin_quality_input_aware_m_{run}.json",
+     f"dustin_quality/dustin_quality_input_aware_m_{per_length}.json",
+     f"dustin_quality/dustin_quality_input_aware_m_{base}.json", step)
+    for model, run, per_length, base, step in (
+        ("qwen2.5-coder-1.5b", "per-length_held_qwen2.5-coder-1.5b_32k_h100", "per-length_qwen2.5-coder-1.5b_32k_h100",
+         "qwen2.5-coder-1.5b_32k_h100", "h100-long-context 32k-input-aware-m-per-length-held"),)
+    if (RESULTS / f"dustin_quality/dustin_quality_input_aware_m_{run}.json").is_file())
 #: how predictable the per-round best m is (dustin-m-bounds; docs/methods.md §3.7): (model, file) that exist
 M_BOUNDS = tuple((model, f"dustin_quality/dustin_quality_m_bounds_{run}.json") for model, run in (
     ("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b_2k_cpu"),

@@ -101,7 +101,7 @@ def _kernel_block(seq: int) -> int:
 
 
 def _srh_scores_kernel(queries, keys, lengths, kv_groups, block) -> jax.Array:
-    """:func:`srh_scores` with the logits from the Pallas kernel of the platform (docs/methods.md §3.1, scoring layout):
+    """:func:`srh_scores` with the logits from the platform's Pallas kernel (docs/methods.md §3.1, scoring layout):
     ``pallas_kernels.selection.srh_scores_pallas`` (Triton) on a GPU, ``pallas_kernels.tpu_selection.tpu_srh_scores``
     (Mosaic) on a TPU, the Triton kernel interpreted elsewhere (slow; for tests). Each program reads one block of one
     used KV head's keys from the cache itself, so no slice of the cache is copied and no unused head is read. The

@@ -199,6 +199,38 @@ def test_m_per_length_rows_score_a_run_against_the_single_m_run_on_the_same_item
         tables.m_per_length_rows("length.json", "single.json")
 
 
+def test_m_per_length_held_rows_compare_on_the_items_the_held_run_has(monkeypatch):
+    """The rule deciding every third round is scored on the items the (possibly still resuming) held run decoded like
+    the per-length run, and every other column is restricted to those items; the run's planned items are reported."""
+    def dense(arr, rule, tokens=(1, 2, 3)):
+        return {"task": "t", "context": 32000, "tokens": list(tokens), "arr": arr,
+                "m_rule": {f"{rule}/k128": {"m_per_round": [60, 70], "selection_cost_ratio": 1.5}}}
+
+    def decode(method):
+        return {"method": method, "budget": 128, "m": 63, "match_rate": 1.0, "accuracy": 1.0}
+
+    single, per_length, held = {}, {}, {}
+    for item, (fixed, oracle) in {"t0": (0.60, 0.64), "t1": (0.10, 0.90)}.items():
+        single[f"{item}/dense"] = dense({"dustin-h/k128": fixed, "dustin-h-cov/k128": fixed,
+                                         "dustin-h-oracle/k128": oracle}, "dustin-h-cov")
+        per_length[f"{item}/dense"] = dense({"dustin-h/k128": fixed + 0.02, "dustin-h-cov/k128": fixed + 0.03},
+                                            "dustin-h-cov")
+        single[f"{item}/dustin-h/k128"] = per_length[f"{item}/dustin-h/k128"] = decode("dustin-h")
+    held["t0/dense"] = dense({"dustin-h/k128": 0.62, "dustin-h-cov-held/k128": 0.61}, "dustin-h-cov-held")
+    held["t0/dustin-h-cov-held/k128"] = decode("dustin-h-cov-held")
+    files = {"single.json": {"cases": single}, "length.json": {"cases": per_length},
+             "held.json": {"cases": held, "config": {"items": "32000:6"}}}
+    monkeypatch.setattr(tables.inputs, "load", lambda name: files[name])
+    (row,), items, planned = tables.m_per_length_held_rows("held.json", "length.json", "single.json")
+    assert (items, planned) == (1, 6)
+    assert row["arr_fixed"] == pytest.approx(0.60) and row["arr_oracle"] == pytest.approx(0.64)  # t1 left out
+    assert row["gap_closed_length_held"] == pytest.approx(0.25)
+    assert row["gap_closed_length_coverage"] == pytest.approx(0.75)
+    assert row["selection_ratio_length_held"] == pytest.approx(1.5) and row["match_length_held"] == 1.0
+    held["t0/dense"]["tokens"] = [9]  # decoded apart from the per-length run: nothing to compare
+    assert tables.m_per_length_held_rows("held.json", "length.json", "single.json") == ([], 0, 6)
+
+
 def test_plain_idle_sentence_tells_device_work_from_waiting():
     """A traced KnapSpec run whose plain steps ran slower than AR's: the busy and wall time beyond AR's outside the
     plan's window, and the per-chunk fit where the run has it (a negative intercept is noise, not a cost)."""
