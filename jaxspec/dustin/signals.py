@@ -93,8 +93,8 @@ def _kernel_block(seq: int) -> int:
     """The Pallas scoring's sequence block for a cache of ``seq`` slots: 128 on a TPU (its lanes; 0 where ``seq`` is
     not a multiple), elsewhere the largest power of two from 256 down to 16 that divides ``seq`` (256 positions with
     8 warps was the faster of the two tilings bench-attention timed for the 4-group scoring on the H200: 177 µs
-    against 193 µs); 0 where none does (such a
-    cache is scored by the ``"groups"`` product instead, with the same result)."""
+    against 193 µs); 0 where none does (such a cache is scored by the ``"groups"`` products instead, with the same
+    result)."""
     if jax.default_backend() == "tpu":
         return 128 if seq % 128 == 0 else 0
     return next((b for b in (256, 128, 64, 32, 16) if seq % b == 0), 0)
