@@ -545,7 +545,9 @@ def register(subparsers) -> None:
                           "coverage-sort / coverage-radix (the coverage rule with its candidates scored that way; "
                           "coverage is the platform's default, docs/methods.md §3.7), fixed-rows (the fixed rule "
                           "with a per-row m), coverage-held3 (the coverage rule deciding every third round: its "
-                          "selection and two per-row fixed selections with the m it chose, per round)")
+                          "selection and two per-row fixed selections with the m it chose, per round, scheduled from "
+                          "the host), coverage-held3-cond (the same three rounds as the verifier runs them: "
+                          "select_held with the decision a traced predicate, a lax.cond)")
     sel.add_argument("--m-steps", type=int, default=4, metavar="N",
                      help="coverage-ladder: steps of its candidate ladder on each side of m (docs/methods.md §3.7)")
     sel.add_argument("--dustin-profile", default=None,
@@ -569,10 +571,13 @@ def register(subparsers) -> None:
 
 # ---------------------------------------------------------------------------- the input-aware m rules' cost
 SELECTION_RULES = ("coverage", "entropy", "max-mass", "coverage-ladder", "coverage-sort", "coverage-radix",
-                   "fixed-rows", "coverage-held3")
+                   "fixed-rows", "coverage-held3", "coverage-held3-cond")
 #: rules timed as several calls per round: the coverage rule deciding every third round (one coverage selection and
-#: two fixed selections with the per-row m it chose, docs/methods.md §3.7), its time per round the three calls' / 3
-HELD_RULES = {"coverage-held3": 3}
+#: two fixed selections with the per-row m it chose, docs/methods.md §3.7), its time per round the three calls' / 3.
+#: coverage-held3 schedules the three rounds from the host (a decision call, then two per-row fixed calls);
+#: coverage-held3-cond runs each round as the verifier does, through ``select_held`` with the decision a traced
+#: predicate on the device (a ``lax.cond``, whose predicate a GPU copies to the host before it runs a branch)
+HELD_RULES = {"coverage-held3": 3, "coverage-held3-cond": 3}
 #: the coverage rule with its candidates scored one way (jaxspec.dustin.selection.COVERAGE_SCORING); "coverage" is
 #: the platform's default
 COVERAGE_SCORED = {"coverage-sort": "sort", "coverage-radix": "radix"}
@@ -627,8 +632,8 @@ def cmd_bench_selection(args) -> Dict[str, Any]:
     import jax
     import jax.numpy as jnp
 
-    from jaxspec.dustin.selection import (select_for_config, select_input_aware, select_input_aware_reference,
-                                          select_verify_indices_rows)
+    from jaxspec.dustin.selection import (select_for_config, select_held, select_input_aware,
+                                          select_input_aware_reference, select_verify_indices_rows)
 
     rules = [r for r in args.rules.split(",") if r]
     unknown = [r for r in rules if r not in SELECTION_RULES]
@@ -665,6 +670,19 @@ def cmd_bench_selection(args) -> Dict[str, Any]:
                 for rule in rules:
                     if rule == "fixed-rows":  # the fixed rule with a per-row m (traced), as a held m selects
                         fns[rule] = lambda a, b, n, f=rows_fn: f(a, b, n, per_row_m)
+                        continue
+                    if rule == "coverage-held3-cond":  # the verifier's own round: select_held, traced decision
+                        cfg = fixed_cfg.replace(m_rule="coverage")
+                        if cfg.input_aware:
+                            step = jax.jit(lambda a, b, n, m, d, c=cfg: select_held(c, a, b, n, m, d))
+                            flags = [jnp.asarray(r == 0) for r in range(HELD_RULES[rule])]  # on the device once
+
+                            def held_cond(a, b, n, step=step, flags=flags):
+                                m_rows = per_row_m
+                                for decide in flags:
+                                    out, m_rows = step(a, b, n, m_rows, decide)
+                                return out
+                            fns[rule] = held_cond
                         continue
                     if rule in HELD_RULES:  # one deciding round, then rounds selecting with the m it chose
                         cfg = fixed_cfg.replace(m_rule="coverage")

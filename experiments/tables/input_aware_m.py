@@ -238,7 +238,7 @@ def _held_cost_clause() -> str:
     coverage-held3), per device where run."""
     measured = {device: [c["ratio_to_fixed"]["coverage-held3"] for c in inputs.load(source)["cases"].values()
                          if "coverage-held3" in c.get("ratio_to_fixed", {})]
-                for device, source in SELECTION_COST if "cost_held" in source and (inputs.RESULTS / source).exists()}
+                for device, source in SELECTION_COST if "cost_held_" in source and (inputs.RESULTS / source).exists()}
     measured = {d: r for d, r in measured.items() if r}
     if not measured:
         return "; its selection cost per round is not measured yet (bench-selection coverage-held3)"
@@ -379,8 +379,20 @@ def selection_cost_verdicts() -> List[str]:
                            if inputs.load(source).get("fixed_rule_draft_part") != "mask" else
                            f". Its rounds between decisions select with the per-row path, the fixed rule's own since "
                            f"it selects the draft's part as a mask too ({min(fixed_rows):.2f}-{max(fixed_rows):.2f}x "
-                           f"the fixed rule here, the same work)") if rows else "") + ".")
+                           f"the fixed rule here, the same work)") if rows else "")
+                       + _cond_clause(cases, rule) + ".")
     return out
+
+
+def _cond_clause(cases, rule: str) -> str:
+    """For the held rule run through ``select_held``'s ``lax.cond``: its time against the same rounds scheduled from
+    the host, in the same process."""
+    ratios = [c["ratio_to_fixed"][rule] / c["ratio_to_fixed"]["coverage-held3"] for c in cases
+              if rule == "coverage-held3-cond" and "coverage-held3" in c["ratio_to_fixed"]]
+    if not ratios:
+        return ""
+    return (f"; against the same three rounds scheduled from the host (coverage-held3, same process) the conditional "
+            f"path takes {min(ratios):.2f}-{max(ratios):.2f}x")
 
 
 def input_aware_reach_note() -> str:

@@ -328,14 +328,21 @@ SELECTION_COST = (("cpu", "selection/selection_rules_cost_qwen2.5-coder-1.5b-pro
                   # the coverage rule deciding every third round, and the fixed rule with a per-row m
                   # (bench-selection --rules coverage,fixed-rows,coverage-held3)
                   *((device, f"selection/selection_rules_cost_held_qwen2.5-coder-1.5b-profile_16k-32k_{device}.json")
-                    for device in ("cpu", "h100", "h200")))
+                    for device in ("cpu", "h100", "h200")),
+                  # the held rule scheduled from the host and through select_held's lax.cond, side by side
+                  # (bench-selection --rules fixed-rows,coverage-held3,coverage-held3-cond)
+                  *((device, f"selection/selection_rules_cost_held-cond_qwen2.5-coder-1.5b-profile_16k-32k_{device}"
+                             ".json") for device in ("cpu", "h100", "h200")))
 #: the coverage-scoring files time the default coverage rule beside its two scorings only for the comparison: their
 #: "coverage" column is not indexed or judged again (the selection-rules-cost files carry it)
 SELECTION_SCORING_ONLY = ("coverage-scoring", "cost_held")
 
 
 def selection_rules_of(source: str, rules) -> List[str]:
-    """The rules of a bench-selection file that the index and the verdicts report."""
+    """The rules of a bench-selection file that the index and the verdicts report (a held-cond file's other rules
+    repeat the held file's, so only its conditional rule is reported from it)."""
+    if "cost_held-cond" in source:
+        return [r for r in rules if r == "coverage-held3-cond"]
     if any(tag in source for tag in SELECTION_SCORING_ONLY):
         return [r for r in rules if r != "coverage"]
     return list(rules)
@@ -344,9 +351,10 @@ def selection_rules_of(source: str, rules) -> List[str]:
 SELECTION_RULE_TAGS = {"coverage": "input-aware-coverage", "entropy": "input-aware-entropy",
                        "max-mass": "input-aware", "coverage-ladder": "input-aware-coverage-ladder",
                        "coverage-sort": "input-aware-coverage-sort", "coverage-radix": "input-aware-coverage-radix",
-                       "fixed-rows": "fixed-per-row-m", "coverage-held3": "input-aware-coverage-held3"}
+                       "fixed-rows": "fixed-per-row-m", "coverage-held3": "input-aware-coverage-held3",
+                       "coverage-held3-cond": "input-aware-coverage-held3-cond"}
 #: the rules that decide only in some rounds (bench-selection, docs/methods.md §3.7)
-HELD_SELECTION_RULES = ("coverage-held3",)
+HELD_SELECTION_RULES = ("coverage-held3", "coverage-held3-cond")
 #: MeasuredChoiceController's default table_tail_margin (jaxspec.decoding.arbitration; tests check they agree)
 TABLE_TAIL_MARGIN = 0.1
 PAIR_SPEED_CHECK = f"{PS}8k_h200.json"                  # holds the Pallas-vs-XLA logits check
