@@ -171,11 +171,11 @@ def test_signals_match_bruteforce_gqa():
         target_signal(jnp.asarray(q_t), jnp.asarray(keys[0]), jnp.asarray(lengths), heads, qpk, "rows")
 
 
-@pytest.mark.parametrize("seq,rows", [(96, 3), (64, 16), (50, 2)])
+@pytest.mark.parametrize("seq,rows", [(128, 1), (96, 3), (64, 16), (50, 2)])
 def test_signals_pallas_layout_matches_groups(seq, rows):
     """scoring_layout "pallas": the Pallas logits kernel (interpreted off a GPU) reads each used KV head in place and
-    gives the "groups" scores, for fewer and at least 16 probe rows per KV head; a cache whose length no block of
-    16-128 divides (50) is scored by the groups product."""
+    gives the "groups" scores, for one probe row per KV head (multiply-reduce), a few (a dot over rows padded to 16)
+    and at least 16; a cache whose length is not a multiple of 16 (50) is scored by the groups products."""
     rng = np.random.RandomState(seq)
     batch, kv_heads, dim, qpk = 3, 2, 16, 2
     keys = jnp.asarray(rng.randn(batch, kv_heads, seq, dim).astype(np.float32))
