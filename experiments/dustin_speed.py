@@ -326,7 +326,7 @@ def cmd_dustin_speed(args) -> Dict[str, Any]:
     dustin = DustinConfig(budget=budget, target_layer=target_config.num_layers // 2, target_heads=target_heads,
                           draft_layers=(draft_layer,), draft_heads=(_ints(args.draft_heads),), mode="hybrid",
                           reselect_every=args.reselect_every or 1,
-                          scoring_layout=getattr(args, "scoring_layout", None) or "groups")
+                          scoring_layout=args.scoring_layout)
     writer.set("dustin_config", dustin.to_dict())
     target_bytes, draft_bytes = param_bytes(target_params), param_bytes(draft_params)
     scale = 1.0 / np.sqrt(target_config.head_dim)

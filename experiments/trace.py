@@ -112,8 +112,7 @@ def summarize_phases(plane, names: Dict[str, str], phases: Tuple[str, ...],
                 before = phase
             placed.append((events[i], phase, route))
     intervals: Dict[str, List[Tuple[int, int]]] = {}
-    totals: Dict[str, List[float]] = {}
-    kernels: Dict[str, Dict[str, List[float]]] = {}
+    kernels: Dict[str, Dict[str, List[float]]] = {}  # phase -> kernel name -> [ns, count]
     unplaced: Dict[Tuple[str, str, str, str], List[float]] = {}
     unplaced_stats: Optional[List[str]] = None
     for event, phase, route in placed:
@@ -128,16 +127,14 @@ def summarize_phases(plane, names: Dict[str, str], phases: Tuple[str, ...],
             entry[0] += event.duration_ns
             entry[1] += 1
         intervals.setdefault(phase, []).append((int(event.start_ns), int(event.start_ns + event.duration_ns)))
-        entry = totals.setdefault(phase, [0.0, 0])
-        entry[0] += event.duration_ns
-        entry[1] += 1
         entry = kernels.setdefault(phase, {}).setdefault(str(event.name), [0.0, 0])
         entry[0] += event.duration_ns
         entry[1] += 1
     out: Dict[str, Any] = {phase: {"busy_s": union_length(intervals[phase]) / 1e9,
-                                   "kernel_time_s": totals[phase][0] / 1e9, "launches": int(totals[phase][1]),
-                                   "top_kernels": _top(kernels[phase], 8)}
-                           for phase in totals}
+                                   "kernel_time_s": sum(ns for ns, _ in per.values()) / 1e9,
+                                   "launches": int(sum(count for _, count in per.values())),
+                                   "top_kernels": _top(per, 8)}
+                           for phase, per in kernels.items()}
     top = sorted(unplaced.items(), key=lambda kv: -kv[1][0])[:8]
     return {"phases": out, "attributed_by": routes, "unattributed_stats": unplaced_stats,
             "unattributed_top": [{"name": n, "hlo_op": o, "tf_op": t, "hlo_module": m, "total_s": ns / 1e9,

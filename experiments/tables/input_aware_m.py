@@ -526,17 +526,18 @@ def m_per_length_blocks() -> List[str]:
 
 
 def m_per_length_held_rows(held: str, per_length: str, base: str) -> Tuple[List[Dict[str, Any]], int, int]:
-    """``(rows, items, planned)``: per k, :func:`m_per_length_rows` of the per-length run against the single-m run,
-    restricted to the items the held run (``held``: the coverage rule around the length's m deciding every third
+    """``(rows, measured, planned)``: per k, :func:`m_per_length_rows` of the per-length run against the single-m
+    run, restricted to the items the held run (``held``: the coverage rule around the length's m deciding every third
     round, method dustin-h-cov-held) decoded densely to the same tokens, plus that rule's ARR, gap closed, token
-    match, accuracy and selection time against the fixed rule's (tag ``length_held``) on those items."""
-    cases = inputs.load(held)["cases"]
-    others = inputs.load(per_length)["cases"]
-    items = {_item_of(k) for k in cases if k.endswith("/dense") and k in others
-             and cases[k]["tokens"] == others[k]["tokens"]}
-    planned = int(str(inputs.load(held)["config"]["items"]).split(":")[1])
+    match, accuracy and selection time against the fixed rule's (tag ``length_held``) on those items (each row's
+    ``items``); ``measured``: the items the held run has decoded, of the ``planned`` ones of its ``--items``."""
+    data = inputs.load(held)
+    cases, others = data["cases"], inputs.load(per_length)["cases"]
+    dense = [k for k in cases if k.endswith("/dense")]
+    items = {_item_of(k) for k in dense if k in others and cases[k]["tokens"] == others[k]["tokens"]}
+    planned = int(str(data["config"]["items"]).split(":")[1])
     if not items:
-        return [], 0, planned
+        return [], len(dense), planned
     rows = m_per_length_rows(per_length, base, items)
     held_rows = {r["k"]: r for r in m_rule_rows({k: v for k, v in cases.items() if _item_of(k) in items})}
     for row in rows:
@@ -548,7 +549,7 @@ def m_per_length_held_rows(held: str, per_length: str, base: str) -> Tuple[List[
         arr = row["arr_length_held"]
         row["gap_closed_length_held"] = (arr - row["arr_fixed"]) / gap if arr is not None and gap and gap > 0 else None
         row["mean_m_length_held"] = h.get("mean_m_coverage_held")
-    return rows, len({_item_of(k) for k in cases if k.endswith("/dense")} & items), planned
+    return rows, len(dense), planned
 
 
 def m_per_length_held_blocks() -> List[str]:
@@ -557,7 +558,7 @@ def m_per_length_held_blocks() -> List[str]:
     f4, f2, pct = (functools.partial(_or_dash, spec=spec, scale=scale, suffix=suffix)
                    for spec, scale, suffix in ((".4f", 1, ""), (".2f", 1, ""), ("+.0f", 100, " %")))
     for model, held, per_length, base, step in INPUT_AWARE_M_PER_LENGTH_HELD:
-        rows, items, planned = m_per_length_held_rows(held, per_length, base)
+        rows, measured, planned = m_per_length_held_rows(held, per_length, base)
         tags = ("fixed", "length", "length_coverage", "length_held", "oracle")
         lines = ["| k | ARR: single m / length's m / coverage around it, every round / every third round / oracle "
                  "| gap closed: length's m / coverage every round / every third round | token match vs dense (same "
@@ -568,9 +569,10 @@ def m_per_length_held_blocks() -> List[str]:
                          f"| {' / '.join(pct(r[f'gap_closed_{t}']) for t in ('length', 'length_coverage', 'length_held'))} "
                          f"| {' / '.join(f2(r[f'match_{t}']) for t in tags)} "
                          f"| {f2(r['selection_ratio_length_coverage'])}x / {f2(r['selection_ratio_length_held'])}x |")
-        status = ("every planned item" if items >= planned else
-                  f"{items} of the run's {planned} planned items so far (the step resumes from the file: suite "
-                  f"`{step.split()[0]}`, step `{step.split()[1]}`), so no verdict yet")
+        compared = rows[0]["items"] if rows else 0
+        status = (f"{compared} items" + ("" if measured >= planned else
+                  f", {measured} of the run's {planned} planned items measured so far (the step resumes from the "
+                  f"file: suite `{step.split()[0]}`, step `{step.split()[1]}`), so no verdict yet"))
         text = (f"{model}, {m_run_label(held)}: the coverage rule around the profile's m for this length deciding "
                 f"every third round (`{held}`, method `dustin-h-cov-held`; docs/methods.md §3.7), beside the same "
                 f"rule deciding every round (`{per_length}`) and the single m's run with its per-round oracle "
@@ -582,8 +584,8 @@ def m_per_length_held_blocks() -> List[str]:
 def m_per_length_held_verdicts() -> List[str]:
     out = []
     for model, held, per_length, base, _ in INPUT_AWARE_M_PER_LENGTH_HELD:
-        rows, items, planned = m_per_length_held_rows(held, per_length, base)
-        if not rows or items < planned:
+        rows, measured, planned = m_per_length_held_rows(held, per_length, base)
+        if not rows or measured < planned:
             continue
         worse = [r["k"] for r in rows if r["arr_length_held"] is not None and r["arr_length_held"] < r["arr_fixed"] - 1e-9]
         closed = [r["gap_closed_length_held"] for r in rows if r["gap_closed_length_held"] is not None]
@@ -595,7 +597,8 @@ def m_per_length_held_verdicts() -> List[str]:
                    + ", gap closed " + ("-" if mean is None else f"{100 * mean:.0f} %") + " on average (target >= 33 "
                    f"%: **{'met' if mean is not None and mean >= 1 / 3 else 'missed'}**); selection time / fixed m's: "
                    + (", ".join(f"{x:.2f}x" for x in ratios) or "-")
-                   + f" (target <= 1.1x: **{'met' if ratios and max(ratios) <= 1.1 else 'missed'}**); {items} items.")
+                   + f" (target <= 1.1x: **{'met' if ratios and max(ratios) <= 1.1 else 'missed'}**); {rows[0]['items']} "
+                   "items.")
     return out
 
 

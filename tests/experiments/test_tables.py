@@ -221,14 +221,14 @@ def test_m_per_length_held_rows_compare_on_the_items_the_held_run_has(monkeypatc
     files = {"single.json": {"cases": single}, "length.json": {"cases": per_length},
              "held.json": {"cases": held, "config": {"items": "32000:6"}}}
     monkeypatch.setattr(tables.inputs, "load", lambda name: files[name])
-    (row,), items, planned = tables.m_per_length_held_rows("held.json", "length.json", "single.json")
-    assert (items, planned) == (1, 6)
+    (row,), measured, planned = tables.m_per_length_held_rows("held.json", "length.json", "single.json")
+    assert (measured, planned, row["items"]) == (1, 6, 1)
     assert row["arr_fixed"] == pytest.approx(0.60) and row["arr_oracle"] == pytest.approx(0.64)  # t1 left out
     assert row["gap_closed_length_held"] == pytest.approx(0.25)
     assert row["gap_closed_length_coverage"] == pytest.approx(0.75)
     assert row["selection_ratio_length_held"] == pytest.approx(1.5) and row["match_length_held"] == 1.0
     held["t0/dense"]["tokens"] = [9]  # decoded apart from the per-length run: nothing to compare
-    assert tables.m_per_length_held_rows("held.json", "length.json", "single.json") == ([], 0, 6)
+    assert tables.m_per_length_held_rows("held.json", "length.json", "single.json") == ([], 1, 6)
 
 
 def test_plain_idle_sentence_tells_device_work_from_waiting():
