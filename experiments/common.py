@@ -18,7 +18,8 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = "smollm2-135m"
 DEMO_PROMPT_FILE = REPO / "experiments" / "prompts" / "long_demo.txt"
 #: keys of an experiment's arguments that are not part of its results' config (resume compares configs)
-NOT_CONFIG = ("func", "out", "no_compilation_cache", "argv", "warm_workers", "compile_threads")
+NOT_CONFIG = ("func", "out", "no_compilation_cache", "compilation_cache", "empty_compilation_cache", "argv",
+              "warm_workers", "compile_threads")
 #: set to 1 to turn the persistent compilation cache off (as ``--no-compilation-cache`` does)
 NO_COMPILATION_CACHE_ENV = "JAXSPEC_NO_COMPILATION_CACHE"
 
@@ -202,21 +203,62 @@ def config_of(args, exclude: Iterable[str] = ()) -> Dict[str, Any]:
 
 # ---------------------------------------------------------------------------- compilation cache
 def compilation_cache_dir() -> pathlib.Path:
-    """``<jaxspec cache>/jax_compilation_cache`` (the jaxspec cache honours ``$JAXSPEC_CACHE``)."""
+    """The compilation cache folder: ``--compilation-cache`` when an experiment was given one (see
+    :func:`enable_compilation_cache`), else ``<jaxspec cache>/jax_compilation_cache`` (the jaxspec cache
+    honours ``$JAXSPEC_CACHE``)."""
+    if _COMPILATION_CACHE_OVERRIDE:
+        return _COMPILATION_CACHE_OVERRIDE[0]
     from jaxspec.models.registry import cache_dir
 
     return cache_dir() / "jax_compilation_cache"
 
 
-def enable_compilation_cache(enabled: bool = True) -> Optional[pathlib.Path]:
+_COMPILATION_CACHE_OVERRIDE: List[pathlib.Path] = []
+
+
+def empty_compilation_cache(path: pathlib.Path) -> int:
+    """Delete the compiled programs in ``path`` (a first run's compile times without touching the default
+    cache); returns how many files went. Refuses, before deleting anything, a path that is not a folder
+    or holds a folder (JAX's compilation cache is flat), so a mistyped path loses nothing."""
+    path = pathlib.Path(path)
+    if not path.exists():
+        return 0
+    if not path.is_dir():
+        raise ValueError(f"--compilation-cache {path} is not a folder; pass a new or empty folder, or one a "
+                         f"compilation cache was kept in")
+    entries = list(path.iterdir())
+    folders = [e.name for e in entries if not e.is_file() or e.is_symlink()]
+    if folders:
+        raise ValueError(f"--empty-compilation-cache refuses {path}: it holds {folders[0]!r}, which is not a "
+                         f"compiled program (a compilation cache holds only files); pass a new or empty folder")
+    for entry in entries:
+        entry.unlink()
+    return len(entries)
+
+
+def enable_compilation_cache(enabled: bool = True, path: Optional[str] = None,
+                             empty: bool = False) -> Optional[pathlib.Path]:
     """Turn on JAX's persistent compilation cache (every compile, CPU ones included, is saved and
-    reused by the next process running the same program). Off with ``enabled=False`` or
-    ``JAXSPEC_NO_COMPILATION_CACHE=1``. Returns the folder, or None when off."""
+    reused by the next process running the same program), in ``path`` when given (else the default of
+    :func:`compilation_cache_dir`), emptied first with ``empty`` (only an explicit ``path``: the default
+    cache is never emptied). Off with ``enabled=False`` or ``JAXSPEC_NO_COMPILATION_CACHE=1``. Returns
+    the folder, or None when off."""
+    if empty and path is None:
+        raise ValueError("--empty-compilation-cache needs --compilation-cache DIR (the folder to empty); the "
+                         f"default cache {compilation_cache_dir()} is never emptied")
+    if empty and not enabled:
+        raise ValueError("--empty-compilation-cache with --no-compilation-cache: the cache is off, nothing to empty")
+    _COMPILATION_CACHE_OVERRIDE.clear()
+    if path is not None:
+        _COMPILATION_CACHE_OVERRIDE.append(pathlib.Path(path).expanduser().absolute())
     if not enabled or os.environ.get(NO_COMPILATION_CACHE_ENV, "") not in ("", "0"):
         return None
     import jax
 
     path = compilation_cache_dir()
+    if empty:
+        removed = empty_compilation_cache(path)
+        print(f"[compilation cache] emptied {path} ({removed} files)", file=sys.stderr)
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -302,7 +344,8 @@ def warm_compilation_cache(experiment: str, argv: Sequence[str],
         running = []
         for i, values in enumerate(overrides):
             values = {k: (v.replace("{tmp}", folder) if isinstance(v, str) else v) for k, v in values.items()}
-            command = [sys.executable, "-m", "experiments.run", experiment, *replace_options(argv, values)]
+            kept = [arg for arg in argv if arg != "--empty-compilation-cache"]  # the run emptied it already
+            command = [sys.executable, "-m", "experiments.run", experiment, *replace_options(kept, values)]
             log = open(pathlib.Path(folder) / f"worker{i}.log", "w+")
             running.append((values, log, time.perf_counter(), subprocess.Popen(command, cwd=REPO, env=env, stdout=log,
                                                                              stderr=subprocess.STDOUT)))

@@ -478,7 +478,7 @@ def cmd_demo(args) -> Dict[str, Any]:
     out["demo"] = {"demo_method": args.demo_method, "generate_options": options,
                    "time_to_first_token_s": ttft["ttft_s"], "time_to_first_token_compiled_s": ttft["ttft_compiled_s"],
                    "wall_s": time.perf_counter() - demo_start, "compilation_cache": str(cache) if cache else None,
-                   "compiles": counter.counts()}
+                   "compilation_cache_emptied": bool(cache and args.empty_compilation_cache), "compiles": counter.counts()}
     writer.set("results", out)
     print(f"\nprompt: {run_args.prompt_file} ({prompt_tokens} tokens)\n")
     report_generate(out)

@@ -11,7 +11,8 @@ writes ``--out``.
 JAX's persistent compilation cache is on for every experiment (``~/.cache/jaxspec/
 jax_compilation_cache``, under ``$JAXSPEC_CACHE`` when set): a second run of the same command
 loads its compiled programs instead of compiling them. ``--no-compilation-cache`` (or
-``JAXSPEC_NO_COMPILATION_CACHE=1``) turns it off.
+``JAXSPEC_NO_COMPILATION_CACHE=1``) turns it off; ``--compilation-cache DIR`` keeps it in DIR instead,
+and ``--empty-compilation-cache`` empties that DIR first (how the demo's first run is timed).
 
 The experiments are those of the modules in :data:`experiments.registry.EXPERIMENT_MODULES`.
 """
@@ -40,6 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
                               "other options are refused so no result is overwritten")
         sub.add_argument("--no-compilation-cache", action="store_true",
                          help="do not use JAX's persistent compilation cache (also: JAXSPEC_NO_COMPILATION_CACHE=1)")
+        sub.add_argument("--compilation-cache", default=None, metavar="DIR",
+                         help="keep compiled programs in DIR instead of the jaxspec cache's jax_compilation_cache")
+        sub.add_argument("--empty-compilation-cache", action="store_true",
+                         help="empty the --compilation-cache DIR first (a first run's compile times; the default "
+                              "cache is never emptied)")
         sub.add_argument("--mesh", default=None, metavar="data=D,tensor=T",
                          help="run on a device mesh: batch rows over D, heads and MLP over T (D x T = devices)")
     return parser
@@ -65,7 +71,7 @@ def main(argv=None) -> int:
     try:
         check_mesh_support(args)
         check_output_path(args.out)
-        enable_compilation_cache(not args.no_compilation_cache)
+        enable_compilation_cache(not args.no_compilation_cache, args.compilation_cache, args.empty_compilation_cache)
         if os.environ.get("JAXSPEC_DISTRIBUTED") == "1":
             from jaxspec.parallel import initialize_distributed
 

@@ -556,6 +556,55 @@ def test_compilation_cache_on_by_default_and_opt_out(tmp_path, monkeypatch):
         jax.config.update("jax_compilation_cache_dir", before)
 
 
+def test_compilation_cache_folder_and_emptying(tmp_path, monkeypatch):
+    import jax
+
+    monkeypatch.setenv("JAXSPEC_CACHE", str(tmp_path / "home"))
+    monkeypatch.delenv(common.NO_COMPILATION_CACHE_ENV, raising=False)
+    before = jax.config.jax_compilation_cache_dir
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / "jit_f-abc-cache").write_bytes(b"x")
+    (own / "jit_f-abc-atime").write_bytes(b"y")
+    try:
+        with pytest.raises(ValueError, match="needs --compilation-cache DIR"):
+            common.enable_compilation_cache(True, None, empty=True)
+        with pytest.raises(ValueError, match="cache is off"):
+            common.enable_compilation_cache(False, str(own), empty=True)
+        assert sorted(p.name for p in own.iterdir()) == ["jit_f-abc-atime", "jit_f-abc-cache"]  # nothing lost
+        path = common.enable_compilation_cache(True, str(own))
+        assert path == own and common.compilation_cache_dir() == own and len(list(own.iterdir())) == 2
+        assert jax.config.jax_compilation_cache_dir == str(own)
+        assert common.enable_compilation_cache(True, str(own), empty=True) == own and not list(own.iterdir())
+        (own / "a-folder").mkdir()
+        (own / "jit_g-cache").write_bytes(b"z")
+        with pytest.raises(ValueError, match="refuses .*'a-folder'"):
+            common.enable_compilation_cache(True, str(own), empty=True)
+        assert (own / "jit_g-cache").exists()  # refused before deleting anything
+        assert common.enable_compilation_cache(True, str(tmp_path / "new"), empty=True) == tmp_path / "new"
+        assert common.enable_compilation_cache() == tmp_path / "home" / "jax_compilation_cache"  # default again
+    finally:
+        common._COMPILATION_CACHE_OVERRIDE.clear()
+        jax.config.update("jax_compilation_cache_dir", before)
+
+
+def test_warm_workers_never_empty_the_cache(tmp_path, monkeypatch):
+    seen = []
+
+    class Done:
+        def __init__(self, command, **kw):
+            seen.append(command)
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(common.subprocess, "Popen", Done)
+    common.warm_compilation_cache("demo", ["--compilation-cache", "/x", "--empty-compilation-cache", "--gamma", "2"],
+                                  [{"--gamma": "3"}])
+    assert seen and "--empty-compilation-cache" not in seen[0] and seen[0][-4:] == ["--compilation-cache", "/x",
+                                                                                     "--gamma", "3"]
+
+
 def test_demo_method_choices(capsys):
     assert "prompt-lookup" in registry.method_names()
     assert main(["demo", "--max-new-tokens", "0"]) == 2
