@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 # ---------------------------------------------------------------------------- Pallas SRH scoring
-def _srh_logits_kernel(lengths_ref, q_ref, k_ref, o_ref, *, groups, rows, block_s):
+def _srh_logits_kernel(lengths_ref, q_ref, k_ref, o_ref, *, groups, rows, block_s, store_rows):
     h = pl.program_id(1)
     start = pl.program_id(2) * block_s  # read outside pl.when (interpret mode cannot inside)
     active = functools.reduce(jnp.logical_or, [h == g for g in groups])
@@ -32,8 +32,8 @@ def _srh_logits_kernel(lengths_ref, q_ref, k_ref, o_ref, *, groups, rows, block_
             o_ref[0, :] = jnp.where(valid, jnp.sum(k.astype(jnp.float32) * q[None, :], axis=1), NEG_INF)
         else:  # tensor cores; q_ref holds the rows padded to >= 16 (tl.dot's minimum), only the real ones are stored
             logits = jnp.dot(q_ref[...], k.T, preferred_element_type=jnp.float32)  # [dot_rows, block_s]
-            if logits.shape[0] > rows:
-                logits = jnp.split(logits, logits.shape[0] // rows, axis=0)[0]
+            if store_rows < logits.shape[0]:  # keep the real rows (a power-of-two split: Triton's tt.split)
+                logits = jnp.split(logits, logits.shape[0] // store_rows, axis=0)[0]
             o_ref[...] = jnp.where(valid[None, :], logits, NEG_INF)
 
 
@@ -57,13 +57,16 @@ def pack_srh_queries(queries: jax.Array, kv_groups: Sequence[int], num_kv_heads:
     return out, tuple(tuple(r) for r in real)
 
 
-@functools.partial(jax.jit, static_argnames=("kv_groups", "block_s", "num_warps", "interpret"))
+@functools.partial(jax.jit, static_argnames=("kv_groups", "block_s", "num_warps", "interpret", "store_padding"))
 def srh_scores_pallas(queries: jax.Array, keys: jax.Array, lengths: jax.Array, kv_groups: Sequence[int], *,
-                      block_s: int = 128, num_warps: int = 4, interpret: bool = False) -> jax.Array:
+                      block_s: int = 128, num_warps: int = 4, interpret: bool = False,
+                      store_padding: bool = False) -> jax.Array:
     """``jaxspec.dustin.signals.srh_scores`` with the logits from a Pallas kernel that reads each used KV head's keys
     once (grid over batch, KV heads, sequence blocks; unused KV heads do nothing); the softmax
     over positions and the sum over heads and rows run in XLA on the small ``[B, Hkv, Rg, S]``
-    logits. Same result as ``srh_scores``."""
+    logits. Same result as ``srh_scores``. With 2-15 probe rows per KV head the dot runs on rows
+    zero-padded to 16; the kernel stores only the real rows, or (``store_padding``) all 16, which
+    writes more but needs no in-kernel split."""
     batch, _, rows, dim = queries.shape
     kv_heads, seq = keys.shape[1], keys.shape[2]
     if seq % block_s:
@@ -77,7 +80,9 @@ def srh_scores_pallas(queries: jax.Array, keys: jax.Array, lengths: jax.Array, k
     if dot_rows > group_rows:  # zero rows up to tl.dot's 16; the kernel stores only the first group_rows
         packed = jnp.pad(packed, ((0, 0), (0, 0), (0, dot_rows - group_rows), (0, 0)))
     used = tuple(sorted(set(kv_groups)))
-    kernel = functools.partial(_srh_logits_kernel, groups=used, rows=group_rows, block_s=block_s)
+    store_rows = dot_rows if store_padding else group_rows
+    kernel = functools.partial(_srh_logits_kernel, groups=used, rows=group_rows, block_s=block_s,
+                               store_rows=store_rows)
     compiler = None
     if not interpret:
         from jax.experimental.pallas import triton as plgpu
@@ -91,8 +96,8 @@ def srh_scores_pallas(queries: jax.Array, keys: jax.Array, lengths: jax.Array, k
             pl.BlockSpec((None, None, dot_rows, dim), lambda b, h, s: (b, h, 0, 0)),
             pl.BlockSpec((None, None, block_s, dim), lambda b, h, s: (b, h, s, 0)),
         ],
-        out_specs=pl.BlockSpec((None, None, group_rows, block_s), lambda b, h, s: (b, h, 0, s)),
-        out_shape=jax.ShapeDtypeStruct((batch, kv_heads, group_rows, seq), jnp.float32),
+        out_specs=pl.BlockSpec((None, None, store_rows, block_s), lambda b, h, s: (b, h, 0, s)),
+        out_shape=jax.ShapeDtypeStruct((batch, kv_heads, store_rows, seq), jnp.float32),
         compiler_params=compiler,
         interpret=interpret,
         name="jaxspec_srh_logits",

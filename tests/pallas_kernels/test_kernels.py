@@ -246,6 +246,9 @@ def test_srh_scores_pallas_matches_xla(groups, rows):
     got = np.asarray(srh_scores_pallas(queries, k, lengths, groups, block_s=128, interpret=INTERPRET))
     np.testing.assert_allclose(got, expected, rtol=2e-4, atol=1e-6)
     assert (got[2, 7:] == 0).all() and (got[1, 200:] == 0).all()  # padding gets no mass
+    padded = np.asarray(srh_scores_pallas(queries, k, lengths, groups, block_s=128, interpret=INTERPRET,
+                                          store_padding=True))  # all 16 dot rows stored, no in-kernel split
+    np.testing.assert_allclose(padded, expected, rtol=2e-4, atol=1e-6)
     with pytest.raises(ValueError, match="kv_groups"):
         srh_scores_pallas(queries, k, lengths, (0, 1, 2, 0), interpret=INTERPRET)
 
