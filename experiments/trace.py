@@ -59,12 +59,30 @@ def union_length(intervals: List[Tuple[int, int]]) -> int:
 
 def op_names(hlo_text: str) -> Dict[str, str]:
     """``{instruction name: op_name metadata}`` of a compiled program's text (``compiled.as_text()``), for every
-    instruction that carries an ``op_name`` (fusions carry their root's)."""
-    out = {}
+    instruction that carries an ``op_name`` (fusions carry their root's). A Pallas (Triton) custom call's kernel is
+    named by its ``backend_config``'s ``name``, not by the instruction, so that name maps too: to the scope path
+    its calls share (the common leading components when several calls launch a kernel of that name)."""
+    out: Dict[str, str] = {}
+    kernels: Dict[str, List[str]] = {}
     for line in hlo_text.splitlines():
         match = re.match(r"\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=.*?op_name=\"([^\"]*)\"", line)
         if match:
             out[match.group(1)] = match.group(2)
+            if "xla.gpu.triton" in line and "backend_config=" in line:
+                config = line[line.index("backend_config="):]
+                names = re.findall(r'[{,]\s*\\?"?name\\?"?\s*[=:]\s*\\?"([\w.$\-]+)', config)
+                if names:
+                    kernels.setdefault(names[-1], []).append(match.group(2))
+    for kernel, scopes in kernels.items():
+        if kernel in out:
+            continue
+        parts = [scope.split("/") for scope in scopes]
+        common = []
+        for level in zip(*parts):
+            if any(part != level[0] for part in level):
+                break
+            common.append(level[0])
+        out[kernel] = "/".join(common)
     return out
 
 
@@ -149,7 +167,7 @@ def _place(event, names: Dict[str, str], phases: Tuple[str, ...]) -> Tuple[Optio
     if scope is not None and "/" in str(scope):
         return phase_of(str(scope), phases), "tf_op"
     name = _bare(event.name)  # XLA:CPU marks an async op's completion as "end: <op>"
-    for candidate in (name, re.sub(r"_(\d+)$", r".\1", name)):
+    for candidate in (name, re.sub(r"_(\d+)$", r".\1", name), re.sub(r"__\d+$", "", name)):
         if candidate in names:
             return phase_of(names[candidate], phases), "kernel_name"
     return None, "none"

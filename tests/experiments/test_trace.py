@@ -117,6 +117,56 @@ def test_phases_attribute_kernels_by_their_hlo_op_scope():
     assert split["attributed_by"] == {"none": 50_000} and split["phases"]["unattributed"]["launches"] == 50_000
 
 
+def test_phases_place_pallas_kernels_by_their_custom_call_name():
+    """A Pallas (Triton) kernel inside a command buffer is named by its custom call's backend_config name (XLA adds
+    "__N" to further instances): it maps to the scope its calls share, the innermost phase common to all of them."""
+    text = "\n".join([
+        '  %custom-call.7 = f32[2]{0} custom-call(%p), custom_call_target="__gpu$xla.gpu.triton", '
+        'metadata={op_name="jit(f)/while/body/selection/target/pallas_call"}, '
+        'backend_config={ir = "\\00\\01name = ", name = "jaxspec_srh_logits", num_warps = 8 : i32}',
+        '  %custom-call.8 = f32[2]{0} custom-call(%q), custom_call_target="__gpu$xla.gpu.triton", '
+        'metadata={op_name="jit(f)/while/body/selection/draft_signal/pallas_call"}, '
+        'backend_config={ir = "x", name = "jaxspec_srh_logits", num_warps = 8 : i32}',
+        '  %custom-call.9 = f32[2]{0} custom-call(%r), custom_call_target="__gpu$xla.gpu.triton", '
+        'metadata={op_name="jit(f)/while/body/draft/layer0/pallas_call"}, backend_config={name = "attn"}',
+        '  %custom-call.10 = f32[2]{0} custom-call(%r), custom_call_target="__gpu$xla.gpu.triton", '
+        'metadata={op_name="jit(f)/while/body/verification/layer0/pallas_call"}, backend_config={name = "attn"}'])
+    names = op_names(text)
+    assert names["jaxspec_srh_logits"] == "jit(f)/while/body/selection"  # the shared scope of its two calls
+    assert names["attn"] == "jit(f)/while/body"  # two phases: their common scope, under no phase
+    phases = ("draft", "verification", "selection", "commit")
+    plane = NS(name="/device:GPU:0", lines=[NS(name="Stream #1(Compute)", events=[
+        _event("jaxspec_srh_logits", 0, 10, hlo_op="command_buffer_4"),
+        _event("jaxspec_srh_logits__1", 20, 10, hlo_op="command_buffer_4"),
+        _event("attn__2", 40, 10, hlo_op="command_buffer_4")])])
+    split = summarize_phases(plane, names, phases)
+    assert split["phases"]["selection"]["launches"] == 2 and split["phases"]["other"]["launches"] == 1
+    assert split["attributed_by"] == {"kernel_name": 3}
+
+
+def test_phase_tables_count_unattributed_scoring_kernels_in_the_selection(monkeypatch):
+    """Traces taken before the tracer placed Pallas kernels by name left the SRH scoring kernel unattributed; the
+    tables move exactly those kernels (by name) to the selection and leave the rest."""
+    from experiments.tables import dustin_speed as tables
+
+    unattributed = {"busy_s": 10e-3, "kernel_time_s": 10e-3, "launches": 100, "top_kernels": [
+        {"name": "nvjet_x", "total_s": 6e-3, "count": 18}, {"name": "jaxspec_srh_logits", "total_s": 3e-3, "count": 18},
+        {"name": "jaxspec_srh_logits__1", "total_s": 0.5e-3, "count": 18}]}
+    selection = {"busy_s": 5e-3, "kernel_time_s": 5e-3, "launches": 1000,
+                 "top_kernels": [{"name": "input_reduce_fusion", "total_s": 1e-3, "count": 18}]}
+    data = {"cases": {"ctx32768/b16": {"m": {"metrics": {"rounds": 18}, "timing": {"median_s": 0.18}}}}}
+    plane = {"phases": {"unattributed": unattributed, "selection": selection, "draft": {
+        "busy_s": 80e-3, "kernel_time_s": 80e-3, "launches": 9000, "top_kernels": []}}}
+    monkeypatch.setattr(tables, "traced_rounds", lambda d: {"m": {"plane": plane}})
+    phases = tables.traced_phases(data, "m")
+    assert phases["selection"]["busy_s"] == pytest.approx(8.5e-3) and phases["selection"]["launches"] == 1036
+    assert phases["unattributed"]["busy_s"] == pytest.approx(6.5e-3) and phases["unattributed"]["launches"] == 64
+    assert [k["name"] for k in phases["unattributed"]["top_kernels"]] == ["nvjet_x"]
+    assert phases["selection"]["moved_from_unattributed"]["launches"] == 36
+    assert plane["phases"]["selection"]["busy_s"] == 5e-3  # the file's own numbers are left alone
+    assert tables.phase_selection(data, "m")["selection_ms"] == pytest.approx(8.5 / 18)
+
+
 def test_device_trace_reads_a_real_cpu_trace():
     import jax
     import jax.numpy as jnp
