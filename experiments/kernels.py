@@ -566,6 +566,10 @@ def register(subparsers) -> None:
     sco.add_argument("--dtype", default="float32", choices=["bfloat16", "float32"], help="the caches' key dtype")
     sco.add_argument("--iters", type=int, default=20, help="calls per timing (best of groups of 4)")
     sco.add_argument("--repeats", type=int, default=5, help="timings per profile, interleaved; best")
+    sco.add_argument("--scoring-layouts", default=None, metavar="L1,L2",
+                     help="time each profile with each of these scoring layouts (DustinConfig.scoring_layout: "
+                          "groups, heads, pallas; default: groups alone); the first profile's first layout is the "
+                          "baseline of the ratios")
     sco.set_defaults(func=cmd_bench_scoring)
 
 
@@ -756,7 +760,14 @@ def cmd_bench_scoring(args) -> Dict[str, Any]:
     from jaxspec.dustin.search import DustinProfile
     from jaxspec.dustin.signals import DraftSignals, draft_signal, target_signal
 
+    from jaxspec.dustin.config import SCORING_LAYOUTS
+
     paths = [p for p in args.dustin_profile.split(",") if p]
+    layouts = [x for x in (args.scoring_layouts or "groups").split(",") if x]
+    bad = [x for x in layouts if x not in SCORING_LAYOUTS]
+    if bad or not layouts or len(set(layouts)) != len(layouts):
+        raise ValueError(f"--scoring-layouts {args.scoring_layouts!r}: give distinct layouts of "
+                         f"{', '.join(SCORING_LAYOUTS)}")
     if not paths or len(set(paths)) != len(paths):
         raise ValueError(f"--dustin-profile {args.dustin_profile!r}: give one or more distinct profiles")
     budgets = [int(k) for k in args.budgets.split(",")]
@@ -794,46 +805,55 @@ def cmd_bench_scoring(args) -> Dict[str, Any]:
                           for r in rng[2:]]
                 lengths = jnp.full((batch,), context - 1, jnp.int32)
                 fns, operands, info = {}, {}, {}
-                for path, cfg in zip(paths, configs):
+                variants = [(path, cfg, layout) for path, cfg in zip(paths, configs) for layout in layouts]
+                for path, cfg, layout in variants:
+                    label = path if len(layouts) == 1 else f"{path} [{layout}]"
                     t_query = jax.random.normal(rng[1], (batch, len(cfg.target_heads), tgt["head_dim"]), jnp.float32)
                     d_queries = jax.random.normal(rng[1], (batch, sum(len(h) for h in cfg.draft_heads), args.gamma,
                                                            dft["head_dim"]), jnp.float32)
 
-                    def round_scoring(tq, tk, dq, dk, n, cfg=cfg):
-                        s_t = target_signal(tq, tk, n, cfg.target_heads, t_qpk)
-                        s_d = draft_signal(DraftSignals(dq, tuple(dk)), n, cfg.draft_heads, d_qpk, context)
+                    def round_scoring(tq, tk, dq, dk, n, cfg=cfg, layout=layout):
+                        s_t = target_signal(tq, tk, n, cfg.target_heads, t_qpk, layout)
+                        s_d = draft_signal(DraftSignals(dq, tuple(dk)), n, cfg.draft_heads, d_qpk, context, layout)
                         return s_t, s_d
 
-                    fns[path] = jax.jit(round_scoring)
-                    operands[path] = (t_query, t_keys, d_queries, d_keys[:len(cfg.draft_layers)], lengths)
+                    fns[label] = jax.jit(round_scoring)
+                    operands[label] = (t_query, t_keys, d_queries, d_keys[:len(cfg.draft_layers)], lengths)
                     groups_t = _kv_groups_read(cfg.target_heads, t_qpk)
                     groups_d = [_kv_groups_read(h, d_qpk) for h in cfg.draft_heads]
                     key_bytes = batch * context * dtype.itemsize * (groups_t * tgt["head_dim"]
                                                                     + sum(groups_d) * dft["head_dim"])
-                    info[path] = {"target_layer": cfg.target_layer, "target_heads": list(cfg.target_heads),
-                                  "target_kv_groups": groups_t, "draft_layers": list(cfg.draft_layers),
-                                  "draft_heads": [list(h) for h in cfg.draft_heads], "draft_kv_groups": groups_d,
-                                  "key_bytes": key_bytes}
-                for path, fn in fns.items():
-                    jax.block_until_ready(fn(*operands[path]))  # compile
-                samples = {path: [] for path in fns}
-                for _ in range(args.repeats):  # interleaved, so drift on the machine touches every profile alike
-                    for path, fn in fns.items():
-                        samples[path].append(_best_of_groups(fn, operands[path], args.iters))
-                best = {path: min(v) for path, v in samples.items()}
-                base = paths[0]
-                rows = [{"context": context, "batch": batch, "k": k, "profile": path,
-                         "kv_groups": f"{info[path]['target_kv_groups']} / {'+'.join(map(str, info[path]['draft_kv_groups']))}",
-                         "MB": info[path]["key_bytes"] / 1e6, "ms": 1e3 * best[path],
-                         "GBps": info[path]["key_bytes"] / best[path] / 1e9,
-                         "vs_first": best[path] / best[base],
-                         "bytes_vs_first": info[path]["key_bytes"] / info[base]["key_bytes"]} for path in paths]
+                    info[label] = {"profile": path, "layout": layout, "target_layer": cfg.target_layer,
+                                   "target_heads": list(cfg.target_heads), "target_kv_groups": groups_t,
+                                   "draft_layers": list(cfg.draft_layers),
+                                   "draft_heads": [list(h) for h in cfg.draft_heads], "draft_kv_groups": groups_d,
+                                   "key_bytes": key_bytes}
+                outputs = {label: jax.block_until_ready(fn(*operands[label])) for label, fn in fns.items()}  # compile
+                base = next(iter(fns))
+                scale = max(float(jnp.max(jnp.abs(x))) for x in outputs[base])
+                for label, out in outputs.items():  # every layout scores the same signals
+                    info[label]["max_abs_diff_vs_first"] = max(float(jnp.max(jnp.abs(a - b)))
+                                                               for a, b in zip(out, outputs[base]))
+                    info[label]["rel_diff_vs_first"] = info[label]["max_abs_diff_vs_first"] / max(scale, 1e-30)
+                samples = {label: [] for label in fns}
+                for _ in range(args.repeats):  # interleaved, so drift on the machine touches every variant alike
+                    for label, fn in fns.items():
+                        samples[label].append(_best_of_groups(fn, operands[label], args.iters))
+                best = {label: min(v) for label, v in samples.items()}
+                rows = [{"context": context, "batch": batch, "k": k, "profile": info[label]["profile"],
+                         **({"layout": info[label]["layout"]} if len(layouts) > 1 else {}),
+                         "kv_groups": f"{info[label]['target_kv_groups']} / "
+                                      f"{'+'.join(map(str, info[label]['draft_kv_groups']))}",
+                         "MB": info[label]["key_bytes"] / 1e6, "ms": 1e3 * best[label],
+                         "GBps": info[label]["key_bytes"] / best[label] / 1e9,
+                         "vs_first": best[label] / best[base],
+                         "bytes_vs_first": info[label]["key_bytes"] / info[base]["key_bytes"]} for label in fns]
                 writer.add(key, {"context": context, "batch": batch, "k": k, "seconds": best, "samples_s": samples,
                                  "profiles": info, "rows": rows})
                 rows_out.extend(rows)
-                print(f"[bench-scoring] {key}: " + ", ".join(f"{r['profile']} {r['ms']:.3f} ms ({r['vs_first']:.2f}x, "
-                                                             f"bytes {r['bytes_vs_first']:.2f}x)" for r in rows),
-                      flush=True)
+                print(f"[bench-scoring] {key}: " + ", ".join(
+                    f"{r['profile']}{' [' + r['layout'] + ']' if 'layout' in r else ''} {r['ms']:.3f} ms "
+                    f"({r['vs_first']:.2f}x, bytes {r['bytes_vs_first']:.2f}x)" for r in rows), flush=True)
                 del t_keys, d_keys
     print_table(rows_out, title="Dustin's signal scoring per round (s_T + s_D), each profile's SRHs, same keys")
     return writer.data

@@ -492,6 +492,9 @@ SRH_GROUP_PROFILES = (("any", "experiments/profiles/qwen2.5-coder-1.5b_qwen2.5-c
 SRH_GROUP_QUALITY = {ctx: tuple((tag, f"dustin_quality/dustin_quality_srh-{tag}_qwen2.5-coder-1.5b_{ctx // 1024}k_cpu.json")
                             for tag in ("any", "1group")) for ctx in (2048, 4096, 8192, 16384)}
 SRH_GROUP_SCORING = "selection/selection_scoring_srh-groups_qwen2.5-coder-1.5b-profile_16k-32k_cpu.json"
+#: the same scoring with the XLA products and the Pallas kernel (--scoring-layouts groups,pallas), per GPU
+SCORING_LAYOUTS_GPU = tuple((gpu, f"selection/selection_scoring_layouts_srh-groups_qwen2.5-coder-1.5b-profile_16k-32k_{gpu}.json")
+                            for gpu in ("h100", "h200"))
 SRH_GROUP_METHODS = ("dustin-h", "dustin-t", "dustin-d")
 QUALITY_PAIR = {"qwen2.5-coder-1.5b": "Qwen2.5-Coder-1.5B + Qwen2.5-Coder-0.5B draft",
                 "smollm2-135m": "SmolLM2-135M, self-draft mlp:10-12"}

@@ -15,7 +15,8 @@ from experiments.tables.dustin_quality import complete_quality_cases, quality_bu
 from experiments.tables.dustin_speed import selection_share
 from experiments.tables.kernels import kernel_cases, pick
 from experiments.tables.inputs import (DEVICE_NAME, DUSTIN_SPEED_SHARED_GPU, DUSTIN_SPEED_SRH_1GROUP,
-                                       PAIR_SPEED_SRH_1GROUP, REPO, SRH_GROUP_METHODS, SRH_GROUP_PROFILES,
+                                       PAIR_SPEED_SRH_1GROUP, REPO, SCORING_LAYOUTS_GPU, SRH_GROUP_METHODS,
+                                       SRH_GROUP_PROFILES,
                                        SRH_GROUP_QUALITY, SRH_GROUP_SCORING, code_commit, read_path)
 
 SRH_GROUP_LABEL = {"any": "the best 4 anywhere", "1group": "from one KV group"}
@@ -101,6 +102,41 @@ def srh_group_blocks() -> List[str]:
                    f"{data['config']['iters']} calls; each profile's own layers and heads at k = "
                    f"{data['config']['budgets']}):\n\n" + "\n".join(lines))
     out += _srh_group_gpu_blocks()
+    out += _scoring_layout_blocks()
+    return out
+
+
+def scoring_layout_ratio(data: Dict[str, Any], key: str, profile: str) -> float:
+    """One profile's round scoring with the Pallas kernel over the same with the XLA products (``groups``)."""
+    seconds = data["cases"][key]["seconds"]
+    return seconds[f"{profile} [pallas]"] / seconds[f"{profile} [groups]"]
+
+
+def _scoring_layout_blocks() -> List[str]:
+    """bench-scoring with the XLA products and the Pallas scoring kernel on a GPU, both SRH profiles."""
+    out = []
+    for gpu, source in SCORING_LAYOUTS_GPU:
+        if not (inputs.RESULTS / source).exists():
+            out.append(f"The round's scoring by layout on the {gpu.upper()} (`{source}`): not measured yet (suite "
+                       f"`{inputs.suite_steps()[source][0]}`, step `scoring-layouts-srh-groups`).")
+            continue
+        data = inputs.load(source)
+        lines = ["| positions | batch | k | SRHs | key MB | XLA products ms | Pallas kernel ms | Pallas / XLA | "
+                 "Pallas GB/s | scores differ by |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for key, case in data["cases"].items():
+            for tag, profile in SRH_GROUP_PROFILES:
+                xla, pallas = case["profiles"][f"{profile} [groups]"], case["profiles"][f"{profile} [pallas]"]
+                t_x, t_p = case["seconds"][f"{profile} [groups]"], case["seconds"][f"{profile} [pallas]"]
+                lines.append(f"| {case['context']} | {case['batch']} | {case['k']} | {SRH_GROUP_LABEL[tag]} | "
+                             f"{xla['key_bytes'] / 1e6:.0f} | {1e3 * t_x:.3f} | {1e3 * t_p:.3f} | {t_p / t_x:.2f}x | "
+                             f"{pallas['key_bytes'] / t_p / 1e9:.0f} | {pallas['rel_diff_vs_first']:.1e} |")
+        out.append(f"The signal scoring of one round by layout on the {gpu.upper()} ({data['environment']['devices'][0]}; "
+                   f"`{source}`, commit {code_commit(data)}; {data['config']['dtype']} keys, gamma "
+                   f"{data['config']['gamma']} draft rows, best of {data['config']['repeats']} interleaved timings of "
+                   f"{data['config']['iters']} calls): XLA's products per KV head (`scoring_layout=\"groups\"`, the "
+                   "default) against the Pallas kernel reading each block of the cache in place (`\"pallas\"`, "
+                   "docs/methods.md §3.1); the last column is the largest score difference relative to the largest "
+                   "score (the kernel multiplies bf16 probe queries):\n\n" + "\n".join(lines))
     return out
 
 

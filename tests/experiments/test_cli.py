@@ -778,6 +778,17 @@ def test_bench_scoring_times_each_profiles_srhs_on_the_same_keys(tmp_path, capsy
     assert "distinct profiles" in capsys.readouterr().err
     assert main(["bench-scoring", "--dustin-profile", one_group, "--budgets", "2048"]) == 2
     assert "has no config for k=[2048]" in capsys.readouterr().err
+    # each profile with each scoring layout, the same scores every way (the Pallas kernel interpreted here)
+    layouts = tmp_path / "layouts.json"
+    assert main(["bench-scoring", "--dustin-profile", one_group, "--contexts", "256", "--batches", "1", "--budgets",
+                 "128", "--iters", "1", "--repeats", "1", "--scoring-layouts", "groups,pallas", "--out",
+                 str(layouts)]) == 0
+    case = json.loads(layouts.read_text())["cases"]["ctx256/b1/k128"]
+    assert [(r["profile"], r["layout"]) for r in case["rows"]] == [(one_group, "groups"), (one_group, "pallas")]
+    pallas = case["profiles"][f"{one_group} [pallas]"]
+    assert pallas["layout"] == "pallas" and pallas["rel_diff_vs_first"] < 1e-5
+    assert main(["bench-scoring", "--dustin-profile", one_group, "--scoring-layouts", "groups,tiles"]) == 2
+    assert "--scoring-layouts 'groups,tiles'" in capsys.readouterr().err
 
 
 def test_bench_selection_refuses_an_unknown_rule(capsys):
