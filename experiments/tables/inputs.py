@@ -148,6 +148,9 @@ DUSTIN_TRACE_PHASES = (
      "dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_scoring-pallas_phases_trace_pair-tau_h100.json"),
     ("h100", "srh-1group-scoring-pallas", "target SRHs in one KV group, logits from the Pallas scoring kernel",
      "dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_srh-1group_scoring-pallas_phases_trace_pair-tau_h100.json"),
+    ("h100", "srh-1group-scoring-pallas-repeat", "target SRHs in one KV group, logits from the Pallas scoring kernel, "
+     "run again (the tracer placing the kernel by name)",
+     "dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_srh-1group_scoring-pallas_phases_trace_pair-tau_repeat_h100.json"),
     ("h200", "", "target SRHs over 4 KV groups",
      "dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_sparse-draft_phases_trace_h200.json"),
     ("h200", "scoring-heads", "target SRHs over 4 KV groups, scored in one product over every KV head",
