@@ -30,7 +30,7 @@ def _srh_logits_kernel(lengths_ref, q_ref, k_ref, o_ref, *, groups, rows, block_
         if rows == 1:  # one probe row: multiply-reduce, bytes-bound
             q = q_ref[0, :].astype(jnp.float32)
             o_ref[0, :] = jnp.where(valid, jnp.sum(k.astype(jnp.float32) * q[None, :], axis=1), NEG_INF)
-        else:  # tensor cores; q_ref holds the rows padded to >= 16 (tl.dot's minimum), only the real ones are stored
+        else:  # tensor cores; q_ref holds the rows padded to >= 16 (tl.dot's minimum); store_rows of them are stored
             logits = jnp.dot(q_ref[...], k.T, preferred_element_type=jnp.float32)  # [dot_rows, block_s]
             if store_rows < logits.shape[0]:  # keep the real rows (a power-of-two split: Triton's tt.split)
                 logits = jnp.split(logits, logits.shape[0] // store_rows, axis=0)[0]
