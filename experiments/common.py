@@ -203,17 +203,11 @@ def config_of(args, exclude: Iterable[str] = ()) -> Dict[str, Any]:
 
 # ---------------------------------------------------------------------------- compilation cache
 def compilation_cache_dir() -> pathlib.Path:
-    """The compilation cache folder: ``--compilation-cache`` when an experiment was given one (see
-    :func:`enable_compilation_cache`), else ``<jaxspec cache>/jax_compilation_cache`` (the jaxspec cache
-    honours ``$JAXSPEC_CACHE``)."""
-    if _COMPILATION_CACHE_OVERRIDE:
-        return _COMPILATION_CACHE_OVERRIDE[0]
+    """The default compilation cache folder, ``<jaxspec cache>/jax_compilation_cache`` (the jaxspec cache honours
+    ``$JAXSPEC_CACHE``); ``--compilation-cache DIR`` replaces it (:func:`enable_compilation_cache`)."""
     from jaxspec.models.registry import cache_dir
 
     return cache_dir() / "jax_compilation_cache"
-
-
-_COMPILATION_CACHE_OVERRIDE: List[pathlib.Path] = []
 
 
 def empty_compilation_cache(path: pathlib.Path) -> int:
@@ -248,14 +242,11 @@ def enable_compilation_cache(enabled: bool = True, path: Optional[str] = None,
                          f"default cache {compilation_cache_dir()} is never emptied")
     if empty and not enabled:
         raise ValueError("--empty-compilation-cache with --no-compilation-cache: the cache is off, nothing to empty")
-    _COMPILATION_CACHE_OVERRIDE.clear()
-    if path is not None:
-        _COMPILATION_CACHE_OVERRIDE.append(pathlib.Path(path).expanduser().absolute())
     if not enabled or os.environ.get(NO_COMPILATION_CACHE_ENV, "") not in ("", "0"):
         return None
     import jax
 
-    path = compilation_cache_dir()
+    path = pathlib.Path(path).expanduser().absolute() if path is not None else compilation_cache_dir()
     if empty:
         removed = empty_compilation_cache(path)
         print(f"[compilation cache] emptied {path} ({removed} files)", file=sys.stderr)

@@ -448,8 +448,6 @@ def first_token_time(prepared: Prepared, args) -> Dict[str, float]:
 
 
 def cmd_demo(args) -> Dict[str, Any]:
-    from experiments.common import compilation_cache_dir
-
     run_args = demo_args(args)
     check_generate_args(run_args)
     writer = ResultWriter(args.out, "demo", config_of(args))
@@ -460,7 +458,10 @@ def cmd_demo(args) -> Dict[str, Any]:
         report_demo(writer.previous["results"])
         return writer.previous["results"]
     counter = CompileCounter()
-    cache = compilation_cache_dir() if not args.no_compilation_cache else None
+    import jax
+
+    # the folder experiments.run set (None: the cache is off)
+    cache = None if args.no_compilation_cache else (jax.config.jax_compilation_cache_dir or None)
     demo_start = time.perf_counter()
     prepared = prepare_generate(run_args)
     prompt_tokens = len(prepared.prompts[0])

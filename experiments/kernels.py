@@ -18,7 +18,7 @@ layers run) unless stated. Bytes moved are the fewest the variant must read
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, List
 
 import numpy as np
 
@@ -757,10 +757,9 @@ def cmd_bench_scoring(args) -> Dict[str, Any]:
     import jax
     import jax.numpy as jnp
 
+    from jaxspec.dustin.config import SCORING_LAYOUTS
     from jaxspec.dustin.search import DustinProfile
     from jaxspec.dustin.signals import DraftSignals, draft_signal, target_signal
-
-    from jaxspec.dustin.config import SCORING_LAYOUTS
 
     paths = [p for p in args.dustin_profile.split(",") if p]
     layouts = [x for x in (args.scoring_layouts or "groups").split(",") if x]

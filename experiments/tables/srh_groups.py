@@ -106,12 +106,6 @@ def srh_group_blocks() -> List[str]:
     return out
 
 
-def scoring_layout_ratio(data: Dict[str, Any], key: str, profile: str) -> float:
-    """One profile's round scoring with the Pallas kernel over the same with the XLA products (``groups``)."""
-    seconds = data["cases"][key]["seconds"]
-    return seconds[f"{profile} [pallas]"] / seconds[f"{profile} [groups]"]
-
-
 def _scoring_layout_blocks() -> List[str]:
     """bench-scoring with the XLA products and the Pallas scoring kernel on a GPU, both SRH profiles."""
     out = []

@@ -573,7 +573,7 @@ def test_compilation_cache_folder_and_emptying(tmp_path, monkeypatch):
             common.enable_compilation_cache(False, str(own), empty=True)
         assert sorted(p.name for p in own.iterdir()) == ["jit_f-abc-atime", "jit_f-abc-cache"]  # nothing lost
         path = common.enable_compilation_cache(True, str(own))
-        assert path == own and common.compilation_cache_dir() == own and len(list(own.iterdir())) == 2
+        assert path == own and len(list(own.iterdir())) == 2
         assert jax.config.jax_compilation_cache_dir == str(own)
         assert common.enable_compilation_cache(True, str(own), empty=True) == own and not list(own.iterdir())
         (own / "a-folder").mkdir()
@@ -584,7 +584,6 @@ def test_compilation_cache_folder_and_emptying(tmp_path, monkeypatch):
         assert common.enable_compilation_cache(True, str(tmp_path / "new"), empty=True) == tmp_path / "new"
         assert common.enable_compilation_cache() == tmp_path / "home" / "jax_compilation_cache"  # default again
     finally:
-        common._COMPILATION_CACHE_OVERRIDE.clear()
         jax.config.update("jax_compilation_cache_dir", before)
 
 
