@@ -53,14 +53,20 @@ from experiments.decode_speed import (FIXED_ACCEPTANCE_MODE, check_positive, dec
 
 #: Dustin-H whose draft reads a budget of its cache (docs/methods.md §5.1): method -> DustinConfig.draft_kv
 SPARSE_DRAFT_KV = {"dustin-kv-streaming": "streaming", "dustin-kv-verify-set": "verify-set"}
-METHODS = ("ar", "classic", "magicdec", "dustin") + tuple(SPARSE_DRAFT_KV)
-DEFAULT_METHODS = METHODS[:4]  # the sparse-draft variants are asked for by name
-DUSTIN_METHODS = ("dustin",) + tuple(SPARSE_DRAFT_KV)
+#: Dustin-H with the input-aware m (docs/methods.md §3.7): method -> its DustinConfig changes. The coverage rule
+#: deciding every round, every third round with the loop unrolled over each cycle (the default schedule), and every
+#: third round through one round body's lax.cond. Under a fixed acceptance they differ only in the selection's cost.
+M_RULE_METHODS = {"dustin-cov": {"m_rule": "coverage"},
+                  "dustin-cov-held3": {"m_rule": "coverage", "m_every": 3},
+                  "dustin-cov-held3-cond": {"m_rule": "coverage", "m_every": 3, "m_every_schedule": "cond"}}
+METHODS = ("ar", "classic", "magicdec", "dustin") + tuple(SPARSE_DRAFT_KV) + tuple(M_RULE_METHODS)
+DEFAULT_METHODS = METHODS[:4]  # the sparse-draft and m-rule variants are asked for by name
+DUSTIN_METHODS = ("dustin",) + tuple(SPARSE_DRAFT_KV) + tuple(M_RULE_METHODS)
 #: DustinConfig.scoring_layout's values (jaxspec.dustin.config.SCORING_LAYOUTS; kept here so the CLI imports no JAX)
 SCORING_LAYOUTS = ("groups", "heads", "pallas")
 #: the pair-speed method whose measured tau each speculative method here runs with
 PAIR_SPEED_TAU_OF = {"classic": "sd", "magicdec": "magicdec", "dustin": "dustin",
-                     **{m: m for m in SPARSE_DRAFT_KV}}
+                     **{m: m for m in SPARSE_DRAFT_KV}, **{m: "dustin" for m in M_RULE_METHODS}}
 #: the field of a pair-speed method's ``metrics`` taken as the fixed acceptance's mean tokens/round
 PAIR_SPEED_TAU_FIELD = "tau_untruncated"
 #: methods whose acceptance depends on the budget k (their pair-speed tau must be at ``--budget``)
@@ -443,6 +449,21 @@ def selection_timing(draft_policy, verify_policy, draft_params, state, gamma: in
     indices = jax.block_until_ready(select(state.verify_state, state.target_cache, committed, signals))
     out = median_time(lambda: jax.block_until_ready(select(state.verify_state, state.target_cache, committed,
                                                            signals)), repeats=repeats, warmup=2)
+    if getattr(verify_policy, "holds_m", False) and not verify_policy.reuses_selection:  # §3.7: a cycle's rounds, each
+        import jax.numpy as jnp  # as the loop runs it (its kind compiled in, or read by the lax.cond)
+
+        kinds = []
+        for j in range(verify_policy.dustin.m_every):
+            policy = verify_policy.at_phase(j)
+            hold = dict(state.verify_state["m_hold"], since=jnp.asarray(j, jnp.int32))
+            vs = dict(state.verify_state, m_hold=hold)
+            kind = jax.jit(lambda v, cache, c, sig, p=policy: p.verify_indices(v, cache, c, sig))
+            jax.block_until_ready(kind(vs, state.target_cache, committed, signals))
+            kinds.append(median_time(lambda k=kind, v=vs: jax.block_until_ready(k(v, state.target_cache, committed,
+                                                                                  signals)),
+                                     repeats=repeats, warmup=2))
+        out["held_rounds"] = kinds  # round 0 decides, the others hold
+        out["per_round_s"] = float(np.mean([k["median_s"] for k in kinds]))
     if getattr(verify_policy, "reuses_selection", False):  # docs/methods.md §3.8: a reuse round's own set
         from jaxspec.dustin.selection import reuse_verify_indices
 
@@ -513,11 +534,14 @@ def _measure_point(*, args, context, batch, holder, target_config, draft_config,
             verify_policy = DenseVerify()
         else:
             cfg = dustin.replace(draft_kv=SPARSE_DRAFT_KV[method]) if method in SPARSE_DRAFT_KV else dustin
+            cfg = cfg.replace(**M_RULE_METHODS.get(method, {}))
             draft_policy, verify_policy = dustin_policies(cfg, target_config, draft_config)
             verify_state = {"query": 0.1 * jax.random.normal(
                 jax.random.PRNGKey(7), (batch, len(verify_policy.probe_heads), target_config.head_dim))}
             if verify_policy.reuses_selection:  # docs/methods.md §3.8
                 verify_state["reuse"] = verify_policy.initial_reuse_state(batch)
+            if verify_policy.holds_m:  # docs/methods.md §3.7: each row's m between the rule's decisions
+                verify_state["m_hold"] = verify_policy.initial_hold_state(batch)
             if verify_policy.shares_verify_set:  # the first round's draft reads the prompt's StreamingLLM set
                 from jaxspec.dustin.policy import draft_history_indices
 
@@ -589,8 +613,12 @@ def _measure_point(*, args, context, batch, holder, target_config, draft_config,
                                    repeats=max(args.repeats, 10))
             entry[method]["selection_timing"] = sel
             row["selection_ms"] = sel["median_s"] * 1e3  # one selection from the signals
-            if "per_round_s" in sel:  # selecting every R-th round: the mean per round, reuse rounds included
-                row["reselect_every"] = verify_policy.dustin.reselect_every
+            if "per_round_s" in sel:  # the mean per round, reusing or holding rounds included
+                if verify_policy.reuses_selection:
+                    row["reselect_every"] = verify_policy.dustin.reselect_every
+                if verify_policy.holds_m:
+                    row["m_every"] = verify_policy.dustin.m_every
+                    row["m_every_schedule"] = verify_policy.dustin.m_every_schedule
                 row["selection_ms_per_round"] = sel["per_round_s"] * 1e3
         if args.profile:  # per-round split from per-phase jitted calls (one host sync per phase)
             phases, after = profile_phases(target_params, draft_params, fresh_state(), **static, return_state=True)

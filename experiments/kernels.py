@@ -575,18 +575,42 @@ def register(subparsers) -> None:
 
 # ---------------------------------------------------------------------------- the input-aware m rules' cost
 SELECTION_RULES = ("coverage", "entropy", "max-mass", "coverage-ladder", "coverage-sort", "coverage-radix",
-                   "fixed-rows", "coverage-held3", "coverage-held3-cond")
+                   "fixed-rows", "coverage-held3", "coverage-held3-cond", "coverage-held3-unrolled", "fixed-cycle3")
 #: rules timed as several calls per round: the coverage rule deciding every third round (one coverage selection and
 #: two fixed selections with the per-row m it chose, docs/methods.md §3.7), its time per round the three calls' / 3.
 #: coverage-held3 schedules the three rounds from the host (a decision call, then two per-row fixed calls);
 #: coverage-held3-cond runs each round as the verifier does, through ``select_held`` with the decision a traced
-#: predicate on the device (a ``lax.cond``, whose predicate a GPU copies to the host before it runs a branch)
-HELD_RULES = {"coverage-held3": 3, "coverage-held3-cond": 3}
+#: predicate on the device (a ``lax.cond``, whose predicate a GPU copies to the host before it runs a branch);
+#: coverage-held3-unrolled runs the three rounds as the unrolled decoding loop does (m_every_schedule="unrolled"):
+#: one program, each round's kind compiled in (``select_scheduled``), no conditional
+#: (a program of several rounds pays a call's fixed cost once, so its baseline is fixed-cycle3: the fixed rule's three
+#: rounds in one program, on the same signals)
+HELD_RULES = {"coverage-held3": 3, "coverage-held3-cond": 3, "coverage-held3-unrolled": 3, "fixed-cycle3": 3}
 #: the coverage rule with its candidates scored one way (jaxspec.dustin.selection.COVERAGE_SCORING); "coverage" is
 #: the platform's default
 COVERAGE_SCORED = {"coverage-sort": "sort", "coverage-radix": "radix"}
 #: what bench-selection times unless --rules says otherwise (the ladder is the coverage rule widened)
 DEFAULT_SELECTION_RULES = SELECTION_RULES[:3]
+
+
+def _cycle_program(select_round, m_rows, later):
+    """``fn(s_D, s_T, lengths)``: one jitted program of ``1 + len(later)`` selection rounds as a decoding loop runs
+    them, round 0 on the given signals and round j on ``later[j - 1]``, each after the one before (an optimization
+    barrier passes the next round's inputs only once the last round's set exists: with the same signals XLA would
+    merge rounds, and without the barrier it could run them side by side). ``select_round(j, s_D, s_T, lengths,
+    m_rows) -> (I_verify, m_rows)``. Returns the last round's set."""
+    import jax
+
+    def cycle(a, b, rounds, n):
+        m, out = m_rows, None
+        for j, (sd, st) in enumerate(((a, b),) + tuple(rounds)):
+            if out is not None:
+                (sd, st, m), _ = jax.lax.optimization_barrier(((sd, st, m), out))
+            out, m = select_round(j, sd, st, n, m)
+        return out
+
+    program = jax.jit(cycle)
+    return lambda a, b, n: program(a, b, later, n)
 
 
 def _best_of_groups(fn, operands, iters: int) -> float:
@@ -637,7 +661,8 @@ def cmd_bench_selection(args) -> Dict[str, Any]:
     import jax.numpy as jnp
 
     from jaxspec.dustin.selection import (select_for_config, select_held, select_input_aware,
-                                          select_input_aware_reference, select_verify_indices_rows)
+                                          select_input_aware_reference, select_scheduled,
+                                          select_verify_indices_rows)
 
     rules = [r for r in args.rules.split(",") if r]
     unknown = [r for r in rules if r not in SELECTION_RULES]
@@ -661,6 +686,11 @@ def cmd_bench_selection(args) -> Dict[str, Any]:
             s_d = jnp.asarray(rng.random((batch, context), np.float32) ** 8)
             s_t = jnp.asarray(rng.random((batch, context), np.float32) ** 8)
             lengths = jnp.asarray(context - rng.integers(0, max(context // 64, 1), batch), jnp.int32)
+            # the next rounds' signals, for a program that runs several rounds (coverage-held3-unrolled)
+            later_signals = tuple((jnp.asarray(rng.random((batch, context), np.float32) ** 8),
+                                   jnp.asarray(rng.random((batch, context), np.float32) ** 8))
+                                  for _ in range(HELD_RULES["coverage-held3-unrolled"] - 1))
+            # (coverage-held3-unrolled and fixed-cycle3 run 3 rounds: round 0 on s_d / s_t, then these)
             for k in budgets:
                 key = f"ctx{context}/b{batch}/k{k}"
                 if writer.has(key):
@@ -687,6 +717,16 @@ def cmd_bench_selection(args) -> Dict[str, Any]:
                                     out, m_rows = step(a, b, n, m_rows, decide)
                                 return out
                             fns[rule] = held_cond
+                        continue
+                    if rule == "coverage-held3-unrolled":  # the unrolled loop's cycle: one program, kinds compiled in
+                        cfg = fixed_cfg.replace(m_rule="coverage")
+                        if cfg.input_aware:
+                            fns[rule] = _cycle_program(lambda j, sd, st, n, m, c=cfg: select_scheduled(
+                                c, sd, st, n, m, decide=j == 0), per_row_m, later_signals)
+                        continue
+                    if rule == "fixed-cycle3":  # its baseline: the fixed rule's three rounds in one program
+                        fns[rule] = _cycle_program(lambda j, sd, st, n, m, c=fixed_cfg: (
+                            select_for_config(c, sd, st, n), m), per_row_m, later_signals)
                         continue
                     if rule in HELD_RULES:  # one deciding round, then rounds selecting with the m it chose
                         cfg = fixed_cfg.replace(m_rule="coverage")
@@ -725,13 +765,21 @@ def cmd_bench_selection(args) -> Dict[str, Any]:
                           "ratio_to_fixed": {n: best[n] / best["fixed"] for n in best if n != "fixed"}}
                 # the held rule too: on the deciding round's own signals the held m selects the rule's own set
                 for name, steps in (("coverage", 1), ("coverage-ladder", args.m_steps), ("coverage-sort", 1),
-                                    ("coverage-radix", 1), *((held, 1) for held in HELD_RULES)):
+                                    ("coverage-radix", 1), *((held, 1) for held in HELD_RULES
+                                                             if held in ("coverage-held3", "coverage-held3-cond"))):
                     if name in fns:
                         cfg = fixed_cfg.replace(m_rule="coverage", m_steps=steps)
                         ref = select_input_aware_reference(s_d, s_t, lengths, k=k, sinks=cfg.sinks,
                                                            window=cfg.window_size, candidates=cfg.m_candidates)[0]
                         result[f"{name.replace('-', '_')}_equals_reference"] = bool(
                             jnp.all(ref == fns[name](s_d, s_t, lengths)))
+                if "coverage-held3-unrolled" in fns:  # its last round: the m decided on round 0's signals
+                    cfg = fixed_cfg.replace(m_rule="coverage")
+                    decided = select_input_aware(s_d, s_t, lengths, k=k, sinks=cfg.sinks, window=cfg.window_size,
+                                                 candidates=cfg.m_candidates)[1]
+                    want = rows_fn(*later_signals[-1], lengths, decided)
+                    result["coverage_held3_unrolled_equals_host"] = bool(
+                        jnp.all(want == fns["coverage-held3-unrolled"](s_d, s_t, lengths)))
                 rows = [{"context": context, "batch": batch, "k": k, "rule": n, "ms": 1e3 * best[n],
                          "vs_fixed": result["ratio_to_fixed"].get(n, 1.0)} for n in best]
                 result["rows"] = rows

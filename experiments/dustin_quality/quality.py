@@ -48,6 +48,10 @@ def cmd_dustin_quality(args) -> Dict[str, Any]:
     if m_every is not None and HELD_METHOD not in names:
         raise ValueError(f"--m-every={m_every} sets how often {HELD_METHOD} decides: add it to --methods")
     m_every = HELD_EVERY if m_every is None else m_every
+    m_every_schedule = getattr(args, "m_every_schedule", "unrolled")
+    if m_every_schedule != "unrolled" and HELD_METHOD not in names:
+        raise ValueError(f"--m-every-schedule={m_every_schedule} sets how {HELD_METHOD} runs its rounds: add it to "
+                         f"--methods")
     per_length = {}
     for part in args.items.split(","):
         try:
@@ -87,7 +91,8 @@ def cmd_dustin_quality(args) -> Dict[str, Any]:
         raise ValueError(f"the evaluation tasks share haystack text with the profile's calibration data: {overlap}")
     items = select_items(evaluation, per_length, args.task_seed)
     runner = QualityRunner(target, draft, mask, profile, args.gamma, args.max_new_tokens, stop_tokens(target.tokenizer))
-    methods = runner.methods(budgets, names, m_steps=m_steps, m_every=m_every)
+    methods = runner.methods(budgets, names, m_steps=m_steps, m_every=m_every,
+                              m_every_schedule=m_every_schedule)
     writer.set("profile", {"file": args.dustin_profile, "created": profile.created, "target": profile.target.get("name"),
                            "draft": profile.draft.get("name"),
                            "configs": {str(b): c.to_dict() for b, c in sorted(profile.configs.items())},
@@ -112,7 +117,7 @@ def cmd_dustin_quality(args) -> Dict[str, Any]:
             release_memory(clear_compiled=True)  # other shapes from here on: free the old executables
         compiled_for = task.context_tokens
         item_methods = (runner.methods(budgets, names, m_steps=m_steps, context=task.context_tokens,
-                                       m_every=m_every)
+                                       m_every=m_every, m_every_schedule=m_every_schedule)
                         if per_length_m else methods)
         t0 = time.perf_counter()
         PHASES.clear()

@@ -224,7 +224,7 @@ class QualityRunner:
 
     # -- methods
     def methods(self, budgets, names, m_steps: int = 1, context: Optional[int] = None,
-                m_every: int = HELD_EVERY) -> List[Method]:
+                m_every: int = HELD_EVERY, m_every_schedule: str = "unrolled") -> List[Method]:
         """The methods per budget; ``context``: Dustin-H's m (and the input-aware rules' centre) from the
         profile's per-length table at that many tokens (:meth:`DustinProfile.m_at`)."""
         out = []
@@ -238,7 +238,7 @@ class QualityRunner:
                     if name == "dustin-h-cov" and m_steps != 1:
                         dustin = dustin.replace(m_steps=m_steps)
                     if name == HELD_METHOD:
-                        dustin = dustin.replace(m_every=m_every)
+                        dustin = dustin.replace(m_every=m_every, m_every_schedule=m_every_schedule)
                 if context is not None and dustin is not None and dustin.mode == "hybrid":
                     dustin = dustin.replace(m=self.profile.m_at(budget, context))
                 out.append(Method(name, budget, dustin))
@@ -446,7 +446,7 @@ class QualityRunner:
         from jaxspec.dustin.arr import recall_of_indices
         from jaxspec.dustin.selection import (entropy_rule_args, max_mass_split, select_entropy_gated,
                                               select_held, select_input_aware, select_max_mass,
-                                              select_verify_indices)
+                                              select_scheduled, select_verify_indices)
 
         cfg = method.dustin
         stats = self.m_rule_stats.setdefault(method.key, {})
@@ -477,8 +477,12 @@ class QualityRunner:
         if cfg.m_every > 1:  # the held rule as the verifier runs it: decides at multiples of m_every, else holds
             _, jnp = _jax()
             held = self.m_held.get(method.key, jnp.full(history.shape, cfg.effective_m, jnp.int32))
-            decide = jnp.asarray(round_index % cfg.m_every == 0)
-            rule = lambda: select_held(cfg, s_draft, s_target, history, held, decide)  # noqa: E731
+            decides = round_index % cfg.m_every == 0
+            if cfg.m_every_schedule == "unrolled":  # the unrolled loop's round: its kind compiled in
+                rule = lambda: select_scheduled(cfg, s_draft, s_target, history, held, decide=decides)  # noqa: E731
+            else:  # one round body, the kind a traced predicate (lax.cond)
+                decide = jnp.asarray(decides)
+                rule = lambda: select_held(cfg, s_draft, s_target, history, held, decide)  # noqa: E731
         timings = {}
         for name, call in (("fixed", lambda: select_verify_indices(s_draft, s_target, history, m=cfg.effective_m,
                                                                    **shape)),

@@ -385,14 +385,21 @@ def selection_cost_verdicts() -> List[str]:
 
 
 def _cond_clause(cases, rule: str) -> str:
-    """For the held rule run through ``select_held``'s ``lax.cond``: its time against the same rounds scheduled from
-    the host, in the same process."""
-    ratios = [c["ratio_to_fixed"][rule] / c["ratio_to_fixed"]["coverage-held3"] for c in cases
-              if rule == "coverage-held3-cond" and "coverage-held3" in c["ratio_to_fixed"]]
-    if not ratios:
+    """For the held rule run through ``select_held``'s ``lax.cond`` or as the unrolled loop's one program: its time
+    against the same rounds scheduled from the host, in the same process (and the unrolled one's against the
+    conditional's)."""
+    def against(other):
+        return [c["ratio_to_fixed"][rule] / c["ratio_to_fixed"][other] for c in cases
+                if other in c["ratio_to_fixed"] and rule in c["ratio_to_fixed"]]
+
+    if rule not in ("coverage-held3-cond", "coverage-held3-unrolled") or not against("coverage-held3"):
         return ""
-    return (f"; against the same three rounds scheduled from the host (coverage-held3, same process) the conditional "
-            f"path takes {min(ratios):.2f}-{max(ratios):.2f}x")
+    host = against("coverage-held3")
+    what = "the conditional path" if rule == "coverage-held3-cond" else "the unrolled program"
+    cond = against("coverage-held3-cond") if rule == "coverage-held3-unrolled" else []
+    return (f"; against the same three rounds scheduled from the host (coverage-held3, same process) {what} takes "
+            f"{min(host):.2f}-{max(host):.2f}x"
+            + (f", against the conditional path (coverage-held3-cond) {min(cond):.2f}-{max(cond):.2f}x" if cond else ""))
 
 
 def input_aware_reach_note() -> str:

@@ -335,7 +335,11 @@ SELECTION_COST = (("cpu", "selection/selection_rules_cost_qwen2.5-coder-1.5b-pro
                   # the held rule scheduled from the host and through select_held's lax.cond, side by side
                   # (bench-selection --rules fixed-rows,coverage-held3,coverage-held3-cond)
                   *((device, f"selection/selection_rules_cost_held-cond_qwen2.5-coder-1.5b-profile_16k-32k_{device}"
-                             ".json") for device in ("cpu", "h100", "h200")))
+                             ".json") for device in ("cpu", "h100", "h200")),
+                  # ... and as the unrolled decoding loop runs it, one program of the three rounds
+                  # (bench-selection --rules fixed-rows,coverage-held3,coverage-held3-cond,coverage-held3-unrolled)
+                  *((device, f"selection/selection_rules_cost_held-unrolled_qwen2.5-coder-1.5b-profile_16k-32k_"
+                             f"{device}.json") for device in ("cpu", "h100", "h200")))
 #: the coverage-scoring files time the default coverage rule beside its two scorings only for the comparison: their
 #: "coverage" column is not indexed or judged again (the selection-rules-cost files carry it)
 SELECTION_SCORING_ONLY = ("coverage-scoring", "cost_held")
@@ -343,7 +347,10 @@ SELECTION_SCORING_ONLY = ("coverage-scoring", "cost_held")
 
 def selection_rules_of(source: str, rules) -> List[str]:
     """The rules of a bench-selection file that the index and the verdicts report (a held-cond file's other rules
-    repeat the held file's, so only its conditional rule is reported from it)."""
+    repeat the held file's, so only its conditional rule is reported from it; a held-unrolled file's, its unrolled
+    rule)."""
+    if "cost_held-unrolled" in source:
+        return [r for r in rules if r == "coverage-held3-unrolled"]
     if "cost_held-cond" in source:
         return [r for r in rules if r == "coverage-held3-cond"]
     if any(tag in source for tag in SELECTION_SCORING_ONLY):
@@ -355,9 +362,10 @@ SELECTION_RULE_TAGS = {"coverage": "input-aware-coverage", "entropy": "input-awa
                        "max-mass": "input-aware", "coverage-ladder": "input-aware-coverage-ladder",
                        "coverage-sort": "input-aware-coverage-sort", "coverage-radix": "input-aware-coverage-radix",
                        "fixed-rows": "fixed-per-row-m", "coverage-held3": "input-aware-coverage-held3",
-                       "coverage-held3-cond": "input-aware-coverage-held3-cond"}
+                       "coverage-held3-cond": "input-aware-coverage-held3-cond",
+                       "coverage-held3-unrolled": "input-aware-coverage-held3-unrolled"}
 #: the rules that decide only in some rounds (bench-selection, docs/methods.md §3.7)
-HELD_SELECTION_RULES = ("coverage-held3", "coverage-held3-cond")
+HELD_SELECTION_RULES = ("coverage-held3", "coverage-held3-cond", "coverage-held3-unrolled")
 #: MeasuredChoiceController's default table_tail_margin (jaxspec.decoding.arbitration; tests check they agree)
 TABLE_TAIL_MARGIN = 0.1
 PAIR_SPEED_CHECK = f"{PS}8k_h200.json"                  # holds the Pallas-vs-XLA logits check

@@ -25,6 +25,7 @@ import dataclasses
 from typing import Any, Dict, NamedTuple, Optional, Protocol, Tuple, runtime_checkable
 
 import jax
+import jax.numpy as jnp
 
 from jaxspec.config import ModelConfig
 from jaxspec.decoding.sampling import SamplingConfig
@@ -153,6 +154,19 @@ class VerifyPolicyBase:
 
     def draft_feedback(self, state):
         return None
+
+    # A round schedule (docs/methods.md §3.7): a policy whose rounds repeat a fixed cycle of ``round_period``
+    # kinds (e.g. Dustin's coverage rule deciding every m_every-th round) lets the loop run a whole cycle per
+    # iteration, round j compiled as ``at_phase(j)``, with no conditional choosing the kind on the device.
+    round_period = 1
+
+    def round_phase(self, state):
+        """The kind (``0 .. round_period - 1``, traced int32) of the next round, from the verify state."""
+        return jnp.zeros((), jnp.int32)
+
+    def at_phase(self, phase: int):
+        """This policy with round kind ``phase`` fixed at compile time (hashable, compared by value)."""
+        return self
 
 
 # ---------------------------------------------------------------------------- controllers

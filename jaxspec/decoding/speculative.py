@@ -273,7 +273,8 @@ def commit_phase(state: LoopState, proposal: Proposal, target_logits, target_cac
             "drafted_histogram": draft_counts["drafted_histogram"] + jnp.sum(
                 jax.nn.one_hot(drafted, gamma + 1, dtype=jnp.int32) * live, axis=0),
             "attempts": draft_counts["attempts"] + jnp.sum(tried.astype(jnp.int32) * live, axis=0)}
-    return LoopState(round=state.round + 1, target_cache=target_cache.with_lengths(state.committed - 1 + count),
+    # a round with no active row (the end of an unrolled cycle, _loop_fn) is not counted
+    return LoopState(round=state.round + jnp.any(active).astype(state.round.dtype), target_cache=target_cache.with_lengths(state.committed - 1 + count),
                      draft_state=proposal.state, verify_state=state.verify_state, out=out, num_out=num_out,
                      committed=state.committed + count, pending=pending, previous=previous, done=done, key=key,
                      active_rounds=state.active_rounds + active.astype(jnp.int32), accepted_histogram=histogram,
@@ -327,11 +328,30 @@ def _loop_fn(target_params, draft_params, state, max_rounds=None, *, target_conf
     def cond(s):
         return (s.round < limit) & ~jnp.all(s.done)
 
-    def body(s):
+    def body(s, policy=verify_policy):
         return _round(target_params, draft_params, s, target_config=target_config, draft_policy=draft_policy,
-                      verify_policy=verify_policy, engine=engine)
+                      verify_policy=policy, engine=engine)
 
-    final = jax.lax.while_loop(cond, body, state)
+    period = int(getattr(verify_policy, "round_period", 1))
+    if period == 1:
+        final = jax.lax.while_loop(cond, body, state)
+    else:
+        # a round schedule (VerifyPolicyBase.round_period, docs/methods.md §3.7): whole cycles of `period` rounds
+        # per iteration, round j compiled as at_phase(j), so no round carries a conditional choosing its kind.
+        # Single rounds (that read their kind from the state) align the cycle first and finish what is left of
+        # `limit` after it. A cycle whose rows all finish before its end runs its last rounds with no row active
+        # (they commit nothing and count no round).
+        phases = [verify_policy.at_phase(j) for j in range(period)]
+
+        def cycle(s):
+            for policy in phases:
+                s = body(s, policy)
+            return s
+
+        state = jax.lax.while_loop(lambda s: cond(s) & (verify_policy.round_phase(s.verify_state) != 0), body,
+                                   state)
+        state = jax.lax.while_loop(lambda s: (s.round + period <= limit) & ~jnp.all(s.done), cycle, state)
+        final = jax.lax.while_loop(cond, body, state)
     # under a mesh, the per-row results the host reads come back replicated (readable on every host)
     return final._replace(out=constrain(final.out, ACTIVATION_AXES["output_tokens"]),
                           num_out=constrain(final.num_out, CACHE_LENGTHS_AXES),
@@ -895,17 +915,22 @@ def _metrics(final: LoopState, gamma: int, engine: EngineConfig, plain_tokens: i
 
 def _profile(target_params, draft_params, state, static, max_rounds: Optional[int] = None,
              skip_first: bool = True) -> Tuple[Dict[str, float], LoopState]:
-    """Draft / verify / other time from per-phase jitted calls (``skip_first``: one compile round
-    first, not counted), and the final state; at most ``max_rounds`` rounds (None: to the end)."""
+    """Draft / verify / other time from per-phase jitted calls (``skip_first``: the first round of each
+    kind a round schedule has compiles and is not counted), and the final state; at most ``max_rounds`` rounds
+    (None: to the end)."""
     engine = static["engine"]
     limit = engine.max_new_tokens if max_rounds is None else min(int(state.round) + int(max_rounds),
                                                                  engine.max_new_tokens)
     phase_static = {k: static[k] for k in ("target_config", "draft_policy", "engine")}
-    verify_static = {k: static[k] for k in ("target_config", "verify_policy", "engine")}
+    policy = static["verify_policy"]
+    period = int(getattr(policy, "round_period", 1))  # a round schedule: each kind its own program, as in the loop
     totals = {"draft_s": 0.0, "verify_s": 0.0, "other_s": 0.0}
     rounds = 0
-    first = skip_first
+    to_skip = period if skip_first else 0  # the compile round of each kind
     while int(state.round) < limit and not bool(jnp.all(state.done)):
+        verify_policy = policy if period == 1 else policy.at_phase(int(policy.round_phase(state.verify_state)))
+        verify_static = {"target_config": static["target_config"], "verify_policy": verify_policy,
+                         "engine": engine}
         t0 = time.perf_counter()
         proposal, key = draft_phase_jit(target_params, draft_params, state.draft_state, state.target_cache,
                                         state.pending, state.previous, state.committed, state.key,
@@ -915,7 +940,7 @@ def _profile(target_params, draft_params, state, static, max_rounds: Optional[in
         logits, cache, probes = verify_phase_jit(target_params, proposal.target_cache, state.verify_state,
                                             state.committed, state.pending, proposal.tokens, proposal.signals,
                                             skip_drafts_of(proposal, state.done, draft_policy=static["draft_policy"],
-                                                           verify_policy=static["verify_policy"], engine=engine),
+                                                           verify_policy=verify_policy, engine=engine),
                                             **verify_static)
         jax.block_until_ready(logits)
         t2 = time.perf_counter()
@@ -924,8 +949,8 @@ def _profile(target_params, draft_params, state, static, max_rounds: Optional[in
         state = update_verify_state_jit(before, state, probes, verify_policy=static["verify_policy"])
         jax.block_until_ready(state)
         t3 = time.perf_counter()
-        if first:  # compile round
-            first = False
+        if to_skip:  # compile round
+            to_skip -= 1
             continue
         totals["draft_s"] += t1 - t0
         totals["verify_s"] += t2 - t1

@@ -25,6 +25,10 @@ SCORING_LAYOUTS = ("groups", "heads", "pallas")
 #: among candidates around the profiled m by the coverage of both signals' mass (coverage); or per round
 #: and row m -/+ a step when the two signals' entropies clearly depart from their usual gap (entropy).
 M_RULES = ("fixed", "max-mass", "coverage", "entropy")
+#: How a decoding loop runs the coverage rule deciding every ``m_every``-th round (docs/methods.md §3.7): that
+#: many rounds per loop iteration, each with its selection chosen at compile time; or one round body that picks
+#: deciding or holding with a ``lax.cond`` on the device.
+M_EVERY_SCHEDULES = ("unrolled", "cond")
 
 
 class BudgetError(ValueError):
@@ -93,6 +97,11 @@ class DustinConfig:
         rounds between, the fixed rule selects with the per-row m it chose last (the same two radix selections
         as the fixed rule, none of the rule's candidate scoring). 1 = every round. A round that reuses its
         selection (``reselect_every``) decides nothing.
+      m_every_schedule: how a decoding loop runs the ``m_every`` rounds (:data:`M_EVERY_SCHEDULES`,
+        docs/methods.md §3.7): ``"unrolled"`` (the loop runs ``m_every`` rounds per iteration, the deciding round
+        and the holding rounds each compiled with its own selection, no conditional) or ``"cond"`` (one round
+        body choosing the branch with a ``lax.cond`` on the device, whose predicate a GPU reads on the host).
+        The same rounds and tokens either way.
     """
 
     budget: int = 512
@@ -114,6 +123,7 @@ class DustinConfig:
     reselect_every: int = 1
     m_every: int = 1
     scoring_layout: str = "groups"
+    m_every_schedule: str = "unrolled"
 
     def __post_init__(self):
         check_budget(self.budget)
@@ -138,6 +148,8 @@ class DustinConfig:
         if self.m_every != 1 and self.m_rule != "coverage":
             raise ValueError(f"m_every={self.m_every} holds the coverage rule's m between its decisions; "
                              f"m_rule={self.m_rule!r} does not use it")
+        if self.m_every_schedule not in M_EVERY_SCHEDULES:
+            raise ValueError(f"m_every_schedule={self.m_every_schedule!r}; valid: {M_EVERY_SCHEDULES}")
         if isinstance(self.m_spread, bool) or not isinstance(self.m_spread, (int, float)) or not 0 < self.m_spread <= 1:
             raise ValueError(f"m_spread={self.m_spread!r} must be a number in (0, 1]")
         if isinstance(self.m_steps, bool) or not isinstance(self.m_steps, int) or self.m_steps < 1:
@@ -265,6 +277,7 @@ class DustinConfig:
                    if self.m_rule == "entropy" else {}),
                 **({"reselect_every": self.reselect_every} if self.reselect_every != 1 else {}),
                 **({"m_every": self.m_every} if self.m_every != 1 else {}),
+                **({"m_every_schedule": self.m_every_schedule} if self.m_every_schedule != "unrolled" else {}),
                 **({"scoring_layout": self.scoring_layout} if self.scoring_layout != "groups" else {})}
 
     @classmethod

@@ -36,7 +36,7 @@ from jaxspec.config import ModelConfig
 from jaxspec.decoding.contract import VerifyPolicyBase
 from jaxspec.decoding.policies import Proposal, SelfDraft, SeparateDraft, draft_loop
 from jaxspec.dustin.config import DustinConfig
-from jaxspec.dustin.selection import reuse_verify_indices, select_for_config, select_held
+from jaxspec.dustin.selection import reuse_verify_indices, select_for_config, select_held, select_scheduled
 from jaxspec.dustin.signals import DraftSignals, draft_signal, target_signal
 from jaxspec.models.llama import forward
 
@@ -242,6 +242,9 @@ class DustinVerify(VerifyPolicyBase):
     target_config: ModelConfig
     draft_config: Optional[ModelConfig] = None
     name: str = "dustin"
+    # the round kind fixed at compile time (VerifyPolicyBase.at_phase): with m_every > 1 unrolled, 0 decides
+    # and 1 .. m_every - 1 hold; None: the round reads its kind from the state (select_held's lax.cond)
+    schedule_phase: Optional[int] = None
 
     def __post_init__(self):
         self.dustin.check_models(self.target_config, self.draft_config or self.target_config)
@@ -265,6 +268,27 @@ class DustinVerify(VerifyPolicyBase):
         """``m_every > 1``: the state keeps each row's m between the coverage rule's decisions (docs/methods.md
         §3.7)."""
         return self.dustin.m_every > 1 and self.dustin.input_aware
+
+    @property
+    def round_period(self) -> int:
+        """``m_every`` where the decoding loop unrolls the held rule's cycle (``m_every_schedule="unrolled"``,
+        docs/methods.md §3.7), else 1. A policy that also reuses selections (``reselect_every > 1``) decides
+        in a round chosen on the device, so it keeps the conditional."""
+        cfg = self.dustin
+        unrolled = self.holds_m and cfg.m_every_schedule == "unrolled" and not self.reuses_selection
+        return cfg.m_every if unrolled else 1
+
+    def round_phase(self, state):
+        if self.round_period == 1:
+            return jnp.zeros((), jnp.int32)
+        return (state["m_hold"]["since"] % self.round_period).astype(jnp.int32)
+
+    def at_phase(self, phase: int):
+        if self.round_period == 1:
+            return self
+        if not 0 <= int(phase) < self.round_period:
+            raise ValueError(f"phase={phase} must lie in 0..{self.round_period - 1} (m_every={self.round_period})")
+        return dataclasses.replace(self, schedule_phase=int(phase))
 
     def initial_hold_state(self, batch: int) -> dict:
         """``m_every > 1``: the state's ``"m_hold"`` before the first round (which decides): each row's m (the
@@ -329,6 +353,9 @@ class DustinVerify(VerifyPolicyBase):
             s_draft, s_target = self.scores(state, target_cache, committed, signals)
             if self.holds_m:
                 hold = state["m_hold"]
+                if self.schedule_phase is not None:  # the unrolled loop's round: its kind known when compiled
+                    return select_scheduled(self.dustin, s_draft, s_target, committed - 1, hold["m"],
+                                            decide=self.schedule_phase == 0)
                 return select_held(self.dustin, s_draft, s_target, committed - 1, hold["m"],
                                    hold["since"] % self.dustin.m_every == 0)
             return select_for_config(self.dustin, s_draft, s_target, committed - 1), None

@@ -500,7 +500,8 @@ def select_held(config: DustinConfig, s_draft: jax.Array, s_target: jax.Array, l
     where ``decide`` (a traced bool scalar) holds, :func:`select_input_aware` (the rule's set and its m per row);
     otherwise the fixed rule with each row's held ``m_rows [B]`` (:func:`select_verify_indices_rows`, the fixed
     rule's two radix selections, no candidate scoring). Returns ``(I_verify [B, k], m [B] int32)``. Jitted:
-    ``config`` is static."""
+    ``config`` is static. The portable form (``m_every_schedule="cond"``); :func:`select_scheduled` is the
+    same with the decision fixed at compile time."""
     k, sinks, window = config.budget, config.sinks, config.window_size
     m_rows = m_rows.astype(jnp.int32)
     return jax.lax.cond(
@@ -509,6 +510,21 @@ def select_held(config: DustinConfig, s_draft: jax.Array, s_target: jax.Array, l
                                    candidates=config.m_candidates),
         lambda: (select_verify_indices_rows(s_draft, s_target, lengths, m_rows, k=k, sinks=sinks, window=window),
                  m_rows))
+
+
+@functools.partial(jax.jit, static_argnames=("config", "decide"))
+def select_scheduled(config: DustinConfig, s_draft: jax.Array, s_target: jax.Array, lengths: jax.Array,
+                     m_rows: jax.Array, *, decide: bool) -> Tuple[jax.Array, jax.Array]:
+    """:func:`select_held` with the decision known when the round is compiled (``decide``, a Python bool): a
+    deciding round runs :func:`select_input_aware`, a holding round :func:`select_verify_indices_rows` with
+    ``m_rows``, and neither carries a conditional. The unrolled decoding loop (``m_every_schedule="unrolled"``,
+    docs/methods.md §3.7) compiles one round of each kind. Returns ``(I_verify [B, k], m [B] int32)``."""
+    k, sinks, window = config.budget, config.sinks, config.window_size
+    if decide:
+        return select_input_aware(s_draft, s_target, lengths, k=k, sinks=sinks, window=window,
+                                  candidates=config.m_candidates)
+    m_rows = m_rows.astype(jnp.int32)
+    return select_verify_indices_rows(s_draft, s_target, lengths, m_rows, k=k, sinks=sinks, window=window), m_rows
 
 
 @functools.partial(jax.jit, static_argnames=("k", "sinks", "window", "candidates"))

@@ -430,3 +430,58 @@ def test_plain_decoding_with_a_static_bound_commits_the_same_tokens(models, num_
     hlo = plain_decode.lower(target_params, state(), jnp.int32(4), config=TARGET, engine=engine, steps=16,
                              static_bound=True).compile().as_text()
     assert _entry_copies(hlo, f"f32[{','.join(map(str, cache.keys[0].shape))}]") == []
+
+
+def test_round_schedule_runs_each_round_as_its_phase(models, ar_tokens):
+    """A verify policy with a round schedule (``round_period``, docs/methods.md §3.7): the loop runs whole cycles,
+    each round compiled as ``at_phase(j)``; a chunk that starts inside a cycle first aligns it, and the rounds of a
+    chunk left after its last whole cycle read their kind from the state. The target as its own draft commits 4
+    tokens a round, so every row finishes in round 4: the second cycle's last round has no active row and counts
+    no round. Tokens are AR's either way."""
+    import dataclasses
+    from typing import Optional
+
+    from jaxspec.decoding.contract import Chunk, ScriptedController
+    from jaxspec.decoding.policies import DenseVerify
+
+    @dataclasses.dataclass(frozen=True)
+    class Phased(DenseVerify):
+        name: str = "phased"
+        period: int = 3
+        phase: Optional[int] = None  # fixed when compiled (at_phase); None: read from the state (+10 in the log)
+
+        @property
+        def round_period(self):
+            return self.period
+
+        def prefill(self, target_params, target_cache, tokens, prompt_lengths):
+            return {"count": jnp.zeros((), jnp.int32), "log": jnp.full((16,), -1, jnp.int32)}
+
+        def round_phase(self, state):
+            return state["count"] % self.period
+
+        def at_phase(self, phase):
+            return dataclasses.replace(self, phase=phase)
+
+        def update(self, state, probes, num_committed, committed):
+            kind = state["count"] % self.period + 10 if self.phase is None else jnp.int32(self.phase)
+            return {"count": state["count"] + 1, "log": state["log"].at[state["count"]].set(kind)}
+
+    class EveryFour(ScriptedController):
+        def chunks(self, run):
+            while not run.finished():
+                yield Chunk(rounds=4)
+
+    target_params, _ = models
+    engine = EngineConfig(gamma=3, max_new_tokens=20)
+    logs = {}
+    for period, controller in ((3, None), (3, EveryFour()), (1, None)):
+        result = speculative_generate(target_params, TARGET, PROMPTS, draft_policy=SeparateDraft(TARGET),
+                                      draft_params=target_params, verify_policy=Phased(period=period), engine=engine,
+                                      controller=controller)
+        assert result.rows() == ar_tokens and result.metrics["rounds"] == 5
+        log = np.asarray(result.final_state.verify_state["log"])
+        logs[period, controller is None] = log[log >= 0].tolist()
+    assert logs[3, True] == [0, 1, 2, 0, 1, 2]  # two cycles, the last round with every row done
+    assert logs[3, False] == [0, 1, 2, 10, 11]  # chunk 1: a cycle + one round; chunk 2 aligns (phase 1), all done
+    assert logs[1, True] == [10, 10, 10, 10, 10]  # no schedule: one round body

@@ -12,6 +12,7 @@ import pytest
 
 from jaxspec.config import ModelConfig
 from jaxspec.decoding.autoregressive import generate
+from jaxspec.decoding.contract import Chunk, ScriptedController
 from jaxspec.decoding.policies import SelfDraft, SeparateDraft, parse_skip_spec
 from jaxspec.decoding.speculative import EngineConfig, speculative_generate
 from jaxspec.dustin import (BudgetError, DraftSignals, DustinConfig, DustinVerify, draft_signal, dustin_policies,
@@ -1072,6 +1073,34 @@ def test_m_every_config():
             cfg.replace(**bad)
 
 
+def test_m_every_schedule_config():
+    cfg = _dustin_config(128, m=30).replace(m_rule="coverage", m_every=3, m_every_schedule="cond")
+    assert cfg.to_dict()["m_every_schedule"] == "cond" and DustinConfig.from_dict(cfg.to_dict()) == cfg
+    assert "m_every_schedule" not in cfg.replace(m_every_schedule="unrolled").to_dict()
+    with pytest.raises(ValueError, match="m_every_schedule='loop'; valid: \\('unrolled', 'cond'\\)"):
+        cfg.replace(m_every_schedule="loop")
+
+
+def test_scheduled_selection_equals_the_conditional_one():
+    """select_scheduled (the decision fixed when compiled) selects what select_held's lax.cond selects, in a
+    deciding and in a holding round, and carries no conditional."""
+    from jaxspec.dustin.selection import select_held, select_scheduled
+
+    rng = np.random.RandomState(9)
+    cfg = _dustin_config(128, m=46).replace(m_rule="coverage", m_every=3)
+    lengths = jnp.asarray([600, 550, 100], jnp.int32)
+    s_d, s_t = (jnp.asarray(rng.rand(3, 600).astype(np.float32) ** p) for p in (8, 3))
+    m_rows = jnp.asarray([20, 46, 72], jnp.int32)
+    for decide in (True, False):
+        got = select_scheduled(cfg, s_d, s_t, lengths, m_rows, decide=decide)
+        want = select_held(cfg, s_d, s_t, lengths, m_rows, jnp.bool_(decide))
+        for a, b in zip(got, want):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        text = select_scheduled.lower(cfg, s_d, s_t, lengths, m_rows, decide=decide).as_text()
+        assert "stablehlo.case" not in text and "stablehlo.if" not in text
+    assert "stablehlo.case" in select_held.lower(cfg, s_d, s_t, lengths, m_rows, jnp.bool_(True)).as_text()
+
+
 def test_held_m_selects_as_the_fixed_rule_with_the_rules_last_m():
     """A deciding round is the coverage rule's own selection; a round between selects with the m it chose (the
     fixed rule per row) on that round's own signals, short rows dense."""
@@ -1111,6 +1140,26 @@ def test_m_every_through_the_engine(models, dense_run):
             assert rows == dense_rows
         else:
             assert [len(r) for r in rows] == [16, 16, 16] and rows[2] == dense_rows[2]  # 40-token prompt: dense
+    # the loop unrolled over each cycle of m_every rounds (the default) and one round body with the lax.cond:
+    # the same tokens, rounds and held m, run to the end or in chunks of rounds that split the cycles
+    class Chunks(ScriptedController):
+        def chunks(self, run):
+            while not run.finished():
+                yield Chunk(rounds=5)  # a cycle, then a round of the next: the next chunk aligns first
+
+    cfg = _dustin_config(128, m=30).replace(m_rule="coverage", m_every=3)
+    runs = {}
+    for schedule in ("unrolled", "cond"):
+        for controller in (None, Chunks()):
+            draft, verify = dustin_policies(cfg.replace(m_every_schedule=schedule), TARGET, DRAFT)
+            assert verify.round_period == (3 if schedule == "unrolled" else 1)
+            result = speculative_generate(target_params, TARGET, PROMPTS, draft_policy=draft,
+                                          draft_params=draft_params, verify_policy=verify, engine=engine,
+                                          controller=controller)
+            hold = result.final_state.verify_state["m_hold"]
+            runs[schedule, controller is None] = (result.rows(), result.metrics["rounds"],
+                                                  np.asarray(hold["m"]).tolist(), int(hold["since"]))
+    assert len(set(map(repr, runs.values()))) == 1, runs
     # with reused selections too (reselect_every): a reusing round decides nothing and keeps each row's m
     cfg = _dustin_config(128, m=30).replace(m_rule="coverage", m_every=3, reselect_every=2)
     draft, verify = dustin_policies(cfg, TARGET, DRAFT)

@@ -746,13 +746,18 @@ def test_bench_selection_times_every_rule_against_the_fixed_rule(tmp_path):
     assert set(case["ratio_to_fixed"]) == {"coverage-ladder"} and case["coverage_ladder_equals_reference"] is True
     # the fixed rule with a per-row m, and the coverage rule deciding every third round: per round, one decision and
     # two per-row selections with the m it chose, which on the same signals select the rule's own set; scheduled from
-    # the host, and as the verifier runs it (select_held, the decision a traced predicate)
+    # the host, as the verifier's one round body runs it (select_held, the decision a traced predicate) and as the
+    # unrolled loop runs it (one program, each round's kind compiled in)
     held = tmp_path / "held.json"
     assert main(["bench-selection", "--contexts", "1024", "--batches", "2", "--budgets", "128", "--iters", "1",
-                 "--repeats", "1", "--rules", "fixed-rows,coverage-held3,coverage-held3-cond", "--out", str(held)]) == 0
+                 "--repeats", "1", "--rules",
+                 "fixed-rows,coverage-held3,coverage-held3-cond,coverage-held3-unrolled,fixed-cycle3",
+                 "--out", str(held)]) == 0
     case = json.loads(held.read_text())["cases"]["ctx1024/b2/k128"]
-    assert set(case["ratio_to_fixed"]) == {"fixed-rows", "coverage-held3", "coverage-held3-cond"}
-    assert case["coverage_held3_equals_reference"] is True and case["coverage_held3_cond_equals_reference"] is True
+    assert set(case["ratio_to_fixed"]) == {"fixed-rows", "coverage-held3", "coverage-held3-cond",
+                                           "coverage-held3-unrolled", "fixed-cycle3"}
+    assert all(case[f"coverage_held3{tail}_equals_reference"] is True for tail in ("", "_cond"))
+    assert case["coverage_held3_unrolled_equals_host"] is True  # its rounds on their own signals
 
 
 def test_bench_scoring_times_each_profiles_srhs_on_the_same_keys(tmp_path, capsys):
