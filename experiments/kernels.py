@@ -598,16 +598,18 @@ def _cycle_program(select_round, m_rows, later):
     them, round 0 on the given signals and round j on ``later[j - 1]``, each after the one before (an optimization
     barrier passes the next round's inputs only once the last round's set exists: with the same signals XLA would
     merge rounds, and without the barrier it could run them side by side). ``select_round(j, s_D, s_T, lengths,
-    m_rows) -> (I_verify, m_rows)``. Returns the last round's set."""
+    m_rows) -> (I_verify, m_rows)``. Returns every round's set (a round whose set went unused would be dropped as
+    dead code), the last one last."""
     import jax
 
     def cycle(a, b, rounds, n):
-        m, out = m_rows, None
+        m, outs = m_rows, []
         for j, (sd, st) in enumerate(((a, b),) + tuple(rounds)):
-            if out is not None:
-                (sd, st, m), _ = jax.lax.optimization_barrier(((sd, st, m), out))
+            if outs:
+                (sd, st, m), _ = jax.lax.optimization_barrier(((sd, st, m), outs[-1]))
             out, m = select_round(j, sd, st, n, m)
-        return out
+            outs.append(out)
+        return tuple(outs)
 
     program = jax.jit(cycle)
     return lambda a, b, n: program(a, b, later, n)
@@ -763,6 +765,9 @@ def cmd_bench_selection(args) -> Dict[str, Any]:
                           "sinks": fixed_cfg.sinks, "window": fixed_cfg.window_size,
                           "seconds": best, "samples_s": samples,
                           "ratio_to_fixed": {n: best[n] / best["fixed"] for n in best if n != "fixed"}}
+                if "fixed-cycle3" in best:  # a program of three rounds against the fixed rule's own such program
+                    result["ratio_to_fixed_cycle"] = {n: best[n] / best["fixed-cycle3"] for n in best
+                                                      if n == "coverage-held3-unrolled"}
                 # the held rule too: on the deciding round's own signals the held m selects the rule's own set
                 for name, steps in (("coverage", 1), ("coverage-ladder", args.m_steps), ("coverage-sort", 1),
                                     ("coverage-radix", 1), *((held, 1) for held in HELD_RULES
@@ -779,7 +784,7 @@ def cmd_bench_selection(args) -> Dict[str, Any]:
                                                  candidates=cfg.m_candidates)[1]
                     want = rows_fn(*later_signals[-1], lengths, decided)
                     result["coverage_held3_unrolled_equals_host"] = bool(
-                        jnp.all(want == fns["coverage-held3-unrolled"](s_d, s_t, lengths)))
+                        jnp.all(want == fns["coverage-held3-unrolled"](s_d, s_t, lengths)[-1]))
                 rows = [{"context": context, "batch": batch, "k": k, "rule": n, "ms": 1e3 * best[n],
                          "vs_fixed": result["ratio_to_fixed"].get(n, 1.0)} for n in best]
                 result["rows"] = rows

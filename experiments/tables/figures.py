@@ -662,6 +662,12 @@ def _figures() -> List[Figure]:
                            f"selection per round, the {rule} rule / the fixed rule, same signals, {case['context']} "
                            f"positions, batch {case['batch']}, k = {case['k']} (bench-selection)", "x", source,
                            ("cases", key, "ratio_to_fixed", rule), target="target <= 1.1"))
+            for rule in case.get("ratio_to_fixed_cycle", {}):  # three rounds as one program, each rule
+                add(Figure(f"dustin/input-aware-m/selection-cost/{device}/{key}/{SELECTION_RULE_TAGS[rule]}/"
+                           f"vs-fixed-cycle", f"selection per round, the {rule} rule's three rounds as one program / "
+                           f"the fixed rule's three rounds as one program, {case['context']} positions, batch "
+                           f"{case['batch']}, k = {case['k']} (bench-selection)", "x", source,
+                           ("cases", key, "ratio_to_fixed_cycle", rule), target="target <= 1.1"))
     # GQA-aware SRHs
     for ctx in srh_group_contexts():
         for tag, source in SRH_GROUP_QUALITY[ctx]:

@@ -363,7 +363,7 @@ SELECTION_RULE_TAGS = {"coverage": "input-aware-coverage", "entropy": "input-awa
                        "coverage-sort": "input-aware-coverage-sort", "coverage-radix": "input-aware-coverage-radix",
                        "fixed-rows": "fixed-per-row-m", "coverage-held3": "input-aware-coverage-held3",
                        "coverage-held3-cond": "input-aware-coverage-held3-cond",
-                       "coverage-held3-unrolled": "input-aware-coverage-held3-unrolled"}
+                       "coverage-held3-unrolled": "input-aware-coverage-held3-unrolled", "fixed-cycle3": "fixed-cycle3"}
 #: the rules that decide only in some rounds (bench-selection, docs/methods.md §3.7)
 HELD_SELECTION_RULES = ("coverage-held3", "coverage-held3-cond", "coverage-held3-unrolled")
 #: MeasuredChoiceController's default table_tail_margin (jaxspec.decoding.arbitration; tests check they agree)

@@ -758,6 +758,8 @@ def test_bench_selection_times_every_rule_against_the_fixed_rule(tmp_path):
                                            "coverage-held3-unrolled", "fixed-cycle3"}
     assert all(case[f"coverage_held3{tail}_equals_reference"] is True for tail in ("", "_cond"))
     assert case["coverage_held3_unrolled_equals_host"] is True  # its rounds on their own signals
+    assert case["ratio_to_fixed_cycle"]["coverage-held3-unrolled"] == pytest.approx(
+        case["seconds"]["coverage-held3-unrolled"] / case["seconds"]["fixed-cycle3"])
 
 
 def test_bench_scoring_times_each_profiles_srhs_on_the_same_keys(tmp_path, capsys):
