@@ -658,6 +658,8 @@ def _figures() -> List[Figure]:
             continue
         for key, case in inputs.load(source)["cases"].items():
             for rule in selection_rules_of(source, case["ratio_to_fixed"]):
+                if rule in case.get("ratio_to_fixed_cycle", {}):  # a program of rounds: against its own kind below
+                    continue
                 add(Figure(f"dustin/input-aware-m/selection-cost/{device}/{key}/{SELECTION_RULE_TAGS[rule]}/vs-fixed",
                            f"selection per round, the {rule} rule / the fixed rule, same signals, {case['context']} "
                            f"positions, batch {case['batch']}, k = {case['k']} (bench-selection)", "x", source,
