@@ -338,19 +338,26 @@ def _loop_fn(target_params, draft_params, state, max_rounds=None, *, target_conf
     else:
         # a round schedule (VerifyPolicyBase.round_period, docs/methods.md §3.7): whole cycles of `period` rounds
         # per iteration, round j compiled as at_phase(j), so no round carries a conditional choosing its kind.
-        # Single rounds (that read their kind from the state) align the cycle first and finish what is left of
-        # `limit` after it. A cycle whose rows all finish before its end runs its last rounds with no row active
+        # Single rounds (that read their kind from the state) align the cycle first and finish what is left
+        # after it. A cycle starts only while `period` rounds fit under `limit` and some row has at least
+        # `period * (gamma + 1)` tokens to go (a round commits at most gamma + 1), so no row runs out of tokens
+        # inside it; rows that all stop at a stop token inside a cycle leave its last rounds with no row active
         # (they commit nothing and count no round).
         phases = [verify_policy.at_phase(j) for j in range(period)]
+        need = period * (engine.gamma + 1)
 
         def cycle(s):
             for policy in phases:
                 s = body(s, policy)
             return s
 
+        def cycle_fits(s):
+            to_go = jnp.where(s.done, 0, engine.max_new_tokens - s.num_out)
+            return (s.round + period <= limit) & (jnp.max(to_go) >= need)
+
         state = jax.lax.while_loop(lambda s: cond(s) & (verify_policy.round_phase(s.verify_state) != 0), body,
                                    state)
-        state = jax.lax.while_loop(lambda s: (s.round + period <= limit) & ~jnp.all(s.done), cycle, state)
+        state = jax.lax.while_loop(cycle_fits, cycle, state)
         final = jax.lax.while_loop(cond, body, state)
     # under a mesh, the per-row results the host reads come back replicated (readable on every host)
     return final._replace(out=constrain(final.out, ACTIVATION_AXES["output_tokens"]),

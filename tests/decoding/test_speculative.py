@@ -434,10 +434,11 @@ def test_plain_decoding_with_a_static_bound_commits_the_same_tokens(models, num_
 
 def test_round_schedule_runs_each_round_as_its_phase(models, ar_tokens):
     """A verify policy with a round schedule (``round_period``, docs/methods.md §3.7): the loop runs whole cycles,
-    each round compiled as ``at_phase(j)``; a chunk that starts inside a cycle first aligns it, and the rounds of a
-    chunk left after its last whole cycle read their kind from the state. The target as its own draft commits 4
-    tokens a round, so every row finishes in round 4: the second cycle's last round has no active row and counts
-    no round. Tokens are AR's either way."""
+    each round compiled as ``at_phase(j)``, while a cycle fits (under the chunk's limit, and some row with at least
+    ``period * (gamma + 1)`` tokens to go); a chunk that starts inside a cycle first aligns it, and the rounds left
+    after the last whole cycle read their kind from the state. The target as its own draft commits 4 tokens a
+    round: 19 tokens after the prefill's are one cycle (12) and two single rounds. A row that stops at a stop
+    token inside a cycle leaves its last rounds with no row active: they count no round. Tokens are AR's."""
     import dataclasses
     from typing import Optional
 
@@ -472,16 +473,21 @@ def test_round_schedule_runs_each_round_as_its_phase(models, ar_tokens):
             while not run.finished():
                 yield Chunk(rounds=4)
 
-    target_params, _ = models
-    engine = EngineConfig(gamma=3, max_new_tokens=20)
-    logs = {}
-    for period, controller in ((3, None), (3, EveryFour()), (1, None)):
-        result = speculative_generate(target_params, TARGET, PROMPTS, draft_policy=SeparateDraft(TARGET),
+    def run(period, controller=None, prompts=PROMPTS, **engine_args):
+        engine = EngineConfig(gamma=3, max_new_tokens=20, **engine_args)
+        result = speculative_generate(target_params, TARGET, prompts, draft_policy=SeparateDraft(TARGET),
                                       draft_params=target_params, verify_policy=Phased(period=period), engine=engine,
                                       controller=controller)
-        assert result.rows() == ar_tokens and result.metrics["rounds"] == 5
         log = np.asarray(result.final_state.verify_state["log"])
-        logs[period, controller is None] = log[log >= 0].tolist()
-    assert logs[3, True] == [0, 1, 2, 0, 1, 2]  # two cycles, the last round with every row done
-    assert logs[3, False] == [0, 1, 2, 10, 11]  # chunk 1: a cycle + one round; chunk 2 aligns (phase 1), all done
-    assert logs[1, True] == [10, 10, 10, 10, 10]  # no schedule: one round body
+        return result.rows(), result.metrics["rounds"], log[log >= 0].tolist()
+
+    target_params, _ = models
+    assert run(3) == (ar_tokens, 5, [0, 1, 2, 10, 11])  # one cycle, then 7 tokens to go: single rounds
+    assert run(3, EveryFour()) == (ar_tokens, 5, [0, 1, 2, 10, 11])  # chunk 2 starts at phase 1: a single round
+    assert run(1) == (ar_tokens, 5, [10] * 5)  # no schedule: one round body
+    # one row stopping at a token of its round 1: the cycle's third round runs with no row active
+    row = ar_tokens[0]
+    stop = next(i for i in range(5, 8) if row[i] not in row[:i])
+    tokens, rounds, log = run(3, prompts=PROMPTS[:1], stop_tokens=(row[stop],))
+    assert tokens == [row[:stop + 1]] and rounds == 2 and log == [0, 1, 2]
+    assert run(1, prompts=PROMPTS[:1], stop_tokens=(row[stop],)) == ([row[:stop + 1]], 2, [10, 10])
