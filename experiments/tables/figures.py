@@ -27,7 +27,7 @@ from experiments.tables.inputs import (ARBITRATE_CPU, BENCH_SD, DECODE, DENSE, D
                                        DUSTIN_SPEED_RESELECT3, DUSTIN_SPEED_SPARSE, DUSTIN_SPEED_SPARSE_B8,
                                        DUSTIN_SPEED_SPARSE_METHODS, DUSTIN_SPEED_SRH_1GROUP, DUSTIN_TRACE,
                                        DUSTIN_TRACE_SPARSE, E2E, Extractor, GENERATE_AR, INPUT_AWARE_M,
-                                       INPUT_AWARE_M_PER_LENGTH, K, KERNEL_72B, KERNEL_7B, KERNEL_DEVICE,
+                                       INPUT_AWARE_M_PER_LENGTH, K, M_EVERY_LOOP, M_EVERY_LOOP_METHODS, KERNEL_72B, KERNEL_7B, KERNEL_DEVICE,
                                        KERNEL_DEVICE_UNROLLED, KERNEL_DEVICE_UNROLLED_H100, KERNEL_VARIANTS,
                                        KNAPSPEC_64REF, KNAPSPEC_AFTER_PLAIN_CPU, KNAPSPEC_AFTER_PLAIN_STATES_CPU,
                                        KNAPSPEC_ALPHA, KNAPSPEC_AT_START_CPU, KNAPSPEC_AT_START_QWEN_CPU,
@@ -670,6 +670,15 @@ def _figures() -> List[Figure]:
                            f"the fixed rule's three rounds as one program, {case['context']} positions, batch "
                            f"{case['batch']}, k = {case['k']} (bench-selection)", "x", source,
                            ("cases", key, "ratio_to_fixed_cycle", rule), target="target <= 1.1"))
+    # the held rule in the decoding loop (dustin-speed)
+    for device, (source, _) in M_EVERY_LOOP.items():
+        if not (inputs.RESULTS / source).exists():
+            continue
+        for method, label in M_EVERY_LOOP_METHODS:
+            add(Figure(f"dustin/input-aware-m/loop/{device}/7b-shape/ctx32768/b16/{method}/speedup",
+                       f"tokens/s vs AR in the same process, {label}, 7B-shaped target + 0.5B-shaped draft, 32k, "
+                       f"batch 16, k = 512 (dustin-speed)", "x", source,
+                       ("cases", "ctx32768/b16", "rows", {"method": method}, "speedup")))
     # GQA-aware SRHs
     for ctx in srh_group_contexts():
         for tag, source in SRH_GROUP_QUALITY[ctx]:

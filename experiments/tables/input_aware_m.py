@@ -17,7 +17,8 @@ import functools
 from typing import Any, Dict, List, Optional, Tuple
 
 from experiments.tables import inputs
-from experiments.tables.inputs import (HELD_SELECTION_RULES, INPUT_AWARE_M, INPUT_AWARE_M_PER_LENGTH,
+from experiments.tables.inputs import (HELD_SELECTION_RULES, INPUT_AWARE_M, INPUT_AWARE_M_PER_LENGTH, M_EVERY_LOOP,
+                                       M_EVERY_LOOP_METHODS,
                                        INPUT_AWARE_M_PER_LENGTH_HELD, M_BOUNDS,
                                        M_BOUND_TAGS, M_BOUND_TAGS_3KINDS, M_RULES, SELECTION_COST, SELECTION_RULE_TAGS,
                                        m_bounds_3kinds, selection_rules_of, tokens_k)
@@ -322,6 +323,66 @@ def _input_aware_reach(device: str) -> int:
     """The longest item context of the input-aware-m files run on ``device`` (0: none)."""
     return max((c["context"] for _, s in INPUT_AWARE_M if s.endswith(f"_{device}.json")
                 for c in inputs.load(s)["cases"].values() if "context" in c), default=0)
+
+
+def _loop_rows(source: str) -> Dict[str, Dict[str, Any]]:
+    """The m-every dustin-speed file's rows at 32k/b16 by method, with ``ms_per_round`` (a round of the batch:
+    batch x tau tokens)."""
+    rows = {r["method"]: dict(r) for r in inputs.load(source)["cases"]["ctx32768/b16"]["rows"]}
+    for row in rows.values():
+        row["ms_per_round"] = 1e3 * row["batch"] * row["tau"] / row["tok_s"]
+    return rows
+
+
+def m_every_loop_blocks() -> List[str]:
+    """The held rule's rounds as the decoding loop runs them (dustin-speed), per device."""
+    out = []
+    for device, (source, step) in M_EVERY_LOOP.items():
+        if not (inputs.RESULTS / source).exists():
+            out.append(f"The held rule in the decoding loop on the {device.upper()} (7B-shaped target + 0.5B-shaped draft, "
+                       f"32k, batch 16, k = 512; suite step `{step}`): not measured yet.")
+            continue
+        rows, data = _loop_rows(source), inputs.load(source)
+        lines = ["| method | tok/s | x AR | tau | ms per round | selection ms per round |", "|---|---|---|---|---|---|"]
+        for method, label in (("ar", "AR"),) + M_EVERY_LOOP_METHODS:
+            r = rows.get(method)
+            if r is None:
+                continue
+            sel = r.get("selection_ms_per_round", r.get("selection_ms"))
+            lines.append(f"| {label} | {r['tok_s']:.0f} | {r['speedup']:.2f}x | {r['tau']:.2f} | "
+                         f"{r['ms_per_round']:.2f} | {'-' if sel is None else f'{sel:.3f}'} |")
+        out.append(f"The held rule in the decoding loop (`{source}`, {data['environment'].get('devices', ['?'])[0]}, "
+                   f"7B-shaped target + 0.5B-shaped draft, 32k, batch 16, k = 512, "
+                   f"{data['config'].get('new_tokens')} new tokens, every method at the tau the real pair measured "
+                   f"for Dustin; one process): the round time comes from the loop's tokens per second; the selection "
+                   f"per round is the selection alone on one round's signals, each round of a cycle as the loop "
+                   f"compiles it, averaged over the cycle:\n\n" + "\n".join(lines))
+    return out
+
+
+def m_every_loop_verdicts() -> List[str]:
+    out = []
+    for device, (source, _) in M_EVERY_LOOP.items():
+        if not (inputs.RESULTS / source).exists():
+            continue
+        rows = _loop_rows(source)
+        fixed = rows.get("dustin")
+        if fixed is None:
+            continue
+        parts = []
+        for method, label in M_EVERY_LOOP_METHODS[1:]:
+            r = rows.get(method)
+            if r is None:
+                continue
+            sel = r.get("selection_ms_per_round")
+            sel_ratio = None if sel is None else sel / fixed["selection_ms"]
+            parts.append(f"{label}: round {r['ms_per_round'] / fixed['ms_per_round']:.3f}x the fixed m's"
+                         + ("" if sel_ratio is None else
+                            f", selection per round {sel_ratio:.2f}x (target <= 1.1x: "
+                            f"**{'met' if sel_ratio <= 1.1 else 'missed'}**)"))
+        if parts:
+            out.append(f"Held rule in the decoding loop, {device.upper()} (32k, batch 16): " + "; ".join(parts) + ".")
+    return out
 
 
 def selection_cost_tables() -> List[str]:

@@ -340,6 +340,13 @@ SELECTION_COST = (("cpu", "selection/selection_rules_cost_qwen2.5-coder-1.5b-pro
                   # (bench-selection --rules fixed-rows,coverage-held3,coverage-held3-cond,coverage-held3-unrolled)
                   *((device, f"selection/selection_rules_cost_held-unrolled_qwen2.5-coder-1.5b-profile_16k-32k_"
                              f"{device}.json") for device in ("cpu", "h100", "h200")))
+#: the held rule in the decoding loop (dustin-speed, 7B shape, 32k, batch 16): the fixed m, the coverage rule deciding
+#: every third round with the loop unrolled over each cycle and through one round body's lax.cond (docs/methods.md
+#: §3.7); device -> (file, suite step)
+M_EVERY_LOOP = {device: (f"dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_m-every3_pair-tau_{device}.json",
+                         f"{device}-dustin-speed b16-m-every-pair-tau-32k") for device in ("h100", "h200")}
+M_EVERY_LOOP_METHODS = (("dustin", "fixed m"), ("dustin-cov-held3", "coverage rule every 3rd round, unrolled loop"),
+                        ("dustin-cov-held3-cond", "coverage rule every 3rd round, lax.cond"))
 #: the coverage-scoring files time the default coverage rule beside its two scorings only for the comparison: their
 #: "coverage" column is not indexed or judged again (the selection-rules-cost files carry it)
 SELECTION_SCORING_ONLY = ("coverage-scoring", "cost_held")

@@ -18,6 +18,7 @@ from experiments.tables.dustin_speed import dustin, dustin_speed_tables, selecti
 from experiments.tables.figures import BY_KEY, FIGURES, fmt, v
 from experiments.tables.input_aware_m import (input_aware_reach_note, m_bounds_blocks, m_bounds_verdict,
                                               m_per_length_blocks, m_per_length_held_blocks,
+                                              m_every_loop_blocks, m_every_loop_verdicts,
                                               m_per_length_held_verdicts, m_per_length_verdicts, m_rule_table,
                                               m_rule_verdicts,
                                               m_run_label, oracle_persistence_note, selection_cost_tables,
@@ -205,9 +206,11 @@ def results_markdown() -> str:
                  for block in (f"{m} + {INPUT_AWARE_M_DRAFT[m]}, {m_run_label(src)} (`{src}`):\n\n"
                                + m_rule_table(src),
                                f"![input-aware m, {m}](../experiments/results/{src.replace('.json', '.png')})")]
-                + m_per_length_blocks() + m_per_length_held_blocks() + selection_cost_tables() + m_bounds_blocks(),
+                + m_per_length_blocks() + m_per_length_held_blocks() + selection_cost_tables() + m_every_loop_blocks()
+                + m_bounds_blocks(),
                 [f"{m}, {m_run_label(src)}: {line}" for m, src in INPUT_AWARE_M for line in m_rule_verdicts(src)]
                 + m_per_length_verdicts() + m_per_length_held_verdicts() + selection_cost_verdicts()
+                + m_every_loop_verdicts()
                 + [oracle_persistence_note()] + m_bounds_verdict()
                 + [input_aware_reach_note()]),
         section("Dustin: GQA-aware SRHs",
