@@ -274,7 +274,8 @@ def commit_phase(state: LoopState, proposal: Proposal, target_logits, target_cac
                 jax.nn.one_hot(drafted, gamma + 1, dtype=jnp.int32) * live, axis=0),
             "attempts": draft_counts["attempts"] + jnp.sum(tried.astype(jnp.int32) * live, axis=0)}
     # a round with no active row (the end of an unrolled cycle, _loop_fn) is not counted
-    return LoopState(round=state.round + jnp.any(active).astype(state.round.dtype), target_cache=target_cache.with_lengths(state.committed - 1 + count),
+    return LoopState(round=state.round + jnp.any(active).astype(state.round.dtype),
+                     target_cache=target_cache.with_lengths(state.committed - 1 + count),
                      draft_state=proposal.state, verify_state=state.verify_state, out=out, num_out=num_out,
                      committed=state.committed + count, pending=pending, previous=previous, done=done, key=key,
                      active_rounds=state.active_rounds + active.astype(jnp.int32), accepted_histogram=histogram,

@@ -502,14 +502,8 @@ def select_held(config: DustinConfig, s_draft: jax.Array, s_target: jax.Array, l
     rule's two radix selections, no candidate scoring). Returns ``(I_verify [B, k], m [B] int32)``. Jitted:
     ``config`` is static. The portable form (``m_every_schedule="cond"``); :func:`select_scheduled` is the
     same with the decision fixed at compile time."""
-    k, sinks, window = config.budget, config.sinks, config.window_size
-    m_rows = m_rows.astype(jnp.int32)
-    return jax.lax.cond(
-        decide,
-        lambda: select_input_aware(s_draft, s_target, lengths, k=k, sinks=sinks, window=window,
-                                   candidates=config.m_candidates),
-        lambda: (select_verify_indices_rows(s_draft, s_target, lengths, m_rows, k=k, sinks=sinks, window=window),
-                 m_rows))
+    return jax.lax.cond(decide, lambda: select_scheduled(config, s_draft, s_target, lengths, m_rows, decide=True),
+                        lambda: select_scheduled(config, s_draft, s_target, lengths, m_rows, decide=False))
 
 
 @functools.partial(jax.jit, static_argnames=("config", "decide"))
