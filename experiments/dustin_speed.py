@@ -54,10 +54,10 @@ from experiments.decode_speed import (FIXED_ACCEPTANCE_MODE, check_positive, dec
 #: Dustin-H whose draft reads a budget of its cache (docs/methods.md §5.1): method -> DustinConfig.draft_kv
 SPARSE_DRAFT_KV = {"dustin-kv-streaming": "streaming", "dustin-kv-verify-set": "verify-set"}
 #: Dustin-H with the input-aware m (docs/methods.md §3.7): method -> its DustinConfig changes. The coverage rule
-#: deciding every round, every third round with the loop unrolled over each cycle (the default schedule), and every
-#: third round through one round body's lax.cond. Under a fixed acceptance they differ only in the selection's cost.
+#: deciding every round, every third round with the loop unrolled over each cycle, and every third round through
+#: one round body's lax.cond (the default schedule). Under a fixed acceptance they differ only in the round's cost.
 M_RULE_METHODS = {"dustin-cov": {"m_rule": "coverage"},
-                  "dustin-cov-held3": {"m_rule": "coverage", "m_every": 3},
+                  "dustin-cov-held3": {"m_rule": "coverage", "m_every": 3, "m_every_schedule": "unrolled"},
                   "dustin-cov-held3-cond": {"m_rule": "coverage", "m_every": 3, "m_every_schedule": "cond"}}
 METHODS = ("ar", "classic", "magicdec", "dustin") + tuple(SPARSE_DRAFT_KV) + tuple(M_RULE_METHODS)
 DEFAULT_METHODS = METHODS[:4]  # the sparse-draft and m-rule variants are asked for by name

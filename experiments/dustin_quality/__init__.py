@@ -113,10 +113,10 @@ def register(subparsers) -> None:
     qual.add_argument("--m-every", type=int, default=None, metavar="N",
                       help="dustin-h-cov-held: the coverage rule decides each row's m every N-th round only, the "
                            "rounds between select with that m by the fixed rule (docs/methods.md §3.7; default 3)")
-    qual.add_argument("--m-every-schedule", default="unrolled", choices=["unrolled", "cond"],
-                      help="dustin-h-cov-held: its rounds as the unrolled decoding loop runs them, each round's kind "
-                           "compiled in (unrolled, the default), or one round body choosing deciding or holding with "
-                           "a lax.cond on the device (cond); docs/methods.md §3.7")
+    qual.add_argument("--m-every-schedule", default="cond", choices=["cond", "unrolled"],
+                      help="dustin-h-cov-held: its rounds as one round body runs them, choosing deciding or holding "
+                           "with a lax.cond on the device (cond, the default), or as the unrolled decoding loop runs "
+                           "them, each round's kind compiled in (unrolled); docs/methods.md §3.7")
     qual.add_argument("--dustin-m-per-length", action="store_true",
                       help="Dustin-H's m (and the input-aware rules' centre) from the profile's m per context length "
                            "at each item's length (dustin-profile --recalibrate-m; docs/methods.md §3.7) instead of "

@@ -66,10 +66,10 @@ def add_dustin_args(parser: argparse.ArgumentParser) -> None:
                        help="with --dustin-m-rule coverage: the rule decides each row's m every N-th round only; the "
                             "rounds between select with the m it chose, as the fixed rule (docs/methods.md §3.7; "
                             "default 1: every round)")
-    group.add_argument("--dustin-m-every-schedule", default="unrolled", choices=["unrolled", "cond"],
-                       help="with --dustin-m-every N: the decoding loop runs N rounds per iteration, the deciding "
-                            "and the holding rounds each compiled with its own selection (unrolled, the default), or "
-                            "one round body choosing with a lax.cond on the device (cond); the same tokens")
+    group.add_argument("--dustin-m-every-schedule", default="cond", choices=["cond", "unrolled"],
+                       help="with --dustin-m-every N: one round body choosing deciding or holding with a lax.cond on "
+                            "the device (cond, the default), or the decoding loop running N rounds per iteration, "
+                            "each compiled with its own selection (unrolled); the same tokens (docs/methods.md §3.7)")
     group.add_argument("--dustin-reselect-every", type=int, default=None, metavar="R",
                        help="dustin: select I_verify from the signals every R-th round only; the rounds between "
                             "reuse that selection with their own sinks and window (docs/methods.md §3.8; 1: every "
@@ -151,8 +151,8 @@ def validate(args) -> None:
     if m_every != 1 and (m_every < 1 or m_rule != "coverage"):
         raise ValueError(f"--dustin-m-every={m_every}: an integer >= 1 that holds --dustin-m-rule coverage's m "
                          f"between its decisions (got --dustin-m-rule {m_rule})")
-    schedule = getattr(args, "dustin_m_every_schedule", "unrolled")
-    if schedule != "unrolled" and m_every == 1:
+    schedule = getattr(args, "dustin_m_every_schedule", "cond")
+    if schedule != "cond" and m_every == 1:
         raise ValueError(f"--dustin-m-every-schedule={schedule} sets how the rounds of --dustin-m-every N run: give "
                          f"--dustin-m-every N >= 2")
     if method == "quest" and (args.profile or args.fixed_tau is not None):
@@ -254,8 +254,8 @@ def dustin_config_for(args, target_config, draft_config, skip_mask) -> Tuple[Any
         if getattr(args, "dustin_m_every", 1) != 1:
             config = config.replace(m_every=args.dustin_m_every)
             info["m_every"] = args.dustin_m_every
-            schedule = getattr(args, "dustin_m_every_schedule", "unrolled")
-            if schedule != "unrolled":
+            schedule = getattr(args, "dustin_m_every_schedule", "cond")
+            if schedule != "cond":
                 config = config.replace(m_every_schedule=schedule)
                 info["m_every_schedule"] = schedule
         if args.dustin_m_rule == "max-mass":

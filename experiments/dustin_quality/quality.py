@@ -48,8 +48,8 @@ def cmd_dustin_quality(args) -> Dict[str, Any]:
     if m_every is not None and HELD_METHOD not in names:
         raise ValueError(f"--m-every={m_every} sets how often {HELD_METHOD} decides: add it to --methods")
     m_every = HELD_EVERY if m_every is None else m_every
-    m_every_schedule = getattr(args, "m_every_schedule", "unrolled")
-    if m_every_schedule != "unrolled" and HELD_METHOD not in names:
+    m_every_schedule = getattr(args, "m_every_schedule", "cond")
+    if m_every_schedule != "cond" and HELD_METHOD not in names:
         raise ValueError(f"--m-every-schedule={m_every_schedule} sets how {HELD_METHOD} runs its rounds: add it to "
                          f"--methods")
     per_length = {}

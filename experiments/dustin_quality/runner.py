@@ -224,7 +224,7 @@ class QualityRunner:
 
     # -- methods
     def methods(self, budgets, names, m_steps: int = 1, context: Optional[int] = None,
-                m_every: int = HELD_EVERY, m_every_schedule: str = "unrolled") -> List[Method]:
+                m_every: int = HELD_EVERY, m_every_schedule: str = "cond") -> List[Method]:
         """The methods per budget; ``context``: Dustin-H's m (and the input-aware rules' centre) from the
         profile's per-length table at that many tokens (:meth:`DustinProfile.m_at`)."""
         out = []

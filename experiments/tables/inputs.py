@@ -345,6 +345,9 @@ SELECTION_COST = (("cpu", "selection/selection_rules_cost_qwen2.5-coder-1.5b-pro
 #: §3.7); device -> (file, suite step)
 M_EVERY_LOOP = {device: (f"dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_m-every3_pair-tau_{device}.json",
                          f"{device}-dustin-speed b16-m-every-pair-tau-32k") for device in ("h100", "h200")}
+#: ... and the same methods with the device traced (device -> file)
+M_EVERY_LOOP_TRACE = {device: f"dustin_speed/dustin_speed_qwen2.5-7b-shape_32k_b16_m-every3_trace_pair-tau_{device}.json"
+                      for device in ("h100", "h200")}
 M_EVERY_LOOP_METHODS = (("dustin", "fixed m"), ("dustin-cov-held3", "coverage rule every 3rd round, unrolled loop"),
                         ("dustin-cov-held3-cond", "coverage rule every 3rd round, lax.cond"))
 #: the coverage-scoring files time the default coverage rule beside its two scorings only for the comparison: their

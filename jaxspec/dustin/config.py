@@ -25,10 +25,10 @@ SCORING_LAYOUTS = ("groups", "heads", "pallas")
 #: among candidates around the profiled m by the coverage of both signals' mass (coverage); or per round
 #: and row m -/+ a step when the two signals' entropies clearly depart from their usual gap (entropy).
 M_RULES = ("fixed", "max-mass", "coverage", "entropy")
-#: How a decoding loop runs the coverage rule deciding every ``m_every``-th round (docs/methods.md §3.7): that
-#: many rounds per loop iteration, each with its selection chosen at compile time; or one round body that picks
-#: deciding or holding with a ``lax.cond`` on the device.
-M_EVERY_SCHEDULES = ("unrolled", "cond")
+#: How a decoding loop runs the coverage rule deciding every ``m_every``-th round (docs/methods.md §3.7): one round
+#: body that picks deciding or holding with a ``lax.cond`` on the device (the default: on an H100 it costs a round
+#: less than unrolling does); or that many rounds per loop iteration, each with its selection chosen at compile time.
+M_EVERY_SCHEDULES = ("cond", "unrolled")
 
 
 class BudgetError(ValueError):
@@ -98,10 +98,10 @@ class DustinConfig:
         as the fixed rule, none of the rule's candidate scoring). 1 = every round. A round that reuses its
         selection (``reselect_every``) decides nothing.
       m_every_schedule: how a decoding loop runs the ``m_every`` rounds (:data:`M_EVERY_SCHEDULES`,
-        docs/methods.md §3.7): ``"unrolled"`` (the loop runs ``m_every`` rounds per iteration, the deciding round
-        and the holding rounds each compiled with its own selection, no conditional) or ``"cond"`` (one round
-        body choosing the branch with a ``lax.cond`` on the device, whose predicate a GPU reads on the host).
-        The same rounds and tokens either way.
+        docs/methods.md §3.7): ``"cond"`` (one round body choosing the branch with a ``lax.cond`` on the device,
+        whose predicate a GPU reads on the host) or ``"unrolled"`` (the loop runs ``m_every`` rounds per
+        iteration, the deciding round and the holding rounds each compiled with its own selection, no
+        conditional). The same rounds and tokens either way.
     """
 
     budget: int = 512
@@ -123,7 +123,7 @@ class DustinConfig:
     reselect_every: int = 1
     m_every: int = 1
     scoring_layout: str = "groups"
-    m_every_schedule: str = "unrolled"
+    m_every_schedule: str = "cond"
 
     def __post_init__(self):
         check_budget(self.budget)
@@ -277,7 +277,7 @@ class DustinConfig:
                    if self.m_rule == "entropy" else {}),
                 **({"reselect_every": self.reselect_every} if self.reselect_every != 1 else {}),
                 **({"m_every": self.m_every} if self.m_every != 1 else {}),
-                **({"m_every_schedule": self.m_every_schedule} if self.m_every_schedule != "unrolled" else {}),
+                **({"m_every_schedule": self.m_every_schedule} if self.m_every_schedule != "cond" else {}),
                 **({"scoring_layout": self.scoring_layout} if self.scoring_layout != "groups" else {})}
 
     @classmethod

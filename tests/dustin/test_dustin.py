@@ -1074,10 +1074,10 @@ def test_m_every_config():
 
 
 def test_m_every_schedule_config():
-    cfg = _dustin_config(128, m=30).replace(m_rule="coverage", m_every=3, m_every_schedule="cond")
-    assert cfg.to_dict()["m_every_schedule"] == "cond" and DustinConfig.from_dict(cfg.to_dict()) == cfg
-    assert "m_every_schedule" not in cfg.replace(m_every_schedule="unrolled").to_dict()
-    with pytest.raises(ValueError, match="m_every_schedule='loop'; valid: \\('unrolled', 'cond'\\)"):
+    cfg = _dustin_config(128, m=30).replace(m_rule="coverage", m_every=3, m_every_schedule="unrolled")
+    assert cfg.to_dict()["m_every_schedule"] == "unrolled" and DustinConfig.from_dict(cfg.to_dict()) == cfg
+    assert "m_every_schedule" not in cfg.replace(m_every_schedule="cond").to_dict()  # the default
+    with pytest.raises(ValueError, match="m_every_schedule='loop'; valid: \\('cond', 'unrolled'\\)"):
         cfg.replace(m_every_schedule="loop")
 
 
@@ -1140,7 +1140,7 @@ def test_m_every_through_the_engine(models, dense_run):
             assert rows == dense_rows
         else:
             assert [len(r) for r in rows] == [16, 16, 16] and rows[2] == dense_rows[2]  # 40-token prompt: dense
-    # the loop unrolled over each cycle of m_every rounds (the default) and one round body with the lax.cond:
+    # one round body with the lax.cond (the default) and the loop unrolled over each cycle of m_every rounds:
     # the same tokens, rounds and held m, run to the end or in chunks of rounds that split the cycles
     class Chunks(ScriptedController):
         def chunks(self, run):

@@ -110,8 +110,8 @@ def test_generate_sparse_methods(folders, tmp_path):
     (["--method", "dustin", "--budget", "128", "--draft", "x", "--dustin-m-rule", "coverage", "--dustin-m-every", "0"],
      "--dustin-m-every=0"),
     (["--method", "dustin", "--budget", "128", "--draft", "x", "--dustin-m-rule", "coverage",
-      "--dustin-m-every-schedule", "cond"],
-     "--dustin-m-every-schedule=cond sets how the rounds of --dustin-m-every N run: give --dustin-m-every N >= 2"),
+      "--dustin-m-every-schedule", "unrolled"],
+     "--dustin-m-every-schedule=unrolled sets how the rounds of --dustin-m-every N run: give --dustin-m-every N >= 2"),
 ])
 def test_generate_bad_input(folders, capsys, extra, message):
     target, _ = folders
@@ -334,8 +334,9 @@ def test_quality_held_coverage_rule(folders, tmp_path, capsys):
     for extra, message in ((["--methods", "dustin-h-cov", "--m-every", "2"],
                             "--m-every=2 sets how often dustin-h-cov-held decides: add it to --methods"),
                            (["--methods", "dustin-h-cov-held", "--m-every", "1"], "--m-every=1: must be >= 2"),
-                           (["--methods", "dustin-h-cov", "--m-every-schedule", "cond"],
-                            "--m-every-schedule=cond sets how dustin-h-cov-held runs its rounds: add it to --methods")):
+                           (["--methods", "dustin-h-cov", "--m-every-schedule", "unrolled"],
+                            "--m-every-schedule=unrolled sets how dustin-h-cov-held runs its rounds: add it to "
+                            "--methods")):
         assert main(argv + extra + ["--out", str(tmp_path / "bad.json")]) == 2
         assert message in capsys.readouterr().err and not (tmp_path / "bad.json").exists()
 
