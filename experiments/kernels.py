@@ -584,8 +584,11 @@ SELECTION_RULES = ("coverage", "entropy", "max-mass", "coverage-ladder", "covera
 #: coverage-held3-unrolled runs the three rounds as the unrolled decoding loop does (m_every_schedule="unrolled"):
 #: one program, each round's kind compiled in (``select_scheduled``), no conditional
 #: (a program of several rounds pays a call's fixed cost once, so its baseline is fixed-cycle3: the fixed rule's three
-#: rounds in one program, on the same signals)
-HELD_RULES = {"coverage-held3": 3, "coverage-held3-cond": 3, "coverage-held3-unrolled": 3, "fixed-cycle3": 3}
+#: rounds in one program, on the same signals). Rule -> rounds per timed call.
+ROUNDS_PER_CALL = {"coverage-held3": 3, "coverage-held3-cond": 3, "coverage-held3-unrolled": 3, "fixed-cycle3": 3}
+#: the several-round rules whose last round, on the same signals throughout, selects the coverage rule's own set
+#: (checked against its reference); the one-program rules run their later rounds on other signals
+SAME_SIGNALS_HELD = ("coverage-held3", "coverage-held3-cond")
 #: the coverage rule with its candidates scored one way (jaxspec.dustin.selection.COVERAGE_SCORING); "coverage" is
 #: the platform's default
 COVERAGE_SCORED = {"coverage-sort": "sort", "coverage-radix": "radix"}
@@ -691,7 +694,7 @@ def cmd_bench_selection(args) -> Dict[str, Any]:
             # the next rounds' signals, for a program that runs several rounds (coverage-held3-unrolled)
             later_signals = tuple((jnp.asarray(rng.random((batch, context), np.float32) ** 8),
                                    jnp.asarray(rng.random((batch, context), np.float32) ** 8))
-                                  for _ in range(HELD_RULES["coverage-held3-unrolled"] - 1))
+                                  for _ in range(ROUNDS_PER_CALL["coverage-held3-unrolled"] - 1))
             # (coverage-held3-unrolled and fixed-cycle3 run 3 rounds: round 0 on s_d / s_t, then these)
             for k in budgets:
                 key = f"ctx{context}/b{batch}/k{k}"
@@ -711,7 +714,7 @@ def cmd_bench_selection(args) -> Dict[str, Any]:
                         cfg = fixed_cfg.replace(m_rule="coverage")
                         if cfg.input_aware:
                             step = jax.jit(lambda a, b, n, m, d, c=cfg: select_held(c, a, b, n, m, d))
-                            flags = [jnp.asarray(r == 0) for r in range(HELD_RULES[rule])]  # on the device once
+                            flags = [jnp.asarray(r == 0) for r in range(ROUNDS_PER_CALL[rule])]  # on the device once
 
                             def held_cond(a, b, n, step=step, flags=flags):
                                 m_rows = per_row_m
@@ -730,13 +733,13 @@ def cmd_bench_selection(args) -> Dict[str, Any]:
                         fns[rule] = _cycle_program(lambda j, sd, st, n, m, c=fixed_cfg: (
                             select_for_config(c, sd, st, n), m), per_row_m, later_signals)
                         continue
-                    if rule in HELD_RULES:  # one deciding round, then rounds selecting with the m it chose
+                    if rule == "coverage-held3":  # scheduled from the host: a deciding call, then calls with its m
                         cfg = fixed_cfg.replace(m_rule="coverage")
                         if cfg.input_aware:
                             decide = jax.jit(lambda a, b, n, c=cfg: select_input_aware(
                                 a, b, n, k=c.budget, sinks=c.sinks, window=c.window_size, candidates=c.m_candidates))
 
-                            def held(a, b, n, decide=decide, every=HELD_RULES[rule]):
+                            def held(a, b, n, decide=decide, every=ROUNDS_PER_CALL[rule]):
                                 out, m_rows = decide(a, b, n)
                                 for _ in range(every - 1):
                                     out = rows_fn(a, b, n, m_rows)
@@ -760,7 +763,7 @@ def cmd_bench_selection(args) -> Dict[str, Any]:
                 for _ in range(args.repeats):  # interleaved, so drift on the machine touches every rule alike
                     for name, fn in fns.items():
                         samples[name].append(_best_of_groups(fn, (s_d, s_t, lengths), args.iters))
-                best = {name: min(v) / HELD_RULES.get(name, 1) for name, v in samples.items()}  # per round
+                best = {name: min(v) / ROUNDS_PER_CALL.get(name, 1) for name, v in samples.items()}  # per round
                 result = {"context": context, "batch": batch, "k": k, "m": fixed_cfg.effective_m,
                           "sinks": fixed_cfg.sinks, "window": fixed_cfg.window_size,
                           "seconds": best, "samples_s": samples,
@@ -770,8 +773,7 @@ def cmd_bench_selection(args) -> Dict[str, Any]:
                                                       if n == "coverage-held3-unrolled"}
                 # the held rule too: on the deciding round's own signals the held m selects the rule's own set
                 for name, steps in (("coverage", 1), ("coverage-ladder", args.m_steps), ("coverage-sort", 1),
-                                    ("coverage-radix", 1), *((held, 1) for held in HELD_RULES
-                                                             if held in ("coverage-held3", "coverage-held3-cond"))):
+                                    ("coverage-radix", 1), *((held, 1) for held in SAME_SIGNALS_HELD)):
                     if name in fns:
                         cfg = fixed_cfg.replace(m_rule="coverage", m_steps=steps)
                         ref = select_input_aware_reference(s_d, s_t, lengths, k=k, sinks=cfg.sinks,
