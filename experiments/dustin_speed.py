@@ -457,7 +457,8 @@ def selection_timing(draft_policy, verify_policy, draft_params, state, gamma: in
             policy = verify_policy.at_phase(j)
             hold = dict(state.verify_state["m_hold"], since=jnp.asarray(j, jnp.int32))
             vs = dict(state.verify_state, m_hold=hold)
-            kind = jax.jit(lambda v, cache, c, sig, p=policy: p.verify_indices(v, cache, c, sig))
+            kind = select if policy is verify_policy else jax.jit(  # the conditional's one program, compiled once
+                lambda v, cache, c, sig, p=policy: p.verify_indices(v, cache, c, sig))
             jax.block_until_ready(kind(vs, state.target_cache, committed, signals))
             kinds.append(median_time(lambda k=kind, v=vs: jax.block_until_ready(k(v, state.target_cache, committed,
                                                                                   signals)),
